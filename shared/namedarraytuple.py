@@ -1,0 +1,178 @@
+"""namedarraytuple: a namedtuple whose indexing reaches into every field.
+
+Guarantees
+- ``nat[loc]`` indexes every field (nested namedarraytuples too) and returns the same type; ``None`` fields
+  stay ``None``.
+- ``nat[loc] = value`` writes ``value`` into every field, or field by field when ``value`` has the same fields
+  (a namedarraytuple or namedtuple); ``None`` fields are skipped.
+- Tuple-style access stays available: ``nat.get(i)``, unpacking, ``len``; ``'x' in nat`` tests a field *name*.
+- Classes pickle by their schema (name and fields), not by module path, so instances and classes made anywhere
+  (inside a function, in a script run as ``__main__``) unpickle in a child started with ``spawn``; unpickling
+  returns the one class registered for that schema, so ``type(a) is type(b)`` holds across pickling.
+"""
+
+from __future__ import annotations
+
+import copyreg
+from typing import Any, Callable, Iterable, Iterator
+
+__all__ = ["namedarraytuple", "is_namedarraytuple", "map_structure"]
+
+_CLASSES: dict[tuple[str, tuple[str, ...]], type] = {}
+
+
+class _NamedArrayTupleMeta(type):
+    """Metaclass: marks namedarraytuple classes so pickling can find them (see ``_reduce_class``)."""
+
+
+class _NamedArrayTupleBase(tuple):
+    __slots__ = ()
+    _fields: tuple[str, ...] = ()
+
+    def __new__(cls, *args: Any, **kwargs: Any):
+        if len(args) > len(cls._fields):
+            raise TypeError(f"{cls.__name__} takes {len(cls._fields)} fields, got {len(args)}")
+        values = list(args) + [_MISSING] * (len(cls._fields) - len(args))
+        for name, value in kwargs.items():
+            try:
+                i = cls._fields.index(name)
+            except ValueError:
+                raise TypeError(f"{cls.__name__} has no field {name!r}") from None
+            if values[i] is not _MISSING:
+                raise TypeError(f"{cls.__name__} got field {name!r} twice")
+            values[i] = value
+        missing = [f for f, v in zip(cls._fields, values) if v is _MISSING]
+        if missing:
+            raise TypeError(f"{cls.__name__} is missing fields {missing}")
+        return tuple.__new__(cls, values)
+
+    @classmethod
+    def _make(cls, iterable: Iterable[Any]):
+        values = tuple(iterable)
+        if len(values) != len(cls._fields):
+            raise TypeError(f"{cls.__name__} expects {len(cls._fields)} values, got {len(values)}")
+        return tuple.__new__(cls, values)
+
+    def __getitem__(self, loc: Any):
+        try:
+            return tuple.__new__(type(self), (None if v is None else v[loc] for v in self))
+        except IndexError as e:
+            raise IndexError(f"{type(self).__name__}[{loc!r}]: {e}") from e
+
+    def __setitem__(self, loc: Any, value: Any) -> None:
+        # Same fields: write field by field; anything else is broadcast to every field.
+        if isinstance(value, tuple) and getattr(value, "_fields", None) == self._fields:
+            for name, mine, theirs in zip(self._fields, self, value):
+                if mine is None:
+                    continue
+                if theirs is None:
+                    raise ValueError(f"field {name!r}: cannot write None into an allocated field")
+                mine[loc] = theirs
+        else:
+            for mine in self:
+                if mine is not None:
+                    mine[loc] = value
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._fields
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached when normal lookup fails; fields are properties, so this is an unknown name.
+        raise AttributeError(f"{type(self).__name__} has no field {name!r} (fields: {self._fields})")
+
+    def get(self, index: int) -> Any:
+        """Plain tuple indexing: the ``index``-th field itself."""
+        return tuple.__getitem__(self, index)
+
+    def items(self) -> Iterator[tuple[str, Any]]:
+        return zip(self._fields, self)
+
+    def _asdict(self) -> dict[str, Any]:
+        return dict(zip(self._fields, self))
+
+    def _replace(self, **kwargs: Any):
+        d = self._asdict()
+        for k in kwargs:
+            if k not in d:
+                raise ValueError(f"{type(self).__name__} has no field {k!r}")
+        d.update(kwargs)
+        return self._make(d[f] for f in self._fields)
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self.items())
+        return f"{type(self).__name__}({inner})"
+
+    def __getnewargs__(self):
+        return tuple(self)
+
+    def __reduce__(self):
+        return (_rebuild_instance, (type(self), tuple(self)))
+
+
+_MISSING = object()
+
+
+def _field_property(i: int, name: str) -> property:
+    return property(lambda self: tuple.__getitem__(self, i), doc=f"field {i}: {name}")
+
+
+def namedarraytuple(typename: str, field_names: Iterable[str] | str) -> type:
+    """Return the namedarraytuple class with this name and these fields (one class per schema).
+
+    ``field_names`` is a sequence of identifiers or one string separated by spaces or commas.
+    """
+    if isinstance(field_names, str):
+        field_names = field_names.replace(",", " ").split()
+    fields = tuple(str(f) for f in field_names)
+    if not typename.isidentifier():
+        raise ValueError(f"typename {typename!r} is not an identifier")
+    for f in fields:
+        if not f.isidentifier() or f.startswith("_"):
+            raise ValueError(f"field name {f!r} must be an identifier not starting with '_'")
+        if f in {"get", "items"}:
+            raise ValueError(f"field name {f!r} would hide a namedarraytuple method")
+    if len(set(fields)) != len(fields):
+        raise ValueError(f"duplicate field names in {fields}")
+    key = (typename, fields)
+    cls = _CLASSES.get(key)
+    if cls is None:
+        namespace = {"__slots__": (), "_fields": fields, "__module__": __name__}
+        namespace.update({f: _field_property(i, f) for i, f in enumerate(fields)})
+        cls = _NamedArrayTupleMeta(typename, (_NamedArrayTupleBase,), namespace)
+        cls.__qualname__ = typename
+        _CLASSES[key] = cls
+    return cls
+
+
+def _rebuild_instance(cls: type, values: tuple) -> Any:
+    return tuple.__new__(cls, values)
+
+
+def _reduce_class(cls: type):
+    return (namedarraytuple, (cls.__name__, cls._fields))
+
+
+copyreg.pickle(_NamedArrayTupleMeta, _reduce_class)
+
+
+def is_namedarraytuple(obj: Any) -> bool:
+    """True for namedarraytuple instances (not classes)."""
+    return isinstance(obj, _NamedArrayTupleBase)
+
+
+def map_structure(fn: Callable[[Any], Any], struct: Any) -> Any:
+    """Apply ``fn`` to every leaf of a structure of (named)tuples/namedarraytuples/dicts; ``None`` stays ``None``.
+
+    Returns a new structure of the same types.
+    """
+    if struct is None:
+        return None
+    if isinstance(struct, _NamedArrayTupleBase):
+        return type(struct)._make(map_structure(fn, v) for v in struct)
+    if isinstance(struct, tuple) and hasattr(struct, "_fields"):  # plain namedtuple
+        return type(struct)(*(map_structure(fn, v) for v in struct))
+    if isinstance(struct, (tuple, list)):
+        return type(struct)(map_structure(fn, v) for v in struct)
+    if isinstance(struct, dict):
+        return {k: map_structure(fn, v) for k, v in struct.items()}
+    return fn(struct)

@@ -1,0 +1,495 @@
+"""Replay buffers: preallocated ``[T, B]`` ring storage, n-step returns, frame-wise observations, sequences.
+
+Row convention (gymnasium's next-step autoreset). Each appended row ``t`` of env ``b`` holds the observation the
+agent saw, the action it took, and what followed: ``reward``, ``done`` (terminated) and, optionally, ``timeout``
+(truncated). After a row whose episode ended, the env's next step only resets it: that next row holds the
+episode's *final observation* (its action and reward are ignored). Such a row is never sampled as a transition,
+but it is the bootstrap observation of windows that end in a timeout, so timeouts bootstrap from the right
+state. The row after it starts the next episode.
+
+Guarantees
+- n-step quantities are computed on append, across the wrap-around: ``n_step_return`` (discounted reward sum up
+  to ``n`` steps or the episode's end), ``done_n`` (terminated inside the window), ``timeout_n`` (truncated
+  inside the window), ``n_taken`` (steps in the window ``k``); the bootstrap observation is the one ``k`` rows
+  later and ``bootstrap_discount`` is ``discount ** k``. Target: ``n_step_return + (1 - done_n) *
+  bootstrap_discount * V(next_observation)``.
+- Frame-wise storage (``frame_stack = C > 1``): observations ``[C, H, W]`` (oldest frame first) are stored as
+  one new frame per row and reassembled on sampling; frames from before an episode's start are zero, so
+  acting-time observations must pad with zeros too.
+- Sampling never returns an invalid index: rows whose n-step window or bootstrap row is not yet written, rows
+  whose frame history is overwritten, final-observation rows, and (sequences) sequences that cross the cursor.
+- Prioritized sampling stores ``(|priority| + eps) ** alpha`` in a sum tree; importance weights are
+  ``(P(i) N) ** -beta`` normalised by their maximum over the batch. New samples get the largest priority seen
+  so far unless priorities come with them.
+- With ``shared=True`` every array and counter lives in shared memory and one lock serialises ``append``,
+  ``sample`` and ``update_priorities``; sampled batches are copies taken under the lock, so they are consistent.
+  Pass the buffer to the child as a ``Process`` argument (the lock travels only that way).
+- Bad input raises ``ValueError`` naming the argument.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import multiprocessing as mp
+from typing import Any
+
+import numpy as np
+
+from shared.buffer import buffer_from_example, shared_zeros
+from shared.namedarraytuple import is_namedarraytuple, map_structure, namedarraytuple
+from shared.sum_tree import SumTree
+
+__all__ = ["ReplayBuffer", "SequenceReplayBuffer", "SampleIndex"]
+
+SampleIndex = namedarraytuple("SampleIndex", ["abs_row", "b"])
+_REQUIRED = ("observation", "action", "reward", "done")
+_DERIVED = ("n_step_return", "done_n", "timeout_n", "n_taken", "final_row", "episode_start")
+_CURSOR, _MAX_PRIORITY = 0, 1  # slots in the shared float64 state
+
+
+class _Storage:
+    """The ``[T, B]`` arrays and the append logic shared by both buffers."""
+
+    def __init__(self, example: Any, T: int, B: int, discount: float, n_step_return: int, frame_stack: int,
+                 shared: bool, skip_fields: tuple[str, ...] = ()):
+        if not is_namedarraytuple(example):
+            raise ValueError("example must be a namedarraytuple of one time step (no leading dims)")
+        for f in _REQUIRED:
+            if f not in example or getattr(example, f) is None:
+                raise ValueError(f"example must have field {f!r}")
+        for f in _DERIVED:
+            if f in example:
+                raise ValueError(f"example field {f!r} clashes with a field the buffer computes")
+        obs = np.asarray(example.observation)
+        if frame_stack > 1 and (obs.ndim < 2 or obs.shape[0] != frame_stack):
+            raise ValueError(f"frame_stack={frame_stack} needs observations shaped [{frame_stack}, ...], got {obs.shape}")
+        self.T, self.B, self.n, self.C = T, B, n_step_return, frame_stack
+        self.discount = float(discount)
+        self.example = map_structure(np.asarray, example)
+        self.skip_fields = skip_fields
+        stored = self.example._replace(**{f: None for f in skip_fields})
+        if frame_stack > 1:
+            stored = stored._replace(observation=None)
+        alloc = shared_zeros if shared else (lambda shape, dtype: np.zeros(shape, dtype))
+        self.data = buffer_from_example(stored, (T, B), shared=shared)
+        self.frames = alloc((T, B) + obs.shape[1:], obs.dtype) if frame_stack > 1 else None
+        self.n_step_return = alloc((T, B), np.float32)
+        self.done_n = alloc((T, B), np.bool_)
+        self.timeout_n = alloc((T, B), np.bool_)
+        self.n_taken = alloc((T, B), np.uint8)
+        self.final_row = alloc((T, B), np.bool_)
+        self.episode_start = alloc((T, B), np.bool_)
+        self.last_flags = alloc((2, B), np.bool_)  # [ended, final_row] of the newest row
+        self.state = alloc(2, np.float64)  # [cursor (abs rows written), max priority seen]
+        self.state[_MAX_PRIORITY] = 1.0
+
+    @property
+    def cursor(self) -> int:
+        return int(self.state[_CURSOR])
+
+    def check(self, samples: Any) -> int:
+        """Validate a ``[Tc, B, ...]`` chunk against the example; returns ``Tc``."""
+        if not is_namedarraytuple(samples) or samples._fields != self.example._fields:
+            raise ValueError(f"samples must be a {type(self.example).__name__} with fields {self.example._fields}")
+        Tc = None
+        for name, ex, x in zip(self.example._fields, self.example, samples):
+            if ex is None:
+                continue
+            if x is None:
+                raise ValueError(f"samples.{name} is None but the example has it")
+            for path, exa, xa in _leaves(name, ex, x):
+                xa = np.asarray(xa)
+                if xa.ndim != exa.ndim + 2 or xa.shape[1] != self.B or xa.shape[2:] != exa.shape:
+                    raise ValueError(f"samples.{path} must have shape [T, {self.B}, *{exa.shape}], got {xa.shape}")
+                if Tc is None:
+                    Tc = xa.shape[0]
+                elif xa.shape[0] != Tc:
+                    raise ValueError(f"samples.{path} has {xa.shape[0]} time steps, other fields {Tc}")
+                if not np.can_cast(xa.dtype, exa.dtype, casting="same_kind"):
+                    raise ValueError(f"samples.{path} has dtype {xa.dtype}, cannot store as {exa.dtype}")
+        if not Tc:
+            raise ValueError("samples must hold at least one time step")
+        if Tc > self.T:
+            raise ValueError(f"samples hold {Tc} time steps, more than the buffer's {self.T} rows")
+        return Tc
+
+    def append(self, samples: Any, Tc: int) -> tuple[int, int]:
+        """Write ``[Tc, B]`` rows at the cursor, update flags and n-step returns; returns abs ``(start, end)``."""
+        s = self.cursor
+        rows = (s + np.arange(Tc)) % self.T
+        stored = samples._replace(**{f: None for f in self.skip_fields})
+        if self.frames is not None:
+            self.frames[rows] = np.asarray(samples.observation)[:, :, -1]
+            stored = stored._replace(observation=None)
+        self.data[rows] = stored
+        ended = np.asarray(samples.done, dtype=bool)
+        if "timeout" in samples and samples.timeout is not None:
+            ended = ended | np.asarray(samples.timeout, dtype=bool)
+        final = np.concatenate([self.last_flags[0][None], ended[:-1]])
+        start = np.concatenate([self.last_flags[1][None], final[:-1]])
+        if s == 0:
+            start[0] = True
+        self.final_row[rows] = final
+        self.episode_start[rows] = start
+        self.last_flags[0], self.last_flags[1] = ended[-1], final[-1]
+        self._compute_returns(max(s - self.n + 1, 0), s + Tc - self.n + 1)
+        self.state[_CURSOR] = s + Tc
+        return s, s + Tc
+
+    def _compute_returns(self, abs_lo: int, abs_hi: int) -> None:
+        """n-step quantities for abs rows ``[abs_lo, abs_hi)``, whose windows are now fully written."""
+        m = abs_hi - abs_lo
+        if m <= 0:
+            return
+        t = abs_lo + np.arange(m)
+        ret = np.zeros((m, self.B), np.float64)
+        alive = np.ones((m, self.B), bool)
+        done_n = np.zeros((m, self.B), bool)
+        timeout_n = np.zeros((m, self.B), bool)
+        k = np.zeros((m, self.B), np.uint8)
+        reward, done = self.data.reward, self.data.done
+        timeout = self.data.timeout if "timeout" in self.data and self.data.timeout is not None else None
+        for j in range(self.n):
+            idx = (t + j) % self.T
+            ret += np.where(alive, self.discount**j * reward[idx], 0.0)
+            k += alive
+            term = done[idx].astype(bool)
+            trunc = timeout[idx].astype(bool) if timeout is not None else np.zeros_like(term)
+            done_n |= alive & term
+            timeout_n |= alive & trunc & ~term
+            alive &= ~(term | trunc)
+        rows = t % self.T
+        self.n_step_return[rows] = ret
+        self.done_n[rows] = done_n
+        self.timeout_n[rows] = timeout_n
+        self.n_taken[rows] = k
+
+    def observation(self, rows: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """Observations at storage ``rows`` (any shape, broadcast with ``b``), frames reassembled if frame-wise."""
+        if self.frames is None:
+            return self.data.observation[rows, b]
+        C = self.C
+        rows, b = np.broadcast_arrays(rows, b)
+        r = (rows[..., None] + np.arange(-(C - 1), 1)) % self.T  # [..., C], oldest frame first
+        bb = b[..., None]
+        obs = self.frames[r, bb]  # [..., C, H, W]
+        start = self.episode_start[r, bb]
+        # Frame c predates the episode when a later frame's row (c+1 .. C-1) starts an episode.
+        before_start = np.cumsum(start[..., :0:-1], axis=-1)[..., ::-1] > 0  # [..., C-1]
+        obs[np.concatenate([before_start, np.zeros_like(before_start[..., :1])], axis=-1)] = 0
+        return obs
+
+    def gather(self, rows: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
+        """Every stored field plus the derived flags at ``(rows, b)`` (copies)."""
+        out = {name: (None if x is None else map_structure(lambda a: a[rows, b], x)) for name, x in self.data.items()}
+        out["observation"] = self.observation(rows, b)
+        for f in _DERIVED:
+            out[f] = getattr(self, f)[rows, b]
+        return out
+
+
+def _leaves(name: str, ex: Any, x: Any):
+    """(path, example leaf, sample leaf) of possibly nested fields."""
+    if is_namedarraytuple(ex):
+        for (f, e), v in zip(ex.items(), x):
+            if e is not None:
+                yield from _leaves(f"{name}.{f}", e, v)
+    else:
+        yield name, ex, x
+
+
+def _check_common(size: int, B: int, discount: float, n_step_return: int, frame_stack: int, alpha: float,
+                  beta: float, priority_eps: float) -> None:
+    if B < 1:
+        raise ValueError(f"B must be positive, got {B}")
+    if size < B:
+        raise ValueError(f"size must be at least B={B}, got {size}")
+    if not 0.0 <= discount <= 1.0:
+        raise ValueError(f"discount must be in [0, 1], got {discount}")
+    if n_step_return < 1 or n_step_return > 255:
+        raise ValueError(f"n_step_return must be in [1, 255], got {n_step_return}")
+    if frame_stack < 1:
+        raise ValueError(f"frame_stack must be at least 1, got {frame_stack}")
+    if not 0.0 <= alpha <= 1.0:
+        raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+    if not 0.0 <= beta <= 1.0:
+        raise ValueError(f"beta must be in [0, 1], got {beta}")
+    if not priority_eps >= 0:
+        raise ValueError(f"priority_eps must be non-negative, got {priority_eps}")
+
+
+class _Base:
+    """Locking, priorities and importance weights common to both buffers."""
+
+    storage: _Storage
+    tree: SumTree | None
+
+    def _setup(self, shared: bool, mp_context: str, prioritized: bool, alpha: float, beta: float,
+               default_priority: float | None, priority_eps: float, seed: int | None) -> None:
+        self.shared, self.prioritized = shared, prioritized
+        self.alpha, self.beta, self.priority_eps = float(alpha), float(beta), float(priority_eps)
+        self.default_priority = default_priority
+        self._lock = mp.get_context(mp_context).Lock() if shared else contextlib.nullcontext()
+        self.rng = np.random.default_rng(seed)
+
+    @property
+    def lock(self):
+        """The lock serialising access (a no-op context when not shared)."""
+        return self._lock
+
+    def _to_tree(self, priorities: Any) -> np.ndarray:
+        p = np.abs(np.asarray(priorities, dtype=np.float64))
+        if not np.all(np.isfinite(p)):
+            raise ValueError("priorities must be finite")
+        state = self.storage.state
+        if p.size:
+            state[_MAX_PRIORITY] = max(float(state[_MAX_PRIORITY]), float(p.max()))
+        return (p + self.priority_eps) ** self.alpha
+
+    def _default_tree_priority(self) -> float:
+        raw = self.default_priority if self.default_priority is not None else float(self.storage.state[_MAX_PRIORITY])
+        return (abs(raw) + self.priority_eps) ** self.alpha
+
+    def _is_weights(self, p: np.ndarray, beta: float) -> np.ndarray:
+        # (N P(i))^-beta / max_j (N P(j))^-beta == (p_i / min_j p_j)^-beta: N and the total cancel.
+        w = (p / p.min()) ** (-beta)
+        return w.astype(np.float32)
+
+    def _beta(self, beta: float | None) -> float:
+        beta = self.beta if beta is None else float(beta)
+        if not 0.0 <= beta <= 1.0:
+            raise ValueError(f"beta must be in [0, 1], got {beta}")
+        return beta
+
+    def update_priorities(self, index: Any, priorities: Any) -> int:
+        """New priorities (e.g. |TD error|) for a sampled batch; entries since overwritten are skipped.
+
+        Returns how many were applied.
+        """
+        if self.tree is None:
+            raise ValueError("update_priorities needs a prioritized buffer (prioritized=True)")
+        p = np.asarray(priorities, dtype=np.float64).ravel()
+        if p.shape != np.shape(index.abs_row):
+            raise ValueError(f"priorities must have shape {np.shape(index.abs_row)}, got {np.shape(priorities)}")
+        with self._lock:
+            return self.tree.update(index.abs_row, index.b, self._to_tree(p))
+
+    def __getstate__(self):
+        if not self.shared:
+            d = self.__dict__.copy()
+            d["_lock"] = None
+            return d
+        return self.__dict__
+
+    def __setstate__(self, d):
+        self.__dict__.update(d)
+        if self._lock is None:
+            self._lock = contextlib.nullcontext()
+
+
+class ReplayBuffer(_Base):
+    """Transition replay with n-step returns; uniform, or prioritized with ``prioritized=True``.
+
+    ``size`` transitions are stored as ``T = ceil(size / B)`` rows of ``B`` envs; each ``append`` takes a
+    ``[Tc, B]`` chunk. ``sample`` returns ``(batch, index)``: ``batch`` holds every example field at the
+    sampled rows, ``next_observation``, the n-step fields, ``final_row``/``episode_start`` and ``is_weights``
+    (ones when uniform), each ``[batch_size, ...]``; ``index`` goes back to ``update_priorities``.
+    """
+
+    def __init__(self, example: Any, size: int, B: int, discount: float = 0.99, n_step_return: int = 1,
+                 frame_stack: int = 1, prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
+                 default_priority: float | None = None, priority_eps: float = 1e-6, shared: bool = False,
+                 mp_context: str = "spawn", seed: int | None = None):
+        _check_common(size, B, discount, n_step_return, frame_stack, alpha, beta, priority_eps)
+        T = math.ceil(size / B)
+        self.history = frame_stack - 1  # rows before a sample that must still hold its data
+        if T <= n_step_return + self.history + 1:
+            raise ValueError(f"size={size} gives {T} rows per env; need more than n_step_return + frame_stack")
+        self.storage = _Storage(example, T, B, discount, n_step_return, frame_stack, shared)
+        self.T, self.B, self.n_step_return = T, B, n_step_return
+        self.tree = SumTree(T, B, shared=shared) if prioritized else None
+        self._window = (shared_zeros if shared else np.zeros)(2, np.int64)
+        self._setup(shared, mp_context, prioritized, alpha, beta, default_priority, priority_eps, seed)
+        fields = list(self.storage.example._fields) + ["next_observation", *_DERIVED, "bootstrap_discount",
+                                                       "is_weights"]
+        self._batch_cls = namedarraytuple("ReplayBatch", fields)
+
+    def valid_window(self, cursor: int) -> tuple[int, int]:
+        """Absolute rows that may start a transition once ``cursor`` rows are written."""
+        hi = max(cursor - self.n_step_return, 0)  # rows t..t+n (bootstrap row) written
+        lo = min(max(cursor - self.T + self.history, 0), hi)  # frame history not yet overwritten
+        return lo, hi
+
+    def __len__(self) -> int:
+        lo, hi = int(self._window[0]), int(self._window[1])
+        return (hi - lo) * self.B
+
+    def append(self, samples: Any, priorities: Any = None) -> None:
+        """Append a ``[Tc, B]`` chunk; optional ``priorities`` ``[Tc, B]`` for the new rows."""
+        Tc = self.storage.check(samples)
+        if priorities is not None and self.tree is None:
+            raise ValueError("priorities given to a buffer that is not prioritized")
+        if priorities is not None and np.shape(priorities) != (Tc, self.B):
+            raise ValueError(f"priorities must have shape [{Tc}, {self.B}], got {np.shape(priorities)}")
+        with self._lock:
+            s, end = self.storage.append(samples, Tc)
+            lo, hi = self.valid_window(end)
+            if self.tree is not None:
+                p = self._to_tree(priorities) if priorities is not None else np.full((Tc, self.B), self._default_tree_priority())
+                rows = (s + np.arange(Tc)) % self.T
+                p = np.where(self.storage.final_row[rows], 0.0, p)  # final-observation rows are never sampled
+                self.tree.set_pending(s, p)
+                self.tree.move_window(lo, hi)
+            self._window[0], self._window[1] = lo, hi
+
+    def sample(self, batch_size: int, beta: float | None = None) -> tuple[Any, Any]:
+        """Draw ``batch_size`` transitions (with replacement); see the class docstring."""
+        beta = self._beta(beta)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        with self._lock:
+            if batch_size > len(self):
+                raise ValueError(f"batch_size={batch_size} is larger than the {len(self)} valid samples")
+            if self.tree is not None:
+                abs_row, b, p = self.tree.sample(batch_size, self.rng)
+                weights = self._is_weights(p, beta)
+            else:
+                abs_row, b = self._uniform(batch_size)
+                weights = np.ones(batch_size, np.float32)
+            rows = abs_row % self.T
+            st = self.storage
+            out = st.gather(rows, b)
+            out["next_observation"] = st.observation((rows + out["n_taken"]) % self.T, b)
+        out["bootstrap_discount"] = (st.discount ** out["n_taken"].astype(np.float64)).astype(np.float32)
+        out["is_weights"] = weights
+        return self._batch_cls(**out), SampleIndex(abs_row, b)
+
+    def _uniform(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        lo, hi = int(self._window[0]), int(self._window[1])
+        abs_row = self.rng.integers(lo, hi, n)
+        b = self.rng.integers(0, self.B, n)
+        for _ in range(100):  # redraw the rare final-observation rows
+            bad = self.storage.final_row[abs_row % self.T, b]
+            if not bad.any():
+                return abs_row, b
+            k = int(bad.sum())
+            abs_row[bad] = self.rng.integers(lo, hi, k)
+            b[bad] = self.rng.integers(0, self.B, k)
+        raise ValueError("could not draw valid transitions: almost every row holds a final observation")
+
+
+class SequenceReplayBuffer(_Base):
+    """Sequence replay for recurrent agents (R2D1).
+
+    A sequence is ``sequence_length`` rows (burn-in included) and may start only at rows where the recurrent
+    state was stored, every ``rnn_state_interval`` rows; ``example.rnn_state`` (any nested structure) is the
+    state *before* the row's observation and is kept only at those rows. ``sample`` returns ``(batch,
+    index)``: per-step fields ``[sequence_length + n_step_return, batch_size, ...]`` (the extra rows are for
+    bootstrap targets; the n-step fields are meaningful on the first ``sequence_length`` rows),
+    ``init_rnn_state`` ``[batch_size, ...]`` and ``is_weights`` ``[batch_size]``. ``final_row`` marks rows to
+    leave out of the loss and ``episode_start`` rows where the recurrent state should be reset.
+    Priorities are per sequence; ``append`` may bring them for the sequences starting at the chunk's stored
+    states, shifted back by ``input_priority_shift`` state slots (rlpyt's ``input_priority_shift``).
+    """
+
+    def __init__(self, example: Any, size: int, B: int, sequence_length: int, rnn_state_interval: int,
+                 discount: float = 0.997, n_step_return: int = 1, frame_stack: int = 1, prioritized: bool = False,
+                 alpha: float = 0.6, beta: float = 0.4, default_priority: float | None = None,
+                 priority_eps: float = 1e-6, input_priority_shift: int = 0, shared: bool = False,
+                 mp_context: str = "spawn", seed: int | None = None):
+        _check_common(size, B, discount, n_step_return, frame_stack, alpha, beta, priority_eps)
+        if sequence_length < 1:
+            raise ValueError(f"sequence_length must be positive, got {sequence_length}")
+        if rnn_state_interval < 1:
+            raise ValueError(f"rnn_state_interval must be positive, got {rnn_state_interval}")
+        if input_priority_shift < 0:
+            raise ValueError(f"input_priority_shift must be non-negative, got {input_priority_shift}")
+        if not is_namedarraytuple(example) or "rnn_state" not in example or example.rnn_state is None:
+            raise ValueError("example must have field 'rnn_state' (the recurrent state before each row)")
+        I = rnn_state_interval
+        T = math.ceil(size / B / I) * I  # whole state slots
+        self.history = frame_stack - 1
+        if T < sequence_length + n_step_return + self.history + I:
+            raise ValueError(f"size={size} gives {T} rows per env; too few for sequences of {sequence_length} "
+                             f"+ n_step_return {n_step_return} + frame history {self.history} + interval {I}")
+        self.storage = _Storage(example, T, B, discount, n_step_return, frame_stack, shared, skip_fields=("rnn_state",))
+        self.T, self.B, self.n_step_return = T, B, n_step_return
+        self.sequence_length, self.interval, self.input_priority_shift = sequence_length, I, input_priority_shift
+        self.n_slots = T // I
+        self.rnn_state = buffer_from_example(self.storage.example.rnn_state, (self.n_slots, B), shared=shared)
+        self.tree = SumTree(self.n_slots, B, shared=shared) if prioritized else None
+        self._window = (shared_zeros if shared else np.zeros)(2, np.int64)
+        self._setup(shared, mp_context, prioritized, alpha, beta, default_priority, priority_eps, seed)
+        fields = [f for f in self.storage.example._fields if f != "rnn_state"]
+        fields += [*_DERIVED, "bootstrap_discount", "init_rnn_state", "is_weights"]
+        self._batch_cls = namedarraytuple("SequenceBatch", fields)
+
+    def valid_window(self, cursor: int) -> tuple[int, int]:
+        """Absolute state slots that may start a sequence once ``cursor`` rows are written."""
+        I = self.interval
+        last_start = cursor - self.sequence_length - self.n_step_return  # rows t .. t+L+n-1 written
+        hi = last_start // I + 1 if last_start >= 0 else 0
+        lo = min(max(-(-(cursor - self.T + self.history) // I), 0), hi)
+        return lo, hi
+
+    def __len__(self) -> int:
+        return (int(self._window[1]) - int(self._window[0])) * self.B
+
+    def append(self, samples: Any, priorities: Any = None) -> None:
+        """Append a ``[Tc, B]`` chunk; optional ``priorities`` ``[S, B]`` for the ``S`` slots it starts."""
+        Tc = self.storage.check(samples)
+        I = self.interval
+        with self._lock:
+            s = self.storage.cursor
+            first_slot = -(-s // I)
+            new_slots = np.arange(first_slot, -(-(s + Tc) // I))  # abs slots whose row is in [s, s + Tc)
+            if priorities is not None:
+                if self.tree is None:
+                    raise ValueError("priorities given to a buffer that is not prioritized")
+                if np.shape(priorities) != (len(new_slots), self.B):
+                    raise ValueError(f"priorities must have shape [{len(new_slots)}, {self.B}] (one row per "
+                                     f"stored state in this chunk), got {np.shape(priorities)}")
+            s, end = self.storage.append(samples, Tc)
+            if len(new_slots):
+                src = new_slots * I - s
+                self.rnn_state[new_slots % self.n_slots] = map_structure(lambda x: np.asarray(x)[src], samples.rnn_state)
+            lo, hi = self.valid_window(end)
+            if self.tree is not None and len(new_slots):
+                # New slots get the default; input priorities land input_priority_shift slots back.
+                self.tree.set_pending(int(new_slots[0]), self._default_tree_priority(), n_rows=len(new_slots))
+                if priorities is not None:
+                    target = int(new_slots[0]) - self.input_priority_shift
+                    p = self._to_tree(priorities)
+                    if target < 0:
+                        p, target = p[-target:], 0
+                    self.tree.set_pending(target, p)
+            if self.tree is not None:
+                self.tree.move_window(lo, hi)
+            self._window[0], self._window[1] = lo, hi
+
+    def sample(self, batch_size: int, beta: float | None = None) -> tuple[Any, Any]:
+        """Draw ``batch_size`` sequences (with replacement); see the class docstring."""
+        beta = self._beta(beta)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        with self._lock:
+            if batch_size > len(self):
+                raise ValueError(f"batch_size={batch_size} is larger than the {len(self)} valid sequences")
+            if self.tree is not None:
+                abs_slot, b, p = self.tree.sample(batch_size, self.rng)
+                weights = self._is_weights(p, beta)
+            else:
+                lo, hi = int(self._window[0]), int(self._window[1])
+                abs_slot = self.rng.integers(lo, hi, batch_size)
+                b = self.rng.integers(0, self.B, batch_size)
+                weights = np.ones(batch_size, np.float32)
+            L = self.sequence_length + self.n_step_return
+            rows = (abs_slot[None, :] * self.interval + np.arange(L)[:, None]) % self.T  # [L+n, batch]
+            st = self.storage
+            out = st.gather(rows, b[None, :])
+            out.pop("rnn_state", None)
+            out["init_rnn_state"] = map_structure(lambda x: x[abs_slot % self.n_slots, b], self.rnn_state)
+        out["bootstrap_discount"] = (st.discount ** out["n_taken"].astype(np.float64)).astype(np.float32)
+        out["is_weights"] = weights
+        return self._batch_cls(**out), SampleIndex(abs_slot, b)

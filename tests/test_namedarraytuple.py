@@ -1,0 +1,217 @@
+"""namedarraytuple semantics, pickling under spawn, and the array-structure helpers (shared memory included)."""
+
+import gc
+import multiprocessing as mp
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared.buffer import SharedArray, buffer_from_example, numpify, shared_zeros, to_device, torchify
+from shared.namedarraytuple import is_namedarraytuple, map_structure, namedarraytuple
+
+Point = namedarraytuple("Point", ["x", "y"])
+Outer = namedarraytuple("Outer", "obs inner extra")
+
+
+def _nested(T=5):
+    return Outer(np.arange(T * 2).reshape(T, 2), Point(np.arange(T), np.arange(T) * 10.0), None)
+
+
+def test_index_and_slice_reach_every_field_and_keep_type():
+    p = _nested()
+    q = p[1:3]
+    assert type(q) is Outer and type(q.inner) is Point and q.extra is None
+    np.testing.assert_array_equal(q.obs, p.obs[1:3])
+    np.testing.assert_array_equal(q.inner.y, [10.0, 20.0])
+    r = p[4]
+    assert r.inner.x == 4 and r.inner.y == 40.0
+    fancy = p[np.array([0, 0, 3])]
+    np.testing.assert_array_equal(fancy.inner.x, [0, 0, 3])
+
+
+def test_setitem_broadcasts_scalars_and_writes_structures_field_by_field():
+    p = _nested()
+    p[0] = 7
+    assert (p.obs[0] == 7).all() and p.inner.x[0] == 7 and p.inner.y[0] == 7.0
+    p[1:3] = Outer(np.full((2, 2), -1), Point(np.array([100, 200]), np.array([0.5, 0.25])), None)
+    np.testing.assert_array_equal(p.obs[1:3], -1)
+    np.testing.assert_array_equal(p.inner.x[1:3], [100, 200])
+    np.testing.assert_array_equal(p.inner.y[1:3], [0.5, 0.25])
+    assert p.extra is None
+
+
+def test_setitem_refuses_none_into_allocated_field():
+    p = Point(np.zeros(3), np.zeros(3))
+    with pytest.raises(ValueError, match="field 'y'"):
+        p[0] = Point(1.0, None)
+
+
+def test_tuple_style_access():
+    p = Point(np.array([1, 2]), np.array([3, 4]))
+    x, y = p
+    np.testing.assert_array_equal(p.get(1), y)
+    assert [k for k, _ in p.items()] == ["x", "y"]
+    assert "x" in p and "z" not in p and len(p) == 2
+    assert p._replace(x=None).x is None
+    assert Point._make([1, 2]) == Point(1, 2) == Point(x=1, y=2)
+    assert is_namedarraytuple(p) and not is_namedarraytuple(Point)
+    with pytest.raises(AttributeError, match="no field 'z'"):
+        p.z
+    with pytest.raises(TypeError):
+        Point(1)
+    with pytest.raises(ValueError):
+        namedarraytuple("Bad", ["get"])
+
+
+def test_same_schema_gives_same_class():
+    assert namedarraytuple("Point", "x y") is Point
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    shape=st.lists(st.integers(1, 4), min_size=1, max_size=3),
+    data=st.data(),
+)
+def test_indexing_matches_per_field_indexing(shape, data):
+    a = np.arange(int(np.prod(shape))).reshape(shape)
+    p = Outer(a, Point(a * 2, a.astype(float) / 3), None)
+    idx = data.draw(st.integers(-shape[0], shape[0] - 1) | st.slices(shape[0]))
+    q = p[idx]
+    np.testing.assert_array_equal(q.obs, a[idx])
+    np.testing.assert_array_equal(q.inner.x, (a * 2)[idx])
+    np.testing.assert_array_equal(q.inner.y, (a.astype(float) / 3)[idx])
+    # Writing a scalar through the structure equals writing it into each field.
+    ref = a.copy()
+    ref[idx] = -5
+    p[idx] = -5
+    np.testing.assert_array_equal(p.obs, ref)
+
+
+def _local_class():
+    return namedarraytuple("MadeInAFunction", ["a", "b"])
+
+
+def test_classes_made_in_functions_pickle_by_schema():
+    cls = _local_class()
+    inst = cls(np.arange(3), None)
+    assert pickle.loads(pickle.dumps(cls)) is cls
+    back = pickle.loads(pickle.dumps(inst))
+    assert type(back) is cls and back.b is None
+    np.testing.assert_array_equal(back.a, inst.a)
+
+
+def _child_roundtrip(cls, inst, q):
+    made_here = namedarraytuple(cls.__name__, cls._fields)
+    q.put((made_here is cls, type(inst) is cls, inst[1:]))
+
+
+def test_instances_and_classes_cross_a_spawn_boundary():
+    cls = _local_class()
+    inst = cls(np.arange(4), Point(np.ones(4), np.zeros(4)))
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child_roundtrip, args=(cls, inst, q))
+    p.start()
+    same_cls, same_type, sliced = q.get(timeout=60)
+    p.join(timeout=60)
+    assert p.exitcode == 0 and same_cls and same_type
+    assert type(sliced) is cls
+    np.testing.assert_array_equal(sliced.a, [1, 2, 3])
+
+
+def test_map_structure_keeps_none_and_types():
+    out = map_structure(lambda x: x + 1, _nested(2))
+    assert type(out) is Outer and out.extra is None
+    np.testing.assert_array_equal(out.inner.x, [1, 2])
+
+
+# ---------------------------------------------------------------- buffers and shared memory
+
+
+def test_buffer_from_example_shapes_dtypes_and_none():
+    ex = Outer(np.zeros((3, 2), np.uint8), Point(np.int64(0), np.float32(0)), None)
+    buf = buffer_from_example(ex, (4, 5))
+    assert buf.obs.shape == (4, 5, 3, 2) and buf.obs.dtype == np.uint8
+    assert buf.inner.x.shape == (4, 5) and buf.inner.x.dtype == np.int64
+    assert buf.inner.y.dtype == np.float32 and buf.extra is None
+    assert not buf.obs.any()
+    with pytest.raises(ValueError, match="leading_dims"):
+        buffer_from_example(ex, (-1,))
+
+
+def _child_writes(buf, q):
+    buf.obs[1] = 9
+    buf.inner.y[:] = 2.5
+    q.put(os.getpid())
+
+
+@pytest.mark.parametrize("method", ["spawn", "fork", "forkserver"])
+def test_child_writes_into_shared_memory_seen_by_parent(method):
+    ex = Outer(np.zeros(3, np.int16), Point(np.int64(0), np.float32(0)), None)
+    buf = buffer_from_example(ex, (4,), shared=True)
+    assert isinstance(buf.obs, SharedArray)
+    ctx = mp.get_context(method)
+    q = ctx.Queue()
+    p = ctx.Process(target=_child_writes, args=(buf[1:], q))  # a view travels as a view
+    p.start()
+    q.get(timeout=60)
+    p.join(timeout=60)
+    assert p.exitcode == 0
+    np.testing.assert_array_equal(buf.obs[:, 0], [0, 0, 9, 0])
+    np.testing.assert_array_equal(buf.inner.y, [0, 2.5, 2.5, 2.5])
+
+
+def _memfd_count():
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += "memfd:rl-shared" in os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    return n
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_shared_memory_is_freed_with_its_last_array_and_never_named():
+    before_fds, before_shm = _memfd_count(), set(os.listdir("/dev/shm"))
+    a = shared_zeros((1000, 100), np.float32)
+    view = a[10:20]
+    held = _memfd_count()
+    assert held > before_fds
+    assert set(os.listdir("/dev/shm")) == before_shm
+    del a
+    gc.collect()
+    assert _memfd_count() == held  # the view still holds it
+    view[:] = 1
+    del view
+    gc.collect()
+    assert _memfd_count() == before_fds
+
+
+def test_derived_arrays_are_private_and_deepcopy_copies():
+    import copy
+
+    a = shared_zeros(5, np.float64)
+    b = a + 1
+    assert b._segment is None
+    c = copy.deepcopy(a)
+    c[:] = 3
+    assert not a.any() and type(c) is np.ndarray
+    assert pickle.loads(pickle.dumps(b)).tolist() == [1.0] * 5
+
+
+def test_torchify_numpify_share_memory():
+    a = np.zeros(4, np.float32)
+    t = torchify(Point(a, None))
+    t.x[1] = 5
+    assert a[1] == 5 and t.y is None
+    back = numpify(t)
+    back.x[2] = 7
+    assert a[2] == 7
+    moved = to_device(Point(a, np.ones(2)), "cpu")
+    assert isinstance(moved.y, torch.Tensor) and moved.y.dtype == torch.float64
