@@ -215,3 +215,36 @@ def test_torchify_numpify_share_memory():
     assert a[2] == 7
     moved = to_device(Point(a, np.ones(2)), "cpu")
     assert isinstance(moved.y, torch.Tensor) and moved.y.dtype == torch.float64
+
+
+SCRIPT = '''
+import multiprocessing as mp, sys
+import numpy as np
+sys.path.insert(0, {root!r})
+from shared.namedarraytuple import namedarraytuple
+Transition = namedarraytuple("Transition", ["obs", "reward"])  # defined in a script run as __main__
+
+def child(batch, q):
+    q.put((type(batch).__name__, batch[1].reward.item(), type(batch) is Transition))
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=child, args=(Transition(np.zeros((3, 2)), np.arange(3.0)), q))
+    p.start()
+    print(q.get(timeout=60))
+    p.join()
+    sys.exit(p.exitcode)
+'''
+
+
+def test_class_defined_in_a_main_script_crosses_spawn(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT.format(root=str(Path(__file__).resolve().parents[1])))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "('Transition', 1.0, True)"

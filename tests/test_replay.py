@@ -1,0 +1,349 @@
+"""Replay buffers against a plain reference that keeps the whole history in Python lists."""
+
+import multiprocessing as mp
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared.namedarraytuple import namedarraytuple
+from shared.replay import ReplayBuffer, SequenceReplayBuffer
+
+Step = namedarraytuple("Step", ["observation", "action", "reward", "done", "timeout", "extra"])
+RStep = namedarraytuple("RStep", ["observation", "action", "reward", "done", "timeout", "rnn_state"])
+HW = (2, 2)
+
+
+class Stream:
+    """A fake vector env under next-step autoreset: after an episode ends, one final-observation row follows
+    (reward 0, no flags), then the next episode starts. Frame f_t is unique to (t, b); stacks pad with zeros."""
+
+    def __init__(self, B, C, rng, p_end=0.2, p_timeout=0.5):
+        self.B, self.C, self.rng, self.p_end, self.p_timeout = B, C, rng, p_end, p_timeout
+        self.rows = [[] for _ in range(B)]  # per env: dicts of everything appended
+
+    def frame(self, t, b):
+        f = np.zeros(HW, np.uint8)
+        f[0, 0], f[0, 1], f[1, 0] = t % 251 + 1, b + 1, (t // 251) % 251 + 1
+        return f
+
+    def chunk(self, Tc):
+        obs, act, rew, done, tout = [], [], [], [], []
+        for b in range(self.B):
+            rows = self.rows[b]
+            o_b, a_b, r_b, d_b, to_b = [], [], [], [], []
+            for _ in range(Tc):
+                t = len(rows)
+                final = t > 0 and (rows[-1]["done"] or rows[-1]["timeout"])
+                start = t == 0 or (t > 0 and rows[-1]["final"])
+                ends = not final and self.rng.random() < self.p_end
+                is_to = ends and self.rng.random() < self.p_timeout
+                d, to = ends and not is_to, is_to
+                r = 0.0 if final else float(self.rng.integers(-3, 4))
+                # Stack: frames of this episode only, zero before its start.
+                ep_first = t if start else rows[-1]["ep_first"]
+                stack = np.zeros((self.C,) + HW, np.uint8)
+                for c in range(self.C):
+                    tt = t - (self.C - 1 - c)
+                    if tt >= ep_first:
+                        stack[c] = self.frame(tt, b)
+                row = dict(obs=stack, action=t * 10 + b, reward=r, done=d, timeout=to, final=final,
+                           ep_first=ep_first, extra=float(t) + 0.5)
+                rows.append(row)
+                o_b.append(stack), a_b.append(row["action"]), r_b.append(r), d_b.append(d), to_b.append(to)
+            obs.append(o_b), act.append(a_b), rew.append(r_b), done.append(d_b), tout.append(to_b)
+        tr = lambda x, dt: np.asarray(x, dtype=dt).swapaxes(0, 1)  # noqa: E731  [B, Tc] -> [Tc, B]
+        o = np.asarray(obs, np.uint8).swapaxes(0, 1)
+        if self.C == 1:
+            o = o[:, :, 0]
+        extra = tr([[r["extra"] for r in self.rows[b][-Tc:]] for b in range(self.B)], np.float64)
+        return Step(o, tr(act, np.int64), tr(rew, np.float32), tr(done, bool), tr(tout, bool), extra)
+
+    def expected(self, t, b, n, gamma):
+        rows = self.rows[b]
+        ret, k, done_n, timeout_n = 0.0, 0, False, False
+        for j in range(n):
+            r = rows[t + j]
+            ret += gamma**j * r["reward"]
+            k += 1
+            if r["done"] or r["timeout"]:
+                done_n, timeout_n = r["done"], r["timeout"] and not r["done"]
+                break
+        obs = lambda i: rows[i]["obs"] if self.C > 1 else rows[i]["obs"][0]  # noqa: E731
+        return dict(ret=ret, k=k, done_n=done_n, timeout_n=timeout_n, obs=obs(t), next_obs=obs(t + k),
+                    final=rows[t]["final"], action=rows[t]["action"], extra=rows[t]["extra"])
+
+
+def _example(C):
+    obs = np.zeros((C,) + HW, np.uint8) if C > 1 else np.zeros(HW, np.uint8)
+    return Step(obs, np.int64(0), np.float32(0), np.bool_(False), np.bool_(False), np.float64(0))
+
+
+def _check_all_valid_rows(buf, stream, n, gamma, C):
+    cursor = buf.storage.cursor
+    T, B = buf.T, buf.B
+    lo_ref = max(cursor - T + (C - 1), 0)
+    hi_ref = max(cursor - n, 0)
+    lo, hi = buf.valid_window(cursor)
+    assert (lo, hi) == (min(lo_ref, hi_ref), hi_ref)
+    assert len(buf) == (hi - lo) * B
+    st_ = buf.storage
+    for t in range(lo, hi):
+        for b in range(B):
+            e = stream.expected(t, b, n, gamma)
+            row = t % T
+            assert st_.final_row[row, b] == e["final"]
+            if e["final"]:
+                continue
+            assert st_.n_taken[row, b] == e["k"]
+            assert st_.done_n[row, b] == e["done_n"]
+            assert st_.timeout_n[row, b] == e["timeout_n"]
+            assert st_.n_step_return[row, b] == pytest.approx(e["ret"], abs=1e-5)
+            np.testing.assert_array_equal(st_.observation(np.array([row]), np.array([b]))[0], e["obs"])
+            nxt = np.array([(row + e["k"]) % T])
+            np.testing.assert_array_equal(st_.observation(nxt, np.array([b]))[0], e["next_obs"])
+
+
+@settings(max_examples=60, deadline=None)
+@given(T=st.integers(6, 16), B=st.integers(1, 3), n=st.integers(1, 4), C=st.sampled_from([1, 4]),
+       prioritized=st.booleans(), seed=st.integers(0, 2**31), data=st.data())
+def test_nstep_buffer_matches_reference_across_wraparound(T, B, n, C, prioritized, seed, data):
+    if T <= n + C:
+        T = n + C + 1
+    gamma = 0.9
+    rng = np.random.default_rng(seed)
+    stream = Stream(B, C, rng)
+    buf = ReplayBuffer(_example(C), T * B, B, discount=gamma, n_step_return=n, frame_stack=C,
+                       prioritized=prioritized, seed=seed)
+    for _ in range(data.draw(st.integers(1, 8))):
+        Tc = data.draw(st.integers(1, T))
+        buf.append(stream.chunk(Tc))
+        _check_all_valid_rows(buf, stream, n, gamma, C)
+        if len(buf) > 0 and not buf.storage.final_row.all():
+            try:
+                batch, idx = buf.sample(min(8, len(buf)))
+            except ValueError as e:  # only when (almost) every valid row is a final-observation row
+                assert "final observation" in str(e)
+                continue
+            lo, hi = buf.valid_window(buf.storage.cursor)
+            assert np.all((idx.abs_row >= lo) & (idx.abs_row < hi))
+            for i, (t, b) in enumerate(zip(idx.abs_row, idx.b)):
+                e = stream.expected(int(t), int(b), n, gamma)
+                assert not e["final"]
+                assert batch.action[i] == e["action"] and batch.extra[i] == e["extra"]
+                np.testing.assert_array_equal(batch.observation[i], e["obs"])
+                np.testing.assert_array_equal(batch.next_observation[i], e["next_obs"])
+                assert batch.n_step_return[i] == pytest.approx(e["ret"], abs=1e-5)
+                assert batch.bootstrap_discount[i] == pytest.approx(gamma ** e["k"])
+                assert batch.done_n[i] == e["done_n"] and batch.timeout_n[i] == e["timeout_n"]
+
+
+def test_timeout_flag_survives_the_wraparound():
+    # T=5 rows, n=3: the window of abs row 8 (storage row 3) runs through rows 4, 0 (wrapped); the timeout
+    # sits on the wrapped row. rlpyt's time-limit buffer dropped exactly this flag.
+    buf = ReplayBuffer(Step(np.zeros(1, np.float32), np.int64(0), np.float32(0), False, False, np.float64(0)),
+                       size=5, B=1, discount=0.5, n_step_return=3)
+    timeouts = np.zeros(11, bool)
+    timeouts[10] = True
+    for t in range(11):
+        buf.append(Step(np.full((1, 1, 1), t, np.float32), np.zeros((1, 1), np.int64), np.ones((1, 1), np.float32),
+                        np.zeros((1, 1), bool), timeouts[t : t + 1, None], np.zeros((1, 1))))
+    row = 8 % 5
+    assert buf.storage.timeout_n[row, 0] and not buf.storage.done_n[row, 0]
+    assert buf.storage.n_taken[row, 0] == 3
+    assert buf.storage.n_step_return[row, 0] == pytest.approx(1 + 0.5 + 0.25)
+
+
+def test_prioritized_weights_updates_and_new_sample_priority():
+    buf = ReplayBuffer(_example(1), 40, 2, n_step_return=1, prioritized=True, alpha=0.5, beta=0.4, seed=0)
+    stream = Stream(2, 1, np.random.default_rng(0), p_end=0.0)
+    buf.append(stream.chunk(10))
+    batch, idx = buf.sample(6)
+    np.testing.assert_allclose(batch.is_weights, 1.0)  # equal default priorities
+    new = np.array([4.0, 1.0, 0.25, 1.0, 1.0, 1.0])
+    buf.update_priorities(idx, new)
+    leaves = buf.tree.leaves[idx.abs_row % buf.T, idx.b]
+    # The last write to each sampled leaf wins.
+    last = {}
+    for (t, b), p in zip(zip(idx.abs_row, idx.b), new):
+        last[(t, b)] = p
+    np.testing.assert_allclose(leaves, [(last[(t, b)] + 1e-6) ** 0.5 for t, b in zip(idx.abs_row, idx.b)])
+    batch, idx = buf.sample(len(buf), beta=1.0)
+    p = buf.tree.leaves[idx.abs_row % buf.T, idx.b]
+    np.testing.assert_allclose(batch.is_weights, (p / p.min()) ** -1.0, rtol=1e-6)
+    assert batch.is_weights.max() == pytest.approx(1.0)
+    # New samples get the largest priority seen so far (applied when their n-step window completes).
+    buf.append(stream.chunk(1))
+    t_new = buf.storage.cursor - 1
+    buf.append(stream.chunk(1))
+    assert buf.valid_window(buf.storage.cursor)[1] - 1 == t_new
+    assert buf.tree.leaves[t_new % buf.T, 0] == pytest.approx((4.0 + 1e-6) ** 0.5)
+
+
+def test_final_observation_rows_are_never_sampled():
+    buf = ReplayBuffer(_example(1), 60, 3, prioritized=False, seed=1)
+    stream = Stream(3, 1, np.random.default_rng(1), p_end=0.45)
+    buf.append(stream.chunk(15))
+    pbuf = ReplayBuffer(_example(1), 60, 3, prioritized=True, seed=1)
+    pbuf.append(Stream(3, 1, np.random.default_rng(1), p_end=0.45).chunk(15))
+    for b in (buf, pbuf):
+        n_final = b.storage.final_row[:14].sum()
+        assert n_final >= 5  # the test means something only if there are many to avoid
+        for _ in range(50):
+            _, idx = b.sample(len(b))
+            assert not b.storage.final_row[idx.abs_row % b.T, idx.b].any()
+
+
+def test_bad_input_names_the_argument():
+    ex = _example(1)
+    with pytest.raises(ValueError, match="alpha"):
+        ReplayBuffer(ex, 100, 2, prioritized=True, alpha=1.5)
+    with pytest.raises(ValueError, match="beta"):
+        ReplayBuffer(ex, 100, 2, beta=-0.1)
+    with pytest.raises(ValueError, match="size"):
+        ReplayBuffer(ex, 1, 2)
+    with pytest.raises(ValueError, match="n_step_return"):
+        ReplayBuffer(ex, 100, 2, n_step_return=0)
+    with pytest.raises(ValueError, match="frame_stack"):
+        ReplayBuffer(ex, 100, 2, frame_stack=4)
+    buf = ReplayBuffer(ex, 100, 2)
+    good = Stream(2, 1, np.random.default_rng(0)).chunk(3)
+    with pytest.raises(ValueError, match=r"samples\.observation.*shape"):
+        buf.append(good._replace(observation=np.zeros((3, 2, 5), np.uint8)))
+    with pytest.raises(ValueError, match=r"samples\.reward.*shape"):
+        buf.append(good._replace(reward=np.zeros((3, 3), np.float32)))
+    with pytest.raises(ValueError, match=r"samples\.observation.*dtype"):
+        buf.append(good._replace(observation=good.observation.astype(np.float32)))
+    with pytest.raises(ValueError, match="samples must be"):
+        buf.append(tuple(good))
+    buf.append(good)
+    with pytest.raises(ValueError, match="batch_size"):
+        buf.sample(len(buf) + 1)
+    with pytest.raises(ValueError, match="beta"):
+        buf.sample(1, beta=2.0)
+    with pytest.raises(ValueError, match="prioritized"):
+        buf.update_priorities(buf.sample(1)[1], [1.0])
+
+
+# ---------------------------------------------------------------- sequences
+
+
+def _rnn_example(C):
+    obs = np.zeros((C,) + HW, np.uint8) if C > 1 else np.zeros(HW, np.uint8)
+    return RStep(obs, np.int64(0), np.float32(0), np.bool_(False), np.bool_(False), np.zeros(3, np.float32))
+
+
+def _with_rnn(chunk, stream):
+    Tc = chunk.action.shape[0]
+    # The state before row t encodes t: checks that the right one is kept and returned.
+    t = np.array([[len(stream.rows[b]) - Tc + i for b in range(stream.B)] for i in range(Tc)], np.float32)
+    return RStep(chunk.observation, chunk.action, chunk.reward, chunk.done, chunk.timeout,
+                 np.repeat(t[..., None], 3, axis=-1))
+
+
+@settings(max_examples=40, deadline=None)
+@given(I=st.integers(1, 4), L=st.integers(1, 6), n=st.integers(1, 3), C=st.sampled_from([1, 3]),
+       B=st.integers(1, 3), prioritized=st.booleans(), seed=st.integers(0, 2**31), data=st.data())
+def test_sequences_start_at_stored_states_never_cross_the_cursor_and_match_reference(I, L, n, C, B, prioritized,
+                                                                                     seed, data):
+    gamma = 0.95
+    T = ((L + n + C + I) // I + data.draw(st.integers(1, 3))) * I
+    rng = np.random.default_rng(seed)
+    stream = Stream(B, C, rng)
+    buf = SequenceReplayBuffer(_rnn_example(C), T * B, B, sequence_length=L, rnn_state_interval=I, discount=gamma,
+                               n_step_return=n, frame_stack=C, prioritized=prioritized, seed=seed)
+    assert buf.T == T
+    for _ in range(data.draw(st.integers(1, 8))):
+        buf.append(_with_rnn(stream.chunk(data.draw(st.integers(1, T))), stream))
+        cursor = buf.storage.cursor
+        if len(buf) == 0:
+            continue
+        batch, idx = buf.sample(min(6, len(buf)))
+        assert batch.observation.shape[:2] == (L + n, len(idx.b))
+        for i, (slot, b) in enumerate(zip(idx.abs_row, idx.b)):
+            start = int(slot) * I
+            assert start - (C - 1) >= cursor - T  # history not overwritten
+            assert start + L + n <= cursor  # the whole window, bootstrap rows included, is written
+            np.testing.assert_array_equal(batch.init_rnn_state[i], np.full(3, start, np.float32))
+            for j in range(L + n):
+                r = stream.rows[int(b)][start + j]
+                np.testing.assert_array_equal(batch.observation[j, i], r["obs"] if C > 1 else r["obs"][0])
+                assert batch.action[j, i] == r["action"]
+                assert batch.final_row[j, i] == r["final"]
+                assert batch.episode_start[j, i] == (start + j == r["ep_first"])
+            for j in range(L):
+                if batch.final_row[j, i]:
+                    continue
+                e = stream.expected(start + j, int(b), n, gamma)
+                assert batch.n_taken[j, i] == e["k"] and batch.done_n[j, i] == e["done_n"]
+                assert batch.n_step_return[j, i] == pytest.approx(e["ret"], abs=1e-5)
+
+
+def test_sequence_input_priorities_land_shifted_back():
+    stream = Stream(1, 1, np.random.default_rng(0), p_end=0.0)
+    buf = SequenceReplayBuffer(_rnn_example(1), 64, 1, sequence_length=8, rnn_state_interval=4, n_step_return=1,
+                               prioritized=True, alpha=1.0, priority_eps=0.0, input_priority_shift=2, seed=0)
+    for k in range(6):  # chunks of 4 rows: one stored state each
+        buf.append(_with_rnn(stream.chunk(4), stream), priorities=np.array([[10.0 + k]]))
+    # Chunk k (slot k) brought the priority of slot k - 2, which by then has enough rows to be computed.
+    lo, hi = buf.tree.window
+    for slot in range(lo, hi):
+        assert buf.tree.leaves[slot % buf.n_slots, 0] == pytest.approx(10.0 + slot + 2)
+
+
+def test_sequence_buffer_bad_input():
+    with pytest.raises(ValueError, match="rnn_state"):
+        SequenceReplayBuffer(_example(1), 100, 1, sequence_length=4, rnn_state_interval=2)
+    with pytest.raises(ValueError, match="rnn_state_interval"):
+        SequenceReplayBuffer(_rnn_example(1), 100, 1, sequence_length=4, rnn_state_interval=0)
+    with pytest.raises(ValueError, match="too few"):
+        SequenceReplayBuffer(_rnn_example(1), 8, 1, sequence_length=8, rnn_state_interval=2)
+    buf = SequenceReplayBuffer(_rnn_example(1), 100, 1, sequence_length=4, rnn_state_interval=2, prioritized=True)
+    stream = Stream(1, 1, np.random.default_rng(0))
+    with pytest.raises(ValueError, match="priorities"):
+        buf.append(_with_rnn(stream.chunk(4), stream), priorities=np.ones((3, 1)))
+
+
+# ---------------------------------------------------------------- shared memory across processes
+
+Plain = namedarraytuple("Plain", ["observation", "action", "reward", "done", "timeout"])
+
+
+def _appender(buf, n_chunks, Tc):
+    B = buf.B
+    for k in range(n_chunks):
+        t = k * Tc + np.arange(Tc, dtype=np.float32)[:, None]  # observation encodes the abs row
+        obs = np.repeat(np.repeat(t, B, axis=1)[..., None], 64, axis=-1)
+        buf.append(Plain(obs, np.zeros((Tc, B), np.int64), np.ones((Tc, B), np.float32), np.zeros((Tc, B), bool),
+                         np.zeros((Tc, B), bool)))
+
+
+@pytest.mark.parametrize("prioritized", [False, True])
+def test_sampler_process_appends_while_learner_samples_consistent_batches(prioritized):
+    n = 3
+    ex = Plain(np.zeros(64, np.float32), np.int64(0), np.float32(0), np.bool_(False), np.bool_(False))
+    buf = ReplayBuffer(ex, 64 * 4, 4, discount=1.0, n_step_return=n, prioritized=prioritized, shared=True, seed=0)
+    ctx = mp.get_context("spawn")
+    n_chunks, Tc = 400, 8
+    p = ctx.Process(target=_appender, args=(buf, n_chunks, Tc))
+    p.start()
+    checked = 0
+    try:
+        while p.is_alive() or checked == 0:
+            if len(buf) < 16:
+                continue
+            batch, idx = buf.sample(16)
+            # Every field of a sampled transition belongs to the same abs row: no torn reads.
+            np.testing.assert_array_equal(batch.observation[:, 0], idx.abs_row.astype(np.float32))
+            assert (batch.observation == batch.observation[:, :1]).all()
+            np.testing.assert_array_equal(batch.next_observation[:, 0], idx.abs_row + n)
+            np.testing.assert_array_equal(batch.n_step_return, n)
+            if prioritized:
+                buf.update_priorities(idx, np.random.default_rng(checked).random(16))
+            checked += 1
+    finally:
+        p.join(timeout=60)
+    assert p.exitcode == 0
+    assert buf.storage.cursor == n_chunks * Tc  # the parent sees every append made by the child
+    assert checked > 0
