@@ -1,0 +1,197 @@
+"""Process plumbing for asynchronous sampling: a worker process, a shared-memory double buffer, parameters.
+
+Guarantees
+- ``Worker`` starts ``target(*args, stop)`` in a ``spawn`` child. The child ignores SIGINT (the parent decides
+  how to stop), dies with its parent (``PR_SET_PDEATHSIG`` on Linux, and a parent check in every wait), and
+  sends its traceback to the parent if it raises. The parent's waits call ``check()``, which raises
+  ``WorkerError`` with the child's traceback as soon as the child has failed or vanished, so a crashed or
+  killed sampler never leaves the learner hanging. ``stop()`` asks, then terminates, then kills, and always
+  joins: no zombie, no orphan.
+- ``DoubleBuffer`` holds two slots of one structure in shared memory. The writer fills slot ``k % 2`` only
+  after the reader released it, the reader reads slot ``k % 2`` only after the writer filled it: the writer
+  is never more than one slot ahead, and neither side ever sees a half-written slot.
+- ``SharedParameters`` publishes a module's parameters and buffers into shared memory with a version number;
+  a reader copies them out under the same lock, so it never sees a mix of two versions.
+- Shared memory comes from ``shared.buffer`` (anonymous: it cannot leak); semaphores and locks come from the
+  ``spawn`` context, whose resource tracker removes them even after a crash.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+import traceback
+from typing import Any, Callable
+
+import numpy as np
+
+from shared.buffer import buffer_from_example, shared_zeros
+
+__all__ = ["Worker", "WorkerError", "DoubleBuffer", "SharedParameters", "CTX"]
+
+CTX = mp.get_context("spawn")
+_POLL_S = 0.2
+
+
+class WorkerError(RuntimeError):
+    """A worker process failed; the message carries its traceback."""
+
+
+def _die_with_parent() -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+
+
+def _child_main(target: Callable, args: tuple, stop: Any, errors: Any, parent_pid: int) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
+    if os.getppid() != parent_pid:  # the parent died before PDEATHSIG was armed
+        os._exit(1)
+    try:
+        target(*args, stop)
+    except BaseException:  # noqa: BLE001 - everything goes back to the parent
+        errors.put(traceback.format_exc())
+        errors.close()
+        errors.join_thread()
+        sys.exit(1)
+
+
+class Worker:
+    """One child process running ``target(*args, stop)``; ``stop`` is an event the child should poll."""
+
+    def __init__(self, target: Callable, args: tuple, name: str = "worker"):
+        self.name = name
+        self.stop_event = CTX.Event()
+        self._errors = CTX.Queue()
+        self._proc = CTX.Process(target=_child_main, name=name,
+                                 args=(target, args, self.stop_event, self._errors, os.getpid()))
+        self._proc.start()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
+
+    def check(self) -> None:
+        """Raise ``WorkerError`` if the child failed or is gone."""
+        if not self._errors.empty():
+            raise WorkerError(f"{self.name} failed:\n{self._errors.get()}")
+        if not self._proc.is_alive():
+            code = self._proc.exitcode
+            try:
+                tb = self._errors.get(timeout=0.5)
+            except Exception:  # noqa: BLE001 - no traceback came: it was killed
+                tb = None
+            if tb is not None:
+                raise WorkerError(f"{self.name} failed:\n{tb}")
+            if code != 0 or not self.stop_event.is_set():
+                raise WorkerError(f"{self.name} (pid {self._proc.pid}) exited unexpectedly with code {code}")
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ask the child to stop, then terminate and kill it if it does not; always reaps it."""
+        self.stop_event.set()
+        self._proc.join(timeout)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(3.0)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join()
+        self._errors.close()
+        self._errors.join_thread()
+        self._errors.cancel_join_thread()
+
+
+def wait_for(acquire: Callable[[float], bool], check: Callable[[], None]) -> None:
+    """Block on ``acquire(timeout)`` in short slices, calling ``check()`` (which may raise) between them."""
+    while not acquire(_POLL_S):
+        check()
+
+
+def parent_alive_check(stop: Any, parent_pid: int) -> Callable[[], None]:
+    """For a child: a check that raises SystemExit when asked to stop or when the parent is gone."""
+
+    def check() -> None:
+        if stop.is_set() or os.getppid() != parent_pid:
+            raise SystemExit(0)
+
+    return check
+
+
+class DoubleBuffer:
+    """Two shared-memory slots shaped like ``example`` with ``leading_dims``; writer and reader alternate."""
+
+    def __init__(self, example: Any, leading_dims: tuple[int, ...]):
+        self.slots = [buffer_from_example(example, leading_dims, shared=True) for _ in range(2)]
+        self._filled = [CTX.Semaphore(0) for _ in range(2)]
+        self._free = [CTX.Semaphore(1) for _ in range(2)]
+
+    def writer_acquire(self, k: int, check: Callable[[], None]) -> Any:
+        """Wait until slot ``k % 2`` is free and return it for writing rollout ``k``."""
+        wait_for(lambda t: self._free[k % 2].acquire(timeout=t), check)
+        return self.slots[k % 2]
+
+    def writer_release(self, k: int) -> None:
+        self._filled[k % 2].release()
+
+    def reader_acquire(self, k: int, check: Callable[[], None]) -> Any:
+        """Wait until rollout ``k`` is in slot ``k % 2`` and return it (valid until ``reader_release(k)``)."""
+        wait_for(lambda t: self._filled[k % 2].acquire(timeout=t), check)
+        return self.slots[k % 2]
+
+    def reader_release(self, k: int) -> None:
+        self._free[k % 2].release()
+
+
+class SharedParameters:
+    """A module's parameters and buffers in one shared float32 array, with a version number."""
+
+    def __init__(self, module: Any):
+        tensors = self._tensors(module)
+        self._sizes = [t.numel() for t in tensors]
+        self.flat = shared_zeros(sum(self._sizes), np.float32)
+        self._version = shared_zeros(1, np.int64)
+        self._lock = CTX.Lock()
+
+    @staticmethod
+    def _tensors(module: Any) -> list:
+        return [t for t in list(module.parameters()) + list(module.buffers()) if t.is_floating_point()]
+
+    @property
+    def version(self) -> int:
+        return int(self._version[0])
+
+    def publish(self, module: Any, version: int) -> None:
+        """Copy ``module``'s tensors in and set the version (learner side)."""
+        import torch
+
+        with torch.no_grad():
+            flat = torch.cat([t.detach().reshape(-1).float().cpu() for t in self._tensors(module)]).numpy()
+        with self._lock:
+            self.flat[:] = flat
+            self._version[0] = version
+
+    def pull(self, module: Any) -> int:
+        """Copy the latest published tensors into ``module``; returns their version (sampler side)."""
+        import torch
+
+        with self._lock:
+            flat = torch.from_numpy(np.array(self.flat))
+            version = int(self._version[0])
+        with torch.no_grad():
+            for t, chunk in zip(self._tensors(module), torch.split(flat, self._sizes)):
+                t.copy_(chunk.view_as(t))
+        return version
+
+    def wait_version(self, at_least: int, check: Callable[[], None]) -> None:
+        """Block until the published version is at least ``at_least``."""
+        while self.version < at_least:
+            check()
+            time.sleep(0.001)
