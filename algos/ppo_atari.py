@@ -328,6 +328,20 @@ def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.dev
 # ---------------------------------------------------------------------------------------------- async sampler
 
 
+def flat_params(agent: Agent) -> np.ndarray:
+    """All parameters in one float32 vector (logical order, whatever the memory format)."""
+    return torch.cat([p.detach().reshape(-1).float().cpu() for p in agent.parameters()]).numpy()
+
+
+@torch.no_grad()
+def load_flat(agent: Agent, flat: np.ndarray) -> None:
+    offset = 0
+    for p in agent.parameters():
+        p.copy_(torch.from_numpy(np.asarray(flat[offset : offset + p.numel()])).view(p.shape))
+        offset += p.numel()
+
+
+
 def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, params: list, first: int, last: int,
                  affinity, parent_pid: int, stop) -> None:
     """Sampler process: rollout k goes to slot k % 2, collected with the parameters the learner left in that
@@ -339,12 +353,11 @@ def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, params: list, f
     state = EnvState(envs, args.seed)
     agent = Agent(envs.single_observation_space.shape, envs.single_action_space.n)
     torch.manual_seed(args.seed + 1)
-    flat_params = [p for p in agent.parameters()]
     device = torch.device("cpu")
     try:
         for k in range(first, last):
             buf = buffers.writer_acquire(k, check)
-            torch.nn.utils.vector_to_parameters(torch.from_numpy(np.array(params[k % 2])), flat_params)
+            load_flat(agent, params[k % 2])
             collect(envs, agent, state, buf, boots[k % 2], args, device)
             buffers.writer_release(k)
     finally:
@@ -438,9 +451,7 @@ def main() -> int:
         if args.sampler == "async":
             buffers = DoubleBuffer(example, (args.num_steps, args.num_envs))
             boots = [buffer_like(boot_example) for _ in range(2)]
-            params = [torch.nn.utils.parameters_to_vector(agent.parameters()).detach().cpu().numpy()
-                      for _ in range(2)]
-            params = [share(p) for p in params]
+            params = [share(flat_params(agent)) for _ in range(2)]
             worker = Worker(sampler_main, (args, buffers, boots, params, start_iter, num_iterations, affinity,
                                            os.getpid()), name="sampler")
         else:
@@ -465,7 +476,7 @@ def main() -> int:
             stats = learn_from(agent, optimizer, buf, boot, args, device, generator)
             if worker is not None:
                 # Hand the slot back with the new parameters: the sampler's rollout it + 2 uses update it.
-                params[it % 2][:] = torch.nn.utils.parameters_to_vector(agent.parameters()).detach().cpu().numpy()
+                params[it % 2][:] = flat_params(agent)
                 buffers.reader_release(it)
             if (it + 1) % args.log_every == 0 or it + 1 == num_iterations:
                 row = run.row(global_step, learning_rate=lr, **stats)

@@ -1,0 +1,63 @@
+"""Running the scripts in algos/ as a user does (a subprocess), and reading what they write."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def script(name: str) -> str:
+    return str(ROOT / "algos" / name)
+
+
+def run(name: str, *args: str, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run ``algos/<name>`` to completion in its own session; fails the test if it leaves a process behind."""
+    proc = subprocess.Popen([sys.executable, script(name), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=cwd, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"{name} {' '.join(args)} timed out\n{out[-3000:]}\n{err[-3000:]}")
+    assert_no_leftovers(proc.pid)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def session_processes(sid: int) -> list[int]:
+    """Live (non-zombie) processes of session ``sid``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        state, session = fields[0], int(fields[3])
+        if session == sid and state != "Z":
+            pids.append(int(entry))
+    return pids
+
+
+def assert_no_leftovers(sid: int, wait: float = 5.0) -> None:
+    deadline = time.time() + wait
+    while session_processes(sid) and time.time() < deadline:
+        time.sleep(0.1)
+    left = session_processes(sid)
+    if left:
+        os.killpg(sid, signal.SIGKILL)
+        raise AssertionError(f"processes left behind: {left}")
+
+
+def progress(run_dir: Path) -> list[dict]:
+    with open(run_dir / "progress.csv") as f:
+        return list(csv.DictReader(f))

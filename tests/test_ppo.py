@@ -1,0 +1,227 @@
+"""algos/ppo_atari.py: GAE against the definition, learning in every sampling mode, Atari smoke runs, resume,
+determinism, bad arguments, interruption and a killed sampler."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers import ROOT, assert_no_leftovers, progress, run, script
+
+sys.path.insert(0, str(ROOT / "algos"))
+import ppo_atari  # noqa: E402
+
+# Tuned for CartPole (rl-zoo's PPO settings); the Atari defaults learn it too, only slower.
+CARTPOLE = ["--env-id", "CartPole-v1", "--num-envs", "8", "--num-steps", "32", "--num-minibatches", "1",
+            "--update-epochs", "20", "--gae-lambda", "0.8", "--gamma", "0.98", "--ent-coef", "0",
+            "--learning-rate", "1e-3", "--clip-coef", "0.2", "--no-clip-vloss", "--eval-episodes", "0"]
+ATARI_SMOKE = ["--num-envs", "4", "--num-steps", "16", "--total-timesteps", "256", "--eval-episodes", "0"]
+
+
+# ---------------------------------------------------------------------------------------------- GAE
+
+
+def gae_by_definition(r, v, nv, term, ended, reset, gamma, lam):
+    """A_t = sum_k (gamma lam)^k delta_{t+k}, stopping after the row that ends the episode or a life."""
+    T, B = r.shape
+    adv = np.zeros((T, B))
+    for b in range(B):
+        for t in range(T):
+            if reset[t, b]:
+                continue
+            coef = 1.0
+            for j in range(t, T):
+                next_v = nv[b] if j == T - 1 else v[j + 1, b]
+                delta = r[j, b] + gamma * next_v * (1 - term[j, b]) - v[j, b]
+                adv[t, b] += coef * delta
+                if ended[j, b] or term[j, b]:
+                    break
+                coef *= gamma * lam
+    return adv
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_gae_matches_definition_with_truncation_and_reset_rows(seed):
+    rng = np.random.default_rng(seed)
+    T, B = 12, 5
+    term = rng.random((T, B)) < 0.1
+    trunc = rng.random((T, B)) < 0.1
+    life_lost = rng.random((T, B)) < 0.05
+    ended = term | trunc
+    reset = np.zeros((T, B), bool)
+    reset[1:] = ended[:-1]  # the row after an ended one only resets the env
+    terminal = term | life_lost
+    r, v, nv = rng.normal(size=(T, B)), rng.normal(size=(T, B)), rng.normal(size=B)
+    f = lambda x: torch.as_tensor(x, dtype=torch.float32)  # noqa: E731
+    adv, ret = ppo_atari.compute_gae(f(r), f(v), f(nv), f(terminal), f(ended), f(reset), 0.99, 0.95)
+    expected = gae_by_definition(r, v, nv, terminal, ended, reset, 0.99, 0.95)
+    np.testing.assert_allclose(adv.numpy(), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ret.numpy(), expected + v, rtol=1e-5, atol=1e-5)
+
+
+def test_truncation_bootstraps_from_the_final_observation_and_termination_does_not():
+    # Row 0 is truncated: its successor (row 1, a reset row) holds the final observation's value 10.
+    f = lambda x: torch.tensor(x, dtype=torch.float32)  # noqa: E731
+    r, v = f([[1.0], [0.0]]), f([[2.0], [10.0]])
+    ended, reset = f([[1.0], [0.0]]), f([[0.0], [1.0]])
+    adv, _ = ppo_atari.compute_gae(r, v, f([5.0]), f([[0.0], [0.0]]), ended, reset, 0.5, 0.9)
+    assert adv[0, 0].item() == pytest.approx(1.0 + 0.5 * 10.0 - 2.0)
+    assert adv[1, 0].item() == 0.0  # reset rows carry no advantage (and are masked out of the loss)
+    adv, _ = ppo_atari.compute_gae(r, v, f([5.0]), f([[1.0], [0.0]]), ended, reset, 0.5, 0.9)
+    assert adv[0, 0].item() == pytest.approx(1.0 - 2.0)
+
+
+# ---------------------------------------------------------------------------------------------- learning
+
+
+@pytest.mark.parametrize("sampler", ["serial", "parallel", "async"])
+def test_ppo_learns_cartpole_in_every_mode(sampler, tmp_path):
+    out = run("ppo_atari.py", *CARTPOLE, "--sampler", sampler, "--total-timesteps", "150000",
+              "--stop-at-return", "450", "--out-dir", str(tmp_path), "--run-name", "r", timeout=400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    m = re.search(r"mean return of the last 20 episodes ([\d.]+) >= 450", out.stdout)
+    assert m, f"did not reach 450 within 150k steps:\n{out.stdout[-2000:]}"
+    rows = progress(tmp_path / "r")
+    assert int(rows[-1]["global_step"]) <= 150_000
+
+
+# ---------------------------------------------------------------------------------------------- Atari
+
+
+def test_serial_and_parallel_atari_preprocess_and_account_identically():
+    args = ppo_atari.Args(num_envs=1, noop_max=0)
+    serial, parallel = ppo_atari.make_envs(args, "serial"), ppo_atari.make_envs(args, "parallel", 1)
+    try:
+        o1, i1 = serial.reset(seed=3)
+        o2, i2 = parallel.reset(seed=3)
+        np.testing.assert_array_equal(o1, o2)
+        rng = np.random.default_rng(0)
+        ends = 0
+        for _ in range(600):
+            a = rng.integers(0, serial.single_action_space.n, 1)
+            o1, r1, te1, tr1, i1 = serial.step(a)
+            o2, r2, te2, tr2, i2 = parallel.step(a)
+            np.testing.assert_array_equal(o1, o2)
+            assert r1[0] == r2[0] and te1[0] == te2[0] and tr1[0] == tr2[0]
+            assert i1["lives"][0] == i2["lives"][0]
+            ends += int(te1[0])
+        assert ends >= 1  # the comparison crossed a game over and its reset
+    finally:
+        serial.close()
+        parallel.close()
+
+
+@pytest.mark.parametrize("sampler", ["serial", "parallel", "async"])
+def test_atari_smoke_checkpoint_and_resume(sampler, tmp_path):
+    out = run("ppo_atari.py", *ATARI_SMOKE, "--sampler", sampler, "--out-dir", str(tmp_path), "--run-name", "a",
+              timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run_dir = tmp_path / "a"
+    rows = progress(run_dir)
+    assert list(rows[0])[:5] == ["global_step", "wall_time_s", "sps", "episodes", "return_mean"]
+    assert [int(r["global_step"]) for r in rows] == [64, 128, 192, 256]
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert ckpt["global_step"] == 256 and ckpt["args"]["sampler"] == sampler
+    agent = ppo_atari.Agent((4, 84, 84), 4)
+    agent.load_state_dict(ckpt["model"])
+    out = run("ppo_atari.py", *ATARI_SMOKE[:-4], "--total-timesteps", "384", "--eval-episodes", "0",
+              "--sampler", sampler, "--resume", str(run_dir), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = progress(run_dir)
+    assert [int(r["global_step"]) for r in rows] == [64, 128, 192, 256, 320, 384]
+    assert torch.load(run_dir / "checkpoint.pt", weights_only=True)["global_step"] == 384
+
+
+def test_serial_runs_are_reproducible(tmp_path):
+    for name in ("x", "y"):
+        out = run("ppo_atari.py", *CARTPOLE, "--total-timesteps", "4096", "--out-dir", str(tmp_path),
+                  "--run-name", name)
+        assert out.returncode == 0, out.stderr[-2000:]
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("wall_time_s", "sps")} for r in rows]  # noqa: E731
+    a, b = strip(progress(tmp_path / "x")), strip(progress(tmp_path / "y"))
+    assert len(a) == 16 and a == b
+    ca = torch.load(tmp_path / "x" / "checkpoint.pt", weights_only=True)["model"]
+    cb = torch.load(tmp_path / "y" / "checkpoint.pt", weights_only=True)["model"]
+    assert all(torch.equal(ca[k], cb[k]) for k in ca)
+
+
+# ---------------------------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("bad, words", [
+    (["--num-envs", "0"], "--num-envs"),
+    (["--num-steps", "-5"], "--num-steps"),
+    (["--num-minibatches", "3"], "--num-minibatches"),
+    (["--env-id", "NoSuchEnv-v0"], "--env-id"),
+    (["--sampler", "threads"], "--sampler"),
+    (["--num-envs", "abc"], "--num-envs"),
+    (["--resume", "/nonexistent/run"], "--resume"),
+])
+def test_bad_arguments_exit_2_with_one_line(bad, words, tmp_path):
+    out = run("ppo_atari.py", *bad, "--out-dir", str(tmp_path), timeout=60)
+    assert out.returncode == 2
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], out.stderr
+    assert not any(tmp_path.iterdir())  # nothing started, no run folder
+
+
+def _start(args, tmp_path):
+    return subprocess.Popen([sys.executable, script("ppo_atari.py"), *args, "--out-dir", str(tmp_path),
+                             "--run-name", "i"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _wait_for_row(tmp_path, proc, timeout=120):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        f = tmp_path / "i" / "progress.csv"
+        if f.exists() and len(f.read_text().splitlines()) >= 2:
+            return
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.1)
+    raise AssertionError("no progress row in time")
+
+
+@pytest.mark.parametrize("sampler, sig", [("async", signal.SIGINT), ("serial", signal.SIGTERM)])
+def test_interrupt_writes_checkpoint_and_ends_every_process(sampler, sig, tmp_path):
+    shm_before = set(os.listdir("/dev/shm"))
+    proc = _start([*CARTPOLE, "--sampler", sampler, "--total-timesteps", "10000000"], tmp_path)
+    _wait_for_row(tmp_path, proc)
+    os.killpg(proc.pid, sig)  # as Ctrl-C does: the whole foreground group gets the signal
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert_no_leftovers(proc.pid)
+    ckpt = torch.load(tmp_path / "i" / "checkpoint.pt", weights_only=True)
+    assert ckpt["global_step"] >= 256
+    assert set(os.listdir("/dev/shm")) <= shm_before
+
+
+def test_killed_sampler_ends_the_run_with_exit_1(tmp_path):
+    proc = _start([*CARTPOLE, "--sampler", "async", "--total-timesteps", "10000000"], tmp_path)
+    _wait_for_row(tmp_path, proc)
+    children = [p for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == proc.pid]
+    sampler = [p for p in children if "spawn_main" in open(f"/proc/{p}/cmdline").read()
+               and "resource_tracker" not in open(f"/proc/{p}/cmdline").read()]
+    assert sampler, children
+    for p in sampler:
+        os.kill(int(p), signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert err.strip().splitlines()[-1].startswith("error: the sampler process failed")
+    assert_no_leftovers(proc.pid)
+
+
+def _ppid(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except OSError:
+        return -1
