@@ -385,6 +385,11 @@ def check_args(args: Args) -> None:
         bad_args(f"--learning-rate must be in (0, 1), got {args.learning_rate}")
     if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1 and 0 <= args.sticky_actions < 1):
         bad_args("--gamma, --gae-lambda must be in [0, 1] and --sticky-actions in [0, 1)")
+    if args.capture_video:
+        try:
+            import moviepy  # noqa: F401
+        except ImportError:
+            bad_args("--capture-video needs moviepy (pip install moviepy)")
     if args.env_id not in gym.registry:
         if is_atari(args.env_id):
             import ale_py

@@ -1,0 +1,535 @@
+"""A2C (synchronous advantage actor-critic) for Atari and vector-observation envs: serial, parallel, async.
+
+    python algos/a2c_atari.py                                        # Breakout, 16 envs x 5 steps, serial
+    python algos/a2c_atari.py --sampler parallel                     # ale-py's threaded vector env
+    python algos/a2c_atari.py --env-id CartPole-v1 --num-envs 8      # MLP torso, trains in seconds
+
+One gradient step per rollout on n-step (or GAE) returns. Async mode: the sampler collects rollout k+1 while the
+learner trains on rollout k, so each rollout was sampled by the policy one update older (the double buffer
+bounds the lag at exactly one update). A2C has no ratio of its own, so the policy gradient is corrected with a
+truncated importance weight min(pi / mu, 1) (V-trace's rho-bar = 1); in serial and parallel mode it is 1.
+
+Episode boundaries: envs autoreset on the step after an episode ends (gymnasium's next-step mode). That step
+only resets the env: its row is masked out of every loss, and its observation is the episode's final one, whose
+value is the bootstrap target when the episode was truncated by the time limit; termination bootstraps nothing.
+On Atari a lost life ends the *training* episode (no bootstrap across it) while the game goes on, so logged
+returns are whole games, unclipped.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # find shared/ without an install step
+
+import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+from torch.distributions import Categorical  # noqa: E402
+
+from shared.affinity import make_affinity  # noqa: E402
+from shared.namedarraytuple import namedarraytuple  # noqa: E402
+from shared.procs import DoubleBuffer, Worker, WorkerError, parent_alive_check  # noqa: E402
+from shared.run import (EXIT_INTERRUPTED, RunFolder, bad_args, load_checkpoint, parse_args,  # noqa: E402
+                        resolve_device, stop_on_signals)
+
+
+@dataclass
+class Args:
+    env_id: str = "BreakoutNoFrameskip-v4"
+    """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations (MLP)"""
+    seed: int = 1
+    """seeds every env, worker and network"""
+    total_timesteps: int = 10_000_000
+    """agent steps summed over all envs (Atari: 4 emulator frames each)"""
+    num_envs: int = 16
+    """environments stepped together; the batch is num_envs x num_steps"""
+    num_steps: int = 5
+    """steps per env in each rollout"""
+    sampler: str = "serial"
+    """serial (one process), parallel (ale-py threads / gymnasium AsyncVectorEnv) or async (sampler process
+    collects rollout k+1 with the parameters of update k-1 while the learner trains on rollout k)"""
+    device: str = "auto"
+    """auto (cuda if available), cpu, cuda or cuda:N"""
+    out_dir: str = "runs"
+    """parent folder of the run folder"""
+    run_name: str = ""
+    """run folder name; default {env_id}__a2c_atari__{seed}__{unix time}"""
+    checkpoint_every: int = 0
+    """global env steps between checkpoints (0: only at the end and on interruption)"""
+    resume: str = ""
+    """checkpoint file or run folder to continue from (continues its progress.csv)"""
+    eval_episodes: int = 10
+    """episodes played by the final policy after training (0: none)"""
+    capture_video: bool = False
+    """record the first evaluation episode to {run}/videos (needs moviepy)"""
+    learning_rate: float = 7e-4
+    """RMSprop step size at the start"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0 over the run"""
+    rmsprop_alpha: float = 0.99
+    """RMSprop smoothing constant"""
+    rmsprop_eps: float = 1e-5
+    """RMSprop epsilon"""
+    gamma: float = 0.99
+    """discount"""
+    gae_lambda: float = 1.0
+    """GAE lambda (1: plain n-step returns, the A2C paper's)"""
+    norm_adv: bool = False
+    """normalise advantages over the batch"""
+    ent_coef: float = 0.01
+    """entropy bonus"""
+    vf_coef: float = 0.5
+    """value loss weight"""
+    max_grad_norm: float = 0.5
+    """global gradient-norm clip"""
+    noop_max: int = 30
+    """Atari: up to this many random no-ops at reset (paper convention 30)"""
+    sticky_actions: float = 0.0
+    """Atari: probability of repeating the previous action (0: paper convention, no sticky actions)"""
+    clip_rewards: bool = True
+    """Atari: train on the sign of the reward (logged returns stay unclipped)"""
+    life_loss_terminal: bool = True
+    """Atari: a lost life ends the training episode for bootstrapping (the game itself goes on)"""
+    bf16: bool = False
+    """run the network under bfloat16 autocast (fast on CPUs with AMX and on recent GPUs)"""
+    log_every: int = 100
+    """rollouts between progress rows"""
+    stop_at_return: float | None = None
+    """stop early once the mean return of the last 20 episodes reaches this"""
+
+
+# ---------------------------------------------------------------------------------------------- environments
+
+
+def is_atari(env_id: str) -> bool:
+    return "NoFrameskip" in env_id
+
+
+def ale_game(env_id: str) -> str:
+    """'MsPacmanNoFrameskip-v4' -> 'ms_pacman' (ale-py's ROM name)."""
+    name = env_id.split("NoFrameskip")[0]
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+ATARI_MAX_FRAMES = 108_000  # 30 minutes of play: the time limit in both samplers
+
+
+def make_env(args: Args, idx: int):
+    def thunk():
+        if is_atari(args.env_id):
+            import ale_py
+
+            gym.register_envs(ale_py)
+            env = gym.make(args.env_id, max_episode_steps=ATARI_MAX_FRAMES,
+                           repeat_action_probability=args.sticky_actions)
+            env = gym.wrappers.AtariPreprocessing(env, noop_max=args.noop_max, frame_skip=4, screen_size=84,
+                                                  terminal_on_life_loss=False, grayscale_obs=True)
+            return gym.wrappers.FrameStackObservation(env, 4, padding_type="zero")
+        return gym.make(args.env_id)
+
+    return thunk
+
+
+def make_envs(args: Args, mode: str, n_threads: int = 1):
+    """serial: SyncVectorEnv; parallel: ale-py's threaded AtariVectorEnv or gymnasium's AsyncVectorEnv."""
+    next_step = gym.vector.AutoresetMode.NEXT_STEP
+    if mode == "serial":
+        return gym.vector.SyncVectorEnv([make_env(args, i) for i in range(args.num_envs)], autoreset_mode=next_step)
+    if is_atari(args.env_id):
+        from ale_py.vector_env import AtariVectorEnv
+
+        # Same preprocessing as the serial wrappers; raw rewards (clipping here would lose the true score).
+        return AtariVectorEnv(ale_game(args.env_id), args.num_envs, num_threads=n_threads,
+                              noop_max=args.noop_max, repeat_action_probability=args.sticky_actions,
+                              max_num_frames_per_episode=ATARI_MAX_FRAMES, reward_clipping=False,
+                              episodic_life=False, use_fire_reset=False, autoreset_mode=next_step)
+    return gym.vector.AsyncVectorEnv([make_env(args, i) for i in range(args.num_envs)], context="spawn",
+                                     autoreset_mode=next_step)
+
+
+# ---------------------------------------------------------------------------------------------- network
+
+
+def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias: float = 0.0) -> nn.Module:
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias)
+    return layer
+
+
+class Agent(nn.Module):
+    """Nature CNN (uint8 frames, scaled inside) or a 64x64 tanh MLP, with policy and value heads."""
+
+    def __init__(self, obs_shape: tuple[int, ...], n_actions: int):
+        super().__init__()
+        self.image = len(obs_shape) == 3
+        if self.image:
+            self.torso = nn.Sequential(
+                layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)), nn.ReLU(),
+                layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
+                layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten(),
+                layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU())
+            width = 512
+        else:
+            self.torso = nn.Sequential(layer_init(nn.Linear(int(np.prod(obs_shape)), 64)), nn.Tanh(),
+                                       layer_init(nn.Linear(64, 64)), nn.Tanh())
+            width = 64
+        self.actor = layer_init(nn.Linear(width, n_actions), std=0.01)
+        self.critic = layer_init(nn.Linear(width, 1), std=1.0)
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = obs.float() / 255.0 if self.image else obs.float().flatten(1)
+        h = self.torso(x)
+        return self.actor(h).float(), self.critic(h).float().squeeze(-1)  # logits [N, A], value [N]
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+
+Rollout = namedarraytuple("Rollout", ["obs", "action", "logprob", "value", "reward", "terminal", "ended",
+                                      "reset", "ep_return", "ep_length", "ep_done"])
+Bootstrap = namedarraytuple("Bootstrap", ["obs", "reset"])
+
+
+class EnvState:
+    """What a sampler carries between rollouts, per env: current observation, reset flag, lives, episode sums."""
+
+    def __init__(self, envs, seed: int):
+        self.obs, info = envs.reset(seed=seed)
+        n = len(self.obs)
+        self.reset = np.zeros(n, bool)  # True: this step only resets the env (next-step autoreset)
+        self.lives = np.asarray(info.get("lives", np.zeros(n)), np.int64)
+        self.ep_return = np.zeros(n, np.float64)
+        self.ep_length = np.zeros(n, np.int64)
+
+
+def rollout_example(obs_space, T: int, B: int) -> tuple:
+    one = Rollout(np.zeros(obs_space.shape, obs_space.dtype), np.int64(0), np.float32(0), np.float32(0),
+                  np.float32(0), False, False, False, np.float64(0), np.int64(0), False)
+    return one, Bootstrap(np.zeros((B,) + obs_space.shape, obs_space.dtype), np.zeros(B, bool))
+
+
+@torch.no_grad()
+def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device) -> None:
+    """Step the envs num_steps times, writing buf [T, B] and the bootstrap observation boot [B]."""
+    for t in range(args.num_steps):
+        obs = torch.as_tensor(state.obs, device=device)
+        with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+            logits, value = agent(obs)
+        dist = Categorical(logits=logits)
+        action = dist.sample()
+        buf.obs[t], buf.reset[t] = state.obs, state.reset
+        buf.action[t] = action.cpu().numpy()
+        buf.logprob[t] = dist.log_prob(action).cpu().numpy()
+        buf.value[t] = value.cpu().numpy()
+        next_obs, reward, term, trunc, info = envs.step(buf.action[t])
+        lives = np.asarray(info.get("lives", state.lives), np.int64)
+        life_lost = (lives < state.lives) & ~state.reset
+        raw = np.where(state.reset, 0.0, reward)  # a reset step's reward belongs to no episode
+        buf.reward[t] = np.sign(raw) if (args.clip_rewards and is_atari(args.env_id)) else raw
+        buf.terminal[t] = term | (life_lost & args.life_loss_terminal)
+        buf.ended[t] = term | trunc
+        state.ep_return += raw
+        state.ep_length += ~state.reset
+        buf.ep_done[t] = buf.ended[t]
+        buf.ep_return[t], buf.ep_length[t] = state.ep_return, state.ep_length
+        state.ep_return[buf.ended[t]] = 0.0
+        state.ep_length[buf.ended[t]] = 0
+        state.obs, state.reset, state.lives = next_obs, term | trunc, lives
+    boot.obs[:], boot.reset[:] = state.obs, state.reset
+
+
+# ---------------------------------------------------------------------------------------------- loss and update
+
+
+def compute_gae(reward, value, next_value, terminal, ended, reset, gamma: float, lam: float):
+    """Advantages and returns, [T, B]. Reset rows get 0 (they are masked out); `terminal` stops bootstrapping,
+    `ended` or `terminal` stops the trace; a truncated row bootstraps from the next row's value, which is the
+    value of the episode's final observation."""
+    T = reward.shape[0]
+    adv = torch.zeros_like(reward)
+    last = torch.zeros_like(next_value)
+    for t in reversed(range(T)):
+        nv = next_value if t == T - 1 else value[t + 1]
+        delta = reward[t] + gamma * nv * (1.0 - terminal[t]) - value[t]
+        last = delta + gamma * lam * (1.0 - torch.maximum(ended[t], terminal[t])) * last
+        last = last * (1.0 - reset[t])
+        adv[t] = last
+    return adv, adv + value
+
+
+def a2c_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.device) -> dict:
+    """One gradient step: policy gradient weighted by the (truncated) importance weight, value and entropy."""
+    with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+        logits, value = agent(data["obs"])
+    dist = Categorical(logits=logits)
+    logprob = dist.log_prob(data["action"])
+    rho = (logprob.detach() - data["logprob"]).exp().clamp(max=1.0)  # 1 unless the sampler lagged
+    adv = data["adv"]
+    if args.norm_adv:
+        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    pg_loss = -(rho * adv * logprob).mean()
+    v_loss = 0.5 * ((value - data["ret"]) ** 2).mean()
+    entropy = dist.entropy().mean()
+    loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"A2C loss is {loss.item()} (policy {pg_loss.item()}, value {v_loss.item()})")
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+    optimizer.step()
+    return {"policy_loss": pg_loss.item(), "value_loss": v_loss.item(), "entropy": entropy.item(),
+            "grad_norm": float(grad_norm), "rho_mean": rho.mean().item()}
+
+
+def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.device) -> dict:
+    """Returns with the learner's current critic, then the A2C step; buf is [T, B] numpy (possibly shared)."""
+    T, B = args.num_steps, args.num_envs
+    f = lambda x: torch.as_tensor(np.asarray(x), device=device)  # noqa: E731
+    obs = f(buf.obs)
+    with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+        # Values under the current parameters: equal to the rollout's in serial/parallel mode, one update newer
+        # in async mode, where the rollout was sampled with the previous parameters.
+        _, value = agent(torch.cat([obs.flatten(0, 1), f(boot.obs)]))
+    value = value.float()
+    value, next_value = value[: T * B].view(T, B), value[T * B :]
+    fl = lambda x: f(x).float()  # noqa: E731
+    adv, ret = compute_gae(fl(buf.reward), value, next_value, fl(buf.terminal), fl(buf.ended), fl(buf.reset),
+                           args.gamma, args.gae_lambda)
+    valid = ~f(buf.reset).flatten()  # [T*B]: reset rows are never trained on
+    data = {"obs": obs.flatten(0, 1)[valid], "action": f(buf.action).flatten()[valid],
+            "logprob": f(buf.logprob).flatten()[valid],
+            "adv": adv.flatten()[valid], "ret": ret.flatten()[valid]}
+    return a2c_update(agent, optimizer, data, args, device)
+
+
+# ---------------------------------------------------------------------------------------------- async sampler
+
+
+def flat_params(agent: Agent) -> np.ndarray:
+    """All parameters in one float32 vector (logical order, whatever the memory format)."""
+    return torch.cat([p.detach().reshape(-1).float().cpu() for p in agent.parameters()]).numpy()
+
+
+@torch.no_grad()
+def load_flat(agent: Agent, flat: np.ndarray) -> None:
+    offset = 0
+    for p in agent.parameters():
+        p.copy_(torch.from_numpy(np.asarray(flat[offset : offset + p.numel()])).view(p.shape))
+        offset += p.numel()
+
+
+
+def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, params: list, first: int, last: int,
+                 affinity, parent_pid: int, stop) -> None:
+    """Sampler process: rollout k goes to slot k % 2, collected with the parameters the learner left in that
+    slot when it released it (update k - 1); the learner is at most one rollout behind."""
+    affinity.apply_worker(0)
+    check = parent_alive_check(stop, parent_pid)
+    envs = make_envs(args, "parallel" if is_atari(args.env_id) else "serial",
+                     n_threads=len(affinity.worker_cpus[0]))
+    state = EnvState(envs, args.seed)
+    agent = Agent(envs.single_observation_space.shape, envs.single_action_space.n)
+    torch.manual_seed(args.seed + 1)
+    device = torch.device("cpu")
+    try:
+        for k in range(first, last):
+            buf = buffers.writer_acquire(k, check)
+            load_flat(agent, params[k % 2])
+            collect(envs, agent, state, buf, boots[k % 2], args, device)
+            buffers.writer_release(k)
+    finally:
+        envs.close()
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def check_args(args: Args) -> None:
+    """Exit 2 with one line on bad arguments, before any env or process starts."""
+    for name in ("num_envs", "num_steps", "total_timesteps", "log_every"):
+        if getattr(args, name) <= 0:
+            bad_args(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    if args.sampler not in ("serial", "parallel", "async"):
+        bad_args(f"--sampler must be serial, parallel or async, got {args.sampler!r}")
+    for name in ("checkpoint_every", "eval_episodes", "noop_max", "ent_coef", "vf_coef", "max_grad_norm"):
+        if getattr(args, name) < 0:
+            bad_args(f"--{name.replace('_', '-')} must be non-negative, got {getattr(args, name)}")
+    if not 0 < args.learning_rate < 1:
+        bad_args(f"--learning-rate must be in (0, 1), got {args.learning_rate}")
+    if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1 and 0 <= args.sticky_actions < 1):
+        bad_args("--gamma, --gae-lambda must be in [0, 1] and --sticky-actions in [0, 1)")
+    if args.capture_video:
+        try:
+            import moviepy  # noqa: F401
+        except ImportError:
+            bad_args("--capture-video needs moviepy (pip install moviepy)")
+    if args.env_id not in gym.registry:
+        if is_atari(args.env_id):
+            import ale_py
+
+            gym.register_envs(ale_py)
+        if args.env_id not in gym.registry:
+            bad_args(f"--env-id {args.env_id!r} is not a registered gymnasium environment")
+    spec = gym.spec(args.env_id)
+    if not is_atari(args.env_id) and spec.entry_point and "ale_py" in str(spec.entry_point):
+        bad_args(f"--env-id {args.env_id}: use the *NoFrameskip-v4 Atari ids with this script")
+
+
+def main() -> int:
+    args = parse_args(Args)
+    check_args(args)
+    device = resolve_device(args.device)
+    resumed, ckpt_file = (load_checkpoint(args.resume) if args.resume else (None, None))
+    if resumed is not None and resumed["args"]["env_id"] != args.env_id:
+        bad_args(f"--resume: checkpoint is for {resumed['args']['env_id']}, not {args.env_id}")
+    stop_on_signals()
+
+    affinity = make_affinity(args.sampler)
+    affinity.apply_learner()
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    batch = args.num_envs * args.num_steps
+    num_iterations = max(args.total_timesteps // batch, 1)
+
+    probe = make_env(args, 0)()
+    obs_space, act_space = probe.observation_space, probe.action_space
+    probe.close()
+    if not isinstance(act_space, gym.spaces.Discrete):
+        bad_args(f"--env-id {args.env_id}: A2C here needs a discrete action space, got {act_space}")
+
+    agent = Agent(obs_space.shape, int(act_space.n)).to(device)
+    if agent.image and device.type == "cpu":
+        agent = agent.to(memory_format=torch.channels_last)
+    optimizer = torch.optim.RMSprop(agent.parameters(), lr=args.learning_rate, alpha=args.rmsprop_alpha,
+                                    eps=args.rmsprop_eps)
+    start_iter, global_step = 0, 0
+    if resumed is not None:
+        agent.load_state_dict(resumed["model"])
+        optimizer.load_state_dict(resumed["optimizer"])
+        global_step = int(resumed["global_step"])
+        start_iter = global_step // batch
+    extras = ["learning_rate", "policy_loss", "value_loss", "entropy", "grad_norm", "rho_mean"]
+    run = RunFolder(args, "a2c_atari", extras, folder=ckpt_file.parent if ckpt_file else None,
+                    start_step=global_step)
+
+    def checkpoint() -> None:
+        run.save_checkpoint({"model": agent.state_dict(), "optimizer": optimizer.state_dict(),
+                             "global_step": global_step,
+                             "args": vars(args).copy()})
+
+    example, boot_example = rollout_example(obs_space, args.num_steps, args.num_envs)
+    worker, envs = None, None
+    recent: list[float] = []
+    next_checkpoint = global_step + args.checkpoint_every if args.checkpoint_every else None
+    exit_code = 0
+    print(f"run folder {run.path}  sampler {args.sampler}  device {device}  batch {batch}  "
+          f"iterations {start_iter}..{num_iterations}", flush=True)
+    try:
+        if args.sampler == "async":
+            buffers = DoubleBuffer(example, (args.num_steps, args.num_envs))
+            boots = [buffer_like(boot_example) for _ in range(2)]
+            params = [share(flat_params(agent)) for _ in range(2)]
+            worker = Worker(sampler_main, (args, buffers, boots, params, start_iter, num_iterations, affinity,
+                                           os.getpid()), name="sampler")
+        else:
+            envs = make_envs(args, args.sampler, n_threads=len(affinity.learner_cpus))
+            state = EnvState(envs, args.seed + start_iter)  # a resumed run starts fresh episodes
+            buf = Rollout(*(None if x is None else np.zeros((args.num_steps, args.num_envs) + np.shape(x),
+                                                            np.asarray(x).dtype) for x in example))
+            boot = buffer_like(boot_example, shared=False)
+        t_start = time.time()
+        for it in range(start_iter, num_iterations):
+            lr = args.learning_rate * (1.0 - it / num_iterations) if args.anneal_lr else args.learning_rate
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            if worker is not None:
+                buf, boot = buffers.reader_acquire(it, worker.check), boots[it % 2]
+            else:
+                collect(envs, agent, state, buf, boot, args, device)
+            global_step += batch
+            for ret, length in zip(buf.ep_return[buf.ep_done], buf.ep_length[buf.ep_done]):
+                run.episode(float(ret), int(length), global_step)
+                recent = (recent + [float(ret)])[-20:]
+            stats = learn_from(agent, optimizer, buf, boot, args, device)
+            if worker is not None:
+                # Hand the slot back with the new parameters: the sampler's rollout it + 2 uses update it.
+                params[it % 2][:] = flat_params(agent)
+                buffers.reader_release(it)
+            if (it + 1) % args.log_every == 0 or it + 1 == num_iterations:
+                row = run.row(global_step, learning_rate=lr, **stats)
+                rm = f"{row['return_mean']:.1f}" if row["return_mean"] is not None else "-"
+                print(f"step {global_step:>9}  sps {row['sps']:>7.0f}  return {rm:>7}  episodes {run.episodes:>5}  "
+                      f"loss v {stats['value_loss']:.3f} pi {stats['policy_loss']:+.3f}  "
+                      f"{time.time() - t_start:6.0f}s", flush=True)
+            if next_checkpoint is not None and global_step >= next_checkpoint:
+                checkpoint()
+                next_checkpoint += args.checkpoint_every
+            if args.stop_at_return is not None and len(recent) == 20 and np.mean(recent) >= args.stop_at_return:
+                print(f"mean return of the last 20 episodes {np.mean(recent):.1f} >= {args.stop_at_return}: stopping")
+                break
+        checkpoint()
+        if args.eval_episodes:
+            evaluate(args, agent, device, run, global_step)
+    except KeyboardInterrupt:
+        print(f"interrupted at step {global_step}: writing checkpoint", file=sys.stderr, flush=True)
+        checkpoint()
+        exit_code = EXIT_INTERRUPTED
+    except WorkerError as e:
+        print(e, file=sys.stderr)
+        print(f"error: the sampler process failed at step {global_step}", file=sys.stderr, flush=True)
+        exit_code = 1
+    finally:
+        if worker is not None:
+            worker.stop()
+        if envs is not None:
+            envs.close()
+        run.close()
+    return exit_code
+
+
+def buffer_like(example, shared: bool = True):
+    from shared.buffer import shared_zeros
+
+    alloc = shared_zeros if shared else np.zeros
+    return type(example)(*(alloc(np.shape(x), np.asarray(x).dtype) for x in example))
+
+
+def share(a: np.ndarray):
+    from shared.buffer import shared_zeros
+
+    s = shared_zeros(a.shape, a.dtype)
+    s[:] = a
+    return s
+
+
+@torch.no_grad()
+def evaluate(args: Args, agent: Agent, device: torch.device, run: RunFolder, global_step: int) -> None:
+    """Play eval_episodes whole episodes with the final policy (sampling actions) in one env; log their returns."""
+    env = make_env(args, 0)()
+    if args.capture_video:
+        env = gym.wrappers.RecordVideo(env, str(run.path / "videos"), episode_trigger=lambda i: i == 0,
+                                       disable_logger=True)
+    returns = []
+    for ep in range(args.eval_episodes):
+        obs, _ = env.reset(seed=args.seed + 100_000 + ep)
+        done, total = False, 0.0
+        while not done:
+            logits, _ = agent(torch.as_tensor(obs, device=device)[None])
+            obs, r, term, trunc, _ = env.step(int(Categorical(logits=logits).sample().item()))
+            total += float(r)
+            done = term or trunc
+        returns.append(total)
+        run.tb.add_scalar("eval/episodic_return", total, global_step)
+    env.close()
+    (run.path / "eval.json").write_text(__import__("json").dumps({"returns": returns, "mean": float(np.mean(returns))}))
+    print(f"evaluation over {len(returns)} episodes: mean return {np.mean(returns):.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

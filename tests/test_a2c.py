@@ -1,0 +1,81 @@
+"""algos/a2c_atari.py: learning on CartPole, the lag correction, Atari smoke runs with resume, bad arguments."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers import ROOT, progress, run
+
+sys.path.insert(0, str(ROOT / "algos"))
+import a2c_atari  # noqa: E402
+
+CARTPOLE = ["--env-id", "CartPole-v1", "--num-envs", "8", "--num-steps", "8", "--ent-coef", "0", "--gamma", "0.98",
+            "--gae-lambda", "0.9", "--learning-rate", "2e-3", "--norm-adv", "--eval-episodes", "0"]
+
+
+def test_a2c_learns_cartpole_serial(tmp_path):
+    out = run("a2c_atari.py", *CARTPOLE, "--total-timesteps", "150000", "--stop-at-return", "450",
+              "--out-dir", str(tmp_path), "--run-name", "r", timeout=400)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert re.search(r"mean return of the last 20 episodes ([\d.]+) >= 450", out.stdout), out.stdout[-2000:]
+    assert int(progress(tmp_path / "r")[-1]["global_step"]) <= 150_000
+
+
+def _data(agent, obs, shift):
+    with torch.no_grad():
+        logits, _ = agent(obs)
+    dist = torch.distributions.Categorical(logits=logits)
+    action = dist.sample()
+    return {"obs": obs, "action": action, "logprob": dist.log_prob(action) + shift,
+            "adv": torch.ones(len(obs)), "ret": torch.zeros(len(obs))}
+
+
+def test_importance_weight_is_one_on_policy_and_truncated_off_policy():
+    torch.manual_seed(0)
+    agent = a2c_atari.Agent((4,), 2)
+    obs = torch.randn(32, 4)
+    args = a2c_atari.Args(env_id="CartPole-v1")
+    opt = torch.optim.SGD(agent.parameters(), lr=0.0)
+    on = a2c_atari.a2c_update(agent, opt, _data(agent, obs, 0.0), args, torch.device("cpu"))
+    assert on["rho_mean"] == pytest.approx(1.0)
+    # The behaviour policy gave these actions more probability than the learner does now: rho = pi/mu = e^-1.
+    off = a2c_atari.a2c_update(agent, opt, _data(agent, obs, 1.0), args, torch.device("cpu"))
+    assert off["rho_mean"] == pytest.approx(np.exp(-1.0), rel=1e-5)
+    # Less probability under the behaviour policy: pi/mu = e > 1 is truncated at 1.
+    off = a2c_atari.a2c_update(agent, opt, _data(agent, obs, -1.0), args, torch.device("cpu"))
+    assert off["rho_mean"] == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("sampler", ["serial", "parallel", "async"])
+def test_atari_smoke_checkpoint_and_resume(sampler, tmp_path):
+    common = ["--num-envs", "4", "--num-steps", "5", "--log-every", "2", "--eval-episodes", "0",
+              "--sampler", sampler]
+    out = run("a2c_atari.py", *common, "--total-timesteps", "80", "--out-dir", str(tmp_path), "--run-name", "a",
+              timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run_dir = tmp_path / "a"
+    assert [int(r["global_step"]) for r in progress(run_dir)] == [40, 80]
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    a2c_atari.Agent((4, 84, 84), 4).load_state_dict(ckpt["model"])
+    assert ckpt["global_step"] == 80
+    out = run("a2c_atari.py", *common, "--total-timesteps", "120", "--resume", str(run_dir / "checkpoint.pt"),
+              timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [int(r["global_step"]) for r in progress(run_dir)] == [40, 80, 120]
+
+
+@pytest.mark.parametrize("bad, words", [
+    (["--num-envs", "-1"], "--num-envs"),
+    (["--sampler", "gpu"], "--sampler"),
+    (["--env-id", "Pendulum-v1"], "discrete"),
+])
+def test_bad_arguments_exit_2(bad, words, tmp_path):
+    out = run("a2c_atari.py", *bad, "--out-dir", str(tmp_path), timeout=60)
+    assert out.returncode == 2
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and words in lines[0], out.stderr
