@@ -309,12 +309,16 @@ def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.dev
     T, B = args.num_steps, args.num_envs
     f = lambda x: torch.as_tensor(np.asarray(x), device=device)  # noqa: E731
     obs = f(buf.obs)
-    with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
-        # Values under the current parameters: equal to the rollout's in serial/parallel mode, one update newer
-        # in async mode, where the rollout was sampled with the previous parameters.
-        _, value = agent(torch.cat([obs.flatten(0, 1), f(boot.obs)]))
-    value = value.float()
-    value, next_value = value[: T * B].view(T, B), value[T * B :]
+    if args.sampler == "async":
+        # The rollout was sampled with the previous parameters: recompute values with the current critic.
+        with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+            _, value = agent(torch.cat([obs.flatten(0, 1), f(boot.obs)]))
+        value, next_value = value.float()[: T * B].view(T, B), value.float()[T * B :]
+    else:
+        # Sampled with the current parameters: the rollout's values are the critic's; only the bootstrap is new.
+        with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+            _, next_value = agent(f(boot.obs))
+        value, next_value = f(buf.value).float(), next_value.float()
     fl = lambda x: f(x).float()  # noqa: E731
     adv, ret = compute_gae(fl(buf.reward), value, next_value, fl(buf.terminal), fl(buf.ended), fl(buf.reset),
                            args.gamma, args.gae_lambda)
