@@ -34,6 +34,7 @@ import torch.nn as nn  # noqa: E402
 from torch.distributions import Categorical  # noqa: E402
 
 from shared.affinity import make_affinity  # noqa: E402
+from shared.buffer import buffer_from_example  # noqa: E402
 from shared.namedarraytuple import namedarraytuple  # noqa: E402
 from shared.procs import DoubleBuffer, Worker, WorkerError, parent_alive_check  # noqa: E402
 from shared.run import (EXIT_INTERRUPTED, RunFolder, bad_args, load_checkpoint, parse_args,  # noqa: E402
@@ -211,7 +212,7 @@ class EnvState:
 def rollout_example(obs_space, T: int, B: int) -> tuple:
     one = Rollout(np.zeros(obs_space.shape, obs_space.dtype), np.int64(0), np.float32(0), np.float32(0),
                   np.float32(0), False, False, False, np.float64(0), np.int64(0), False)
-    return one, Bootstrap(np.zeros((B,) + obs_space.shape, obs_space.dtype), np.zeros(B, bool))
+    return one, Bootstrap(np.zeros((B,) + obs_space.shape, obs_space.dtype), np.zeros(B, bool))  # [T,B] and [B]
 
 
 @torch.no_grad()
@@ -315,24 +316,10 @@ def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.dev
 # ---------------------------------------------------------------------------------------------- async sampler
 
 
-def flat_params(agent: Agent) -> np.ndarray:
-    """All parameters in one float32 vector (logical order, whatever the memory format)."""
-    return torch.cat([p.detach().reshape(-1).float().cpu() for p in agent.parameters()]).numpy()
-
-
-@torch.no_grad()
-def load_flat(agent: Agent, flat: np.ndarray) -> None:
-    offset = 0
-    for p in agent.parameters():
-        p.copy_(torch.from_numpy(np.asarray(flat[offset : offset + p.numel()])).view(p.shape))
-        offset += p.numel()
-
-
-
-def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, params: list, first: int, last: int,
-                 affinity, parent_pid: int, stop) -> None:
+def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, last: int, affinity, parent_pid: int,
+                 stop) -> None:
     """Sampler process: rollout k goes to slot k % 2, collected with the parameters the learner left in that
-    slot when it released it (update k - 1); the learner is at most one rollout behind."""
+    slot when it released rollout k - 2 (update k - 1): exactly one update behind the learner."""
     affinity.apply_worker(0)
     check = parent_alive_check(stop, parent_pid)
     envs = make_envs(args, "parallel" if is_atari(args.env_id) else "serial",
@@ -343,8 +330,7 @@ def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, params: list, f
     device = torch.device("cpu")
     try:
         for k in range(first, last):
-            buf = buffers.writer_acquire(k, check)
-            load_flat(agent, params[k % 2])
+            buf = buffers.writer_acquire(k, check, module=agent)
             collect(envs, agent, state, buf, boots[k % 2], args, device)
             buffers.writer_release(k)
     finally:
@@ -436,17 +422,15 @@ def main() -> int:
           f"iterations {start_iter}..{num_iterations}", flush=True)
     try:
         if args.sampler == "async":
-            buffers = DoubleBuffer(example, (args.num_steps, args.num_envs))
-            boots = [buffer_like(boot_example) for _ in range(2)]
-            params = [share(flat_params(agent)) for _ in range(2)]
-            worker = Worker(sampler_main, (args, buffers, boots, params, start_iter, num_iterations, affinity,
-                                           os.getpid()), name="sampler")
+            buffers = DoubleBuffer(example, (args.num_steps, args.num_envs), module=agent)
+            boots = [buffer_from_example(boot_example, (), shared=True) for _ in range(2)]
+            worker = Worker(sampler_main, (args, buffers, boots, start_iter, num_iterations, affinity, os.getpid()),
+                            name="sampler")
         else:
             envs = make_envs(args, args.sampler, n_threads=len(affinity.learner_cpus))
             state = EnvState(envs, args.seed + start_iter)  # a resumed run starts fresh episodes
-            buf = Rollout(*(None if x is None else np.zeros((args.num_steps, args.num_envs) + np.shape(x),
-                                                            np.asarray(x).dtype) for x in example))
-            boot = buffer_like(boot_example, shared=False)
+            buf = buffer_from_example(example, (args.num_steps, args.num_envs))
+            boot = buffer_from_example(boot_example, ())
         t_start = time.time()
         for it in range(start_iter, num_iterations):
             lr = args.learning_rate * (1.0 - it / num_iterations) if args.anneal_lr else args.learning_rate
@@ -462,9 +446,8 @@ def main() -> int:
                 recent = (recent + [float(ret)])[-20:]
             stats = learn_from(agent, optimizer, buf, boot, args, device)
             if worker is not None:
-                # Hand the slot back with the new parameters: the sampler's rollout it + 2 uses update it.
-                params[it % 2][:] = flat_params(agent)
-                buffers.reader_release(it)
+                # Hand the slot back with the new parameters: the sampler's rollout it + 2 uses them.
+                buffers.reader_release(it, module=agent, version=it + 1)
             if (it + 1) % args.log_every == 0 or it + 1 == num_iterations:
                 row = run.row(global_step, learning_rate=lr, **stats)
                 rm = f"{row['return_mean']:.1f}" if row["return_mean"] is not None else "-"
@@ -495,21 +478,6 @@ def main() -> int:
             envs.close()
         run.close()
     return exit_code
-
-
-def buffer_like(example, shared: bool = True):
-    from shared.buffer import shared_zeros
-
-    alloc = shared_zeros if shared else np.zeros
-    return type(example)(*(alloc(np.shape(x), np.asarray(x).dtype) for x in example))
-
-
-def share(a: np.ndarray):
-    from shared.buffer import shared_zeros
-
-    s = shared_zeros(a.shape, a.dtype)
-    s[:] = a
-    return s
 
 
 @torch.no_grad()

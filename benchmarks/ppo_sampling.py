@@ -27,6 +27,7 @@ sys.path.insert(0, str(ROOT / "algos"))
 import ppo_atari as P  # noqa: E402
 
 from shared.affinity import make_affinity  # noqa: E402
+from shared.buffer import buffer_from_example  # noqa: E402
 from shared.procs import DoubleBuffer, Worker  # noqa: E402
 
 
@@ -59,11 +60,9 @@ def mode_sps(args: P.Args, mode: str, seconds: float) -> float:
                                                args.num_envs)
     if mode == "async":
         affinity = make_affinity("async")
-        buffers = DoubleBuffer(example, (args.num_steps, args.num_envs))
-        boots = [P.buffer_like(boot_example) for _ in range(2)]
-        agent = P.Agent((4, 84, 84), 4)
-        params = [P.share(P.flat_params(agent)) for _ in range(2)]
-        worker = Worker(P.sampler_main, (args, buffers, boots, params, 0, 10**9, affinity, os.getpid()), "sampler")
+        buffers = DoubleBuffer(example, (args.num_steps, args.num_envs), module=P.Agent((4, 84, 84), 4))
+        boots = [buffer_from_example(boot_example, (), shared=True) for _ in range(2)]
+        worker = Worker(P.sampler_main, (args, buffers, boots, 0, 10**9, affinity, os.getpid()), "sampler")
         try:
             buffers.reader_acquire(0, worker.check)  # start-up done
             buffers.reader_release(0)
@@ -79,9 +78,8 @@ def mode_sps(args: P.Args, mode: str, seconds: float) -> float:
     try:
         agent = P.Agent(envs.single_observation_space.shape, envs.single_action_space.n)
         state = P.EnvState(envs, 0)
-        buf = type(example)(*(np.zeros((args.num_steps, args.num_envs) + np.shape(x), np.asarray(x).dtype)
-                              for x in example))
-        boot = P.buffer_like(boot_example, shared=False)
+        buf = buffer_from_example(example, (args.num_steps, args.num_envs))
+        boot = buffer_from_example(boot_example, ())
         P.collect(envs, agent, state, buf, boot, args, torch.device("cpu"))  # warm-up
         n, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:

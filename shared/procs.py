@@ -9,7 +9,8 @@ Guarantees
   joins: no zombie, no orphan.
 - ``DoubleBuffer`` holds two slots of one structure in shared memory. The writer fills slot ``k % 2`` only
   after the reader released it, the reader reads slot ``k % 2`` only after the writer filled it: the writer
-  is never more than one slot ahead, and neither side ever sees a half-written slot.
+  is never more than one slot ahead, and neither side ever sees a half-written slot. Slots can carry the
+  learner's parameters back to the writer, which makes the policy lag exactly one update.
 - ``SharedParameters`` publishes a module's parameters and buffers into shared memory with a version number;
   a reader copies them out under the same lock, so it never sees a mix of two versions.
 - Shared memory comes from ``shared.buffer`` (anonymous: it cannot leak); semaphores and locks come from the
@@ -126,16 +127,30 @@ def parent_alive_check(stop: Any, parent_pid: int) -> Callable[[], None]:
 
 
 class DoubleBuffer:
-    """Two shared-memory slots shaped like ``example`` with ``leading_dims``; writer and reader alternate."""
+    """Two shared-memory slots shaped like ``example`` with ``leading_dims``; writer and reader alternate.
 
-    def __init__(self, example: Any, leading_dims: tuple[int, ...]):
+    With ``module``, each slot also carries the module's parameters: the reader publishes its latest ones into a
+    slot as it releases it, the writer loads them as it acquires the slot. Rollout ``k`` is then written with
+    the parameters the reader had when it released rollout ``k - 2`` (the initial ones for ``k < 2``): a lag
+    of exactly one update when the reader trains once per rollout, whatever the timing.
+    """
+
+    def __init__(self, example: Any, leading_dims: tuple[int, ...], module: Any = None):
         self.slots = [buffer_from_example(example, leading_dims, shared=True) for _ in range(2)]
         self._filled = [CTX.Semaphore(0) for _ in range(2)]
         self._free = [CTX.Semaphore(1) for _ in range(2)]
+        self.params = None
+        if module is not None:
+            self.params = [SharedParameters(module) for _ in range(2)]
+            for p in self.params:
+                p.publish(module, version=0)
 
-    def writer_acquire(self, k: int, check: Callable[[], None]) -> Any:
-        """Wait until slot ``k % 2`` is free and return it for writing rollout ``k``."""
+    def writer_acquire(self, k: int, check: Callable[[], None], module: Any = None) -> Any:
+        """Wait until slot ``k % 2`` is free and return it for writing rollout ``k`` (loading its parameters
+        into ``module`` if given)."""
         wait_for(lambda t: self._free[k % 2].acquire(timeout=t), check)
+        if module is not None:
+            self.params[k % 2].pull(module)
         return self.slots[k % 2]
 
     def writer_release(self, k: int) -> None:
@@ -146,7 +161,10 @@ class DoubleBuffer:
         wait_for(lambda t: self._filled[k % 2].acquire(timeout=t), check)
         return self.slots[k % 2]
 
-    def reader_release(self, k: int) -> None:
+    def reader_release(self, k: int, module: Any = None, version: int = 0) -> None:
+        """Hand slot ``k % 2`` back, with ``module``'s parameters (labelled ``version``) if given."""
+        if module is not None:
+            self.params[k % 2].publish(module, version)
         self._free[k % 2].release()
 
 

@@ -1,0 +1,112 @@
+"""shared/procs.py: the double buffer's alternation and its per-slot parameters, shared parameters, worker
+errors reaching the parent, and shutdown."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from shared.namedarraytuple import namedarraytuple
+from shared.procs import DoubleBuffer, SharedParameters, Worker, WorkerError, parent_alive_check
+
+Item = namedarraytuple("Item", ["k", "weight"])
+
+
+def _writer(buffers, n, parent_pid, stop):
+    check = parent_alive_check(stop, parent_pid)
+    module = torch.nn.Linear(2, 1, bias=False)
+    for k in range(n):
+        slot = buffers.writer_acquire(k, check, module=module)
+        slot.k[:] = k
+        slot.weight[:] = module.weight.detach().numpy().ravel()[0]  # the parameters this slot came with
+        buffers.writer_release(k)
+
+
+def test_double_buffer_alternates_and_hands_each_rollout_the_previous_update():
+    module = torch.nn.Linear(2, 1, bias=False)
+    with torch.no_grad():
+        module.weight.fill_(0.0)
+    buffers = DoubleBuffer(Item(np.int64(0), np.float32(0)), (3,), module=module)
+    n = 12
+    worker = Worker(_writer, (buffers, n, os.getpid()), name="writer")
+    try:
+        for k in range(n):
+            slot = buffers.reader_acquire(k, worker.check)
+            assert (slot.k == k).all()  # in order, never a half-written or skipped slot
+            # Rollouts 0 and 1 used the initial parameters; rollout k >= 2 those of update k - 1, left in the
+            # slot when the reader released rollout k - 2.
+            assert slot.weight[0] == float(max(k - 1, 0))
+            time.sleep(0.01)
+            with torch.no_grad():
+                module.weight.fill_(float(k + 1))  # "update k + 1"
+            buffers.reader_release(k, module=module, version=k + 1)
+    finally:
+        worker.stop()
+
+
+def _puller(params, q, stop):
+    module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    version = params.pull(module)
+    q.put((version, module[0].weight.detach().numpy().copy(), module[1].running_mean.numpy().copy()))
+
+
+def test_shared_parameters_cross_processes_with_their_version():
+    from shared.procs import CTX
+
+    module = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4))
+    with torch.no_grad():
+        module[1].running_mean.fill_(2.5)
+    params = SharedParameters(module)
+    params.publish(module, version=7)
+    q = CTX.Queue()
+    worker = Worker(_puller, (params, q), name="puller")
+    try:
+        version, w, rm = q.get(timeout=60)
+    finally:
+        worker.stop()
+    assert version == 7 and params.version == 7
+    np.testing.assert_array_equal(w, module[0].weight.detach().numpy())
+    np.testing.assert_array_equal(rm, np.full(4, 2.5, np.float32))
+
+
+def _fails(stop):
+    raise ValueError("boom in the child")
+
+
+def _hangs(stop):
+    while True:
+        time.sleep(0.05)
+
+
+def test_worker_error_reaches_the_parent_with_its_traceback():
+    worker = Worker(_fails, (), name="sampler")
+    try:
+        deadline = time.time() + 30
+        with pytest.raises(WorkerError, match="boom in the child"):
+            while time.time() < deadline:
+                worker.check()
+                time.sleep(0.05)
+    finally:
+        worker.stop()
+
+
+def test_stop_ends_a_worker_that_ignores_the_stop_event():
+    worker = Worker(_hangs, (), name="stubborn")
+    pid = worker.pid
+    worker.stop(timeout=0.5)
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+
+
+def test_waiting_reader_notices_a_killed_writer():
+    buffers = DoubleBuffer(Item(np.int64(0), np.float32(0)), (2,))
+    worker = Worker(_hangs, (), name="writer")
+    os.kill(worker.pid, 9)
+    try:
+        with pytest.raises(WorkerError, match="exited unexpectedly"):
+            buffers.reader_acquire(0, worker.check)
+    finally:
+        worker.stop()
