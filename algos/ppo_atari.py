@@ -64,7 +64,7 @@ class Args:
     eval_episodes: int = 10
     """episodes played by the final policy after training (0: none)"""
     capture_video: bool = False
-    """record the first evaluation episode to {run}/videos (needs moviepy)"""
+    """record the first evaluation episode to {run}/videos"""
     learning_rate: float = 2.5e-4
     """Adam step size at the start"""
     anneal_lr: bool = True
@@ -121,18 +121,19 @@ def ale_game(env_id: str) -> str:
 ATARI_MAX_FRAMES = 108_000  # 30 minutes of play: the time limit in both samplers
 
 
-def make_env(args: Args, idx: int):
+def make_env(args: Args, idx: int, render: bool = False):
     def thunk():
+        render_mode = "rgb_array" if render else None
         if is_atari(args.env_id):
             import ale_py
 
             gym.register_envs(ale_py)
-            env = gym.make(args.env_id, max_episode_steps=ATARI_MAX_FRAMES,
+            env = gym.make(args.env_id, max_episode_steps=ATARI_MAX_FRAMES, render_mode=render_mode,
                            repeat_action_probability=args.sticky_actions)
             env = gym.wrappers.AtariPreprocessing(env, noop_max=args.noop_max, frame_skip=4, screen_size=84,
                                                   terminal_on_life_loss=False, grayscale_obs=True)
             return gym.wrappers.FrameStackObservation(env, 4, padding_type="zero")
-        return gym.make(args.env_id)
+        return gym.make(args.env_id, render_mode=render_mode)
 
     return thunk
 
@@ -379,7 +380,7 @@ def check_args(args: Args) -> None:
         try:
             import moviepy  # noqa: F401
         except ImportError:
-            bad_args("--capture-video needs moviepy (pip install moviepy)")
+            bad_args("--capture-video needs moviepy (pip install -r requirements.txt)")
     if args.env_id not in gym.registry:
         if is_atari(args.env_id):
             import ale_py
@@ -505,7 +506,7 @@ def main() -> int:
 @torch.no_grad()
 def evaluate(args: Args, agent: Agent, device: torch.device, run: RunFolder, global_step: int) -> None:
     """Play eval_episodes whole episodes with the final policy (sampling actions) in one env; log their returns."""
-    env = make_env(args, 0)()
+    env = make_env(args, 0, render=args.capture_video)()
     if args.capture_video:
         env = gym.wrappers.RecordVideo(env, str(run.path / "videos"), episode_trigger=lambda i: i == 0,
                                        disable_logger=True)

@@ -225,3 +225,15 @@ def _ppid(pid: int) -> int:
             return int(f.read().rsplit(")", 1)[1].split()[1])
     except OSError:
         return -1
+
+
+def test_evaluation_writes_returns_and_a_video(tmp_path):
+    out = run("ppo_atari.py", *CARTPOLE[:-2], "--total-timesteps", "512", "--eval-episodes", "2", "--capture-video",
+              "--out-dir", str(tmp_path), "--run-name", "e", timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    import json
+
+    ev = json.loads((tmp_path / "e" / "eval.json").read_text())
+    assert len(ev["returns"]) == 2 and ev["mean"] == pytest.approx(np.mean(ev["returns"]))
+    videos = list((tmp_path / "e" / "videos").glob("*.mp4"))
+    assert len(videos) == 1 and videos[0].stat().st_size > 1000
