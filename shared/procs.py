@@ -80,8 +80,13 @@ class Worker:
     def pid(self) -> int | None:
         return self._proc.pid
 
-    def check(self) -> None:
-        """Raise ``WorkerError`` if the child failed or is gone."""
+    def finished(self) -> bool:
+        """True once the child has returned normally (exit code 0)."""
+        return not self._proc.is_alive() and self._proc.exitcode == 0 and self._errors.empty()
+
+    def check(self, allow_finished: bool = False) -> None:
+        """Raise ``WorkerError`` if the child failed or is gone; a normal exit counts as gone unless
+        ``allow_finished`` (a waiting caller would otherwise wait forever)."""
         if not self._errors.empty():
             raise WorkerError(f"{self.name} failed:\n{self._errors.get()}")
         if not self._proc.is_alive():
@@ -92,7 +97,7 @@ class Worker:
                 tb = None
             if tb is not None:
                 raise WorkerError(f"{self.name} failed:\n{tb}")
-            if code != 0 or not self.stop_event.is_set():
+            if code != 0 or not (allow_finished or self.stop_event.is_set()):
                 raise WorkerError(f"{self.name} (pid {self._proc.pid}) exited unexpectedly with code {code}")
 
     def stop(self, timeout: float = 10.0) -> None:

@@ -5,7 +5,9 @@ agent saw, the action it took, and what followed: ``reward``, ``done`` (terminat
 (truncated). After a row whose episode ended, the env's next step only resets it: that next row holds the
 episode's *final observation* (its action and reward are ignored). Such a row is never sampled as a transition,
 but it is the bootstrap observation of windows that end in a timeout, so timeouts bootstrap from the right
-state. The row after it starts the next episode.
+state. The row after it starts the next episode. An optional field ``env_reset`` says which rows end with the
+env resetting; it defaults to ``done | timeout`` and is needed when ``done`` also marks ends the env goes on
+from, such as a lost life treated as terminal for learning (n-step windows stop there, but no row is skipped).
 
 Guarantees
 - n-step quantities are computed on append, across the wrap-around: ``n_step_return`` (discounted reward sum up
@@ -126,6 +128,8 @@ class _Storage:
         ended = np.asarray(samples.done, dtype=bool)
         if "timeout" in samples and samples.timeout is not None:
             ended = ended | np.asarray(samples.timeout, dtype=bool)
+        if "env_reset" in samples and samples.env_reset is not None:
+            ended = np.asarray(samples.env_reset, dtype=bool)
         final = np.concatenate([self.last_flags[0][None], ended[:-1]])
         start = np.concatenate([self.last_flags[1][None], final[:-1]])
         if s == 0:

@@ -347,3 +347,23 @@ def test_sampler_process_appends_while_learner_samples_consistent_batches(priori
     assert p.exitcode == 0
     assert buf.storage.cursor == n_chunks * Tc  # the parent sees every append made by the child
     assert checked > 0
+
+
+LStep = namedarraytuple("LStep", ["observation", "action", "reward", "done", "timeout", "env_reset"])
+
+
+def test_life_loss_is_terminal_for_returns_but_no_row_is_skipped():
+    # done=True at row 2 (a lost life) without an env reset: the window of row 1 stops there, row 3 is an ordinary
+    # transition (not a final-observation row) and its frame history is not cut.
+    ex = LStep(np.zeros((2, 1), np.float32), np.int64(0), np.float32(0), False, False, False)
+    buf = ReplayBuffer(ex, 20, 1, discount=0.5, n_step_return=3, frame_stack=2)
+    done = np.zeros(10, bool)
+    done[2] = True
+    for t in range(10):
+        obs = np.array([[[[t - 1.0], [float(t)]]]], np.float32) if t else np.array([[[[0.0], [0.0]]]], np.float32)
+        buf.append(LStep(obs, np.zeros((1, 1), np.int64), np.ones((1, 1), np.float32), done[t : t + 1, None],
+                         np.zeros((1, 1), bool), np.zeros((1, 1), bool)))
+    st_ = buf.storage
+    assert st_.done_n[1, 0] and st_.n_taken[1, 0] == 2 and st_.n_step_return[1, 0] == pytest.approx(1.5)
+    assert not st_.final_row[3, 0] and not st_.episode_start[3, 0]
+    np.testing.assert_array_equal(st_.observation(np.array([3]), np.array([0]))[0, :, 0], [2.0, 3.0])

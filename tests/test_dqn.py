@@ -1,0 +1,170 @@
+"""algos/dqn_atari.py: learning on CartPole, double-DQN and n-step targets by hand, Atari smoke runs with resume,
+bad arguments."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers import ROOT, progress, run
+
+sys.path.insert(0, str(ROOT / "algos"))
+import dqn_atari  # noqa: E402
+
+from shared.replay import ReplayBuffer  # noqa: E402
+
+CARTPOLE = ["--env-id", "CartPole-v1", "--num-envs", "4", "--buffer-size", "50000", "--min-steps-learn", "1000",
+            "--batch-size", "64", "--optimizer", "adam", "--eps-decay-steps", "20000", "--eps-end", "0.02",
+            "--n-step-return", "3", "--replay-ratio", "16", "--learning-rate", "1e-3", "--dueling",
+            "--target-update-interval", "250", "--eval-episodes", "0"]
+
+
+@pytest.mark.parametrize("sampler", ["serial", "async"])
+def test_dqn_learns_cartpole(sampler, tmp_path):
+    out = run("dqn_atari.py", *CARTPOLE, "--sampler", sampler, "--total-timesteps", "100000", "--stop-at-return",
+              "475", "--out-dir", str(tmp_path), "--run-name", "r", timeout=500)
+    assert out.returncode == 0, out.stderr[-3000:]
+    m = re.search(r"mean return of the last 20 episodes ([\d.]+) >= 475.0 at step (\d+)", out.stdout)
+    assert m and int(m.group(2)) <= 100_000, out.stdout[-2000:]
+
+
+class Table(torch.nn.Module):
+    """Q(s) read from a fixed table indexed by the (integer) observation."""
+
+    def __init__(self, table):
+        super().__init__()
+        self.table = torch.tensor(table, dtype=torch.float32)
+
+    def forward(self, obs):
+        return self.table[obs.long().view(-1)]
+
+
+def test_double_dqn_target_by_hand():
+    online = Table([[0.0, 0.0], [1.0, 5.0]])  # at s=1 the online net prefers action 1
+    target = Table([[0.0, 0.0], [7.0, 3.0]])  # the target net prefers action 0
+    batch = {"next_observation": torch.tensor([1, 1]), "n_step_return": torch.tensor([2.0, 2.0]),
+             "done_n": torch.tensor([0.0, 1.0]), "bootstrap_discount": torch.tensor([0.9, 0.9])}
+    y = dqn_atari.td_targets(batch, online, target, double=True)
+    assert y.tolist() == pytest.approx([2.0 + 0.9 * 3.0, 2.0])  # Q_target(s', argmax_a Q_online(s', a))
+    y = dqn_atari.td_targets(batch, online, target, double=False)
+    assert y.tolist() == pytest.approx([2.0 + 0.9 * 7.0, 2.0])  # max_a Q_target(s', a)
+
+
+def test_nstep_targets_with_termination_and_timeout_inside_the_window():
+    # One env, observations 0..9 as integers; rewards 1; row 3 terminates, row 6 times out (rows 4 and 7 hold
+    # the final observations). Q_target(s) = 10 * s for both actions, gamma 0.5, n = 3.
+    ex = dqn_atari.Step(np.int64(0), np.int64(0), np.float32(0), False, False, False)
+    buf = ReplayBuffer(ex, 64, 1, discount=0.5, n_step_return=3)
+    term, trunc = np.zeros(10, bool), np.zeros(10, bool)
+    term[3], trunc[6] = True, True
+    for t in range(10):
+        buf.append(dqn_atari.Step(np.array([[t]]), np.zeros((1, 1), np.int64), np.ones((1, 1), np.float32),
+                                  term[t : t + 1, None], trunc[t : t + 1, None], (term | trunc)[t : t + 1, None]))
+    q = Table([[10.0 * s, 10.0 * s] for s in range(10)])
+    lo, hi = buf.valid_window(buf.storage.cursor)
+    expected = {0: 1 + 0.5 + 0.25 + 0.125 * 30,  # 3 steps, bootstrap from s=3
+                1: 1 + 0.5 + 0.25,  # terminates at row 3 inside the window: no bootstrap
+                2: 1 + 0.5,
+                3: 1.0,
+                5: 1 + 0.5 + 0.25 * 70,  # times out at row 6: bootstraps from the final observation (row 7)
+                6: 1 + 0.5 * 70}
+    rows = [t for t in range(lo, hi) if not buf.storage.final_row[t % buf.T, 0]]
+    assert rows == [0, 1, 2, 3, 5, 6]
+    st_ = buf.storage
+    r = np.array(rows)
+    batch = {"next_observation": torch.as_tensor(st_.observation((r + st_.n_taken[r, 0]) % buf.T, np.zeros_like(r))),
+             "n_step_return": torch.as_tensor(st_.n_step_return[r, 0]),
+             "done_n": torch.as_tensor(st_.done_n[r, 0]).float(),
+             "bootstrap_discount": torch.as_tensor(0.5 ** st_.n_taken[r, 0].astype(np.float32))}
+    y = dqn_atari.td_targets(batch, q, q, double=True)
+    assert y.tolist() == pytest.approx([expected[t] for t in rows])
+
+
+def test_dueling_head_scales_the_torso_gradient():
+    torch.manual_seed(0)
+    net = dqn_atari.QNetwork((4,), 3, dueling=True)
+    x = torch.randn(5, 4)
+    h = net.torso(x)
+    h.retain_grad()
+    adv = net.q(dqn_atari.ScaleGrad.apply(h, 2 ** -0.5))
+    q = net.v(dqn_atari.ScaleGrad.apply(h, 2 ** -0.5)) + adv - adv.mean(1, keepdim=True)
+    assert torch.allclose(q, net(x))
+    q.sum().backward()
+    g_scaled = h.grad.clone()
+    h2 = net.torso(x)
+    h2.retain_grad()
+    adv2 = net.q(h2)
+    (net.v(h2) + adv2 - adv2.mean(1, keepdim=True)).sum().backward()
+    assert torch.allclose(g_scaled, h2.grad * 2 ** -0.5, atol=1e-6)
+
+
+@pytest.mark.parametrize("sampler", ["serial", "parallel", "async"])
+def test_atari_smoke_small_buffer_checkpoint_and_resume(sampler, tmp_path):
+    common = ["--num-envs", "4", "--buffer-size", "2000", "--min-steps-learn", "200", "--log-every", "200",
+              "--eval-episodes", "0", "--sampler", sampler, "--prioritized", "--n-step-return", "3"]
+    out = run("dqn_atari.py", *common, "--total-timesteps", "400", "--out-dir", str(tmp_path), "--run-name", "a",
+              timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run_dir = tmp_path / "a"
+    rows = progress(run_dir)
+    assert [int(r["global_step"]) for r in rows] == [200, 400]
+    assert int(rows[-1]["updates"]) > 0
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    dqn_atari.QNetwork((4, 84, 84), 4, dueling=False).load_state_dict(ckpt["model"])
+    assert ckpt["global_step"] == 400
+    out = run("dqn_atari.py", *common, "--total-timesteps", "800", "--resume", str(run_dir), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [int(r["global_step"]) for r in progress(run_dir)] == [200, 400, 600, 800]
+    ckpt2 = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert ckpt2["global_step"] == 800 and ckpt2["updates"] > ckpt["updates"]
+
+
+@pytest.mark.parametrize("bad, words", [
+    (["--batch-size", "0"], "--batch-size"),
+    (["--replay-ratio", "-1"], "--replay-ratio"),
+    (["--alpha", "1.5"], "--alpha"),
+    (["--buffer-size", "100"], "--buffer-size"),
+    (["--optimizer", "sgd"], "--optimizer"),
+    (["--env-id", "Pendulum-v1", "--min-steps-learn", "1000", "--buffer-size", "5000"], "discrete"),
+])
+def test_bad_arguments_exit_2(bad, words, tmp_path):
+    out = run("dqn_atari.py", *bad, "--out-dir", str(tmp_path), timeout=60)
+    assert out.returncode == 2
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and words in lines[0], out.stderr
+
+
+def test_killed_async_sampler_ends_the_run(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    from tests.helpers import assert_no_leftovers, script
+
+    proc = subprocess.Popen([sys.executable, script("dqn_atari.py"), *CARTPOLE, "--sampler", "async",
+                             "--total-timesteps", "10000000", "--log-every", "1000", "--out-dir", str(tmp_path),
+                             "--run-name", "k"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    deadline = time.time() + 120
+    while not ((tmp_path / "k" / "progress.csv").exists() and
+               len((tmp_path / "k" / "progress.csv").read_text().splitlines()) >= 2):
+        assert time.time() < deadline and proc.poll() is None
+        time.sleep(0.1)
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                stat = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
+                cmd = open(f"/proc/{p}/cmdline").read()
+            except OSError:
+                continue
+            if int(stat[1]) == proc.pid and "spawn_main" in cmd and "resource_tracker" not in cmd:
+                os.kill(int(p), signal.SIGKILL)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert err.strip().splitlines()[-1].startswith("error: the sampler process failed")
+    assert_no_leftovers(proc.pid)
