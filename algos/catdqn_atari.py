@@ -1,0 +1,623 @@
+"""Categorical DQN (C51) for Atari and vector-observation envs, serial, parallel and async sampling.
+
+    python algos/catdqn_atari.py                                      # Breakout, C51, 1M frame-wise replay
+    python algos/catdqn_atari.py --double-dqn --dueling --n-step-return 3 --prioritized   # Rainbow minus noisy nets
+    python algos/catdqn_atari.py --env-id CartPole-v1 --v-min 0 --v-max 100 ...
+
+The network outputs a distribution over n_atoms returns between v_min and v_max per action; the target
+distribution r + gamma^k z (no bootstrap after termination) is projected back onto the support and the loss is
+the cross-entropy to it, which is also the priority in prioritized replay (Rainbow's KL-based priority: the two
+differ by the target's entropy, constant in the parameters).
+
+Replay rows follow gymnasium's next-step autoreset (see shared/replay.py): the step that only resets an env is
+never trained on, a time-limit truncation bootstraps from the episode's true final observation, termination
+does not bootstrap. On Atari a lost life is terminal for learning while the game goes on; logged returns are
+whole games, unclipped. Frames are stored once each (1M transitions in about 7.1 GB).
+
+replay_ratio: samples the learner consumes per sampled env step, so updates per env step = replay_ratio /
+batch_size (DQN paper: 8 = a batch of 32 every 4 steps). Async mode holds it from both sides: the learner never
+runs ahead of it and logs how long it waited for the sampler (`wait_s`, the sampler is the bottleneck); the
+sampler, which picks up the newest parameters between its steps, waits when it is more than max_lag_steps env
+steps ahead of what the learner's updates cover (`sampler_wait_s`, the learner is the bottleneck).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # find shared/ without an install step
+
+import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from shared.affinity import make_affinity  # noqa: E402
+from shared.buffer import shared_zeros  # noqa: E402
+from shared.namedarraytuple import namedarraytuple  # noqa: E402
+from shared.procs import CTX, SharedParameters, Worker, WorkerError, parent_alive_check  # noqa: E402
+from shared.replay import ReplayBuffer  # noqa: E402
+from shared.run import (EXIT_INTERRUPTED, RunFolder, bad_args, load_checkpoint, parse_args,  # noqa: E402
+                        resolve_device, stop_on_signals)
+
+
+@dataclass
+class Args:
+    env_id: str = "BreakoutNoFrameskip-v4"
+    """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations (MLP)"""
+    seed: int = 1
+    """seeds every env, worker and network"""
+    total_timesteps: int = 10_000_000
+    """agent steps summed over all envs (Atari: 4 emulator frames each)"""
+    num_envs: int = 4
+    """environments stepped together"""
+    sampler: str = "serial"
+    """serial, parallel (ale-py threads / AsyncVectorEnv) or async (sampler process appending to a shared replay
+    while the learner trains)"""
+    device: str = "auto"
+    """auto (cuda if available), cpu, cuda or cuda:N"""
+    out_dir: str = "runs"
+    """parent folder of the run folder"""
+    run_name: str = ""
+    """run folder name; default {env_id}__catdqn_atari__{seed}__{unix time}"""
+    checkpoint_every: int = 0
+    """global env steps between checkpoints (0: only at the end and on interruption)"""
+    resume: str = ""
+    """checkpoint file or run folder to continue from (the replay starts empty and refills min_steps_learn)"""
+    eval_episodes: int = 10
+    """episodes played by the final policy (eval_epsilon-greedy) after training (0: none)"""
+    capture_video: bool = False
+    """record the first evaluation episode to {run}/videos"""
+    buffer_size: int = 1_000_000
+    """replay capacity in transitions"""
+    batch_size: int = 32
+    """transitions per gradient step"""
+    replay_ratio: float = 8.0
+    """samples consumed per env step (8: a batch of 32 every 4 steps, as in the DQN paper)"""
+    min_steps_learn: int = 50_000
+    """env steps collected before learning starts"""
+    learning_rate: float = 2.5e-4
+    """optimiser step size (C51 paper: Adam 2.5e-4, eps 0.01/32)"""
+    optimizer: str = "adam"
+    """adam (eps 0.01 / batch_size, the C51 paper's) or rmsprop (centered, alpha 0.95, eps 0.01)"""
+    n_atoms: int = 51
+    """atoms of the return distribution's support"""
+    v_min: float = -10.0
+    """lowest return on the support"""
+    v_max: float = 10.0
+    """highest return on the support"""
+    gamma: float = 0.99
+    """discount"""
+    n_step_return: int = 1
+    """steps summed before bootstrapping"""
+    double_dqn: bool = False
+    """select the bootstrap action with the online network's mean Q, take the target network's distribution"""
+    dueling: bool = False
+    """dueling head: Q = V + A - mean(A), gradient into the torso scaled by 1/sqrt(2)"""
+    prioritized: bool = False
+    """prioritized replay: priorities |TD error|, importance weights with beta annealed to 1"""
+    alpha: float = 0.6
+    """priority exponent"""
+    beta: float = 0.4
+    """initial importance-weight exponent (annealed linearly to 1 over the run)"""
+    target_update_interval: int = 10_000
+    """env steps between target-network updates"""
+    tau: float = 1.0
+    """target update: 1 copies the online network (hard); below 1 moves a fraction tau of the way (soft)"""
+    eps_start: float = 1.0
+    """exploration epsilon at the start"""
+    eps_end: float = 0.01
+    """exploration epsilon after eps_decay_steps"""
+    eps_decay_steps: int = 1_000_000
+    """env steps over which epsilon anneals linearly"""
+    vector_epsilon: bool = False
+    """Ape-X: fixed epsilon 0.4^(1 + 7 i / (N - 1)) for env i instead of the annealed one"""
+    eval_epsilon: float = 0.001
+    """epsilon of the evaluation episodes"""
+    max_grad_norm: float = 10.0
+    """global gradient-norm clip"""
+    noop_max: int = 30
+    """Atari: up to this many random no-ops at reset (paper convention 30)"""
+    sticky_actions: float = 0.0
+    """Atari: probability of repeating the previous action (0: paper convention, no sticky actions)"""
+    clip_rewards: bool = True
+    """Atari: train on the sign of the reward (logged returns stay unclipped)"""
+    life_loss_terminal: bool = True
+    """Atari: a lost life ends the training episode for bootstrapping (the game itself goes on)"""
+    max_lag_steps: int = 1_000
+    """async: the sampler waits when it is this many env steps ahead of the learner's updates (0: never waits)"""
+    log_every: int = 10_000
+    """env steps between progress rows"""
+    stop_at_return: float | None = None
+    """stop early once the mean return of the last 20 episodes reaches this"""
+
+
+# ---------------------------------------------------------------------------------------------- environments
+
+
+def is_atari(env_id: str) -> bool:
+    return "NoFrameskip" in env_id
+
+
+def ale_game(env_id: str) -> str:
+    """'MsPacmanNoFrameskip-v4' -> 'ms_pacman' (ale-py's ROM name)."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", env_id.split("NoFrameskip")[0]).lower()
+
+
+ATARI_MAX_FRAMES = 108_000  # 30 minutes of play: the time limit in both samplers
+
+
+def make_env(args: Args, idx: int, render: bool = False):
+    def thunk():
+        render_mode = "rgb_array" if render else None
+        if is_atari(args.env_id):
+            import ale_py
+
+            gym.register_envs(ale_py)
+            env = gym.make(args.env_id, max_episode_steps=ATARI_MAX_FRAMES, render_mode=render_mode,
+                           repeat_action_probability=args.sticky_actions)
+            env = gym.wrappers.AtariPreprocessing(env, noop_max=args.noop_max, frame_skip=4, screen_size=84,
+                                                  terminal_on_life_loss=False, grayscale_obs=True)
+            return gym.wrappers.FrameStackObservation(env, 4, padding_type="zero")
+        return gym.make(args.env_id, render_mode=render_mode)
+
+    return thunk
+
+
+def make_envs(args: Args, mode: str, n_threads: int = 1):
+    """serial: SyncVectorEnv; parallel: ale-py's threaded AtariVectorEnv or gymnasium's AsyncVectorEnv."""
+    next_step = gym.vector.AutoresetMode.NEXT_STEP
+    if mode == "serial":
+        return gym.vector.SyncVectorEnv([make_env(args, i) for i in range(args.num_envs)], autoreset_mode=next_step)
+    if is_atari(args.env_id):
+        from ale_py.vector_env import AtariVectorEnv
+
+        return AtariVectorEnv(ale_game(args.env_id), args.num_envs, num_threads=n_threads,
+                              noop_max=args.noop_max, repeat_action_probability=args.sticky_actions,
+                              max_num_frames_per_episode=ATARI_MAX_FRAMES, reward_clipping=False,
+                              episodic_life=False, use_fire_reset=False, autoreset_mode=next_step)
+    return gym.vector.AsyncVectorEnv([make_env(args, i) for i in range(args.num_envs)], context="spawn",
+                                     autoreset_mode=next_step)
+
+
+# ---------------------------------------------------------------------------------------------- network
+
+
+class ScaleGrad(torch.autograd.Function):
+    """Identity forward; multiplies the gradient by `scale` backward (rlpyt's dueling torso scaling)."""
+
+    @staticmethod
+    def forward(ctx, x, scale):
+        ctx.scale = scale
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.scale, None
+
+
+class QNetwork(nn.Module):
+    """Nature CNN (uint8 frames, scaled inside) or a 120-84 MLP torso; a categorical head, plain or dueling.
+
+    forward() returns log-probabilities [N, A, n_atoms]; q_values() their means under the support [N, A]."""
+
+    def __init__(self, obs_shape: tuple[int, ...], n_actions: int, dueling: bool, support: torch.Tensor):
+        super().__init__()
+        self.image, self.dueling, self.n_actions = len(obs_shape) == 3, dueling, n_actions
+        self.register_buffer("support", support)
+        K = len(support)
+        if self.image:
+            self.torso = nn.Sequential(
+                nn.Conv2d(obs_shape[0], 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+                nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
+            width, hidden = 64 * 7 * 7, 512
+        else:
+            self.torso = nn.Sequential(nn.Linear(int(np.prod(obs_shape)), 120), nn.ReLU())
+            width, hidden = 120, 84
+        self.q = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, n_actions * K))
+        if dueling:
+            self.v = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, K))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        x = obs.float() / 255.0 if self.image else obs.float().flatten(1)
+        h = self.torso(x)
+        if self.dueling:
+            h = ScaleGrad.apply(h, 2 ** -0.5)  # two streams feed the torso: keep its gradient scale
+        logits = self.q(h).view(-1, self.n_actions, len(self.support))  # [N, A, K]
+        if self.dueling:
+            logits = self.v(h).unsqueeze(1) + logits - logits.mean(dim=1, keepdim=True)
+        return logits.log_softmax(dim=-1)
+
+    def q_values(self, obs: torch.Tensor) -> torch.Tensor:
+        return (self.forward(obs).exp() * self.support).sum(-1)  # [N, A]
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+
+Step = namedarraytuple("Step", ["observation", "action", "reward", "done", "timeout", "env_reset"])
+
+
+def epsilons(args: Args, global_step: int) -> np.ndarray:
+    """Exploration epsilon per env [B]."""
+    if args.vector_epsilon:
+        i = np.arange(args.num_envs)
+        return 0.4 ** (1 + 7 * i / max(args.num_envs - 1, 1))
+    frac = min(global_step / max(args.eps_decay_steps, 1), 1.0)
+    return np.full(args.num_envs, args.eps_start + frac * (args.eps_end - args.eps_start))
+
+
+class Sampler:
+    """Steps the envs one step at a time with an epsilon-greedy policy; keeps per-env episode state."""
+
+    def __init__(self, envs, args: Args, seed: int):
+        self.envs, self.args = envs, args
+        self.obs, info = envs.reset(seed=seed)
+        n = args.num_envs
+        self.reset = np.zeros(n, bool)  # this step only resets the env (next-step autoreset)
+        self.lives = np.asarray(info.get("lives", np.zeros(n)), np.int64)
+        self.ep_return, self.ep_length = np.zeros(n), np.zeros(n, np.int64)
+        self.rng = np.random.default_rng(seed)
+
+    @torch.no_grad()
+    def step(self, q_net: QNetwork, eps: np.ndarray, device: torch.device) -> tuple:
+        """One step of every env; returns the replay row [1, B] and the episodes that ended [(return, length)]."""
+        q = q_net.q_values(torch.as_tensor(self.obs, device=device))
+        greedy = q.argmax(dim=1).cpu().numpy()
+        explore = self.rng.random(len(greedy)) < eps
+        action = np.where(explore, self.rng.integers(0, q.shape[1], len(greedy)), greedy)
+        next_obs, reward, term, trunc, info = self.envs.step(action)
+        lives = np.asarray(info.get("lives", self.lives), np.int64)
+        life_lost = (lives < self.lives) & ~self.reset
+        raw = np.where(self.reset, 0.0, reward)
+        train_r = np.sign(raw) if (self.args.clip_rewards and is_atari(self.args.env_id)) else raw
+        done = term | (life_lost & self.args.life_loss_terminal)
+        row = Step(self.obs[None], action[None], train_r[None].astype(np.float32), done[None], trunc[None],
+                   (term | trunc)[None])
+        self.ep_return += raw
+        self.ep_length += ~self.reset
+        ended = term | trunc
+        episodes = list(zip(self.ep_return[ended].tolist(), self.ep_length[ended].tolist()))
+        self.ep_return[ended], self.ep_length[ended] = 0.0, 0
+        self.obs, self.reset, self.lives = next_obs, ended, lives
+        return row, episodes
+
+
+# ---------------------------------------------------------------------------------------------- loss and update
+
+
+def project(next_probs: torch.Tensor, returns: torch.Tensor, discounts: torch.Tensor,
+            support: torch.Tensor) -> torch.Tensor:
+    """Project r + discount * z (each atom z carrying next_probs) onto the support: [N, K] -> [N, K].
+
+    Each shifted atom's mass is split between its two neighbouring support atoms in proportion to closeness
+    (all of it to one atom when it lands exactly on it); atoms beyond the ends go to the ends."""
+    v_min, v_max, K = support[0], support[-1], len(support)
+    dz = (v_max - v_min) / (K - 1)
+    tz = (returns[:, None] + discounts[:, None] * support[None, :]).clamp(v_min, v_max)  # [N, K]
+    b = (tz - v_min) / dz
+    lower, upper = b.floor().long().clamp(0, K - 1), b.ceil().long().clamp(0, K - 1)
+    m = torch.zeros_like(next_probs)
+    m.scatter_add_(1, lower, next_probs * (upper.float() - b + (lower == upper).float()))
+    m.scatter_add_(1, upper, next_probs * (b - lower.float()))
+    return m
+
+
+def target_distribution(batch, q_net: QNetwork, target_net: QNetwork, double: bool) -> torch.Tensor:
+    """Projected target [N, K]: the target net's distribution at s_{t+k} for a* (the online net's greedy action
+    when double, else the target net's), shifted by the n-step return and gamma^k (0 after termination)."""
+    with torch.no_grad():
+        next_logp = target_net(batch["next_observation"])  # [N, A, K]
+        next_q = (next_logp.exp() * target_net.support).sum(-1)
+        a_star = (q_net.q_values(batch["next_observation"]) if double else next_q).argmax(dim=1)
+        next_probs = next_logp[torch.arange(len(a_star)), a_star].exp()  # [N, K]
+        discounts = (1.0 - batch["done_n"]) * batch["bootstrap_discount"]
+        return project(next_probs, batch["n_step_return"], discounts, target_net.support)
+
+
+def c51_update(q_net, target_net, optimizer, buffer: ReplayBuffer, args: Args, beta: float,
+               device: torch.device) -> dict:
+    sample, index = buffer.sample(args.batch_size, beta=beta)
+    fields = ("observation", "next_observation", "action", "n_step_return", "done_n", "bootstrap_discount",
+              "is_weights")
+    batch = {k: torch.as_tensor(np.asarray(getattr(sample, k)), device=device) for k in fields}
+    for k in ("n_step_return", "done_n", "bootstrap_discount", "is_weights"):
+        batch[k] = batch[k].float()
+    m = target_distribution(batch, q_net, target_net, args.double_dqn)
+    logp = q_net(batch["observation"])[torch.arange(args.batch_size), batch["action"].long()]  # [N, K]
+    cross_entropy = -(m * logp).sum(-1)  # [N]
+    loss = (batch["is_weights"] * cross_entropy).mean()
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"C51 loss is {loss.item()}")
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    nn.utils.clip_grad_norm_(q_net.parameters(), args.max_grad_norm)
+    optimizer.step()
+    if args.prioritized:
+        buffer.update_priorities(index, cross_entropy.detach().cpu().numpy())
+    q = (logp.exp() * q_net.support).sum(-1)
+    return {"td_loss": loss.item(), "q_values": q.mean().item()}
+
+
+@torch.no_grad()
+def update_target(q_net: QNetwork, target_net: QNetwork, tau: float) -> None:
+    for p, tp in zip(q_net.parameters(), target_net.parameters()):
+        tp.lerp_(p, tau)
+
+
+# ---------------------------------------------------------------------------------------------- async sampler
+
+
+def sampler_main(args: Args, buffer: ReplayBuffer, params: SharedParameters, episodes, waited, start_step: int,
+                 start_updates: int, affinity, parent_pid: int, stop) -> None:
+    """Sampler process: steps the envs and appends to the shared replay; pulls the newest parameters whenever
+    the learner has published a new version (= its update count); waits while it is more than max_lag_steps
+    ahead of what those updates cover."""
+    affinity.apply_worker(0)
+    check = parent_alive_check(stop, parent_pid)
+    envs = make_envs(args, "parallel" if is_atari(args.env_id) else "serial", n_threads=len(affinity.worker_cpus[0]))
+    sampler = Sampler(envs, args, args.seed + start_step)
+    support = torch.linspace(args.v_min, args.v_max, args.n_atoms)
+    q_net = QNetwork(envs.single_observation_space.shape, envs.single_action_space.n, args.dueling, support)
+    version, step = -1, start_step
+    updates_per_step = args.replay_ratio / args.batch_size
+    try:
+        while step < args.total_timesteps:
+            check()
+            covered = start_step + args.min_steps_learn + (params.version - start_updates) / updates_per_step
+            if args.max_lag_steps and step - covered > args.max_lag_steps:
+                t0 = time.perf_counter()
+                time.sleep(0.001)
+                waited[0] += time.perf_counter() - t0
+                continue
+            if params.version != version:
+                version = params.pull(q_net)
+            row, ended = sampler.step(q_net, epsilons(args, step), torch.device("cpu"))
+            buffer.append(row)
+            step += args.num_envs
+            for ret, length in ended:
+                episodes.put((ret, length, step))
+    finally:
+        envs.close()
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def check_args(args: Args) -> None:
+    """Exit 2 with one line on bad arguments, before any env or process starts."""
+    for name in ("num_envs", "total_timesteps", "buffer_size", "batch_size", "n_step_return", "log_every",
+                 "target_update_interval"):
+        if getattr(args, name) <= 0:
+            bad_args(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    for name in ("min_steps_learn", "checkpoint_every", "eval_episodes", "noop_max", "eps_decay_steps"):
+        if getattr(args, name) < 0:
+            bad_args(f"--{name.replace('_', '-')} must be non-negative, got {getattr(args, name)}")
+    if args.sampler not in ("serial", "parallel", "async"):
+        bad_args(f"--sampler must be serial, parallel or async, got {args.sampler!r}")
+    if args.optimizer not in ("rmsprop", "adam"):
+        bad_args(f"--optimizer must be rmsprop or adam, got {args.optimizer!r}")
+    if not args.replay_ratio > 0:
+        bad_args(f"--replay-ratio must be positive, got {args.replay_ratio}")
+    if not 0 < args.learning_rate < 1:
+        bad_args(f"--learning-rate must be in (0, 1), got {args.learning_rate}")
+    for name in ("gamma", "alpha", "beta", "eps_start", "eps_end", "eval_epsilon"):
+        if not 0 <= getattr(args, name) <= 1:
+            bad_args(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(args, name)}")
+    if args.n_atoms < 2:
+        bad_args(f"--n-atoms must be at least 2, got {args.n_atoms}")
+    if not args.v_min < args.v_max:
+        bad_args(f"--v-min {args.v_min} must be below --v-max {args.v_max}")
+    if not 0 < args.tau <= 1:
+        bad_args(f"--tau must be in (0, 1], got {args.tau}")
+    if args.buffer_size < max(args.batch_size, args.min_steps_learn, args.num_envs * (args.n_step_return + 5)):
+        bad_args(f"--buffer-size {args.buffer_size} is smaller than --min-steps-learn or --batch-size")
+    if args.min_steps_learn < args.batch_size + args.num_envs * (args.n_step_return + 4):
+        bad_args(f"--min-steps-learn {args.min_steps_learn} leaves fewer valid transitions than --batch-size "
+                 f"{args.batch_size}")
+    if args.capture_video:
+        try:
+            import moviepy  # noqa: F401
+        except ImportError:
+            bad_args("--capture-video needs moviepy (pip install -r requirements.txt)")
+    if args.env_id not in gym.registry and is_atari(args.env_id):
+        import ale_py
+
+        gym.register_envs(ale_py)
+    if args.env_id not in gym.registry:
+        bad_args(f"--env-id {args.env_id!r} is not a registered gymnasium environment")
+
+
+def main() -> int:
+    args = parse_args(Args)
+    check_args(args)
+    device = resolve_device(args.device)
+    resumed, ckpt_file = (load_checkpoint(args.resume) if args.resume else (None, None))
+    if resumed is not None and resumed["args"]["env_id"] != args.env_id:
+        bad_args(f"--resume: checkpoint is for {resumed['args']['env_id']}, not {args.env_id}")
+    stop_on_signals()
+    affinity = make_affinity(args.sampler)
+    affinity.apply_learner()
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+
+    probe = make_env(args, 0)()
+    obs_space, act_space = probe.observation_space, probe.action_space
+    probe.close()
+    if not isinstance(act_space, gym.spaces.Discrete):
+        bad_args(f"--env-id {args.env_id}: C51 needs a discrete action space, got {act_space}")
+    n_actions = int(act_space.n)
+
+    support = torch.linspace(args.v_min, args.v_max, args.n_atoms)
+    q_net = QNetwork(obs_space.shape, n_actions, args.dueling, support).to(device)
+    target_net = QNetwork(obs_space.shape, n_actions, args.dueling, support).to(device)
+    target_net.load_state_dict(q_net.state_dict())
+    if args.optimizer == "rmsprop":
+        optimizer = torch.optim.RMSprop(q_net.parameters(), lr=args.learning_rate, alpha=0.95, eps=0.01,
+                                        centered=True)
+    else:
+        optimizer = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=0.01 / args.batch_size)
+    global_step, updates = 0, 0
+    if resumed is not None:
+        q_net.load_state_dict(resumed["model"])
+        target_net.load_state_dict(resumed["target_model"])
+        optimizer.load_state_dict(resumed["optimizer"])
+        global_step, updates = int(resumed["global_step"]), int(resumed["updates"])
+
+    frame_stack = obs_space.shape[0] if is_atari(args.env_id) else 1
+    example = Step(np.zeros(obs_space.shape, obs_space.dtype), np.int64(0), np.float32(0), False, False, False)
+    buffer = ReplayBuffer(example, args.buffer_size, args.num_envs, discount=args.gamma,
+                          n_step_return=args.n_step_return, frame_stack=frame_stack, prioritized=args.prioritized,
+                          alpha=args.alpha, beta=args.beta, shared=args.sampler == "async", seed=args.seed)
+    run = RunFolder(args, "catdqn_atari", ["epsilon", "td_loss", "q_values", "updates", "wait_s", "sampler_wait_s"],
+                    folder=ckpt_file.parent if ckpt_file else None, start_step=global_step)
+
+    def checkpoint() -> None:
+        run.save_checkpoint({"model": q_net.state_dict(), "target_model": target_net.state_dict(),
+                             "optimizer": optimizer.state_dict(), "global_step": global_step, "updates": updates,
+                             "args": vars(args).copy()})
+
+    start_step = global_step
+    updates_per_step = args.replay_ratio / args.batch_size
+    recent: list[float] = []
+    stats = {"td_loss": None, "q_values": None}
+    next_log = global_step + args.log_every
+    next_target = global_step + args.target_update_interval
+    next_checkpoint = global_step + args.checkpoint_every if args.checkpoint_every else None
+    worker, envs, wait_s, exit_code = None, None, 0.0, 0
+    sampler_waited = shared_zeros(1, np.float64)  # seconds the async sampler spent waiting for the learner
+
+    def learn_until(step: int, max_updates: int = 1 << 62) -> None:
+        """Do the updates the replay ratio allows once `step` env steps are sampled, at most max_updates of them
+        (and the target updates)."""
+        nonlocal updates, stats, next_target
+        learned_steps = step - start_step - args.min_steps_learn
+        limit = updates + max_updates
+        while learned_steps > 0 and updates < min(int(learned_steps * updates_per_step) + resumed_updates, limit):
+            beta = args.beta + (1.0 - args.beta) * min(step / args.total_timesteps, 1.0)
+            stats = c51_update(q_net, target_net, optimizer, buffer, args, beta, device)
+            updates += 1
+        if step >= next_target:
+            update_target(q_net, target_net, args.tau)
+            next_target += args.target_update_interval
+
+    def log(step: int) -> bool:
+        """Progress row when due; True when the early-stop return is reached."""
+        nonlocal next_log
+        if step >= next_log:
+            eps = float(epsilons(args, step).mean())
+            row = run.row(step, epsilon=eps, td_loss=stats["td_loss"], q_values=stats["q_values"], updates=updates,
+                          wait_s=round(wait_s, 2), sampler_wait_s=round(float(sampler_waited[0]), 2))
+            rm = f"{row['return_mean']:.1f}" if row["return_mean"] is not None else "-"
+            print(f"step {step:>9}  sps {row['sps']:>6.0f}  return {rm:>7}  episodes {run.episodes:>5}  "
+                  f"updates {updates:>7}  eps {eps:.3f}  waits: learner {wait_s:.1f}s sampler "
+                  f"{float(sampler_waited[0]):.1f}s", flush=True)
+            next_log += args.log_every
+        return args.stop_at_return is not None and len(recent) == 20 and np.mean(recent) >= args.stop_at_return
+
+    def record(ret: float, length: int, step: int) -> None:
+        nonlocal recent
+        run.episode(ret, length, step)
+        recent = (recent + [ret])[-20:]
+
+    resumed_updates = updates
+    print(f"run folder {run.path}  sampler {args.sampler}  device {device}  replay {buffer.T}x{buffer.B}  "
+          f"updates per env step {updates_per_step:.3f}", flush=True)
+    try:
+        if args.sampler == "async":
+            params = SharedParameters(q_net)
+            params.publish(q_net, version=updates)
+            episodes = CTX.Queue()
+            worker = Worker(sampler_main, (args, buffer, params, episodes, sampler_waited, global_step, updates,
+                                           affinity, os.getpid()), name="sampler")
+            while global_step < args.total_timesteps:
+                worker.check(allow_finished=True)
+                sampled = start_step + buffer.storage.cursor * args.num_envs
+                while not episodes.empty():
+                    ret, length, step = episodes.get()
+                    record(ret, length, step)
+                before = updates
+                learn_until(sampled, max_updates=1)  # publish after every update: the sampler acts on fresh ones
+                if updates > before:
+                    params.publish(q_net, version=updates)
+                else:  # the replay ratio is reached: wait for the sampler
+                    t0 = time.perf_counter()
+                    time.sleep(0.002)
+                    wait_s += time.perf_counter() - t0
+                global_step = sampled
+                if log(global_step):
+                    print(f"mean return of the last 20 episodes {np.mean(recent):.1f} >= {args.stop_at_return} at step {global_step}: stopping", flush=True)
+                    break
+                if next_checkpoint is not None and global_step >= next_checkpoint:
+                    checkpoint()
+                    next_checkpoint += args.checkpoint_every
+        else:
+            envs = make_envs(args, args.sampler, n_threads=len(affinity.learner_cpus))
+            sampler = Sampler(envs, args, args.seed + global_step)
+            while global_step < args.total_timesteps:
+                row, ended = sampler.step(q_net, epsilons(args, global_step), device)
+                buffer.append(row)
+                global_step += args.num_envs
+                for ret, length in ended:
+                    record(ret, length, global_step)
+                learn_until(global_step)
+                if log(global_step):
+                    print(f"mean return of the last 20 episodes {np.mean(recent):.1f} >= {args.stop_at_return} at step {global_step}: stopping", flush=True)
+                    break
+                if next_checkpoint is not None and global_step >= next_checkpoint:
+                    checkpoint()
+                    next_checkpoint += args.checkpoint_every
+        checkpoint()
+        if args.eval_episodes:
+            evaluate(args, q_net, device, run, global_step)
+    except KeyboardInterrupt:
+        print(f"interrupted at step {global_step}: writing checkpoint", file=sys.stderr, flush=True)
+        checkpoint()
+        exit_code = EXIT_INTERRUPTED
+    except WorkerError as e:
+        print(e, file=sys.stderr)
+        print(f"error: the sampler process failed at step {global_step}", file=sys.stderr, flush=True)
+        exit_code = 1
+    finally:
+        if worker is not None:
+            worker.stop()
+        if envs is not None:
+            envs.close()
+        run.close()
+    return exit_code
+
+
+@torch.no_grad()
+def evaluate(args: Args, q_net: QNetwork, device: torch.device, run: RunFolder, global_step: int) -> None:
+    """Play eval_episodes whole episodes eval_epsilon-greedily in one env; log their returns."""
+    env = make_env(args, 0, render=args.capture_video)()
+    if args.capture_video:
+        env = gym.wrappers.RecordVideo(env, str(run.path / "videos"), episode_trigger=lambda i: i == 0,
+                                       disable_logger=True)
+    rng = np.random.default_rng(args.seed + 100_000)
+    returns = []
+    for ep in range(args.eval_episodes):
+        obs, _ = env.reset(seed=args.seed + 100_000 + ep)
+        done, total = False, 0.0
+        while not done:
+            if rng.random() < args.eval_epsilon:
+                action = int(rng.integers(env.action_space.n))
+            else:
+                action = int(q_net.q_values(torch.as_tensor(obs, device=device)[None]).argmax(1).item())
+            obs, r, term, trunc, _ = env.step(action)
+            total += float(r)
+            done = term or trunc
+        returns.append(total)
+        run.tb.add_scalar("eval/episodic_return", total, global_step)
+    env.close()
+    (run.path / "eval.json").write_text(__import__("json").dumps({"returns": returns, "mean": float(np.mean(returns))}))
+    print(f"evaluation over {len(returns)} episodes: mean return {np.mean(returns):.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
