@@ -130,6 +130,8 @@ class Args:
     """Atari: train on the sign of the reward (logged returns stay unclipped)"""
     life_loss_terminal: bool = True
     """Atari: a lost life ends the training episode for bootstrapping (the game itself goes on)"""
+    bf16: bool = False
+    """run the networks under bfloat16 autocast (fast on CPUs with AMX and on recent GPUs)"""
     max_lag_steps: int = 1_000
     """async: the sampler waits when it is this many env steps ahead of the learner's updates (0: never waits)"""
     log_every: int = 10_000
@@ -232,7 +234,7 @@ class QNetwork(nn.Module):
         logits = self.q(h).view(-1, self.n_actions, len(self.support))  # [N, A, K]
         if self.dueling:
             logits = self.v(h).unsqueeze(1) + logits - logits.mean(dim=1, keepdim=True)
-        return logits.log_softmax(dim=-1)
+        return logits.float().log_softmax(dim=-1)  # float32 whatever the autocast: the projection needs it
 
     def q_values(self, obs: torch.Tensor) -> torch.Tensor:
         return (self.forward(obs).exp() * self.support).sum(-1)  # [N, A]
@@ -267,7 +269,8 @@ class Sampler:
     @torch.no_grad()
     def step(self, q_net: QNetwork, eps: np.ndarray, device: torch.device) -> tuple:
         """One step of every env; returns the replay row [1, B] and the episodes that ended [(return, length)]."""
-        q = q_net.q_values(torch.as_tensor(self.obs, device=device))
+        with torch.autocast(device.type, torch.bfloat16, enabled=self.args.bf16):
+            q = q_net.q_values(torch.as_tensor(self.obs, device=device)).float()
         greedy = q.argmax(dim=1).cpu().numpy()
         explore = self.rng.random(len(greedy)) < eps
         action = np.where(explore, self.rng.integers(0, q.shape[1], len(greedy)), greedy)
@@ -328,8 +331,9 @@ def c51_update(q_net, target_net, optimizer, buffer: ReplayBuffer, args: Args, b
     batch = {k: torch.as_tensor(np.asarray(getattr(sample, k)), device=device) for k in fields}
     for k in ("n_step_return", "done_n", "bootstrap_discount", "is_weights"):
         batch[k] = batch[k].float()
-    m = target_distribution(batch, q_net, target_net, args.double_dqn)
-    logp = q_net(batch["observation"])[torch.arange(args.batch_size), batch["action"].long()]  # [N, K]
+    with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+        m = target_distribution(batch, q_net, target_net, args.double_dqn).float()
+        logp = q_net(batch["observation"]).float()[torch.arange(args.batch_size), batch["action"].long()]  # [N, K]
     cross_entropy = -(m * logp).sum(-1)  # [N]
     loss = (batch["is_weights"] * cross_entropy).mean()
     if not torch.isfinite(loss):

@@ -121,6 +121,8 @@ class Args:
     """Atari: train on the sign of the reward (logged returns stay unclipped)"""
     life_loss_terminal: bool = True
     """Atari: a lost life ends the training episode for bootstrapping (the game itself goes on)"""
+    bf16: bool = False
+    """run the networks under bfloat16 autocast (fast on CPUs with AMX and on recent GPUs)"""
     max_lag_steps: int = 1_000
     """async: the sampler waits when it is this many env steps ahead of the learner's updates (0: never waits)"""
     log_every: int = 10_000
@@ -250,7 +252,8 @@ class Sampler:
     @torch.no_grad()
     def step(self, q_net: QNetwork, eps: np.ndarray, device: torch.device) -> tuple:
         """One step of every env; returns the replay row [1, B] and the episodes that ended [(return, length)]."""
-        q = q_net(torch.as_tensor(self.obs, device=device))
+        with torch.autocast(device.type, torch.bfloat16, enabled=self.args.bf16):
+            q = q_net(torch.as_tensor(self.obs, device=device)).float()
         greedy = q.argmax(dim=1).cpu().numpy()
         explore = self.rng.random(len(greedy)) < eps
         action = np.where(explore, self.rng.integers(0, q.shape[1], len(greedy)), greedy)
@@ -295,8 +298,9 @@ def dqn_update(q_net, target_net, optimizer, buffer: ReplayBuffer, args: Args, b
     batch = {k: torch.as_tensor(np.asarray(getattr(sample, k)), device=device) for k in fields}
     for k in ("n_step_return", "done_n", "bootstrap_discount", "is_weights"):
         batch[k] = batch[k].float()
-    y = td_targets(batch, q_net, target_net, args.double_dqn)
-    q = q_net(batch["observation"]).gather(1, batch["action"].long().unsqueeze(1)).squeeze(1)
+    with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+        y = td_targets(batch, q_net, target_net, args.double_dqn).float()
+        q = q_net(batch["observation"]).float().gather(1, batch["action"].long().unsqueeze(1)).squeeze(1)
     td = y - q
     per_sample = F.smooth_l1_loss(q, y, reduction="none") if args.huber else 0.5 * td**2
     loss = (batch["is_weights"] * per_sample).mean()

@@ -1,8 +1,8 @@
-"""Learning curves on CartPole-v1 for the on-policy scripts in every sampler mode, saved as one PNG with the
-figures printed: steps to a mean return of 450 over the last 20 episodes and the final row's mean return.
-matplotlib is needed for the plot only (pip install matplotlib).
+"""Learning curves on CartPole-v1 for the scripts in every sampler mode, saved as one PNG with the figures
+printed: steps until the last 20 episodes average the threshold, and the final row's mean return. matplotlib is
+needed for the plot only (pip install matplotlib).
 
-    python benchmarks/learning_curves.py [--steps 150000] [--out benchmarks/results/cartpole_onpolicy.png]
+    python benchmarks/learning_curves.py [--scripts ppo_atari.py a2c_atari.py] [--out benchmarks/results/x.png]
 """
 
 from __future__ import annotations
@@ -17,8 +17,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-# The settings the test suite uses (tests/test_ppo.py, tests/test_a2c.py).
+DQN_CARTPOLE = ["--num-envs", "4", "--buffer-size", "50000", "--min-steps-learn", "1000", "--batch-size", "64",
+                "--eps-decay-steps", "20000", "--eps-end", "0.02", "--n-step-return", "3", "--replay-ratio", "16",
+                "--learning-rate", "1e-3", "--dueling", "--target-update-interval", "250"]
+# The settings the test suite uses (tests/test_*.py), and each script's step budget and threshold there.
+BUDGET = {"ppo_atari.py": (150_000, 450), "a2c_atari.py": (150_000, 450), "dqn_atari.py": (100_000, 475),
+          "catdqn_atari.py": (100_000, 475)}
 CONFIGS = {
+    "dqn_atari.py": DQN_CARTPOLE + ["--optimizer", "adam", "--log-every", "2000"],
+    "catdqn_atari.py": DQN_CARTPOLE + ["--v-min", "0", "--v-max", "100", "--log-every", "2000"],
     "ppo_atari.py": ["--num-envs", "8", "--num-steps", "32", "--num-minibatches", "1", "--update-epochs", "20",
                      "--gae-lambda", "0.8", "--gamma", "0.98", "--ent-coef", "0", "--learning-rate", "1e-3",
                      "--clip-coef", "0.2", "--no-clip-vloss"],
@@ -27,8 +34,8 @@ CONFIGS = {
 }
 
 
-def run(script: str, sampler: str, steps: int, seed: int) -> tuple[list[tuple[int, float]], int | None]:
-    """The curve of a full run, and the step at which a run with --stop-at-return 450 stopped (None: never)."""
+def run(script: str, sampler: str, steps: int, seed: int, threshold: float) -> tuple[list, int | None]:
+    """The curve of a full run, and the step at which a run with --stop-at-return stopped (None: never)."""
 
     def command(out: str, *extra: str) -> list[str]:
         return [sys.executable, str(ROOT / "algos" / script), "--env-id", "CartPole-v1", "--sampler", sampler,
@@ -41,7 +48,8 @@ def run(script: str, sampler: str, steps: int, seed: int) -> tuple[list[tuple[in
             rows = [(int(r["global_step"]), float(r["return_mean"])) for r in csv.DictReader(f) if r["return_mean"]]
     reached = None
     with tempfile.TemporaryDirectory() as out:
-        res = subprocess.run(command(out, "--stop-at-return", "450"), check=True, capture_output=True, text=True)
+        res = subprocess.run(command(out, "--stop-at-return", str(threshold)), check=True, capture_output=True,
+                             text=True)
         if re.search(r"mean return of the last 20 episodes", res.stdout):
             with open(Path(out) / "c" / "progress.csv") as f:
                 reached = int(list(csv.DictReader(f))[-1]["global_step"])
@@ -50,34 +58,36 @@ def run(script: str, sampler: str, steps: int, seed: int) -> tuple[list[tuple[in
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--steps", type=int, default=150_000)
+    p.add_argument("--scripts", nargs="+", default=["ppo_atari.py", "a2c_atari.py"], choices=list(CONFIGS))
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cartpole_onpolicy.png"))
     a = p.parse_args()
     curves = {}
-    print(f"CartPole-v1, {a.steps} steps, seed {a.seed}")
-    print(f"{'script':<14} {'sampler':<9} {'steps to 450':>13} {'final return_mean':>18}")
-    for script in CONFIGS:
+    print(f"CartPole-v1, seed {a.seed}")
+    print(f"{'script':<16} {'sampler':<9} {'budget':>7} {'steps to threshold':>19} {'final return_mean':>18}")
+    for script in a.scripts:
+        steps, threshold = BUDGET[script]
         for sampler in ("serial", "parallel", "async"):
-            rows, reached = run(script, sampler, a.steps, a.seed)
+            rows, reached = run(script, sampler, steps, a.seed, threshold)
             curves[(script, sampler)] = rows
             final = rows[-1][1] if rows else float("nan")
-            print(f"{script:<14} {sampler:<9} {reached if reached else 'not reached':>13} {final:>18.1f}")
+            print(f"{script:<16} {sampler:<9} {steps:>7} {f'{reached} (>= {threshold})' if reached else 'not reached':>19} "
+                  f"{final:>18.1f}")
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(CONFIGS), figsize=(11, 4), sharey=True)
-    for ax, script in zip(axes, CONFIGS):
+    fig, axes = plt.subplots(1, len(a.scripts), figsize=(5.5 * len(a.scripts), 4), sharey=True, squeeze=False)
+    for ax, script in zip(axes[0], a.scripts):
         for sampler in ("serial", "parallel", "async"):
             xs, ys = zip(*curves[(script, sampler)]) if curves[(script, sampler)] else ((), ())
             ax.plot(xs, ys, label=sampler)
-        ax.axhline(450, color="gray", lw=0.8, ls="--")
+        ax.axhline(BUDGET[script][1], color="gray", lw=0.8, ls="--")
         ax.set_title(f"{script} on CartPole-v1")
         ax.set_xlabel("agent steps")
         ax.legend()
-    axes[0].set_ylabel("mean episodic return (per progress row)")
+    axes[0][0].set_ylabel("mean episodic return (per progress row)")
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(a.out, dpi=100)

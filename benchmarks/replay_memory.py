@@ -1,10 +1,13 @@
-"""Resident memory of a frame-wise Atari replay buffer filled with frames, against a stacked-observation buffer.
+"""Resident memory of a frame-wise Atari replay buffer filled with frames, against a stacked-observation buffer,
+and of algos/dqn_atari.py holding one.
 
-The frame-wise buffer (shared.replay.ReplayBuffer with frame_stack=4) stores each 84x84 frame once. A stacked
+The frame-wise buffer (shared.replay.ReplayBuffer with frame_stack=4, built with dqn_atari.py's own row structure
+and arguments) stores each 84x84 frame once. A stacked
 buffer stores every [4, 84, 84] observation (as a CleanRL/SB3-style buffer does, which also stores the next
 observation unless told to optimise memory). Both are filled the same way here and measured in the same run at
 a capacity where the stacked one fits (``--compare-capacity``); at ``--capacity`` (1M by default) the stacked
-size is computed, because it would not fit in this machine's memory.
+size is computed, because it would not fit in this machine's memory. The script's own footprint (python, torch,
+its two networks and the envs) is measured in a child process and added for the total of dqn_atari.py.
 
     python benchmarks/replay_memory.py [--capacity 1000000] [--compare-capacity 100000] [--shared]
 """
@@ -19,11 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from shared.namedarraytuple import namedarraytuple  # noqa: E402
-from shared.replay import ReplayBuffer  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "algos"))
+from dqn_atari import Step  # noqa: E402  (the row dqn_atari.py appends)
 
-Step = namedarraytuple("Step", ["observation", "action", "reward", "done", "timeout"])
+from shared.replay import ReplayBuffer  # noqa: E402
 FRAME = (84, 84)
 GB = 1e9
 
@@ -42,14 +46,15 @@ def chunk(t0: int, Tc: int, B: int, rng: np.random.Generator) -> Step:
     obs = np.empty((Tc, B, 4) + FRAME, np.uint8)
     obs[:] = ((t0 + np.arange(Tc)) % 251).astype(np.uint8)[:, None, None, None, None]
     done = rng.random((Tc, B)) < 0.001
-    return Step(obs, rng.integers(0, 18, (Tc, B)), rng.random((Tc, B), np.float32), done, np.zeros((Tc, B), bool))
+    return Step(obs, rng.integers(0, 18, (Tc, B)), rng.random((Tc, B), np.float32), done, np.zeros((Tc, B), bool),
+                done)
 
 
 def fill_framewise(capacity: int, B: int, shared: bool) -> tuple[int, float]:
     gc.collect()
     before = rss_bytes()
-    ex = Step(np.zeros((4,) + FRAME, np.uint8), np.int64(0), np.float32(0), np.bool_(False), np.bool_(False))
-    buf = ReplayBuffer(ex, capacity, B, n_step_return=3, frame_stack=4, shared=shared)
+    ex = Step(np.zeros((4,) + FRAME, np.uint8), np.int64(0), np.float32(0), False, False, False)
+    buf = ReplayBuffer(ex, capacity, B, discount=0.99, n_step_return=1, frame_stack=4, shared=shared)
     rng = np.random.default_rng(0)
     Tc, t, t0 = 128, 0, time.perf_counter()
     while t < buf.T + 10:  # past one full wrap: every row written
@@ -80,6 +85,28 @@ def fill_stacked(capacity: int) -> int:
     return used
 
 
+SCRIPT_FOOTPRINT = """
+import sys, numpy as np, torch
+sys.path.insert(0, {algos!r})
+import dqn_atari as D
+args = D.Args(num_envs={B})
+q, t = D.QNetwork((4, 84, 84), 4, False), D.QNetwork((4, 84, 84), 4, False)
+envs = D.make_envs(args, "serial")
+envs.reset(seed=0)
+for _ in range(50):
+    envs.step(np.zeros({B}, int))
+print(open("/proc/self/status").read().split("VmRSS:")[1].split()[0])
+"""
+
+
+def script_footprint(B: int) -> int:
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", SCRIPT_FOOTPRINT.format(algos=str(ROOT / "algos"), B=B)],
+                         capture_output=True, text=True, check=True)
+    return int(out.stdout.strip().splitlines()[-1]) * 1024
+
+
 def stacked_bytes(capacity: int, with_next: bool) -> int:
     per = 4 * FRAME[0] * FRAME[1] * (2 if with_next else 1) + 8 + 4 + 1
     return capacity * per
@@ -104,6 +131,10 @@ def main() -> None:
     ours, secs = fill_framewise(args.capacity, args.envs, args.shared)
     print(f"  frame-wise (measured RSS)   {ours / GB:7.3f} GB   (frames alone {frames_only / GB:.3f} GB; "
           f"filled in {secs:.0f} s; target <= 7.5 GB: {'met' if ours <= 7.5 * GB else 'NOT met'})")
+    footprint = script_footprint(args.envs)
+    total = ours + footprint
+    print(f"  dqn_atari.py total: buffer {ours / GB:.3f} GB + the script's own process {footprint / GB:.3f} GB "
+          f"= {total / GB:.3f} GB (target <= 7.5 GB: {'met' if total <= 7.5 * GB else 'NOT met'})")
     for with_next in (False, True):
         s = stacked_bytes(args.capacity, with_next)
         label = "stacked obs+next (computed)" if with_next else "stacked obs (computed)     "
