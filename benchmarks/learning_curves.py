@@ -2,7 +2,9 @@
 printed: steps until the last 20 episodes average the threshold, and the final row's mean return. matplotlib is
 needed for the plot only (pip install matplotlib).
 
-    python benchmarks/learning_curves.py [--scripts ppo_atari.py a2c_atari.py] [--out benchmarks/results/x.png]
+    python benchmarks/learning_curves.py --full                        # on-policy scripts, whole budgets
+    python benchmarks/learning_curves.py --scripts dqn_atari.py catdqn_atari.py \
+        --out benchmarks/results/cartpole_dqn.png                       # curves up to the threshold
 """
 
 from __future__ import annotations
@@ -34,25 +36,31 @@ CONFIGS = {
 }
 
 
-def run(script: str, sampler: str, steps: int, seed: int, threshold: float) -> tuple[list, int | None]:
-    """The curve of a full run, and the step at which a run with --stop-at-return stopped (None: never)."""
+def run(script: str, sampler: str, steps: int, seed: int, threshold: float, full: bool) -> tuple[list, int | None]:
+    """The step at which a run with --stop-at-return stopped (None: never) and a curve: that run's, or with
+    `full` a second run's over the whole budget."""
 
     def command(out: str, *extra: str) -> list[str]:
         return [sys.executable, str(ROOT / "algos" / script), "--env-id", "CartPole-v1", "--sampler", sampler,
                 "--total-timesteps", str(steps), "--seed", str(seed), "--eval-episodes", "0", "--out-dir", out,
                 "--run-name", "c", *CONFIGS[script], *extra]
 
-    with tempfile.TemporaryDirectory() as out:
-        subprocess.run(command(out), check=True, capture_output=True, text=True)
+    def curve(out: str) -> list[tuple[int, float]]:
         with open(Path(out) / "c" / "progress.csv") as f:
-            rows = [(int(r["global_step"]), float(r["return_mean"])) for r in csv.DictReader(f) if r["return_mean"]]
+            return [(int(r["global_step"]), float(r["return_mean"])) for r in csv.DictReader(f) if r["return_mean"]]
+
     reached = None
     with tempfile.TemporaryDirectory() as out:
         res = subprocess.run(command(out, "--stop-at-return", str(threshold)), check=True, capture_output=True,
                              text=True)
-        if re.search(r"mean return of the last 20 episodes", res.stdout):
-            with open(Path(out) / "c" / "progress.csv") as f:
-                reached = int(list(csv.DictReader(f))[-1]["global_step"])
+        m = re.search(r"mean return of the last 20 episodes .*?(?:at step (\d+))?: stopping", res.stdout)
+        rows = curve(out)
+        if m:
+            reached = int(m.group(1)) if m.group(1) else rows[-1][0]
+    if full:
+        with tempfile.TemporaryDirectory() as out:
+            subprocess.run(command(out), check=True, capture_output=True, text=True)
+            rows = curve(out)
     return rows, reached
 
 
@@ -60,6 +68,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--scripts", nargs="+", default=["ppo_atari.py", "a2c_atari.py"], choices=list(CONFIGS))
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--full", action="store_true", help="also run each over its whole budget for the curve")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "cartpole_onpolicy.png"))
     a = p.parse_args()
     curves = {}
@@ -68,7 +77,7 @@ def main() -> None:
     for script in a.scripts:
         steps, threshold = BUDGET[script]
         for sampler in ("serial", "parallel", "async"):
-            rows, reached = run(script, sampler, steps, a.seed, threshold)
+            rows, reached = run(script, sampler, steps, a.seed, threshold, a.full)
             curves[(script, sampler)] = rows
             final = rows[-1][1] if rows else float("nan")
             print(f"{script:<16} {sampler:<9} {steps:>7} {f'{reached} (>= {threshold})' if reached else 'not reached':>19} "

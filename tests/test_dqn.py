@@ -168,3 +168,14 @@ def test_killed_async_sampler_ends_the_run(tmp_path):
     assert proc.returncode == 1, err
     assert err.strip().splitlines()[-1].startswith("error: the sampler process failed")
     assert_no_leftovers(proc.pid)
+
+
+def test_epsilon_schedules():
+    args = dqn_atari.Args(num_envs=8, vector_epsilon=True)
+    eps = dqn_atari.epsilons(args, 0)
+    np.testing.assert_allclose(eps, 0.4 ** (1 + 7 * np.arange(8) / 7))  # Ape-X: 0.4 down to 0.4^8, log-spaced
+    assert (dqn_atari.epsilons(args, 10**9) == eps).all()  # fixed, not annealed
+    args = dqn_atari.Args(num_envs=2, eps_start=1.0, eps_end=0.1, eps_decay_steps=1000)
+    assert dqn_atari.epsilons(args, 0).tolist() == [1.0, 1.0]
+    assert dqn_atari.epsilons(args, 500).tolist() == pytest.approx([0.55, 0.55])
+    assert dqn_atari.epsilons(args, 5000).tolist() == pytest.approx([0.1, 0.1])
