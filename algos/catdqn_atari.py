@@ -36,7 +36,6 @@ import gymnasium as gym  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
 
 from shared.affinity import make_affinity  # noqa: E402
 from shared.buffer import shared_zeros  # noqa: E402

@@ -24,7 +24,6 @@ import multiprocessing as mp
 import os
 import signal
 import sys
-import time
 import traceback
 from typing import Any, Callable
 
@@ -79,10 +78,6 @@ class Worker:
     @property
     def pid(self) -> int | None:
         return self._proc.pid
-
-    def finished(self) -> bool:
-        """True once the child has returned normally (exit code 0)."""
-        return not self._proc.is_alive() and self._proc.exitcode == 0 and self._errors.empty()
 
     def check(self, allow_finished: bool = False) -> None:
         """Raise ``WorkerError`` if the child failed or is gone; a normal exit counts as gone unless
@@ -212,9 +207,3 @@ class SharedParameters:
             for t, chunk in zip(self._tensors(module), torch.split(flat, self._sizes)):
                 t.copy_(chunk.view_as(t))
         return version
-
-    def wait_version(self, at_least: int, check: Callable[[], None]) -> None:
-        """Block until the published version is at least ``at_least``."""
-        while self.version < at_least:
-            check()
-            time.sleep(0.001)

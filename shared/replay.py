@@ -186,8 +186,9 @@ class _Storage:
 
     def gather(self, rows: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
         """Every stored field plus the derived flags at ``(rows, b)`` (copies)."""
-        out = {name: (None if x is None else map_structure(lambda a: a[rows, b], x)) for name, x in self.data.items()}
-        out["observation"] = self.observation(rows, b)
+        out = {name: (None if x is None else map_structure(lambda a: a[rows, b], x))
+               for name, x in self.data.items() if name != "observation"}
+        out["observation"] = self.observation(rows, b)  # one gather (or a frame reassembly), not two
         for f in _DERIVED:
             out[f] = getattr(self, f)[rows, b]
         return out

@@ -146,7 +146,6 @@ class RunFolder:
         self._t0 = time.time()
         self._last_t, self._last_step = self._t0, start_step
         self._returns: list[float] = []
-        self._lengths: list[float] = []
         self.episodes = 0
 
     def episode(self, ret: float, length: int, global_step: int) -> None:
@@ -154,7 +153,6 @@ class RunFolder:
         if not math.isfinite(ret):
             raise FloatingPointError(f"episode return is {ret}")
         self._returns.append(float(ret))
-        self._lengths.append(float(length))
         self.episodes += 1
         self.tb.add_scalar("charts/episodic_return", ret, global_step)
         self.tb.add_scalar("charts/episodic_length", length, global_step)
@@ -178,7 +176,6 @@ class RunFolder:
             if v is not None:
                 self.tb.add_scalar(k if "/" in k else f"losses/{k}", v, global_step)
         self._returns.clear()
-        self._lengths.clear()
         return row
 
     def save_checkpoint(self, state: dict) -> Path:
