@@ -61,3 +61,38 @@ def assert_no_leftovers(sid: int, wait: float = 5.0) -> None:
 def progress(run_dir: Path) -> list[dict]:
     with open(run_dir / "progress.csv") as f:
         return list(csv.DictReader(f))
+
+
+def start(name: str, *args: str) -> subprocess.Popen:
+    """Start ``algos/<name>`` in its own session without waiting for it."""
+    return subprocess.Popen([sys.executable, script(name), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+
+
+def wait_for_progress_row(run_dir: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    """Block until the run has written its first progress row (the loop is running)."""
+    deadline = time.time() + timeout
+    f = run_dir / "progress.csv"
+    while not (f.exists() and len(f.read_text().splitlines()) >= 2):
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() < deadline, "no progress row in time"
+        time.sleep(0.1)
+
+
+def kill_sampler(pid: int) -> int:
+    """SIGKILL the spawn children of ``pid`` (not multiprocessing's resource tracker); returns how many."""
+    killed = 0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline") as f:
+                cmd = f.read()
+        except OSError:
+            continue
+        if ppid == pid and "spawn_main" in cmd and "resource_tracker" not in cmd:
+            os.kill(int(entry), signal.SIGKILL)
+            killed += 1
+    return killed

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import ROOT, progress, run
+from tests.helpers import ROOT, assert_no_leftovers, kill_sampler, progress, run, start, wait_for_progress_row
 
 sys.path.insert(0, str(ROOT / "algos"))
 import dqn_atari  # noqa: E402
@@ -139,31 +139,10 @@ def test_bad_arguments_exit_2(bad, words, tmp_path):
 
 
 def test_killed_async_sampler_ends_the_run(tmp_path):
-    import os
-    import signal
-    import subprocess
-    import time
-
-    from tests.helpers import assert_no_leftovers, script
-
-    proc = subprocess.Popen([sys.executable, script("dqn_atari.py"), *CARTPOLE, "--sampler", "async",
-                             "--total-timesteps", "10000000", "--log-every", "1000", "--out-dir", str(tmp_path),
-                             "--run-name", "k"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    deadline = time.time() + 120
-    while not ((tmp_path / "k" / "progress.csv").exists() and
-               len((tmp_path / "k" / "progress.csv").read_text().splitlines()) >= 2):
-        assert time.time() < deadline and proc.poll() is None
-        time.sleep(0.1)
-    for p in os.listdir("/proc"):
-        if p.isdigit():
-            try:
-                stat = open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()
-                cmd = open(f"/proc/{p}/cmdline").read()
-            except OSError:
-                continue
-            if int(stat[1]) == proc.pid and "spawn_main" in cmd and "resource_tracker" not in cmd:
-                os.kill(int(p), signal.SIGKILL)
+    proc = start("dqn_atari.py", *CARTPOLE, "--sampler", "async", "--total-timesteps", "10000000", "--log-every",
+                 "1000", "--out-dir", str(tmp_path), "--run-name", "k")
+    wait_for_progress_row(tmp_path / "k", proc)
+    assert kill_sampler(proc.pid) == 1
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1, err
     assert err.strip().splitlines()[-1].startswith("error: the sampler process failed")

@@ -6,15 +6,13 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
 import torch
 
-from tests.helpers import ROOT, assert_no_leftovers, progress, run, script
+from tests.helpers import ROOT, assert_no_leftovers, kill_sampler, progress, run, start, wait_for_progress_row
 
 sys.path.insert(0, str(ROOT / "algos"))
 import ppo_atari  # noqa: E402
@@ -174,27 +172,14 @@ def test_bad_arguments_exit_2_with_one_line(bad, words, tmp_path):
 
 
 def _start(args, tmp_path):
-    return subprocess.Popen([sys.executable, script("ppo_atari.py"), *args, "--out-dir", str(tmp_path),
-                             "--run-name", "i"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-
-
-def _wait_for_row(tmp_path, proc, timeout=120):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        f = tmp_path / "i" / "progress.csv"
-        if f.exists() and len(f.read_text().splitlines()) >= 2:
-            return
-        assert proc.poll() is None, proc.communicate()
-        time.sleep(0.1)
-    raise AssertionError("no progress row in time")
+    return start("ppo_atari.py", *args, "--out-dir", str(tmp_path), "--run-name", "i")
 
 
 @pytest.mark.parametrize("sampler, sig", [("async", signal.SIGINT), ("serial", signal.SIGTERM)])
 def test_interrupt_writes_checkpoint_and_ends_every_process(sampler, sig, tmp_path):
     shm_before = set(os.listdir("/dev/shm"))
     proc = _start([*CARTPOLE, "--sampler", sampler, "--total-timesteps", "10000000"], tmp_path)
-    _wait_for_row(tmp_path, proc)
+    wait_for_progress_row(tmp_path / "i", proc)
     os.killpg(proc.pid, sig)  # as Ctrl-C does: the whole foreground group gets the signal
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
@@ -206,25 +191,12 @@ def test_interrupt_writes_checkpoint_and_ends_every_process(sampler, sig, tmp_pa
 
 def test_killed_sampler_ends_the_run_with_exit_1(tmp_path):
     proc = _start([*CARTPOLE, "--sampler", "async", "--total-timesteps", "10000000"], tmp_path)
-    _wait_for_row(tmp_path, proc)
-    children = [p for p in os.listdir("/proc") if p.isdigit() and _ppid(int(p)) == proc.pid]
-    sampler = [p for p in children if "spawn_main" in open(f"/proc/{p}/cmdline").read()
-               and "resource_tracker" not in open(f"/proc/{p}/cmdline").read()]
-    assert sampler, children
-    for p in sampler:
-        os.kill(int(p), signal.SIGKILL)
+    wait_for_progress_row(tmp_path / "i", proc)
+    assert kill_sampler(proc.pid) == 1
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 1, err
     assert err.strip().splitlines()[-1].startswith("error: the sampler process failed")
     assert_no_leftovers(proc.pid)
-
-
-def _ppid(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except OSError:
-        return -1
 
 
 def test_evaluation_writes_returns_and_a_video(tmp_path):
