@@ -355,6 +355,8 @@ def update_target(q_net: QNetwork, target_net: QNetwork, tau: float) -> None:
 
 # ---------------------------------------------------------------------------------------------- async sampler
 
+PUBLISH_EVERY = 10  # learner updates between parameter copies to the sampler (each copies the whole network)
+
 
 def sampler_main(args: Args, buffer: ReplayBuffer, params: SharedParameters, episodes, waited, start_step: int,
                  start_updates: int, affinity, parent_pid: int, stop) -> None:
@@ -545,10 +547,13 @@ def main() -> int:
                     ret, length, step = episodes.get()
                     record(ret, length, step)
                 before = updates
-                learn_until(sampled, max_updates=1)  # publish after every update: the sampler acts on fresh ones
-                if updates > before:
+                learn_until(sampled, max_updates=1)
+                caught_up = updates == before  # the replay ratio is reached: wait for the sampler
+                if updates >= params.version + PUBLISH_EVERY or (caught_up and updates > params.version):
+                    # The version is the update count the sampler paces on; publishing whenever the learner
+                    # waits means a sampler waiting on the learner always sees its latest updates (no deadlock).
                     params.publish(q_net, version=updates)
-                else:  # the replay ratio is reached: wait for the sampler
+                if caught_up:  # the replay ratio is reached: wait for the sampler
                     t0 = time.perf_counter()
                     time.sleep(0.002)
                     wait_s += time.perf_counter() - t0

@@ -193,7 +193,7 @@ class Agent(nn.Module):
 # ---------------------------------------------------------------------------------------------- sampling
 
 Rollout = namedarraytuple("Rollout", ["obs", "action", "logprob", "value", "reward", "terminal", "ended",
-                                      "reset", "ep_return", "ep_length", "ep_done"])
+                                      "reset", "ep_return", "ep_length"])  # ep_*: the episode's totals where ended
 Bootstrap = namedarraytuple("Bootstrap", ["obs", "reset"])
 
 
@@ -211,7 +211,7 @@ class EnvState:
 
 def rollout_example(obs_space, T: int, B: int) -> tuple:
     one = Rollout(np.zeros(obs_space.shape, obs_space.dtype), np.int64(0), np.float32(0), np.float32(0),
-                  np.float32(0), False, False, False, np.float64(0), np.int64(0), False)
+                  np.float32(0), False, False, False, np.float64(0), np.int64(0))
     return one, Bootstrap(np.zeros((B,) + obs_space.shape, obs_space.dtype), np.zeros(B, bool))  # [T,B] and [B]
 
 
@@ -237,7 +237,6 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
         buf.ended[t] = term | trunc
         state.ep_return += raw
         state.ep_length += ~state.reset
-        buf.ep_done[t] = buf.ended[t]
         buf.ep_return[t], buf.ep_length[t] = state.ep_return, state.ep_length
         state.ep_return[buf.ended[t]] = 0.0
         state.ep_length[buf.ended[t]] = 0
@@ -464,7 +463,7 @@ def main() -> int:
             else:
                 collect(envs, agent, state, buf, boot, args, device)
             global_step += batch
-            for ret, length in zip(buf.ep_return[buf.ep_done], buf.ep_length[buf.ep_done]):
+            for ret, length in zip(buf.ep_return[buf.ended], buf.ep_length[buf.ended]):
                 run.episode(float(ret), int(length), global_step)
                 recent = (recent + [float(ret)])[-20:]
             stats = learn_from(agent, optimizer, buf, boot, args, device, generator)

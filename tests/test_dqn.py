@@ -158,3 +158,13 @@ def test_epsilon_schedules():
     assert dqn_atari.epsilons(args, 0).tolist() == [1.0, 1.0]
     assert dqn_atari.epsilons(args, 500).tolist() == pytest.approx([0.55, 0.55])
     assert dqn_atari.epsilons(args, 5000).tolist() == pytest.approx([0.1, 0.1])
+
+
+def test_async_with_a_tight_lag_bound_does_not_deadlock(tmp_path):
+    # max_lag_steps 4 is less than the env steps PUBLISH_EVERY updates cover: the learner must still publish
+    # whenever it waits, or sampler and learner each wait for the other.
+    out = run("dqn_atari.py", *CARTPOLE, "--sampler", "async", "--max-lag-steps", "4", "--total-timesteps", "4000",
+              "--log-every", "1000", "--out-dir", str(tmp_path), "--run-name", "d", timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = progress(tmp_path / "d")
+    assert int(rows[-1]["global_step"]) == 4000 and int(rows[-1]["updates"]) > 0
