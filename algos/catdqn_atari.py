@@ -540,8 +540,10 @@ def main() -> int:
             episodes = CTX.Queue()
             worker = Worker(sampler_main, (args, buffer, params, episodes, sampler_waited, global_step, updates,
                                            affinity, os.getpid()), name="sampler")
+            alive = lambda: worker.check(allow_finished=True)  # noqa: E731
+            buffer.watch(alive)  # a sampler killed while holding the replay's lock raises here, not a hang
             while global_step < args.total_timesteps:
-                worker.check(allow_finished=True)
+                alive()
                 sampled = start_step + buffer.storage.cursor * args.num_envs
                 while not episodes.empty():
                     ret, length, step = episodes.get()
@@ -552,7 +554,7 @@ def main() -> int:
                 if updates >= params.version + PUBLISH_EVERY or (caught_up and updates > params.version):
                     # The version is the update count the sampler paces on; publishing whenever the learner
                     # waits means a sampler waiting on the learner always sees its latest updates (no deadlock).
-                    params.publish(q_net, version=updates)
+                    params.publish(q_net, version=updates, check=alive)
                 if caught_up:  # the replay ratio is reached: wait for the sampler
                     t0 = time.perf_counter()
                     time.sleep(0.002)

@@ -13,12 +13,15 @@ Guarantees
   learner's parameters back to the writer, which makes the policy lag exactly one update.
 - ``SharedParameters`` publishes a module's parameters and buffers into shared memory with a version number;
   a reader copies them out under the same lock, so it never sees a mix of two versions.
+- ``locked(lock, check)`` waits for a lock shared with another process without hanging if that process died
+  holding it: ``check`` (e.g. ``Worker.check``) raises.
 - Shared memory comes from ``shared.buffer`` (anonymous: it cannot leak); semaphores and locks come from the
   ``spawn`` context, whose resource tracker removes them even after a crash.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import multiprocessing as mp
 import os
@@ -116,6 +119,20 @@ def wait_for(acquire: Callable[[float], bool], check: Callable[[], None]) -> Non
         check()
 
 
+@contextlib.contextmanager
+def locked(lock: Any, check: Callable[[], None] | None = None):
+    """Hold ``lock``. With ``check``, wait for it in short slices calling ``check()`` between them, so a peer
+    killed while holding the lock (it is then never released) makes ``check`` raise instead of a hang."""
+    if check is None:
+        lock.acquire()
+    else:
+        wait_for(lambda t: lock.acquire(timeout=t), check)
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def parent_alive_check(stop: Any, parent_pid: int) -> Callable[[], None]:
     """For a child: a check that raises SystemExit when asked to stop or when the parent is gone."""
 
@@ -186,21 +203,21 @@ class SharedParameters:
     def version(self) -> int:
         return int(self._version[0])
 
-    def publish(self, module: Any, version: int) -> None:
-        """Copy ``module``'s tensors in and set the version (learner side)."""
+    def publish(self, module: Any, version: int, check: Callable[[], None] | None = None) -> None:
+        """Copy ``module``'s tensors in and set the version (learner side); ``check`` as in ``locked``."""
         import torch
 
         with torch.no_grad():
             flat = torch.cat([t.detach().reshape(-1).float().cpu() for t in self._tensors(module)]).numpy()
-        with self._lock:
+        with locked(self._lock, check):
             self.flat[:] = flat
             self._version[0] = version
 
-    def pull(self, module: Any) -> int:
+    def pull(self, module: Any, check: Callable[[], None] | None = None) -> int:
         """Copy the latest published tensors into ``module``; returns their version (sampler side)."""
         import torch
 
-        with self._lock:
+        with locked(self._lock, check):
             flat = torch.from_numpy(np.array(self.flat))
             version = int(self._version[0])
         with torch.no_grad():

@@ -25,7 +25,8 @@ Guarantees
   so far unless priorities come with them.
 - With ``shared=True`` every array and counter lives in shared memory and one lock serialises ``append``,
   ``sample`` and ``update_priorities``; sampled batches are copies taken under the lock, so they are consistent.
-  Pass the buffer to the child as a ``Process`` argument (the lock travels only that way).
+  Pass the buffer to the child as a ``Process`` argument (the lock travels only that way); ``watch(check)``
+  keeps the other side from hanging if the child is killed while holding the lock.
 - Bad input raises ``ValueError`` naming the argument.
 """
 
@@ -40,6 +41,7 @@ import numpy as np
 
 from shared.buffer import buffer_from_example, shared_zeros
 from shared.namedarraytuple import is_namedarraytuple, map_structure, namedarraytuple
+from shared.procs import locked
 from shared.sum_tree import SumTree
 
 __all__ = ["ReplayBuffer", "SequenceReplayBuffer", "SampleIndex"]
@@ -236,12 +238,17 @@ class _Base:
         self.alpha, self.beta, self.priority_eps = float(alpha), float(beta), float(priority_eps)
         self.default_priority = default_priority
         self._lock = mp.get_context(mp_context).Lock() if shared else contextlib.nullcontext()
+        self._window = (shared_zeros if shared else np.zeros)(2, np.int64)  # valid indices [lo, hi), absolute
+        self._check = None
         self.rng = np.random.default_rng(seed)
 
-    @property
-    def lock(self):
-        """The lock serialising access (a no-op context when not shared)."""
-        return self._lock
+    def watch(self, check) -> None:
+        """In this process, wait for the shared lock in slices calling ``check()`` (e.g. ``Worker.check``): if the
+        other process was killed while holding the lock, ``check`` raises instead of this process hanging."""
+        self._check = check
+
+    def _locked(self):
+        return locked(self._lock, self._check) if self.shared else contextlib.nullcontext()
 
     def _to_tree(self, priorities: Any) -> np.ndarray:
         p = np.abs(np.asarray(priorities, dtype=np.float64))
@@ -267,6 +274,38 @@ class _Base:
             raise ValueError(f"beta must be in [0, 1], got {beta}")
         return beta
 
+    _unit = "samples"  # what one index is, for error messages
+
+    def __len__(self) -> int:
+        """Valid indices (transitions or sequence starts) that sampling may return."""
+        return (int(self._window[1]) - int(self._window[0])) * self.B
+
+    def sample(self, batch_size: int, beta: float | None = None) -> tuple[Any, Any]:
+        """Draw ``batch_size`` indices (with replacement) and return ``(batch, index)``; see the class docstring."""
+        beta = self._beta(beta)
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        with self._locked():  # the indices and the copies taken from them belong to one state of the buffer
+            if batch_size > len(self):
+                raise ValueError(f"batch_size={batch_size} is larger than the {len(self)} valid {self._unit}")
+            if self.tree is not None:
+                abs_idx, b, p = self.tree.sample(batch_size, self.rng)
+                weights = self._is_weights(p, beta)
+            else:
+                abs_idx, b = self._uniform(batch_size)
+                weights = np.ones(batch_size, np.float32)
+            out = self._extract(abs_idx, b)
+        out["bootstrap_discount"] = (self.storage.discount ** out["n_taken"].astype(np.float64)).astype(np.float32)
+        out["is_weights"] = weights
+        return self._batch_cls(**out), SampleIndex(abs_idx, b)
+
+    def _uniform(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        lo, hi = int(self._window[0]), int(self._window[1])
+        return self.rng.integers(lo, hi, n), self.rng.integers(0, self.B, n)
+
+    def _extract(self, abs_idx: np.ndarray, b: np.ndarray) -> dict:
+        raise NotImplementedError
+
     def update_priorities(self, index: Any, priorities: Any) -> int:
         """New priorities (e.g. |TD error|) for a sampled batch; entries since overwritten are skipped.
 
@@ -277,15 +316,15 @@ class _Base:
         p = np.asarray(priorities, dtype=np.float64).ravel()
         if p.shape != np.shape(index.abs_row):
             raise ValueError(f"priorities must have shape {np.shape(index.abs_row)}, got {np.shape(priorities)}")
-        with self._lock:
+        with self._locked():
             return self.tree.update(index.abs_row, index.b, self._to_tree(p))
 
     def __getstate__(self):
+        d = self.__dict__.copy()
+        d["_check"] = None  # a liveness check belongs to the process that set it
         if not self.shared:
-            d = self.__dict__.copy()
             d["_lock"] = None
-            return d
-        return self.__dict__
+        return d
 
     def __setstate__(self, d):
         self.__dict__.update(d)
@@ -314,7 +353,6 @@ class ReplayBuffer(_Base):
         self.storage = _Storage(example, T, B, discount, n_step_return, frame_stack, shared)
         self.T, self.B, self.n_step_return = T, B, n_step_return
         self.tree = SumTree(T, B, shared=shared) if prioritized else None
-        self._window = (shared_zeros if shared else np.zeros)(2, np.int64)
         self._setup(shared, mp_context, prioritized, alpha, beta, default_priority, priority_eps, seed)
         fields = list(self.storage.example._fields) + ["next_observation", *_DERIVED, "bootstrap_discount",
                                                        "is_weights"]
@@ -326,10 +364,6 @@ class ReplayBuffer(_Base):
         lo = min(max(cursor - self.T + self.history, 0), hi)  # frame history not yet overwritten
         return lo, hi
 
-    def __len__(self) -> int:
-        lo, hi = int(self._window[0]), int(self._window[1])
-        return (hi - lo) * self.B
-
     def append(self, samples: Any, priorities: Any = None) -> None:
         """Append a ``[Tc, B]`` chunk; optional ``priorities`` ``[Tc, B]`` for the new rows."""
         Tc = self.storage.check(samples)
@@ -337,7 +371,7 @@ class ReplayBuffer(_Base):
             raise ValueError("priorities given to a buffer that is not prioritized")
         if priorities is not None and np.shape(priorities) != (Tc, self.B):
             raise ValueError(f"priorities must have shape [{Tc}, {self.B}], got {np.shape(priorities)}")
-        with self._lock:
+        with self._locked():
             s, end = self.storage.append(samples, Tc)
             lo, hi = self.valid_window(end)
             if self.tree is not None:
@@ -348,32 +382,15 @@ class ReplayBuffer(_Base):
                 self.tree.move_window(lo, hi)
             self._window[0], self._window[1] = lo, hi
 
-    def sample(self, batch_size: int, beta: float | None = None) -> tuple[Any, Any]:
-        """Draw ``batch_size`` transitions (with replacement); see the class docstring."""
-        beta = self._beta(beta)
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
-        with self._lock:
-            if batch_size > len(self):
-                raise ValueError(f"batch_size={batch_size} is larger than the {len(self)} valid samples")
-            if self.tree is not None:
-                abs_row, b, p = self.tree.sample(batch_size, self.rng)
-                weights = self._is_weights(p, beta)
-            else:
-                abs_row, b = self._uniform(batch_size)
-                weights = np.ones(batch_size, np.float32)
-            rows = abs_row % self.T
-            st = self.storage
-            out = st.gather(rows, b)
-            out["next_observation"] = st.observation((rows + out["n_taken"]) % self.T, b)
-        out["bootstrap_discount"] = (st.discount ** out["n_taken"].astype(np.float64)).astype(np.float32)
-        out["is_weights"] = weights
-        return self._batch_cls(**out), SampleIndex(abs_row, b)
+    def _extract(self, abs_row: np.ndarray, b: np.ndarray) -> dict:
+        rows = abs_row % self.T
+        out = self.storage.gather(rows, b)
+        out["next_observation"] = self.storage.observation((rows + out["n_taken"]) % self.T, b)
+        return out
 
     def _uniform(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         lo, hi = int(self._window[0]), int(self._window[1])
-        abs_row = self.rng.integers(lo, hi, n)
-        b = self.rng.integers(0, self.B, n)
+        abs_row, b = super()._uniform(n)
         for _ in range(100):  # redraw the rare final-observation rows
             bad = self.storage.final_row[abs_row % self.T, b]
             if not bad.any():
@@ -424,7 +441,6 @@ class SequenceReplayBuffer(_Base):
         self.n_slots = T // I
         self.rnn_state = buffer_from_example(self.storage.example.rnn_state, (self.n_slots, B), shared=shared)
         self.tree = SumTree(self.n_slots, B, shared=shared) if prioritized else None
-        self._window = (shared_zeros if shared else np.zeros)(2, np.int64)
         self._setup(shared, mp_context, prioritized, alpha, beta, default_priority, priority_eps, seed)
         fields = [f for f in self.storage.example._fields if f != "rnn_state"]
         fields += [*_DERIVED, "bootstrap_discount", "init_rnn_state", "is_weights"]
@@ -438,14 +454,11 @@ class SequenceReplayBuffer(_Base):
         lo = min(max(-(-(cursor - self.T + self.history) // I), 0), hi)
         return lo, hi
 
-    def __len__(self) -> int:
-        return (int(self._window[1]) - int(self._window[0])) * self.B
-
     def append(self, samples: Any, priorities: Any = None) -> None:
         """Append a ``[Tc, B]`` chunk; optional ``priorities`` ``[S, B]`` for the ``S`` slots it starts."""
         Tc = self.storage.check(samples)
         I = self.interval
-        with self._lock:
+        with self._locked():
             s = self.storage.cursor
             first_slot = -(-s // I)
             new_slots = np.arange(first_slot, -(-(s + Tc) // I))  # abs slots whose row is in [s, s + Tc)
@@ -473,28 +486,12 @@ class SequenceReplayBuffer(_Base):
                 self.tree.move_window(lo, hi)
             self._window[0], self._window[1] = lo, hi
 
-    def sample(self, batch_size: int, beta: float | None = None) -> tuple[Any, Any]:
-        """Draw ``batch_size`` sequences (with replacement); see the class docstring."""
-        beta = self._beta(beta)
-        if batch_size < 1:
-            raise ValueError(f"batch_size must be positive, got {batch_size}")
-        with self._lock:
-            if batch_size > len(self):
-                raise ValueError(f"batch_size={batch_size} is larger than the {len(self)} valid sequences")
-            if self.tree is not None:
-                abs_slot, b, p = self.tree.sample(batch_size, self.rng)
-                weights = self._is_weights(p, beta)
-            else:
-                lo, hi = int(self._window[0]), int(self._window[1])
-                abs_slot = self.rng.integers(lo, hi, batch_size)
-                b = self.rng.integers(0, self.B, batch_size)
-                weights = np.ones(batch_size, np.float32)
-            L = self.sequence_length + self.n_step_return
-            rows = (abs_slot[None, :] * self.interval + np.arange(L)[:, None]) % self.T  # [L+n, batch]
-            st = self.storage
-            out = st.gather(rows, b[None, :])
-            out.pop("rnn_state", None)
-            out["init_rnn_state"] = map_structure(lambda x: x[abs_slot % self.n_slots, b], self.rnn_state)
-        out["bootstrap_discount"] = (st.discount ** out["n_taken"].astype(np.float64)).astype(np.float32)
-        out["is_weights"] = weights
-        return self._batch_cls(**out), SampleIndex(abs_slot, b)
+    _unit = "sequences"
+
+    def _extract(self, abs_slot: np.ndarray, b: np.ndarray) -> dict:
+        L = self.sequence_length + self.n_step_return
+        rows = (abs_slot[None, :] * self.interval + np.arange(L)[:, None]) % self.T  # [L+n, batch]
+        out = self.storage.gather(rows, b[None, :])
+        out.pop("rnn_state", None)
+        out["init_rnn_state"] = map_structure(lambda x: x[abs_slot % self.n_slots, b], self.rnn_state)
+        return out

@@ -110,3 +110,30 @@ def test_waiting_reader_notices_a_killed_writer():
             buffers.reader_acquire(0, worker.check)
     finally:
         worker.stop()
+
+
+def _holds_the_lock(buffer, ready, stop):
+    buffer._lock.acquire()  # as if killed in the middle of an append
+    ready.set()
+    while True:
+        time.sleep(0.05)
+
+
+def test_a_peer_killed_while_holding_the_replay_lock_raises_instead_of_hanging():
+    from shared.procs import CTX
+    from shared.replay import ReplayBuffer
+
+    Row = namedarraytuple("Row", ["observation", "action", "reward", "done"])
+    buffer = ReplayBuffer(Row(np.zeros(2, np.float32), np.int64(0), np.float32(0), False), 64, 2, shared=True)
+    buffer.append(Row(np.zeros((8, 2, 2), np.float32), np.zeros((8, 2), np.int64), np.zeros((8, 2), np.float32),
+                      np.zeros((8, 2), bool)))
+    ready = CTX.Event()
+    worker = Worker(_holds_the_lock, (buffer, ready), name="sampler")
+    try:
+        assert ready.wait(60)
+        os.kill(worker.pid, 9)
+        buffer.watch(worker.check)
+        with pytest.raises(WorkerError, match="exited unexpectedly"):
+            buffer.sample(4)
+    finally:
+        worker.stop()
