@@ -1,0 +1,555 @@
+"""TD3 for continuous control (MuJoCo, any Box action space), serial, parallel and async sampling.
+
+    python algos/td3_mujoco.py                                       # HalfCheetah-v5, one update per env step
+    python algos/td3_mujoco.py --sampler async                       # sampler process + learner, shared replay
+    python algos/td3_mujoco.py --env-id Pendulum-v1 --min-steps-learn 1000 --total-timesteps 20000
+
+TD3 (Fujimoto et al. 2018): a deterministic actor with Gaussian exploration noise (0.1), twin Q critics with
+the minimum in the target, target policy smoothing (noise 0.2 clipped at 0.5), and the actor and the target
+networks updated every second critic update (soft updates, tau 0.005).
+
+Replay rows follow gymnasium's next-step autoreset (see shared/replay.py): a time-limit truncation (every
+MuJoCo v5 episode ends at 1000 steps) bootstraps from the episode's true final observation and is never
+treated as terminal; only termination stops the bootstrap. n = 1 is the paper's TD3.
+
+Actions live in [-1, 1] inside the agent and the replay (noise scales are in these units, i.e. fractions of
+half the action range), and are scaled to the env's bounds when stepping. With --normalize-obs the sampler
+keeps running observation statistics; the replay stores raw observations and both sides normalise with the
+current statistics; they are saved in the checkpoint and frozen in evaluation.
+
+replay_ratio: samples the learner consumes per sampled env step, so updates per env step = replay_ratio /
+batch_size (256 / 256: one critic update per step, as in the paper). Async mode holds it from both sides as in
+dqn_atari.py: the learner never runs ahead of it (`wait_s`), the sampler waits when it is more than
+max_lag_steps env steps ahead of what the learner's updates cover (`sampler_wait_s`).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # find shared/ without an install step
+
+import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from shared.affinity import make_affinity  # noqa: E402
+from shared.buffer import shared_zeros  # noqa: E402
+from shared.namedarraytuple import namedarraytuple  # noqa: E402
+from shared.normalize import ObsNorm  # noqa: E402
+from shared.procs import CTX, SharedParameters, Worker, WorkerError, parent_alive_check  # noqa: E402
+from shared.replay import ReplayBuffer  # noqa: E402
+from shared.run import (EXIT_INTERRUPTED, RunFolder, bad_args, load_checkpoint, parse_args,  # noqa: E402
+                        resolve_device, stop_on_signals)
+
+
+@dataclass
+class Args:
+    env_id: str = "HalfCheetah-v5"
+    """gymnasium id of an env with a Box action space (MuJoCo v5 envs, Pendulum-v1, ...)"""
+    seed: int = 1
+    """seeds every env, worker and network"""
+    total_timesteps: int = 1_000_000
+    """env steps summed over all envs"""
+    num_envs: int = 1
+    """environments stepped together"""
+    sampler: str = "serial"
+    """serial, parallel (AsyncVectorEnv worker processes) or async (sampler process appending to a shared replay
+    while the learner trains)"""
+    device: str = "auto"
+    """auto (cuda if available), cpu, cuda or cuda:N"""
+    out_dir: str = "runs"
+    """parent folder of the run folder"""
+    run_name: str = ""
+    """run folder name; default {env_id}__td3_mujoco__{seed}__{unix time}"""
+    checkpoint_every: int = 0
+    """global env steps between checkpoints (0: only at the end and on interruption)"""
+    resume: str = ""
+    """checkpoint file or run folder to continue from (the replay starts empty and refills min_steps_learn)"""
+    eval_episodes: int = 10
+    """episodes played by the final policy (no exploration noise) after training (0: none)"""
+    capture_video: bool = False
+    """record the first evaluation episode to {run}/videos"""
+    buffer_size: int = 1_000_000
+    """replay capacity in transitions"""
+    batch_size: int = 256
+    """transitions per gradient step"""
+    replay_ratio: float = 256.0
+    """samples consumed per env step (256 with batch 256: one critic update per step, as in the paper)"""
+    min_steps_learn: int = 25_000
+    """env steps of uniformly random actions collected before learning starts"""
+    learning_rate: float = 3e-4
+    """Adam step size of the actor and the critics"""
+    hidden: int = 256
+    """units in each of the two hidden layers of the actor and the critics"""
+    gamma: float = 0.99
+    """discount"""
+    tau: float = 0.005
+    """soft target update: the target critics move this fraction of the way every update"""
+    n_step_return: int = 1
+    """steps summed before bootstrapping"""
+    exploration_noise: float = 0.1
+    """std of the Gaussian noise added to the actor's actions while sampling"""
+    policy_noise: float = 0.2
+    """target policy smoothing: std of the noise added to the target actor's actions"""
+    noise_clip: float = 0.5
+    """target policy smoothing: the noise is clipped to +-noise_clip"""
+    policy_delay: int = 2
+    """critic updates per actor and target update"""
+    normalize_obs: bool = False
+    """normalise observations with running statistics (saved in the checkpoint, frozen in evaluation)"""
+    bf16: bool = False
+    """run the networks under bfloat16 autocast (fast on CPUs with AMX/AVX512-BF16 and on recent GPUs)"""
+    max_lag_steps: int = 1_000
+    """async: the sampler waits when it is this many env steps ahead of the learner's updates (0: never waits)"""
+    log_every: int = 5_000
+    """env steps between progress rows"""
+    stop_at_return: float | None = None
+    """stop early once the mean return of the last 10 episodes reaches this"""
+
+
+# ---------------------------------------------------------------------------------------------- environments
+
+
+def make_env(args: Args, idx: int, render: bool = False):
+    def thunk():
+        return gym.make(args.env_id, render_mode="rgb_array" if render else None)
+
+    return thunk
+
+
+def make_envs(args: Args, mode: str):
+    """serial: SyncVectorEnv; parallel: AsyncVectorEnv (one worker process per env)."""
+    fns = [make_env(args, i) for i in range(args.num_envs)]
+    next_step = gym.vector.AutoresetMode.NEXT_STEP
+    if mode == "parallel":
+        return gym.vector.AsyncVectorEnv(fns, context="spawn", autoreset_mode=next_step)
+    return gym.vector.SyncVectorEnv(fns, autoreset_mode=next_step)
+
+
+def scale_action(action: np.ndarray, space: gym.spaces.Box) -> np.ndarray:
+    """[-1, 1] -> [low, high] of the env."""
+    return space.low + (action + 1.0) * 0.5 * (space.high - space.low)
+
+
+# ---------------------------------------------------------------------------------------------- networks
+
+class Actor(nn.Module):
+    """s -> a = tanh(MLP(s)) in [-1, 1]; 2 hidden ReLU layers."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: int):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(obs_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
+                                 nn.Linear(hidden, act_dim), nn.Tanh())
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.net(obs)  # [N, A]
+
+
+class Critics(nn.Module):
+    """K independent Q(s, a) MLPs evaluated as one batched MLP: each layer is one batched matmul over all K
+    (weights [K, in, out]), so twin critics launch one kernel per layer instead of two (on a GPU small kernels
+    are launch-bound; on a CPU it costs the same as two). Initialised like nn.Linear (uniform +-1/sqrt(fan_in))."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: int, k: int = 2):
+        super().__init__()
+        sizes = [obs_dim + act_dim, hidden, hidden, 1]
+        self.weights = nn.ParameterList()
+        self.biases = nn.ParameterList()
+        for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
+            bound = 1.0 / math.sqrt(fan_in)
+            self.weights.append(nn.Parameter(torch.empty(k, fan_in, fan_out).uniform_(-bound, bound)))
+            self.biases.append(nn.Parameter(torch.empty(k, 1, fan_out).uniform_(-bound, bound)))
+
+    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+        x = torch.cat([obs, action], dim=-1)  # [N, S + A]
+        x = x.unsqueeze(0).expand(len(self.weights[0]), -1, -1)  # [K, N, S + A]
+        for i, (w, b) in enumerate(zip(self.weights, self.biases)):
+            x = torch.baddbmm(b, x, w)
+            if i < len(self.weights) - 1:
+                x = F.relu(x)
+        return x.squeeze(-1)  # [K, N]
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+
+Step = namedarraytuple("Step", ["observation", "action", "reward", "done", "timeout"])
+
+
+class Sampler:
+    """Steps the envs one step at a time; keeps per-env episode state. Actions: uniform in [-1, 1] before
+    learning starts, then the actor's plus Gaussian exploration noise, clipped to [-1, 1]."""
+
+    def __init__(self, envs, args: Args, obs_norm: ObsNorm, seed: int):
+        self.envs, self.args, self.obs_norm = envs, args, obs_norm
+        self.obs, _ = envs.reset(seed=seed)
+        n = args.num_envs
+        self.reset = np.zeros(n, bool)  # this step only resets the env (next-step autoreset)
+        self.ep_return, self.ep_length = np.zeros(n), np.zeros(n, np.int64)
+        self.rng = np.random.default_rng(seed)
+        self.space = envs.single_action_space
+
+    @torch.no_grad()
+    def step(self, actor: Actor, random: bool, device: torch.device) -> tuple:
+        """One step of every env; returns the replay row [1, B] and the episodes that ended [(return, length)]."""
+        self.obs_norm.update(self.obs[~self.reset])
+        if random:
+            action = self.rng.uniform(-1.0, 1.0, (self.args.num_envs,) + self.space.shape).astype(np.float32)
+        else:
+            obs = self.obs_norm.normalize(torch.as_tensor(self.obs, dtype=torch.float32, device=device))
+            with torch.autocast(device.type, torch.bfloat16, enabled=self.args.bf16):
+                action = actor(obs).float().cpu().numpy()
+            noise = self.rng.normal(0.0, self.args.exploration_noise, action.shape)
+            action = np.clip(action + noise, -1.0, 1.0).astype(np.float32)
+        next_obs, reward, term, trunc, _ = self.envs.step(scale_action(action, self.space))
+        reward = np.where(self.reset, 0.0, reward)
+        row = Step(self.obs[None].astype(np.float32), action[None], reward[None].astype(np.float32), term[None],
+                   trunc[None])
+        self.ep_return += reward
+        self.ep_length += ~self.reset
+        ended = term | trunc
+        episodes = list(zip(self.ep_return[ended].tolist(), self.ep_length[ended].tolist()))
+        self.ep_return[ended], self.ep_length[ended] = 0.0, 0
+        self.obs, self.reset = next_obs, ended
+        return row, episodes
+
+
+# ---------------------------------------------------------------------------------------------- loss and update
+
+
+def to_tensors(batch, obs_norm: ObsNorm, device: torch.device) -> dict:
+    """Replay batch (numpy, [N, ...]) -> the float tensors the update uses, observations normalised."""
+    out = {k: torch.as_tensor(np.asarray(getattr(batch, k)), device=device).float()
+           for k in ("observation", "next_observation", "action", "n_step_return", "done_n", "bootstrap_discount")}
+    out["observation"] = obs_norm.normalize(out["observation"])  # [N, S]
+    out["next_observation"] = obs_norm.normalize(out["next_observation"])
+    return out
+
+
+def critic_target(batch: dict, target_actor: Actor, target_critics: Critics, args: Args) -> torch.Tensor:
+    """n-step targets [N]: R + (1 - done_n) gamma^k min_j Q'_j(s', clip(mu'(s') + clip(noise), -1, 1)).
+    A timeout inside the window is not done: it bootstraps from the episode's final observation s'."""
+    with torch.no_grad():
+        next_action = target_actor(batch["next_observation"]).float()
+        smoothing = (torch.randn_like(next_action) * args.policy_noise).clamp(-args.noise_clip, args.noise_clip)
+        next_action = (next_action + smoothing).clamp(-1.0, 1.0)
+        q_next = target_critics(batch["next_observation"], next_action).float().min(0).values
+        return batch["n_step_return"] + (1.0 - batch["done_n"]) * batch["bootstrap_discount"] * q_next
+
+
+def td3_update(actor, target_actor, critics, target_critics, optimizers, batch, obs_norm: ObsNorm, args: Args,
+               update_actor: bool, device: torch.device) -> dict:
+    """One TD3 critic update from a replay batch; with update_actor also the actor and the soft target updates."""
+    actor_opt, critic_opt = optimizers
+    b = to_tensors(batch, obs_norm, device)
+    obs = b["observation"]
+
+    with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+        y = critic_target(b, target_actor, target_critics, args)  # [N]
+        q = critics(obs, b["action"]).float()  # [2, N]
+    critic_loss = ((q - y) ** 2).mean(1).sum()
+    critic_opt.zero_grad(set_to_none=True)
+    critic_loss.backward()
+    critic_opt.step()
+    if not torch.isfinite(critic_loss):
+        raise FloatingPointError(f"TD3 critic loss is {critic_loss.item()}")
+    stats = {"qf_loss": critic_loss.item(), "q_values": q.mean().item()}
+    if not update_actor:
+        return stats
+
+    critics.requires_grad_(False)  # the actor loss needs dQ/da only: skip the critics' weight gradients
+    with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+        actor_loss = -critics(obs, actor(obs))[0].float().mean()  # the first critic only, as in the paper
+    actor_opt.zero_grad(set_to_none=True)
+    actor_loss.backward()
+    actor_opt.step()
+    critics.requires_grad_(True)
+    with torch.no_grad():
+        torch._foreach_lerp_(list(target_critics.parameters()), list(critics.parameters()), args.tau)
+        torch._foreach_lerp_(list(target_actor.parameters()), list(actor.parameters()), args.tau)
+    if not torch.isfinite(actor_loss):
+        raise FloatingPointError(f"TD3 actor loss is {actor_loss.item()}")
+    return {**stats, "actor_loss": actor_loss.item()}
+
+
+# ---------------------------------------------------------------------------------------------- async sampler
+
+PUBLISH_EVERY = 10  # learner updates between parameter copies to the sampler (each copies the whole actor)
+
+
+def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, params: SharedParameters, episodes, waited,
+                 start_step: int, start_updates: int, affinity, parent_pid: int, stop) -> None:
+    """Sampler process: steps the envs and appends to the shared replay; pulls the newest actor whenever the
+    learner has published a new version (= its update count); waits while it is more than max_lag_steps ahead
+    of what those updates cover."""
+    affinity.apply_worker(0)
+    torch.set_num_threads(1)
+    check = parent_alive_check(stop, parent_pid)
+    envs = make_envs(args, "serial")
+    sampler = Sampler(envs, args, obs_norm, args.seed + start_step)
+    actor = Actor(int(np.prod(envs.single_observation_space.shape)), int(np.prod(sampler.space.shape)), args.hidden)
+    version, step = -1, start_step
+    updates_per_step = args.replay_ratio / args.batch_size
+    try:
+        while step < args.total_timesteps:
+            check()
+            covered = start_step + args.min_steps_learn + (params.version - start_updates) / updates_per_step
+            if args.max_lag_steps and step - covered > args.max_lag_steps:
+                t0 = time.perf_counter()
+                time.sleep(0.001)
+                waited[0] += time.perf_counter() - t0
+                continue
+            if params.version != version:
+                version = params.pull(actor)
+            row, ended = sampler.step(actor, step < start_step + args.min_steps_learn, torch.device("cpu"))
+            buffer.append(row)
+            step += args.num_envs
+            for ret, length in ended:
+                episodes.put((ret, length, step))
+    finally:
+        envs.close()
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def check_args(args: Args) -> None:
+    """Exit 2 with one line on bad arguments, before any env or process starts."""
+    for name in ("num_envs", "total_timesteps", "buffer_size", "batch_size", "n_step_return", "log_every",
+                 "hidden"):
+        if getattr(args, name) <= 0:
+            bad_args(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    for name in ("min_steps_learn", "checkpoint_every", "eval_episodes", "max_lag_steps"):
+        if getattr(args, name) < 0:
+            bad_args(f"--{name.replace('_', '-')} must be non-negative, got {getattr(args, name)}")
+    if args.sampler not in ("serial", "parallel", "async"):
+        bad_args(f"--sampler must be serial, parallel or async, got {args.sampler!r}")
+    if not args.replay_ratio > 0:
+        bad_args(f"--replay-ratio must be positive, got {args.replay_ratio}")
+    if not 0 < args.learning_rate < 1:
+        bad_args(f"--learning-rate must be in (0, 1), got {args.learning_rate}")
+    if not 0 <= args.gamma <= 1:
+        bad_args(f"--gamma must be in [0, 1], got {args.gamma}")
+    if not 0 < args.tau <= 1:
+        bad_args(f"--tau must be in (0, 1], got {args.tau}")
+    for name in ("exploration_noise", "policy_noise", "noise_clip"):
+        if getattr(args, name) < 0:
+            bad_args(f"--{name.replace('_', '-')} must be non-negative, got {getattr(args, name)}")
+    if args.policy_delay < 1:
+        bad_args(f"--policy-delay must be at least 1, got {args.policy_delay}")
+    if args.buffer_size < max(args.batch_size, args.min_steps_learn, args.num_envs * (args.n_step_return + 5)):
+        bad_args(f"--buffer-size {args.buffer_size} is smaller than --min-steps-learn or --batch-size")
+    if args.min_steps_learn < args.batch_size + args.num_envs * (args.n_step_return + 4):
+        bad_args(f"--min-steps-learn {args.min_steps_learn} leaves fewer valid transitions than --batch-size "
+                 f"{args.batch_size}")
+    if args.capture_video:
+        try:
+            import moviepy  # noqa: F401
+        except ImportError:
+            bad_args("--capture-video needs moviepy (pip install -r requirements.txt)")
+    if args.env_id not in gym.registry:
+        bad_args(f"--env-id {args.env_id!r} is not a registered gymnasium environment")
+
+
+def main() -> int:
+    args = parse_args(Args)
+    check_args(args)
+    device = resolve_device(args.device)
+    resumed, ckpt_file = (load_checkpoint(args.resume) if args.resume else (None, None))
+    if resumed is not None and resumed["args"]["env_id"] != args.env_id:
+        bad_args(f"--resume: checkpoint is for {resumed['args']['env_id']}, not {args.env_id}")
+    stop_on_signals()
+    affinity = make_affinity(args.sampler)
+    affinity.apply_learner()
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+
+    probe = make_env(args, 0)()
+    obs_space, act_space = probe.observation_space, probe.action_space
+    probe.close()
+    if not isinstance(act_space, gym.spaces.Box) or not np.all(np.isfinite(act_space.low)):
+        bad_args(f"--env-id {args.env_id}: TD3 needs a bounded continuous (Box) action space, got {act_space}")
+    obs_dim, act_dim = int(np.prod(obs_space.shape)), int(np.prod(act_space.shape))
+
+    actor = Actor(obs_dim, act_dim, args.hidden).to(device)
+    target_actor = copy.deepcopy(actor).requires_grad_(False)
+    critics = Critics(obs_dim, act_dim, args.hidden).to(device)
+    target_critics = Critics(obs_dim, act_dim, args.hidden).to(device)
+    target_critics.load_state_dict(critics.state_dict())
+    target_critics.requires_grad_(False)
+    fused = {"fused": True} if device.type in ("cpu", "cuda") else {}
+    actor_opt = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, **fused)
+    critic_opt = torch.optim.Adam(critics.parameters(), lr=args.learning_rate, **fused)
+    obs_norm = ObsNorm(obs_dim, args.normalize_obs, shared=args.sampler == "async")
+    global_step, updates = 0, 0
+    if resumed is not None:
+        actor.load_state_dict(resumed["actor"])
+        target_actor.load_state_dict(resumed["target_actor"])
+        critics.load_state_dict(resumed["critics"])
+        target_critics.load_state_dict(resumed["target_critics"])
+        actor_opt.load_state_dict(resumed["actor_optimizer"])
+        critic_opt.load_state_dict(resumed["critic_optimizer"])
+        obs_norm.load(resumed["obs_norm"].numpy())
+        global_step, updates = int(resumed["global_step"]), int(resumed["updates"])
+
+    example = Step(np.zeros(obs_dim, np.float32), np.zeros(act_dim, np.float32), np.float32(0), False, False)
+    buffer = ReplayBuffer(example, args.buffer_size, args.num_envs, discount=args.gamma,
+                          n_step_return=args.n_step_return, shared=args.sampler == "async", seed=args.seed)
+    columns = ["qf_loss", "actor_loss", "q_values", "updates", "wait_s", "sampler_wait_s"]
+    run = RunFolder(args, "td3_mujoco", columns, folder=ckpt_file.parent if ckpt_file else None,
+                    start_step=global_step)
+
+    def checkpoint() -> None:
+        run.save_checkpoint({"actor": actor.state_dict(), "target_actor": target_actor.state_dict(),
+                             "critics": critics.state_dict(), "target_critics": target_critics.state_dict(),
+                             "actor_optimizer": actor_opt.state_dict(), "critic_optimizer": critic_opt.state_dict(),
+                             "obs_norm": obs_norm.state(),
+                             "global_step": global_step, "updates": updates, "args": vars(args).copy()})
+
+    start_step, resumed_updates = global_step, updates
+    updates_per_step = args.replay_ratio / args.batch_size
+    optimizers = (actor_opt, critic_opt)
+    recent: list[float] = []
+    stats: dict = {}
+    next_log = global_step + args.log_every
+    next_checkpoint = global_step + args.checkpoint_every if args.checkpoint_every else None
+    worker, envs, wait_s, exit_code = None, None, 0.0, 0
+    sampler_waited = shared_zeros(1, np.float64)  # seconds the async sampler spent waiting for the learner
+
+    def learn_until(step: int, max_updates: int = 1 << 62) -> None:
+        """Do the updates the replay ratio allows once `step` env steps are sampled (at most max_updates)."""
+        nonlocal updates
+        learned_steps = step - start_step - args.min_steps_learn
+        limit = min(int(learned_steps * updates_per_step) + resumed_updates, updates + max_updates)
+        while learned_steps > 0 and updates < limit:
+            batch, _ = buffer.sample(args.batch_size)
+            updates += 1
+            stats.update(td3_update(actor, target_actor, critics, target_critics, optimizers, batch, obs_norm, args,
+                                    updates % args.policy_delay == 0, device))
+
+    def log(step: int) -> bool:
+        """Progress row when due; True when the early-stop return is reached."""
+        nonlocal next_log
+        if step >= next_log:
+            row = run.row(step, **stats, updates=updates, wait_s=round(wait_s, 2),
+                          sampler_wait_s=round(float(sampler_waited[0]), 2))
+            rm = f"{row['return_mean']:.1f}" if row["return_mean"] is not None else "-"
+            print(f"step {step:>9}  sps {row['sps']:>6.0f}  return {rm:>8}  episodes {run.episodes:>5}  "
+                  f"updates {updates:>7}  waits: learner {wait_s:.1f}s "
+                  f"sampler {float(sampler_waited[0]):.1f}s", flush=True)
+            next_log += args.log_every
+        if args.stop_at_return is not None and len(recent) == 10 and np.mean(recent) >= args.stop_at_return:
+            print(f"mean return of the last 10 episodes {np.mean(recent):.1f} >= {args.stop_at_return} at step "
+                  f"{step}: stopping", flush=True)
+            return True
+        return False
+
+    def record(ret: float, length: int, step: int) -> None:
+        nonlocal recent
+        run.episode(ret, length, step)
+        recent = (recent + [ret])[-10:]
+
+    print(f"run folder {run.path}  sampler {args.sampler}  device {device}  replay {buffer.T}x{buffer.B}  "
+          f"updates per env step {updates_per_step:.3f}", flush=True)
+    try:
+        if args.sampler == "async":
+            params = SharedParameters(actor)
+            params.publish(actor, version=updates)
+            episodes = CTX.Queue()
+            worker = Worker(sampler_main, (args, buffer, obs_norm, params, episodes, sampler_waited, global_step,
+                                           updates, affinity, os.getpid()), name="sampler")
+            alive = lambda: worker.check(allow_finished=True)  # noqa: E731
+            buffer.watch(alive)  # a sampler killed while holding the replay's lock raises here, not a hang
+            while global_step < args.total_timesteps:
+                alive()
+                sampled = start_step + buffer.storage.cursor * args.num_envs
+                while not episodes.empty():
+                    record(*episodes.get())
+                before = updates
+                learn_until(sampled, max_updates=1)
+                caught_up = updates == before
+                if updates >= params.version + PUBLISH_EVERY or (caught_up and updates > params.version):
+                    # Publishing whenever the learner waits means a sampler waiting on the learner always sees
+                    # its latest update count (no deadlock under a tight --max-lag-steps).
+                    params.publish(actor, version=updates, check=alive)
+                if caught_up:  # the replay ratio is reached: wait for the sampler
+                    t0 = time.perf_counter()
+                    time.sleep(0.001)
+                    wait_s += time.perf_counter() - t0
+                global_step = sampled
+                if log(global_step):
+                    break
+                if next_checkpoint is not None and global_step >= next_checkpoint:
+                    checkpoint()
+                    next_checkpoint += args.checkpoint_every
+        else:
+            envs = make_envs(args, args.sampler)
+            sampler = Sampler(envs, args, obs_norm, args.seed + global_step)
+            while global_step < args.total_timesteps:
+                row, ended = sampler.step(actor, global_step < start_step + args.min_steps_learn, device)
+                buffer.append(row)
+                global_step += args.num_envs
+                for ret, length in ended:
+                    record(ret, length, global_step)
+                learn_until(global_step)
+                if log(global_step):
+                    break
+                if next_checkpoint is not None and global_step >= next_checkpoint:
+                    checkpoint()
+                    next_checkpoint += args.checkpoint_every
+        checkpoint()
+        if args.eval_episodes:
+            evaluate(args, actor, obs_norm, device, run, global_step)
+    except KeyboardInterrupt:
+        print(f"interrupted at step {global_step}: writing checkpoint", file=sys.stderr, flush=True)
+        checkpoint()
+        exit_code = EXIT_INTERRUPTED
+    except WorkerError as e:
+        print(e, file=sys.stderr)
+        print(f"error: the sampler process failed at step {global_step}", file=sys.stderr, flush=True)
+        exit_code = 1
+    finally:
+        if worker is not None:
+            worker.stop()
+        if envs is not None:
+            envs.close()
+        run.close()
+    return exit_code
+
+
+@torch.no_grad()
+def evaluate(args: Args, actor: Actor, obs_norm: ObsNorm, device: torch.device, run: RunFolder,
+             global_step: int) -> None:
+    """Play eval_episodes episodes with the actor's actions (no noise), observation statistics frozen."""
+    env = make_env(args, 0, render=args.capture_video)()
+    if args.capture_video:
+        env = gym.wrappers.RecordVideo(env, str(run.path / "videos"), episode_trigger=lambda i: i == 0,
+                                       disable_logger=True)
+    returns = []
+    for ep in range(args.eval_episodes):
+        obs, _ = env.reset(seed=args.seed + 100_000 + ep)
+        done, total = False, 0.0
+        while not done:
+            x = obs_norm.normalize(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
+            action = actor(x)[0].cpu().numpy()
+            obs, r, term, trunc, _ = env.step(scale_action(action, env.action_space))
+            total += float(r)
+            done = term or trunc
+        returns.append(total)
+        run.tb.add_scalar("eval/episodic_return", total, global_step)
+    env.close()
+    (run.path / "eval.json").write_text(json.dumps({"returns": returns, "mean": float(np.mean(returns))}))
+    print(f"evaluation over {len(returns)} episodes: mean return {np.mean(returns):.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""Running observation statistics, shareable between a sampler process and a learner.
+
+Guarantees
+- ``update(x)`` folds a batch ``[N, D]`` into the running mean and variance with the parallel-variance formula
+  (exact for any split of the data into batches, up to float64 rounding); ``count`` starts at 1e-4 with mean 0
+  and variance 1, as in Stable-Baselines3's ``RunningMeanStd``.
+- ``normalize(obs)`` returns ``clip((obs - mean) / sqrt(var + 1e-8), -clip, clip)`` as float32 on the tensor's
+  device, and is the identity when the normaliser is disabled.
+- With ``shared=True`` the statistics live in one shared-memory float64 array, so the process that updates them
+  (the async sampler) and the one that reads them (the learner) see the same numbers; a reader may see a mean
+  and variance from consecutive updates (one step apart), never torn garbage beyond that.
+- ``state()`` / ``load(state)`` round-trip the statistics as a tensor for a ``weights_only`` checkpoint.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from shared.buffer import shared_zeros
+
+__all__ = ["ObsNorm"]
+
+
+class ObsNorm:
+    """Running mean and variance of observations; disabled: ``update`` does nothing, ``normalize`` is identity."""
+
+    def __init__(self, dim: int, enabled: bool = True, shared: bool = False, clip: float = 10.0):
+        self.dim, self.enabled, self.clip = int(dim), bool(enabled), float(clip)
+        self.stats = (shared_zeros if shared else np.zeros)(2 * self.dim + 1, np.float64)  # mean, var, count
+        self.stats[self.dim:2 * self.dim], self.stats[-1] = 1.0, 1e-4
+
+    @property
+    def mean(self) -> np.ndarray:
+        return self.stats[:self.dim]
+
+    @property
+    def var(self) -> np.ndarray:
+        return self.stats[self.dim:2 * self.dim]
+
+    @property
+    def count(self) -> float:
+        return float(self.stats[-1])
+
+    def update(self, x: np.ndarray) -> None:
+        if not self.enabled or len(x) == 0:
+            return
+        x = np.asarray(x, np.float64).reshape(len(x), self.dim)
+        count, n = self.count, len(x)
+        total = count + n
+        delta = x.mean(0) - self.mean
+        var = (self.var * count + x.var(0) * n + delta**2 * count * n / total) / total
+        self.stats[:self.dim] = self.mean + delta * n / total
+        self.stats[self.dim:2 * self.dim] = var
+        self.stats[-1] = total
+
+    def normalize(self, obs):
+        """torch tensor ``[..., D]`` -> normalised float32 tensor on the same device."""
+        if not self.enabled:
+            return obs
+        import torch
+
+        s = torch.as_tensor(np.array(self.stats[:2 * self.dim]), dtype=torch.float32, device=obs.device)
+        return ((obs - s[:self.dim]) / torch.sqrt(s[self.dim:] + 1e-8)).clamp(-self.clip, self.clip)
+
+    def state(self):
+        import torch
+
+        return torch.from_numpy(np.array(self.stats))
+
+    def load(self, state) -> None:
+        state = np.asarray(state, np.float64)
+        if state.shape != self.stats.shape:
+            raise ValueError(f"observation statistics of shape {state.shape}, expected {self.stats.shape}")
+        self.stats[:] = state
