@@ -1,0 +1,702 @@
+"""R2D1 (recurrent replay distributed DQN, Kapturowski et al. 2019, non-distributed), serial, parallel and async.
+
+    python algos/r2d1_atari.py                                          # Breakout, 16 envs, prioritized sequences
+    python algos/r2d1_atari.py --sampler async                          # sampler process + learner, shared replay
+    python algos/r2d1_atari.py --env-id CartPole-v1 --observe-indices 0 2 ...   # memory task: no velocities
+
+The network: Nature CNN (MLP for vector observations), a fully connected layer, an LSTM fed with that, the
+previous action (one-hot) and the previous reward, and a dueling head. Replay holds sequences of burn_in_steps +
+sequence_length rows (plus n_step_return rows for the targets) starting where the sampler stored its recurrent
+state, every rnn_state_interval rows. Both networks start from that stored state; the burn-in rows only advance
+it (no gradient, no loss). Targets are n-step double-DQN with the invertible value rescaling h, no reward
+clipping. Sequence priorities mix the max and the mean of the absolute TD errors (eta); the sampler computes
+input priorities from the Q-values it acted with, so new sequences are not sampled blind.
+
+Episode boundaries: replay rows follow gymnasium's next-step autoreset (see shared/replay.py). Sequences may
+cross episode boundaries: the recurrent state, previous action and previous reward are reset to zeros at every
+row that starts an episode, in the sampler and in replayed sequences alike; rows that only reset the env are left
+out of the loss; a time-limit truncation bootstraps from the episode's final observation.
+
+replay_ratio: training rows (sequence_length per sequence, burn-in not counted) consumed per env step, so updates
+per env step = replay_ratio / (batch_size * sequence_length), as in rlpyt. Async mode holds it from both sides as
+in dqn_atari.py (`wait_s`, `sampler_wait_s`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # find shared/ without an install step
+
+import gymnasium as gym  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+from shared.affinity import make_affinity  # noqa: E402
+from shared.buffer import shared_zeros  # noqa: E402
+from shared.namedarraytuple import namedarraytuple  # noqa: E402
+from shared.procs import CTX, SharedParameters, Worker, WorkerError, parent_alive_check  # noqa: E402
+from shared.replay import SequenceReplayBuffer  # noqa: E402
+from shared.run import (EXIT_INTERRUPTED, RunFolder, bad_args, load_checkpoint, parse_args,  # noqa: E402
+                        resolve_device, stop_on_signals)
+
+
+@dataclass
+class Args:
+    env_id: str = "BreakoutNoFrameskip-v4"
+    """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations (MLP)"""
+    seed: int = 1
+    """seeds every env, worker and network"""
+    total_timesteps: int = 10_000_000
+    """agent steps summed over all envs (Atari: 4 emulator frames each)"""
+    num_envs: int = 16
+    """environments stepped together (each with its own recurrent state and epsilon)"""
+    sampler: str = "serial"
+    """serial, parallel (ale-py threads / AsyncVectorEnv) or async (sampler process appending to a shared replay
+    while the learner trains)"""
+    device: str = "auto"
+    """auto (cuda if available), cpu, cuda or cuda:N"""
+    out_dir: str = "runs"
+    """parent folder of the run folder"""
+    run_name: str = ""
+    """run folder name; default {env_id}__r2d1_atari__{seed}__{unix time}"""
+    checkpoint_every: int = 0
+    """global env steps between checkpoints (0: only at the end and on interruption)"""
+    resume: str = ""
+    """checkpoint file or run folder to continue from (the replay starts empty and refills min_steps_learn)"""
+    eval_episodes: int = 10
+    """episodes played by the final policy (eval_epsilon-greedy) after training (0: none)"""
+    capture_video: bool = False
+    """record the first evaluation episode to {run}/videos"""
+    buffer_size: int = 1_000_000
+    """replay capacity in rows (env steps)"""
+    batch_size: int = 64
+    """sequences per gradient step"""
+    sequence_length: int = 80
+    """training rows per sequence (after the burn-in)"""
+    burn_in_steps: int = 40
+    """rows at the start of each sequence that only advance the recurrent state (no loss, no gradient)"""
+    rnn_state_interval: int = 40
+    """rows between stored recurrent states: sequences start only there"""
+    replay_ratio: float = 1.0
+    """training rows consumed per env step (burn-in not counted)"""
+    min_steps_learn: int = 50_000
+    """env steps collected before learning starts"""
+    learning_rate: float = 1e-4
+    """Adam step size (eps 1e-3, as in R2D2)"""
+    gamma: float = 0.997
+    """discount"""
+    n_step_return: int = 5
+    """steps summed before bootstrapping"""
+    value_rescale_eps: float = 1e-3
+    """epsilon of the value rescaling h(x) = sign(x)(sqrt(|x| + 1) - 1) + eps x (0 with --no-value-rescale)"""
+    value_rescale: bool = True
+    """learn h(Q) instead of Q (no reward clipping needed)"""
+    alpha: float = 0.9
+    """priority exponent"""
+    beta: float = 0.6
+    """importance-weight exponent (annealed linearly to 1 over the run)"""
+    eta: float = 0.9
+    """sequence priority = eta * max + (1 - eta) * mean of the absolute TD errors"""
+    target_update_interval: int = 2_500
+    """learner updates between target-network copies"""
+    max_grad_norm: float = 80.0
+    """global gradient-norm clip"""
+    eval_epsilon: float = 0.01
+    """epsilon of the evaluation episodes"""
+    hidden: int = 512
+    """width of the fully connected layer and the LSTM (Atari; the MLP torso for vector observations uses it too)"""
+    recurrent: bool = True
+    """use the LSTM; --no-recurrent replaces it with a feed-forward layer of the same width (the ablation)"""
+    observe_indices: tuple[int, ...] = ()
+    """vector observations: keep only these components (e.g. 0 2 on CartPole: positions without velocities)"""
+    noop_max: int = 30
+    """Atari: up to this many random no-ops at reset (paper convention 30)"""
+    sticky_actions: float = 0.0
+    """Atari: probability of repeating the previous action (0: paper convention, no sticky actions)"""
+    max_lag_steps: int = 2_000
+    """async: the sampler waits when it is this many env steps ahead of the learner's updates (0: never waits)"""
+    log_every: int = 10_000
+    """env steps between progress rows"""
+    stop_at_return: float | None = None
+    """stop early once the mean return of the last 20 episodes reaches this"""
+
+
+# ---------------------------------------------------------------------------------------------- environments
+
+
+def is_atari(env_id: str) -> bool:
+    return "NoFrameskip" in env_id
+
+
+def ale_game(env_id: str) -> str:
+    """'MsPacmanNoFrameskip-v4' -> 'ms_pacman' (ale-py's ROM name)."""
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", env_id.split("NoFrameskip")[0]).lower()
+
+
+ATARI_MAX_FRAMES = 108_000  # 30 minutes of play: the time limit in both samplers
+
+
+def make_env(args: Args, idx: int, render: bool = False):
+    def thunk():
+        render_mode = "rgb_array" if render else None
+        if is_atari(args.env_id):
+            import ale_py
+
+            gym.register_envs(ale_py)
+            env = gym.make(args.env_id, max_episode_steps=ATARI_MAX_FRAMES, render_mode=render_mode,
+                           repeat_action_probability=args.sticky_actions)
+            env = gym.wrappers.AtariPreprocessing(env, noop_max=args.noop_max, frame_skip=4, screen_size=84,
+                                                  terminal_on_life_loss=False, grayscale_obs=True)
+            return gym.wrappers.FrameStackObservation(env, 4, padding_type="zero")
+        env = gym.make(args.env_id, render_mode=render_mode)
+        if args.observe_indices:
+            keep = np.array(args.observe_indices)
+            space = env.observation_space
+            env = gym.wrappers.TransformObservation(
+                env, lambda o: o[keep], gym.spaces.Box(space.low[keep], space.high[keep], dtype=space.dtype))
+        return env
+
+    return thunk
+
+
+def make_envs(args: Args, mode: str, n_threads: int = 1):
+    """serial: SyncVectorEnv; parallel: ale-py's threaded AtariVectorEnv or gymnasium's AsyncVectorEnv."""
+    next_step = gym.vector.AutoresetMode.NEXT_STEP
+    if mode == "serial":
+        return gym.vector.SyncVectorEnv([make_env(args, i) for i in range(args.num_envs)], autoreset_mode=next_step)
+    if is_atari(args.env_id):
+        from ale_py.vector_env import AtariVectorEnv
+
+        return AtariVectorEnv(ale_game(args.env_id), args.num_envs, num_threads=n_threads,
+                              noop_max=args.noop_max, repeat_action_probability=args.sticky_actions,
+                              max_num_frames_per_episode=ATARI_MAX_FRAMES, reward_clipping=False,
+                              episodic_life=False, use_fire_reset=False, autoreset_mode=next_step)
+    return gym.vector.AsyncVectorEnv([make_env(args, i) for i in range(args.num_envs)], context="spawn",
+                                     autoreset_mode=next_step)
+
+
+# ---------------------------------------------------------------------------------------------- network
+
+RnnState = namedarraytuple("RnnState", ["h", "c"])  # each [B, hidden]
+
+
+class R2D1Net(nn.Module):
+    """torso -> fc -> LSTM(fc, one-hot previous action, previous reward) -> dueling head.
+
+    forward takes sequences [T, B, ...] and a reset mask [T, B]: where reset is set, the recurrent state, the
+    previous action and the previous reward are zeroed before that row (an episode starts there).
+    """
+
+    def __init__(self, obs_shape: tuple[int, ...], n_actions: int, hidden: int, recurrent: bool = True):
+        super().__init__()
+        self.image, self.n_actions, self.hidden, self.recurrent = len(obs_shape) == 3, int(n_actions), hidden, recurrent
+        if self.image:
+            self.torso = nn.Sequential(
+                nn.Conv2d(obs_shape[0], 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+                nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten(), nn.Linear(64 * 7 * 7, hidden), nn.ReLU())
+        else:
+            self.torso = nn.Sequential(nn.Linear(int(np.prod(obs_shape)), hidden), nn.ReLU())
+        core_in = hidden + self.n_actions + 1
+        self.core = nn.LSTM(core_in, hidden) if recurrent else nn.Sequential(nn.Linear(core_in, hidden), nn.ReLU())
+        self.v = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+        self.a = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, n_actions))
+
+    def initial_state(self, batch: int, device=None) -> RnnState:
+        z = torch.zeros(batch, self.hidden, device=device)
+        return RnnState(z, z.clone())
+
+    def forward(self, obs, prev_action, prev_reward, state: RnnState, reset) -> tuple[torch.Tensor, RnnState]:
+        T, B = reset.shape
+        x = obs.float().flatten(0, 1)  # [T*B, ...]
+        x = self.torso(x / 255.0 if self.image else x.flatten(1)).view(T, B, -1)
+        keep = (~reset).float().unsqueeze(-1)  # [T, B, 1]
+        a = F.one_hot(prev_action.long(), self.n_actions).float() * keep
+        x = torch.cat([x, a, prev_reward.float().unsqueeze(-1) * keep], dim=-1)  # [T, B, hidden + A + 1]
+        if not self.recurrent:
+            h = self.core(x)
+        elif not reset[1:].any():  # one call over the whole sequence (the common case)
+            h, (hn, cn) = self.core(x, (state.h[None] * keep[0], state.c[None] * keep[0]))
+            state = RnnState(hn[0], cn[0])
+        else:  # an episode starts inside: step row by row, zeroing the state there
+            out, (hs, cs) = [], (state.h[None], state.c[None])
+            for t in range(T):
+                hs, cs = hs * keep[t], cs * keep[t]
+                o, (hs, cs) = self.core(x[t:t + 1], (hs, cs))
+                out.append(o)
+            h, state = torch.cat(out), RnnState(hs[0], cs[0])
+        adv = self.a(h)
+        return self.v(h) + adv - adv.mean(-1, keepdim=True), state  # [T, B, A]
+
+
+# ---------------------------------------------------------------------------------------------- value rescaling
+
+
+def h(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """h(x) = sign(x)(sqrt(|x| + 1) - 1) + eps x (Pohlen et al. 2018)."""
+    return torch.sign(x) * (torch.sqrt(x.abs() + 1.0) - 1.0) + eps * x
+
+
+def h_inv(x: torch.Tensor, eps: float) -> torch.Tensor:
+    """The exact inverse of h: sign(x)(((sqrt(1 + 4 eps (|x| + 1 + eps)) - 1) / (2 eps))^2 - 1); eps = 0: (|x|+1)^2-1."""
+    if eps == 0:
+        return torch.sign(x) * ((x.abs() + 1.0) ** 2 - 1.0)
+    return torch.sign(x) * (((torch.sqrt(1.0 + 4.0 * eps * (x.abs() + 1.0 + eps)) - 1.0) / (2.0 * eps)) ** 2 - 1.0)
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+
+Row = namedarraytuple("Row", ["observation", "action", "reward", "done", "timeout", "prev_action", "prev_reward",
+                              "rnn_state"])
+
+
+def epsilons(num_envs: int) -> np.ndarray:
+    """Ape-X / R2D2 vector epsilon: env i explores with 0.4^(1 + 7 i / (N - 1)), fixed over the run [B]."""
+    i = np.arange(num_envs)
+    return 0.4 ** (1 + 7 * i / max(num_envs - 1, 1))
+
+
+def sequence_priorities(td: np.ndarray, valid: np.ndarray, eta: float) -> np.ndarray:
+    """Per-sequence priority [B] from absolute TD errors [T, B] over the valid rows:
+    eta * max + (1 - eta) * mean (0 where no row is valid)."""
+    a = np.where(valid, np.abs(td), 0.0)
+    n = valid.sum(0)
+    return eta * a.max(0) + (1 - eta) * a.sum(0) / np.maximum(n, 1)
+
+
+class Sampler:
+    """Steps the envs one step at a time epsilon-greedily, one recurrent state per env; returns replay chunks of
+    rnn_state_interval rows with the input priorities of the sequence input_priority_shift slots back."""
+
+    def __init__(self, envs, args: Args, net: R2D1Net, seed: int):
+        self.envs, self.args = envs, args
+        self.obs, _ = envs.reset(seed=seed)
+        n = args.num_envs
+        self.final = np.zeros(n, bool)  # this row only resets the env (next-step autoreset)
+        self.start = np.ones(n, bool)  # this row starts an episode: zero state, previous action and reward
+        self.prev_action, self.prev_reward = np.zeros(n, np.int64), np.zeros(n, np.float32)
+        self.state = net.initial_state(n)
+        self.ep_return, self.ep_length = np.zeros(n), np.zeros(n, np.int64)
+        self.rng = np.random.default_rng(seed)
+        self.eps = epsilons(n)
+        self.rows: list = []  # rows of the chunk being collected
+        # Rows kept to compute input priorities: the sequence starting shift slots back ends in this chunk.
+        I = args.rnn_state_interval
+        self.shift = -(-(args.burn_in_steps + args.sequence_length + args.n_step_return) // I)
+        self.history: list = []  # [(q_taken, q_max, reward, done, timeout, final)] per row, newest last
+
+    @torch.no_grad()
+    def step(self, net: R2D1Net, device: torch.device) -> tuple:
+        """One step of every env; returns (chunk or None, priorities or None, episodes [(return, length)])."""
+        keep = torch.as_tensor(~self.start, device=device).float().unsqueeze(-1)
+        state = RnnState(self.state.h.to(device) * keep, self.state.c.to(device) * keep)
+        stored = RnnState(state.h.cpu().numpy(), state.c.cpu().numpy())  # the state before this row
+        obs = torch.as_tensor(self.obs, device=device)[None]
+        q, new_state = net(obs, torch.as_tensor(self.prev_action, device=device)[None],
+                           torch.as_tensor(self.prev_reward, device=device)[None], state,
+                           torch.as_tensor(self.start, device=device)[None])
+        q = q[0].float().cpu().numpy()  # [B, A]
+        greedy = q.argmax(1)
+        explore = self.rng.random(len(greedy)) < self.eps
+        action = np.where(explore, self.rng.integers(0, q.shape[1], len(greedy)), greedy)
+        next_obs, reward, term, trunc, _ = self.envs.step(action)
+        reward = np.where(self.final, 0.0, reward).astype(np.float32)
+        prev_a = np.where(self.start, 0, self.prev_action)
+        prev_r = np.where(self.start, 0.0, self.prev_reward).astype(np.float32)
+        self.rows.append(Row(self.obs, action, reward, term, trunc, prev_a, prev_r, stored))
+        self.history.append((q[np.arange(len(action)), action], q.max(1), reward, term, trunc, self.final.copy()))
+        self.ep_return += reward
+        self.ep_length += ~self.final
+        ended = term | trunc
+        episodes = list(zip(self.ep_return[ended].tolist(), self.ep_length[ended].tolist()))
+        self.ep_return[ended], self.ep_length[ended] = 0.0, 0
+        self.state = RnnState(new_state.h.cpu(), new_state.c.cpu())
+        self.obs, self.start, self.final = next_obs, self.final, ended
+        self.prev_action, self.prev_reward = action, reward
+        if len(self.rows) < self.args.rnn_state_interval:
+            return None, None, episodes
+        chunk = self.flush()
+        keep_rows = (self.shift + 1) * self.args.rnn_state_interval
+        self.history = self.history[-keep_rows:]
+        priorities = self.input_priorities() if len(self.history) == keep_rows else None
+        return chunk, priorities, episodes
+
+    def flush(self) -> Row | None:
+        """The rows collected so far as one chunk [T, B, ...] (None if none)."""
+        if not self.rows:
+            return None
+        chunk = Row(*(np.stack(x) if not isinstance(x[0], tuple) else RnnState(*map(np.stack, zip(*x)))
+                      for x in zip(*self.rows)))
+        self.rows = []
+        return chunk
+
+    def input_priorities(self) -> np.ndarray:
+        """Priorities [1, B] of the sequence starting at the oldest kept row, from the Q-values the sampler acted
+        with: n-step double-free targets h(R + gamma^k h^-1(max_a Q(s_{t+k}, a))) - Q(s_t, a_t)."""
+        a = self.args
+        q_taken, q_max, reward, done, timeout, final = (np.stack(x) for x in zip(*self.history))  # [W, B]
+        L, n, eps = a.burn_in_steps + a.sequence_length, a.n_step_return, a.value_rescale_eps
+        ret, alive = np.zeros((L, q_taken.shape[1])), np.ones((L, q_taken.shape[1]), bool)
+        k, not_done = np.zeros_like(ret, dtype=np.int64), np.ones_like(ret)
+        for j in range(n):
+            ret += np.where(alive, a.gamma**j * reward[j:L + j], 0.0)
+            k += alive
+            not_done = np.where(alive & done[j:L + j], 0.0, not_done)
+            alive &= ~(done[j:L + j] | timeout[j:L + j])
+        boot = q_max[np.arange(L)[:, None] + k, np.arange(q_taken.shape[1])]
+        rescale = (lambda x: h(torch.as_tensor(x), eps).numpy()) if a.value_rescale else (lambda x: x)
+        unscale = (lambda x: h_inv(torch.as_tensor(x), eps).numpy()) if a.value_rescale else (lambda x: x)
+        y = rescale(ret + not_done * a.gamma**k * unscale(boot))
+        td = (y - q_taken[:L])[a.burn_in_steps:]
+        return sequence_priorities(td, ~final[a.burn_in_steps:L], a.eta)[None]
+
+
+# ---------------------------------------------------------------------------------------------- loss and update
+
+
+def r2d1_loss(net: R2D1Net, target_net: R2D1Net, b: dict, args: Args) -> tuple:
+    """Loss over the training rows of a batch of sequences; returns (loss, |TD| [L, B], valid [L, B]).
+
+    b holds tensors [W, B, ...] with W = burn_in + sequence_length + n_step_return rows, and init_rnn_state.
+    """
+    burn, L, eps = args.burn_in_steps, args.sequence_length, args.value_rescale_eps
+    rescale = (lambda x: h(x, eps)) if args.value_rescale else (lambda x: x)
+    unscale = (lambda x: h_inv(x, eps)) if args.value_rescale else (lambda x: x)
+    inputs = (b["observation"], b["prev_action"], b["prev_reward"])
+    reset = b["episode_start"]
+    state = b["init_rnn_state"]
+    with torch.no_grad():  # burn-in: advances the online state only; the target net sees the whole sequence
+        if burn:
+            _, state = net(*(x[:burn] for x in inputs), state, reset[:burn])
+        q_target, _ = target_net(*inputs, b["init_rnn_state"], reset)  # [W, B, A]
+    q, _ = net(*(x[burn:] for x in inputs), RnnState(state.h.detach(), state.c.detach()), reset[burn:])  # [L+n, B, A]
+    q_taken = q[:L].gather(-1, b["action"][burn:burn + L].long().unsqueeze(-1)).squeeze(-1)  # [L, B]
+    k = b["n_taken"][burn:burn + L].long()  # rows to the bootstrap row, relative
+    boot_row = (torch.arange(L, device=k.device).unsqueeze(1) + k).clamp(max=q.shape[0] - 1)  # [L, B]
+    with torch.no_grad():
+        a_star = q.detach().argmax(-1).gather(0, boot_row)  # double DQN: the online net picks the action
+        q_next = q_target[burn:].gather(0, boot_row.unsqueeze(-1).expand(-1, -1, q.shape[-1]))
+        q_next = q_next.gather(-1, a_star.unsqueeze(-1)).squeeze(-1)  # [L, B]
+        ret = b["n_step_return"][burn:burn + L]
+        not_done = 1.0 - b["done_n"][burn:burn + L].float()
+        y = rescale(ret + not_done * b["bootstrap_discount"][burn:burn + L] * unscale(q_next))
+    valid = ~b["final_row"][burn:burn + L]  # rows that only reset the env carry no transition
+    td = y - q_taken
+    per_seq = (0.5 * td**2 * valid).sum(0) / valid.sum(0).clamp(min=1)  # [B]
+    loss = (b["is_weights"] * per_seq).mean()
+    return loss, td.detach().abs(), valid
+
+
+def to_tensors(batch, device: torch.device) -> dict:
+    """Replay batch (numpy) -> tensors on the device; floats as float32."""
+    out = {}
+    for k in ("observation", "action", "prev_action", "prev_reward", "n_step_return", "done_n", "n_taken",
+              "bootstrap_discount", "final_row", "episode_start", "is_weights"):
+        out[k] = torch.as_tensor(np.asarray(getattr(batch, k)), device=device)
+    for k in ("prev_reward", "n_step_return", "bootstrap_discount", "is_weights"):
+        out[k] = out[k].float()
+    out["init_rnn_state"] = RnnState(*(torch.as_tensor(np.asarray(x), device=device) for x in batch.init_rnn_state))
+    return out
+
+
+def r2d1_update(net, target_net, optimizer, buffer: SequenceReplayBuffer, args: Args, beta: float,
+                device: torch.device) -> dict:
+    batch, index = buffer.sample(args.batch_size, beta=beta)
+    loss, td, valid = r2d1_loss(net, target_net, to_tensors(batch, device), args)
+    if not torch.isfinite(loss):
+        raise FloatingPointError(f"R2D1 loss is {loss.item()}")
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    nn.utils.clip_grad_norm_(net.parameters(), args.max_grad_norm)
+    optimizer.step()
+    buffer.update_priorities(index, sequence_priorities(td.cpu().numpy(), valid.cpu().numpy(), args.eta))
+    return {"td_loss": loss.item(), "td_abs": td[valid].mean().item()}
+
+
+# ---------------------------------------------------------------------------------------------- async sampler
+
+PUBLISH_EVERY = 10  # learner updates between parameter copies to the sampler
+
+
+def sampler_main(args: Args, buffer: SequenceReplayBuffer, params: SharedParameters, episodes, waited,
+                 start_step: int, start_updates: int, affinity, parent_pid: int, stop) -> None:
+    """Sampler process: steps the envs and appends chunks to the shared replay; pulls the newest parameters when
+    the learner has published them; waits while it is more than max_lag_steps ahead of the learner's updates."""
+    affinity.apply_worker(0)
+    check = parent_alive_check(stop, parent_pid)
+    envs = make_envs(args, "parallel" if is_atari(args.env_id) else "serial", n_threads=len(affinity.worker_cpus[0]))
+    net = R2D1Net(envs.single_observation_space.shape, envs.single_action_space.n, args.hidden, args.recurrent)
+    sampler = Sampler(envs, args, net, args.seed + start_step)
+    version, step = -1, start_step
+    updates_per_step = args.replay_ratio / (args.batch_size * args.sequence_length)
+    try:
+        while step < args.total_timesteps:
+            check()
+            covered = start_step + args.min_steps_learn + (params.version - start_updates) / updates_per_step
+            if args.max_lag_steps and step - covered > args.max_lag_steps:
+                t0 = time.perf_counter()
+                time.sleep(0.001)
+                waited[0] += time.perf_counter() - t0
+                continue
+            if params.version != version:
+                version = params.pull(net)
+            chunk, priorities, ended = sampler.step(net, torch.device("cpu"))
+            if chunk is not None:
+                buffer.append(chunk, priorities)
+            step += args.num_envs
+            for ret, length in ended:
+                episodes.put((ret, length, step))
+        rest = sampler.flush()  # the last, partial chunk (no input priorities: its sequences get the default)
+        if rest is not None:
+            buffer.append(rest)
+    finally:
+        envs.close()
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def check_args(args: Args) -> None:
+    """Exit 2 with one line on bad arguments, before any env or process starts."""
+    for name in ("num_envs", "total_timesteps", "buffer_size", "batch_size", "sequence_length", "n_step_return",
+                 "rnn_state_interval", "log_every", "target_update_interval", "hidden"):
+        if getattr(args, name) <= 0:
+            bad_args(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    for name in ("burn_in_steps", "min_steps_learn", "checkpoint_every", "eval_episodes", "noop_max",
+                 "max_lag_steps"):
+        if getattr(args, name) < 0:
+            bad_args(f"--{name.replace('_', '-')} must be non-negative, got {getattr(args, name)}")
+    if args.sampler not in ("serial", "parallel", "async"):
+        bad_args(f"--sampler must be serial, parallel or async, got {args.sampler!r}")
+    if not args.replay_ratio > 0:
+        bad_args(f"--replay-ratio must be positive, got {args.replay_ratio}")
+    if not 0 < args.learning_rate < 1:
+        bad_args(f"--learning-rate must be in (0, 1), got {args.learning_rate}")
+    for name in ("gamma", "alpha", "beta", "eta", "eval_epsilon"):
+        if not 0 <= getattr(args, name) <= 1:
+            bad_args(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(args, name)}")
+    if args.value_rescale_eps < 0:
+        bad_args(f"--value-rescale-eps must be non-negative, got {args.value_rescale_eps}")
+    rows = args.burn_in_steps + args.sequence_length + args.n_step_return
+    if args.buffer_size // args.num_envs < 2 * rows + 2 * args.rnn_state_interval:
+        bad_args(f"--buffer-size {args.buffer_size} holds {args.buffer_size // args.num_envs} rows per env; "
+                 f"sequences need {rows} (burn-in + sequence + n-step), and twice that is the minimum")
+    if args.min_steps_learn < args.num_envs * (rows + args.rnn_state_interval):
+        bad_args(f"--min-steps-learn {args.min_steps_learn} is less than one sequence per env "
+                 f"({args.num_envs} x {rows + args.rnn_state_interval} rows)")
+    if args.capture_video:
+        try:
+            import moviepy  # noqa: F401
+        except ImportError:
+            bad_args("--capture-video needs moviepy (pip install -r requirements.txt)")
+    if args.env_id not in gym.registry and is_atari(args.env_id):
+        import ale_py
+
+        gym.register_envs(ale_py)
+    if args.env_id not in gym.registry:
+        bad_args(f"--env-id {args.env_id!r} is not a registered gymnasium environment")
+    if args.observe_indices and is_atari(args.env_id):
+        bad_args("--observe-indices applies to vector observations, not Atari frames")
+
+
+def main() -> int:
+    args = parse_args(Args)
+    check_args(args)
+    device = resolve_device(args.device)
+    resumed, ckpt_file = (load_checkpoint(args.resume) if args.resume else (None, None))
+    if resumed is not None and resumed["args"]["env_id"] != args.env_id:
+        bad_args(f"--resume: checkpoint is for {resumed['args']['env_id']}, not {args.env_id}")
+    stop_on_signals()
+    affinity = make_affinity(args.sampler)
+    affinity.apply_learner()
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+
+    try:
+        probe = make_env(args, 0)()
+    except IndexError:
+        bad_args(f"--observe-indices {' '.join(map(str, args.observe_indices))} out of range for {args.env_id}")
+    obs_space, act_space = probe.observation_space, probe.action_space
+    probe.close()
+    if not isinstance(act_space, gym.spaces.Discrete):
+        bad_args(f"--env-id {args.env_id}: R2D1 needs a discrete action space, got {act_space}")
+    n_actions = int(act_space.n)
+
+    net = R2D1Net(obs_space.shape, n_actions, args.hidden, args.recurrent).to(device)
+    target_net = R2D1Net(obs_space.shape, n_actions, args.hidden, args.recurrent).to(device)
+    target_net.load_state_dict(net.state_dict())
+    optimizer = torch.optim.Adam(net.parameters(), lr=args.learning_rate, eps=1e-3)
+    global_step, updates = 0, 0
+    if resumed is not None:
+        net.load_state_dict(resumed["model"])
+        target_net.load_state_dict(resumed["target_model"])
+        optimizer.load_state_dict(resumed["optimizer"])
+        global_step, updates = int(resumed["global_step"]), int(resumed["updates"])
+
+    frame_stack = obs_space.shape[0] if is_atari(args.env_id) else 1
+    zeros = np.zeros(args.hidden, np.float32)
+    example = Row(np.zeros(obs_space.shape, obs_space.dtype), np.int64(0), np.float32(0), False, False, np.int64(0),
+                  np.float32(0), RnnState(zeros, zeros))
+    sampler_shift = -(-(args.burn_in_steps + args.sequence_length + args.n_step_return) // args.rnn_state_interval)
+    buffer = SequenceReplayBuffer(example, args.buffer_size, args.num_envs,
+                                  sequence_length=args.burn_in_steps + args.sequence_length,
+                                  rnn_state_interval=args.rnn_state_interval, discount=args.gamma,
+                                  n_step_return=args.n_step_return, frame_stack=frame_stack, prioritized=True,
+                                  alpha=args.alpha, beta=args.beta, input_priority_shift=sampler_shift,
+                                  shared=args.sampler == "async", seed=args.seed)
+    run = RunFolder(args, "r2d1_atari", ["td_loss", "td_abs", "updates", "wait_s", "sampler_wait_s"],
+                    folder=ckpt_file.parent if ckpt_file else None, start_step=global_step)
+
+    def checkpoint() -> None:
+        # The sampler's recurrent states are not saved: a resumed run starts every env at a new episode.
+        run.save_checkpoint({"model": net.state_dict(), "target_model": target_net.state_dict(),
+                             "optimizer": optimizer.state_dict(), "global_step": global_step, "updates": updates,
+                             "args": vars(args).copy()})
+
+    start_step, resumed_updates = global_step, updates
+    updates_per_step = args.replay_ratio / (args.batch_size * args.sequence_length)
+    recent: list[float] = []
+    stats = {"td_loss": None, "td_abs": None}
+    next_log = global_step + args.log_every
+    next_checkpoint = global_step + args.checkpoint_every if args.checkpoint_every else None
+    worker, envs, wait_s, exit_code = None, None, 0.0, 0
+    sampler_waited = shared_zeros(1, np.float64)
+
+    def learn_until(step: int, max_updates: int = 1 << 62) -> None:
+        """Do the updates the replay ratio allows once `step` env steps are sampled (at most max_updates)."""
+        nonlocal updates, stats
+        learned_steps = step - start_step - args.min_steps_learn
+        limit = min(int(learned_steps * updates_per_step) + resumed_updates, updates + max_updates)
+        while learned_steps > 0 and updates < limit and len(buffer) >= args.batch_size:
+            beta = args.beta + (1.0 - args.beta) * min(step / args.total_timesteps, 1.0)
+            stats = r2d1_update(net, target_net, optimizer, buffer, args, beta, device)
+            updates += 1
+            if updates % args.target_update_interval == 0:
+                target_net.load_state_dict(net.state_dict())
+
+    def log(step: int) -> bool:
+        nonlocal next_log
+        if step >= next_log:
+            row = run.row(step, **stats, updates=updates, wait_s=round(wait_s, 2),
+                          sampler_wait_s=round(float(sampler_waited[0]), 2))
+            rm = f"{row['return_mean']:.1f}" if row["return_mean"] is not None else "-"
+            print(f"step {step:>9}  sps {row['sps']:>6.0f}  return {rm:>7}  episodes {run.episodes:>5}  "
+                  f"updates {updates:>6}  waits: learner {wait_s:.1f}s sampler {float(sampler_waited[0]):.1f}s",
+                  flush=True)
+            next_log += args.log_every
+        if args.stop_at_return is not None and len(recent) == 20 and np.mean(recent) >= args.stop_at_return:
+            print(f"mean return of the last 20 episodes {np.mean(recent):.1f} >= {args.stop_at_return} at step "
+                  f"{step}: stopping", flush=True)
+            return True
+        return False
+
+    def record(ret: float, length: int, step: int) -> None:
+        nonlocal recent
+        run.episode(ret, length, step)
+        recent = (recent + [ret])[-20:]
+
+    print(f"run folder {run.path}  sampler {args.sampler}  device {device}  replay {buffer.T}x{buffer.B}  "
+          f"updates per env step {updates_per_step:.4f}", flush=True)
+    try:
+        if args.sampler == "async":
+            params = SharedParameters(net)
+            params.publish(net, version=updates)
+            episodes = CTX.Queue()
+            worker = Worker(sampler_main, (args, buffer, params, episodes, sampler_waited, global_step, updates,
+                                           affinity, os.getpid()), name="sampler")
+            alive = lambda: worker.check(allow_finished=True)  # noqa: E731
+            buffer.watch(alive)
+            while global_step < args.total_timesteps:
+                alive()
+                sampled = start_step + buffer.storage.cursor * args.num_envs
+                while not episodes.empty():
+                    record(*episodes.get())
+                before = updates
+                learn_until(sampled, max_updates=1)
+                caught_up = updates == before
+                if updates >= params.version + PUBLISH_EVERY or (caught_up and updates > params.version):
+                    params.publish(net, version=updates, check=alive)
+                if caught_up:
+                    t0 = time.perf_counter()
+                    time.sleep(0.002)
+                    wait_s += time.perf_counter() - t0
+                global_step = sampled
+                if log(global_step):
+                    break
+                if next_checkpoint is not None and global_step >= next_checkpoint:
+                    checkpoint()
+                    next_checkpoint += args.checkpoint_every
+        else:
+            envs = make_envs(args, args.sampler, n_threads=len(affinity.learner_cpus))
+            sampler = Sampler(envs, args, net, args.seed + global_step)
+            while global_step < args.total_timesteps:
+                chunk, priorities, ended = sampler.step(net, device)
+                if chunk is not None:
+                    buffer.append(chunk, priorities)
+                global_step += args.num_envs
+                for ret, length in ended:
+                    record(ret, length, global_step)
+                learn_until(start_step + buffer.storage.cursor * args.num_envs)
+                if log(global_step):
+                    break
+                if next_checkpoint is not None and global_step >= next_checkpoint:
+                    checkpoint()
+                    next_checkpoint += args.checkpoint_every
+        checkpoint()
+        if args.eval_episodes:
+            evaluate(args, net, device, run, global_step)
+    except KeyboardInterrupt:
+        print(f"interrupted at step {global_step}: writing checkpoint", file=sys.stderr, flush=True)
+        checkpoint()
+        exit_code = EXIT_INTERRUPTED
+    except WorkerError as e:
+        print(e, file=sys.stderr)
+        print(f"error: the sampler process failed at step {global_step}", file=sys.stderr, flush=True)
+        exit_code = 1
+    finally:
+        if worker is not None:
+            worker.stop()
+        if envs is not None:
+            envs.close()
+        run.close()
+    return exit_code
+
+
+@torch.no_grad()
+def evaluate(args: Args, net: R2D1Net, device: torch.device, run: RunFolder, global_step: int) -> None:
+    """Play eval_episodes whole episodes eval_epsilon-greedily in one env, carrying the recurrent state."""
+    env = make_env(args, 0, render=args.capture_video)()
+    if args.capture_video:
+        env = gym.wrappers.RecordVideo(env, str(run.path / "videos"), episode_trigger=lambda i: i == 0,
+                                       disable_logger=True)
+    rng = np.random.default_rng(args.seed + 100_000)
+    returns = []
+    for ep in range(args.eval_episodes):
+        obs, _ = env.reset(seed=args.seed + 100_000 + ep)
+        state, prev_a, prev_r, start = net.initial_state(1, device), 0, 0.0, True
+        done, total = False, 0.0
+        while not done:
+            q, state = net(torch.as_tensor(obs, device=device)[None, None], torch.tensor([[prev_a]], device=device),
+                           torch.tensor([[prev_r]], device=device), state, torch.tensor([[start]], device=device))
+            action = int(rng.integers(env.action_space.n)) if rng.random() < args.eval_epsilon else int(q.argmax())
+            obs, r, term, trunc, _ = env.step(action)
+            prev_a, prev_r, start = action, float(r), False
+            total += float(r)
+            done = term or trunc
+        returns.append(total)
+        run.tb.add_scalar("eval/episodic_return", total, global_step)
+    env.close()
+    (run.path / "eval.json").write_text(json.dumps({"returns": returns, "mean": float(np.mean(returns))}))
+    print(f"evaluation over {len(returns)} episodes: mean return {np.mean(returns):.1f}", flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

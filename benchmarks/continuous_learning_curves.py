@@ -1,0 +1,117 @@
+"""Learning curves of algos/ddpg_mujoco.py, td3_mujoco.py and sac_mujoco.py: on Pendulum-v1 in every sampler mode
+(the test suite's settings, whole budget, no early stop), and on HalfCheetah-v5 (defaults, serial) for a wall-clock
+budget. Saves one PNG per env and prints, per run, the step at which the last 10 episodes first averaged the
+threshold (Pendulum: -250) and the final mean return. matplotlib is needed for the plot only.
+
+    python benchmarks/continuous_learning_curves.py pendulum --steps 20000
+    python benchmarks/continuous_learning_curves.py halfcheetah --minutes 30     # the three scripts side by side
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPTS = ["ddpg_mujoco.py", "td3_mujoco.py", "sac_mujoco.py"]
+
+
+def episodes(folder: Path) -> list[tuple[int, float]]:
+    """(global_step, return) of every episode, from the run's TensorBoard events."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    acc.Reload()
+    return [(e.step, e.value) for e in acc.Scalars("charts/episodic_return")]
+
+
+def first_reached(eps: list[tuple[int, float]], threshold: float, window: int = 10) -> int | None:
+    for i in range(window, len(eps) + 1):
+        if sum(r for _, r in eps[i - window:i]) / window >= threshold:
+            return eps[i - 1][0]
+    return None
+
+
+def pendulum(steps: int, out_png: Path) -> None:
+    curves = {}
+    for script in SCRIPTS:
+        for sampler in ("serial", "parallel", "async"):
+            n = "2" if sampler == "parallel" else "1"
+            with tempfile.TemporaryDirectory() as out:
+                subprocess.run([sys.executable, str(ROOT / "algos" / script), "--env-id", "Pendulum-v1", "--sampler",
+                                sampler, "--num-envs", n, "--min-steps-learn", "1000", "--total-timesteps", str(steps),
+                                "--log-every", "1000", "--eval-episodes", "0", "--out-dir", out, "--run-name", "p"],
+                               check=True, capture_output=True, text=True)
+                eps = episodes(Path(out) / "p")
+            reached = first_reached(eps, -250.0)
+            last = sum(r for _, r in eps[-10:]) / len(eps[-10:])
+            print(f"Pendulum-v1  {script:<15} {sampler:<8} mean of 10 >= -250 at step "
+                  f"{reached if reached else 'never':>6}  last 10 episodes {last:8.1f}", flush=True)
+            curves[f"{script} {sampler}"] = eps
+    plot(curves, "Pendulum-v1 (episode returns, mean of 10)", out_png)
+
+
+def halfcheetah(minutes: float, out_png: Path) -> None:
+    """The three scripts at once, serial, defaults, for `minutes` of wall clock; each gets a third of the CPU."""
+    out = Path(tempfile.mkdtemp())
+    procs = {s: subprocess.Popen([sys.executable, str(ROOT / "algos" / s), "--total-timesteps", "1000000",
+                                  "--log-every", "5000", "--eval-episodes", "0", "--out-dir", str(out), "--run-name",
+                                  s], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for s in SCRIPTS}
+    time.sleep(minutes * 60)
+    for p in procs.values():
+        p.send_signal(signal.SIGINT)
+    for p in procs.values():
+        p.wait()
+    curves = {}
+    for s in SCRIPTS:
+        eps = episodes(out / s)
+        with open(out / s / "progress.csv") as f:
+            rows = list(csv.DictReader(f))
+        last = sum(r for _, r in eps[-5:]) / max(len(eps[-5:]), 1)
+        print(f"HalfCheetah-v5  {s:<15} {int(rows[-1]['global_step']) if rows else 0:>7} steps in {minutes:.0f} min "
+              f"(a third of 2 cores each)  last 5 episodes {last:8.1f}", flush=True)
+        curves[s] = eps
+    plot(curves, f"HalfCheetah-v5, {minutes:.0f} minutes each (episode returns, mean of 5)", out_png, window=5)
+
+
+def plot(curves: dict, title: str, out_png: Path, window: int = 10) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 5))
+    for label, eps in curves.items():
+        steps = [s for s, _ in eps][window - 1:]
+        rets = [sum(r for _, r in eps[i - window + 1:i + 1]) / window for i in range(window - 1, len(eps))]
+        ax.plot(steps, rets, label=label)
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("episode return")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    print(f"saved {out_png}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("env", choices=["pendulum", "halfcheetah"])
+    p.add_argument("--steps", type=int, default=20_000, help="Pendulum: env steps per run")
+    p.add_argument("--minutes", type=float, default=30.0, help="HalfCheetah: wall-clock minutes")
+    a = p.parse_args()
+    results = ROOT / "benchmarks" / "results"
+    if a.env == "pendulum":
+        pendulum(a.steps, results / "pendulum_continuous.png")
+    else:
+        halfcheetah(a.minutes, results / "halfcheetah_continuous.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""R2D1 speed on Atari: sampling SPS and training SPS of algos/r2d1_atari.py in each sampler mode, and the
+learner's sequences per second (one update of the paper's batch: 64 sequences of 40 burn-in + 80 + 5 rows).
+
+Sampling SPS is measured before learning starts; training SPS once it runs (replay ratio 1: one update per
+batch_size * sequence_length = 5,120 env steps, as in R2D2 and rlpyt).
+
+    python benchmarks/r2d1_speed.py [--env-id BreakoutNoFrameskip-v4] [--num-envs 16] [--steps 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "algos"))
+
+
+def script_sps(env_id: str, num_envs: int, sampler: str, steps: int, learn_from: int) -> tuple[float, float, int]:
+    """(sampling SPS before learning, training SPS after, updates done) from one run's progress.csv."""
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [sys.executable, str(ROOT / "algos" / "r2d1_atari.py"), "--env-id", env_id, "--sampler", sampler,
+               "--num-envs", str(num_envs), "--total-timesteps", str(learn_from + steps), "--min-steps-learn",
+               str(learn_from), "--buffer-size", "200000", "--log-every", str(steps // 4), "--eval-episodes", "0",
+               "--out-dir", out, "--run-name", "b"]
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        with open(Path(out) / "b" / "progress.csv") as f:
+            rows = list(csv.DictReader(f))
+
+    def sps(rs):
+        return (int(rs[-1]["global_step"]) - int(rs[0]["global_step"])) / (float(rs[-1]["wall_time_s"]) - float(rs[0]["wall_time_s"]))
+
+    before = [r for r in rows if int(r["global_step"]) <= learn_from]
+    after = [r for r in rows if int(r["global_step"]) >= learn_from]
+    return sps(before), sps(after), int(rows[-1]["updates"])
+
+
+def learner_sequences_per_second(repeats: int) -> float:
+    import numpy as np
+    import torch
+
+    import r2d1_atari as r2d1
+    from shared.replay import SequenceReplayBuffer
+
+    args = r2d1.Args()
+    B = 16
+    ex = r2d1.Row(np.zeros((4, 84, 84), np.uint8), np.int64(0), np.float32(0), False, False, np.int64(0),
+                  np.float32(0), r2d1.RnnState(np.zeros(512, np.float32), np.zeros(512, np.float32)))
+    buf = SequenceReplayBuffer(ex, 20_000, B, sequence_length=120, rnn_state_interval=40, discount=0.997,
+                               n_step_return=5, frame_stack=4, prioritized=True, alpha=0.9, beta=0.6)
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        chunk = r2d1.Row(rng.integers(0, 255, (40, B, 4, 84, 84), dtype=np.uint8), rng.integers(0, 4, (40, B)),
+                         rng.random((40, B), dtype=np.float32), np.zeros((40, B), bool), np.zeros((40, B), bool),
+                         rng.integers(0, 4, (40, B)), rng.random((40, B), dtype=np.float32),
+                         r2d1.RnnState(np.zeros((40, B, 512), np.float32), np.zeros((40, B, 512), np.float32)))
+        buf.append(chunk)
+    net, target = r2d1.R2D1Net((4, 84, 84), 4, 512), r2d1.R2D1Net((4, 84, 84), 4, 512)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-4, eps=1e-3)
+    r2d1.r2d1_update(net, target, opt, buf, args, 0.6, torch.device("cpu"))
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        r2d1.r2d1_update(net, target, opt, buf, args, 0.6, torch.device("cpu"))
+    return repeats * args.batch_size / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--env-id", default="BreakoutNoFrameskip-v4")
+    p.add_argument("--num-envs", type=int, default=16)
+    p.add_argument("--steps", type=int, default=20_000, help="env steps measured after learning starts")
+    p.add_argument("--learn-from", type=int, default=10_000)
+    p.add_argument("--repeats", type=int, default=3, help="learner updates timed")
+    a = p.parse_args()
+    seq = learner_sequences_per_second(a.repeats)
+    print(f"learner: {seq:.1f} sequences/s ({seq * 120:.0f} rows/s incl. burn-in) at batch 64 x (40 + 80 + 5)",
+          flush=True)
+    print(f"{a.env_id}, {a.num_envs} envs: env steps per second", flush=True)
+    for sampler in ("serial", "parallel", "async"):
+        s, t, u = script_sps(a.env_id, a.num_envs, sampler, a.steps, a.learn_from)
+        print(f"--sampler {sampler:<8}  sampling {s:7.1f} SPS   training {t:7.1f} SPS ({u} updates)", flush=True)
+
+
+if __name__ == "__main__":
+    main()
