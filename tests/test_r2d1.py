@@ -21,7 +21,7 @@ from shared.replay import SequenceReplayBuffer  # noqa: E402
 # CartPole with the velocities removed: position and angle only, so acting well needs memory.
 MEMORY_TASK = ["--env-id", "CartPole-v1", "--observe-indices", "0", "2", "--num-envs", "4", "--hidden", "64",
                "--sequence-length", "20", "--burn-in-steps", "10", "--rnn-state-interval", "10", "--n-step-return",
-               "3", "--gamma", "0.99", "--batch-size", "32", "--replay-ratio", "8", "--learning-rate", "1e-3",
+               "3", "--gamma", "0.99", "--batch-size", "32", "--replay-ratio", "64", "--learning-rate", "1e-3",
                "--target-update-interval", "100", "--min-steps-learn", "2000", "--buffer-size", "50000",
                "--eval-episodes", "0"]
 
@@ -187,7 +187,7 @@ def test_lstm_beats_its_feed_forward_ablation_on_the_memory_task(tmp_path):
         returns[name] = np.mean([float(r["return_mean"]) for r in rows[-3:]])  # the last 6k steps
     print(f"memory task, mean return over the last 6k of 30k steps: LSTM {returns['lstm']:.1f}, "
           f"feed-forward {returns['ff']:.1f}")
-    assert returns["lstm"] >= 100 and returns["lstm"] >= 2 * returns["ff"], returns
+    assert returns["lstm"] >= 150 and returns["lstm"] >= 2 * returns["ff"], returns  # measured: about 280 and 75
 
 
 @pytest.mark.parametrize("sampler", ["serial", "parallel", "async"])
