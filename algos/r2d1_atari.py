@@ -489,9 +489,11 @@ def check_args(args: Args) -> None:
     if args.buffer_size // args.num_envs < 2 * rows + 2 * args.rnn_state_interval:
         bad_args(f"--buffer-size {args.buffer_size} holds {args.buffer_size // args.num_envs} rows per env; "
                  f"sequences need {rows} (burn-in + sequence + n-step), and twice that is the minimum")
-    if args.min_steps_learn < args.num_envs * (rows + args.rnn_state_interval):
-        bad_args(f"--min-steps-learn {args.min_steps_learn} is less than one sequence per env "
-                 f"({args.num_envs} x {rows + args.rnn_state_interval} rows)")
+    per_env = args.min_steps_learn // args.num_envs
+    sequences = args.num_envs * max((per_env - rows) // args.rnn_state_interval + 1, 0)
+    if sequences < args.batch_size:
+        bad_args(f"--min-steps-learn {args.min_steps_learn} gives {sequences} complete sequences, fewer than "
+                 f"--batch-size {args.batch_size}")
     if args.capture_video:
         try:
             import moviepy  # noqa: F401

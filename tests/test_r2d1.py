@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import ROOT, progress, run
+from tests.helpers import ROOT, assert_no_leftovers, kill_sampler, progress, run, start, wait_for_progress_row
 
 sys.path.insert(0, str(ROOT / "algos"))
 import r2d1_atari as r2d1  # noqa: E402
@@ -214,9 +214,10 @@ def test_atari_smoke_checkpoint_and_resume(sampler, tmp_path):
     (["--eta", "2"], "--eta"),
     (["--burn-in-steps", "-1"], "--burn-in-steps"),
     (["--buffer-size", "1000"], "--buffer-size"),
-    (["--env-id", "Pendulum-v1", "--num-envs", "1", "--min-steps-learn", "500"], "discrete"),
-    (["--env-id", "CartPole-v1", "--observe-indices", "7", "--num-envs", "1", "--min-steps-learn", "500"],
-     "--observe-indices"),
+    (["--min-steps-learn", "2000"], "--min-steps-learn"),  # 16 envs x 125 rows: 16 sequences, batch 64
+    (["--env-id", "Pendulum-v1", "--num-envs", "1", "--min-steps-learn", "500", "--batch-size", "4"], "discrete"),
+    (["--env-id", "CartPole-v1", "--observe-indices", "7", "--num-envs", "1", "--min-steps-learn", "500",
+      "--batch-size", "4"], "--observe-indices"),
 ])
 def test_bad_arguments_exit_2(bad, words, tmp_path):
     out = run("r2d1_atari.py", *bad, "--out-dir", str(tmp_path), timeout=60)
@@ -233,3 +234,14 @@ def test_memory_task_flag_keeps_the_chosen_components():
     full = r2d1.make_env(r2d1.Args(env_id="CartPole-v1"), 0)()
     full_obs, _ = full.reset(seed=0)
     assert obs.tolist() == full_obs[[0, 2]].tolist()
+
+
+def test_killed_async_sampler_ends_the_run(tmp_path):
+    proc = start("r2d1_atari.py", *MEMORY_TASK, "--sampler", "async", "--total-timesteps", "10000000",
+                 "--log-every", "500", "--out-dir", str(tmp_path), "--run-name", "k")
+    wait_for_progress_row(tmp_path / "k", proc)
+    assert kill_sampler(proc.pid) == 1
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert err.strip().splitlines()[-1].startswith("error: the sampler process failed")
+    assert_no_leftovers(proc.pid)
