@@ -96,3 +96,15 @@ def kill_sampler(pid: int) -> int:
             os.kill(int(entry), signal.SIGKILL)
             killed += 1
     return killed
+
+
+def assert_killed_sampler_ends_the_run(name: str, args: list[str], run_dir: Path) -> None:
+    """Start ``algos/<name>`` (writing to ``run_dir``), SIGKILL its sampler process once the loop runs: the run
+    must end with exit code 1, the failure named on its last stderr line, and no process left behind."""
+    proc = start(name, *args, "--out-dir", str(run_dir.parent), "--run-name", run_dir.name)
+    wait_for_progress_row(run_dir, proc)
+    assert kill_sampler(proc.pid) == 1
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 1, err
+    assert err.strip().splitlines()[-1].startswith("error: the sampler process failed")
+    assert_no_leftovers(proc.pid)

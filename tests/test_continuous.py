@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import ROOT, assert_no_leftovers, kill_sampler, progress, run, start, wait_for_progress_row
+from tests.helpers import (ROOT, assert_killed_sampler_ends_the_run, assert_no_leftovers, progress, run, start,
+                           wait_for_progress_row)
 
 sys.path.insert(0, str(ROOT / "algos"))
 import ddpg_mujoco  # noqa: E402
@@ -256,11 +257,6 @@ def test_ctrl_c_writes_a_checkpoint_and_exits_130(tmp_path):
 
 
 def test_killed_async_sampler_ends_the_run(tmp_path):
-    proc = start("sac_mujoco.py", *PENDULUM, "--sampler", "async", "--min-steps-learn", "300", "--log-every", "200",
-                 "--total-timesteps", "10000000", "--out-dir", str(tmp_path), "--run-name", "k")
-    wait_for_progress_row(tmp_path / "k", proc)
-    assert kill_sampler(proc.pid) == 1
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 1, err
-    assert err.strip().splitlines()[-1].startswith("error: the sampler process failed")
-    assert_no_leftovers(proc.pid)
+    assert_killed_sampler_ends_the_run("sac_mujoco.py", [*PENDULUM, "--sampler", "async", "--min-steps-learn", "300",
+                                                         "--log-every", "200", "--total-timesteps", "10000000"],
+                                       tmp_path / "k")

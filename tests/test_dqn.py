@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import ROOT, assert_no_leftovers, kill_sampler, progress, run, start, wait_for_progress_row
+from tests.helpers import ROOT, assert_killed_sampler_ends_the_run, progress, run
 
 sys.path.insert(0, str(ROOT / "algos"))
 import dqn_atari  # noqa: E402
@@ -139,14 +139,8 @@ def test_bad_arguments_exit_2(bad, words, tmp_path):
 
 
 def test_killed_async_sampler_ends_the_run(tmp_path):
-    proc = start("dqn_atari.py", *CARTPOLE, "--sampler", "async", "--total-timesteps", "10000000", "--log-every",
-                 "1000", "--out-dir", str(tmp_path), "--run-name", "k")
-    wait_for_progress_row(tmp_path / "k", proc)
-    assert kill_sampler(proc.pid) == 1
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 1, err
-    assert err.strip().splitlines()[-1].startswith("error: the sampler process failed")
-    assert_no_leftovers(proc.pid)
+    assert_killed_sampler_ends_the_run("dqn_atari.py", [*CARTPOLE, "--sampler", "async", "--total-timesteps",
+                                                        "10000000", "--log-every", "1000"], tmp_path / "k")
 
 
 def test_epsilon_schedules():

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import ROOT, assert_no_leftovers, kill_sampler, progress, run, start, wait_for_progress_row
+from tests.helpers import (ROOT, assert_killed_sampler_ends_the_run, assert_no_leftovers, progress, run, start,
+                           wait_for_progress_row)
 
 sys.path.insert(0, str(ROOT / "algos"))
 import ppo_atari  # noqa: E402
@@ -190,13 +191,8 @@ def test_interrupt_writes_checkpoint_and_ends_every_process(sampler, sig, tmp_pa
 
 
 def test_killed_sampler_ends_the_run_with_exit_1(tmp_path):
-    proc = _start([*CARTPOLE, "--sampler", "async", "--total-timesteps", "10000000"], tmp_path)
-    wait_for_progress_row(tmp_path / "i", proc)
-    assert kill_sampler(proc.pid) == 1
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 1, err
-    assert err.strip().splitlines()[-1].startswith("error: the sampler process failed")
-    assert_no_leftovers(proc.pid)
+    assert_killed_sampler_ends_the_run("ppo_atari.py", [*CARTPOLE, "--sampler", "async", "--total-timesteps",
+                                                        "10000000"], tmp_path / "i")
 
 
 def test_evaluation_writes_returns_and_a_video(tmp_path):

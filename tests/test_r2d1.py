@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import ROOT, assert_no_leftovers, kill_sampler, progress, run, start, wait_for_progress_row
+from tests.helpers import ROOT, assert_killed_sampler_ends_the_run, progress, run
 
 sys.path.insert(0, str(ROOT / "algos"))
 import r2d1_atari as r2d1  # noqa: E402
@@ -237,11 +237,5 @@ def test_memory_task_flag_keeps_the_chosen_components():
 
 
 def test_killed_async_sampler_ends_the_run(tmp_path):
-    proc = start("r2d1_atari.py", *MEMORY_TASK, "--sampler", "async", "--total-timesteps", "10000000",
-                 "--log-every", "500", "--out-dir", str(tmp_path), "--run-name", "k")
-    wait_for_progress_row(tmp_path / "k", proc)
-    assert kill_sampler(proc.pid) == 1
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 1, err
-    assert err.strip().splitlines()[-1].startswith("error: the sampler process failed")
-    assert_no_leftovers(proc.pid)
+    assert_killed_sampler_ends_the_run("r2d1_atari.py", [*MEMORY_TASK, "--sampler", "async", "--total-timesteps",
+                                                         "10000000", "--log-every", "500"], tmp_path / "k")
