@@ -170,11 +170,13 @@ class Critics(nn.Module):
             self.weights.append(nn.Parameter(torch.empty(k, fan_in, fan_out).uniform_(-bound, bound)))
             self.biases.append(nn.Parameter(torch.empty(k, 1, fan_out).uniform_(-bound, bound)))
 
-    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
+    def forward(self, obs: torch.Tensor, action: torch.Tensor, first: int | None = None) -> torch.Tensor:
+        """Q-values [K, N] of all K critics, or [first, N] of the first `first` only (TD3's actor loss uses Q1)."""
+        k = len(self.weights[0]) if first is None else first
         x = torch.cat([obs, action], dim=-1)  # [N, S + A]
-        x = x.unsqueeze(0).expand(len(self.weights[0]), -1, -1)  # [K, N, S + A]
+        x = x.unsqueeze(0).expand(k, -1, -1)  # [k, N, S + A]
         for i, (w, b) in enumerate(zip(self.weights, self.biases)):
-            x = torch.baddbmm(b, x, w)
+            x = torch.baddbmm(b[:k], x, w[:k])
             if i < len(self.weights) - 1:
                 x = F.relu(x)
         return x.squeeze(-1)  # [K, N]
@@ -268,7 +270,7 @@ def td3_update(actor, target_actor, critics, target_critics, optimizers, batch, 
 
     critics.requires_grad_(False)  # the actor loss needs dQ/da only: skip the critics' weight gradients
     with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
-        actor_loss = -critics(obs, actor(obs))[0].float().mean()  # the first critic only, as in the paper
+        actor_loss = -critics(obs, actor(obs), first=1)[0].float().mean()  # Q1 only, as in the paper
     actor_opt.zero_grad(set_to_none=True)
     actor_loss.backward()
     actor_opt.step()

@@ -174,6 +174,8 @@ def test_batched_critics_equal_independent_mlps():
             x = torch.relu(x) if i < 2 else x
         assert torch.allclose(q[k], x[:, 0], atol=1e-6)
     assert not torch.allclose(q[0], q[1])  # independently initialised
+    td3_critics = td3_mujoco.Critics(5, 2, 8)
+    assert torch.equal(td3_critics(obs, act, first=1)[0], td3_critics(obs, act)[0])  # TD3's actor loss: Q1 alone
 
 
 # ---------------------------------------------------------------------------------------------- runs
