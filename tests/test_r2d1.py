@@ -3,6 +3,8 @@ the priority mix, burn-in outside the loss, recurrent-state resets, Atari smoke 
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
 
 import numpy as np
@@ -11,7 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import ROOT, assert_killed_sampler_ends_the_run, progress, run
+from tests.helpers import (ROOT, assert_killed_sampler_ends_the_run, assert_no_leftovers, progress, run, start,
+                           wait_for_progress_row)
 
 sys.path.insert(0, str(ROOT / "algos"))
 import r2d1_atari as r2d1  # noqa: E402
@@ -239,3 +242,14 @@ def test_memory_task_flag_keeps_the_chosen_components():
 def test_killed_async_sampler_ends_the_run(tmp_path):
     assert_killed_sampler_ends_the_run("r2d1_atari.py", [*MEMORY_TASK, "--sampler", "async", "--total-timesteps",
                                                          "10000000", "--log-every", "500"], tmp_path / "k")
+
+
+def test_ctrl_c_writes_a_checkpoint_and_exits_130(tmp_path):
+    proc = start("r2d1_atari.py", *MEMORY_TASK, "--sampler", "parallel", "--total-timesteps", "10000000",
+                 "--log-every", "500", "--out-dir", str(tmp_path), "--run-name", "c")
+    wait_for_progress_row(tmp_path / "c", proc)
+    os.kill(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert torch.load(tmp_path / "c" / "checkpoint.pt", weights_only=True)["global_step"] >= 500
+    assert_no_leftovers(proc.pid)
