@@ -340,7 +340,8 @@ class Sampler:
 
     def input_priorities(self) -> np.ndarray:
         """Priorities [1, B] of the sequence starting at the oldest kept row, from the Q-values the sampler acted
-        with: n-step double-free targets h(R + gamma^k h^-1(max_a Q(s_{t+k}, a))) - Q(s_t, a_t)."""
+        with (no target network, no double DQN: only those exist here): h(R + gamma^k h^-1(max_a Q(s_{t+k}, a)))
+        - Q(s_t, a_t) over the training rows, mixed as in the learner."""
         a = self.args
         q_taken, q_max, reward, done, timeout, final = (np.stack(x) for x in zip(*self.history))  # [W, B]
         L, n, eps = a.burn_in_steps + a.sequence_length, a.n_step_return, a.value_rescale_eps
