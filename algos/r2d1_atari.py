@@ -441,7 +441,11 @@ def sampler_main(args: Args, buffer: SequenceReplayBuffer, params: SharedParamet
     try:
         while step < args.total_timesteps:
             check()
-            covered = start_step + args.min_steps_learn + (params.version - start_updates) / updates_per_step
+            # Env steps the learner's updates so far, and its next one, need (plus the chunk being collected: the
+            # learner sees rows a chunk at a time): the sampler may always produce the data for the next update,
+            # or one update covering more than max_lag_steps (5,120 steps at the defaults) would deadlock the two.
+            covered = (start_step + args.min_steps_learn + (params.version - start_updates + 1) / updates_per_step
+                       + args.num_envs * args.rnn_state_interval)
             if args.max_lag_steps and step - covered > args.max_lag_steps:
                 t0 = time.perf_counter()
                 time.sleep(0.001)

@@ -304,7 +304,9 @@ def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, params: Sh
     try:
         while step < args.total_timesteps:
             check()
-            covered = start_step + args.min_steps_learn + (params.version - start_updates) / updates_per_step
+            # Env steps the learner's updates so far, and its next one, need: the sampler may always produce the
+            # data for the next update, or a replay ratio below 1 / max_lag_steps would deadlock the two.
+            covered = start_step + args.min_steps_learn + (params.version - start_updates + 1) / updates_per_step
             if args.max_lag_steps and step - covered > args.max_lag_steps:
                 t0 = time.perf_counter()
                 time.sleep(0.001)

@@ -76,13 +76,15 @@ def main() -> None:
     p.add_argument("--num-envs", type=int, default=16)
     p.add_argument("--steps", type=int, default=20_000, help="env steps measured after learning starts")
     p.add_argument("--learn-from", type=int, default=10_000)
-    p.add_argument("--repeats", type=int, default=3, help="learner updates timed")
+    p.add_argument("--repeats", type=int, default=3, help="learner updates timed (0: skip)")
+    p.add_argument("--samplers", nargs="+", default=["serial", "parallel", "async"])
     a = p.parse_args()
-    seq = learner_sequences_per_second(a.repeats)
-    print(f"learner: {seq:.1f} sequences/s ({seq * 120:.0f} rows/s incl. burn-in) at batch 64 x (40 + 80 + 5)",
-          flush=True)
+    if a.repeats:
+        seq = learner_sequences_per_second(a.repeats)
+        print(f"learner: {seq:.1f} sequences/s ({seq * 120:.0f} rows/s incl. burn-in) at batch 64 x (40 + 80 + 5)",
+              flush=True)
     print(f"{a.env_id}, {a.num_envs} envs: env steps per second", flush=True)
-    for sampler in ("serial", "parallel", "async"):
+    for sampler in a.samplers:
         s, t, u = script_sps(a.env_id, a.num_envs, sampler, a.steps, a.learn_from)
         print(f"--sampler {sampler:<8}  sampling {s:7.1f} SPS   training {t:7.1f} SPS ({u} updates)", flush=True)
 

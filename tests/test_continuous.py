@@ -264,3 +264,14 @@ def test_killed_async_sampler_ends_the_run(tmp_path):
     assert_killed_sampler_ends_the_run("sac_mujoco.py", [*PENDULUM, "--sampler", "async", "--min-steps-learn", "300",
                                                          "--log-every", "200", "--total-timesteps", "10000000"],
                                        tmp_path / "k")
+
+
+def test_async_finishes_when_one_update_covers_more_than_the_lag_bound(tmp_path):
+    # Replay ratio 2 at batch 256: one update per 128 env steps, more than --max-lag-steps 50. The sampler must
+    # still be allowed to produce the data for the learner's next update, or each waits for the other.
+    out = run("sac_mujoco.py", *PENDULUM, "--sampler", "async", "--replay-ratio", "2", "--max-lag-steps", "50",
+              "--min-steps-learn", "300", "--total-timesteps", "2000", "--log-every", "500", "--out-dir",
+              str(tmp_path), "--run-name", "l", timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = progress(tmp_path / "l")
+    assert int(rows[-1]["global_step"]) == 2000 and int(rows[-1]["updates"]) >= 10

@@ -253,3 +253,15 @@ def test_ctrl_c_writes_a_checkpoint_and_exits_130(tmp_path):
     assert proc.returncode == 130, err
     assert torch.load(tmp_path / "c" / "checkpoint.pt", weights_only=True)["global_step"] >= 500
     assert_no_leftovers(proc.pid)
+
+
+def test_async_finishes_when_one_update_covers_more_than_the_lag_bound(tmp_path):
+    # Replay ratio 1: one update per batch_size * sequence_length = 640 env steps, more than --max-lag-steps 100
+    # (the defaults have the same shape: 5,120 against 2,000). This deadlocked before the sampler was allowed
+    # to produce the data for the learner's next update.
+    out = run("r2d1_atari.py", *MEMORY_TASK, "--sampler", "async", "--replay-ratio", "1", "--max-lag-steps", "100",
+              "--total-timesteps", "5000", "--log-every", "1000", "--out-dir", str(tmp_path), "--run-name", "l",
+              timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = progress(tmp_path / "l")
+    assert int(rows[-1]["global_step"]) >= 5000 and int(rows[-1]["updates"]) >= 3
