@@ -36,7 +36,7 @@ import torch.nn.functional as F  # noqa: E402
 from shared.affinity import make_affinity  # noqa: E402
 from shared.buffer import shared_zeros  # noqa: E402
 from shared.namedarraytuple import namedarraytuple  # noqa: E402
-from shared.procs import CTX, SharedParameters, Worker, WorkerError, parent_alive_check  # noqa: E402
+from shared.procs import CTX, SharedParameters, Worker, WorkerError, close_envs, parent_alive_check  # noqa: E402
 from shared.replay import ReplayBuffer  # noqa: E402
 from shared.run import (EXIT_INTERRUPTED, RunFolder, bad_args, load_checkpoint, parse_args,  # noqa: E402
                         resolve_device, stop_on_signals)
@@ -561,7 +561,7 @@ def main() -> int:
         if worker is not None:
             worker.stop()
         if envs is not None:
-            envs.close()
+            close_envs(envs)
         run.close()
     return exit_code
 

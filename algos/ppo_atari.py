@@ -31,7 +31,7 @@ from torch.distributions import Categorical  # noqa: E402
 from shared.affinity import make_affinity  # noqa: E402
 from shared.buffer import buffer_from_example  # noqa: E402
 from shared.namedarraytuple import namedarraytuple  # noqa: E402
-from shared.procs import DoubleBuffer, Worker, WorkerError, parent_alive_check  # noqa: E402
+from shared.procs import DoubleBuffer, Worker, WorkerError, close_envs, parent_alive_check  # noqa: E402
 from shared.run import (EXIT_INTERRUPTED, RunFolder, bad_args, load_checkpoint, parse_args,  # noqa: E402
                         resolve_device, stop_on_signals)
 
@@ -497,7 +497,7 @@ def main() -> int:
         if worker is not None:
             worker.stop()
         if envs is not None:
-            envs.close()
+            close_envs(envs)
         run.close()
     return exit_code
 

@@ -43,7 +43,7 @@ import torch.nn.functional as F  # noqa: E402
 from shared.affinity import make_affinity  # noqa: E402
 from shared.buffer import shared_zeros  # noqa: E402
 from shared.namedarraytuple import namedarraytuple  # noqa: E402
-from shared.procs import CTX, SharedParameters, Worker, WorkerError, parent_alive_check  # noqa: E402
+from shared.procs import CTX, SharedParameters, Worker, WorkerError, close_envs, parent_alive_check  # noqa: E402
 from shared.replay import SequenceReplayBuffer  # noqa: E402
 from shared.run import (EXIT_INTERRUPTED, RunFolder, bad_args, load_checkpoint, parse_args,  # noqa: E402
                         resolve_device, stop_on_signals)
@@ -246,7 +246,8 @@ def h(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def h_inv(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """The exact inverse of h: sign(x)(((sqrt(1 + 4 eps (|x| + 1 + eps)) - 1) / (2 eps))^2 - 1); eps = 0: (|x|+1)^2-1."""
+    """The exact inverse of h: sign(x)(((sqrt(1 + 4 eps (|x| + 1 + eps)) - 1) / (2 eps))^2 - 1)
+    (with eps = 0: sign(x)((|x| + 1)^2 - 1))."""
     if eps == 0:
         return torch.sign(x) * ((x.abs() + 1.0) ** 2 - 1.0)
     return torch.sign(x) * (((torch.sqrt(1.0 + 4.0 * eps * (x.abs() + 1.0 + eps)) - 1.0) / (2.0 * eps)) ** 2 - 1.0)
@@ -672,7 +673,7 @@ def main() -> int:
         if worker is not None:
             worker.stop()
         if envs is not None:
-            envs.close()
+            close_envs(envs)
         run.close()
     return exit_code
 

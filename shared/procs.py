@@ -34,7 +34,7 @@ import numpy as np
 
 from shared.buffer import buffer_from_example, shared_zeros
 
-__all__ = ["Worker", "WorkerError", "DoubleBuffer", "SharedParameters", "CTX"]
+__all__ = ["Worker", "WorkerError", "DoubleBuffer", "SharedParameters", "CTX", "close_envs"]
 
 CTX = mp.get_context("spawn")
 _POLL_S = 0.2
@@ -224,3 +224,15 @@ class SharedParameters:
             for t, chunk in zip(self._tensors(module), torch.split(flat, self._sizes)):
                 t.copy_(chunk.view_as(t))
         return version
+
+
+def close_envs(envs: Any, timeout: float = 5.0) -> None:
+    """Close a gymnasium vector env. An ``AsyncVectorEnv`` interrupted inside ``step`` (Ctrl-C) may have read
+    some workers' replies already; its ``close`` would then wait forever for the rest, so it gets ``timeout``
+    seconds before its worker processes are terminated."""
+    import gymnasium as gym
+
+    if isinstance(envs, gym.vector.AsyncVectorEnv):
+        envs.close(timeout=timeout)
+    else:
+        envs.close()

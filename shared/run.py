@@ -11,8 +11,9 @@ Guarantees
 - Checkpoints are written atomically (a temporary file renamed over the old one), so an interruption while
   saving leaves the previous checkpoint intact; they hold tensors and plain Python values only and load with
   ``torch.load(path, weights_only=True)``.
-- ``stop_on_signals()`` turns SIGTERM into ``KeyboardInterrupt`` like SIGINT, so one ``except`` path writes the
-  checkpoint, ends the children and exits 130.
+- ``stop_on_signals()`` turns SIGTERM into ``KeyboardInterrupt`` like SIGINT (which it re-enables where a
+  background shell left it ignored), so one ``except`` path writes the checkpoint, ends the children and exits
+  130.
 """
 
 from __future__ import annotations
@@ -83,12 +84,15 @@ def resolve_device(spec: str):
 
 
 def stop_on_signals() -> None:
-    """SIGTERM raises KeyboardInterrupt in the main thread, as SIGINT does."""
+    """SIGTERM and SIGINT raise KeyboardInterrupt in the main thread. SIGINT is set explicitly: a process started
+    in the background by a non-interactive shell (``cmd &`` in a script, some CI runners) inherits SIGINT
+    ignored, and Python then leaves it ignored, so Ctrl-C or ``kill -INT`` would be lost."""
 
     def handler(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def load_checkpoint(path: str | os.PathLike) -> tuple[dict, Path]:

@@ -58,6 +58,17 @@ def assert_no_leftovers(sid: int, wait: float = 5.0) -> None:
         raise AssertionError(f"processes left behind: {left}")
 
 
+def finish(proc: subprocess.Popen, timeout: float = 60) -> str:
+    """Wait for a process started with ``start``; returns its stderr. If it does not end in time, kill its whole
+    session (so it cannot slow down the tests after it) and fail."""
+    try:
+        return proc.communicate(timeout=timeout)[1]
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate()
+        raise AssertionError(f"pid {proc.pid} did not end within {timeout} s\n{err[-3000:]}")
+
+
 def progress(run_dir: Path) -> list[dict]:
     with open(run_dir / "progress.csv") as f:
         return list(csv.DictReader(f))
@@ -104,7 +115,7 @@ def assert_killed_sampler_ends_the_run(name: str, args: list[str], run_dir: Path
     proc = start(name, *args, "--out-dir", str(run_dir.parent), "--run-name", run_dir.name)
     wait_for_progress_row(run_dir, proc)
     assert kill_sampler(proc.pid) == 1
-    _, err = proc.communicate(timeout=60)
+    err = finish(proc)
     assert proc.returncode == 1, err
     assert err.strip().splitlines()[-1].startswith("error: the sampler process failed")
     assert_no_leftovers(proc.pid)

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import (ROOT, assert_killed_sampler_ends_the_run, assert_no_leftovers, progress, run, start,
-                           wait_for_progress_row)
+from tests.helpers import (ROOT, assert_killed_sampler_ends_the_run, assert_no_leftovers, finish, progress, run,
+                           start, wait_for_progress_row)
 
 sys.path.insert(0, str(ROOT / "algos"))
 import ddpg_mujoco  # noqa: E402
@@ -253,7 +253,7 @@ def test_ctrl_c_writes_a_checkpoint_and_exits_130(tmp_path):
                  "--log-every", "200", "--total-timesteps", "10000000", "--out-dir", str(tmp_path), "--run-name", "c")
     wait_for_progress_row(tmp_path / "c", proc)
     os.kill(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    err = finish(proc)
     assert proc.returncode == 130, err
     ckpt = torch.load(tmp_path / "c" / "checkpoint.pt", weights_only=True)
     assert ckpt["global_step"] >= 200

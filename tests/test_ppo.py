@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import (ROOT, assert_killed_sampler_ends_the_run, assert_no_leftovers, progress, run, start,
-                           wait_for_progress_row)
+from tests.helpers import (ROOT, assert_killed_sampler_ends_the_run, assert_no_leftovers, finish, progress, run,
+                           start, wait_for_progress_row)
 
 sys.path.insert(0, str(ROOT / "algos"))
 import ppo_atari  # noqa: E402
@@ -182,7 +182,7 @@ def test_interrupt_writes_checkpoint_and_ends_every_process(sampler, sig, tmp_pa
     proc = _start([*CARTPOLE, "--sampler", sampler, "--total-timesteps", "10000000"], tmp_path)
     wait_for_progress_row(tmp_path / "i", proc)
     os.killpg(proc.pid, sig)  # as Ctrl-C does: the whole foreground group gets the signal
-    _, err = proc.communicate(timeout=60)
+    err = finish(proc)
     assert proc.returncode == 130, err
     assert_no_leftovers(proc.pid)
     ckpt = torch.load(tmp_path / "i" / "checkpoint.pt", weights_only=True)

@@ -13,8 +13,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import (ROOT, assert_killed_sampler_ends_the_run, assert_no_leftovers, progress, run, start,
-                           wait_for_progress_row)
+from tests.helpers import (ROOT, assert_killed_sampler_ends_the_run, assert_no_leftovers, finish, progress, run,
+                           start, wait_for_progress_row)
 
 sys.path.insert(0, str(ROOT / "algos"))
 import r2d1_atari as r2d1  # noqa: E402
@@ -249,7 +249,7 @@ def test_ctrl_c_writes_a_checkpoint_and_exits_130(tmp_path):
                  "--log-every", "500", "--out-dir", str(tmp_path), "--run-name", "c")
     wait_for_progress_row(tmp_path / "c", proc)
     os.kill(proc.pid, signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
+    err = finish(proc)
     assert proc.returncode == 130, err
     assert torch.load(tmp_path / "c" / "checkpoint.pt", weights_only=True)["global_step"] >= 500
     assert_no_leftovers(proc.pid)
