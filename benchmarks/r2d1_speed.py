@@ -36,8 +36,11 @@ def script_sps(env_id: str, num_envs: int, sampler: str, steps: int, learn_from:
     def sps(rs):
         return (int(rs[-1]["global_step"]) - int(rs[0]["global_step"])) / (float(rs[-1]["wall_time_s"]) - float(rs[0]["wall_time_s"]))
 
-    before = [r for r in rows if int(r["global_step"]) <= learn_from]
-    after = [r for r in rows if int(r["global_step"]) >= learn_from]
+    # The async learner sees steps a chunk (rnn_state_interval rows of every env) at a time: its rows land on
+    # chunk boundaries, the first at or past learn_from within one chunk.
+    edge = learn_from + num_envs * 40
+    before = [r for r in rows if int(r["global_step"]) <= edge]
+    after = [r for r in rows if int(r["global_step"]) >= [int(x["global_step"]) for x in before][-1]]
     return sps(before), sps(after), int(rows[-1]["updates"])
 
 
