@@ -46,7 +46,8 @@ from shared.affinity import make_affinity  # noqa: E402
 from shared.buffer import shared_zeros  # noqa: E402
 from shared.namedarraytuple import namedarraytuple  # noqa: E402
 from shared.normalize import ObsNorm  # noqa: E402
-from shared.procs import CTX, SharedParameters, Worker, WorkerError, close_envs, parent_alive_check  # noqa: E402
+from shared.procs import (CTX, SharedParameters, Worker, WorkerError, close_envs, parent_alive_check,  # noqa: E402
+                          sampler_ahead)
 from shared.replay import ReplayBuffer  # noqa: E402
 from shared.run import (EXIT_INTERRUPTED, RunFolder, bad_args, load_checkpoint, parse_args,  # noqa: E402
                         resolve_device, stop_on_signals)
@@ -289,10 +290,8 @@ def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, params: Sh
     try:
         while step < args.total_timesteps:
             check()
-            # Env steps the learner's updates so far, and its next one, need: the sampler may always produce the
-            # data for the next update, or a replay ratio below 1 / max_lag_steps would deadlock the two.
-            covered = start_step + args.min_steps_learn + (params.version - start_updates + 1) / updates_per_step
-            if args.max_lag_steps and step - covered > args.max_lag_steps:
+            if sampler_ahead(step, params.version, start_step, start_updates, args.min_steps_learn, updates_per_step,
+                             args.max_lag_steps):
                 t0 = time.perf_counter()
                 time.sleep(0.001)
                 waited[0] += time.perf_counter() - t0

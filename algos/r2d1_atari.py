@@ -43,7 +43,8 @@ import torch.nn.functional as F  # noqa: E402
 from shared.affinity import make_affinity  # noqa: E402
 from shared.buffer import shared_zeros  # noqa: E402
 from shared.namedarraytuple import namedarraytuple  # noqa: E402
-from shared.procs import CTX, SharedParameters, Worker, WorkerError, close_envs, parent_alive_check  # noqa: E402
+from shared.procs import (CTX, SharedParameters, Worker, WorkerError, close_envs, parent_alive_check,  # noqa: E402
+                          sampler_ahead)
 from shared.replay import SequenceReplayBuffer  # noqa: E402
 from shared.run import (EXIT_INTERRUPTED, RunFolder, bad_args, load_checkpoint, parse_args,  # noqa: E402
                         resolve_device, stop_on_signals)
@@ -442,12 +443,8 @@ def sampler_main(args: Args, buffer: SequenceReplayBuffer, params: SharedParamet
     try:
         while step < args.total_timesteps:
             check()
-            # Env steps the learner's updates so far, and its next one, need (plus the chunk being collected: the
-            # learner sees rows a chunk at a time): the sampler may always produce the data for the next update,
-            # or one update covering more than max_lag_steps (5,120 steps at the defaults) would deadlock the two.
-            covered = (start_step + args.min_steps_learn + (params.version - start_updates + 1) / updates_per_step
-                       + args.num_envs * args.rnn_state_interval)
-            if args.max_lag_steps and step - covered > args.max_lag_steps:
+            if sampler_ahead(step, params.version, start_step, start_updates, args.min_steps_learn, updates_per_step,
+                             args.max_lag_steps, chunk_steps=args.num_envs * args.rnn_state_interval):
                 t0 = time.perf_counter()
                 time.sleep(0.001)
                 waited[0] += time.perf_counter() - t0

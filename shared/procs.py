@@ -34,7 +34,7 @@ import numpy as np
 
 from shared.buffer import buffer_from_example, shared_zeros
 
-__all__ = ["Worker", "WorkerError", "DoubleBuffer", "SharedParameters", "CTX", "close_envs"]
+__all__ = ["Worker", "WorkerError", "DoubleBuffer", "SharedParameters", "CTX", "close_envs", "sampler_ahead"]
 
 CTX = mp.get_context("spawn")
 _POLL_S = 0.2
@@ -236,3 +236,15 @@ def close_envs(envs: Any, timeout: float = 5.0) -> None:
         envs.close(timeout=timeout)
     else:
         envs.close()
+
+
+def sampler_ahead(step: int, version: int, start_step: int, start_updates: int, min_steps_learn: int,
+                  updates_per_step: float, max_lag_steps: int, chunk_steps: int = 0) -> bool:
+    """Async replay pacing, sampler side: True when the sampler, at global env step ``step``, is more than
+    ``max_lag_steps`` ahead of the data the learner needs for its updates so far (``version`` = its update count,
+    ``start_updates`` at ``start_step``) *and its next one*, plus ``chunk_steps`` (data the learner only sees
+    a chunk at a time). Counting the next update means the sampler can always produce what the learner waits
+    for, whatever the replay ratio: otherwise one update covering more than ``max_lag_steps`` deadlocks both.
+    ``max_lag_steps == 0`` never waits."""
+    covered = start_step + min_steps_learn + (version - start_updates + 1) / updates_per_step + chunk_steps
+    return bool(max_lag_steps) and step - covered > max_lag_steps

@@ -137,3 +137,15 @@ def test_a_peer_killed_while_holding_the_replay_lock_raises_instead_of_hanging()
             buffer.sample(4)
     finally:
         worker.stop()
+
+
+def test_sampler_ahead_always_lets_the_sampler_produce_the_next_updates_data():
+    from shared.procs import sampler_ahead
+
+    # One update per 5,120 env steps (R2D1's defaults), lag bound 2,000, learning from step 10,000, no update yet:
+    # the learner needs step 15,120 for its first update, so the sampler may go to 17,120 before it waits.
+    kw = dict(start_step=0, start_updates=0, min_steps_learn=10_000, updates_per_step=1 / 5120, max_lag_steps=2000)
+    assert not sampler_ahead(17_120, version=0, **kw) and sampler_ahead(17_121, version=0, **kw)
+    assert not sampler_ahead(17_120 + 5120, version=1, **kw)  # one more update covers 5,120 more steps
+    assert not sampler_ahead(17_120 + 640, version=0, chunk_steps=640, **kw)
+    assert not sampler_ahead(10**9, version=0, **{**kw, "max_lag_steps": 0})  # 0: never waits
