@@ -5,7 +5,10 @@ leaves switched off, the newest switched on), sample a batch stratified over the
 batch's priorities. The baseline is a plain binary sum tree over a Python list (faster than a numpy array for
 element-by-element access) driven one sample at a time, measured in the same run on the same operations.
 
-    python benchmarks/sum_tree_speed.py [--capacity 1000000] [--seconds 3]
+The two are measured in alternating slices (--rounds of --seconds each) and the medians reported, so that a
+slow phase of a shared machine falls on both rather than on one.
+
+    python benchmarks/sum_tree_speed.py [--capacity 1000000] [--seconds 1] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -55,12 +58,16 @@ class LoopSumTree:
         return [self.find((k + random.random()) * total / n) for k in range(n)]
 
 
-def run_ours(T: int, B: int, batch: int, seconds: float) -> float:
+def make_ours(T: int, B: int):
     tree = SumTree(T, B)
     rng = np.random.default_rng(0)
     tree.set_pending(0, rng.random((T, B)) + 0.1)
     tree.move_window(0, T - 1)
-    cursor = T
+    return {"tree": tree, "rng": rng, "cursor": T}
+
+
+def run_ours(state: dict, T: int, B: int, batch: int, seconds: float) -> float:
+    tree, rng, cursor = state["tree"], state["rng"], state["cursor"]
     cycles, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         tree.set_pending(cursor, rng.random((1, B)) + 0.1)
@@ -69,17 +76,22 @@ def run_ours(T: int, B: int, batch: int, seconds: float) -> float:
         rows, b, _ = tree.sample(batch, rng)
         tree.update(rows, b, rng.random(batch) + 0.1)
         cycles += 1
+    state["cursor"] = cursor
     return cycles / (time.perf_counter() - t0)
 
 
-def run_loop(T: int, B: int, batch: int, seconds: float) -> float:
+def make_loop(T: int, B: int):
     tree = LoopSumTree(T * B)
     rnd = random.Random(0)
     for i in range(T * B):
         tree.tree[tree.size + i] = rnd.random() + 0.1
     for i in range(tree.size - 1, 0, -1):
         tree.tree[i] = tree.tree[2 * i] + tree.tree[2 * i + 1]
-    cursor = T
+    return {"tree": tree, "rnd": rnd, "cursor": T}
+
+
+def run_loop(state: dict, T: int, B: int, batch: int, seconds: float) -> float:
+    tree, rnd, cursor = state["tree"], state["rnd"], state["cursor"]
     cycles, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         row_in, row_out = (cursor - 1) % T, (cursor - T + 1 - 1) % T
@@ -91,6 +103,7 @@ def run_loop(T: int, B: int, batch: int, seconds: float) -> float:
         for i in idx:
             tree.set(i, rnd.random() + 0.1)
         cycles += 1
+    state["cursor"] = cursor
     return cycles / (time.perf_counter() - t0)
 
 
@@ -98,15 +111,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--capacity", type=int, default=1_000_000, help="leaves (transitions)")
     parser.add_argument("--envs", type=int, default=16, help="B: leaves per row")
-    parser.add_argument("--seconds", type=float, default=3.0, help="time per measurement")
+    parser.add_argument("--seconds", type=float, default=1.0, help="length of one measured slice")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating slices of each implementation")
     args = parser.parse_args()
     T = args.capacity // args.envs
-    print(f"capacity {T * args.envs:,} leaves ({T} rows x {args.envs} envs); one cycle = append 1 row + sample + update")
+    print(f"capacity {T * args.envs:,} leaves ({T} rows x {args.envs} envs); one cycle = append 1 row + sample + update;"
+          f" medians of {args.rounds} alternating slices")
     print(f"{'batch':>6} {'ours cycles/s':>14} {'loop cycles/s':>14} {'ratio':>7}   {'ours samples/s':>15}")
+    ours_state, loop_state = make_ours(T, args.envs), make_loop(T, args.envs)
     for batch in (32, 512):
-        ours = run_ours(T, args.envs, batch, args.seconds)
-        loop = run_loop(T, args.envs, batch, args.seconds)
-        print(f"{batch:>6} {ours:>14,.0f} {loop:>14,.0f} {ours / loop:>6.1f}x   {ours * batch:>15,.0f}")
+        run_ours(ours_state, T, args.envs, batch, 0.2)  # warm-up (compiles the kernels for this batch's types)
+        ours, loop, ratio = [], [], []
+        for _ in range(args.rounds):
+            ours.append(run_ours(ours_state, T, args.envs, batch, args.seconds))
+            loop.append(run_loop(loop_state, T, args.envs, batch, args.seconds))
+            ratio.append(ours[-1] / loop[-1])
+        o, lp, r = np.median(ours), np.median(loop), np.median(ratio)
+        print(f"{batch:>6} {o:>14,.0f} {lp:>14,.0f} {r:>6.1f}x   {o * batch:>15,.0f}   "
+              f"(ratio per round {min(ratio):.1f}x to {max(ratio):.1f}x)", flush=True)
 
 
 if __name__ == "__main__":

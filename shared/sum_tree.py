@@ -5,67 +5,252 @@ Guarantees
   totals do not drift however many updates are made.
 - ``sample(n, rng)`` draws ``n`` leaves stratified over the total (one draw in each of ``n`` equal slices of
   the cumulative sum), with probability proportional to priority, and never returns a zero-priority leaf: the
-  descent only enters children whose sum is positive, which is exact in floating point.
+  descent only enters a child whose value lifts the running prefix sum past the draw, which a zero cannot, and
+  a draw that rounding leaves past all of a node's children takes its last positive child.
 - Validity is a window ``[lo, hi)`` of *absolute* rows (rows counted since the buffer began, never wrapped)
   that only moves forward and spans at most ``T`` rows. Rows leaving the window are switched off (priority 0);
   rows entering it are switched on with the priority they were given when written (``set_pending``), or the
   default. Priority updates for rows that have left the window since they were sampled are dropped, so a late
   update can never switch on overwritten data.
-- Batch operations are vectorised: no Python loop over samples. The tree is ``fanout``-ary (32 by default) and
-  its top level (at most ``max_top`` nodes) is searched at once through its prefix sums, so a million leaves
-  take one search and 2 vectorised descent steps rather than 20 binary ones.
+- The tree is ``fanout``-ary (a power of two, 32 by default: a million leaves are 4 levels of 32-wide nodes of
+  4 cache lines each). Each operation is one call of a numba-compiled kernel: per draw, the work is a chain of
+  dependent reads that numpy could only batch at a microsecond per call and level.
 - With ``shared=True`` all state lives in shared memory (see ``shared.buffer``); callers serialise access.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
 from shared.buffer import shared_zeros
 
 __all__ = ["SumTree"]
 
-_LO, _HI = 0, 1  # slots of the window in the shared state array
+# Layout of the int64 `meta` array the kernels read (one array: each array argument costs a numba call time):
+# fanout and its log2, rows, envs, the window [lo, hi) of valid absolute rows, then where each level starts in `flat`.
+_F, _SHIFT, _T, _B, _LO, _HI, _STARTS = 0, 1, 2, 3, 4, 5, 6
+
+
+# --------------------------------------------------------------------------------------- compiled kernels
+# Levels are stored top first in one flat array; starts[d] is where level d begins, starts[-1] the end. The top
+# level has at most `fanout` nodes and is scanned like any node's children.
+
+
+@njit(cache=True, nogil=True)
+def _node_sum(flat, start, F):
+    """Sum of F nodes from start, in four interleaved partial sums: four short dependency chains instead of
+    one long one (the node's value need not equal the descent's running prefix; see the fallback in _sample)."""
+    s0 = s1 = s2 = s3 = 0.0
+    c = 0
+    while c + 4 <= F:
+        s0 += flat[start + c]
+        s1 += flat[start + c + 1]
+        s2 += flat[start + c + 2]
+        s3 += flat[start + c + 3]
+        c += 4
+    s = (s0 + s1) + (s2 + s3)
+    while c < F:
+        s += flat[start + c]
+        c += 1
+    return s
+
+
+@njit(cache=True, nogil=True)
+def _propagate_leaves(flat, meta, leaves):
+    """Recompute the ancestors of `leaves` (indices into the leaf level; overwritten), one level at a time:
+    the sums of different leaves are independent, so the CPU overlaps their memory reads."""
+    starts, F, shift = meta[_STARTS:], meta[_F], meta[_SHIFT]
+    depth = len(starts) - 1
+    for d in range(depth - 1, 0, -1):
+        for k in range(len(leaves)):
+            node = leaves[k] >> shift  # // F, without a division per node
+            flat[starts[d - 1] + node] = _node_sum(flat, starts[d] + node * F, F)
+            leaves[k] = node
+
+
+@njit(cache=True, nogil=True)
+def _propagate_range(flat, meta, a, b):
+    """Recompute the ancestors of leaves [a, b)."""
+    starts, F = meta[_STARTS:], meta[_F]
+    depth = len(starts) - 1
+    for d in range(depth - 1, 0, -1):
+        a, b = a // F, (b - 1) // F + 1
+        for node in range(a, b):
+            flat[starts[d - 1] + node] = _node_sum(flat, starts[d] + node * F, F)
+
+
+@njit(cache=True, nogil=True)
+def _valid_priorities(p):
+    for x in p.ravel():
+        if not (x >= 0.0 and x < np.inf):  # NaN fails both
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _update(flat, meta, abs_rows, b_idx, p):
+    """Write leaves (abs_rows, b_idx) in the window [lo, hi); returns how many (-1: invalid priority)."""
+    starts, T, B, lo, hi = meta[_STARTS:], meta[_T], meta[_B], meta[_LO], meta[_HI]
+    if not _valid_priorities(p):
+        return -1
+    leaf0 = starts[len(starts) - 2]
+    written = np.empty(len(p), np.int64)
+    n = 0
+    for k in range(len(p)):
+        r = abs_rows[k]
+        if r >= lo and r < hi:
+            leaf = (r % T) * B + b_idx[k]
+            flat[leaf0 + leaf] = p[k]  # duplicates: the last write wins, as in sequential updates
+            written[n] = leaf
+            n += 1
+    _propagate_leaves(flat, meta, written[:n])
+    return n
+
+
+@njit(cache=True, nogil=True)
+def _sample(flat, meta, uniforms, abs_rows, b_idx, priorities, sink):
+    """Stratified descent: draw k lands in [k, k + 1) * total / n. Writes the absolute rows, env indices and
+    priorities of the drawn leaves; returns the total (0: nothing to sample, nothing written)."""
+    starts, F, T, B, lo = meta[_STARTS:], meta[_F], meta[_T], meta[_B], meta[_LO]
+    n = len(uniforms)
+    depth = len(starts) - 1
+    top = starts[1] - starts[0]  # the top level is one node of <= F children
+    total = 0.0
+    for c in range(top):  # summed in the order the descent adds, so a draw below it always finds a top node
+        total += flat[c]
+    if not total > 0.0:
+        return total
+    u_max = np.nextafter(total, 0.0)
+    u = np.empty(n)
+    node = np.zeros(n, np.int64)
+    for k in range(n):
+        u[k] = min((k + uniforms[k]) * (total / n), u_max)
+    for d in range(depth):  # level by level for all draws
+        width = top if d == 0 else F
+        # Read every draw's children first, one load per cache line: the loads are independent, so the CPU has
+        # them all in flight at once instead of one cache miss at a time inside the branchy scan below.
+        touched = 0.0
+        for k in range(n):
+            base = starts[d] + node[k] * F
+            for c in range(0, width, 8):
+                touched += flat[base + c]
+        sink[0] = touched  # keeps the reads from being optimised away
+        for k in range(n):
+            base = starts[d] + node[k] * F
+            acc, j = 0.0, -1
+            for c in range(width):
+                v = flat[base + c]
+                if acc + v > u[k]:  # only a positive child can take u from below its prefix to above it
+                    j = c
+                    break
+                acc += v
+            if j < 0:  # u past the children's prefix sums (rounding in u - acc above): the last positive child
+                acc = 0.0
+                for c in range(width):
+                    if flat[base + c] > 0.0:
+                        j = c
+                for c in range(j):
+                    acc += flat[base + c]
+            u[k] = max(u[k] - acc, 0.0)
+            node[k] = node[k] * F + j
+    for k in range(n):
+        row = node[k] // B
+        abs_rows[k] = lo + (row - lo) % T
+        b_idx[k] = node[k] - row * B
+        priorities[k] = flat[starts[depth - 1] + node[k]]
+    return total
+
+
+@njit(cache=True, nogil=True)
+def _fill_rows(flat, meta, source, abs_lo, abs_hi, zero):
+    """Write absolute rows [abs_lo, abs_hi) (at most T) from source [T, B], or zeros, and their ancestors."""
+    starts, T, B = meta[_STARTS:], meta[_T], meta[_B]
+    if abs_hi <= abs_lo:
+        return
+    leaf0 = starts[len(starts) - 2]
+    start = abs_lo % T
+    end = start + (abs_hi - abs_lo)
+    for a, b in ((start, min(end, T)), (0, max(end - T, 0))):  # up to the wrap, then from row 0
+        if b <= a:
+            continue
+        for r in range(a, b):
+            for j in range(B):
+                flat[leaf0 + r * B + j] = 0.0 if zero else source[r, j]
+        _propagate_range(flat, meta, a * B, b * B)
+
+
+@njit(cache=True, nogil=True)
+def _set_pending(flat, meta, pending, abs_start, p):
+    """Pending priorities p [n, B] for absolute rows [abs_start, abs_start + n); rows inside the window are written
+    to the tree now. Returns False (and writes nothing) if a priority is negative or not finite."""
+    T, B = meta[_T], meta[_B]
+    if not _valid_priorities(p):
+        return False
+    n = p.shape[0]
+    for i in range(n):
+        r = (abs_start + i) % T
+        for j in range(B):
+            pending[r, j] = p[i, j]
+    _fill_rows(flat, meta, pending, max(abs_start, meta[_LO]), min(abs_start + n, meta[_HI]), False)
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _move_window(flat, meta, pending, lo, hi):
+    """Switch off the rows leaving [window[0], window[1]), switch on those entering [lo, hi) (checked by caller)."""
+    _fill_rows(flat, meta, pending, meta[_LO], min(lo, meta[_HI]), True)
+    _fill_rows(flat, meta, pending, max(meta[_HI], lo), hi, False)
+    meta[_LO], meta[_HI] = lo, hi
+
+
+def _flat(x, dtype) -> np.ndarray:
+    """x as a 1-D array of dtype, without numpy calls when it already is one (this is per learner step)."""
+    if type(x) is np.ndarray and x.dtype == dtype and x.ndim == 1:
+        return x
+    return np.asarray(x, dtype=dtype).ravel()
 
 
 class SumTree:
     """Priorities for ``T`` rows of ``B`` leaves (leaf ``t * B + b``); ``T`` rows wrap: abs row ``r`` is row ``r % T``."""
 
-    def __init__(self, T: int, B: int, default_priority: float = 1.0, fanout: int = 32, max_top: int = 2048,
-                 shared: bool = False):
+    def __init__(self, T: int, B: int, default_priority: float = 1.0, fanout: int = 32, shared: bool = False):
         if T < 1 or B < 1:
             raise ValueError(f"T and B must be positive, got T={T}, B={B}")
-        if fanout < 2:
-            raise ValueError(f"fanout must be at least 2, got {fanout}")
-        if max_top < 1:
-            raise ValueError(f"max_top must be positive, got {max_top}")
+        if fanout < 2 or fanout & (fanout - 1):
+            raise ValueError(f"fanout must be a power of two of at least 2, got {fanout}")
         if not default_priority > 0:
             raise ValueError(f"default_priority must be positive, got {default_priority}")
         self.T, self.B, self.fanout = int(T), int(B), int(fanout)
         self.default_priority = float(default_priority)
         F = self.fanout
-        # Levels from the leaves up, each a sum of F nodes below, until one has at most max_top nodes: that top
-        # level is searched in one go (prefix sums + binary search), the levels below by a descent of F-wide steps.
+        # Levels from the leaves up, each padded to a multiple of F and summed F nodes at a time, until one has at
+        # most F nodes: the top, a single node's children.
         sizes = [self.T * self.B]
-        while sizes[-1] > max_top:
+        while sizes[-1] > F:
             sizes[-1] = -(-sizes[-1] // F) * F
             sizes.append(sizes[-1] // F)
         sizes.reverse()  # sizes[0]: the top ... sizes[-1]: the (padded) leaves
         alloc = shared_zeros if shared else (lambda shape, dtype: np.zeros(shape, dtype))
         self._flat = alloc(sum(sizes), np.float64)
-        self._sizes = sizes
+        self._starts = np.cumsum([0] + sizes).astype(np.int64)
         self._pending = alloc((self.T, self.B), np.float64)
-        self._window = alloc(2, np.int64)
+        self._meta = alloc(_STARTS + len(self._starts), np.int64)  # holds the window: shared when the tree is
+        self._meta[[_F, _SHIFT, _T, _B]] = F, F.bit_length() - 1, self.T, self.B
+        self._meta[_STARTS:] = self._starts
         self._make_views()
 
     def _make_views(self) -> None:
-        flat = self._flat.view(np.ndarray)  # plain views in the hot paths; _flat keeps the shared handle
-        offsets = np.cumsum([0] + self._sizes)
-        self._levels = [flat[offsets[d] : offsets[d + 1]] for d in range(len(self._sizes))]
+        self._plain = self._flat.view(np.ndarray)  # plain views in the hot paths; _flat keeps the shared handle
+        self._leaves = self._plain[self._starts[-2] : self._starts[-1]]
+        self._meta_plain = self._meta.view(np.ndarray)
+        self._pending_plain = self._pending.view(np.ndarray)
+        self._sink = np.zeros(1)  # per-process scratch of the sampling kernel
 
     def __getstate__(self):
         d = self.__dict__.copy()
-        del d["_levels"]
+        for name in ("_plain", "_leaves", "_meta_plain", "_pending_plain", "_sink"):
+            del d[name]
         return d
 
     def __setstate__(self, d):
@@ -75,21 +260,21 @@ class SumTree:
     # ------------------------------------------------------------------ reading
     @property
     def total(self) -> float:
-        return float(self._levels[0].sum())
+        return sum(self._plain[self._starts[0] : self._starts[1]].tolist())  # in the order sampling adds
 
     @property
     def window(self) -> tuple[int, int]:
         """Absolute rows ``[lo, hi)`` whose leaves are switched on."""
-        return int(self._window[_LO]), int(self._window[_HI])
+        return int(self._meta[_LO]), int(self._meta[_HI])
 
     @property
     def leaves(self) -> np.ndarray:
         """Current priorities as a ``[T, B]`` view (zeros outside the window)."""
-        return self._levels[-1][: self.T * self.B].reshape(self.T, self.B)
+        return self._leaves[: self.T * self.B].reshape(self.T, self.B)
 
     def abs_row(self, rows: np.ndarray) -> np.ndarray:
         """Absolute row of in-window storage rows ``rows`` (each storage row holds at most one in-window abs row)."""
-        lo = self._window[_LO]
+        lo = self._meta[_LO]
         return lo + (np.asarray(rows, dtype=np.int64) - lo) % self.T
 
     # ------------------------------------------------------------------ writing
@@ -101,29 +286,20 @@ class SumTree:
         """
         if priorities is None:
             priorities = self.default_priority
-        p = np.asarray(priorities, dtype=np.float64)
-        if p.ndim == 2:
-            n = p.shape[0]
-            if p.shape[1] != self.B:
-                raise ValueError(f"priorities must have shape [n, {self.B}], got {p.shape}")
-        else:
-            if n_rows is None:
-                raise ValueError("n_rows is needed when priorities are not [n, B]")
-            n = int(n_rows)
-            p = np.broadcast_to(p, (n, self.B))
-        if n > self.T:
-            raise ValueError(f"cannot set {n} rows in a tree of {self.T} rows")
-        if n == 0:
-            return
-        if not np.all(np.isfinite(p)) or np.any(p < 0):
+        p = priorities
+        if not (isinstance(p, np.ndarray) and p.dtype == np.float64 and p.ndim == 2 and p.flags.c_contiguous):
+            p = np.asarray(p, dtype=np.float64)
+            if p.ndim != 2:
+                if n_rows is None:
+                    raise ValueError("n_rows is needed when priorities are not [n, B]")
+                p = np.broadcast_to(p, (int(n_rows), self.B))
+            p = np.ascontiguousarray(p)
+        if p.shape[1] != self.B:
+            raise ValueError(f"priorities must have shape [n, {self.B}], got {p.shape}")
+        if p.shape[0] > self.T:
+            raise ValueError(f"cannot set {p.shape[0]} rows in a tree of {self.T} rows")
+        if not _set_pending(self._plain, self._meta_plain, self._pending_plain, abs_start, p):
             raise ValueError("priorities must be finite and non-negative")
-        rows = np.arange(abs_start, abs_start + n, dtype=np.int64)
-        self._pending[rows % self.T] = p
-        lo, hi = self.window
-        inside = (rows >= lo) & (rows < hi)
-        if inside.any():
-            r = rows[inside] % self.T
-            self._write_leaves((r[:, None] * self.B + np.arange(self.B)).ravel(), p[inside].ravel())
 
     def move_window(self, lo: int, hi: int) -> None:
         """Make absolute rows ``[lo, hi)`` the valid ones (both ends only move forward; ``hi - lo <= T``)."""
@@ -134,84 +310,26 @@ class SumTree:
             raise ValueError(f"window can only move forward: [{old_lo}, {old_hi}) -> [{lo}, {hi})")
         if hi - lo > self.T:
             raise ValueError(f"window [{lo}, {hi}) is longer than the {self.T} rows of the tree")
-        self._fill_rows(old_lo, min(lo, old_hi), None)  # leaving: switched off
-        self._fill_rows(max(old_hi, lo), hi, self._pending)  # entering: switched on
-        self._window[_LO], self._window[_HI] = lo, hi
+        _move_window(self._plain, self._meta_plain, self._pending_plain, lo, hi)
 
     def update(self, abs_rows: np.ndarray, b_idx: np.ndarray, priorities: np.ndarray) -> int:
         """Set leaves ``(abs_rows, b_idx)`` to ``priorities``; rows no longer in the window are skipped.
 
         Returns how many leaves were written.
         """
-        abs_rows = np.asarray(abs_rows, dtype=np.int64).ravel()
-        b_idx = np.asarray(b_idx, dtype=np.int64).ravel()
-        p = np.asarray(priorities, dtype=np.float64).ravel()
+        abs_rows, b_idx, p = _flat(abs_rows, np.int64), _flat(b_idx, np.int64), _flat(priorities, np.float64)
         if not (abs_rows.shape == b_idx.shape == p.shape):
             raise ValueError(f"abs_rows, b_idx and priorities differ in length: {abs_rows.shape}, {b_idx.shape}, {p.shape}")
-        if not np.all(np.isfinite(p)) or np.any(p < 0):
+        written = _update(self._plain, self._meta_plain, abs_rows, b_idx, p)
+        if written < 0:
             raise ValueError("priorities must be finite and non-negative")
-        lo, hi = self.window
-        keep = (abs_rows >= lo) & (abs_rows < hi)
-        if not keep.all():
-            abs_rows, b_idx, p = abs_rows[keep], b_idx[keep], p[keep]
-        self._write_leaves((abs_rows % self.T) * self.B + b_idx, p)
-        return int(keep.sum())
+        return written
 
     # ------------------------------------------------------------------ sampling
     def sample(self, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Draw ``n`` leaves stratified over the total; returns ``(abs_rows, b_idx, priorities)``."""
-        top_csum = np.cumsum(self._levels[0])
-        total = top_csum[-1]
+        abs_rows, b_idx, priorities = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.float64)
+        total = _sample(self._plain, self._meta_plain, rng.random(n), abs_rows, b_idx, priorities, self._sink)
         if not total > 0:
             raise ValueError("cannot sample: every priority is zero (no valid rows)")
-        u = (np.arange(n) + rng.random(n)) * (total / n)
-        np.minimum(u, np.nextafter(total, 0.0), out=u)
-        # First top node whose prefix sum exceeds u: its own sum is positive (equal prefix sums mean a zero node).
-        node = np.searchsorted(top_csum, u, side="right")
-        u -= np.where(node > 0, top_csum[np.maximum(node - 1, 0)], 0.0)
-        np.maximum(u, 0.0, out=u)
-        F = self.fanout
-        arange = np.arange(n)
-        for level in self._levels[1:]:
-            children = level.reshape(-1, F)[node]  # [n, F]
-            csum = np.cumsum(children, axis=1)
-            j = (csum <= u[:, None]).sum(axis=1)
-            over = j >= F
-            if over.any():  # u beyond the children's own sum (rounding): take the last positive child
-                j[over] = F - 1 - np.argmax(children[over, ::-1] > 0, axis=1)
-            u -= np.where(j > 0, csum[arange, np.maximum(j - 1, 0)], 0.0)
-            np.maximum(u, 0.0, out=u)
-            node = node * F + j
-        rows, b_idx = np.divmod(node, self.B)
-        return self.abs_row(rows), b_idx, self._levels[-1][node]
-
-    # ------------------------------------------------------------------ internals
-    def _fill_rows(self, abs_lo: int, abs_hi: int, source: np.ndarray | None) -> None:
-        """Write rows ``[abs_lo, abs_hi)`` from ``source[T, B]`` (or zeros), as at most two contiguous ranges."""
-        if abs_hi <= abs_lo:
-            return
-        leaves = self._levels[-1]
-        start = abs_lo % self.T
-        n = abs_hi - abs_lo
-        for a, b in ((start, min(start + n, self.T)), (0, max(start + n - self.T, 0))):
-            if b <= a:
-                continue
-            leaves[a * self.B : b * self.B] = 0.0 if source is None else source[a:b].ravel()
-            self._propagate_range(a * self.B, b * self.B)
-
-    def _propagate_range(self, a: int, b: int) -> None:
-        F = self.fanout
-        for d in range(len(self._levels) - 1, 0, -1):
-            pa, pb = a // F, (b - 1) // F + 1
-            self._levels[d - 1][pa:pb] = self._levels[d][pa * F : pb * F].reshape(-1, F).sum(axis=1)
-            a, b = pa, pb
-
-    def _write_leaves(self, leaf_idx: np.ndarray, values: np.ndarray) -> None:
-        if leaf_idx.size == 0:
-            return
-        self._levels[-1][leaf_idx] = values  # duplicates: the last write wins, as in sequential updates
-        F = self.fanout
-        node = leaf_idx // F  # duplicates left in: each recomputes the same sum, cheaper than np.unique
-        for d in range(len(self._levels) - 1, 0, -1):
-            self._levels[d - 1][node] = self._levels[d].reshape(-1, F)[node].sum(axis=1)
-            node = node // F
+        return abs_rows, b_idx, priorities
