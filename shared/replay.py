@@ -35,14 +35,16 @@ from __future__ import annotations
 import contextlib
 import math
 import multiprocessing as mp
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from shared.buffer import buffer_from_example, shared_zeros
 from shared.namedarraytuple import is_namedarraytuple, map_structure, namedarraytuple
 from shared.procs import locked
-from shared.sum_tree import SumTree
+
+if TYPE_CHECKING:
+    from shared.sum_tree import SumTree  # imported when prioritized: it loads numba (0.4 s a process)
 
 __all__ = ["ReplayBuffer", "SequenceReplayBuffer", "SampleIndex"]
 
@@ -352,7 +354,11 @@ class ReplayBuffer(_Base):
             raise ValueError(f"size={size} gives {T} rows per env; need more than n_step_return + frame_stack")
         self.storage = _Storage(example, T, B, discount, n_step_return, frame_stack, shared)
         self.T, self.B, self.n_step_return = T, B, n_step_return
-        self.tree = SumTree(T, B, shared=shared) if prioritized else None
+        if prioritized:
+            from shared.sum_tree import SumTree
+            self.tree = SumTree(T, B, shared=shared)
+        else:
+            self.tree = None
         self._setup(shared, mp_context, prioritized, alpha, beta, default_priority, priority_eps, seed)
         fields = list(self.storage.example._fields) + ["next_observation", *_DERIVED, "bootstrap_discount",
                                                        "is_weights"]
@@ -440,7 +446,11 @@ class SequenceReplayBuffer(_Base):
         self.sequence_length, self.interval, self.input_priority_shift = sequence_length, I, input_priority_shift
         self.n_slots = T // I
         self.rnn_state = buffer_from_example(self.storage.example.rnn_state, (self.n_slots, B), shared=shared)
-        self.tree = SumTree(self.n_slots, B, shared=shared) if prioritized else None
+        if prioritized:
+            from shared.sum_tree import SumTree
+            self.tree = SumTree(self.n_slots, B, shared=shared)
+        else:
+            self.tree = None
         self._setup(shared, mp_context, prioritized, alpha, beta, default_priority, priority_eps, seed)
         fields = [f for f in self.storage.example._fields if f != "rnn_state"]
         fields += [*_DERIVED, "bootstrap_discount", "init_rnn_state", "is_weights"]

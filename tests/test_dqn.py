@@ -23,7 +23,8 @@ CARTPOLE = ["--env-id", "CartPole-v1", "--num-envs", "4", "--buffer-size", "5000
             "--target-update-interval", "250", "--eval-episodes", "0"]
 
 
-@pytest.mark.parametrize("sampler", ["serial", "async"])
+# Serial in CI (the issue asks for one mode); async is in the slow set and in benchmarks/learning_curves.py.
+@pytest.mark.parametrize("sampler", ["serial", pytest.param("async", marks=pytest.mark.slow)])
 def test_dqn_learns_cartpole(sampler, tmp_path):
     out = run("dqn_atari.py", *CARTPOLE, "--sampler", sampler, "--total-timesteps", "100000", "--stop-at-return",
               "475", "--out-dir", str(tmp_path), "--run-name", "r", timeout=500)
