@@ -198,7 +198,7 @@ def _set_pending(flat, meta, pending, abs_start, p):
 
 @njit(cache=True, nogil=True)
 def _move_window(flat, meta, pending, lo, hi):
-    """Switch off the rows leaving [window[0], window[1]), switch on those entering [lo, hi) (checked by caller)."""
+    """Switch off the rows leaving the current window, switch on those entering [lo, hi) (checked by caller)."""
     _fill_rows(flat, meta, pending, meta[_LO], min(lo, meta[_HI]), True)
     _fill_rows(flat, meta, pending, max(meta[_HI], lo), hi, False)
     meta[_LO], meta[_HI] = lo, hi
@@ -233,23 +233,24 @@ class SumTree:
         sizes.reverse()  # sizes[0]: the top ... sizes[-1]: the (padded) leaves
         alloc = shared_zeros if shared else (lambda shape, dtype: np.zeros(shape, dtype))
         self._flat = alloc(sum(sizes), np.float64)
-        self._starts = np.cumsum([0] + sizes).astype(np.int64)
         self._pending = alloc((self.T, self.B), np.float64)
-        self._meta = alloc(_STARTS + len(self._starts), np.int64)  # holds the window: shared when the tree is
+        self._meta = alloc(_STARTS + len(sizes) + 1, np.int64)  # holds the window: shared when the tree is
         self._meta[[_F, _SHIFT, _T, _B]] = F, F.bit_length() - 1, self.T, self.B
-        self._meta[_STARTS:] = self._starts
+        self._meta[_STARTS:] = np.cumsum([0] + sizes)
         self._make_views()
 
     def _make_views(self) -> None:
         self._plain = self._flat.view(np.ndarray)  # plain views in the hot paths; _flat keeps the shared handle
-        self._leaves = self._plain[self._starts[-2] : self._starts[-1]]
         self._meta_plain = self._meta.view(np.ndarray)
+        starts = self._meta_plain[_STARTS:]
+        self._top = self._plain[starts[0] : starts[1]]
+        self._leaves = self._plain[starts[-2] : starts[-1]]
         self._pending_plain = self._pending.view(np.ndarray)
         self._sink = np.zeros(1)  # per-process scratch of the sampling kernel
 
     def __getstate__(self):
         d = self.__dict__.copy()
-        for name in ("_plain", "_leaves", "_meta_plain", "_pending_plain", "_sink"):
+        for name in ("_plain", "_top", "_leaves", "_meta_plain", "_pending_plain", "_sink"):
             del d[name]
         return d
 
@@ -260,7 +261,7 @@ class SumTree:
     # ------------------------------------------------------------------ reading
     @property
     def total(self) -> float:
-        return sum(self._plain[self._starts[0] : self._starts[1]].tolist())  # in the order sampling adds
+        return sum(self._top.tolist())  # in the order sampling adds
 
     @property
     def window(self) -> tuple[int, int]:
@@ -271,11 +272,6 @@ class SumTree:
     def leaves(self) -> np.ndarray:
         """Current priorities as a ``[T, B]`` view (zeros outside the window)."""
         return self._leaves[: self.T * self.B].reshape(self.T, self.B)
-
-    def abs_row(self, rows: np.ndarray) -> np.ndarray:
-        """Absolute row of in-window storage rows ``rows`` (each storage row holds at most one in-window abs row)."""
-        lo = self._meta[_LO]
-        return lo + (np.asarray(rows, dtype=np.int64) - lo) % self.T
 
     # ------------------------------------------------------------------ writing
     def set_pending(self, abs_start: int, priorities: np.ndarray | float | None = None, n_rows: int | None = None):

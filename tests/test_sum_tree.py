@@ -197,7 +197,7 @@ def test_draw_past_a_nodes_children_never_picks_a_zero_leaf():
     tree = SumTree(64, 1, fanout=32)
     tree.set_pending(0, p)
     tree.move_window(0, 64)
-    top = tree._plain[tree._starts[0] : tree._starts[1]]
+    top = tree._top  # a view of the top level
     assert top.tolist() == [1.0, 2.0]
     top[1] = 4.0  # total 5: draws at the top of strata 4 and 5 run past node 1's children
     rows, _, pri = tree.sample(5, _EdgeRng())
