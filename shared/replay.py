@@ -384,8 +384,7 @@ class ReplayBuffer(_Base):
                 p = self._to_tree(priorities) if priorities is not None else np.full((Tc, self.B), self._default_tree_priority())
                 rows = (s + np.arange(Tc)) % self.T
                 p = np.where(self.storage.final_row[rows], 0.0, p)  # final-observation rows are never sampled
-                self.tree.set_pending(s, p)
-                self.tree.move_window(lo, hi)
+                self.tree.append(s, p, lo, hi)
             self._window[0], self._window[1] = lo, hi
 
     def _extract(self, abs_row: np.ndarray, b: np.ndarray) -> dict:

@@ -27,6 +27,8 @@ from shared.buffer import shared_zeros
 
 __all__ = ["SumTree"]
 
+_FLOAT64 = np.dtype(np.float64)
+
 # Layout of the int64 `meta` array the kernels read (one array: each array argument costs a numba call time):
 # fanout and its log2, rows, envs, the window [lo, hi) of valid absolute rows, then where each level starts in `flat`.
 _F, _SHIFT, _T, _B, _LO, _HI, _STARTS = 0, 1, 2, 3, 4, 5, 6
@@ -108,6 +110,46 @@ def _update(flat, meta, abs_rows, b_idx, p):
     return n
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _pick_child(flat, base, width, u):
+    """The first of `width` children from `base` whose running prefix sum passes u, and the prefix before it;
+    (-1, 0.0) when rounding leaves u past them all. A zero child is never picked: the prefix before the pick is
+    <= u and the prefix after it > u, so the child itself is positive."""
+    if width & 7:  # fanout below 8, or a top level of a width that is no multiple of 8: a plain scan
+        acc = 0.0
+        for c in range(width):
+            v = flat[base + c]
+            if acc + v > u:
+                return c, acc
+            acc += v
+        return -1, 0.0
+    # Groups of 8 children are summed independently; the group is found by counting the group prefix sums <= u,
+    # then the child the same way inside it. No branch depends on u (a scan's exit mispredicts about once a
+    # node) and the dependency chains are short.
+    prefix = acc = 0.0
+    group = 0
+    for g in range(0, width, 8):
+        s = 0.0
+        for c in range(8):
+            s += flat[base + g + c]
+        prefix += s
+        below = prefix <= u
+        group += below
+        acc = prefix if below else acc
+    j = group * 8
+    if j == width:
+        return -1, 0.0
+    prefix = acc
+    for c in range(8):
+        prefix += flat[base + group * 8 + c]
+        below = prefix <= u
+        j += below
+        acc = prefix if below else acc
+    if j == group * 8 + 8:
+        return -1, 0.0
+    return j, acc
+
+
 @njit(cache=True, nogil=True)
 def _sample(flat, meta, uniforms, abs_rows, b_idx, priorities, sink):
     """Stratified descent: draw k lands in [k, k + 1) * total / n. Writes the absolute rows, env indices and
@@ -129,7 +171,7 @@ def _sample(flat, meta, uniforms, abs_rows, b_idx, priorities, sink):
     for d in range(depth):  # level by level for all draws
         width = top if d == 0 else F
         # Read every draw's children first, one load per cache line: the loads are independent, so the CPU has
-        # them all in flight at once instead of one cache miss at a time inside the branchy scan below.
+        # them all in flight at once instead of one cache miss at a time in the scan below.
         touched = 0.0
         for k in range(n):
             base = starts[d] + node[k] * F
@@ -138,14 +180,9 @@ def _sample(flat, meta, uniforms, abs_rows, b_idx, priorities, sink):
         sink[0] = touched  # keeps the reads from being optimised away
         for k in range(n):
             base = starts[d] + node[k] * F
-            acc, j = 0.0, -1
-            for c in range(width):
-                v = flat[base + c]
-                if acc + v > u[k]:  # only a positive child can take u from below its prefix to above it
-                    j = c
-                    break
-                acc += v
-            if j < 0:  # u past the children's prefix sums (rounding in u - acc above): the last positive child
+            j, acc = _pick_child(flat, base, width, u[k])
+            if j < 0:  # rounding left u past the children's running sums (in u - acc, or group sums against
+                # running ones): the last positive child
                 acc = 0.0
                 for c in range(width):
                     if flat[base + c] > 0.0:
@@ -180,28 +217,38 @@ def _fill_rows(flat, meta, source, abs_lo, abs_hi, zero):
         _propagate_range(flat, meta, a * B, b * B)
 
 
+# Error codes of _write; SumTree._check turns them into ValueErrors.
+_OK, _BAD_WIDTH, _TOO_MANY_ROWS, _BAD_PRIORITY, _BACKWARD, _TOO_LONG = range(6)
+
+
 @njit(cache=True, nogil=True)
-def _set_pending(flat, meta, pending, abs_start, p):
-    """Pending priorities p [n, B] for absolute rows [abs_start, abs_start + n); rows inside the window are written
-    to the tree now. Returns False (and writes nothing) if a priority is negative or not finite."""
+def _write(flat, meta, pending, abs_start, p, lo, hi, move):
+    """Pending priorities p [n, B] for absolute rows [abs_start, abs_start + n) (rows inside the window are written
+    to the tree now), then, if `move`, the window moves to [lo, max(lo, hi)): rows leaving it are switched off,
+    rows entering it switched on. Everything is checked before anything is written; returns an error code."""
     T, B = meta[_T], meta[_B]
+    if p.shape[1] != B:
+        return _BAD_WIDTH
+    if p.shape[0] > T:
+        return _TOO_MANY_ROWS
     if not _valid_priorities(p):
-        return False
+        return _BAD_PRIORITY
+    hi = max(hi, lo)
+    if move and (lo < meta[_LO] or hi < meta[_HI]):
+        return _BACKWARD
+    if move and hi - lo > T:
+        return _TOO_LONG
     n = p.shape[0]
     for i in range(n):
         r = (abs_start + i) % T
         for j in range(B):
             pending[r, j] = p[i, j]
     _fill_rows(flat, meta, pending, max(abs_start, meta[_LO]), min(abs_start + n, meta[_HI]), False)
-    return True
-
-
-@njit(cache=True, nogil=True)
-def _move_window(flat, meta, pending, lo, hi):
-    """Switch off the rows leaving the current window, switch on those entering [lo, hi) (checked by caller)."""
-    _fill_rows(flat, meta, pending, meta[_LO], min(lo, meta[_HI]), True)
-    _fill_rows(flat, meta, pending, max(meta[_HI], lo), hi, False)
-    meta[_LO], meta[_HI] = lo, hi
+    if move:
+        _fill_rows(flat, meta, pending, meta[_LO], min(lo, meta[_HI]), True)
+        _fill_rows(flat, meta, pending, max(meta[_HI], lo), hi, False)
+        meta[_LO], meta[_HI] = lo, hi
+    return _OK
 
 
 def _flat(x, dtype) -> np.ndarray:
@@ -247,10 +294,11 @@ class SumTree:
         self._leaves = self._plain[starts[-2] : starts[-1]]
         self._pending_plain = self._pending.view(np.ndarray)
         self._sink = np.zeros(1)  # per-process scratch of the sampling kernel
+        self._no_rows = np.zeros((0, self.B))  # move_window is _write with no pending rows
 
     def __getstate__(self):
         d = self.__dict__.copy()
-        for name in ("_plain", "_top", "_leaves", "_meta_plain", "_pending_plain", "_sink"):
+        for name in ("_plain", "_top", "_leaves", "_meta_plain", "_pending_plain", "_sink", "_no_rows"):
             del d[name]
         return d
 
@@ -280,33 +328,45 @@ class SumTree:
         ``priorities`` is ``[n, B]``, ``[B]`` or a scalar (broadcast; then ``n_rows`` says n), or ``None`` for
         the default. Rows already inside the window are updated in the tree at once.
         """
-        if priorities is None:
-            priorities = self.default_priority
-        p = priorities
-        if not (isinstance(p, np.ndarray) and p.dtype == np.float64 and p.ndim == 2 and p.flags.c_contiguous):
-            p = np.asarray(p, dtype=np.float64)
-            if p.ndim != 2:
-                if n_rows is None:
-                    raise ValueError("n_rows is needed when priorities are not [n, B]")
-                p = np.broadcast_to(p, (int(n_rows), self.B))
-            p = np.ascontiguousarray(p)
-        if p.shape[1] != self.B:
-            raise ValueError(f"priorities must have shape [n, {self.B}], got {p.shape}")
-        if p.shape[0] > self.T:
-            raise ValueError(f"cannot set {p.shape[0]} rows in a tree of {self.T} rows")
-        if not _set_pending(self._plain, self._meta_plain, self._pending_plain, abs_start, p):
-            raise ValueError("priorities must be finite and non-negative")
+        p = self._rows(priorities, n_rows)
+        self._check(_write(self._plain, self._meta_plain, self._pending_plain, int(abs_start), p, 0, 0, False), p)
 
     def move_window(self, lo: int, hi: int) -> None:
         """Make absolute rows ``[lo, hi)`` the valid ones (both ends only move forward; ``hi - lo <= T``)."""
-        old_lo, old_hi = self.window
         lo, hi = int(lo), int(hi)
-        hi = max(hi, lo)
-        if lo < old_lo or hi < old_hi:
-            raise ValueError(f"window can only move forward: [{old_lo}, {old_hi}) -> [{lo}, {hi})")
-        if hi - lo > self.T:
-            raise ValueError(f"window [{lo}, {hi}) is longer than the {self.T} rows of the tree")
-        _move_window(self._plain, self._meta_plain, self._pending_plain, lo, hi)
+        self._check(_write(self._plain, self._meta_plain, self._pending_plain, 0, self._no_rows, lo, hi, True), lo=lo, hi=hi)
+
+    def append(self, abs_start: int, priorities: np.ndarray | float | None, lo: int, hi: int, n_rows: int | None = None):
+        """``set_pending(abs_start, priorities, n_rows)`` then ``move_window(lo, hi)``, in one compiled call (what a
+        replay does per appended chunk); nothing is written if either would raise."""
+        p, lo, hi = self._rows(priorities, n_rows), int(lo), int(hi)
+        self._check(_write(self._plain, self._meta_plain, self._pending_plain, int(abs_start), p, lo, hi, True), p, lo, hi)
+
+    def _rows(self, priorities, n_rows) -> np.ndarray:
+        """priorities as a float64 [n, B] array (any layout: the kernel indexes it)."""
+        p = self.default_priority if priorities is None else priorities
+        if type(p) is np.ndarray and p.ndim == 2 and p.dtype is _FLOAT64:  # the per-step case: no numpy calls
+            return p
+        p = np.asarray(p, dtype=np.float64)
+        if p.ndim != 2:
+            if n_rows is None:
+                raise ValueError("n_rows is needed when priorities are not [n, B]")
+            p = np.broadcast_to(p, (int(n_rows), self.B))
+        return p
+
+    def _check(self, code: int, p: np.ndarray | None = None, lo: int = 0, hi: int = 0) -> None:
+        if code == _OK:
+            return
+        if code == _BAD_WIDTH:
+            raise ValueError(f"priorities must have shape [n, {self.B}], got {p.shape}")
+        if code == _TOO_MANY_ROWS:
+            raise ValueError(f"cannot set {p.shape[0]} rows in a tree of {self.T} rows")
+        if code == _BAD_PRIORITY:
+            raise ValueError("priorities must be finite and non-negative")
+        old_lo, old_hi = self.window
+        if code == _BACKWARD:
+            raise ValueError(f"window can only move forward: [{old_lo}, {old_hi}) -> [{lo}, {max(lo, hi)})")
+        raise ValueError(f"window [{lo}, {max(lo, hi)}) is longer than the {self.T} rows of the tree")
 
     def update(self, abs_rows: np.ndarray, b_idx: np.ndarray, priorities: np.ndarray) -> int:
         """Set leaves ``(abs_rows, b_idx)`` to ``priorities``; rows no longer in the window are skipped.

@@ -54,7 +54,7 @@ def _priorities(draw, n, B):
 
 
 @settings(max_examples=80, deadline=None)
-@given(T=st.integers(1, 40), B=st.integers(1, 5), fanout=st.sampled_from([2, 4, 8, 32]), data=st.data())
+@given(T=st.integers(1, 40), B=st.integers(1, 5), fanout=st.sampled_from([2, 4, 8, 32, 64]), data=st.data())
 def test_tree_matches_reference_under_random_operations(T, B, fanout, data):
     tree, ref = SumTree(T, B, fanout=fanout), RefTree(T, B)
     cursor = 0  # abs rows written
@@ -64,14 +64,17 @@ def test_tree_matches_reference_under_random_operations(T, B, fanout, data):
         if op == "append":
             n = data.draw(st.integers(1, T))
             p = _priorities(data.draw, n, B)
-            tree.set_pending(cursor, p)
-            ref.set_pending(cursor, p)
-            cursor += n
             back, fwd = data.draw(st.integers(0, 3)), data.draw(st.integers(0, 2))
-            hi = max(cursor - back, ref.hi)
-            lo = min(max(cursor - T + fwd, ref.lo, 0), hi)
-            tree.move_window(lo, hi)
+            hi = max(cursor + n - back, ref.hi)
+            lo = min(max(cursor + n - T + fwd, ref.lo, 0), hi)
+            if data.draw(st.booleans()):
+                tree.append(cursor, p, lo, hi)  # the one-call form of the two calls below
+            else:
+                tree.set_pending(cursor, p)
+                tree.move_window(lo, hi)
+            ref.set_pending(cursor, p)
             ref.move_window(lo, hi)
+            cursor += n
         elif op == "update" and ref.hi > 0:
             k = data.draw(st.integers(1, 6))
             rows = rng.integers(max(ref.lo - 3, 0), ref.hi + 3, k)  # some outside the window: must be dropped
@@ -178,6 +181,28 @@ def test_bad_input_raises_value_error():
         tree.set_pending(0, -np.ones((1, 2)))
     with pytest.raises(ValueError, match="shape"):
         tree.set_pending(0, np.ones((1, 3)))
+    with pytest.raises(ValueError, match="n_rows"):
+        tree.set_pending(0, 1.0)
+    with pytest.raises(ValueError, match="cannot set 5 rows"):
+        tree.set_pending(0, np.ones((5, 2)))
+
+
+def test_append_checks_everything_before_writing():
+    tree = SumTree(4, 2)
+    tree.append(0, np.ones((2, 2)), 0, 2)
+    before = tree.leaves.copy(), tree.window
+    with pytest.raises(ValueError, match="forward"):
+        tree.append(2, np.full((2, 2), 5.0), 0, 1)  # a valid chunk with a window moving back
+    with pytest.raises(ValueError, match="longer"):
+        tree.append(2, np.full((2, 2), 5.0), 0, 5)
+    with pytest.raises(ValueError, match="non-negative"):
+        tree.append(2, np.array([[1.0, np.nan]] * 2), 0, 4)
+    np.testing.assert_array_equal(tree.leaves, before[0])
+    assert tree.window == before[1]
+    tree.move_window(1, 4)  # rows 2, 3 enter with no priority given (the refused chunks were not kept): off
+    np.testing.assert_array_equal(tree.leaves, [[0, 0], [1, 1], [0, 0], [0, 0]])
+    tree.append(4, None, 2, 5, n_rows=1)  # row 4 (slot 0) with the default; row 1 leaves
+    np.testing.assert_array_equal(tree.leaves, [[1, 1], [0, 0], [0, 0], [0, 0]])
 
 
 class _EdgeRng:
@@ -203,3 +228,27 @@ def test_draw_past_a_nodes_children_never_picks_a_zero_leaf():
     rows, _, pri = tree.sample(5, _EdgeRng())
     assert (p[rows, 0] > 0).all() and (pri > 0).all()
     assert rows.tolist()[3:] == [33, 33]  # past node 1's children: its last positive leaf
+
+
+class _FixedRng:
+    def __init__(self, u):
+        self.u = u
+
+    def random(self, n):
+        return np.full(n, self.u)
+
+
+def test_rounding_inside_a_group_of_children_never_picks_a_zero_leaf():
+    # Children are found in two steps, a group of 8 by the groups' sums, then the child by running sums inside the
+    # group; the two can disagree by rounding. Here the draw is exactly 1.0 at node 0: group 1's sum, 2 * 2^-53,
+    # lifts the group prefix past 1.0, but added one at a time each 2^-53 rounds away (ties to even), so no child
+    # of group 1 passes the draw. The pick must fall back to the node's last positive child, not a zero one.
+    tiny = 2.0**-53
+    p = np.zeros((64, 1))
+    p[0], p[8], p[9] = 1.0, tiny, tiny  # node 0: group 0 holds 1.0, group 1 holds two tiny leaves, then zeros
+    tree = SumTree(64, 1, fanout=32)
+    tree.set_pending(0, p)
+    tree.move_window(0, 64)
+    tree._top[:] = [2.0, 0.0]  # total 2.0: one draw at u = 0.5 * 2.0 = 1.0 exactly, inside node 0
+    rows, _, pri = tree.sample(1, _FixedRng(0.5))
+    assert rows.tolist() == [9] and pri.tolist() == [tiny]
