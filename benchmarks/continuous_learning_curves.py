@@ -80,11 +80,11 @@ def halfcheetah(minutes: float, out_png: Path) -> None:
             eps = episodes(out / s)
             with open(out / s / "progress.csv") as f:
                 rows = list(csv.DictReader(f))
-            last = sum(r for _, r in eps[-5:]) / max(len(eps[-5:]), 1)
+            returns = [r for _, r in eps]
+            last = sum(returns[-5:]) / max(len(returns[-5:]), 1)
+            best = max((sum(returns[i - 5:i]) / 5 for i in range(5, len(returns) + 1)), default=0.0)
             print(f"HalfCheetah-v5  {s:<15} {int(rows[-1]['global_step']) if rows else 0:>7} steps in {minutes:.0f} min "
-                  f"(one CPU)  last 5 episodes {last:8.1f}  best mean of 5 "
-                  f"{max(sum(r for _, r in eps[i - 5:i]) / 5 for i in range(5, len(eps) + 1)) if len(eps) >= 5 else 0:8.1f}",
-                  flush=True)
+                  f"(one CPU)  last 5 episodes {last:8.1f}  best mean of 5 {best:8.1f}", flush=True)
             curves[s] = eps
     plot(curves, f"HalfCheetah-v5, {minutes:.0f} minutes each on one CPU (episode returns, mean of 5)", out_png,
          window=5)

@@ -74,7 +74,9 @@ def make_ours(T: int, B: int):
 
 def run_ours(state: dict, T: int, B: int, batch: int, seconds: float) -> float:
     tree, rng, cursor, new_rows = state["tree"], state["rng"], state["cursor"], state["new_rows"]
-    updates = state["updates"].setdefault(batch, list(rng.random((POOL, batch)) + 0.1))  # [batch] each
+    if batch not in state["updates"]:
+        state["updates"][batch] = list(rng.random((POOL, batch)) + 0.1)  # [batch] each
+    updates = state["updates"][batch]
     cycles, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds:
         i = cursor % POOL

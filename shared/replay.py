@@ -44,7 +44,7 @@ from shared.namedarraytuple import is_namedarraytuple, map_structure, namedarray
 from shared.procs import locked
 
 if TYPE_CHECKING:
-    from shared.sum_tree import SumTree  # imported when prioritized: it loads numba (0.4 s a process)
+    from shared.sum_tree import SumTree
 
 __all__ = ["ReplayBuffer", "SequenceReplayBuffer", "SampleIndex"]
 
@@ -208,6 +208,12 @@ def _leaves(name: str, ex: Any, x: Any):
         yield name, ex, x
 
 
+def _sum_tree(T: int, B: int, shared: bool) -> SumTree:
+    from shared.sum_tree import SumTree  # here, not at the top: it loads numba (0.4 s a process)
+
+    return SumTree(T, B, shared=shared)
+
+
 def _check_common(size: int, B: int, discount: float, n_step_return: int, frame_stack: int, alpha: float,
                   beta: float, priority_eps: float) -> None:
     if B < 1:
@@ -354,11 +360,7 @@ class ReplayBuffer(_Base):
             raise ValueError(f"size={size} gives {T} rows per env; need more than n_step_return + frame_stack")
         self.storage = _Storage(example, T, B, discount, n_step_return, frame_stack, shared)
         self.T, self.B, self.n_step_return = T, B, n_step_return
-        if prioritized:
-            from shared.sum_tree import SumTree
-            self.tree = SumTree(T, B, shared=shared)
-        else:
-            self.tree = None
+        self.tree = _sum_tree(T, B, shared) if prioritized else None
         self._setup(shared, mp_context, prioritized, alpha, beta, default_priority, priority_eps, seed)
         fields = list(self.storage.example._fields) + ["next_observation", *_DERIVED, "bootstrap_discount",
                                                        "is_weights"]
@@ -445,11 +447,7 @@ class SequenceReplayBuffer(_Base):
         self.sequence_length, self.interval, self.input_priority_shift = sequence_length, I, input_priority_shift
         self.n_slots = T // I
         self.rnn_state = buffer_from_example(self.storage.example.rnn_state, (self.n_slots, B), shared=shared)
-        if prioritized:
-            from shared.sum_tree import SumTree
-            self.tree = SumTree(self.n_slots, B, shared=shared)
-        else:
-            self.tree = None
+        self.tree = _sum_tree(self.n_slots, B, shared) if prioritized else None
         self._setup(shared, mp_context, prioritized, alpha, beta, default_priority, priority_eps, seed)
         fields = [f for f in self.storage.example._fields if f != "rnn_state"]
         fields += [*_DERIVED, "bootstrap_discount", "init_rnn_state", "is_weights"]

@@ -112,42 +112,49 @@ def _update(flat, meta, abs_rows, b_idx, p):
 
 @njit(cache=True, nogil=True, inline="always")
 def _pick_child(flat, base, width, u):
-    """The first of `width` children from `base` whose running prefix sum passes u, and the prefix before it;
-    (-1, 0.0) when rounding leaves u past them all. A zero child is never picked: the prefix before the pick is
-    <= u and the prefix after it > u, so the child itself is positive."""
-    if width & 7:  # fanout below 8, or a top level of a width that is no multiple of 8: a plain scan
+    """The first of `width` children from `base` whose running prefix sum passes u, and the prefix before it.
+    A zero child is never picked: the prefix before the pick is <= u and the prefix after it > u, so the child
+    itself is positive. When rounding leaves u past every running sum (in the parent's u - acc, or a group's sum
+    against the running sums inside it), the last positive child is taken."""
+    if width & 7 == 0:
+        # Groups of 8 children are summed independently; the group is found by counting the group prefix sums
+        # <= u, then the child the same way inside it. No branch depends on u (a scan's exit mispredicts about
+        # once a node) and the dependency chains are short.
+        prefix = acc = 0.0
+        group = 0
+        for g in range(0, width, 8):
+            s = 0.0
+            for c in range(8):
+                s += flat[base + g + c]
+            prefix += s
+            below = prefix <= u
+            group += below
+            acc = prefix if below else acc
+        if group * 8 < width:
+            j = group * 8
+            prefix = acc
+            for c in range(8):
+                prefix += flat[base + group * 8 + c]
+                below = prefix <= u
+                j += below
+                acc = prefix if below else acc
+            if j < group * 8 + 8:
+                return j, acc
+    else:  # fanout below 8, or a top level whose width is no multiple of 8: a plain scan
         acc = 0.0
         for c in range(width):
             v = flat[base + c]
             if acc + v > u:
                 return c, acc
             acc += v
-        return -1, 0.0
-    # Groups of 8 children are summed independently; the group is found by counting the group prefix sums <= u,
-    # then the child the same way inside it. No branch depends on u (a scan's exit mispredicts about once a
-    # node) and the dependency chains are short.
-    prefix = acc = 0.0
-    group = 0
-    for g in range(0, width, 8):
-        s = 0.0
-        for c in range(8):
-            s += flat[base + g + c]
-        prefix += s
-        below = prefix <= u
-        group += below
-        acc = prefix if below else acc
-    j = group * 8
-    if j == width:
-        return -1, 0.0
-    prefix = acc
-    for c in range(8):
-        prefix += flat[base + group * 8 + c]
-        below = prefix <= u
-        j += below
-        acc = prefix if below else acc
-    if j == group * 8 + 8:
-        return -1, 0.0
-    return j, acc
+    last = -1
+    for c in range(width):
+        if flat[base + c] > 0.0:
+            last = c
+    acc = 0.0
+    for c in range(last):
+        acc += flat[base + c]
+    return last, acc
 
 
 @njit(cache=True, nogil=True)
@@ -181,14 +188,6 @@ def _sample(flat, meta, uniforms, abs_rows, b_idx, priorities, sink):
         for k in range(n):
             base = starts[d] + node[k] * F
             j, acc = _pick_child(flat, base, width, u[k])
-            if j < 0:  # rounding left u past the children's running sums (in u - acc, or group sums against
-                # running ones): the last positive child
-                acc = 0.0
-                for c in range(width):
-                    if flat[base + c] > 0.0:
-                        j = c
-                for c in range(j):
-                    acc += flat[base + c]
             u[k] = max(u[k] - acc, 0.0)
             node[k] = node[k] * F + j
     for k in range(n):
@@ -217,7 +216,7 @@ def _fill_rows(flat, meta, source, abs_lo, abs_hi, zero):
         _propagate_range(flat, meta, a * B, b * B)
 
 
-# Error codes of _write; SumTree._check turns them into ValueErrors.
+# Error codes of _write; SumTree._apply turns them into ValueErrors.
 _OK, _BAD_WIDTH, _TOO_MANY_ROWS, _BAD_PRIORITY, _BACKWARD, _TOO_LONG = range(6)
 
 
@@ -328,19 +327,16 @@ class SumTree:
         ``priorities`` is ``[n, B]``, ``[B]`` or a scalar (broadcast; then ``n_rows`` says n), or ``None`` for
         the default. Rows already inside the window are updated in the tree at once.
         """
-        p = self._rows(priorities, n_rows)
-        self._check(_write(self._plain, self._meta_plain, self._pending_plain, int(abs_start), p, 0, 0, False), p)
+        self._apply(abs_start, self._rows(priorities, n_rows), 0, 0, move=False)
 
     def move_window(self, lo: int, hi: int) -> None:
         """Make absolute rows ``[lo, hi)`` the valid ones (both ends only move forward; ``hi - lo <= T``)."""
-        lo, hi = int(lo), int(hi)
-        self._check(_write(self._plain, self._meta_plain, self._pending_plain, 0, self._no_rows, lo, hi, True), lo=lo, hi=hi)
+        self._apply(0, self._no_rows, lo, hi, move=True)
 
     def append(self, abs_start: int, priorities: np.ndarray | float | None, lo: int, hi: int, n_rows: int | None = None):
         """``set_pending(abs_start, priorities, n_rows)`` then ``move_window(lo, hi)``, in one compiled call (what a
         replay does per appended chunk); nothing is written if either would raise."""
-        p, lo, hi = self._rows(priorities, n_rows), int(lo), int(hi)
-        self._check(_write(self._plain, self._meta_plain, self._pending_plain, int(abs_start), p, lo, hi, True), p, lo, hi)
+        self._apply(abs_start, self._rows(priorities, n_rows), lo, hi, move=True)
 
     def _rows(self, priorities, n_rows) -> np.ndarray:
         """priorities as a float64 [n, B] array (any layout: the kernel indexes it)."""
@@ -354,7 +350,9 @@ class SumTree:
             p = np.broadcast_to(p, (int(n_rows), self.B))
         return p
 
-    def _check(self, code: int, p: np.ndarray | None = None, lo: int = 0, hi: int = 0) -> None:
+    def _apply(self, abs_start: int, p: np.ndarray, lo: int, hi: int, move: bool) -> None:
+        lo, hi = int(lo), int(hi)
+        code = _write(self._plain, self._meta_plain, self._pending_plain, int(abs_start), p, lo, hi, move)
         if code == _OK:
             return
         if code == _BAD_WIDTH:

@@ -205,11 +205,14 @@ def test_append_checks_everything_before_writing():
     np.testing.assert_array_equal(tree.leaves, [[1, 1], [0, 0], [0, 0], [0, 0]])
 
 
-class _EdgeRng:
-    """Draws the largest float below 1: every stratum's draw sits at its very top."""
+class _FixedRng:
+    """Draws the same uniform every time."""
+
+    def __init__(self, u):
+        self.u = u
 
     def random(self, n):
-        return np.full(n, np.nextafter(1.0, 0.0))
+        return np.full(n, self.u)
 
 
 def test_draw_past_a_nodes_children_never_picks_a_zero_leaf():
@@ -225,17 +228,9 @@ def test_draw_past_a_nodes_children_never_picks_a_zero_leaf():
     top = tree._top  # a view of the top level
     assert top.tolist() == [1.0, 2.0]
     top[1] = 4.0  # total 5: draws at the top of strata 4 and 5 run past node 1's children
-    rows, _, pri = tree.sample(5, _EdgeRng())
+    rows, _, pri = tree.sample(5, _FixedRng(np.nextafter(1.0, 0.0)))  # each draw at the top of its stratum
     assert (p[rows, 0] > 0).all() and (pri > 0).all()
     assert rows.tolist()[3:] == [33, 33]  # past node 1's children: its last positive leaf
-
-
-class _FixedRng:
-    def __init__(self, u):
-        self.u = u
-
-    def random(self, n):
-        return np.full(n, self.u)
 
 
 def test_rounding_inside_a_group_of_children_never_picks_a_zero_leaf():
