@@ -15,6 +15,14 @@ Guarantees
   a reader copies them out under the same lock, so it never sees a mix of two versions.
 - ``locked(lock, check)`` waits for a lock shared with another process without hanging if that process died
   holding it: ``check`` (e.g. ``Worker.check``) raises.
+- ``ReplayPacer`` is the replay ratio of every replay script, in every mode: how many updates are due once so
+  many env steps are sampled. ``AsyncReplay`` is the link between an async replay sampler process and its
+  learner, written once: the learner publishes parameters every ``PUBLISH_EVERY`` updates and whenever it has
+  to wait (so a sampler waiting on it always sees its newest update count: no deadlock), sleeps ``WAIT_S`` and
+  counts the time when the replay ratio is reached (``wait_s``: the sampler is the bottleneck); the sampler
+  waits while it is more than ``max_lag_steps`` ahead of what the learner's updates cover and counts that
+  (``sampler_wait_s``: the learner is the bottleneck), pulls each newly published version, and reports finished
+  episodes with their global step.
 - Shared memory comes from ``shared.buffer`` (anonymous: it cannot leak); semaphores and locks come from the
   ``spawn`` context, whose resource tracker removes them even after a crash.
 """
@@ -27,6 +35,7 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import time
 import traceback
 from typing import Any, Callable
 
@@ -34,7 +43,8 @@ import numpy as np
 
 from shared.buffer import buffer_from_example, shared_zeros
 
-__all__ = ["Worker", "WorkerError", "DoubleBuffer", "SharedParameters", "CTX", "close_envs", "sampler_ahead"]
+__all__ = ["CTX", "AsyncReplay", "DoubleBuffer", "ReplayPacer", "SharedParameters", "Worker", "WorkerError",
+           "sampler_ahead"]
 
 CTX = mp.get_context("spawn")
 _POLL_S = 0.2
@@ -226,18 +236,6 @@ class SharedParameters:
         return version
 
 
-def close_envs(envs: Any, timeout: float = 5.0) -> None:
-    """Close a gymnasium vector env. An ``AsyncVectorEnv`` interrupted inside ``step`` (Ctrl-C) may have read
-    some workers' replies already; its ``close`` would then wait forever for the rest, so it gets ``timeout``
-    seconds before its worker processes are terminated."""
-    import gymnasium as gym
-
-    if isinstance(envs, gym.vector.AsyncVectorEnv):
-        envs.close(timeout=timeout)
-    else:
-        envs.close()
-
-
 def sampler_ahead(step: int, version: int, start_step: int, start_updates: int, min_steps_learn: int,
                   updates_per_step: float, max_lag_steps: int, chunk_steps: int = 0) -> bool:
     """Async replay pacing, sampler side: True when the sampler, at global env step ``step``, is more than
@@ -248,3 +246,105 @@ def sampler_ahead(step: int, version: int, start_step: int, start_updates: int, 
     ``max_lag_steps == 0`` never waits."""
     covered = start_step + min_steps_learn + (version - start_updates + 1) / updates_per_step + chunk_steps
     return bool(max_lag_steps) and step - covered > max_lag_steps
+
+
+class ReplayPacer:
+    """The replay ratio as a count of updates: ``updates_per_step`` per env step sampled past
+    ``min_steps_learn``, counted from where this process started (``start_step``, ``start_updates``: a resumed
+    run refills ``min_steps_learn`` steps before it learns again)."""
+
+    def __init__(self, updates_per_step: float, min_steps_learn: int, start_step: int = 0, start_updates: int = 0):
+        self.updates_per_step, self.min_steps_learn = updates_per_step, min_steps_learn
+        self.start_step, self.start_updates = start_step, start_updates
+
+    def due(self, sampled: int, updates: int) -> int:
+        """Updates to do now that ``sampled`` global env steps are in the replay and ``updates`` are done."""
+        learned = sampled - self.start_step - self.min_steps_learn
+        if learned <= 0:
+            return 0
+        return max(int(learned * self.updates_per_step) + self.start_updates - updates, 0)
+
+    def sampler_ahead(self, step: int, version: int, max_lag_steps: int, chunk_steps: int = 0) -> bool:
+        return sampler_ahead(step, version, self.start_step, self.start_updates, self.min_steps_learn,
+                             self.updates_per_step, max_lag_steps, chunk_steps)
+
+
+class AsyncReplay:
+    """The link between an async replay sampler process and its learner; see the module docstring.
+
+    Learner: ``link = AsyncReplay(module, pacer)``, start the sampler with ``link`` among its arguments, then
+    ``link.attach(worker, buffer)``; in the loop ``global_step = link.poll(run)``, at most one update, then
+    ``link.after_updates(module, updates, learned)``; log ``**link.waits()``.
+    Sampler: ``if link.sampler_wait(step, max_lag_steps): continue``, ``link.pull(module)``, step and append,
+    ``link.report(episodes, step)``.
+    """
+
+    PUBLISH_EVERY = 10  # learner updates between parameter copies (each copies the whole network)
+    WAIT_S = 0.002  # learner's sleep while the replay ratio is reached
+    SAMPLER_WAIT_S = 0.001  # sampler's sleep while it is too far ahead
+
+    def __init__(self, module: Any, pacer: ReplayPacer, num_envs: int):
+        self.pacer, self.num_envs = pacer, num_envs
+        self.params = SharedParameters(module)
+        self.params.publish(module, version=pacer.start_updates)
+        self.episodes = CTX.Queue()
+        self.sampler_waited = shared_zeros(1, np.float64)
+        self.wait_s = 0.0
+        self._worker: Worker | None = None
+        self._buffer: Any = None
+        self._version = -1  # sampler side: the version its module holds
+
+    def __getstate__(self) -> dict:  # what the sampler process receives: the shared parts only
+        state = self.__dict__.copy()
+        state["_worker"] = state["_buffer"] = None
+        return state
+
+    # learner side
+    def attach(self, worker: Worker, buffer: Any) -> None:
+        """The sampler ``worker`` appends to ``buffer`` (whose ``storage.cursor`` counts its rows)."""
+        self._worker, self._buffer = worker, buffer
+        buffer.watch(self.alive)  # a sampler killed while holding the replay's lock raises, never hangs
+
+    def alive(self) -> None:
+        self._worker.check(allow_finished=True)
+
+    def poll(self, run: Any) -> int:
+        """Raise if the sampler failed; record the episodes it finished in ``run``; return the global env
+        steps in the replay."""
+        self.alive()
+        while not self.episodes.empty():
+            run.episode(*self.episodes.get())
+        return self.pacer.start_step + self._buffer.storage.cursor * self.num_envs
+
+    def after_updates(self, module: Any, updates: int, learned: bool) -> None:
+        """Publish when due (every PUBLISH_EVERY updates, or whenever the learner has nothing to do); wait
+        a little when the learner has nothing to do."""
+        if updates >= self.params.version + self.PUBLISH_EVERY or (not learned and updates > self.params.version):
+            self.params.publish(module, version=updates, check=self.alive)
+        if not learned:
+            t0 = time.perf_counter()
+            time.sleep(self.WAIT_S)
+            self.wait_s += time.perf_counter() - t0
+
+    def waits(self) -> dict[str, float]:
+        """Seconds the learner waited for the sampler and the sampler for the learner, for the progress row."""
+        return {"wait_s": round(self.wait_s, 2), "sampler_wait_s": round(float(self.sampler_waited[0]), 2)}
+
+    # sampler side
+    def sampler_wait(self, step: int, max_lag_steps: int, chunk_steps: int = 0) -> bool:
+        """True after a short sleep when the sampler at ``step`` is too far ahead of the learner."""
+        if not self.pacer.sampler_ahead(step, self.params.version, max_lag_steps, chunk_steps):
+            return False
+        t0 = time.perf_counter()
+        time.sleep(self.SAMPLER_WAIT_S)
+        self.sampler_waited[0] += time.perf_counter() - t0
+        return True
+
+    def pull(self, module: Any) -> None:
+        """Load the newest published parameters into ``module`` if there are new ones."""
+        if self.params.version != self._version:
+            self._version = self.params.pull(module)
+
+    def report(self, episodes: list[tuple[float, int]], step: int) -> None:
+        for ret, length in episodes:
+            self.episodes.put((ret, length, step))

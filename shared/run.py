@@ -1,13 +1,21 @@
-"""The run folder every script writes, per ../shared/CONVENTIONS.md.
+"""The run folder every script writes, evaluation, and the shutdown every script shares (README: "The contract").
 
 Guarantees
 - ``bad_args(msg)`` prints one line ``error: <msg>`` to stderr and exits 2; call it before any process or
   environment starts.
 - ``RunFolder`` creates ``{out_dir}/{run_name}`` (or reopens the folder of a checkpoint being resumed), writes
   ``config.json`` (every argument plus python/torch/gymnasium/ale-py versions), appends rows to
-  ``progress.csv`` (first columns ``global_step,wall_time_s,sps,episodes,return_mean`` then the script's own;
-  ``episodes`` counts every episode finished in the run so far, ``return_mean`` covers those finished since
-  the previous row and is empty when none did) and mirrors them to TensorBoard under CleanRL's tag names.
+  ``progress.csv`` (first columns ``global_step,wall_time_s,sps,episodes,return_mean``, then whatever the
+  script passes to ``row``; ``episodes`` counts every episode finished in the run so far, ``return_mean``
+  covers those finished since the previous row and is empty when none did), prints each row as one line and
+  mirrors it to TensorBoard under CleanRL's tag names. Logging is additive: a key first passed mid-run becomes
+  a new column, the file is rewritten once (atomically) with that column empty in the earlier rows, so the
+  CSV always has one header that names every column.
+- ``evaluate`` plays whole episodes with the script's act function, logs ``eval/episodic_return`` and writes
+  ``eval.json``.
+- ``run.guard(state)`` wraps a script's loop: Ctrl-C or SIGTERM writes the checkpoint ``state()`` returns and
+  gives exit code 130; a failed sampler (``WorkerError``) gives one ``error:`` line and exit code 1; whatever
+  the loop ``hold``s (a sampler process, vector envs) is closed on every path, and the run folder last.
 - Checkpoints are written atomically (a temporary file renamed over the old one), so an interruption while
   saving leaves the previous checkpoint intact; they hold tensors and plain Python values only and load with
   ``torch.load(path, weights_only=True)``.
@@ -18,6 +26,7 @@ Guarantees
 
 from __future__ import annotations
 
+import collections
 import csv
 import dataclasses
 import json
@@ -28,11 +37,12 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, Callable, NoReturn
 
 import numpy as np
 
-__all__ = ["parse_args", "bad_args", "resolve_device", "RunFolder", "load_checkpoint", "stop_on_signals", "EXIT_INTERRUPTED"]
+__all__ = ["EXIT_INTERRUPTED", "RunFolder", "bad_args", "check_env_args", "evaluate", "load_checkpoint", "parse_args",
+           "resolve_device", "stop_on_signals"]
 
 EXIT_INTERRUPTED = 130
 PROGRESS_COLUMNS = ["global_step", "wall_time_s", "sps", "episodes", "return_mean"]
@@ -58,9 +68,18 @@ def parse_args(cls: type) -> Any:
     except SystemExit as e:
         if e.code in (0, None):
             raise
-        lines = [ln.strip().strip("\u2502").strip() for ln in captured.getvalue().splitlines()]
-        body = [ln for ln in lines if ln and not ln.startswith(("\u256d", "\u2570", "\u2500"))]
-        bad_args(body[0] if body else "could not parse the command line (see --help)")
+        # tyro draws a box: its first paragraph (up to a rule or a blank line) is the message, wrapped.
+        first: list[str] = []
+        for ln in captured.getvalue().splitlines():
+            ln = ln.strip().strip("\u2502").strip()
+            if ln.startswith("\u256d"):
+                continue
+            if not ln or ln.startswith(("\u2500", "\u2570")):
+                if first:
+                    break
+                continue
+            first.append(ln)
+        bad_args(" ".join(first) if first else "could not parse the command line (see --help)")
 
 
 def resolve_device(spec: str):
@@ -95,8 +114,9 @@ def stop_on_signals() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def load_checkpoint(path: str | os.PathLike) -> tuple[dict, Path]:
-    """Load ``checkpoint.pt`` (or the one inside a run folder) with ``weights_only=True``; returns (state, file)."""
+def load_checkpoint(path: str | os.PathLike, env_id: str) -> tuple[dict, Path]:
+    """Load ``checkpoint.pt`` (or the one inside a run folder) with ``weights_only=True``; returns (state, file).
+    A missing or unreadable file, or one written for another env, is a bad argument."""
     import torch
 
     p = Path(path)
@@ -105,9 +125,33 @@ def load_checkpoint(path: str | os.PathLike) -> tuple[dict, Path]:
     if not p.is_file():
         bad_args(f"--resume {path}: no checkpoint there")
     try:
-        return torch.load(p, map_location="cpu", weights_only=True), p
+        state = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any unreadable file is a bad argument
         bad_args(f"--resume {path}: cannot read the checkpoint ({type(e).__name__}: {e})")
+    if state["args"]["env_id"] != env_id:
+        bad_args(f"--resume: checkpoint is for {state['args']['env_id']}, not {env_id}")
+    return state, p
+
+
+def check_env_args(args: Any) -> None:
+    """The checks every script makes of ``--env-id`` and ``--capture-video`` (exit 2, one line)."""
+    import gymnasium as gym
+
+    from shared.atari import is_atari, register_atari
+
+    if args.env_id not in gym.registry and is_atari(args.env_id):
+        register_atari()
+    if args.env_id not in gym.registry:
+        bad_args(f"--env-id {args.env_id!r} is not a registered gymnasium environment (a custom env must be "
+                 f"registered when the script is imported)")
+    entry = str(gym.spec(args.env_id).entry_point or "")
+    if not is_atari(args.env_id) and "ale_py" in entry:
+        bad_args(f"--env-id {args.env_id}: use the *NoFrameskip-v4 Atari ids, which get the papers' preprocessing")
+    if getattr(args, "capture_video", False):
+        try:
+            import moviepy  # noqa: F401
+        except ImportError:
+            bad_args("--capture-video needs moviepy (pip install -r requirements.txt)")
 
 
 def _versions() -> dict[str, str]:
@@ -120,11 +164,14 @@ def _versions() -> dict[str, str]:
     return out
 
 
+# Scalars that are not losses go under charts/ (CleanRL's tags); everything else under losses/.
+CHART_KEYS = {"learning_rate", "epsilon", "updates", "wait_s", "sampler_wait_s"}
+
+
 class RunFolder:
     """Owns one run folder: config, progress rows, TensorBoard, checkpoints."""
 
-    def __init__(self, args: Any, script: str, extra_columns: list[str], folder: Path | None = None,
-                 start_step: int = 0):
+    def __init__(self, args: Any, script: str, folder: Path | None = None, start_step: int = 0):
         from torch.utils.tensorboard import SummaryWriter
 
         config = dataclasses.asdict(args) if dataclasses.is_dataclass(args) else dict(vars(args))
@@ -138,18 +185,21 @@ class RunFolder:
             config_file = self.path / f"config.resume-{start_step}.json"
         config_file.write_text(json.dumps({"args": config, "versions": _versions(), "script": script}, indent=2,
                                           default=str))
-        self.columns = PROGRESS_COLUMNS + list(extra_columns)
-        progress = self.path / "progress.csv"
-        new = not progress.exists()
-        self._csv_file = open(progress, "a", newline="")
+        self._progress = self.path / "progress.csv"
+        self.columns = list(PROGRESS_COLUMNS)
+        if self._progress.exists():
+            with open(self._progress, newline="") as f:
+                self.columns = next(csv.reader(f), None) or self.columns
+        else:
+            self._progress.write_text(",".join(self.columns) + "\n")
+        self._csv_file = open(self._progress, "a", newline="")  # noqa: SIM115 - open for the run's lifetime
         self._csv = csv.writer(self._csv_file)
-        if new:
-            self._csv.writerow(self.columns)
-            self._csv_file.flush()
         self.tb = SummaryWriter(str(self.path))
         self._t0 = time.time()
         self._last_t, self._last_step = self._t0, start_step
-        self._returns: list[float] = []
+        self._returns: list[float] = []  # since the last row
+        self._recent: collections.deque[float] = collections.deque(maxlen=100)
+        self._last_values: dict[str, Any] = {}
         self.episodes = 0
 
     def episode(self, ret: float, length: int, global_step: int) -> None:
@@ -157,30 +207,67 @@ class RunFolder:
         if not math.isfinite(ret):
             raise FloatingPointError(f"episode return is {ret}")
         self._returns.append(float(ret))
+        self._recent.append(float(ret))
         self.episodes += 1
         self.tb.add_scalar("charts/episodic_return", ret, global_step)
         self.tb.add_scalar("charts/episodic_length", length, global_step)
 
-    def row(self, global_step: int, **values: float) -> dict:
-        """Write one progress row and its TensorBoard scalars; returns the row."""
+    def reached(self, threshold: float | None, n: int, global_step: int) -> bool:
+        """True (and says so) once the last ``n`` episodes average at least ``threshold``; never for None."""
+        if threshold is None or len(self._recent) < n:
+            return False
+        mean = float(np.mean(list(self._recent)[-n:]))
+        if mean < threshold:
+            return False
+        print(f"mean return of the last {n} episodes {mean:.1f} >= {threshold} at step {global_step}: stopping",
+              flush=True)
+        return True
+
+    def row(self, global_step: int, **values: Any) -> dict:
+        """Write one progress row (any keys: new ones become columns), its TensorBoard scalars and a console
+        line; returns the row."""
         now = time.time()
         sps = (global_step - self._last_step) / max(now - self._last_t, 1e-9)
         self._last_t, self._last_step = now, global_step
         ret_mean = float(np.mean(self._returns)) if self._returns else None
         row = {"global_step": global_step, "wall_time_s": round(now - self._t0, 3), "sps": round(sps, 1),
-               "episodes": self.episodes, "return_mean": ret_mean}
-        unknown = set(values) - set(self.columns)
-        if unknown:
-            raise KeyError(f"progress values {sorted(unknown)} are not columns of this run")
-        row.update(values)
+               "episodes": self.episodes, "return_mean": ret_mean, **values}
+        new = [k for k in row if k not in self.columns]
+        if new:
+            self._add_columns(new)
         self._csv.writerow(["" if row.get(c) is None else row[c] for c in self.columns])
         self._csv_file.flush()
         self.tb.add_scalar("charts/SPS", sps, global_step)
         for k, v in values.items():
             if v is not None:
-                self.tb.add_scalar(k if "/" in k else f"losses/{k}", v, global_step)
+                self.tb.add_scalar(k if "/" in k else f"{'charts' if k in CHART_KEYS else 'losses'}/{k}", v,
+                                   global_step)
         self._returns.clear()
+        self._last_values = values
+        rm = f"{ret_mean:.1f}" if ret_mean is not None else "-"
+        extra = "  ".join(f"{k} {v:.4g}" for k, v in values.items() if isinstance(v, (int, float)))
+        print(f"step {global_step:>9}  sps {sps:>6.0f}  return {rm:>7}  episodes {self.episodes:>5}  {extra}",
+              flush=True)
         return row
+
+    def finish(self, global_step: int) -> None:
+        """A last row at ``global_step`` (with the latest values) unless the last row is already there."""
+        if global_step != self._last_step:
+            self.row(global_step, **self._last_values)
+
+    def _add_columns(self, new: list[str]) -> None:
+        self._csv_file.close()
+        with open(self._progress, newline="") as f:
+            rows = list(csv.reader(f))[1:]
+        self.columns += new
+        tmp = self._progress.with_name(f".progress.csv.tmp{os.getpid()}")
+        with open(tmp, "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(self.columns)
+            writer.writerows(r + [""] * (len(self.columns) - len(r)) for r in rows)
+        os.replace(tmp, self._progress)
+        self._csv_file = open(self._progress, "a", newline="")  # noqa: SIM115 - open for the run's lifetime
+        self._csv = csv.writer(self._csv_file)
 
     def save_checkpoint(self, state: dict) -> Path:
         """Atomically write ``checkpoint.pt`` (tensors and plain values only)."""
@@ -192,6 +279,80 @@ class RunFolder:
         os.replace(tmp, final)
         return final
 
+    def guard(self, state: Callable[[], dict]) -> Guard:
+        """``with run.guard(state) as guard:`` around the loop; ``state()`` gives the checkpoint to write on
+        Ctrl-C/SIGTERM (it must hold ``global_step``); the script returns ``guard.exit_code``."""
+        return Guard(self, state)
+
     def close(self) -> None:
         self.tb.close()
         self._csv_file.close()
+
+
+class Guard:
+    """The end of every run, written once: see ``RunFolder.guard``."""
+
+    def __init__(self, run: RunFolder, state: Callable[[], dict]):
+        self.run, self.state, self.exit_code = run, state, 0
+        self._held: list[Any] = []
+
+    def hold(self, thing: Any) -> Any:
+        """Close ``thing`` (a ``procs.Worker`` or a vector env) when the run ends, however it ends."""
+        self._held.append(thing)
+        return thing
+
+    def __enter__(self) -> Guard:
+        return self
+
+    def __exit__(self, kind, error, tb) -> bool:
+        from shared.envs import close_envs
+        from shared.procs import WorkerError
+
+        try:
+            if kind is not None and issubclass(kind, KeyboardInterrupt):
+                state = self.state()
+                print(f"interrupted at step {state['global_step']}: writing checkpoint", file=sys.stderr, flush=True)
+                self.run.finish(int(state["global_step"]))
+                self.run.save_checkpoint(state)
+                self.exit_code = EXIT_INTERRUPTED
+            elif kind is not None and issubclass(kind, WorkerError):
+                print(error, file=sys.stderr)
+                print("error: the sampler process failed", file=sys.stderr, flush=True)
+                self.exit_code = 1
+        finally:
+            for thing in reversed(self._held):
+                if hasattr(thing, "stop"):
+                    thing.stop()
+                else:
+                    close_envs(thing)
+            self.run.close()
+        return kind is None or self.exit_code != 0
+
+
+def evaluate(run: RunFolder, env: Any, act: Callable[[Any, float | None], Any], episodes: int, seed: int,
+             global_step: int, video: bool = False) -> list[float]:
+    """Play ``episodes`` whole episodes in ``env`` (reset with seeds ``seed + 100_000 + i``), the actions from
+    ``act(obs, last_reward)`` (``last_reward`` is None on an episode's first step, so a recurrent policy knows to
+    start afresh); log each return as ``eval/episodic_return``, write ``eval.json``, close ``env``. With
+    ``video`` (``env`` made with ``render_mode="rgb_array"``) the first episode goes to ``{run}/videos``."""
+    import gymnasium as gym
+    import torch
+
+    if video:
+        env = gym.wrappers.RecordVideo(env, str(run.path / "videos"), episode_trigger=lambda i: i == 0,
+                                       disable_logger=True)
+    returns = []
+    with torch.no_grad():
+        for ep in range(episodes):
+            obs, _ = env.reset(seed=seed + 100_000 + ep)
+            done, total, reward = False, 0.0, None
+            while not done:
+                obs, reward, term, trunc, _ = env.step(act(obs, reward))
+                total += float(reward)
+                done = term or trunc
+            returns.append(total)
+            run.tb.add_scalar("eval/episodic_return", total, global_step)
+    env.close()
+    (run.path / "eval.json").write_text(json.dumps({"returns": returns, "mean": float(np.mean(returns))}))
+    print(f"evaluation over {len(returns)} episodes: mean return {np.mean(returns):.1f}", flush=True)
+    return returns

@@ -1,0 +1,63 @@
+"""Vector environments for the sampling modes, and the checks a network needs of an observation space.
+
+Guarantees
+- ``vector_env(thunks, mode)``: ``serial`` steps the envs in this process (``SyncVectorEnv``); ``parallel``
+  steps each in a ``spawn``ed worker process (``AsyncVectorEnv``). Both use next-step autoreset: the step after
+  an episode ends only resets that env and returns the first observation of the next episode.
+  A custom env id must be registered when its module is imported (``gym.register`` at the top of the script or
+  of a module it imports): spawned workers and the async sampler import the script again and nothing else.
+- ``close_envs(envs)`` never hangs: an ``AsyncVectorEnv`` interrupted inside ``step`` gets a timeout, then its
+  workers are terminated.
+- ``probe_spaces(thunk)`` returns one env's (observation space, action space) and closes it.
+- ``image_shape(obs_shape)`` returns ``(C, H, W)`` for an image observation given channel-first ``[C, H, W]``
+  or channel-last ``[H, W, C]`` (the scripts' CNNs take both), and raises ``ValueError`` with a readable
+  reason when the Nature CNN cannot take it (smaller than 36x36 pixels).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import gymnasium as gym
+
+__all__ = ["MIN_IMAGE_SIDE", "close_envs", "image_shape", "probe_spaces", "vector_env"]
+
+MIN_IMAGE_SIDE = 36  # the Nature CNN's three convolutions (8/4, 4/2, 3/1) need at least this many pixels a side
+
+
+def vector_env(thunks: list[Callable[[], gym.Env]], mode: str) -> gym.vector.VectorEnv:
+    next_step = gym.vector.AutoresetMode.NEXT_STEP
+    if mode == "parallel":
+        return gym.vector.AsyncVectorEnv(thunks, context="spawn", autoreset_mode=next_step)
+    return gym.vector.SyncVectorEnv(thunks, autoreset_mode=next_step)
+
+
+def close_envs(envs: Any, timeout: float = 5.0) -> None:
+    """Close a gymnasium vector env. An ``AsyncVectorEnv`` interrupted inside ``step`` (Ctrl-C) may have read
+    some workers' replies already; its ``close`` would then wait forever for the rest, so it gets ``timeout``
+    seconds before its worker processes are terminated."""
+    if isinstance(envs, gym.vector.AsyncVectorEnv):
+        envs.close(timeout=timeout)
+    else:
+        envs.close()
+
+
+def probe_spaces(thunk: Callable[[], gym.Env]) -> tuple[gym.Space, gym.Space]:
+    env = thunk()
+    try:
+        return env.observation_space, env.action_space
+    finally:
+        env.close()
+
+
+def image_shape(obs_shape: tuple[int, ...]) -> tuple[int, int, int]:
+    """(C, H, W) of an image observation, channel-first or channel-last (channels: the smallest axis)."""
+    if len(obs_shape) != 3:
+        raise ValueError(f"an image observation has 3 axes ([C, H, W] or [H, W, C]), got shape {obs_shape}")
+    channels_last = obs_shape[2] < obs_shape[0]
+    c, h, w = (obs_shape[2], obs_shape[0], obs_shape[1]) if channels_last else obs_shape
+    if min(h, w) < MIN_IMAGE_SIDE:
+        raise ValueError(f"observation shape {obs_shape}: the Nature CNN needs images of at least "
+                         f"{MIN_IMAGE_SIDE}x{MIN_IMAGE_SIDE} pixels, got {h}x{w}; resize them "
+                         f"(gymnasium.wrappers.ResizeObservation) or give the network a smaller torso")
+    return int(c), int(h), int(w)
