@@ -19,57 +19,64 @@ returns are whole games, unclipped.
 from __future__ import annotations
 
 import os
-import re
 import sys
 import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Literal
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # find shared/ without an install step
+# Find shared/ without an install step, from algos/ or from a copy anywhere in the repository.
+sys.path.insert(0, str(next(p for p in Path(__file__).resolve().parents if (p / "shared" / "__init__.py").exists())))
 
-import gymnasium as gym  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-from torch.distributions import Categorical  # noqa: E402
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+from torch.distributions import Categorical
 
-from shared.affinity import make_affinity  # noqa: E402
-from shared.buffer import buffer_from_example  # noqa: E402
-from shared.namedarraytuple import namedarraytuple  # noqa: E402
-from shared.procs import DoubleBuffer, Worker, WorkerError, close_envs, parent_alive_check  # noqa: E402
-from shared.run import (EXIT_INTERRUPTED, RunFolder, bad_args, load_checkpoint, parse_args,  # noqa: E402
-                        resolve_device, stop_on_signals)
+from shared.affinity import make_affinity
+from shared.atari import is_atari, make_atari_env, make_atari_vector_env
+from shared.buffer import buffer_from_example
+from shared.envs import image_shape, probe_spaces, vector_env
+from shared.namedarraytuple import namedarraytuple
+from shared.procs import DoubleBuffer, Worker, parent_alive_check
+from shared.run import (RunFolder, bad_args, check_env_args, evaluate, load_checkpoint, parse_args, resolve_device,
+                        stop_on_signals)
+
+SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own name
 
 
 @dataclass
 class Args:
+    # experiment
     env_id: str = "BreakoutNoFrameskip-v4"
     """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations (MLP)"""
     seed: int = 1
     """seeds every env, worker and network"""
     total_timesteps: int = 10_000_000
     """agent steps summed over all envs (Atari: 4 emulator frames each)"""
-    num_envs: int = 16
-    """environments stepped together; the batch is num_envs x num_steps"""
-    num_steps: int = 5
-    """steps per env in each rollout"""
-    sampler: str = "serial"
-    """serial (one process), parallel (ale-py threads / gymnasium AsyncVectorEnv) or async (sampler process
-    collects rollout k+1 with the parameters of update k-1 while the learner trains on rollout k)"""
-    device: str = "auto"
-    """auto (cuda if available), cpu, cuda or cuda:N"""
     out_dir: str = "runs"
     """parent folder of the run folder"""
     run_name: str = ""
-    """run folder name; default {env_id}__a2c_atari__{seed}__{unix time}"""
-    checkpoint_every: int = 0
-    """global env steps between checkpoints (0: only at the end and on interruption)"""
+    """run folder name; default {env_id}__{script file name}__{seed}__{unix time}"""
     resume: str = ""
     """checkpoint file or run folder to continue from (continues its progress.csv)"""
+    checkpoint_every: int = 0
+    """global env steps between checkpoints (0: only at the end and on interruption)"""
+    log_every: int = 100
+    """rollouts between progress rows"""
     eval_episodes: int = 10
     """episodes played by the final policy after training (0: none)"""
     capture_video: bool = False
     """record the first evaluation episode to {run}/videos"""
+    stop_at_return: float | None = None
+    """stop early once the mean return of the last 20 episodes reaches this"""
+    # algorithm
+    num_envs: int = 16
+    """environments stepped together; the batch is num_envs x num_steps"""
+    num_steps: int = 5
+    """steps per env in each rollout"""
     learning_rate: float = 7e-4
     """RMSprop step size at the start"""
     anneal_lr: bool = True
@@ -90,6 +97,7 @@ class Args:
     """value loss weight"""
     max_grad_norm: float = 0.5
     """global gradient-norm clip"""
+    # environment (Atari ids only)
     noop_max: int = 30
     """Atari: up to this many random no-ops at reset (paper convention 30)"""
     sticky_actions: float = 0.0
@@ -98,62 +106,36 @@ class Args:
     """Atari: train on the sign of the reward (logged returns stay unclipped)"""
     life_loss_terminal: bool = True
     """Atari: a lost life ends the training episode for bootstrapping (the game itself goes on)"""
+    # infrastructure
+    sampler: Literal["serial", "parallel", "async"] = "serial"
+    """serial (one process), parallel (ale-py threads / gymnasium AsyncVectorEnv) or async (sampler process
+    collects rollout k+1 with the parameters of update k-1 while the learner trains on rollout k)"""
+    device: str = "auto"
+    """auto (cuda if available), cpu, cuda or cuda:N"""
     bf16: bool = False
     """run the network under bfloat16 autocast (fast on CPUs with AMX and on recent GPUs)"""
-    log_every: int = 100
-    """rollouts between progress rows"""
-    stop_at_return: float | None = None
-    """stop early once the mean return of the last 20 episodes reaches this"""
 
 
 # ---------------------------------------------------------------------------------------------- environments
 
 
-def is_atari(env_id: str) -> bool:
-    return "NoFrameskip" in env_id
+def make_env(args: Args, render: bool = False):
+    """One env. Atari ids get the papers' preprocessing (shared/atari.py); any other id is a plain gym.make:
+    the place to plug in your own env (register it at import time so spawned processes know it)."""
 
-
-def ale_game(env_id: str) -> str:
-    """'MsPacmanNoFrameskip-v4' -> 'ms_pacman' (ale-py's ROM name)."""
-    name = env_id.split("NoFrameskip")[0]
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
-
-
-ATARI_MAX_FRAMES = 108_000  # 30 minutes of play: the time limit in both samplers
-
-
-def make_env(args: Args, idx: int, render: bool = False):
-    def thunk():
-        render_mode = "rgb_array" if render else None
+    def thunk() -> gym.Env:
         if is_atari(args.env_id):
-            import ale_py
-
-            gym.register_envs(ale_py)
-            env = gym.make(args.env_id, max_episode_steps=ATARI_MAX_FRAMES, render_mode=render_mode,
-                           repeat_action_probability=args.sticky_actions)
-            env = gym.wrappers.AtariPreprocessing(env, noop_max=args.noop_max, frame_skip=4, screen_size=84,
-                                                  terminal_on_life_loss=False, grayscale_obs=True)
-            return gym.wrappers.FrameStackObservation(env, 4, padding_type="zero")
-        return gym.make(args.env_id, render_mode=render_mode)
+            return make_atari_env(args.env_id, args.noop_max, args.sticky_actions, render)
+        return gym.make(args.env_id, render_mode="rgb_array" if render else None)
 
     return thunk
 
 
-def make_envs(args: Args, mode: str, n_threads: int = 1):
-    """serial: SyncVectorEnv; parallel: ale-py's threaded AtariVectorEnv or gymnasium's AsyncVectorEnv."""
-    next_step = gym.vector.AutoresetMode.NEXT_STEP
-    if mode == "serial":
-        return gym.vector.SyncVectorEnv([make_env(args, i) for i in range(args.num_envs)], autoreset_mode=next_step)
-    if is_atari(args.env_id):
-        from ale_py.vector_env import AtariVectorEnv
-
-        # Same preprocessing as the serial wrappers; raw rewards (clipping here would lose the true score).
-        return AtariVectorEnv(ale_game(args.env_id), args.num_envs, num_threads=n_threads,
-                              noop_max=args.noop_max, repeat_action_probability=args.sticky_actions,
-                              max_num_frames_per_episode=ATARI_MAX_FRAMES, reward_clipping=False,
-                              episodic_life=False, use_fire_reset=False, autoreset_mode=next_step)
-    return gym.vector.AsyncVectorEnv([make_env(args, i) for i in range(args.num_envs)], context="spawn",
-                                     autoreset_mode=next_step)
+def make_envs(args: Args, mode: str, n_threads: int = 1) -> gym.vector.VectorEnv:
+    """[B] envs: serial in this process; parallel in ale-py's threads (Atari) or in worker processes."""
+    if mode == "parallel" and is_atari(args.env_id):
+        return make_atari_vector_env(args.env_id, args.num_envs, n_threads, args.noop_max, args.sticky_actions)
+    return vector_env([make_env(args) for _ in range(args.num_envs)], mode)
 
 
 # ---------------------------------------------------------------------------------------------- network
@@ -166,17 +148,21 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias: float = 0.0) -> 
 
 
 class Agent(nn.Module):
-    """Nature CNN (uint8 frames, scaled inside) or a 64x64 tanh MLP, with policy and value heads."""
+    """Nature CNN for images ([C, H, W] or [H, W, C], at least 36x36 pixels; uint8 scaled to [0, 1] inside) or a
+    64x64 tanh MLP for vectors, with policy and value heads."""
 
     def __init__(self, obs_shape: tuple[int, ...], n_actions: int):
         super().__init__()
         self.image = len(obs_shape) == 3
         if self.image:
-            self.torso = nn.Sequential(
-                layer_init(nn.Conv2d(obs_shape[0], 32, 8, stride=4)), nn.ReLU(),
+            c, h, w = image_shape(obs_shape)  # ValueError with the reason when the CNN cannot take the images
+            self.channels_last = tuple(obs_shape) != (c, h, w)
+            conv = nn.Sequential(
+                layer_init(nn.Conv2d(c, 32, 8, stride=4)), nn.ReLU(),
                 layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-                layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten(),
-                layer_init(nn.Linear(64 * 7 * 7, 512)), nn.ReLU())
+                layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten())
+            n_flat = conv(torch.zeros(1, c, h, w)).shape[1]  # 64 * 7 * 7 for 84x84 frames
+            self.torso = nn.Sequential(*conv, layer_init(nn.Linear(n_flat, 512)), nn.ReLU())
             width = 512
         else:
             self.torso = nn.Sequential(layer_init(nn.Linear(int(np.prod(obs_shape)), 64)), nn.Tanh(),
@@ -186,7 +172,11 @@ class Agent(nn.Module):
         self.critic = layer_init(nn.Linear(width, 1), std=1.0)
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = obs.float() / 255.0 if self.image else obs.float().flatten(1)
+        if self.image:
+            x = obs.permute(0, 3, 1, 2) if self.channels_last else obs  # [N, C, H, W]
+            x = x.float() / 255.0 if obs.dtype == torch.uint8 else x.float()
+        else:
+            x = obs.float().flatten(1)
         h = self.torso(x)
         return self.actor(h).float(), self.critic(h).float().squeeze(-1)  # logits [N, A], value [N]
 
@@ -345,8 +335,6 @@ def check_args(args: Args) -> None:
     for name in ("num_envs", "num_steps", "total_timesteps", "log_every"):
         if getattr(args, name) <= 0:
             bad_args(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    if args.sampler not in ("serial", "parallel", "async"):
-        bad_args(f"--sampler must be serial, parallel or async, got {args.sampler!r}")
     for name in ("checkpoint_every", "eval_episodes", "noop_max", "ent_coef", "vf_coef", "max_grad_norm"):
         if getattr(args, name) < 0:
             bad_args(f"--{name.replace('_', '-')} must be non-negative, got {getattr(args, name)}")
@@ -354,32 +342,24 @@ def check_args(args: Args) -> None:
         bad_args(f"--learning-rate must be in (0, 1), got {args.learning_rate}")
     if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1 and 0 <= args.sticky_actions < 1):
         bad_args("--gamma, --gae-lambda must be in [0, 1] and --sticky-actions in [0, 1)")
-    if args.capture_video:
-        try:
-            import moviepy  # noqa: F401
-        except ImportError:
-            bad_args("--capture-video needs moviepy (pip install -r requirements.txt)")
-    if args.env_id not in gym.registry:
-        if is_atari(args.env_id):
-            import ale_py
+    check_env_args(args)
 
-            gym.register_envs(ale_py)
-        if args.env_id not in gym.registry:
-            bad_args(f"--env-id {args.env_id!r} is not a registered gymnasium environment")
-    spec = gym.spec(args.env_id)
-    if not is_atari(args.env_id) and spec.entry_point and "ale_py" in str(spec.entry_point):
-        bad_args(f"--env-id {args.env_id}: use the *NoFrameskip-v4 Atari ids with this script")
+
+def act(agent: Agent, device: torch.device, obs: np.ndarray, last_reward: float | None) -> int:
+    """Evaluation policy: an action sampled from the policy for one observation."""
+    logits, _ = agent(torch.as_tensor(obs, device=device)[None])
+    return int(Categorical(logits=logits).sample().item())
 
 
 def main() -> int:
     args = parse_args(Args)
     check_args(args)
     device = resolve_device(args.device)
-    resumed, ckpt_file = (load_checkpoint(args.resume) if args.resume else (None, None))
-    if resumed is not None and resumed["args"]["env_id"] != args.env_id:
-        bad_args(f"--resume: checkpoint is for {resumed['args']['env_id']}, not {args.env_id}")
+    resumed, ckpt_file = load_checkpoint(args.resume, args.env_id) if args.resume else (None, None)
+    obs_space, act_space = probe_spaces(make_env(args))
+    if not isinstance(act_space, gym.spaces.Discrete):
+        bad_args(f"--env-id {args.env_id}: A2C here needs a discrete action space, got {act_space}")
     stop_on_signals()
-
     affinity = make_affinity(args.sampler)
     affinity.apply_learner()
     np.random.seed(args.seed)
@@ -387,13 +367,10 @@ def main() -> int:
     batch = args.num_envs * args.num_steps
     num_iterations = max(args.total_timesteps // batch, 1)
 
-    probe = make_env(args, 0)()
-    obs_space, act_space = probe.observation_space, probe.action_space
-    probe.close()
-    if not isinstance(act_space, gym.spaces.Discrete):
-        bad_args(f"--env-id {args.env_id}: A2C here needs a discrete action space, got {act_space}")
-
-    agent = Agent(obs_space.shape, int(act_space.n)).to(device)
+    try:
+        agent = Agent(obs_space.shape, int(act_space.n)).to(device)
+    except ValueError as e:
+        bad_args(f"--env-id {args.env_id}: {e}")
     if agent.image and device.type == "cpu":
         agent = agent.to(memory_format=torch.channels_last)
     optimizer = torch.optim.RMSprop(agent.parameters(), lr=args.learning_rate, alpha=args.rmsprop_alpha,
@@ -404,103 +381,54 @@ def main() -> int:
         optimizer.load_state_dict(resumed["optimizer"])
         global_step = int(resumed["global_step"])
         start_iter = global_step // batch
-    extras = ["learning_rate", "policy_loss", "value_loss", "entropy", "grad_norm", "rho_mean"]
-    run = RunFolder(args, "a2c_atari", extras, folder=ckpt_file.parent if ckpt_file else None,
-                    start_step=global_step)
+    run = RunFolder(args, SCRIPT, folder=ckpt_file.parent if ckpt_file else None, start_step=global_step)
 
-    def checkpoint() -> None:
-        run.save_checkpoint({"model": agent.state_dict(), "optimizer": optimizer.state_dict(),
-                             "global_step": global_step,
-                             "args": vars(args).copy()})
+    def checkpoint() -> dict:
+        return {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "global_step": global_step,
+                "args": vars(args).copy()}
 
     example, boot_example = rollout_example(obs_space, args.num_steps, args.num_envs)
-    worker, envs = None, None
-    recent: list[float] = []
     next_checkpoint = global_step + args.checkpoint_every if args.checkpoint_every else None
-    exit_code = 0
     print(f"run folder {run.path}  sampler {args.sampler}  device {device}  batch {batch}  "
           f"iterations {start_iter}..{num_iterations}", flush=True)
-    try:
+    with run.guard(checkpoint) as guard:
         if args.sampler == "async":
             buffers = DoubleBuffer(example, (args.num_steps, args.num_envs), module=agent)
             boots = [buffer_from_example(boot_example, (), shared=True) for _ in range(2)]
-            worker = Worker(sampler_main, (args, buffers, boots, start_iter, num_iterations, affinity, os.getpid()),
-                            name="sampler")
+            worker = guard.hold(Worker(sampler_main, (args, buffers, boots, start_iter, num_iterations, affinity,
+                                                      os.getpid()), name="sampler"))
         else:
-            envs = make_envs(args, args.sampler, n_threads=len(affinity.learner_cpus))
+            envs = guard.hold(make_envs(args, args.sampler, n_threads=len(affinity.learner_cpus)))
             state = EnvState(envs, args.seed + start_iter)  # a resumed run starts fresh episodes
-            buf = buffer_from_example(example, (args.num_steps, args.num_envs))
-            boot = buffer_from_example(boot_example, ())
-        t_start = time.time()
+            buf = buffer_from_example(example, (args.num_steps, args.num_envs))  # [T, B]
+            boot = buffer_from_example(boot_example, ())  # [B]
         for it in range(start_iter, num_iterations):
             lr = args.learning_rate * (1.0 - it / num_iterations) if args.anneal_lr else args.learning_rate
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            if worker is not None:
+            if args.sampler == "async":  # sampled by the other process with the parameters of update it - 1
                 buf, boot = buffers.reader_acquire(it, worker.check), boots[it % 2]
             else:
                 collect(envs, agent, state, buf, boot, args, device)
             global_step += batch
             for ret, length in zip(buf.ep_return[buf.ended], buf.ep_length[buf.ended]):
                 run.episode(float(ret), int(length), global_step)
-                recent = (recent + [float(ret)])[-20:]
             stats = learn_from(agent, optimizer, buf, boot, args, device)
-            if worker is not None:
-                # Hand the slot back with the new parameters: the sampler's rollout it + 2 uses them.
+            if args.sampler == "async":  # the slot goes back with the new parameters: rollout it + 2 uses them
                 buffers.reader_release(it, module=agent, version=it + 1)
             if (it + 1) % args.log_every == 0 or it + 1 == num_iterations:
-                row = run.row(global_step, learning_rate=lr, **stats)
-                rm = f"{row['return_mean']:.1f}" if row["return_mean"] is not None else "-"
-                print(f"step {global_step:>9}  sps {row['sps']:>7.0f}  return {rm:>7}  episodes {run.episodes:>5}  "
-                      f"loss v {stats['value_loss']:.3f} pi {stats['policy_loss']:+.3f}  "
-                      f"{time.time() - t_start:6.0f}s", flush=True)
+                run.row(global_step, learning_rate=lr, **stats)
             if next_checkpoint is not None and global_step >= next_checkpoint:
-                checkpoint()
+                run.save_checkpoint(checkpoint())
                 next_checkpoint += args.checkpoint_every
-            if args.stop_at_return is not None and len(recent) == 20 and np.mean(recent) >= args.stop_at_return:
-                print(f"mean return of the last 20 episodes {np.mean(recent):.1f} >= {args.stop_at_return}: stopping")
+            if run.reached(args.stop_at_return, 20, global_step):
                 break
-        checkpoint()
+        run.finish(global_step)
+        run.save_checkpoint(checkpoint())
         if args.eval_episodes:
-            evaluate(args, agent, device, run, global_step)
-    except KeyboardInterrupt:
-        print(f"interrupted at step {global_step}: writing checkpoint", file=sys.stderr, flush=True)
-        checkpoint()
-        exit_code = EXIT_INTERRUPTED
-    except WorkerError as e:
-        print(e, file=sys.stderr)
-        print(f"error: the sampler process failed at step {global_step}", file=sys.stderr, flush=True)
-        exit_code = 1
-    finally:
-        if worker is not None:
-            worker.stop()
-        if envs is not None:
-            close_envs(envs)
-        run.close()
-    return exit_code
-
-
-@torch.no_grad()
-def evaluate(args: Args, agent: Agent, device: torch.device, run: RunFolder, global_step: int) -> None:
-    """Play eval_episodes whole episodes with the final policy (sampling actions) in one env; log their returns."""
-    env = make_env(args, 0, render=args.capture_video)()
-    if args.capture_video:
-        env = gym.wrappers.RecordVideo(env, str(run.path / "videos"), episode_trigger=lambda i: i == 0,
-                                       disable_logger=True)
-    returns = []
-    for ep in range(args.eval_episodes):
-        obs, _ = env.reset(seed=args.seed + 100_000 + ep)
-        done, total = False, 0.0
-        while not done:
-            logits, _ = agent(torch.as_tensor(obs, device=device)[None])
-            obs, r, term, trunc, _ = env.step(int(Categorical(logits=logits).sample().item()))
-            total += float(r)
-            done = term or trunc
-        returns.append(total)
-        run.tb.add_scalar("eval/episodic_return", total, global_step)
-    env.close()
-    (run.path / "eval.json").write_text(__import__("json").dumps({"returns": returns, "mean": float(np.mean(returns))}))
-    print(f"evaluation over {len(returns)} episodes: mean return {np.mean(returns):.1f}", flush=True)
+            evaluate(run, make_env(args, render=args.capture_video)(), partial(act, agent, device),
+                     args.eval_episodes, args.seed, global_step, video=args.capture_video)
+    return guard.exit_code
 
 
 if __name__ == "__main__":
