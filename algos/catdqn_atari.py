@@ -24,56 +24,62 @@ steps ahead of what the learner's updates cover (`sampler_wait_s`, the learner i
 from __future__ import annotations
 
 import os
-import re
 import sys
-import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Literal
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # find shared/ without an install step
+# Find shared/ without an install step, from algos/ or from a copy anywhere in the repository.
+sys.path.insert(0, str(next(p for p in Path(__file__).resolve().parents if (p / "shared" / "__init__.py").exists())))
 
-import gymnasium as gym  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
 
-from shared.affinity import make_affinity  # noqa: E402
-from shared.buffer import shared_zeros  # noqa: E402
-from shared.namedarraytuple import namedarraytuple  # noqa: E402
-from shared.procs import (CTX, SharedParameters, Worker, WorkerError, close_envs, parent_alive_check,  # noqa: E402
-                          sampler_ahead)
-from shared.replay import ReplayBuffer  # noqa: E402
-from shared.run import (EXIT_INTERRUPTED, RunFolder, bad_args, load_checkpoint, parse_args,  # noqa: E402
-                        resolve_device, stop_on_signals)
+from shared.affinity import make_affinity
+from shared.atari import is_atari, make_atari_env, make_atari_vector_env
+from shared.envs import image_shape, probe_spaces, vector_env
+from shared.namedarraytuple import namedarraytuple
+from shared.procs import AsyncReplay, ReplayPacer, Worker, parent_alive_check
+from shared.replay import ReplayBuffer
+from shared.run import (RunFolder, bad_args, check_env_args, evaluate, load_checkpoint, parse_args, resolve_device,
+                        stop_on_signals)
+
+SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own name
 
 
 @dataclass
 class Args:
+    # experiment
     env_id: str = "BreakoutNoFrameskip-v4"
     """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations (MLP)"""
     seed: int = 1
     """seeds every env, worker and network"""
     total_timesteps: int = 10_000_000
     """agent steps summed over all envs (Atari: 4 emulator frames each)"""
-    num_envs: int = 4
-    """environments stepped together"""
-    sampler: str = "serial"
-    """serial, parallel (ale-py threads / AsyncVectorEnv) or async (sampler process appending to a shared replay
-    while the learner trains)"""
-    device: str = "auto"
-    """auto (cuda if available), cpu, cuda or cuda:N"""
     out_dir: str = "runs"
     """parent folder of the run folder"""
     run_name: str = ""
-    """run folder name; default {env_id}__catdqn_atari__{seed}__{unix time}"""
-    checkpoint_every: int = 0
-    """global env steps between checkpoints (0: only at the end and on interruption)"""
+    """run folder name; default {env_id}__{script file name}__{seed}__{unix time}"""
     resume: str = ""
     """checkpoint file or run folder to continue from (the replay starts empty and refills min_steps_learn)"""
+    checkpoint_every: int = 0
+    """global env steps between checkpoints (0: only at the end and on interruption)"""
+    log_every: int = 10_000
+    """env steps between progress rows"""
     eval_episodes: int = 10
     """episodes played by the final policy (eval_epsilon-greedy) after training (0: none)"""
+    eval_epsilon: float = 0.001
+    """epsilon of the evaluation episodes"""
     capture_video: bool = False
     """record the first evaluation episode to {run}/videos"""
+    stop_at_return: float | None = None
+    """stop early once the mean return of the last 20 episodes reaches this"""
+    # algorithm
+    num_envs: int = 4
+    """environments stepped together"""
     buffer_size: int = 1_000_000
     """replay capacity in transitions"""
     batch_size: int = 32
@@ -84,7 +90,7 @@ class Args:
     """env steps collected before learning starts"""
     learning_rate: float = 2.5e-4
     """optimiser step size (C51 paper: Adam 2.5e-4, eps 0.01/32)"""
-    optimizer: str = "adam"
+    optimizer: Literal["adam", "rmsprop"] = "adam"
     """adam (eps 0.01 / batch_size, the C51 paper's) or rmsprop (centered, alpha 0.95, eps 0.01)"""
     n_atoms: int = 51
     """atoms of the return distribution's support"""
@@ -118,10 +124,9 @@ class Args:
     """env steps over which epsilon anneals linearly"""
     vector_epsilon: bool = False
     """Ape-X: fixed epsilon 0.4^(1 + 7 i / (N - 1)) for env i instead of the annealed one"""
-    eval_epsilon: float = 0.001
-    """epsilon of the evaluation episodes"""
     max_grad_norm: float = 10.0
     """global gradient-norm clip"""
+    # environment (Atari ids only)
     noop_max: int = 30
     """Atari: up to this many random no-ops at reset (paper convention 30)"""
     sticky_actions: float = 0.0
@@ -130,62 +135,38 @@ class Args:
     """Atari: train on the sign of the reward (logged returns stay unclipped)"""
     life_loss_terminal: bool = True
     """Atari: a lost life ends the training episode for bootstrapping (the game itself goes on)"""
-    bf16: bool = False
-    """run the networks under bfloat16 autocast (fast on CPUs with AMX and on recent GPUs)"""
+    # infrastructure
+    sampler: Literal["serial", "parallel", "async"] = "serial"
+    """serial, parallel (ale-py threads / AsyncVectorEnv) or async (sampler process appending to a shared replay
+    while the learner trains)"""
     max_lag_steps: int = 1_000
     """async: the sampler waits when it is this many env steps ahead of the learner's updates (0: never waits)"""
-    log_every: int = 10_000
-    """env steps between progress rows"""
-    stop_at_return: float | None = None
-    """stop early once the mean return of the last 20 episodes reaches this"""
+    device: str = "auto"
+    """auto (cuda if available), cpu, cuda or cuda:N"""
+    bf16: bool = False
+    """run the networks under bfloat16 autocast (fast on CPUs with AMX and on recent GPUs)"""
 
 
 # ---------------------------------------------------------------------------------------------- environments
 
 
-def is_atari(env_id: str) -> bool:
-    return "NoFrameskip" in env_id
+def make_env(args: Args, render: bool = False):
+    """One env. Atari ids get the papers' preprocessing (shared/atari.py); any other id is a plain gym.make:
+    the place to plug in your own env (register it at import time so spawned processes know it)."""
 
-
-def ale_game(env_id: str) -> str:
-    """'MsPacmanNoFrameskip-v4' -> 'ms_pacman' (ale-py's ROM name)."""
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", env_id.split("NoFrameskip")[0]).lower()
-
-
-ATARI_MAX_FRAMES = 108_000  # 30 minutes of play: the time limit in both samplers
-
-
-def make_env(args: Args, idx: int, render: bool = False):
-    def thunk():
-        render_mode = "rgb_array" if render else None
+    def thunk() -> gym.Env:
         if is_atari(args.env_id):
-            import ale_py
-
-            gym.register_envs(ale_py)
-            env = gym.make(args.env_id, max_episode_steps=ATARI_MAX_FRAMES, render_mode=render_mode,
-                           repeat_action_probability=args.sticky_actions)
-            env = gym.wrappers.AtariPreprocessing(env, noop_max=args.noop_max, frame_skip=4, screen_size=84,
-                                                  terminal_on_life_loss=False, grayscale_obs=True)
-            return gym.wrappers.FrameStackObservation(env, 4, padding_type="zero")
-        return gym.make(args.env_id, render_mode=render_mode)
+            return make_atari_env(args.env_id, args.noop_max, args.sticky_actions, render)
+        return gym.make(args.env_id, render_mode="rgb_array" if render else None)
 
     return thunk
 
 
-def make_envs(args: Args, mode: str, n_threads: int = 1):
-    """serial: SyncVectorEnv; parallel: ale-py's threaded AtariVectorEnv or gymnasium's AsyncVectorEnv."""
-    next_step = gym.vector.AutoresetMode.NEXT_STEP
-    if mode == "serial":
-        return gym.vector.SyncVectorEnv([make_env(args, i) for i in range(args.num_envs)], autoreset_mode=next_step)
-    if is_atari(args.env_id):
-        from ale_py.vector_env import AtariVectorEnv
-
-        return AtariVectorEnv(ale_game(args.env_id), args.num_envs, num_threads=n_threads,
-                              noop_max=args.noop_max, repeat_action_probability=args.sticky_actions,
-                              max_num_frames_per_episode=ATARI_MAX_FRAMES, reward_clipping=False,
-                              episodic_life=False, use_fire_reset=False, autoreset_mode=next_step)
-    return gym.vector.AsyncVectorEnv([make_env(args, i) for i in range(args.num_envs)], context="spawn",
-                                     autoreset_mode=next_step)
+def make_envs(args: Args, mode: str, n_threads: int = 1) -> gym.vector.VectorEnv:
+    """[B] envs: serial in this process; parallel in ale-py's threads (Atari) or in worker processes."""
+    if mode == "parallel" and is_atari(args.env_id):
+        return make_atari_vector_env(args.env_id, args.num_envs, n_threads, args.noop_max, args.sticky_actions)
+    return vector_env([make_env(args) for _ in range(args.num_envs)], mode)
 
 
 # ---------------------------------------------------------------------------------------------- network
@@ -205,7 +186,8 @@ class ScaleGrad(torch.autograd.Function):
 
 
 class QNetwork(nn.Module):
-    """Nature CNN (uint8 frames, scaled inside) or a 120-84 MLP torso; a categorical head, plain or dueling.
+    """Nature CNN for images ([C, H, W] or [H, W, C], at least 36x36; uint8 scaled inside) or a 120-84 MLP
+    torso for vectors; a categorical head, plain or dueling.
 
     forward() returns log-probabilities [N, A, n_atoms]; q_values() their means under the support [N, A]."""
 
@@ -215,10 +197,12 @@ class QNetwork(nn.Module):
         self.register_buffer("support", support)
         K = len(support)
         if self.image:
+            c, h, w = image_shape(obs_shape)  # ValueError with the reason when the CNN cannot take the images
+            self.channels_last = tuple(obs_shape) != (c, h, w)
             self.torso = nn.Sequential(
-                nn.Conv2d(obs_shape[0], 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+                nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
                 nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
-            width, hidden = 64 * 7 * 7, 512
+            width, hidden = self.torso(torch.zeros(1, c, h, w)).shape[1], 512  # 64 * 7 * 7 for 84x84 frames
         else:
             self.torso = nn.Sequential(nn.Linear(int(np.prod(obs_shape)), 120), nn.ReLU())
             width, hidden = 120, 84
@@ -227,7 +211,11 @@ class QNetwork(nn.Module):
             self.v = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, K))
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        x = obs.float() / 255.0 if self.image else obs.float().flatten(1)
+        if self.image:
+            x = obs.permute(0, 3, 1, 2) if self.channels_last else obs  # [N, C, H, W]
+            x = x.float() / 255.0 if obs.dtype == torch.uint8 else x.float()
+        else:
+            x = obs.float().flatten(1)
         h = self.torso(x)
         if self.dueling:
             h = ScaleGrad.apply(h, 2 ** -0.5)  # two streams feed the torso: keep its gradient scale
@@ -356,38 +344,27 @@ def update_target(q_net: QNetwork, target_net: QNetwork, tau: float) -> None:
 
 # ---------------------------------------------------------------------------------------------- async sampler
 
-PUBLISH_EVERY = 10  # learner updates between parameter copies to the sampler (each copies the whole network)
 
-
-def sampler_main(args: Args, buffer: ReplayBuffer, params: SharedParameters, episodes, waited, start_step: int,
-                 start_updates: int, affinity, parent_pid: int, stop) -> None:
-    """Sampler process: steps the envs and appends to the shared replay; pulls the newest parameters whenever
-    the learner has published a new version (= its update count); waits while it is more than max_lag_steps
-    ahead of what those updates cover."""
+def sampler_main(args: Args, buffer: ReplayBuffer, link: AsyncReplay, affinity, parent_pid: int, stop) -> None:
+    """Sampler process: steps the envs and appends to the shared replay with the newest parameters the learner
+    published; waits while it is more than max_lag_steps ahead of what the learner's updates cover."""
     affinity.apply_worker(0)
     check = parent_alive_check(stop, parent_pid)
     envs = make_envs(args, "parallel" if is_atari(args.env_id) else "serial", n_threads=len(affinity.worker_cpus[0]))
-    sampler = Sampler(envs, args, args.seed + start_step)
+    step = link.pacer.start_step
+    sampler = Sampler(envs, args, args.seed + step)
     support = torch.linspace(args.v_min, args.v_max, args.n_atoms)
     q_net = QNetwork(envs.single_observation_space.shape, envs.single_action_space.n, args.dueling, support)
-    version, step = -1, start_step
-    updates_per_step = args.replay_ratio / args.batch_size
     try:
         while step < args.total_timesteps:
             check()
-            if sampler_ahead(step, params.version, start_step, start_updates, args.min_steps_learn, updates_per_step,
-                             args.max_lag_steps):
-                t0 = time.perf_counter()
-                time.sleep(0.001)
-                waited[0] += time.perf_counter() - t0
+            if link.sampler_wait(step, args.max_lag_steps):
                 continue
-            if params.version != version:
-                version = params.pull(q_net)
+            link.pull(q_net)
             row, ended = sampler.step(q_net, epsilons(args, step), torch.device("cpu"))
             buffer.append(row)
             step += args.num_envs
-            for ret, length in ended:
-                episodes.put((ret, length, step))
+            link.report(ended, step)
     finally:
         envs.close()
 
@@ -404,10 +381,6 @@ def check_args(args: Args) -> None:
     for name in ("min_steps_learn", "checkpoint_every", "eval_episodes", "noop_max", "eps_decay_steps"):
         if getattr(args, name) < 0:
             bad_args(f"--{name.replace('_', '-')} must be non-negative, got {getattr(args, name)}")
-    if args.sampler not in ("serial", "parallel", "async"):
-        bad_args(f"--sampler must be serial, parallel or async, got {args.sampler!r}")
-    if args.optimizer not in ("rmsprop", "adam"):
-        bad_args(f"--optimizer must be rmsprop or adam, got {args.optimizer!r}")
     if not args.replay_ratio > 0:
         bad_args(f"--replay-ratio must be positive, got {args.replay_ratio}")
     if not 0 < args.learning_rate < 1:
@@ -426,48 +399,43 @@ def check_args(args: Args) -> None:
     if args.min_steps_learn < args.batch_size + args.num_envs * (args.n_step_return + 4):
         bad_args(f"--min-steps-learn {args.min_steps_learn} leaves fewer valid transitions than --batch-size "
                  f"{args.batch_size}")
-    if args.capture_video:
-        try:
-            import moviepy  # noqa: F401
-        except ImportError:
-            bad_args("--capture-video needs moviepy (pip install -r requirements.txt)")
-    if args.env_id not in gym.registry and is_atari(args.env_id):
-        import ale_py
+    check_env_args(args)
 
-        gym.register_envs(ale_py)
-    if args.env_id not in gym.registry:
-        bad_args(f"--env-id {args.env_id!r} is not a registered gymnasium environment")
+
+def act(q_net: QNetwork, device: torch.device, epsilon: float, rng: np.random.Generator, obs: np.ndarray,
+        last_reward: float | None) -> int:
+    """Evaluation policy: epsilon-greedy in the Q-values of one observation."""
+    if rng.random() < epsilon:
+        return int(rng.integers(q_net.n_actions))
+    return int(q_net.q_values(torch.as_tensor(obs, device=device)[None]).argmax(1).item())
 
 
 def main() -> int:
     args = parse_args(Args)
     check_args(args)
     device = resolve_device(args.device)
-    resumed, ckpt_file = (load_checkpoint(args.resume) if args.resume else (None, None))
-    if resumed is not None and resumed["args"]["env_id"] != args.env_id:
-        bad_args(f"--resume: checkpoint is for {resumed['args']['env_id']}, not {args.env_id}")
+    resumed, ckpt_file = load_checkpoint(args.resume, args.env_id) if args.resume else (None, None)
+    obs_space, act_space = probe_spaces(make_env(args))
+    if not isinstance(act_space, gym.spaces.Discrete):
+        bad_args(f"--env-id {args.env_id}: C51 needs a discrete action space, got {act_space}")
     stop_on_signals()
     affinity = make_affinity(args.sampler)
     affinity.apply_learner()
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
 
-    probe = make_env(args, 0)()
-    obs_space, act_space = probe.observation_space, probe.action_space
-    probe.close()
-    if not isinstance(act_space, gym.spaces.Discrete):
-        bad_args(f"--env-id {args.env_id}: C51 needs a discrete action space, got {act_space}")
-    n_actions = int(act_space.n)
-
     support = torch.linspace(args.v_min, args.v_max, args.n_atoms)
-    q_net = QNetwork(obs_space.shape, n_actions, args.dueling, support).to(device)
-    target_net = QNetwork(obs_space.shape, n_actions, args.dueling, support).to(device)
+    try:
+        q_net = QNetwork(obs_space.shape, int(act_space.n), args.dueling, support).to(device)
+    except ValueError as e:
+        bad_args(f"--env-id {args.env_id}: {e}")
+    target_net = QNetwork(obs_space.shape, int(act_space.n), args.dueling, support).to(device)
     target_net.load_state_dict(q_net.state_dict())
-    if args.optimizer == "rmsprop":
+    if args.optimizer == "adam":
+        optimizer = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=0.01 / args.batch_size)
+    else:
         optimizer = torch.optim.RMSprop(q_net.parameters(), lr=args.learning_rate, alpha=0.95, eps=0.01,
                                         centered=True)
-    else:
-        optimizer = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=0.01 / args.batch_size)
     global_step, updates = 0, 0
     if resumed is not None:
         q_net.load_state_dict(resumed["model"])
@@ -480,154 +448,63 @@ def main() -> int:
     buffer = ReplayBuffer(example, args.buffer_size, args.num_envs, discount=args.gamma,
                           n_step_return=args.n_step_return, frame_stack=frame_stack, prioritized=args.prioritized,
                           alpha=args.alpha, beta=args.beta, shared=args.sampler == "async", seed=args.seed)
-    run = RunFolder(args, "catdqn_atari", ["epsilon", "td_loss", "q_values", "updates", "wait_s", "sampler_wait_s"],
-                    folder=ckpt_file.parent if ckpt_file else None, start_step=global_step)
+    run = RunFolder(args, SCRIPT, folder=ckpt_file.parent if ckpt_file else None, start_step=global_step)
 
-    def checkpoint() -> None:
-        run.save_checkpoint({"model": q_net.state_dict(), "target_model": target_net.state_dict(),
-                             "optimizer": optimizer.state_dict(), "global_step": global_step, "updates": updates,
-                             "args": vars(args).copy()})
+    def checkpoint() -> dict:
+        return {"model": q_net.state_dict(), "target_model": target_net.state_dict(),
+                "optimizer": optimizer.state_dict(), "global_step": global_step, "updates": updates,
+                "args": vars(args).copy()}
 
-    start_step = global_step
-    updates_per_step = args.replay_ratio / args.batch_size
-    recent: list[float] = []
+    pacer = ReplayPacer(args.replay_ratio / args.batch_size, args.min_steps_learn, global_step, updates)
     stats = {"td_loss": None, "q_values": None}
     next_log = global_step + args.log_every
     next_target = global_step + args.target_update_interval
     next_checkpoint = global_step + args.checkpoint_every if args.checkpoint_every else None
-    worker, envs, wait_s, exit_code = None, None, 0.0, 0
-    sampler_waited = shared_zeros(1, np.float64)  # seconds the async sampler spent waiting for the learner
-
-    def learn_until(step: int, max_updates: int = 1 << 62) -> None:
-        """Do the updates the replay ratio allows once `step` env steps are sampled, at most max_updates of them
-        (and the target updates)."""
-        nonlocal updates, stats, next_target
-        learned_steps = step - start_step - args.min_steps_learn
-        limit = updates + max_updates
-        while learned_steps > 0 and updates < min(int(learned_steps * updates_per_step) + resumed_updates, limit):
-            beta = args.beta + (1.0 - args.beta) * min(step / args.total_timesteps, 1.0)
-            stats = c51_update(q_net, target_net, optimizer, buffer, args, beta, device)
-            updates += 1
-        if step >= next_target:
-            update_target(q_net, target_net, args.tau)
-            next_target += args.target_update_interval
-
-    def log(step: int) -> bool:
-        """Progress row when due; True when the early-stop return is reached."""
-        nonlocal next_log
-        if step >= next_log:
-            eps = float(epsilons(args, step).mean())
-            row = run.row(step, epsilon=eps, td_loss=stats["td_loss"], q_values=stats["q_values"], updates=updates,
-                          wait_s=round(wait_s, 2), sampler_wait_s=round(float(sampler_waited[0]), 2))
-            rm = f"{row['return_mean']:.1f}" if row["return_mean"] is not None else "-"
-            print(f"step {step:>9}  sps {row['sps']:>6.0f}  return {rm:>7}  episodes {run.episodes:>5}  "
-                  f"updates {updates:>7}  eps {eps:.3f}  waits: learner {wait_s:.1f}s sampler "
-                  f"{float(sampler_waited[0]):.1f}s", flush=True)
-            next_log += args.log_every
-        return args.stop_at_return is not None and len(recent) == 20 and np.mean(recent) >= args.stop_at_return
-
-    def record(ret: float, length: int, step: int) -> None:
-        nonlocal recent
-        run.episode(ret, length, step)
-        recent = (recent + [ret])[-20:]
-
-    resumed_updates = updates
+    link = AsyncReplay(q_net, pacer, args.num_envs) if args.sampler == "async" else None
     print(f"run folder {run.path}  sampler {args.sampler}  device {device}  replay {buffer.T}x{buffer.B}  "
-          f"updates per env step {updates_per_step:.3f}", flush=True)
-    try:
-        if args.sampler == "async":
-            params = SharedParameters(q_net)
-            params.publish(q_net, version=updates)
-            episodes = CTX.Queue()
-            worker = Worker(sampler_main, (args, buffer, params, episodes, sampler_waited, global_step, updates,
-                                           affinity, os.getpid()), name="sampler")
-            alive = lambda: worker.check(allow_finished=True)  # noqa: E731
-            buffer.watch(alive)  # a sampler killed while holding the replay's lock raises here, not a hang
-            while global_step < args.total_timesteps:
-                alive()
-                sampled = start_step + buffer.storage.cursor * args.num_envs
-                while not episodes.empty():
-                    ret, length, step = episodes.get()
-                    record(ret, length, step)
-                before = updates
-                learn_until(sampled, max_updates=1)
-                caught_up = updates == before  # the replay ratio is reached: wait for the sampler
-                if updates >= params.version + PUBLISH_EVERY or (caught_up and updates > params.version):
-                    # The version is the update count the sampler paces on; publishing whenever the learner
-                    # waits means a sampler waiting on the learner always sees its latest updates (no deadlock).
-                    params.publish(q_net, version=updates, check=alive)
-                if caught_up:  # the replay ratio is reached: wait for the sampler
-                    t0 = time.perf_counter()
-                    time.sleep(0.002)
-                    wait_s += time.perf_counter() - t0
-                global_step = sampled
-                if log(global_step):
-                    print(f"mean return of the last 20 episodes {np.mean(recent):.1f} >= {args.stop_at_return} at step {global_step}: stopping", flush=True)
-                    break
-                if next_checkpoint is not None and global_step >= next_checkpoint:
-                    checkpoint()
-                    next_checkpoint += args.checkpoint_every
+          f"updates per env step {pacer.updates_per_step:.3f}", flush=True)
+    with run.guard(checkpoint) as guard:
+        if link is not None:
+            worker = guard.hold(Worker(sampler_main, (args, buffer, link, affinity, os.getpid()), name="sampler"))
+            link.attach(worker, buffer)
         else:
-            envs = make_envs(args, args.sampler, n_threads=len(affinity.learner_cpus))
-            sampler = Sampler(envs, args, args.seed + global_step)
-            while global_step < args.total_timesteps:
+            sampler = Sampler(guard.hold(make_envs(args, args.sampler, len(affinity.learner_cpus))), args,
+                              args.seed + global_step)
+        while global_step < args.total_timesteps:
+            if link is None:  # one step of every env: a [1, B] replay row
                 row, ended = sampler.step(q_net, epsilons(args, global_step), device)
                 buffer.append(row)
                 global_step += args.num_envs
                 for ret, length in ended:
-                    record(ret, length, global_step)
-                learn_until(global_step)
-                if log(global_step):
-                    print(f"mean return of the last 20 episodes {np.mean(recent):.1f} >= {args.stop_at_return} at step {global_step}: stopping", flush=True)
-                    break
-                if next_checkpoint is not None and global_step >= next_checkpoint:
-                    checkpoint()
-                    next_checkpoint += args.checkpoint_every
-        checkpoint()
+                    run.episode(ret, length, global_step)
+            else:  # the sampler process appends; the learner sees how far it got
+                global_step = link.poll(run)
+            due = pacer.due(global_step, updates)
+            for _ in range(due if link is None else min(due, 1)):  # async: one at a time, publishing between
+                beta = args.beta + (1.0 - args.beta) * min(global_step / args.total_timesteps, 1.0)
+                stats = c51_update(q_net, target_net, optimizer, buffer, args, beta, device)
+                updates += 1
+            if link is not None:
+                link.after_updates(q_net, updates, learned=due > 0)
+            if global_step >= next_target:
+                update_target(q_net, target_net, args.tau)
+                next_target += args.target_update_interval
+            if global_step >= next_log:
+                run.row(global_step, epsilon=float(epsilons(args, global_step).mean()), **stats, updates=updates,
+                        **(link.waits() if link else {}))
+                next_log += args.log_every
+            if run.reached(args.stop_at_return, 20, global_step):
+                break
+            if next_checkpoint is not None and global_step >= next_checkpoint:
+                run.save_checkpoint(checkpoint())
+                next_checkpoint += args.checkpoint_every
+        run.finish(global_step)
+        run.save_checkpoint(checkpoint())
         if args.eval_episodes:
-            evaluate(args, q_net, device, run, global_step)
-    except KeyboardInterrupt:
-        print(f"interrupted at step {global_step}: writing checkpoint", file=sys.stderr, flush=True)
-        checkpoint()
-        exit_code = EXIT_INTERRUPTED
-    except WorkerError as e:
-        print(e, file=sys.stderr)
-        print(f"error: the sampler process failed at step {global_step}", file=sys.stderr, flush=True)
-        exit_code = 1
-    finally:
-        if worker is not None:
-            worker.stop()
-        if envs is not None:
-            close_envs(envs)
-        run.close()
-    return exit_code
-
-
-@torch.no_grad()
-def evaluate(args: Args, q_net: QNetwork, device: torch.device, run: RunFolder, global_step: int) -> None:
-    """Play eval_episodes whole episodes eval_epsilon-greedily in one env; log their returns."""
-    env = make_env(args, 0, render=args.capture_video)()
-    if args.capture_video:
-        env = gym.wrappers.RecordVideo(env, str(run.path / "videos"), episode_trigger=lambda i: i == 0,
-                                       disable_logger=True)
-    rng = np.random.default_rng(args.seed + 100_000)
-    returns = []
-    for ep in range(args.eval_episodes):
-        obs, _ = env.reset(seed=args.seed + 100_000 + ep)
-        done, total = False, 0.0
-        while not done:
-            if rng.random() < args.eval_epsilon:
-                action = int(rng.integers(env.action_space.n))
-            else:
-                action = int(q_net.q_values(torch.as_tensor(obs, device=device)[None]).argmax(1).item())
-            obs, r, term, trunc, _ = env.step(action)
-            total += float(r)
-            done = term or trunc
-        returns.append(total)
-        run.tb.add_scalar("eval/episodic_return", total, global_step)
-    env.close()
-    (run.path / "eval.json").write_text(__import__("json").dumps({"returns": returns, "mean": float(np.mean(returns))}))
-    print(f"evaluation over {len(returns)} episodes: mean return {np.mean(returns):.1f}", flush=True)
+            policy = partial(act, q_net, device, args.eval_epsilon, np.random.default_rng(args.seed + 100_000))
+            evaluate(run, make_env(args, render=args.capture_video)(), policy, args.eval_episodes, args.seed,
+                     global_step, video=args.capture_video)
+    return guard.exit_code
 
 
 if __name__ == "__main__":
