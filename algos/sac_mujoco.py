@@ -25,60 +25,62 @@ max_lag_steps env steps ahead of what the learner's updates cover (`sampler_wait
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import sys
-import time
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+from typing import Literal
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # find shared/ without an install step
+# Find shared/ without an install step, from algos/ or from a copy anywhere in the repository.
+sys.path.insert(0, str(next(p for p in Path(__file__).resolve().parents if (p / "shared" / "__init__.py").exists())))
 
-import gymnasium as gym  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
-from shared.affinity import make_affinity  # noqa: E402
-from shared.buffer import shared_zeros  # noqa: E402
-from shared.namedarraytuple import namedarraytuple  # noqa: E402
-from shared.normalize import ObsNorm  # noqa: E402
-from shared.procs import (CTX, SharedParameters, Worker, WorkerError, close_envs, parent_alive_check,  # noqa: E402
-                          sampler_ahead)
-from shared.replay import ReplayBuffer  # noqa: E402
-from shared.run import (EXIT_INTERRUPTED, RunFolder, bad_args, load_checkpoint, parse_args,  # noqa: E402
-                        resolve_device, stop_on_signals)
+from shared.envs import probe_spaces, vector_env
+from shared.affinity import make_affinity
+from shared.namedarraytuple import namedarraytuple
+from shared.normalize import ObsNorm
+from shared.procs import AsyncReplay, ReplayPacer, Worker, parent_alive_check
+from shared.replay import ReplayBuffer
+from shared.run import (RunFolder, bad_args, check_env_args, evaluate, load_checkpoint, parse_args, resolve_device,
+                        stop_on_signals)
+
+SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own name
 
 
 @dataclass
 class Args:
+    # experiment
     env_id: str = "HalfCheetah-v5"
     """gymnasium id of an env with a Box action space (MuJoCo v5 envs, Pendulum-v1, ...)"""
     seed: int = 1
     """seeds every env, worker and network"""
     total_timesteps: int = 1_000_000
     """env steps summed over all envs"""
-    num_envs: int = 1
-    """environments stepped together"""
-    sampler: str = "serial"
-    """serial, parallel (AsyncVectorEnv worker processes) or async (sampler process appending to a shared replay
-    while the learner trains)"""
-    device: str = "auto"
-    """auto (cuda if available), cpu, cuda or cuda:N"""
     out_dir: str = "runs"
     """parent folder of the run folder"""
     run_name: str = ""
     """run folder name; default {env_id}__sac_mujoco__{seed}__{unix time}"""
-    checkpoint_every: int = 0
-    """global env steps between checkpoints (0: only at the end and on interruption)"""
     resume: str = ""
     """checkpoint file or run folder to continue from (the replay starts empty and refills min_steps_learn)"""
+    checkpoint_every: int = 0
+    """global env steps between checkpoints (0: only at the end and on interruption)"""
+    log_every: int = 5_000
+    """env steps between progress rows"""
     eval_episodes: int = 10
     """episodes played by the final deterministic policy (the Gaussian's mean) after training (0: none)"""
     capture_video: bool = False
     """record the first evaluation episode to {run}/videos"""
+    stop_at_return: float | None = None
+    """stop early once the mean return of the last 10 episodes reaches this"""    # algorithm
+    num_envs: int = 1
+    """environments stepped together"""
     buffer_size: int = 1_000_000
     """replay capacity in transitions"""
     batch_size: int = 256
@@ -103,33 +105,34 @@ class Args:
     """temperature: fixed value without --autotune, initial value with it"""
     normalize_obs: bool = False
     """normalise observations with running statistics (saved in the checkpoint, frozen in evaluation)"""
-    bf16: bool = False
-    """run the networks under bfloat16 autocast (fast on CPUs with AMX/AVX512-BF16 and on recent GPUs)"""
+    # infrastructure
+    sampler: str = "serial"
+    """serial, parallel (AsyncVectorEnv worker processes) or async (sampler process appending to a shared replay
+    while the learner trains)"""
     max_lag_steps: int = 1_000
     """async: the sampler waits when it is this many env steps ahead of the learner's updates (0: never waits)"""
-    log_every: int = 5_000
-    """env steps between progress rows"""
-    stop_at_return: float | None = None
-    """stop early once the mean return of the last 10 episodes reaches this"""
+    device: str = "auto"
+    """auto (cuda if available), cpu, cuda or cuda:N"""
+    bf16: bool = False
+    """run the networks under bfloat16 autocast (fast on CPUs with AMX/AVX512-BF16 and on recent GPUs)"""
 
 
 # ---------------------------------------------------------------------------------------------- environments
 
 
-def make_env(args: Args, idx: int, render: bool = False):
-    def thunk():
+def make_env(args: Args, render: bool = False):
+    """One env: a plain gym.make, the place to plug in your own env (register it at import time so spawned
+    processes know it)."""
+
+    def thunk() -> gym.Env:
         return gym.make(args.env_id, render_mode="rgb_array" if render else None)
 
     return thunk
 
 
-def make_envs(args: Args, mode: str):
-    """serial: SyncVectorEnv; parallel: AsyncVectorEnv (one worker process per env)."""
-    fns = [make_env(args, i) for i in range(args.num_envs)]
-    next_step = gym.vector.AutoresetMode.NEXT_STEP
-    if mode == "parallel":
-        return gym.vector.AsyncVectorEnv(fns, context="spawn", autoreset_mode=next_step)
-    return gym.vector.SyncVectorEnv(fns, autoreset_mode=next_step)
+def make_envs(args: Args, mode: str) -> gym.vector.VectorEnv:
+    """[B] envs: serial in this process, parallel in worker processes (AsyncVectorEnv)."""
+    return vector_env([make_env(args) for _ in range(args.num_envs)], mode)
 
 
 def scale_action(action: np.ndarray, space: gym.spaces.Box) -> np.ndarray:
@@ -300,38 +303,27 @@ def sac_update(actor, critics, target_critics, log_alpha, optimizers, batch, obs
 
 # ---------------------------------------------------------------------------------------------- async sampler
 
-PUBLISH_EVERY = 10  # learner updates between parameter copies to the sampler (each copies the whole actor)
-
-
-def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, params: SharedParameters, episodes, waited,
-                 start_step: int, start_updates: int, affinity, parent_pid: int, stop) -> None:
-    """Sampler process: steps the envs and appends to the shared replay; pulls the newest actor whenever the
-    learner has published a new version (= its update count); waits while it is more than max_lag_steps ahead
-    of what those updates cover."""
+def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: AsyncReplay, affinity, parent_pid: int,
+                 stop) -> None:
+    """Sampler process: steps the envs and appends to the shared replay with the newest actor the learner
+    published; waits while it is more than max_lag_steps ahead of what the learner's updates cover."""
     affinity.apply_worker(0)
     torch.set_num_threads(1)
     check = parent_alive_check(stop, parent_pid)
     envs = make_envs(args, "serial")
-    sampler = Sampler(envs, args, obs_norm, args.seed + start_step)
+    step = link.pacer.start_step
+    sampler = Sampler(envs, args, obs_norm, args.seed + step)
     actor = Actor(int(np.prod(envs.single_observation_space.shape)), int(np.prod(sampler.space.shape)), args.hidden)
-    version, step = -1, start_step
-    updates_per_step = args.replay_ratio / args.batch_size
     try:
         while step < args.total_timesteps:
             check()
-            if sampler_ahead(step, params.version, start_step, start_updates, args.min_steps_learn, updates_per_step,
-                             args.max_lag_steps):
-                t0 = time.perf_counter()
-                time.sleep(0.001)
-                waited[0] += time.perf_counter() - t0
+            if link.sampler_wait(step, args.max_lag_steps):
                 continue
-            if params.version != version:
-                version = params.pull(actor)
-            row, ended = sampler.step(actor, step < start_step + args.min_steps_learn, torch.device("cpu"))
+            link.pull(actor)
+            row, ended = sampler.step(actor, step < link.pacer.start_step + args.min_steps_learn, torch.device("cpu"))
             buffer.append(row)
             step += args.num_envs
-            for ret, length in ended:
-                episodes.put((ret, length, step))
+            link.report(ended, step)
     finally:
         envs.close()
 
@@ -348,8 +340,6 @@ def check_args(args: Args) -> None:
     for name in ("min_steps_learn", "checkpoint_every", "eval_episodes", "max_lag_steps"):
         if getattr(args, name) < 0:
             bad_args(f"--{name.replace('_', '-')} must be non-negative, got {getattr(args, name)}")
-    if args.sampler not in ("serial", "parallel", "async"):
-        bad_args(f"--sampler must be serial, parallel or async, got {args.sampler!r}")
     if not args.replay_ratio > 0:
         bad_args(f"--replay-ratio must be positive, got {args.replay_ratio}")
     if not 0 < args.learning_rate < 1:
@@ -365,33 +355,30 @@ def check_args(args: Args) -> None:
     if args.min_steps_learn < args.batch_size + args.num_envs * (args.n_step_return + 4):
         bad_args(f"--min-steps-learn {args.min_steps_learn} leaves fewer valid transitions than --batch-size "
                  f"{args.batch_size}")
-    if args.capture_video:
-        try:
-            import moviepy  # noqa: F401
-        except ImportError:
-            bad_args("--capture-video needs moviepy (pip install -r requirements.txt)")
-    if args.env_id not in gym.registry:
-        bad_args(f"--env-id {args.env_id!r} is not a registered gymnasium environment")
+    check_env_args(args)
+
+
+def act(actor: Actor, obs_norm: ObsNorm, device: torch.device, space: gym.spaces.Box, obs: np.ndarray,
+        last_reward: float | None) -> np.ndarray:
+    """Evaluation policy: the deterministic action (tanh of the Gaussian's mean), statistics frozen."""
+    x = obs_norm.normalize(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
+    action = actor(x, deterministic=True)[0][0].cpu().numpy()
+    return scale_action(action, space)
 
 
 def main() -> int:
     args = parse_args(Args)
     check_args(args)
     device = resolve_device(args.device)
-    resumed, ckpt_file = (load_checkpoint(args.resume) if args.resume else (None, None))
-    if resumed is not None and resumed["args"]["env_id"] != args.env_id:
-        bad_args(f"--resume: checkpoint is for {resumed['args']['env_id']}, not {args.env_id}")
+    resumed, ckpt_file = load_checkpoint(args.resume, args.env_id) if args.resume else (None, None)
+    obs_space, act_space = probe_spaces(make_env(args))
+    if not isinstance(act_space, gym.spaces.Box) or not np.all(np.isfinite(act_space.low)):
+        bad_args(f"--env-id {args.env_id}: SAC needs a bounded continuous (Box) action space, got {act_space}")
     stop_on_signals()
     affinity = make_affinity(args.sampler)
     affinity.apply_learner()
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-
-    probe = make_env(args, 0)()
-    obs_space, act_space = probe.observation_space, probe.action_space
-    probe.close()
-    if not isinstance(act_space, gym.spaces.Box) or not np.all(np.isfinite(act_space.low)):
-        bad_args(f"--env-id {args.env_id}: SAC needs a bounded continuous (Box) action space, got {act_space}")
     obs_dim, act_dim = int(np.prod(obs_space.shape)), int(np.prod(act_space.shape))
 
     actor = Actor(obs_dim, act_dim, args.hidden).to(device)
@@ -422,153 +409,63 @@ def main() -> int:
     example = Step(np.zeros(obs_dim, np.float32), np.zeros(act_dim, np.float32), np.float32(0), False, False)
     buffer = ReplayBuffer(example, args.buffer_size, args.num_envs, discount=args.gamma,
                           n_step_return=args.n_step_return, shared=args.sampler == "async", seed=args.seed)
-    columns = ["qf_loss", "actor_loss", "alpha", "q_values", "entropy", "updates", "wait_s", "sampler_wait_s"]
-    run = RunFolder(args, "sac_mujoco", columns, folder=ckpt_file.parent if ckpt_file else None,
-                    start_step=global_step)
+    run = RunFolder(args, SCRIPT, folder=ckpt_file.parent if ckpt_file else None, start_step=global_step)
 
-    def checkpoint() -> None:
-        run.save_checkpoint({"actor": actor.state_dict(), "critics": critics.state_dict(),
+    def checkpoint() -> dict:
+        return {"actor": actor.state_dict(), "critics": critics.state_dict(),
                              "target_critics": target_critics.state_dict(), "log_alpha": log_alpha.detach().cpu(),
                              "actor_optimizer": actor_opt.state_dict(), "critic_optimizer": critic_opt.state_dict(),
                              "alpha_optimizer": alpha_opt.state_dict(),
                              "obs_norm": obs_norm.state(),
-                             "global_step": global_step, "updates": updates, "args": vars(args).copy()})
+                             "global_step": global_step, "updates": updates, "args": vars(args).copy()}
 
-    start_step, resumed_updates = global_step, updates
-    updates_per_step = args.replay_ratio / args.batch_size
+    pacer = ReplayPacer(args.replay_ratio / args.batch_size, args.min_steps_learn, global_step, updates)
     optimizers = (actor_opt, critic_opt, alpha_opt)
-    recent: list[float] = []
     stats: dict = {}
     next_log = global_step + args.log_every
     next_checkpoint = global_step + args.checkpoint_every if args.checkpoint_every else None
-    worker, envs, wait_s, exit_code = None, None, 0.0, 0
-    sampler_waited = shared_zeros(1, np.float64)  # seconds the async sampler spent waiting for the learner
-
-    def learn_until(step: int, max_updates: int = 1 << 62) -> None:
-        """Do the updates the replay ratio allows once `step` env steps are sampled (at most max_updates)."""
-        nonlocal updates, stats
-        learned_steps = step - start_step - args.min_steps_learn
-        limit = min(int(learned_steps * updates_per_step) + resumed_updates, updates + max_updates)
-        while learned_steps > 0 and updates < limit:
-            batch, _ = buffer.sample(args.batch_size)
-            stats = sac_update(actor, critics, target_critics, log_alpha, optimizers, batch, obs_norm, args,
-                               target_entropy, device)
-            updates += 1
-
-    def log(step: int) -> bool:
-        """Progress row when due; True when the early-stop return is reached."""
-        nonlocal next_log
-        if step >= next_log:
-            row = run.row(step, **stats, updates=updates, wait_s=round(wait_s, 2),
-                          sampler_wait_s=round(float(sampler_waited[0]), 2))
-            rm = f"{row['return_mean']:.1f}" if row["return_mean"] is not None else "-"
-            print(f"step {step:>9}  sps {row['sps']:>6.0f}  return {rm:>8}  episodes {run.episodes:>5}  "
-                  f"updates {updates:>7}  alpha {stats.get('alpha', args.alpha):.3f}  waits: learner {wait_s:.1f}s "
-                  f"sampler {float(sampler_waited[0]):.1f}s", flush=True)
-            next_log += args.log_every
-        if args.stop_at_return is not None and len(recent) == 10 and np.mean(recent) >= args.stop_at_return:
-            print(f"mean return of the last 10 episodes {np.mean(recent):.1f} >= {args.stop_at_return} at step "
-                  f"{step}: stopping", flush=True)
-            return True
-        return False
-
-    def record(ret: float, length: int, step: int) -> None:
-        nonlocal recent
-        run.episode(ret, length, step)
-        recent = (recent + [ret])[-10:]
-
+    link = AsyncReplay(actor, pacer, args.num_envs) if args.sampler == "async" else None
     print(f"run folder {run.path}  sampler {args.sampler}  device {device}  replay {buffer.T}x{buffer.B}  "
-          f"updates per env step {updates_per_step:.3f}", flush=True)
-    try:
-        if args.sampler == "async":
-            params = SharedParameters(actor)
-            params.publish(actor, version=updates)
-            episodes = CTX.Queue()
-            worker = Worker(sampler_main, (args, buffer, obs_norm, params, episodes, sampler_waited, global_step,
-                                           updates, affinity, os.getpid()), name="sampler")
-            alive = lambda: worker.check(allow_finished=True)  # noqa: E731
-            buffer.watch(alive)  # a sampler killed while holding the replay's lock raises here, not a hang
-            while global_step < args.total_timesteps:
-                alive()
-                sampled = start_step + buffer.storage.cursor * args.num_envs
-                while not episodes.empty():
-                    record(*episodes.get())
-                before = updates
-                learn_until(sampled, max_updates=1)
-                caught_up = updates == before
-                if updates >= params.version + PUBLISH_EVERY or (caught_up and updates > params.version):
-                    # Publishing whenever the learner waits means a sampler waiting on the learner always sees
-                    # its latest update count (no deadlock under a tight --max-lag-steps).
-                    params.publish(actor, version=updates, check=alive)
-                if caught_up:  # the replay ratio is reached: wait for the sampler
-                    t0 = time.perf_counter()
-                    time.sleep(0.001)
-                    wait_s += time.perf_counter() - t0
-                global_step = sampled
-                if log(global_step):
-                    break
-                if next_checkpoint is not None and global_step >= next_checkpoint:
-                    checkpoint()
-                    next_checkpoint += args.checkpoint_every
+          f"updates per env step {pacer.updates_per_step:.3f}", flush=True)
+    with run.guard(checkpoint) as guard:
+        if link is not None:
+            worker = guard.hold(Worker(sampler_main, (args, buffer, obs_norm, link, affinity, os.getpid()),
+                                       name="sampler"))
+            link.attach(worker, buffer)
         else:
-            envs = make_envs(args, args.sampler)
-            sampler = Sampler(envs, args, obs_norm, args.seed + global_step)
-            while global_step < args.total_timesteps:
-                row, ended = sampler.step(actor, global_step < start_step + args.min_steps_learn, device)
+            sampler = Sampler(guard.hold(make_envs(args, args.sampler)), args, obs_norm, args.seed + global_step)
+        while global_step < args.total_timesteps:
+            if link is None:  # one step of every env: a [1, B] replay row (uniform random actions at first)
+                row, ended = sampler.step(actor, global_step < pacer.start_step + args.min_steps_learn, device)
                 buffer.append(row)
                 global_step += args.num_envs
                 for ret, length in ended:
-                    record(ret, length, global_step)
-                learn_until(global_step)
-                if log(global_step):
-                    break
-                if next_checkpoint is not None and global_step >= next_checkpoint:
-                    checkpoint()
-                    next_checkpoint += args.checkpoint_every
-        checkpoint()
+                    run.episode(ret, length, global_step)
+            else:  # the sampler process appends; the learner sees how far it got
+                global_step = link.poll(run)
+            due = pacer.due(global_step, updates)
+            for _ in range(due if link is None else min(due, 1)):  # async: one at a time, publishing between
+                batch, _ = buffer.sample(args.batch_size)  # [N, ...]
+                stats = sac_update(actor, critics, target_critics, log_alpha, optimizers, batch, obs_norm, args,
+                                   target_entropy, device)
+                updates += 1
+            if link is not None:
+                link.after_updates(actor, updates, learned=due > 0)
+            if global_step >= next_log:
+                run.row(global_step, **stats, updates=updates, **(link.waits() if link else {}))
+                next_log += args.log_every
+            if run.reached(args.stop_at_return, 10, global_step):
+                break
+            if next_checkpoint is not None and global_step >= next_checkpoint:
+                run.save_checkpoint(checkpoint())
+                next_checkpoint += args.checkpoint_every
+        run.finish(global_step)
+        run.save_checkpoint(checkpoint())
         if args.eval_episodes:
-            evaluate(args, actor, obs_norm, device, run, global_step)
-    except KeyboardInterrupt:
-        print(f"interrupted at step {global_step}: writing checkpoint", file=sys.stderr, flush=True)
-        checkpoint()
-        exit_code = EXIT_INTERRUPTED
-    except WorkerError as e:
-        print(e, file=sys.stderr)
-        print(f"error: the sampler process failed at step {global_step}", file=sys.stderr, flush=True)
-        exit_code = 1
-    finally:
-        if worker is not None:
-            worker.stop()
-        if envs is not None:
-            close_envs(envs)
-        run.close()
-    return exit_code
-
-
-@torch.no_grad()
-def evaluate(args: Args, actor: Actor, obs_norm: ObsNorm, device: torch.device, run: RunFolder,
-             global_step: int) -> None:
-    """Play eval_episodes episodes with the deterministic policy (tanh of the mean), statistics frozen."""
-    env = make_env(args, 0, render=args.capture_video)()
-    if args.capture_video:
-        env = gym.wrappers.RecordVideo(env, str(run.path / "videos"), episode_trigger=lambda i: i == 0,
-                                       disable_logger=True)
-    returns = []
-    for ep in range(args.eval_episodes):
-        obs, _ = env.reset(seed=args.seed + 100_000 + ep)
-        done, total = False, 0.0
-        while not done:
-            x = obs_norm.normalize(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
-            action = actor(x, deterministic=True)[0][0].cpu().numpy()
-            obs, r, term, trunc, _ = env.step(scale_action(action, env.action_space))
-            total += float(r)
-            done = term or trunc
-        returns.append(total)
-        run.tb.add_scalar("eval/episodic_return", total, global_step)
-    env.close()
-    (run.path / "eval.json").write_text(json.dumps({"returns": returns, "mean": float(np.mean(returns))}))
-    print(f"evaluation over {len(returns)} episodes: mean return {np.mean(returns):.1f}", flush=True)
-
+            env = make_env(args, render=args.capture_video)()
+            evaluate(run, env, partial(act, actor, obs_norm, device, env.action_space), args.eval_episodes,
+                     args.seed, global_step, video=args.capture_video)
+    return guard.exit_code
 
 if __name__ == "__main__":
     sys.exit(main())
