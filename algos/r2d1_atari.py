@@ -24,59 +24,62 @@ in dqn_atari.py (`wait_s`, `sampler_wait_s`).
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # find shared/ without an install step
+# Find shared/ without an install step, from algos/ or from a copy anywhere in the repository.
+sys.path.insert(0, str(next(p for p in Path(__file__).resolve().parents if (p / "shared" / "__init__.py").exists())))
 
-import gymnasium as gym  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
 
-from shared.affinity import make_affinity  # noqa: E402
-from shared.buffer import shared_zeros  # noqa: E402
-from shared.namedarraytuple import namedarraytuple  # noqa: E402
-from shared.procs import (CTX, SharedParameters, Worker, WorkerError, close_envs, parent_alive_check,  # noqa: E402
-                          sampler_ahead)
-from shared.replay import SequenceReplayBuffer  # noqa: E402
-from shared.run import (EXIT_INTERRUPTED, RunFolder, bad_args, load_checkpoint, parse_args,  # noqa: E402
-                        resolve_device, stop_on_signals)
+from shared.affinity import make_affinity
+from shared.atari import is_atari, make_atari_env, make_atari_vector_env
+from shared.envs import image_shape, probe_spaces, vector_env
+from shared.namedarraytuple import namedarraytuple
+from shared.procs import AsyncReplay, ReplayPacer, Worker, parent_alive_check
+from shared.replay import SequenceReplayBuffer
+from shared.run import (RunFolder, bad_args, check_env_args, evaluate, load_checkpoint, parse_args, resolve_device,
+                        stop_on_signals)
+
+SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own name
 
 
 @dataclass
 class Args:
+    # experiment
     env_id: str = "BreakoutNoFrameskip-v4"
     """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations (MLP)"""
     seed: int = 1
     """seeds every env, worker and network"""
     total_timesteps: int = 10_000_000
     """agent steps summed over all envs (Atari: 4 emulator frames each)"""
-    num_envs: int = 16
-    """environments stepped together (each with its own recurrent state and epsilon)"""
-    sampler: str = "serial"
-    """serial, parallel (ale-py threads / AsyncVectorEnv) or async (sampler process appending to a shared replay
-    while the learner trains)"""
-    device: str = "auto"
-    """auto (cuda if available), cpu, cuda or cuda:N"""
     out_dir: str = "runs"
     """parent folder of the run folder"""
     run_name: str = ""
     """run folder name; default {env_id}__r2d1_atari__{seed}__{unix time}"""
-    checkpoint_every: int = 0
-    """global env steps between checkpoints (0: only at the end and on interruption)"""
     resume: str = ""
     """checkpoint file or run folder to continue from (the replay starts empty and refills min_steps_learn)"""
+    checkpoint_every: int = 0
+    """global env steps between checkpoints (0: only at the end and on interruption)"""
+    log_every: int = 10_000
+    """env steps between progress rows"""
     eval_episodes: int = 10
     """episodes played by the final policy (eval_epsilon-greedy) after training (0: none)"""
+    eval_epsilon: float = 0.01
+    """epsilon of the evaluation episodes"""
     capture_video: bool = False
     """record the first evaluation episode to {run}/videos"""
+    stop_at_return: float | None = None
+    """stop early once the mean return of the last 20 episodes reaches this"""    # algorithm
+    num_envs: int = 16
+    """environments stepped together (each with its own recurrent state and epsilon)"""
     buffer_size: int = 1_000_000
     """replay capacity in rows (env steps)"""
     batch_size: int = 64
@@ -111,54 +114,39 @@ class Args:
     """learner updates between target-network copies"""
     max_grad_norm: float = 80.0
     """global gradient-norm clip"""
-    eval_epsilon: float = 0.01
-    """epsilon of the evaluation episodes"""
     hidden: int = 512
     """width of the fully connected layer and the LSTM (Atari; the MLP torso for vector observations uses it too)"""
     recurrent: bool = True
     """use the LSTM; --no-recurrent replaces it with a feed-forward layer of the same width (the ablation)"""
-    observe_indices: tuple[int, ...] = ()
-    """vector observations: keep only these components (e.g. 0 2 on CartPole: positions without velocities)"""
+    # environment (Atari ids only)
     noop_max: int = 30
     """Atari: up to this many random no-ops at reset (paper convention 30)"""
     sticky_actions: float = 0.0
     """Atari: probability of repeating the previous action (0: paper convention, no sticky actions)"""
+    observe_indices: tuple[int, ...] = ()
+    """vector observations: keep only these components (e.g. 0 2 on CartPole: positions without velocities)"""
+    # infrastructure
+    sampler: Literal["serial", "parallel", "async"] = "serial"
+    """serial, parallel (ale-py threads / AsyncVectorEnv) or async (sampler process appending to a shared replay
+    while the learner trains)"""
     max_lag_steps: int = 2_000
     """async: the sampler waits when it is this many env steps ahead of the learner's updates (0: never waits)"""
-    log_every: int = 10_000
-    """env steps between progress rows"""
-    stop_at_return: float | None = None
-    """stop early once the mean return of the last 20 episodes reaches this"""
+    device: str = "auto"
+    """auto (cuda if available), cpu, cuda or cuda:N"""
 
 
 # ---------------------------------------------------------------------------------------------- environments
 
 
-def is_atari(env_id: str) -> bool:
-    return "NoFrameskip" in env_id
+def make_env(args: Args, render: bool = False):
+    """One env. Atari ids get the papers' preprocessing (shared/atari.py); any other id is a plain gym.make,
+    optionally with only some observation entries (the memory task): the place to plug in your own env
+    (register it at import time so spawned processes know it)."""
 
-
-def ale_game(env_id: str) -> str:
-    """'MsPacmanNoFrameskip-v4' -> 'ms_pacman' (ale-py's ROM name)."""
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", env_id.split("NoFrameskip")[0]).lower()
-
-
-ATARI_MAX_FRAMES = 108_000  # 30 minutes of play: the time limit in both samplers
-
-
-def make_env(args: Args, idx: int, render: bool = False):
-    def thunk():
-        render_mode = "rgb_array" if render else None
+    def thunk() -> gym.Env:
         if is_atari(args.env_id):
-            import ale_py
-
-            gym.register_envs(ale_py)
-            env = gym.make(args.env_id, max_episode_steps=ATARI_MAX_FRAMES, render_mode=render_mode,
-                           repeat_action_probability=args.sticky_actions)
-            env = gym.wrappers.AtariPreprocessing(env, noop_max=args.noop_max, frame_skip=4, screen_size=84,
-                                                  terminal_on_life_loss=False, grayscale_obs=True)
-            return gym.wrappers.FrameStackObservation(env, 4, padding_type="zero")
-        env = gym.make(args.env_id, render_mode=render_mode)
+            return make_atari_env(args.env_id, args.noop_max, args.sticky_actions, render)
+        env = gym.make(args.env_id, render_mode="rgb_array" if render else None)
         if args.observe_indices:
             keep = np.array(args.observe_indices)
             space = env.observation_space
@@ -169,20 +157,11 @@ def make_env(args: Args, idx: int, render: bool = False):
     return thunk
 
 
-def make_envs(args: Args, mode: str, n_threads: int = 1):
-    """serial: SyncVectorEnv; parallel: ale-py's threaded AtariVectorEnv or gymnasium's AsyncVectorEnv."""
-    next_step = gym.vector.AutoresetMode.NEXT_STEP
-    if mode == "serial":
-        return gym.vector.SyncVectorEnv([make_env(args, i) for i in range(args.num_envs)], autoreset_mode=next_step)
-    if is_atari(args.env_id):
-        from ale_py.vector_env import AtariVectorEnv
-
-        return AtariVectorEnv(ale_game(args.env_id), args.num_envs, num_threads=n_threads,
-                              noop_max=args.noop_max, repeat_action_probability=args.sticky_actions,
-                              max_num_frames_per_episode=ATARI_MAX_FRAMES, reward_clipping=False,
-                              episodic_life=False, use_fire_reset=False, autoreset_mode=next_step)
-    return gym.vector.AsyncVectorEnv([make_env(args, i) for i in range(args.num_envs)], context="spawn",
-                                     autoreset_mode=next_step)
+def make_envs(args: Args, mode: str, n_threads: int = 1) -> gym.vector.VectorEnv:
+    """[B] envs: serial in this process; parallel in ale-py's threads (Atari) or in worker processes."""
+    if mode == "parallel" and is_atari(args.env_id):
+        return make_atari_vector_env(args.env_id, args.num_envs, n_threads, args.noop_max, args.sticky_actions)
+    return vector_env([make_env(args) for _ in range(args.num_envs)], mode)
 
 
 # ---------------------------------------------------------------------------------------------- network
@@ -201,9 +180,13 @@ class R2D1Net(nn.Module):
         super().__init__()
         self.image, self.n_actions, self.hidden, self.recurrent = len(obs_shape) == 3, int(n_actions), hidden, recurrent
         if self.image:
-            self.torso = nn.Sequential(
-                nn.Conv2d(obs_shape[0], 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-                nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten(), nn.Linear(64 * 7 * 7, hidden), nn.ReLU())
+            c, h, w = image_shape(obs_shape)  # ValueError with the reason when the CNN cannot take the images
+            self.channels_last = tuple(obs_shape) != (c, h, w)
+            conv = nn.Sequential(
+                nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+                nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
+            n_flat = conv(torch.zeros(1, c, h, w)).shape[1]  # 64 * 7 * 7 for 84x84 frames
+            self.torso = nn.Sequential(*conv, nn.Linear(n_flat, hidden), nn.ReLU())
         else:
             self.torso = nn.Sequential(nn.Linear(int(np.prod(obs_shape)), hidden), nn.ReLU())
         core_in = hidden + self.n_actions + 1
@@ -217,8 +200,13 @@ class R2D1Net(nn.Module):
 
     def forward(self, obs, prev_action, prev_reward, state: RnnState, reset) -> tuple[torch.Tensor, RnnState]:
         T, B = reset.shape
-        x = obs.float().flatten(0, 1)  # [T*B, ...]
-        x = self.torso(x / 255.0 if self.image else x.flatten(1)).view(T, B, -1)
+        x = obs.flatten(0, 1)  # [T*B, ...]
+        if self.image:
+            x = x.permute(0, 3, 1, 2) if self.channels_last else x  # [T*B, C, H, W]
+            x = x.float() / 255.0 if obs.dtype == torch.uint8 else x.float()
+        else:
+            x = x.float().flatten(1)
+        x = self.torso(x).view(T, B, -1)
         keep = (~reset).float().unsqueeze(-1)  # [T, B, 1]
         a = F.one_hot(prev_action.long(), self.n_actions).float() * keep
         x = torch.cat([x, a, prev_reward.float().unsqueeze(-1) * keep], dim=-1)  # [T, B, hidden + A + 1]
@@ -426,37 +414,27 @@ def r2d1_update(net, target_net, optimizer, buffer: SequenceReplayBuffer, args: 
 
 # ---------------------------------------------------------------------------------------------- async sampler
 
-PUBLISH_EVERY = 10  # learner updates between parameter copies to the sampler
-
-
-def sampler_main(args: Args, buffer: SequenceReplayBuffer, params: SharedParameters, episodes, waited,
-                 start_step: int, start_updates: int, affinity, parent_pid: int, stop) -> None:
-    """Sampler process: steps the envs and appends chunks to the shared replay; pulls the newest parameters when
-    the learner has published them; waits while it is more than max_lag_steps ahead of the learner's updates."""
+def sampler_main(args: Args, buffer: SequenceReplayBuffer, link: AsyncReplay, affinity, parent_pid: int,
+                 stop) -> None:
+    """Sampler process: steps the envs and appends chunks to the shared replay with the newest parameters the
+    learner published; waits while it is more than max_lag_steps ahead of the learner's updates."""
     affinity.apply_worker(0)
     check = parent_alive_check(stop, parent_pid)
     envs = make_envs(args, "parallel" if is_atari(args.env_id) else "serial", n_threads=len(affinity.worker_cpus[0]))
     net = R2D1Net(envs.single_observation_space.shape, envs.single_action_space.n, args.hidden, args.recurrent)
-    sampler = Sampler(envs, args, net, args.seed + start_step)
-    version, step = -1, start_step
-    updates_per_step = args.replay_ratio / (args.batch_size * args.sequence_length)
+    step = link.pacer.start_step
+    sampler = Sampler(envs, args, net, args.seed + step)
     try:
         while step < args.total_timesteps:
             check()
-            if sampler_ahead(step, params.version, start_step, start_updates, args.min_steps_learn, updates_per_step,
-                             args.max_lag_steps, chunk_steps=args.num_envs * args.rnn_state_interval):
-                t0 = time.perf_counter()
-                time.sleep(0.001)
-                waited[0] += time.perf_counter() - t0
+            if link.sampler_wait(step, args.max_lag_steps, chunk_steps=args.num_envs * args.rnn_state_interval):
                 continue
-            if params.version != version:
-                version = params.pull(net)
+            link.pull(net)
             chunk, priorities, ended = sampler.step(net, torch.device("cpu"))
             if chunk is not None:
                 buffer.append(chunk, priorities)
             step += args.num_envs
-            for ret, length in ended:
-                episodes.put((ret, length, step))
+            link.report(ended, step)
         rest = sampler.flush()  # the last, partial chunk (no input priorities: its sequences get the default)
         if rest is not None:
             buffer.append(rest)
@@ -477,8 +455,6 @@ def check_args(args: Args) -> None:
                  "max_lag_steps"):
         if getattr(args, name) < 0:
             bad_args(f"--{name.replace('_', '-')} must be non-negative, got {getattr(args, name)}")
-    if args.sampler not in ("serial", "parallel", "async"):
-        bad_args(f"--sampler must be serial, parallel or async, got {args.sampler!r}")
     if not args.replay_ratio > 0:
         bad_args(f"--replay-ratio must be positive, got {args.replay_ratio}")
     if not 0 < args.learning_rate < 1:
@@ -497,28 +473,43 @@ def check_args(args: Args) -> None:
     if sequences < args.batch_size:
         bad_args(f"--min-steps-learn {args.min_steps_learn} gives {sequences} complete sequences, fewer than "
                  f"--batch-size {args.batch_size}")
-    if args.capture_video:
-        try:
-            import moviepy  # noqa: F401
-        except ImportError:
-            bad_args("--capture-video needs moviepy (pip install -r requirements.txt)")
-    if args.env_id not in gym.registry and is_atari(args.env_id):
-        import ale_py
-
-        gym.register_envs(ale_py)
-    if args.env_id not in gym.registry:
-        bad_args(f"--env-id {args.env_id!r} is not a registered gymnasium environment")
+    check_env_args(args)
     if args.observe_indices and is_atari(args.env_id):
         bad_args("--observe-indices applies to vector observations, not Atari frames")
+
+
+class EvalPolicy:
+    """Evaluation policy: eval_epsilon-greedy, carrying the recurrent state, previous action and previous reward
+    through an episode (``last_reward`` None starts a new one)."""
+
+    def __init__(self, net: R2D1Net, device: torch.device, epsilon: float, rng: np.random.Generator):
+        self.net, self.device, self.epsilon, self.rng = net, device, epsilon, rng
+        self.state, self.prev_action = net.initial_state(1, device), 0
+
+    def __call__(self, obs: np.ndarray, last_reward: float | None) -> int:
+        start = last_reward is None
+        if start:
+            self.state, self.prev_action = self.net.initial_state(1, self.device), 0
+        t = lambda x: torch.tensor([[x]], device=self.device)  # noqa: E731 - a [T=1, B=1] tensor
+        q, self.state = self.net(torch.as_tensor(obs, device=self.device)[None, None], t(self.prev_action),
+                                 t(0.0 if start else float(last_reward)), self.state, t(start))
+        explore = self.rng.random() < self.epsilon
+        self.prev_action = int(self.rng.integers(self.net.n_actions)) if explore else int(q.argmax())
+        return self.prev_action
 
 
 def main() -> int:
     args = parse_args(Args)
     check_args(args)
     device = resolve_device(args.device)
-    resumed, ckpt_file = (load_checkpoint(args.resume) if args.resume else (None, None))
-    if resumed is not None and resumed["args"]["env_id"] != args.env_id:
-        bad_args(f"--resume: checkpoint is for {resumed['args']['env_id']}, not {args.env_id}")
+    resumed, ckpt_file = load_checkpoint(args.resume, args.env_id) if args.resume else (None, None)
+    try:
+        obs_space, act_space = probe_spaces(make_env(args))
+    except IndexError:
+        bad_args(f"--observe-indices {' '.join(map(str, args.observe_indices))} out of range for {args.env_id}")
+    if not isinstance(act_space, gym.spaces.Discrete):
+        bad_args(f"--env-id {args.env_id}: R2D1 needs a discrete action space, got {act_space}")
+    n_actions = int(act_space.n)
     stop_on_signals()
     affinity = make_affinity(args.sampler)
     affinity.apply_learner()
@@ -526,16 +517,9 @@ def main() -> int:
     torch.manual_seed(args.seed)
 
     try:
-        probe = make_env(args, 0)()
-    except IndexError:
-        bad_args(f"--observe-indices {' '.join(map(str, args.observe_indices))} out of range for {args.env_id}")
-    obs_space, act_space = probe.observation_space, probe.action_space
-    probe.close()
-    if not isinstance(act_space, gym.spaces.Discrete):
-        bad_args(f"--env-id {args.env_id}: R2D1 needs a discrete action space, got {act_space}")
-    n_actions = int(act_space.n)
-
-    net = R2D1Net(obs_space.shape, n_actions, args.hidden, args.recurrent).to(device)
+        net = R2D1Net(obs_space.shape, n_actions, args.hidden, args.recurrent).to(device)
+    except ValueError as e:
+        bad_args(f"--env-id {args.env_id}: {e}")
     target_net = R2D1Net(obs_space.shape, n_actions, args.hidden, args.recurrent).to(device)
     target_net.load_state_dict(net.state_dict())
     optimizer = torch.optim.Adam(net.parameters(), lr=args.learning_rate, eps=1e-3)
@@ -557,151 +541,64 @@ def main() -> int:
                                   n_step_return=args.n_step_return, frame_stack=frame_stack, prioritized=True,
                                   alpha=args.alpha, beta=args.beta, input_priority_shift=sampler_shift,
                                   shared=args.sampler == "async", seed=args.seed)
-    run = RunFolder(args, "r2d1_atari", ["td_loss", "td_abs", "updates", "wait_s", "sampler_wait_s"],
-                    folder=ckpt_file.parent if ckpt_file else None, start_step=global_step)
+    run = RunFolder(args, SCRIPT, folder=ckpt_file.parent if ckpt_file else None, start_step=global_step)
 
-    def checkpoint() -> None:
+    def checkpoint() -> dict:
         # The sampler's recurrent states are not saved: a resumed run starts every env at a new episode.
-        run.save_checkpoint({"model": net.state_dict(), "target_model": target_net.state_dict(),
-                             "optimizer": optimizer.state_dict(), "global_step": global_step, "updates": updates,
-                             "args": vars(args).copy()})
+        return {"model": net.state_dict(), "target_model": target_net.state_dict(),
+                "optimizer": optimizer.state_dict(), "global_step": global_step, "updates": updates,
+                "args": vars(args).copy()}
 
-    start_step, resumed_updates = global_step, updates
-    updates_per_step = args.replay_ratio / (args.batch_size * args.sequence_length)
-    recent: list[float] = []
+    pacer = ReplayPacer(args.replay_ratio / (args.batch_size * args.sequence_length), args.min_steps_learn,
+                        global_step, updates)
     stats = {"td_loss": None, "td_abs": None}
     next_log = global_step + args.log_every
     next_checkpoint = global_step + args.checkpoint_every if args.checkpoint_every else None
-    worker, envs, wait_s, exit_code = None, None, 0.0, 0
-    sampler_waited = shared_zeros(1, np.float64)
-
-    def learn_until(step: int, max_updates: int = 1 << 62) -> None:
-        """Do the updates the replay ratio allows once `step` env steps are sampled (at most max_updates)."""
-        nonlocal updates, stats
-        learned_steps = step - start_step - args.min_steps_learn
-        limit = min(int(learned_steps * updates_per_step) + resumed_updates, updates + max_updates)
-        while learned_steps > 0 and updates < limit and len(buffer) >= args.batch_size:
-            beta = args.beta + (1.0 - args.beta) * min(step / args.total_timesteps, 1.0)
-            stats = r2d1_update(net, target_net, optimizer, buffer, args, beta, device)
-            updates += 1
-            if updates % args.target_update_interval == 0:
-                target_net.load_state_dict(net.state_dict())
-
-    def log(step: int) -> bool:
-        nonlocal next_log
-        if step >= next_log:
-            row = run.row(step, **stats, updates=updates, wait_s=round(wait_s, 2),
-                          sampler_wait_s=round(float(sampler_waited[0]), 2))
-            rm = f"{row['return_mean']:.1f}" if row["return_mean"] is not None else "-"
-            print(f"step {step:>9}  sps {row['sps']:>6.0f}  return {rm:>7}  episodes {run.episodes:>5}  "
-                  f"updates {updates:>6}  waits: learner {wait_s:.1f}s sampler {float(sampler_waited[0]):.1f}s",
-                  flush=True)
-            next_log += args.log_every
-        if args.stop_at_return is not None and len(recent) == 20 and np.mean(recent) >= args.stop_at_return:
-            print(f"mean return of the last 20 episodes {np.mean(recent):.1f} >= {args.stop_at_return} at step "
-                  f"{step}: stopping", flush=True)
-            return True
-        return False
-
-    def record(ret: float, length: int, step: int) -> None:
-        nonlocal recent
-        run.episode(ret, length, step)
-        recent = (recent + [ret])[-20:]
-
+    link = AsyncReplay(net, pacer, args.num_envs) if args.sampler == "async" else None
     print(f"run folder {run.path}  sampler {args.sampler}  device {device}  replay {buffer.T}x{buffer.B}  "
-          f"updates per env step {updates_per_step:.4f}", flush=True)
-    try:
-        if args.sampler == "async":
-            params = SharedParameters(net)
-            params.publish(net, version=updates)
-            episodes = CTX.Queue()
-            worker = Worker(sampler_main, (args, buffer, params, episodes, sampler_waited, global_step, updates,
-                                           affinity, os.getpid()), name="sampler")
-            alive = lambda: worker.check(allow_finished=True)  # noqa: E731
-            buffer.watch(alive)
-            while global_step < args.total_timesteps:
-                alive()
-                sampled = start_step + buffer.storage.cursor * args.num_envs
-                while not episodes.empty():
-                    record(*episodes.get())
-                before = updates
-                learn_until(sampled, max_updates=1)
-                caught_up = updates == before
-                if updates >= params.version + PUBLISH_EVERY or (caught_up and updates > params.version):
-                    params.publish(net, version=updates, check=alive)
-                if caught_up:
-                    t0 = time.perf_counter()
-                    time.sleep(0.002)
-                    wait_s += time.perf_counter() - t0
-                global_step = sampled
-                if log(global_step):
-                    break
-                if next_checkpoint is not None and global_step >= next_checkpoint:
-                    checkpoint()
-                    next_checkpoint += args.checkpoint_every
+          f"updates per env step {pacer.updates_per_step:.4f}", flush=True)
+    with run.guard(checkpoint) as guard:
+        if link is not None:
+            worker = guard.hold(Worker(sampler_main, (args, buffer, link, affinity, os.getpid()), name="sampler"))
+            link.attach(worker, buffer)
         else:
-            envs = make_envs(args, args.sampler, n_threads=len(affinity.learner_cpus))
-            sampler = Sampler(envs, args, net, args.seed + global_step)
-            while global_step < args.total_timesteps:
+            sampler = Sampler(guard.hold(make_envs(args, args.sampler, len(affinity.learner_cpus))), args, net,
+                              args.seed + global_step)
+        while global_step < args.total_timesteps:
+            if link is None:  # one step of every env; a chunk of rnn_state_interval rows [I, B] when complete
                 chunk, priorities, ended = sampler.step(net, device)
                 if chunk is not None:
                     buffer.append(chunk, priorities)
                 global_step += args.num_envs
                 for ret, length in ended:
-                    record(ret, length, global_step)
-                learn_until(start_step + buffer.storage.cursor * args.num_envs)
-                if log(global_step):
-                    break
-                if next_checkpoint is not None and global_step >= next_checkpoint:
-                    checkpoint()
-                    next_checkpoint += args.checkpoint_every
-        checkpoint()
+                    run.episode(ret, length, global_step)
+                in_replay = pacer.start_step + buffer.storage.cursor * args.num_envs  # whole chunks only
+            else:  # the sampler process appends chunks; the learner sees how far it got
+                global_step = in_replay = link.poll(run)
+            due = pacer.due(in_replay, updates) if len(buffer) >= args.batch_size else 0
+            for _ in range(due if link is None else min(due, 1)):  # async: one at a time, publishing between
+                beta = args.beta + (1.0 - args.beta) * min(in_replay / args.total_timesteps, 1.0)
+                stats = r2d1_update(net, target_net, optimizer, buffer, args, beta, device)
+                updates += 1
+                if updates % args.target_update_interval == 0:
+                    target_net.load_state_dict(net.state_dict())
+            if link is not None:
+                link.after_updates(net, updates, learned=due > 0)
+            if global_step >= next_log:
+                run.row(global_step, **stats, updates=updates, **(link.waits() if link else {}))
+                next_log += args.log_every
+            if run.reached(args.stop_at_return, 20, global_step):
+                break
+            if next_checkpoint is not None and global_step >= next_checkpoint:
+                run.save_checkpoint(checkpoint())
+                next_checkpoint += args.checkpoint_every
+        run.finish(global_step)
+        run.save_checkpoint(checkpoint())
         if args.eval_episodes:
-            evaluate(args, net, device, run, global_step)
-    except KeyboardInterrupt:
-        print(f"interrupted at step {global_step}: writing checkpoint", file=sys.stderr, flush=True)
-        checkpoint()
-        exit_code = EXIT_INTERRUPTED
-    except WorkerError as e:
-        print(e, file=sys.stderr)
-        print(f"error: the sampler process failed at step {global_step}", file=sys.stderr, flush=True)
-        exit_code = 1
-    finally:
-        if worker is not None:
-            worker.stop()
-        if envs is not None:
-            close_envs(envs)
-        run.close()
-    return exit_code
-
-
-@torch.no_grad()
-def evaluate(args: Args, net: R2D1Net, device: torch.device, run: RunFolder, global_step: int) -> None:
-    """Play eval_episodes whole episodes eval_epsilon-greedily in one env, carrying the recurrent state."""
-    env = make_env(args, 0, render=args.capture_video)()
-    if args.capture_video:
-        env = gym.wrappers.RecordVideo(env, str(run.path / "videos"), episode_trigger=lambda i: i == 0,
-                                       disable_logger=True)
-    rng = np.random.default_rng(args.seed + 100_000)
-    returns = []
-    for ep in range(args.eval_episodes):
-        obs, _ = env.reset(seed=args.seed + 100_000 + ep)
-        state, prev_a, prev_r, start = net.initial_state(1, device), 0, 0.0, True
-        done, total = False, 0.0
-        while not done:
-            q, state = net(torch.as_tensor(obs, device=device)[None, None], torch.tensor([[prev_a]], device=device),
-                           torch.tensor([[prev_r]], device=device), state, torch.tensor([[start]], device=device))
-            action = int(rng.integers(env.action_space.n)) if rng.random() < args.eval_epsilon else int(q.argmax())
-            obs, r, term, trunc, _ = env.step(action)
-            prev_a, prev_r, start = action, float(r), False
-            total += float(r)
-            done = term or trunc
-        returns.append(total)
-        run.tb.add_scalar("eval/episodic_return", total, global_step)
-    env.close()
-    (run.path / "eval.json").write_text(json.dumps({"returns": returns, "mean": float(np.mean(returns))}))
-    print(f"evaluation over {len(returns)} episodes: mean return {np.mean(returns):.1f}", flush=True)
-
+            policy = EvalPolicy(net, device, args.eval_epsilon, np.random.default_rng(args.seed + 100_000))
+            evaluate(run, make_env(args, render=args.capture_video)(), policy, args.eval_episodes, args.seed,
+                     global_step, video=args.capture_video)
+    return guard.exit_code
 
 if __name__ == "__main__":
     sys.exit(main())
