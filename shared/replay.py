@@ -198,14 +198,41 @@ class _Storage:
         return out
 
 
+def _set_leaves(dst: Any, idx: Any, src: Any) -> None:
+    """``dst[idx] = src`` leaf by leaf, for any structure ``_leaves`` walks (plain tuples and dicts cannot be
+    assigned into as a whole)."""
+    if dst is None:
+        return
+    if isinstance(dst, dict):
+        for k in dst:
+            _set_leaves(dst[k], idx, src[k])
+    elif isinstance(dst, (tuple, list)):  # namedarraytuples too
+        for d, v in zip(dst, src):
+            _set_leaves(d, idx, v)
+    else:
+        dst[idx] = src
+
+
 def _leaves(name: str, ex: Any, x: Any):
-    """(path, example leaf, sample leaf) of possibly nested fields."""
+    """(path, example leaf, sample leaf) of possibly nested fields: namedarraytuples, (named)tuples, lists, dicts.
+    A sample whose structure differs from the example's raises ValueError naming the field."""
     if is_namedarraytuple(ex):
-        for (f, e), v in zip(ex.items(), x):
-            if e is not None:
-                yield from _leaves(f"{name}.{f}", e, v)
+        items = list(ex.items())
+        values = list(x) if is_namedarraytuple(x) and len(x) == len(items) else None
+    elif isinstance(ex, dict):
+        items = list(ex.items())
+        values = [x[k] for k, _ in items] if isinstance(x, dict) and set(x) == set(ex) else None
+    elif isinstance(ex, (tuple, list)):
+        items = [(str(i), e) for i, e in enumerate(ex)]
+        values = list(x) if isinstance(x, (tuple, list)) and len(x) == len(ex) else None
     else:
         yield name, ex, x
+        return
+    if values is None:
+        raise ValueError(f"{name}: expected the structure of the example ({type(ex).__name__}), got {type(x).__name__}")
+    for (f, e), v in zip(items, values):
+        if e is not None:
+            yield from _leaves(f"{name}.{f}", e, v)
 
 
 def _sum_tree(T: int, B: int, shared: bool) -> SumTree:
@@ -412,8 +439,9 @@ class SequenceReplayBuffer(_Base):
     """Sequence replay for recurrent agents (R2D1).
 
     A sequence is ``sequence_length`` rows (burn-in included) and may start only at rows where the recurrent
-    state was stored, every ``rnn_state_interval`` rows; ``example.rnn_state`` (any nested structure) is the
-    state *before* the row's observation and is kept only at those rows. ``sample`` returns ``(batch,
+    state was stored, every ``rnn_state_interval`` rows; ``example.rnn_state`` (an array, or namedarraytuples,
+    tuples and dicts of arrays, nested) is the state *before* the row's observation and is kept only at those
+    rows. ``sample`` returns ``(batch,
     index)``: per-step fields ``[sequence_length + n_step_return, batch_size, ...]`` (the extra rows are for
     bootstrap targets; the n-step fields are meaningful on the first ``sequence_length`` rows),
     ``init_rnn_state`` ``[batch_size, ...]`` and ``is_weights`` ``[batch_size]``. ``final_row`` marks rows to
@@ -478,7 +506,8 @@ class SequenceReplayBuffer(_Base):
             s, end = self.storage.append(samples, Tc)
             if len(new_slots):
                 src = new_slots * I - s
-                self.rnn_state[new_slots % self.n_slots] = map_structure(lambda x: np.asarray(x)[src], samples.rnn_state)
+                _set_leaves(self.rnn_state, new_slots % self.n_slots,
+                            map_structure(lambda x: np.asarray(x)[src], samples.rnn_state))
             lo, hi = self.valid_window(end)
             if self.tree is not None and len(new_slots):
                 # New slots get the default; input priorities land input_priority_shift slots back.

@@ -92,10 +92,14 @@ def _valid_priorities(p):
 
 @njit(cache=True, nogil=True)
 def _update(flat, meta, abs_rows, b_idx, p):
-    """Write leaves (abs_rows, b_idx) in the window [lo, hi); returns how many (-1: invalid priority)."""
+    """Write leaves (abs_rows, b_idx) in the window [lo, hi); returns how many (-1: invalid priority, -2: an env
+    index outside [0, B)). Nothing is written unless every entry is valid."""
     starts, T, B, lo, hi = meta[_STARTS:], meta[_T], meta[_B], meta[_LO], meta[_HI]
     if not _valid_priorities(p):
         return -1
+    for b in b_idx:
+        if b < 0 or b >= B:
+            return -2
     leaf0 = starts[len(starts) - 2]
     written = np.empty(len(p), np.int64)
     n = 0
@@ -375,8 +379,10 @@ class SumTree:
         if not (abs_rows.shape == b_idx.shape == p.shape):
             raise ValueError(f"abs_rows, b_idx and priorities differ in length: {abs_rows.shape}, {b_idx.shape}, {p.shape}")
         written = _update(self._plain, self._meta_plain, abs_rows, b_idx, p)
-        if written < 0:
+        if written == -1:
             raise ValueError("priorities must be finite and non-negative")
+        if written == -2:
+            raise ValueError(f"env indices must be in [0, {self.B}), got {b_idx.min()}..{b_idx.max()}")
         return written
 
     # ------------------------------------------------------------------ sampling
