@@ -40,8 +40,16 @@ from shared.envs import image_shape, probe_spaces, vector_env
 from shared.namedarraytuple import namedarraytuple
 from shared.procs import AsyncReplay, ReplayPacer, Worker, parent_alive_check
 from shared.replay import ReplayBuffer
-from shared.run import (RunFolder, bad_args, check_env_args, evaluate, load_checkpoint, parse_args, resolve_device,
-                        stop_on_signals)
+from shared.run import (
+    RunFolder,
+    bad_args,
+    check_env_args,
+    evaluate,
+    load_checkpoint,
+    parse_args,
+    resolve_device,
+    stop_on_signals,
+)
 
 SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own name
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -36,8 +35,16 @@ from shared.buffer import buffer_from_example
 from shared.envs import image_shape, probe_spaces, vector_env
 from shared.namedarraytuple import namedarraytuple
 from shared.procs import DoubleBuffer, Worker, parent_alive_check
-from shared.run import (RunFolder, bad_args, check_env_args, evaluate, load_checkpoint, parse_args, resolve_device,
-                        stop_on_signals)
+from shared.run import (
+    RunFolder,
+    bad_args,
+    check_env_args,
+    evaluate,
+    load_checkpoint,
+    parse_args,
+    resolve_device,
+    stop_on_signals,
+)
 
 SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own name
 
@@ -298,7 +305,7 @@ def ppo_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
 def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.device, generator) -> dict:
     """GAE with the learner's current critic, then the PPO update; buf is [T, B] numpy (possibly shared)."""
     T, B = args.num_steps, args.num_envs
-    f = lambda x: torch.as_tensor(np.asarray(x), device=device)  # noqa: E731
+    f = lambda x: torch.as_tensor(np.asarray(x), device=device)
     obs = f(buf.obs)
     if args.sampler == "async":
         # The rollout was sampled with the previous parameters: recompute values with the current critic.
@@ -310,7 +317,7 @@ def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.dev
         with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
             _, next_value = agent(f(boot.obs))
         value, next_value = f(buf.value).float(), next_value.float()
-    fl = lambda x: f(x).float()  # noqa: E731
+    fl = lambda x: f(x).float()
     adv, ret = compute_gae(fl(buf.reward), value, next_value, fl(buf.terminal), fl(buf.ended), fl(buf.reset),
                            args.gamma, args.gae_lambda)
     valid = ~f(buf.reset).flatten()  # [T*B]: reset rows are never trained on

@@ -45,8 +45,16 @@ from shared.envs import image_shape, probe_spaces, vector_env
 from shared.namedarraytuple import namedarraytuple
 from shared.procs import AsyncReplay, ReplayPacer, Worker, parent_alive_check
 from shared.replay import SequenceReplayBuffer
-from shared.run import (RunFolder, bad_args, check_env_args, evaluate, load_checkpoint, parse_args, resolve_device,
-                        stop_on_signals)
+from shared.run import (
+    RunFolder,
+    bad_args,
+    check_env_args,
+    evaluate,
+    load_checkpoint,
+    parse_args,
+    resolve_device,
+    stop_on_signals,
+)
 
 SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own name
 
@@ -490,7 +498,7 @@ class EvalPolicy:
         start = last_reward is None
         if start:
             self.state, self.prev_action = self.net.initial_state(1, self.device), 0
-        t = lambda x: torch.tensor([[x]], device=self.device)  # noqa: E731 - a [T=1, B=1] tensor
+        t = lambda x: torch.tensor([[x]], device=self.device)
         q, self.state = self.net(torch.as_tensor(obs, device=self.device)[None, None], t(self.prev_action),
                                  t(0.0 if start else float(last_reward)), self.state, t(start))
         explore = self.rng.random() < self.epsilon

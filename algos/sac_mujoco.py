@@ -31,7 +31,6 @@ import sys
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Literal
 
 # Find shared/ without an install step, from algos/ or from a copy anywhere in the repository.
 sys.path.insert(0, str(next(p for p in Path(__file__).resolve().parents if (p / "shared" / "__init__.py").exists())))
@@ -42,14 +41,22 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from shared.envs import probe_spaces, vector_env
 from shared.affinity import make_affinity
+from shared.envs import probe_spaces, vector_env
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import ObsNorm
 from shared.procs import AsyncReplay, ReplayPacer, Worker, parent_alive_check
 from shared.replay import ReplayBuffer
-from shared.run import (RunFolder, bad_args, check_env_args, evaluate, load_checkpoint, parse_args, resolve_device,
-                        stop_on_signals)
+from shared.run import (
+    RunFolder,
+    bad_args,
+    check_env_args,
+    evaluate,
+    load_checkpoint,
+    parse_args,
+    resolve_device,
+    stop_on_signals,
+)
 
 SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own name
 

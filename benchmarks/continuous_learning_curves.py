@@ -1,6 +1,7 @@
 """Learning curves of algos/ddpg_mujoco.py, td3_mujoco.py and sac_mujoco.py: on Pendulum-v1 in every sampler mode
 (the test suite's settings, whole budget, no early stop), and on HalfCheetah-v5 (defaults, serial) for a wall-clock
-budget, each on one CPU. Saves one PNG per env and prints, per run, the step at which the last 10 episodes first averaged the
+budget, each on one CPU. Saves one PNG per env and prints, per run, the step at which the last 10 episodes first
+averaged the
 threshold (Pendulum: -250) and the final mean return. matplotlib is needed for the plot only.
 
     python benchmarks/continuous_learning_curves.py pendulum --steps 20000
@@ -83,7 +84,8 @@ def halfcheetah(minutes: float, out_png: Path) -> None:
             returns = [r for _, r in eps]
             last = sum(returns[-5:]) / max(len(returns[-5:]), 1)
             best = max((sum(returns[i - 5:i]) / 5 for i in range(5, len(returns) + 1)), default=0.0)
-            print(f"HalfCheetah-v5  {s:<15} {int(rows[-1]['global_step']) if rows else 0:>7} steps in {minutes:.0f} min "
+            steps = int(rows[-1]["global_step"]) if rows else 0
+            print(f"HalfCheetah-v5  {s:<15} {steps:>7} steps in {minutes:.0f} min "
                   f"(one CPU)  last 5 episodes {last:8.1f}  best mean of 5 {best:8.1f}", flush=True)
             curves[s] = eps
     plot(curves, f"HalfCheetah-v5, {minutes:.0f} minutes each on one CPU (episode returns, mean of 5)", out_png,

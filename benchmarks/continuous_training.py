@@ -34,14 +34,15 @@ def ours(script: str, env_id: str, steps: int, sampler: str, extra: list[str]) -
         with open(Path(out) / "b" / "progress.csv") as f:
             rows = [r for r in csv.DictReader(f) if int(r["global_step"]) >= LEARN_FROM + 500]
     first, last = rows[0], rows[-1]
-    return (int(last["global_step"]) - int(first["global_step"])) / (float(last["wall_time_s"]) - float(first["wall_time_s"]))
+    steps = int(last["global_step"]) - int(first["global_step"])
+    return steps / (float(last["wall_time_s"]) - float(first["wall_time_s"]))
 
 
 def sb3(algo: str, env_id: str, steps: int) -> float:
     import gymnasium as gym
+    import numpy as np
     from stable_baselines3 import DDPG, SAC, TD3
     from stable_baselines3.common.noise import NormalActionNoise
-    import numpy as np
 
     env = gym.make(env_id)
     common = dict(learning_starts=LEARN_FROM, batch_size=256, buffer_size=100_000, learning_rate=3e-4, tau=0.005,

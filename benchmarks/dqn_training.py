@@ -33,7 +33,8 @@ def ours(script: str, env_id: str, steps: int, sampler: str, extra: list[str]) -
         with open(Path(out) / "b" / "progress.csv") as f:
             rows = [r for r in csv.DictReader(f) if int(r["global_step"]) >= LEARN_FROM + 1000]
     first, last = rows[0], rows[-1]
-    return (int(last["global_step"]) - int(first["global_step"])) / (float(last["wall_time_s"]) - float(first["wall_time_s"]))
+    steps = int(last["global_step"]) - int(first["global_step"])
+    return steps / (float(last["wall_time_s"]) - float(first["wall_time_s"]))
 
 
 def sb3(env_id: str, steps: int) -> float:

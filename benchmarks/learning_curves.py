@@ -80,7 +80,8 @@ def main() -> None:
             rows, reached = run(script, sampler, steps, a.seed, threshold, a.full)
             curves[(script, sampler)] = rows
             final = rows[-1][1] if rows else float("nan")
-            print(f"{script:<16} {sampler:<9} {steps:>7} {f'{reached} (>= {threshold})' if reached else 'not reached':>19} "
+            where = f"{reached} (>= {threshold})" if reached else "not reached"
+            print(f"{script:<16} {sampler:<9} {steps:>7} {where:>19} "
                   f"{final:>18.1f}")
     import matplotlib
 

@@ -24,11 +24,11 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "algos"))
-import ppo_atari as P  # noqa: E402
+import ppo_atari as P
 
-from shared.affinity import make_affinity  # noqa: E402
-from shared.buffer import buffer_from_example  # noqa: E402
-from shared.procs import DoubleBuffer, Worker  # noqa: E402
+from shared.affinity import make_affinity
+from shared.buffer import buffer_from_example
+from shared.procs import DoubleBuffer, Worker
 
 
 def emulator_sps(envs, seconds: float) -> float:
@@ -56,7 +56,7 @@ def forward_sps(agent, n_envs: int, seconds: float) -> float:
 
 
 def mode_sps(args: P.Args, mode: str, seconds: float) -> float:
-    example, boot_example = P.rollout_example(P.make_env(args, 0)().observation_space, args.num_steps,
+    example, boot_example = P.rollout_example(P.make_env(args)().observation_space, args.num_steps,
                                                args.num_envs)
     if mode == "async":
         affinity = make_affinity("async")

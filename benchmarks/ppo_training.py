@@ -30,7 +30,8 @@ def ours(env_id: str, steps: int, sampler: str, extra: list[str]) -> float:
             rows = list(csv.DictReader(f))
     # From the end of the first rollout to the end: start-up and the first rollout's warm-up left out.
     first, last = rows[0], rows[-1]
-    return (int(last["global_step"]) - int(first["global_step"])) / (float(last["wall_time_s"]) - float(first["wall_time_s"]))
+    steps = int(last["global_step"]) - int(first["global_step"])
+    return steps / (float(last["wall_time_s"]) - float(first["wall_time_s"]))
 
 
 def sb3(env_id: str, steps: int) -> float:

@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.test_r2d1 import MEMORY_TASK  # noqa: E402 - the settings the test suite uses
+from tests.test_r2d1 import MEMORY_TASK  # the settings the test suite uses
 
 
 def main() -> None:

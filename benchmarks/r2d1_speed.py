@@ -34,7 +34,8 @@ def script_sps(env_id: str, num_envs: int, sampler: str, steps: int, learn_from:
             rows = list(csv.DictReader(f))
 
     def sps(rs):
-        return (int(rs[-1]["global_step"]) - int(rs[0]["global_step"])) / (float(rs[-1]["wall_time_s"]) - float(rs[0]["wall_time_s"]))
+        steps = int(rs[-1]["global_step"]) - int(rs[0]["global_step"])
+        return steps / (float(rs[-1]["wall_time_s"]) - float(rs[0]["wall_time_s"]))
 
     # The async learner sees steps a chunk (rnn_state_interval rows of every env) at a time: its rows land on
     # chunk boundaries, the first at or past learn_from within one chunk.
@@ -46,9 +47,9 @@ def script_sps(env_id: str, num_envs: int, sampler: str, steps: int, learn_from:
 
 def learner_sequences_per_second(repeats: int) -> float:
     import numpy as np
+    import r2d1_atari as r2d1
     import torch
 
-    import r2d1_atari as r2d1
     from shared.replay import SequenceReplayBuffer
 
     args = r2d1.Args()

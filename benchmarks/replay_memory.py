@@ -25,9 +25,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "algos"))
-from dqn_atari import Step  # noqa: E402  (the row dqn_atari.py appends)
+from dqn_atari import Step  # the row dqn_atari.py appends
 
-from shared.replay import ReplayBuffer  # noqa: E402
+from shared.replay import ReplayBuffer
+
 FRAME = (84, 84)
 GB = 1e9
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from shared.sum_tree import SumTree  # noqa: E402
+from shared.sum_tree import SumTree
 
 
 class LoopSumTree:
@@ -126,7 +126,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="alternating slices of each implementation")
     args = parser.parse_args()
     T = args.capacity // args.envs
-    print(f"capacity {T * args.envs:,} leaves ({T} rows x {args.envs} envs); one cycle = append 1 row + sample + update;"
+    print(f"capacity {T * args.envs:,} leaves ({T} rows x {args.envs} envs); "
+          f"one cycle = append 1 row + sample + update;"
           f" medians of {args.rounds} alternating slices")
     print(f"{'batch':>6} {'ours cycles/s':>14} {'loop cycles/s':>14} {'ratio':>7}   {'ours samples/s':>15}")
     ours_state, loop_state = make_ours(T, args.envs), make_loop(T, args.envs)

@@ -79,7 +79,7 @@ class Affinity:
         return "+".join(parts)
 
     @classmethod
-    def decode(cls, code: str) -> "Affinity":
+    def decode(cls, code: str) -> Affinity:
         learner, workers, threads, pin = None, (), None, True
         try:
             for part in code.strip().split("+"):

@@ -19,8 +19,9 @@ import mmap
 import os
 import sys
 import tempfile
+from collections.abc import Sequence
 from multiprocessing import reduction
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 

@@ -14,7 +14,8 @@ Guarantees
 from __future__ import annotations
 
 import copyreg
-from typing import Any, Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 __all__ = ["namedarraytuple", "is_namedarraytuple", "map_structure"]
 

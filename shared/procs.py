@@ -37,7 +37,8 @@ import signal
 import sys
 import time
 import traceback
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -70,7 +71,7 @@ def _child_main(target: Callable, args: tuple, stop: Any, errors: Any, parent_pi
         os._exit(1)
     try:
         target(*args, stop)
-    except BaseException:  # noqa: BLE001 - everything goes back to the parent
+    except BaseException:
         errors.put(traceback.format_exc())
         errors.close()
         errors.join_thread()
@@ -101,7 +102,7 @@ class Worker:
             code = self._proc.exitcode
             try:
                 tb = self._errors.get(timeout=0.5)
-            except Exception:  # noqa: BLE001 - no traceback came: it was killed
+            except Exception:
                 tb = None
             if tb is not None:
                 raise WorkerError(f"{self.name} failed:\n{tb}")

@@ -69,7 +69,8 @@ class _Storage:
                 raise ValueError(f"example field {f!r} clashes with a field the buffer computes")
         obs = np.asarray(example.observation)
         if frame_stack > 1 and (obs.ndim < 2 or obs.shape[0] != frame_stack):
-            raise ValueError(f"frame_stack={frame_stack} needs observations shaped [{frame_stack}, ...], got {obs.shape}")
+            raise ValueError(f"frame_stack={frame_stack} needs observations shaped [{frame_stack}, ...], "
+                             f"got {obs.shape}")
         self.T, self.B, self.n, self.C = T, B, n_step_return, frame_stack
         self.discount = float(discount)
         self.example = map_structure(np.asarray, example)
@@ -410,7 +411,8 @@ class ReplayBuffer(_Base):
             s, end = self.storage.append(samples, Tc)
             lo, hi = self.valid_window(end)
             if self.tree is not None:
-                p = self._to_tree(priorities) if priorities is not None else np.full((Tc, self.B), self._default_tree_priority())
+                default = np.full((Tc, self.B), self._default_tree_priority())
+                p = self._to_tree(priorities) if priorities is not None else default
                 rows = (s + np.arange(Tc)) % self.T
                 p = np.where(self.storage.final_row[rows], 0.0, p)  # final-observation rows are never sampled
                 self.tree.append(s, p, lo, hi)

@@ -36,8 +36,9 @@ import platform
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, NoReturn
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -126,7 +127,7 @@ def load_checkpoint(path: str | os.PathLike, env_id: str) -> tuple[dict, Path]:
         bad_args(f"--resume {path}: no checkpoint there")
     try:
         state = torch.load(p, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unreadable file is a bad argument
+    except Exception as e:
         bad_args(f"--resume {path}: cannot read the checkpoint ({type(e).__name__}: {e})")
     if state["args"]["env_id"] != env_id:
         bad_args(f"--resume: checkpoint is for {state['args']['env_id']}, not {env_id}")
@@ -159,7 +160,7 @@ def _versions() -> dict[str, str]:
     for name in ("torch", "numpy", "gymnasium", "ale_py"):
         try:
             out[name] = __import__(name).__version__
-        except Exception:  # noqa: BLE001 - a missing package is simply not listed
+        except Exception:
             pass
     return out
 
@@ -192,7 +193,7 @@ class RunFolder:
                 self.columns = next(csv.reader(f), None) or self.columns
         else:
             self._progress.write_text(",".join(self.columns) + "\n")
-        self._csv_file = open(self._progress, "a", newline="")  # noqa: SIM115 - open for the run's lifetime
+        self._csv_file = open(self._progress, "a", newline="")
         self._csv = csv.writer(self._csv_file)
         self.tb = SummaryWriter(str(self.path))
         self._t0 = time.time()
@@ -266,7 +267,7 @@ class RunFolder:
             writer.writerow(self.columns)
             writer.writerows(r + [""] * (len(self.columns) - len(r)) for r in rows)
         os.replace(tmp, self._progress)
-        self._csv_file = open(self._progress, "a", newline="")  # noqa: SIM115 - open for the run's lifetime
+        self._csv_file = open(self._progress, "a", newline="")
         self._csv = csv.writer(self._csv_file)
 
     def save_checkpoint(self, state: dict) -> Path:

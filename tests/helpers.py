@@ -26,7 +26,7 @@ def run(name: str, *args: str, timeout: float = 600, cwd: Path | None = None) ->
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        raise AssertionError(f"{name} {' '.join(args)} timed out\n{out[-3000:]}\n{err[-3000:]}")
+        raise AssertionError(f"{name} {' '.join(args)} timed out\n{out[-3000:]}\n{err[-3000:]}") from None
     assert_no_leftovers(proc.pid)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
@@ -66,7 +66,7 @@ def finish(proc: subprocess.Popen, timeout: float = 60) -> str:
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         _, err = proc.communicate()
-        raise AssertionError(f"pid {proc.pid} did not end within {timeout} s\n{err[-3000:]}")
+        raise AssertionError(f"pid {proc.pid} did not end within {timeout} s\n{err[-3000:]}") from None
 
 
 def progress(run_dir: Path) -> list[dict]:

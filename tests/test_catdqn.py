@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from tests.helpers import ROOT, progress, run
 
 sys.path.insert(0, str(ROOT / "algos"))
-import catdqn_atari  # noqa: E402
+import catdqn_atari
 
 CARTPOLE = ["--env-id", "CartPole-v1", "--num-envs", "4", "--buffer-size", "50000", "--min-steps-learn", "1000",
             "--batch-size", "64", "--eps-decay-steps", "20000", "--eps-end", "0.02", "--n-step-return", "3",

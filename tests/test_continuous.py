@@ -13,15 +13,23 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import (ROOT, assert_killed_sampler_ends_the_run, assert_no_leftovers, finish, progress, run,
-                           start, wait_for_progress_row)
+from tests.helpers import (
+    ROOT,
+    assert_killed_sampler_ends_the_run,
+    assert_no_leftovers,
+    finish,
+    progress,
+    run,
+    start,
+    wait_for_progress_row,
+)
 
 sys.path.insert(0, str(ROOT / "algos"))
-import ddpg_mujoco  # noqa: E402
-import sac_mujoco  # noqa: E402
-import td3_mujoco  # noqa: E402
+import ddpg_mujoco
+import sac_mujoco
+import td3_mujoco
 
-from shared.replay import ReplayBuffer  # noqa: E402
+from shared.replay import ReplayBuffer
 
 SCRIPTS = ["ddpg_mujoco.py", "td3_mujoco.py", "sac_mujoco.py"]
 MODULES = {"ddpg_mujoco.py": ddpg_mujoco, "td3_mujoco.py": td3_mujoco, "sac_mujoco.py": sac_mujoco}
@@ -56,7 +64,7 @@ def test_squashed_gaussian_log_prob_matches_a_numerical_density():
     action, log_prob = sac_mujoco.squashed_gaussian(mean.expand_as(a), log_std.expand_as(a), noise)
     assert torch.allclose(action, a, atol=1e-12)
     h = 1e-6
-    cdf = lambda x: torch.special.ndtr((torch.atanh(x) - mean) / std)  # noqa: E731
+    cdf = lambda x: torch.special.ndtr((torch.atanh(x) - mean) / std)
     numerical = torch.log((cdf(a + h) - cdf(a - h)) / (2 * h)).sum(-1)
     assert torch.allclose(log_prob, numerical, rtol=0, atol=1e-5), (log_prob, numerical)
 

@@ -13,9 +13,9 @@ import torch
 from tests.helpers import ROOT, assert_killed_sampler_ends_the_run, progress, run
 
 sys.path.insert(0, str(ROOT / "algos"))
-import dqn_atari  # noqa: E402
+import dqn_atari
 
-from shared.replay import ReplayBuffer  # noqa: E402
+from shared.replay import ReplayBuffer
 
 CARTPOLE = ["--env-id", "CartPole-v1", "--num-envs", "4", "--buffer-size", "50000", "--min-steps-learn", "1000",
             "--batch-size", "64", "--optimizer", "adam", "--eps-decay-steps", "20000", "--eps-end", "0.02",

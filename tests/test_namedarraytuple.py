@@ -61,7 +61,7 @@ def test_tuple_style_access():
     assert Point._make([1, 2]) == Point(1, 2) == Point(x=1, y=2)
     assert is_namedarraytuple(p) and not is_namedarraytuple(Point)
     with pytest.raises(AttributeError, match="no field 'z'"):
-        p.z
+        _ = p.z
     with pytest.raises(TypeError):
         Point(1)
     with pytest.raises(ValueError):

@@ -12,11 +12,19 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import (ROOT, assert_killed_sampler_ends_the_run, assert_no_leftovers, finish, progress, run,
-                           start, wait_for_progress_row)
+from tests.helpers import (
+    ROOT,
+    assert_killed_sampler_ends_the_run,
+    assert_no_leftovers,
+    finish,
+    progress,
+    run,
+    start,
+    wait_for_progress_row,
+)
 
 sys.path.insert(0, str(ROOT / "algos"))
-import ppo_atari  # noqa: E402
+import ppo_atari
 
 # Tuned for CartPole (rl-zoo's PPO settings); the Atari defaults learn it too, only slower.
 CARTPOLE = ["--env-id", "CartPole-v1", "--num-envs", "8", "--num-steps", "32", "--num-minibatches", "1",
@@ -59,7 +67,7 @@ def test_gae_matches_definition_with_truncation_and_reset_rows(seed):
     reset[1:] = ended[:-1]  # the row after an ended one only resets the env
     terminal = term | life_lost
     r, v, nv = rng.normal(size=(T, B)), rng.normal(size=(T, B)), rng.normal(size=B)
-    f = lambda x: torch.as_tensor(x, dtype=torch.float32)  # noqa: E731
+    f = lambda x: torch.as_tensor(x, dtype=torch.float32)
     adv, ret = ppo_atari.compute_gae(f(r), f(v), f(nv), f(terminal), f(ended), f(reset), 0.99, 0.95)
     expected = gae_by_definition(r, v, nv, terminal, ended, reset, 0.99, 0.95)
     np.testing.assert_allclose(adv.numpy(), expected, rtol=1e-5, atol=1e-5)
@@ -68,7 +76,7 @@ def test_gae_matches_definition_with_truncation_and_reset_rows(seed):
 
 def test_truncation_bootstraps_from_the_final_observation_and_termination_does_not():
     # Row 0 is truncated: its successor (row 1, a reset row) holds the final observation's value 10.
-    f = lambda x: torch.tensor(x, dtype=torch.float32)  # noqa: E731
+    f = lambda x: torch.tensor(x, dtype=torch.float32)
     r, v = f([[1.0], [0.0]]), f([[2.0], [10.0]])
     ended, reset = f([[1.0], [0.0]]), f([[0.0], [1.0]])
     adv, _ = ppo_atari.compute_gae(r, v, f([5.0]), f([[0.0], [0.0]]), ended, reset, 0.5, 0.9)
@@ -144,7 +152,7 @@ def test_serial_runs_are_reproducible(tmp_path):
         out = run("ppo_atari.py", *CARTPOLE, "--total-timesteps", "4096", "--out-dir", str(tmp_path),
                   "--run-name", name)
         assert out.returncode == 0, out.stderr[-2000:]
-    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("wall_time_s", "sps")} for r in rows]  # noqa: E731
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("wall_time_s", "sps")} for r in rows]
     a, b = strip(progress(tmp_path / "x")), strip(progress(tmp_path / "y"))
     assert len(a) == 16 and a == b
     ca = torch.load(tmp_path / "x" / "checkpoint.pt", weights_only=True)["model"]

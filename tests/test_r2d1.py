@@ -13,13 +13,21 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import (ROOT, assert_killed_sampler_ends_the_run, assert_no_leftovers, finish, progress, run,
-                           start, wait_for_progress_row)
+from tests.helpers import (
+    ROOT,
+    assert_killed_sampler_ends_the_run,
+    assert_no_leftovers,
+    finish,
+    progress,
+    run,
+    start,
+    wait_for_progress_row,
+)
 
 sys.path.insert(0, str(ROOT / "algos"))
-import r2d1_atari as r2d1  # noqa: E402
+import r2d1_atari as r2d1
 
-from shared.replay import SequenceReplayBuffer  # noqa: E402
+from shared.replay import SequenceReplayBuffer
 
 # CartPole with the velocities removed: position and angle only, so acting well needs memory.
 MEMORY_TASK = ["--env-id", "CartPole-v1", "--observe-indices", "0", "2", "--num-envs", "4", "--hidden", "64",
@@ -143,8 +151,8 @@ def test_target_uses_the_online_argmax_at_the_bootstrap_row_and_stops_at_done():
     b["action"][:] = 0
     online, target = Const([0.0, 1.0]), Const([10.0, 2.0])
     _, td, _ = r2d1.r2d1_loss(online, target, b, args)
-    h = lambda x: r2d1.h(torch.tensor(x, dtype=torch.float64), 1e-3).item()  # noqa: E731
-    h_inv = lambda x: r2d1.h_inv(torch.tensor(x, dtype=torch.float64), 1e-3).item()  # noqa: E731
+    h = lambda x: r2d1.h(torch.tensor(x, dtype=torch.float64), 1e-3).item()
+    h_inv = lambda x: r2d1.h_inv(torch.tensor(x, dtype=torch.float64), 1e-3).item()
     assert td[:, 0].tolist() == pytest.approx([h(1.0 + 0.9 * h_inv(2.0)) - 0.0, h(1.0) - 0.0], rel=1e-5)
 
 

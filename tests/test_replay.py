@@ -53,7 +53,7 @@ class Stream:
                 rows.append(row)
                 o_b.append(stack), a_b.append(row["action"]), r_b.append(r), d_b.append(d), to_b.append(to)
             obs.append(o_b), act.append(a_b), rew.append(r_b), done.append(d_b), tout.append(to_b)
-        tr = lambda x, dt: np.asarray(x, dtype=dt).swapaxes(0, 1)  # noqa: E731  [B, Tc] -> [Tc, B]
+        tr = lambda x, dt: np.asarray(x, dtype=dt).swapaxes(0, 1)
         o = np.asarray(obs, np.uint8).swapaxes(0, 1)
         if self.C == 1:
             o = o[:, :, 0]
@@ -70,7 +70,7 @@ class Stream:
             if r["done"] or r["timeout"]:
                 done_n, timeout_n = r["done"], r["timeout"] and not r["done"]
                 break
-        obs = lambda i: rows[i]["obs"] if self.C > 1 else rows[i]["obs"][0]  # noqa: E731
+        obs = lambda i: rows[i]["obs"] if self.C > 1 else rows[i]["obs"][0]
         return dict(ret=ret, k=k, done_n=done_n, timeout_n=timeout_n, obs=obs(t), next_obs=obs(t + k),
                     final=rows[t]["final"], action=rows[t]["action"], extra=rows[t]["extra"])
 
