@@ -239,10 +239,10 @@ def test_bad_arguments_exit_2(bad, words, tmp_path):
 
 def test_memory_task_flag_keeps_the_chosen_components():
     args = r2d1.Args(env_id="CartPole-v1", observe_indices=(0, 2))
-    env = r2d1.make_env(args, 0)()
+    env = r2d1.make_env(args)()
     obs, _ = env.reset(seed=0)
     assert obs.shape == (2,) and env.observation_space.shape == (2,)
-    full = r2d1.make_env(r2d1.Args(env_id="CartPole-v1"), 0)()
+    full = r2d1.make_env(r2d1.Args(env_id="CartPole-v1"))()
     full_obs, _ = full.reset(seed=0)
     assert obs.tolist() == full_obs[[0, 2]].tolist()
 
