@@ -9,6 +9,8 @@ import time
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from shared.namedarraytuple import namedarraytuple
 from shared.procs import DoubleBuffer, SharedParameters, Worker, WorkerError, parent_alive_check
@@ -149,3 +151,50 @@ def test_sampler_ahead_always_lets_the_sampler_produce_the_next_updates_data():
     assert not sampler_ahead(17_120 + 5120, version=1, **kw)  # one more update covers 5,120 more steps
     assert not sampler_ahead(17_120 + 640, version=0, chunk_steps=640, **kw)
     assert not sampler_ahead(10**9, version=0, **{**kw, "max_lag_steps": 0})  # 0: never waits
+
+
+@settings(max_examples=200, deadline=None)
+@given(ups=st.floats(0.001, 8.0), min_steps=st.integers(0, 500), start=st.integers(0, 10_000),
+       start_updates=st.integers(0, 1000), envs=st.integers(1, 16), chunk=st.integers(0, 64),
+       lag=st.integers(1, 5000), steps=st.lists(st.integers(1, 40), min_size=1, max_size=60))
+def test_pacer_keeps_the_replay_ratio_and_never_deadlocks_the_sampler(ups, min_steps, start, start_updates, envs,
+                                                                      chunk, lag, steps):
+    from shared.procs import ReplayPacer
+
+    pacer = ReplayPacer(ups, min_steps, start, start_updates)
+    sampled, updates = start, start_updates
+    for k in steps:
+        sampled += k * envs
+        updates += pacer.due(sampled, updates)
+        # The simple reference: updates_per_step for every env step past min_steps_learn, since the start.
+        learned = sampled - start - min_steps
+        assert updates == start_updates + (int(learned * ups) if learned > 0 else 0)
+        assert pacer.due(sampled, updates) == 0
+        # The learner has done all it may: the sampler must be allowed to produce the next update's data.
+        assert not pacer.sampler_ahead(sampled, updates, lag, chunk * envs)
+
+
+def test_async_replay_publishes_every_n_updates_and_whenever_the_learner_waits():
+    import torch
+
+    from shared.procs import AsyncReplay, ReplayPacer
+
+    module = torch.nn.Linear(2, 2)
+    link = AsyncReplay(module, ReplayPacer(1.0, 0, 0, 5), num_envs=1)
+    assert link.params.version == 5
+    for updates in range(6, 15):  # learning, fewer than PUBLISH_EVERY updates since the last publish
+        link.after_updates(module, updates, learned=True)
+    assert link.params.version == 5 and link.wait_s == 0.0
+    link.after_updates(module, 15, learned=True)
+    assert link.params.version == 15
+    with torch.no_grad():
+        module.weight.fill_(3.0)
+    link.after_updates(module, 16, learned=False)  # waiting: publish what it has, then sleep
+    assert link.params.version == 16 and link.wait_s > 0
+    copy = torch.nn.Linear(2, 2)
+    link.pull(copy)
+    assert torch.equal(copy.weight, module.weight)
+    waited = link.wait_s
+    link.after_updates(module, 16, learned=False)  # nothing new: no publish, one more wait
+    assert link.params.version == 16 and link.wait_s > waited
+    assert set(link.waits()) == {"wait_s", "sampler_wait_s"}

@@ -367,3 +367,34 @@ def test_life_loss_is_terminal_for_returns_but_no_row_is_skipped():
     assert st_.done_n[1, 0] and st_.n_taken[1, 0] == 2 and st_.n_step_return[1, 0] == pytest.approx(1.5)
     assert not st_.final_row[3, 0] and not st_.episode_start[3, 0]
     np.testing.assert_array_equal(st_.observation(np.array([3]), np.array([0]))[0, :, 0], [2.0, 3.0])
+
+
+@pytest.mark.parametrize("structure", ["tuple", "dict", "nested"])
+def test_sequence_buffer_takes_rnn_state_as_tuples_and_dicts(structure):
+    I, B, Tc = 2, 2, 2
+
+    def state(fill, lead):
+        h = np.full(lead + (3,), fill, np.float32)
+        c = np.full(lead + (2,), -fill, np.float32)
+        return {"tuple": (h, c), "dict": {"h": h, "c": c}, "nested": {"lstm": (h, c)}}[structure]
+
+    example = RStep(np.zeros(2, np.float32), np.int64(0), np.float32(0), False, False, state(0.0, ()))
+    buf = SequenceReplayBuffer(example, 80, B, sequence_length=2, rnn_state_interval=I, seed=0)
+    for k in range(10):
+        chunk = RStep(np.zeros((Tc, B, 2), np.float32), np.zeros((Tc, B), np.int64), np.ones((Tc, B), np.float32),
+                      np.zeros((Tc, B), bool), np.zeros((Tc, B), bool), state(float(k), (Tc, B)))
+        buf.append(chunk)
+    batch, idx = buf.sample(4)
+    init = batch.init_rnn_state
+    if structure == "tuple":
+        h, c = init
+    elif structure == "dict":
+        h, c = init["h"], init["c"]
+    else:
+        h, c = init["lstm"]
+    np.testing.assert_array_equal(h[:, 0], idx.abs_row.astype(np.float32))  # chunk k's state sits in slot k
+    np.testing.assert_array_equal(c[:, 0], -idx.abs_row.astype(np.float32))
+    wrong = RStep(chunk.observation, chunk.action, chunk.reward, chunk.done, chunk.timeout,
+                  np.zeros((Tc, B, 3), np.float32))
+    with pytest.raises(ValueError, match="rnn_state"):
+        buf.append(wrong)

@@ -247,3 +247,15 @@ def test_rounding_inside_a_group_of_children_never_picks_a_zero_leaf():
     tree._top[:] = [2.0, 0.0]  # total 2.0: one draw at u = 0.5 * 2.0 = 1.0 exactly, inside node 0
     rows, _, pri = tree.sample(1, _FixedRng(0.5))
     assert rows.tolist() == [9] and pri.tolist() == [tiny]
+
+
+@pytest.mark.parametrize("b", [-1, 2, 3])
+def test_update_refuses_env_indices_outside_the_tree_and_writes_nothing(b):
+    tree = SumTree(4, 2)
+    tree.set_pending(0, np.ones((4, 2)))
+    tree.move_window(0, 4)
+    before = tree.leaves.copy()
+    with pytest.raises(ValueError, match=r"env indices must be in \[0, 2\)"):
+        tree.update(np.array([1, 2]), np.array([0, b]), np.array([7.0, 7.0]))
+    np.testing.assert_array_equal(tree.leaves, before)
+    assert tree.total == pytest.approx(8.0)
