@@ -18,8 +18,9 @@ row that starts an episode, in the sampler and in replayed sequences alike; rows
 out of the loss; a time-limit truncation bootstraps from the episode's final observation.
 
 replay_ratio: training rows (sequence_length per sequence, burn-in not counted) consumed per env step, so updates
-per env step = replay_ratio / (batch_size * sequence_length), as in rlpyt. Async mode holds it from both sides as
-in dqn_atari.py (`wait_s`, `sampler_wait_s`).
+per env step = replay_ratio / (batch_size * sequence_length), as in rlpyt. Async mode holds it from both sides
+(shared/procs.py, AsyncReplay): the learner never runs ahead of it (`wait_s`), the sampler waits when it is
+more than max_lag_steps env steps ahead of what the learner's updates cover (`sampler_wait_s`).
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ keeps running observation statistics; the replay stores raw observations and bot
 current statistics; they are saved in the checkpoint and frozen in evaluation.
 
 replay_ratio: samples the learner consumes per sampled env step, so updates per env step = replay_ratio /
-batch_size (256 / 256: one critic update per step, as in the paper). Async mode holds it from both sides as in
-dqn_atari.py: the learner never runs ahead of it (`wait_s`), the sampler waits when it is more than
+batch_size (256 / 256: one critic update per step, as in the paper). Async mode holds it from both sides
+(shared/procs.py, AsyncReplay): the learner never runs ahead of it (`wait_s`), the sampler waits when it is more than
 max_lag_steps env steps ahead of what the learner's updates cover (`sampler_wait_s`).
 """
 
