@@ -19,8 +19,8 @@ current statistics; they are saved in the checkpoint and frozen in evaluation.
 
 replay_ratio: samples the learner consumes per sampled env step, so updates per env step = replay_ratio /
 batch_size (256 / 256: one update per step). Async mode holds it from both sides (shared/procs.py,
-AsyncReplay): the learner never runs ahead of it (`wait_s`), the sampler waits when it is more than max_lag_steps env steps ahead
-of what the learner's updates cover (`sampler_wait_s`).
+AsyncReplay): the learner never runs ahead of it (`wait_s`), the sampler waits when it is more than
+max_lag_steps env steps ahead of what the learner's updates cover (`sampler_wait_s`).
 """
 
 from __future__ import annotations
