@@ -43,11 +43,12 @@ from shared.replay import ReplayBuffer
 from shared.run import (
     RunFolder,
     bad_args,
-    check_env_args,
+    check_run_args,
     evaluate,
     load_checkpoint,
     parse_args,
     resolve_device,
+    resume_mismatch,
     stop_on_signals,
 )
 
@@ -370,7 +371,7 @@ def check_args(args: Args) -> None:
     if args.min_steps_learn < args.batch_size + args.num_envs * (args.n_step_return + 4):
         bad_args(f"--min-steps-learn {args.min_steps_learn} leaves fewer valid transitions than --batch-size "
                  f"{args.batch_size}")
-    check_env_args(args)
+    check_run_args(args)
 
 
 def act(q_net: QNetwork, device: torch.device, epsilon: float, rng: np.random.Generator, obs: np.ndarray,
@@ -408,9 +409,12 @@ def main() -> int:
         optimizer = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=1.5e-4)
     global_step, updates = 0, 0
     if resumed is not None:
-        q_net.load_state_dict(resumed["model"])
-        target_net.load_state_dict(resumed["target_model"])
-        optimizer.load_state_dict(resumed["optimizer"])
+        try:
+            q_net.load_state_dict(resumed["model"])
+            target_net.load_state_dict(resumed["target_model"])
+            optimizer.load_state_dict(resumed["optimizer"])
+        except (RuntimeError, KeyError, ValueError) as e:  # tensors of another shape or another script
+            resume_mismatch(resumed, args, SCRIPT, e)
         global_step, updates = int(resumed["global_step"]), int(resumed["updates"])
 
     frame_stack = obs_space.shape[0] if is_atari(args.env_id) else 1
@@ -418,7 +422,7 @@ def main() -> int:
     buffer = ReplayBuffer(example, args.buffer_size, args.num_envs, discount=args.gamma,
                           n_step_return=args.n_step_return, frame_stack=frame_stack, prioritized=args.prioritized,
                           alpha=args.alpha, beta=args.beta, shared=args.sampler == "async", seed=args.seed)
-    run = RunFolder(args, SCRIPT, folder=ckpt_file.parent if ckpt_file else None, start_step=global_step)
+    run = RunFolder(args, SCRIPT, folder=ckpt_file.parent if ckpt_file else None, resumed=resumed)
 
     def checkpoint() -> dict:
         return {"model": q_net.state_dict(), "target_model": target_net.state_dict(),

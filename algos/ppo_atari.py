@@ -38,11 +38,12 @@ from shared.procs import DoubleBuffer, Worker, parent_alive_check
 from shared.run import (
     RunFolder,
     bad_args,
-    check_env_args,
+    check_run_args,
     evaluate,
     load_checkpoint,
     parse_args,
     resolve_device,
+    resume_mismatch,
     stop_on_signals,
 )
 
@@ -370,7 +371,7 @@ def check_args(args: Args) -> None:
         bad_args(f"--learning-rate must be in (0, 1), got {args.learning_rate}")
     if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1 and 0 <= args.sticky_actions < 1):
         bad_args("--gamma, --gae-lambda must be in [0, 1] and --sticky-actions in [0, 1)")
-    check_env_args(args)
+    check_run_args(args)
 
 
 def act(agent: Agent, device: torch.device, obs: np.ndarray, last_reward: float | None) -> int:
@@ -405,12 +406,15 @@ def main() -> int:
     generator = torch.Generator().manual_seed(args.seed)
     start_iter, global_step = 0, 0
     if resumed is not None:
-        agent.load_state_dict(resumed["model"])
-        optimizer.load_state_dict(resumed["optimizer"])
-        generator.set_state(resumed["generator"])
+        try:
+            agent.load_state_dict(resumed["model"])
+            optimizer.load_state_dict(resumed["optimizer"])
+            generator.set_state(resumed["generator"])
+        except (RuntimeError, KeyError, ValueError) as e:  # tensors of another shape or another script
+            resume_mismatch(resumed, args, SCRIPT, e)
         global_step = int(resumed["global_step"])
         start_iter = global_step // batch
-    run = RunFolder(args, SCRIPT, folder=ckpt_file.parent if ckpt_file else None, start_step=global_step)
+    run = RunFolder(args, SCRIPT, folder=ckpt_file.parent if ckpt_file else None, resumed=resumed)
 
     def checkpoint() -> dict:
         return {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "generator": generator.get_state(),

@@ -49,11 +49,12 @@ from shared.replay import SequenceReplayBuffer
 from shared.run import (
     RunFolder,
     bad_args,
-    check_env_args,
+    check_run_args,
     evaluate,
     load_checkpoint,
     parse_args,
     resolve_device,
+    resume_mismatch,
     stop_on_signals,
 )
 
@@ -482,7 +483,7 @@ def check_args(args: Args) -> None:
     if sequences < args.batch_size:
         bad_args(f"--min-steps-learn {args.min_steps_learn} gives {sequences} complete sequences, fewer than "
                  f"--batch-size {args.batch_size}")
-    check_env_args(args)
+    check_run_args(args)
     if args.observe_indices and is_atari(args.env_id):
         bad_args("--observe-indices applies to vector observations, not Atari frames")
 
@@ -534,9 +535,12 @@ def main() -> int:
     optimizer = torch.optim.Adam(net.parameters(), lr=args.learning_rate, eps=1e-3)
     global_step, updates = 0, 0
     if resumed is not None:
-        net.load_state_dict(resumed["model"])
-        target_net.load_state_dict(resumed["target_model"])
-        optimizer.load_state_dict(resumed["optimizer"])
+        try:
+            net.load_state_dict(resumed["model"])
+            target_net.load_state_dict(resumed["target_model"])
+            optimizer.load_state_dict(resumed["optimizer"])
+        except (RuntimeError, KeyError, ValueError) as e:  # tensors of another shape or another script
+            resume_mismatch(resumed, args, SCRIPT, e)
         global_step, updates = int(resumed["global_step"]), int(resumed["updates"])
 
     frame_stack = obs_space.shape[0] if is_atari(args.env_id) else 1
@@ -550,7 +554,7 @@ def main() -> int:
                                   n_step_return=args.n_step_return, frame_stack=frame_stack, prioritized=True,
                                   alpha=args.alpha, beta=args.beta, input_priority_shift=sampler_shift,
                                   shared=args.sampler == "async", seed=args.seed)
-    run = RunFolder(args, SCRIPT, folder=ckpt_file.parent if ckpt_file else None, start_step=global_step)
+    run = RunFolder(args, SCRIPT, folder=ckpt_file.parent if ckpt_file else None, resumed=resumed)
 
     def checkpoint() -> dict:
         # The sampler's recurrent states are not saved: a resumed run starts every env at a new episode.

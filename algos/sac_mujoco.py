@@ -50,11 +50,12 @@ from shared.replay import ReplayBuffer
 from shared.run import (
     RunFolder,
     bad_args,
-    check_env_args,
+    check_run_args,
     evaluate,
     load_checkpoint,
     parse_args,
     resolve_device,
+    resume_mismatch,
     stop_on_signals,
 )
 
@@ -362,7 +363,7 @@ def check_args(args: Args) -> None:
     if args.min_steps_learn < args.batch_size + args.num_envs * (args.n_step_return + 4):
         bad_args(f"--min-steps-learn {args.min_steps_learn} leaves fewer valid transitions than --batch-size "
                  f"{args.batch_size}")
-    check_env_args(args)
+    check_run_args(args)
 
 
 def act(actor: Actor, obs_norm: ObsNorm, device: torch.device, space: gym.spaces.Box, obs: np.ndarray,
@@ -402,21 +403,24 @@ def main() -> int:
     obs_norm = ObsNorm(obs_dim, args.normalize_obs, shared=args.sampler == "async")
     global_step, updates = 0, 0
     if resumed is not None:
-        actor.load_state_dict(resumed["actor"])
-        critics.load_state_dict(resumed["critics"])
-        target_critics.load_state_dict(resumed["target_critics"])
-        actor_opt.load_state_dict(resumed["actor_optimizer"])
-        critic_opt.load_state_dict(resumed["critic_optimizer"])
-        alpha_opt.load_state_dict(resumed["alpha_optimizer"])
-        with torch.no_grad():
-            log_alpha.copy_(resumed["log_alpha"])
-        obs_norm.load(resumed["obs_norm"].numpy())
+        try:
+            actor.load_state_dict(resumed["actor"])
+            critics.load_state_dict(resumed["critics"])
+            target_critics.load_state_dict(resumed["target_critics"])
+            actor_opt.load_state_dict(resumed["actor_optimizer"])
+            critic_opt.load_state_dict(resumed["critic_optimizer"])
+            alpha_opt.load_state_dict(resumed["alpha_optimizer"])
+            with torch.no_grad():
+                log_alpha.copy_(resumed["log_alpha"])
+            obs_norm.load(resumed["obs_norm"].numpy())
+        except (RuntimeError, KeyError, ValueError) as e:  # tensors of another shape or another script
+            resume_mismatch(resumed, args, SCRIPT, e)
         global_step, updates = int(resumed["global_step"]), int(resumed["updates"])
 
     example = Step(np.zeros(obs_dim, np.float32), np.zeros(act_dim, np.float32), np.float32(0), False, False)
     buffer = ReplayBuffer(example, args.buffer_size, args.num_envs, discount=args.gamma,
                           n_step_return=args.n_step_return, shared=args.sampler == "async", seed=args.seed)
-    run = RunFolder(args, SCRIPT, folder=ckpt_file.parent if ckpt_file else None, start_step=global_step)
+    run = RunFolder(args, SCRIPT, folder=ckpt_file.parent if ckpt_file else None, resumed=resumed)
 
     def checkpoint() -> dict:
         return {"actor": actor.state_dict(), "critics": critics.state_dict(),

@@ -14,8 +14,15 @@ Guarantees
 - ``evaluate`` plays whole episodes with the script's act function, logs ``eval/episodic_return`` and writes
   ``eval.json``.
 - ``run.guard(state)`` wraps a script's loop: Ctrl-C or SIGTERM writes the checkpoint ``state()`` returns and
-  gives exit code 130; a failed sampler (``WorkerError``) gives one ``error:`` line and exit code 1; whatever
-  the loop ``hold``s (a sampler process, vector envs) is closed on every path, and the run folder last.
+  gives exit code 130; a failed sampler (``WorkerError``) or a file that cannot be written (``WriteError``:
+  disk full) gives one ``error:`` line and exit code 1, any other error its traceback and a last ``error:`` line
+  naming it, exit code 1; whatever the loop ``hold``s (a sampler process, vector
+  envs) is closed on every path, and the run folder last.
+- Every file is written through a temporary file renamed over it: a full disk leaves the previous checkpoint,
+  progress.csv or eval.json intact and no temporary file behind.
+- Resuming: rows of ``progress.csv`` and TensorBoard events past the checkpoint's step (written by a run killed
+  after its last checkpoint) are superseded, and ``episodes`` and ``wall_time_s`` continue from the values the
+  checkpoint stored.
 - Checkpoints are written atomically (a temporary file renamed over the old one), so an interruption while
   saving leaves the previous checkpoint intact; they hold tensors and plain Python values only and load with
   ``torch.load(path, weights_only=True)``.
@@ -33,17 +40,19 @@ import json
 import math
 import os
 import platform
+import shutil
 import signal
 import sys
 import time
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
 import numpy as np
 
-__all__ = ["EXIT_INTERRUPTED", "RunFolder", "bad_args", "check_env_args", "evaluate", "load_checkpoint", "parse_args",
-           "resolve_device", "stop_on_signals"]
+__all__ = ["EXIT_INTERRUPTED", "RunFolder", "WriteError", "bad_args", "check_run_args", "evaluate", "load_checkpoint",
+           "parse_args", "resolve_device", "resume_mismatch", "stop_on_signals"]
 
 EXIT_INTERRUPTED = 130
 PROGRESS_COLUMNS = ["global_step", "wall_time_s", "sps", "episodes", "return_mean"]
@@ -134,11 +143,25 @@ def load_checkpoint(path: str | os.PathLike, env_id: str) -> tuple[dict, Path]:
     return state, p
 
 
-def check_env_args(args: Any) -> None:
-    """The checks every script makes of ``--env-id`` and ``--capture-video`` (exit 2, one line)."""
+def check_run_args(args: Any) -> None:
+    """The checks every script makes (exit 2, one line): every number finite, and ``--env-id``, ``--out-dir`` and
+    ``--capture-video`` usable."""
     import gymnasium as gym
 
     from shared.atari import is_atari, register_atari
+
+    for name, value in vars(args).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            bad_args(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+
+    if not args.resume:
+        try:
+            Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+            probe = Path(args.out_dir) / f".write-test-{os.getpid()}"
+            probe.touch()
+            probe.unlink()
+        except OSError as e:
+            bad_args(f"--out-dir {args.out_dir}: cannot create a run folder there ({e.strerror or e})")
 
     if args.env_id not in gym.registry and is_atari(args.env_id):
         register_atari()
@@ -155,6 +178,24 @@ def check_env_args(args: Any) -> None:
             bad_args("--capture-video needs moviepy (pip install -r requirements.txt)")
 
 
+# Flags that change nothing the checkpoint holds: left out when naming the flags a mismatch may come from.
+RUN_FLAGS = {"resume", "out_dir", "run_name", "total_timesteps", "checkpoint_every", "log_every", "eval_episodes",
+             "eval_epsilon", "capture_video", "stop_at_return", "sampler", "device", "seed", "max_lag_steps"}
+
+
+def resume_mismatch(resumed: dict, args: Any, script: str, error: Exception) -> NoReturn:
+    """Exit 2 with one line when a checkpoint's tensors do not fit the networks built from ``args``: naming the
+    script that wrote it when it is another, else the flags that differ from the checkpoint's."""
+    theirs = resumed.get("script", "an older version of a script")
+    if theirs != script and set(resumed["args"]) != set(vars(args)):
+        bad_args(f"--resume: the checkpoint was written by {theirs}, not {script}")
+    changed = [f"--{k.replace('_', '-')} ({v!r} there, {vars(args)[k]!r} here)" for k, v in resumed["args"].items()
+               if k in vars(args) and k not in RUN_FLAGS and vars(args)[k] != v]
+    reason = str(error).strip().splitlines()[0][:160]
+    bad_args(f"--resume: the checkpoint (written by {theirs}) does not fit the networks these flags build; flags that "
+             f"differ from its: {', '.join(changed) or 'none'} ({type(error).__name__}: {reason})")
+
+
 def _versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     for name in ("torch", "numpy", "gymnasium", "ale_py"):
@@ -165,6 +206,22 @@ def _versions() -> dict[str, str]:
     return out
 
 
+class WriteError(RuntimeError):
+    """A file of the run folder could not be written (disk full, permissions); the message names it."""
+
+
+def _reason(error: Exception, folder: Path) -> str:
+    if isinstance(error, OSError) and error.errno is not None:
+        return os.strerror(error.errno)
+    try:
+        free = shutil.disk_usage(folder).free
+    except OSError:
+        free = None
+    if free is not None and free < 64 << 20:
+        return f"no space left on the device ({free:,} bytes free)"
+    return str(error).splitlines()[0] if str(error) else type(error).__name__
+
+
 # Scalars that are not losses go under charts/ (CleanRL's tags); everything else under losses/.
 CHART_KEYS = {"learning_rate", "epsilon", "updates", "wait_s", "sampler_wait_s"}
 
@@ -172,8 +229,12 @@ CHART_KEYS = {"learning_rate", "epsilon", "updates", "wait_s", "sampler_wait_s"}
 class RunFolder:
     """Owns one run folder: config, progress rows, TensorBoard, checkpoints."""
 
-    def __init__(self, args: Any, script: str, folder: Path | None = None, start_step: int = 0):
+    def __init__(self, args: Any, script: str, folder: Path | None = None, resumed: dict | None = None):
         from torch.utils.tensorboard import SummaryWriter
+
+        self.script = script
+        start_step = int(resumed["global_step"]) if resumed is not None else 0
+        counters = (resumed or {}).get("run", {})
 
         config = dataclasses.asdict(args) if dataclasses.is_dataclass(args) else dict(vars(args))
         if folder is None:
@@ -190,18 +251,23 @@ class RunFolder:
         self.columns = list(PROGRESS_COLUMNS)
         if self._progress.exists():
             with open(self._progress, newline="") as f:
-                self.columns = next(csv.reader(f), None) or self.columns
+                lines = list(csv.reader(f))
+            self.columns = lines[0] if lines else self.columns
+            # A run killed after its last checkpoint logged past it: those rows are superseded by the resumed run.
+            kept = [r for r in lines[1:] if r and int(r[0]) <= start_step]
+            if resumed is not None and len(kept) < len(lines) - 1:
+                self._rewrite(kept)
         else:
-            self._progress.write_text(",".join(self.columns) + "\n")
-        self._csv_file = open(self._progress, "a", newline="")
-        self._csv = csv.writer(self._csv_file)
-        self.tb = SummaryWriter(str(self.path))
-        self._t0 = time.time()
-        self._last_t, self._last_step = self._t0, start_step
+            self._write_file(self._progress, lambda f: f.write(",".join(self.columns) + "\n"))
+        self._open_csv()
+        # purge_step: TensorBoard drops the events past the checkpoint that an earlier process wrote.
+        self.tb = SummaryWriter(str(self.path), purge_step=start_step + 1 if resumed is not None else None)
+        self._t0 = time.time() - float(counters.get("wall_time_s", 0.0))  # cumulative over resumes
+        self._last_t, self._last_step = time.time(), start_step
         self._returns: list[float] = []  # since the last row
         self._recent: collections.deque[float] = collections.deque(maxlen=100)
         self._last_values: dict[str, Any] = {}
-        self.episodes = 0
+        self.episodes = int(counters.get("episodes", 0))
 
     def episode(self, ret: float, length: int, global_step: int) -> None:
         """Record one finished episode (its true, unclipped return)."""
@@ -236,8 +302,11 @@ class RunFolder:
         new = [k for k in row if k not in self.columns]
         if new:
             self._add_columns(new)
-        self._csv.writerow(["" if row.get(c) is None else row[c] for c in self.columns])
-        self._csv_file.flush()
+        try:
+            self._csv.writerow(["" if row.get(c) is None else row[c] for c in self.columns])
+            self._csv_file.flush()
+        except OSError as e:
+            raise WriteError(f"cannot write {self._progress}: {_reason(e, self.path)}") from e
         self.tb.add_scalar("charts/SPS", sps, global_step)
         for k, v in values.items():
             if v is not None:
@@ -261,23 +330,48 @@ class RunFolder:
         with open(self._progress, newline="") as f:
             rows = list(csv.reader(f))[1:]
         self.columns += new
-        tmp = self._progress.with_name(f".progress.csv.tmp{os.getpid()}")
-        with open(tmp, "w", newline="") as f:
+        self._rewrite(rows)
+        self._open_csv()
+
+    def _rewrite(self, rows: list[list[str]]) -> None:
+        """Replace progress.csv atomically with the header and ``rows`` (padded to every column)."""
+
+        def write(f) -> None:
             writer = csv.writer(f)
             writer.writerow(self.columns)
             writer.writerows(r + [""] * (len(self.columns) - len(r)) for r in rows)
-        os.replace(tmp, self._progress)
-        self._csv_file = open(self._progress, "a", newline="")
+
+        self._write_file(self._progress, write)
+
+    def _open_csv(self) -> None:
+        self._csv_file = open(self._progress, "a", newline="")  # open for the run's lifetime
         self._csv = csv.writer(self._csv_file)
 
-    def save_checkpoint(self, state: dict) -> Path:
-        """Atomically write ``checkpoint.pt`` (tensors and plain values only)."""
-        import torch
+    def _write_file(self, final: Path, content: Any) -> None:
+        """Write ``final`` through a temporary file renamed over it: an interruption or a full disk leaves the
+        previous version intact and no temporary file behind; a failure raises ``WriteError`` naming the file.
+        ``content`` is a state dict for a ``.pt`` file, else a function that writes to the open text file."""
+        tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
+        try:
+            if final.suffix == ".pt":
+                import torch
 
+                torch.save(content, tmp)
+            else:
+                with open(tmp, "w", newline="") as f:
+                    content(f)
+            os.replace(tmp, final)
+        except (OSError, RuntimeError) as e:  # torch reports a full disk as a RuntimeError ("unexpected pos")
+            tmp.unlink(missing_ok=True)
+            raise WriteError(f"cannot write {final}: {_reason(e, self.path)}") from e
+
+    def save_checkpoint(self, state: dict) -> Path:
+        """Atomically write ``checkpoint.pt`` (tensors and plain values only), with the run's counters (episodes,
+        wall time) and the script's name, so a resumed run continues them."""
         final = self.path / "checkpoint.pt"
-        tmp = self.path / f".checkpoint.pt.tmp{os.getpid()}"
-        torch.save(state, tmp)
-        os.replace(tmp, final)
+        state = {**state, "script": self.script,
+                 "run": {"episodes": self.episodes, "wall_time_s": round(time.time() - self._t0, 3)}}
+        self._write_file(final, state)
         return final
 
     def guard(self, state: Callable[[], dict]) -> Guard:
@@ -320,6 +414,16 @@ class Guard:
                 print(error, file=sys.stderr)
                 print("error: the sampler process failed", file=sys.stderr, flush=True)
                 self.exit_code = 1
+            elif kind is not None and issubclass(kind, WriteError):
+                print(f"error: {error}", file=sys.stderr, flush=True)
+                self.exit_code = 1
+            elif kind is not None and issubclass(kind, Exception):  # e.g. a loss gone to infinity
+                traceback.print_exception(kind, error, tb)
+                print(f"error: {kind.__name__}: {error}", file=sys.stderr, flush=True)
+                self.exit_code = 1
+        except WriteError as e:  # the checkpoint of an interrupted run could not be written
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            self.exit_code = 1
         finally:
             for thing in reversed(self._held):
                 if hasattr(thing, "stop"):
@@ -354,6 +458,7 @@ def evaluate(run: RunFolder, env: Any, act: Callable[[Any, float | None], Any], 
             returns.append(total)
             run.tb.add_scalar("eval/episodic_return", total, global_step)
     env.close()
-    (run.path / "eval.json").write_text(json.dumps({"returns": returns, "mean": float(np.mean(returns))}))
+    summary = {"returns": returns, "mean": float(np.mean(returns))}
+    run._write_file(run.path / "eval.json", lambda f: json.dump(summary, f))
     print(f"evaluation over {len(returns)} episodes: mean return {np.mean(returns):.1f}", flush=True)
     return returns

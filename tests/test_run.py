@@ -48,7 +48,7 @@ def test_a_resumed_run_keeps_its_columns(tmp_path):
     run = RunFolder(FakeArgs(out_dir=str(tmp_path)), "script")
     run.row(100, loss=1.5)
     run.close()
-    again = RunFolder(FakeArgs(out_dir=str(tmp_path)), "script", folder=run.path, start_step=100)
+    again = RunFolder(FakeArgs(out_dir=str(tmp_path)), "script", folder=run.path, resumed={"global_step": 100})
     again.row(200, loss=0.5, kl=1.0)
     again.close()
     header, body = rows(run.path)
@@ -113,13 +113,15 @@ def test_guard_ends_every_run_the_same_way(tmp_path, error, code, capsys):
         assert capsys.readouterr().err.strip().splitlines()[-1] == "error: the sampler process failed"
 
 
-def test_guard_lets_other_errors_through_after_closing(tmp_path):
+def test_guard_ends_other_errors_with_their_traceback_and_a_last_line(tmp_path, capsys):
     run = RunFolder(FakeArgs(out_dir=str(tmp_path)), "script")
     held = Held()
-    with pytest.raises(FloatingPointError), run.guard(lambda: {"global_step": 0}) as guard:
+    with run.guard(lambda: {"global_step": 0}) as guard:
         guard.hold(held)
         raise FloatingPointError("loss is nan")
-    assert held.stopped == 1 and run._csv_file.closed
+    assert guard.exit_code == 1 and held.stopped == 1 and run._csv_file.closed
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0].startswith("Traceback") and err[-1] == "error: FloatingPointError: loss is nan"
 
 
 def test_evaluate_plays_whole_episodes_and_tells_the_policy_where_they_start(tmp_path):

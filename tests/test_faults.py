@@ -1,0 +1,199 @@
+"""Crashes, resumes and bad input, for every script: a run killed with SIGKILL after a checkpoint resumes with
+every statistic right; checkpoints that do not fit, run folders that cannot be made and a full disk each get one
+clear line."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from shared.run import RunFolder, WriteError
+from tests.helpers import ROOT, assert_no_leftovers, progress, run, script
+
+# Tiny jobs that log and checkpoint often: (flags, steps between checkpoints).
+DISCRETE_REPLAY = ["--env-id", "CartPole-v1", "--num-envs", "2", "--buffer-size", "2000", "--min-steps-learn", "200",
+                   "--batch-size", "16", "--log-every", "50"]
+JOBS = {
+    "ppo_atari.py": ["--env-id", "CartPole-v1", "--num-envs", "2", "--num-steps", "16"],
+    "a2c_atari.py": ["--env-id", "CartPole-v1", "--num-envs", "2", "--num-steps", "8", "--log-every", "2"],
+    "dqn_atari.py": DISCRETE_REPLAY,
+    "catdqn_atari.py": DISCRETE_REPLAY,
+    "r2d1_atari.py": ["--env-id", "CartPole-v1", "--num-envs", "2", "--hidden", "16", "--sequence-length", "4",
+                      "--burn-in-steps", "2", "--rnn-state-interval", "4", "--batch-size", "4", "--min-steps-learn",
+                      "200", "--buffer-size", "2000", "--log-every", "50", "--replay-ratio", "4"],
+    "ddpg_mujoco.py": ["--env-id", "Pendulum-v1", "--min-steps-learn", "300", "--batch-size", "32",
+                      "--replay-ratio", "32", "--log-every",
+                       "50", "--hidden", "32"],
+    "td3_mujoco.py": ["--env-id", "Pendulum-v1", "--min-steps-learn", "300", "--batch-size", "32",
+                      "--replay-ratio", "32", "--log-every",
+                      "50", "--hidden", "32"],
+    "sac_mujoco.py": ["--env-id", "Pendulum-v1", "--min-steps-learn", "300", "--batch-size", "32",
+                      "--replay-ratio", "32", "--log-every",
+                      "50", "--hidden", "32"],
+}
+
+
+def kill_after_checkpoint(name: str, run_dir: Path, flags: list[str], timeout: float = 120) -> int:
+    """Start a long run that checkpoints every 400 steps; SIGKILL it once it has logged rows past a checkpoint
+    (as the OOM killer or a preemption would); returns the checkpoint's step."""
+    proc = subprocess.Popen([sys.executable, script(name), *flags, "--total-timesteps", "10000000",
+                             "--checkpoint-every", "400", "--eval-episodes", "0", "--out-dir", str(run_dir.parent),
+                             "--run-name", run_dir.name], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline = time.time() + timeout
+    try:
+        while True:
+            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            assert time.time() < deadline, "no checkpoint with rows past it in time"
+            ckpt = run_dir / "checkpoint.pt"
+            if ckpt.exists() and (run_dir / "progress.csv").exists():
+                step = torch.load(ckpt, weights_only=True)["global_step"]
+                rows = progress(run_dir)
+                if rows and int(rows[-1]["global_step"]) > step + 100:
+                    break
+            time.sleep(0.2)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+    assert_no_leftovers(proc.pid)
+    return int(torch.load(run_dir / "checkpoint.pt", weights_only=True)["global_step"])
+
+
+@pytest.mark.parametrize("name", list(JOBS))
+def test_a_killed_run_resumes_with_monotonic_steps_and_cumulative_counts(name, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
+
+    run_dir = tmp_path / "r"
+    ckpt_step = kill_after_checkpoint(name, run_dir, JOBS[name])
+    saved = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert saved["script"] == name[:-3] and saved["run"]["episodes"] > 0
+    out = run(name, *JOBS[name], "--total-timesteps", str(ckpt_step + 600), "--eval-episodes", "0", "--resume",
+              str(run_dir), timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = progress(run_dir)
+    steps = [int(r["global_step"]) for r in rows]
+    assert all(a < b for a, b in zip(steps, steps[1:])), steps
+    assert steps[-1] > ckpt_step + 500
+    episodes = [int(r["episodes"]) for r in rows]
+    assert all(a <= b for a, b in zip(episodes, episodes[1:])), episodes
+    after = [int(r["episodes"]) for r in rows if int(r["global_step"]) > ckpt_step]
+    assert after[0] >= saved["run"]["episodes"]  # continued from the checkpoint's count, not from 0
+    wall = [float(r["wall_time_s"]) for r in rows]
+    assert all(a <= b for a, b in zip(wall, wall[1:])), wall
+    acc = EventAccumulator(str(run_dir), size_guidance={SCALARS: 0})
+    acc.Reload()
+    tb_steps = [e.step for e in acc.Scalars("charts/SPS")]
+    assert tb_steps == steps  # the killed run's events past the checkpoint are purged
+
+
+def test_the_stop_criterion_row_is_logged(tmp_path):
+    out = run("dqn_atari.py", *DISCRETE_REPLAY, "--total-timesteps", "20000", "--log-every", "100000",
+              "--stop-at-return", "15", "--eval-episodes", "0", "--out-dir", str(tmp_path), "--run-name", "r")
+    assert out.returncode == 0, out.stderr[-3000:]
+    stopped = int(out.stdout.split(" at step ")[1].split(":")[0])
+    assert int(progress(tmp_path / "r")[-1]["global_step"]) == stopped
+
+
+def test_an_out_dir_that_cannot_be_made_exits_2(tmp_path):
+    out = run("ppo_atari.py", "--env-id", "CartPole-v1", "--out-dir", "/proc/no/such/dir", timeout=60)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert out.stderr.startswith("error: --out-dir /proc/no/such/dir: cannot create a run folder there")
+
+
+@pytest.fixture(scope="module")
+def ppo_run(tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("ppo")
+    out = run("ppo_atari.py", *JOBS["ppo_atari.py"], "--total-timesteps", "64", "--eval-episodes", "0",
+              "--out-dir", str(out_dir), "--run-name", "r")
+    assert out.returncode == 0, out.stderr
+    return out_dir / "r"
+
+
+def test_resuming_another_scripts_checkpoint_exits_2_naming_it(ppo_run):
+    out = run("dqn_atari.py", *DISCRETE_REPLAY, "--resume", str(ppo_run), timeout=60)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "written by ppo_atari, not dqn_atari" in out.stderr
+
+
+def test_resuming_with_a_flag_that_changes_the_network_exits_2_naming_the_flag(tmp_path):
+    first = run("dqn_atari.py", *DISCRETE_REPLAY, "--total-timesteps", "40", "--eval-episodes", "0", "--out-dir",
+                str(tmp_path), "--run-name", "r")
+    assert first.returncode == 0, first.stderr
+    out = run("dqn_atari.py", *DISCRETE_REPLAY, "--dueling", "--resume", str(tmp_path / "r"), timeout=60)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1, out.stderr
+    assert "--dueling (False there, True here)" in out.stderr
+
+
+def run_folder(tmp_path) -> RunFolder:
+    from tests.test_run import FakeArgs
+
+    return RunFolder(FakeArgs(out_dir=str(tmp_path)), "script")
+
+
+def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    run_dir = run_folder(tmp_path)
+    run_dir.save_checkpoint({"global_step": 1, "w": torch.ones(3)})
+
+    def full_disk(state, path):  # torch writes part of the file, then fails as it does on ENOSPC
+        Path(path).write_bytes(b"x" * 1000)
+        raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 64 vs 0")
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    monkeypatch.setattr("shutil.disk_usage", lambda p: type("U", (), {"free": 0})())
+    with pytest.raises(WriteError, match=r"cannot write .*checkpoint.pt: no space left on the device"):
+        run_dir.save_checkpoint({"global_step": 2, "w": torch.zeros(3)})
+    monkeypatch.undo()
+    assert torch.load(run_dir.path / "checkpoint.pt", weights_only=True)["global_step"] == 1
+    assert sorted(p.name for p in run_dir.path.iterdir() if p.name.startswith(".")) == []
+    run_dir.close()
+
+
+def test_a_full_disk_while_logging_is_one_line_and_exit_1(tmp_path, capsys):
+    run_dir = run_folder(tmp_path)
+
+    class FullFile:
+        closed = False
+
+        def write(self, _):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def flush(self):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        def close(self):
+            self.closed = True
+
+    with run_dir.guard(lambda: {"global_step": 0}) as guard:
+        import csv
+
+        run_dir._csv_file = FullFile()
+        run_dir._csv = csv.writer(run_dir._csv_file)
+        run_dir.row(10)  # no new column: the open file is written
+    assert guard.exit_code == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"error: cannot write {run_dir.path / 'progress.csv'}: No space left on device"
+
+
+def test_a_3mb_disk_ends_the_run_with_one_line_and_no_temporary_file(tmp_path):
+    mount = tmp_path / "small"
+    mount.mkdir()
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=3m tmpfs {mount}"],
+                           capture_output=True)
+    if probe.returncode != 0:
+        pytest.skip("no user and mount namespaces here to mount a small tmpfs")
+    cmd = (f"mount -t tmpfs -o size=3m tmpfs {mount} && {sys.executable} {script('ppo_atari.py')} --num-envs 2 "
+           f"--num-steps 16 --total-timesteps 64 --eval-episodes 0 --out-dir {mount} --run-name r; "
+           f"echo EXIT $?; ls -a {mount}/r")
+    out = subprocess.run(["unshare", "-rm", "sh", "-c", cmd], capture_output=True, text=True, timeout=180, cwd=ROOT)
+    assert "EXIT 1" in out.stdout, out.stdout + out.stderr[-3000:]
+    last = out.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: cannot write ") and "checkpoint.pt" in last and "o space left" in last, last
+    assert ".checkpoint.pt.tmp" not in out.stdout  # the partial file was removed
