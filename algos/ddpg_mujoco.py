@@ -121,7 +121,8 @@ class Args:
     device: str = "auto"
     """auto (cuda if available), cpu, cuda or cuda:N"""
     bf16: bool = False
-    """run the networks under bfloat16 autocast (fast on CPUs with AMX/AVX512-BF16 and on recent GPUs)"""
+    """run the networks under bfloat16 autocast: fast on recent GPUs and on CPUs with AMX or AVX512-BF16;
+    about 10x slower on other CPUs (a warning says so at start)"""
 
 
 # ---------------------------------------------------------------------------------------------- environments
@@ -348,7 +349,7 @@ def act(actor: Actor, obs_norm: ObsNorm, device: torch.device, space: gym.spaces
 def main() -> int:
     args = parse_args(Args)
     check_args(args)
-    device = resolve_device(args.device)
+    device = resolve_device(args.device, args.bf16)
     resumed, ckpt_file = load_checkpoint(args.resume, args.env_id) if args.resume else (None, None)
     obs_space, act_space = probe_spaces(make_env(args))
     if not isinstance(act_space, gym.spaces.Box) or not np.all(np.isfinite(act_space.low)):

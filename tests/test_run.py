@@ -139,3 +139,15 @@ def test_evaluate_plays_whole_episodes_and_tells_the_policy_where_they_start(tmp
     assert calls.count(None) == 3 and calls[0] is None and len(calls) == sum(returns)
     saved = json.loads((run.path / "eval.json").read_text())
     assert saved["returns"] == returns and saved["mean"] == pytest.approx(sum(returns) / 3)
+
+
+def test_bf16_on_a_cpu_without_it_warns_in_one_line(monkeypatch, capsys):
+    import shared.run as run_module
+
+    monkeypatch.setattr(run_module, "cpu_has_bf16", lambda: False)
+    assert run_module.resolve_device("cpu", bf16=True).type == "cpu"
+    assert capsys.readouterr().err.startswith("warning: --bf16 on a CPU without native bfloat16")
+    monkeypatch.setattr(run_module, "cpu_has_bf16", lambda: True)
+    run_module.resolve_device("cpu", bf16=True)
+    run_module.resolve_device("cpu", bf16=False)
+    assert capsys.readouterr().err == ""
