@@ -349,6 +349,9 @@ def check_args(args: Args) -> None:
             bad_args(f"--{name.replace('_', '-')} must be non-negative, got {getattr(args, name)}")
     if not 0 < args.learning_rate < 1:
         bad_args(f"--learning-rate must be in (0, 1), got {args.learning_rate}")
+    if not (0 <= args.rmsprop_alpha <= 1 and args.rmsprop_eps >= 0):
+        bad_args(f"--rmsprop-alpha must be in [0, 1] and --rmsprop-eps non-negative, got {args.rmsprop_alpha} and "
+                 f"{args.rmsprop_eps}")
     if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1 and 0 <= args.sticky_actions < 1):
         bad_args("--gamma, --gae-lambda must be in [0, 1] and --sticky-actions in [0, 1)")
     check_run_args(args)

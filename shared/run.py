@@ -165,6 +165,8 @@ def check_run_args(args: Any) -> None:
     for name, value in vars(args).items():
         if isinstance(value, float) and not math.isfinite(value):
             bad_args(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+    if not 0 <= args.seed < 2**31:  # numpy seeds are below 2**32, and the scripts add offsets to this one
+        bad_args(f"--seed must be in [0, 2**31), got {args.seed}")
 
     if not args.resume:
         try:
