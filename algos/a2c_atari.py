@@ -34,6 +34,7 @@ import torch
 import torch.nn as nn
 from torch.distributions import Categorical
 
+from shared import distributed
 from shared.affinity import make_affinity
 from shared.atari import is_atari, make_atari_env, make_atari_vector_env
 from shared.buffer import buffer_from_example
@@ -82,7 +83,7 @@ class Args:
     """stop early once the mean return of the last 20 episodes reaches this"""
     # algorithm
     num_envs: int = 16
-    """environments stepped together; the batch is num_envs x num_steps"""
+    """environments stepped together on each rank (torchrun); the job's batch is ranks x num_envs x num_steps"""
     num_steps: int = 5
     """steps per env in each rollout"""
     learning_rate: float = 7e-4
@@ -281,6 +282,7 @@ def a2c_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
         raise FloatingPointError(f"A2C loss is {loss.item()} (policy {pg_loss.item()}, value {v_loss.item()})")
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    distributed.average_gradients(agent)
     grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
     optimizer.step()
     return {"policy_loss": pg_loss.item(), "value_loss": v_loss.item(), "entropy": entropy.item(),
@@ -323,9 +325,9 @@ def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, las
     check = parent_alive_check(stop, parent_pid)
     envs = make_envs(args, "parallel" if is_atari(args.env_id) else "serial",
                      n_threads=len(affinity.worker_cpus[0]))
-    state = EnvState(envs, args.seed)
+    state = EnvState(envs, distributed.env_seed(args.seed, args.num_envs))
     agent = Agent(envs.single_observation_space.shape, envs.single_action_space.n)
-    torch.manual_seed(args.seed + 1)
+    torch.manual_seed(distributed.rank_seed(args.seed + 1))
     device = torch.device("cpu")
     try:
         for k in range(first, last):
@@ -372,11 +374,13 @@ def main() -> int:
     if not isinstance(act_space, gym.spaces.Discrete):
         bad_args(f"--env-id {args.env_id}: A2C here needs a discrete action space, got {act_space}")
     stop_on_signals()
+    distributed.start(device)  # under torchrun: join the other ranks (a no-op in one process)
+    world = distributed.world_size()  # ranks in the job: 1 without torchrun
     affinity = make_affinity(args.sampler)
     affinity.apply_learner()
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    batch = args.num_envs * args.num_steps
+    batch = args.num_envs * args.num_steps * world  # the job's: every rank's rollout
     num_iterations = max(args.total_timesteps // batch, 1)
 
     try:
@@ -396,6 +400,7 @@ def main() -> int:
             resume_mismatch(resumed, args, SCRIPT, e)
         global_step = int(resumed["global_step"])
         start_iter = global_step // batch
+    distributed.share(args.seed, agent)  # every rank starts from rank 0's parameters
     run = RunFolder(args, SCRIPT, folder=ckpt_file.parent if ckpt_file else None, resumed=resumed)
 
     def checkpoint() -> dict:
@@ -414,7 +419,8 @@ def main() -> int:
                                                       os.getpid()), name="sampler"))
         else:
             envs = guard.hold(make_envs(args, args.sampler, n_threads=len(affinity.learner_cpus)))
-            state = EnvState(envs, args.seed + start_iter)  # a resumed run starts fresh episodes
+            # A resumed run starts fresh episodes; every env of every rank has a seed of its own.
+            state = EnvState(envs, distributed.env_seed(args.seed + start_iter, args.num_envs))
             buf = buffer_from_example(example, (args.num_steps, args.num_envs))  # [T, B]
             boot = buffer_from_example(boot_example, ())  # [B]
         for it in range(start_iter, num_iterations):
@@ -436,7 +442,7 @@ def main() -> int:
             if next_checkpoint is not None and global_step >= next_checkpoint:
                 run.save_checkpoint(checkpoint())
                 next_checkpoint += args.checkpoint_every
-            if run.reached(args.stop_at_return, 20, global_step):
+            if run.should_stop(args.stop_at_return, 20, global_step):
                 break
         run.finish(global_step)
         run.save_checkpoint(checkpoint())

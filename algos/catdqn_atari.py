@@ -38,6 +38,7 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from shared import distributed
 from shared.affinity import make_affinity
 from shared.atari import is_atari, make_atari_env, make_atari_vector_env
 from shared.envs import image_shape, probe_spaces, vector_env
@@ -88,15 +89,15 @@ class Args:
     """stop early once the mean return of the last 20 episodes reaches this"""
     # algorithm
     num_envs: int = 4
-    """environments stepped together"""
+    """environments stepped together on each rank (torchrun)"""
     buffer_size: int = 1_000_000
-    """replay capacity in transitions"""
+    """replay capacity in transitions (each rank's, torchrun)"""
     batch_size: int = 32
     """transitions per gradient step"""
     replay_ratio: float = 8.0
     """samples consumed per env step (8: a batch of 32 every 4 steps, as in the DQN paper)"""
     min_steps_learn: int = 50_000
-    """env steps collected before learning starts"""
+    """env steps collected before learning starts (in each rank's replay, torchrun)"""
     learning_rate: float = 2.5e-4
     """optimiser step size (C51 paper: Adam 2.5e-4, eps 0.01/32)"""
     optimizer: Literal["adam", "rmsprop"] = "adam"
@@ -338,6 +339,7 @@ def c51_update(q_net, target_net, optimizer, buffer: ReplayBuffer, args: Args, b
         raise FloatingPointError(f"C51 loss is {loss.item()}")
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    distributed.average_gradients(q_net)
     nn.utils.clip_grad_norm_(q_net.parameters(), args.max_grad_norm)
     optimizer.step()
     if args.prioritized:
@@ -362,7 +364,7 @@ def sampler_main(args: Args, buffer: ReplayBuffer, link: AsyncReplay, affinity, 
     check = parent_alive_check(stop, parent_pid)
     envs = make_envs(args, "parallel" if is_atari(args.env_id) else "serial", n_threads=len(affinity.worker_cpus[0]))
     step = link.pacer.start_step
-    sampler = Sampler(envs, args, args.seed + step)
+    sampler = Sampler(envs, args, distributed.env_seed(args.seed + step, args.num_envs))
     support = torch.linspace(args.v_min, args.v_max, args.n_atoms)
     q_net = QNetwork(envs.single_observation_space.shape, envs.single_action_space.n, args.dueling, support)
     try:
@@ -373,7 +375,7 @@ def sampler_main(args: Args, buffer: ReplayBuffer, link: AsyncReplay, affinity, 
             link.pull(q_net)
             row, ended = sampler.step(q_net, epsilons(args, step), torch.device("cpu"))
             buffer.append(row)
-            step += args.num_envs
+            step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
             link.report(ended, step)
     finally:
         envs.close()
@@ -429,6 +431,8 @@ def main() -> int:
     if not isinstance(act_space, gym.spaces.Discrete):
         bad_args(f"--env-id {args.env_id}: C51 needs a discrete action space, got {act_space}")
     stop_on_signals()
+    distributed.start(device)  # under torchrun: join the other ranks (a no-op in one process)
+    world = distributed.world_size()  # ranks in the job: 1 without torchrun
     affinity = make_affinity(args.sampler)
     affinity.apply_learner()
     np.random.seed(args.seed)
@@ -455,12 +459,14 @@ def main() -> int:
         except (RuntimeError, KeyError, ValueError) as e:  # tensors of another shape or another script
             resume_mismatch(resumed, args, SCRIPT, e)
         global_step, updates = int(resumed["global_step"]), int(resumed["updates"])
+    distributed.share(args.seed, q_net, target_net)  # every rank starts from rank 0's
 
     frame_stack = obs_space.shape[0] if is_atari(args.env_id) else 1
     example = Step(np.zeros(obs_space.shape, obs_space.dtype), np.int64(0), np.float32(0), False, False, False)
     buffer = ReplayBuffer(example, args.buffer_size, args.num_envs, discount=args.gamma,
                           n_step_return=args.n_step_return, frame_stack=frame_stack, prioritized=args.prioritized,
-                          alpha=args.alpha, beta=args.beta, shared=args.sampler == "async", seed=args.seed)
+                          alpha=args.alpha, beta=args.beta, shared=args.sampler == "async",
+                          seed=distributed.rank_seed(args.seed))
     run = RunFolder(args, SCRIPT, folder=ckpt_file.parent if ckpt_file else None, resumed=resumed)
 
     def checkpoint() -> dict:
@@ -468,7 +474,10 @@ def main() -> int:
                 "optimizer": optimizer.state_dict(), "global_step": global_step, "updates": updates,
                 "args": vars(args).copy()}
 
-    pacer = ReplayPacer(args.replay_ratio / args.batch_size, args.min_steps_learn, global_step, updates)
+    # Steps are the job's (every rank's): each update takes batch_size samples on every rank, so the job's replay
+    # ratio is the one asked for; learning starts when every rank's replay holds min_steps_learn.
+    pacer = ReplayPacer(args.replay_ratio / (args.batch_size * world), args.min_steps_learn * world, global_step,
+                        updates)
     stats = {"td_loss": None, "q_values": None}
     next_log = global_step + args.log_every
     next_target = global_step + args.target_update_interval
@@ -482,12 +491,12 @@ def main() -> int:
             link.attach(worker, buffer)
         else:
             sampler = Sampler(guard.hold(make_envs(args, args.sampler, len(affinity.learner_cpus))), args,
-                              args.seed + global_step)
+                              distributed.env_seed(args.seed + global_step, args.num_envs))
         while global_step < args.total_timesteps:
             if link is None:  # one step of every env: a [1, B] replay row
                 row, ended = sampler.step(q_net, epsilons(args, global_step), device)
                 buffer.append(row)
-                global_step += args.num_envs
+                global_step += args.num_envs * world  # every rank stepped as many
                 for ret, length in ended:
                     run.episode(ret, length, global_step)
             else:  # the sampler process appends; the learner sees how far it got
@@ -506,7 +515,7 @@ def main() -> int:
                 run.row(global_step, epsilon=float(epsilons(args, global_step).mean()), **stats, updates=updates,
                         **(link.waits() if link else {}))
                 next_log += args.log_every
-            if run.reached(args.stop_at_return, 20, global_step):
+            if run.should_stop(args.stop_at_return, 20, global_step):
                 break
             if next_checkpoint is not None and global_step >= next_checkpoint:
                 run.save_checkpoint(checkpoint())

@@ -3,6 +3,7 @@
     python algos/ppo_atari.py --num-envs 16                          # Breakout, serial sampling
     python algos/ppo_atari.py --sampler parallel --num-envs 16       # ale-py's threaded vector env
     python algos/ppo_atari.py --env-id CartPole-v1 --num-envs 4      # MLP torso, trains in seconds
+    torchrun --standalone --nproc-per-node 2 algos/ppo_atari.py      # 2 ranks, gradients averaged
 
 Episode boundaries: envs autoreset on the step after an episode ends (gymnasium's next-step mode). That step
 only resets the env: its row is masked out of every loss, and its observation is the episode's final one, whose
@@ -29,6 +30,7 @@ import torch
 import torch.nn as nn
 from torch.distributions import Categorical
 
+from shared import distributed
 from shared.affinity import make_affinity
 from shared.atari import is_atari, make_atari_env, make_atari_vector_env
 from shared.buffer import buffer_from_example
@@ -77,19 +79,19 @@ class Args:
     """stop early once the mean return of the last 20 episodes reaches this"""
     # algorithm
     num_envs: int = 8
-    """environments stepped together; the batch is num_envs x num_steps"""
+    """environments stepped together on each rank (torchrun); the job's batch is ranks x num_envs x num_steps"""
     num_steps: int = 128
     """steps per env in each rollout"""
     learning_rate: float = 2.5e-4
     """Adam step size at the start"""
     anneal_lr: bool = True
-    """anneal the learning rate linearly to 0 over the run"""
+    """anneal the learning rate linearly to 0 over the run (the job's total_timesteps)"""
     gamma: float = 0.99
     """discount"""
     gae_lambda: float = 0.95
     """GAE lambda"""
     num_minibatches: int = 4
-    """minibatches per epoch (their size is the batch / num_minibatches)"""
+    """minibatches per epoch (their size is the batch / num_minibatches; each rank takes its share)"""
     update_epochs: int = 4
     """passes over each rollout"""
     norm_adv: bool = True
@@ -270,7 +272,7 @@ def ppo_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
     stats = {"policy_loss": [], "value_loss": [], "entropy": [], "approx_kl": [], "clipfrac": []}
     for _ in range(args.update_epochs):
         perm = torch.randperm(n, generator=generator).to(device)
-        for start in range(0, n - mb_size + 1, mb_size):
+        for start in range(0, mb_size * args.num_minibatches, mb_size):  # as many on every rank
             mb = perm[start : start + mb_size]
             with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
                 logits, value = agent(data["obs"][mb])
@@ -278,8 +280,9 @@ def ppo_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
             logratio = dist.log_prob(data["action"][mb]) - data["logprob"][mb]
             ratio = logratio.exp()
             adv = data["adv"][mb]
-            if args.norm_adv:
-                adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+            if args.norm_adv:  # over the minibatches of every rank: their gradients are averaged
+                mean, std = distributed.mean_std(adv)
+                adv = (adv - mean) / (std + 1e-8)
             pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
             ret, old_v = data["ret"][mb], data["value"][mb]
             if args.clip_vloss:
@@ -293,6 +296,7 @@ def ppo_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
                 raise FloatingPointError(f"PPO loss is {loss.item()} (policy {pg_loss.item()}, value {v_loss.item()})")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            distributed.average_gradients(agent)
             nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
             optimizer.step()
             with torch.no_grad():
@@ -340,9 +344,9 @@ def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, las
     check = parent_alive_check(stop, parent_pid)
     envs = make_envs(args, "parallel" if is_atari(args.env_id) else "serial",
                      n_threads=len(affinity.worker_cpus[0]))
-    state = EnvState(envs, args.seed)
+    state = EnvState(envs, distributed.env_seed(args.seed, args.num_envs))
     agent = Agent(envs.single_observation_space.shape, envs.single_action_space.n)
-    torch.manual_seed(args.seed + 1)
+    torch.manual_seed(distributed.rank_seed(args.seed + 1))
     device = torch.device("cpu")
     try:
         for k in range(first, last):
@@ -390,11 +394,13 @@ def main() -> int:
     if not isinstance(act_space, gym.spaces.Discrete):
         bad_args(f"--env-id {args.env_id}: PPO here needs a discrete action space, got {act_space}")
     stop_on_signals()
+    distributed.start(device)  # under torchrun: join the other ranks (a no-op in one process)
+    world = distributed.world_size()  # ranks in the job: 1 without torchrun
     affinity = make_affinity(args.sampler)
     affinity.apply_learner()
     np.random.seed(args.seed)
     torch.manual_seed(args.seed)
-    batch = args.num_envs * args.num_steps
+    batch = args.num_envs * args.num_steps * world  # the job's: every rank's rollout
     num_iterations = max(args.total_timesteps // batch, 1)
 
     try:
@@ -415,6 +421,7 @@ def main() -> int:
             resume_mismatch(resumed, args, SCRIPT, e)
         global_step = int(resumed["global_step"])
         start_iter = global_step // batch
+    distributed.share(args.seed, agent)  # every rank starts from rank 0's
     run = RunFolder(args, SCRIPT, folder=ckpt_file.parent if ckpt_file else None, resumed=resumed)
 
     def checkpoint() -> dict:
@@ -433,7 +440,8 @@ def main() -> int:
                                                       os.getpid()), name="sampler"))
         else:
             envs = guard.hold(make_envs(args, args.sampler, n_threads=len(affinity.learner_cpus)))
-            state = EnvState(envs, args.seed + start_iter)  # a resumed run starts fresh episodes
+            # A resumed run starts fresh episodes; every env of every rank has a seed of its own.
+            state = EnvState(envs, distributed.env_seed(args.seed + start_iter, args.num_envs))
             buf = buffer_from_example(example, (args.num_steps, args.num_envs))  # [T, B]
             boot = buffer_from_example(boot_example, ())  # [B]
         for it in range(start_iter, num_iterations):
@@ -455,7 +463,7 @@ def main() -> int:
             if next_checkpoint is not None and global_step >= next_checkpoint:
                 run.save_checkpoint(checkpoint())
                 next_checkpoint += args.checkpoint_every
-            if run.reached(args.stop_at_return, 20, global_step):
+            if run.should_stop(args.stop_at_return, 20, global_step):
                 break
         run.finish(global_step)
         run.save_checkpoint(checkpoint())

@@ -40,6 +40,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from shared import distributed
 from shared.affinity import make_affinity
 from shared.atari import is_atari, make_atari_env, make_atari_vector_env
 from shared.envs import image_shape, probe_spaces, vector_env
@@ -87,11 +88,12 @@ class Args:
     capture_video: bool = False
     """record the first evaluation episode to {run}/videos"""
     stop_at_return: float | None = None
-    """stop early once the mean return of the last 20 episodes reaches this"""    # algorithm
+    """stop early once the mean return of the last 20 episodes reaches this"""
+    # algorithm
     num_envs: int = 16
-    """environments stepped together (each with its own recurrent state and epsilon)"""
+    """environments stepped together on each rank (torchrun) (each with its own recurrent state and epsilon)"""
     buffer_size: int = 1_000_000
-    """replay capacity in rows (env steps)"""
+    """replay capacity in rows (env steps; each rank's, torchrun)"""
     batch_size: int = 64
     """sequences per gradient step"""
     sequence_length: int = 80
@@ -103,7 +105,7 @@ class Args:
     replay_ratio: float = 1.0
     """training rows consumed per env step (burn-in not counted)"""
     min_steps_learn: int = 50_000
-    """env steps collected before learning starts"""
+    """env steps collected before learning starts (in each rank's replay, torchrun)"""
     learning_rate: float = 1e-4
     """Adam step size (eps 1e-3, as in R2D2)"""
     gamma: float = 0.997
@@ -416,6 +418,7 @@ def r2d1_update(net, target_net, optimizer, buffer: SequenceReplayBuffer, args: 
         raise FloatingPointError(f"R2D1 loss is {loss.item()}")
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
+    distributed.average_gradients(net)
     nn.utils.clip_grad_norm_(net.parameters(), args.max_grad_norm)
     optimizer.step()
     buffer.update_priorities(index, sequence_priorities(td.cpu().numpy(), valid.cpu().numpy(), args.eta))
@@ -433,7 +436,7 @@ def sampler_main(args: Args, buffer: SequenceReplayBuffer, link: AsyncReplay, af
     envs = make_envs(args, "parallel" if is_atari(args.env_id) else "serial", n_threads=len(affinity.worker_cpus[0]))
     net = R2D1Net(envs.single_observation_space.shape, envs.single_action_space.n, args.hidden, args.recurrent)
     step = link.pacer.start_step
-    sampler = Sampler(envs, args, net, args.seed + step)
+    sampler = Sampler(envs, args, net, distributed.env_seed(args.seed + step, args.num_envs))
     try:
         while step < args.total_timesteps:
             check()
@@ -443,7 +446,7 @@ def sampler_main(args: Args, buffer: SequenceReplayBuffer, link: AsyncReplay, af
             chunk, priorities, ended = sampler.step(net, torch.device("cpu"))
             if chunk is not None:
                 buffer.append(chunk, priorities)
-            step += args.num_envs
+            step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
             link.report(ended, step)
         rest = sampler.flush()  # the last, partial chunk (no input priorities: its sequences get the default)
         if rest is not None:
@@ -521,6 +524,8 @@ def main() -> int:
         bad_args(f"--env-id {args.env_id}: R2D1 needs a discrete action space, got {act_space}")
     n_actions = int(act_space.n)
     stop_on_signals()
+    distributed.start(device)  # under torchrun: join the other ranks (a no-op in one process)
+    world = distributed.world_size()  # ranks in the job: 1 without torchrun
     affinity = make_affinity(args.sampler)
     affinity.apply_learner()
     np.random.seed(args.seed)
@@ -542,6 +547,7 @@ def main() -> int:
         except (RuntimeError, KeyError, ValueError) as e:  # tensors of another shape or another script
             resume_mismatch(resumed, args, SCRIPT, e)
         global_step, updates = int(resumed["global_step"]), int(resumed["updates"])
+    distributed.share(args.seed, net, target_net)  # every rank starts from rank 0's
 
     frame_stack = obs_space.shape[0] if is_atari(args.env_id) else 1
     zeros = np.zeros(args.hidden, np.float32)
@@ -553,7 +559,8 @@ def main() -> int:
                                   rnn_state_interval=args.rnn_state_interval, discount=args.gamma,
                                   n_step_return=args.n_step_return, frame_stack=frame_stack, prioritized=True,
                                   alpha=args.alpha, beta=args.beta, input_priority_shift=sampler_shift,
-                                  shared=args.sampler == "async", seed=args.seed)
+                                  shared=args.sampler == "async",
+                          seed=distributed.rank_seed(args.seed))
     run = RunFolder(args, SCRIPT, folder=ckpt_file.parent if ckpt_file else None, resumed=resumed)
 
     def checkpoint() -> dict:
@@ -562,8 +569,10 @@ def main() -> int:
                 "optimizer": optimizer.state_dict(), "global_step": global_step, "updates": updates,
                 "args": vars(args).copy()}
 
-    pacer = ReplayPacer(args.replay_ratio / (args.batch_size * args.sequence_length), args.min_steps_learn,
-                        global_step, updates)
+    # Steps are the job's (every rank's): each update takes batch_size sequences on every rank, so the job's
+    # replay ratio is the one asked for; learning starts when every rank's replay holds min_steps_learn.
+    pacer = ReplayPacer(args.replay_ratio / (args.batch_size * args.sequence_length * world),
+                        args.min_steps_learn * world, global_step, updates)
     stats = {"td_loss": None, "td_abs": None}
     next_log = global_step + args.log_every
     next_checkpoint = global_step + args.checkpoint_every if args.checkpoint_every else None
@@ -576,13 +585,13 @@ def main() -> int:
             link.attach(worker, buffer)
         else:
             sampler = Sampler(guard.hold(make_envs(args, args.sampler, len(affinity.learner_cpus))), args, net,
-                              args.seed + global_step)
+                              distributed.env_seed(args.seed + global_step, args.num_envs))
         while global_step < args.total_timesteps:
             if link is None:  # one step of every env; a chunk of rnn_state_interval rows [I, B] when complete
                 chunk, priorities, ended = sampler.step(net, device)
                 if chunk is not None:
                     buffer.append(chunk, priorities)
-                global_step += args.num_envs
+                global_step += args.num_envs * world  # every rank stepped as many
                 for ret, length in ended:
                     run.episode(ret, length, global_step)
                 in_replay = pacer.start_step + buffer.storage.cursor * args.num_envs  # whole chunks only
@@ -600,7 +609,7 @@ def main() -> int:
             if global_step >= next_log:
                 run.row(global_step, **stats, updates=updates, **(link.waits() if link else {}))
                 next_log += args.log_every
-            if run.reached(args.stop_at_return, 20, global_step):
+            if run.should_stop(args.stop_at_return, 20, global_step):
                 break
             if next_checkpoint is not None and global_step >= next_checkpoint:
                 run.save_checkpoint(checkpoint())

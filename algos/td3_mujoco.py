@@ -42,6 +42,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from shared import distributed
 from shared.affinity import make_affinity
 from shared.envs import probe_spaces, vector_env
 from shared.namedarraytuple import namedarraytuple
@@ -87,17 +88,18 @@ class Args:
     capture_video: bool = False
     """record the first evaluation episode to {run}/videos"""
     stop_at_return: float | None = None
-    """stop early once the mean return of the last 10 episodes reaches this"""    # algorithm
+    """stop early once the mean return of the last 10 episodes reaches this"""
+    # algorithm
     num_envs: int = 1
-    """environments stepped together"""
+    """environments stepped together on each rank (torchrun)"""
     buffer_size: int = 1_000_000
-    """replay capacity in transitions"""
+    """replay capacity in transitions (each rank's, torchrun)"""
     batch_size: int = 256
     """transitions per gradient step"""
     replay_ratio: float = 256.0
     """samples consumed per env step (256 with batch 256: one critic update per step, as in the paper)"""
     min_steps_learn: int = 25_000
-    """env steps of uniformly random actions collected before learning starts"""
+    """env steps of uniformly random actions collected before learning starts (in each rank's replay)"""
     learning_rate: float = 3e-4
     """Adam step size of the actor and the critics"""
     hidden: int = 256
@@ -274,6 +276,7 @@ def td3_update(actor, target_actor, critics, target_critics, optimizers, batch, 
     critic_loss = ((q - y) ** 2).mean(1).sum()
     critic_opt.zero_grad(set_to_none=True)
     critic_loss.backward()
+    distributed.average_gradients(critics)
     critic_opt.step()
     if not torch.isfinite(critic_loss):
         raise FloatingPointError(f"TD3 critic loss is {critic_loss.item()}")
@@ -286,6 +289,7 @@ def td3_update(actor, target_actor, critics, target_critics, optimizers, batch, 
         actor_loss = -critics(obs, actor(obs), first=1)[0].float().mean()  # Q1 only, as in the paper
     actor_opt.zero_grad(set_to_none=True)
     actor_loss.backward()
+    distributed.average_gradients(actor)
     actor_opt.step()
     critics.requires_grad_(True)
     with torch.no_grad():
@@ -307,7 +311,7 @@ def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: Asyn
     check = parent_alive_check(stop, parent_pid)
     envs = make_envs(args, "serial")
     step = link.pacer.start_step
-    sampler = Sampler(envs, args, obs_norm, args.seed + step)
+    sampler = Sampler(envs, args, obs_norm, distributed.env_seed(args.seed + step, args.num_envs))
     actor = Actor(int(np.prod(envs.single_observation_space.shape)), int(np.prod(sampler.space.shape)), args.hidden)
     try:
         while step < args.total_timesteps:
@@ -315,9 +319,10 @@ def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: Asyn
             if link.sampler_wait(step, args.max_lag_steps):
                 continue
             link.pull(actor)
-            row, ended = sampler.step(actor, step < link.pacer.start_step + args.min_steps_learn, torch.device("cpu"))
+            warmup = step < link.pacer.start_step + link.pacer.min_steps_learn  # uniformly random actions
+            row, ended = sampler.step(actor, warmup, torch.device("cpu"))
             buffer.append(row)
-            step += args.num_envs
+            step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
             link.report(ended, step)
     finally:
         envs.close()
@@ -373,6 +378,8 @@ def main() -> int:
     if not isinstance(act_space, gym.spaces.Box) or not np.all(np.isfinite(act_space.low)):
         bad_args(f"--env-id {args.env_id}: TD3 needs a bounded continuous (Box) action space, got {act_space}")
     stop_on_signals()
+    distributed.start(device)  # under torchrun: join the other ranks (a no-op in one process)
+    world = distributed.world_size()  # ranks in the job: 1 without torchrun
     affinity = make_affinity(args.sampler)
     affinity.apply_learner()
     np.random.seed(args.seed)
@@ -402,10 +409,12 @@ def main() -> int:
         except (RuntimeError, KeyError, ValueError) as e:  # tensors of another shape or another script
             resume_mismatch(resumed, args, SCRIPT, e)
         global_step, updates = int(resumed["global_step"]), int(resumed["updates"])
+    distributed.share(args.seed, actor, critics, target_actor, target_critics)  # every rank starts from rank 0's
 
     example = Step(np.zeros(obs_dim, np.float32), np.zeros(act_dim, np.float32), np.float32(0), False, False)
     buffer = ReplayBuffer(example, args.buffer_size, args.num_envs, discount=args.gamma,
-                          n_step_return=args.n_step_return, shared=args.sampler == "async", seed=args.seed)
+                          n_step_return=args.n_step_return, shared=args.sampler == "async",
+                          seed=distributed.rank_seed(args.seed))
     run = RunFolder(args, SCRIPT, folder=ckpt_file.parent if ckpt_file else None, resumed=resumed)
 
     def checkpoint() -> dict:
@@ -415,7 +424,10 @@ def main() -> int:
                              "obs_norm": obs_norm.state(),
                              "global_step": global_step, "updates": updates, "args": vars(args).copy()}
 
-    pacer = ReplayPacer(args.replay_ratio / args.batch_size, args.min_steps_learn, global_step, updates)
+    # Steps are the job's (every rank's): each update takes batch_size samples on every rank, so the job's replay
+    # ratio is the one asked for; learning starts when every rank's replay holds min_steps_learn.
+    pacer = ReplayPacer(args.replay_ratio / (args.batch_size * world), args.min_steps_learn * world, global_step,
+                        updates)
     optimizers = (actor_opt, critic_opt)
     stats: dict = {}
     next_log = global_step + args.log_every
@@ -429,12 +441,13 @@ def main() -> int:
                                        name="sampler"))
             link.attach(worker, buffer)
         else:
-            sampler = Sampler(guard.hold(make_envs(args, args.sampler)), args, obs_norm, args.seed + global_step)
+            envs = guard.hold(make_envs(args, args.sampler))
+            sampler = Sampler(envs, args, obs_norm, distributed.env_seed(args.seed + global_step, args.num_envs))
         while global_step < args.total_timesteps:
             if link is None:  # one step of every env: a [1, B] replay row (uniform random actions at first)
-                row, ended = sampler.step(actor, global_step < pacer.start_step + args.min_steps_learn, device)
+                row, ended = sampler.step(actor, global_step < pacer.start_step + pacer.min_steps_learn, device)
                 buffer.append(row)
-                global_step += args.num_envs
+                global_step += args.num_envs * world  # every rank stepped as many
                 for ret, length in ended:
                     run.episode(ret, length, global_step)
             else:  # the sampler process appends; the learner sees how far it got
@@ -450,7 +463,7 @@ def main() -> int:
             if global_step >= next_log:
                 run.row(global_step, **stats, updates=updates, **(link.waits() if link else {}))
                 next_log += args.log_every
-            if run.reached(args.stop_at_return, 10, global_step):
+            if run.should_stop(args.stop_at_return, 10, global_step):
                 break
             if next_checkpoint is not None and global_step >= next_checkpoint:
                 run.save_checkpoint(checkpoint())

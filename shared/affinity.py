@@ -11,6 +11,9 @@ Guarantees
   ``L0-1+W2,3+T2`` (learner cores, ``,`` between workers, ``.`` between cpu items, ``T`` torch threads,
   ``N`` no pinning), and ``slot_code(run_slot, n_slots)`` gives each of several runs on one machine an equal,
   disjoint share of the cores, so a launcher can hand each its slot.
+- Under torchrun with several ranks on this machine (``LOCAL_WORLD_SIZE`` > 1), ``make_affinity(mode)``
+  without ``cpus`` gives local rank r the r-th of ``LOCAL_WORLD_SIZE`` equal, disjoint shares of the physical
+  cores, pinned (more ranks than cores: no pinning, one torch thread each), and splits that share as above.
 - ``apply_learner()`` / ``apply_worker(i)`` pin the calling process (``os.sched_setaffinity``; skipped where
   unsupported) and set torch's intra-op threads to match.
 """
@@ -120,6 +123,16 @@ def make_affinity(mode: str = "serial", n_workers: int | None = None, cpus: tupl
         raise ValueError(f"mode must be serial, parallel or async, got {mode!r}")
     if n_workers is not None and n_workers < 0:
         raise ValueError(f"n_workers must be non-negative, got {n_workers}")
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    if cpus is None and local_world > 1:  # torchrun: the local ranks share the machine's cores
+        cores = physical_cores()
+        if local_world > len(cores):  # more ranks than cores: share them all, one torch thread each
+            everything = available_cpus()
+            n = n_workers if n_workers is not None else (0 if mode == "serial" else 1)
+            return Affinity(everything, (everything,) * n, 1, False)
+        per = len(cores) // local_world
+        r = int(os.environ.get("LOCAL_RANK", 0))
+        cpus, pin = tuple(c for g in cores[r * per : (r + 1) * per] for c in g), True if pin is None else pin
     pin = (cpus is not None) if pin is None else pin
     cores = physical_cores(cpus)
     if not cores:

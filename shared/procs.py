@@ -42,6 +42,7 @@ from typing import Any
 
 import numpy as np
 
+from shared import distributed
 from shared.buffer import buffer_from_example, shared_zeros
 
 __all__ = ["CTX", "AsyncReplay", "DoubleBuffer", "ReplayPacer", "SharedParameters", "Worker", "WorkerError",
@@ -311,11 +312,14 @@ class AsyncReplay:
 
     def poll(self, run: Any) -> int:
         """Raise if the sampler failed; record the episodes it finished in ``run``; return the global env
-        steps in the replay."""
+        steps in the replay (in a torchrun job: the world size times the slowest rank's steps)."""
         self.alive()
         while not self.episodes.empty():
             run.episode(*self.episodes.get())
-        return self.pacer.start_step + self._buffer.storage.cursor * self.num_envs
+        # torchrun: counted as global steps (every rank's sampler steps as many), and the slowest rank's count,
+        # so that every rank finds the same number of updates due.
+        steps = self._buffer.storage.cursor * self.num_envs * distributed.world_size()
+        return self.pacer.start_step + distributed.min_over_ranks(steps)
 
     def after_updates(self, module: Any, updates: int, learned: bool) -> None:
         """Publish when due (every PUBLISH_EVERY updates, or whenever the learner has nothing to do); wait

@@ -26,6 +26,9 @@ Guarantees
 - Checkpoints are written atomically (a temporary file renamed over the old one), so an interruption while
   saving leaves the previous checkpoint intact; they hold tensors and plain Python values only and load with
   ``torch.load(path, weights_only=True)``.
+- In a torchrun job (``shared/distributed.py``) rank 0 alone writes the run folder; the others keep the same
+  counters, so every rank agrees on ``should_stop``; ``row`` gathers every rank's episodes and averages the
+  values that differ between ranks (losses), and checks that the ranks' parameters are still identical.
 - ``stop_on_signals()`` turns SIGTERM into ``KeyboardInterrupt`` like SIGINT (which it re-enables where a
   background shell left it ignored), so one ``except`` path writes the checkpoint, ends the children and exits
   130.
@@ -50,6 +53,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import numpy as np
+
+from shared import distributed
 
 __all__ = ["EXIT_INTERRUPTED", "RunFolder", "WriteError", "bad_args", "check_run_args", "evaluate", "load_checkpoint",
            "parse_args", "resolve_device", "resume_mismatch", "stop_on_signals"]
@@ -109,6 +114,8 @@ def resolve_device(spec: str, bf16: bool = False):
 
     try:
         device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if spec == "auto" else spec)
+        if device.type == "cuda" and device.index is None and distributed.world_size() > 1:
+            device = torch.device("cuda", distributed.local_rank())  # torchrun: one GPU per local rank
     except RuntimeError:
         bad_args(f"--device {spec!r} is not a device (auto, cpu, cuda, cuda:N)")
     if device.type not in ("cpu", "cuda"):
@@ -247,6 +254,7 @@ class RunFolder:
         from torch.utils.tensorboard import SummaryWriter
 
         self.script = script
+        self.writes = distributed.is_main()  # in a torchrun job rank 0 alone writes the run folder
         start_step = int(resumed["global_step"]) if resumed is not None else 0
         counters = (resumed or {}).get("run", {})
 
@@ -255,6 +263,17 @@ class RunFolder:
             run_name = config.get("run_name") or f"{config['env_id']}__{script}__{config['seed']}__{int(time.time())}"
             folder = Path(config["out_dir"]) / run_name
         self.path = Path(folder)
+        self._t0 = time.time() - float(counters.get("wall_time_s", 0.0))  # cumulative over resumes
+        self._last_t, self._last_step = time.time(), start_step
+        self._returns: list[float] = []  # since the last row
+        self._recent: collections.deque[float] = collections.deque(maxlen=100)
+        self._pending: list[tuple[float, int, int]] = []  # torchrun job: this rank's episodes since the last row
+        self._last_values: dict[str, Any] = {}
+        self.episodes = int(counters.get("episodes", 0))
+        self.columns = list(PROGRESS_COLUMNS)
+        if not self.writes:
+            self.tb: Any = _NoWriter()
+            return
         self.path.mkdir(parents=True, exist_ok=True)
         config_file = self.path / "config.json"
         if start_step and config_file.exists():  # resumed: keep the first config, record the new one beside it
@@ -262,7 +281,6 @@ class RunFolder:
         config_file.write_text(json.dumps({"args": config, "versions": _versions(), "script": script}, indent=2,
                                           default=str))
         self._progress = self.path / "progress.csv"
-        self.columns = list(PROGRESS_COLUMNS)
         if self._progress.exists():
             with open(self._progress, newline="") as f:
                 lines = list(csv.reader(f))
@@ -276,37 +294,42 @@ class RunFolder:
         self._open_csv()
         # purge_step: TensorBoard drops the events past the checkpoint that an earlier process wrote.
         self.tb = SummaryWriter(str(self.path), purge_step=start_step + 1 if resumed is not None else None)
-        self._t0 = time.time() - float(counters.get("wall_time_s", 0.0))  # cumulative over resumes
-        self._last_t, self._last_step = time.time(), start_step
-        self._returns: list[float] = []  # since the last row
-        self._recent: collections.deque[float] = collections.deque(maxlen=100)
-        self._last_values: dict[str, Any] = {}
-        self.episodes = int(counters.get("episodes", 0))
 
     def episode(self, ret: float, length: int, global_step: int) -> None:
         """Record one finished episode (its true, unclipped return)."""
         if not math.isfinite(ret):
             raise FloatingPointError(f"episode return is {ret}")
+        if distributed.in_lockstep():  # every rank's episodes are counted together at the next row
+            self._pending.append((float(ret), int(length), int(global_step)))
+            return
         self._returns.append(float(ret))
         self._recent.append(float(ret))
         self.episodes += 1
         self.tb.add_scalar("charts/episodic_return", ret, global_step)
         self.tb.add_scalar("charts/episodic_length", length, global_step)
 
-    def reached(self, threshold: float | None, n: int, global_step: int) -> bool:
-        """True (and says so) once the last ``n`` episodes average at least ``threshold``; never for None."""
-        if threshold is None or len(self._recent) < n:
-            return False
-        mean = float(np.mean(list(self._recent)[-n:]))
-        if mean < threshold:
-            return False
-        print(f"mean return of the last {n} episodes {mean:.1f} >= {threshold} at step {global_step}: stopping",
-              flush=True)
-        return True
+    def should_stop(self, threshold: float | None, n: int, global_step: int) -> bool:
+        """True (and says so) once the last ``n`` episodes average at least ``threshold`` (never for None).
+        In a torchrun job every rank calls it every iteration: it is where the ranks agree to stop together,
+        raising KeyboardInterrupt on every rank when any got Ctrl-C or SIGTERM (episodes of every rank reach
+        the mean at each progress row, so every rank decides the same)."""
+        reached = threshold is not None and len(self._recent) >= n
+        mean = float(np.mean(list(self._recent)[-n:])) if reached else 0.0
+        reached = distributed.any_rank(reached and mean >= threshold)
+        if distributed.stop_requested():
+            distributed.clear_stop()
+            raise KeyboardInterrupt("signal")
+        if reached:
+            print(f"mean return of the last {n} episodes {mean:.1f} >= {threshold} at step {global_step}: "
+                  f"stopping", flush=True)
+        return reached
 
     def row(self, global_step: int, **values: Any) -> dict:
         """Write one progress row (any keys: new ones become columns), its TensorBoard scalars and a console
         line; returns the row."""
+        if distributed.in_lockstep():
+            self._merge_ranks(values)
+            distributed.check_in_sync()
         now = time.time()
         sps = (global_step - self._last_step) / max(now - self._last_t, 1e-9)
         self._last_t, self._last_step = now, global_step
@@ -314,11 +337,13 @@ class RunFolder:
         row = {"global_step": global_step, "wall_time_s": round(now - self._t0, 3), "sps": round(sps, 1),
                "episodes": self.episodes, "return_mean": ret_mean, **values}
         new = [k for k in row if k not in self.columns]
-        if new:
+        if new and self.writes:
             self._add_columns(new)
+        self.columns += [k for k in new if k not in self.columns]
         try:
-            self._csv.writerow(["" if row.get(c) is None else row[c] for c in self.columns])
-            self._csv_file.flush()
+            if self.writes:
+                self._csv.writerow(["" if row.get(c) is None else row[c] for c in self.columns])
+                self._csv_file.flush()
         except OSError as e:
             raise WriteError(f"cannot write {self._progress}: {_reason(e, self.path)}") from e
         self.tb.add_scalar("charts/SPS", sps, global_step)
@@ -335,9 +360,29 @@ class RunFolder:
         return row
 
     def finish(self, global_step: int) -> None:
-        """A last row at ``global_step`` (with the latest values) unless the last row is already there."""
+        """A last row at ``global_step`` (with the latest values) unless the last row is already there; in a
+        torchrun job this ends the collectives (``distributed.end``), so rank 0 alone may go on to evaluate."""
         if global_step != self._last_step:
             self.row(global_step, **self._last_values)
+        distributed.end()
+
+    def _merge_ranks(self, values: dict[str, Any]) -> None:
+        """torchrun job: every rank's episodes since the last row join the row (rank 0 logs each to
+        TensorBoard), and each value becomes its mean over ranks (a value equal on every rank stays as is)."""
+        every = distributed.gather_objects((self._pending, values))
+        self._pending = []
+        for episodes, _ in every:
+            for ret, length, step in episodes:
+                self._returns.append(ret)
+                self._recent.append(ret)
+                self.episodes += 1
+                self.tb.add_scalar("charts/episodic_return", ret, step)
+                self.tb.add_scalar("charts/episodic_length", length, step)
+        for k, v in values.items():
+            theirs = [vals.get(k) for _, vals in every]
+            if isinstance(v, (int, float)) and all(isinstance(t, (int, float)) for t in theirs) and \
+                    any(t != v for t in theirs):
+                values[k] = float(np.mean(theirs))
 
     def _add_columns(self, new: list[str]) -> None:
         self._csv_file.close()
@@ -364,7 +409,10 @@ class RunFolder:
     def _write_file(self, final: Path, content: Any) -> None:
         """Write ``final`` through a temporary file renamed over it: an interruption or a full disk leaves the
         previous version intact and no temporary file behind; a failure raises ``WriteError`` naming the file.
-        ``content`` is a state dict for a ``.pt`` file, else a function that writes to the open text file."""
+        ``content`` is a state dict for a ``.pt`` file, else a function that writes to the open text file.
+        Only rank 0 of a torchrun job writes."""
+        if not self.writes:
+            return
         tmp = final.with_name(f".{final.name}.tmp{os.getpid()}")
         try:
             if final.suffix == ".pt":
@@ -395,7 +443,18 @@ class RunFolder:
 
     def close(self) -> None:
         self.tb.close()
-        self._csv_file.close()
+        if self.writes:
+            self._csv_file.close()
+
+
+class _NoWriter:
+    """TensorBoard on ranks that do not write the run folder."""
+
+    def add_scalar(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 class Guard:
@@ -420,8 +479,13 @@ class Guard:
         try:
             if kind is not None and issubclass(kind, KeyboardInterrupt):
                 state = self.state()
-                print(f"interrupted at step {state['global_step']}: writing checkpoint", file=sys.stderr, flush=True)
-                self.run.finish(int(state["global_step"]))
+                if self.run.writes:
+                    print(f"interrupted at step {state['global_step']}: writing checkpoint", file=sys.stderr,
+                          flush=True)
+                try:
+                    self.run.finish(int(state["global_step"]))
+                except KeyboardInterrupt:  # a second signal while the last row was written: checkpoint anyway
+                    pass
                 self.run.save_checkpoint(state)
                 self.exit_code = EXIT_INTERRUPTED
             elif kind is not None and issubclass(kind, WorkerError):
@@ -457,6 +521,9 @@ def evaluate(run: RunFolder, env: Any, act: Callable[[Any, float | None], Any], 
     import gymnasium as gym
     import torch
 
+    if not run.writes:  # a torchrun job evaluates on rank 0 alone
+        env.close()
+        return []
     if video:
         env = gym.wrappers.RecordVideo(env, str(run.path / "videos"), episode_trigger=lambda i: i == 0,
                                        disable_logger=True)

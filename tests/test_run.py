@@ -66,15 +66,15 @@ def test_finish_writes_the_last_step_once(tmp_path):
     assert [(r["global_step"], r["loss"]) for r in body] == [("100", "2.0"), ("130", "2.0")]
 
 
-def test_reached_needs_n_episodes_at_or_above_the_threshold(tmp_path, capsys):
+def test_should_stop_needs_n_episodes_at_or_above_the_threshold(tmp_path, capsys):
     run = RunFolder(FakeArgs(out_dir=str(tmp_path)), "script")
-    assert not run.reached(None, 1, 0)
+    assert not run.should_stop(None, 1, 0)
     for r in [1.0, 9.0, 11.0]:
         run.episode(r, 1, 0)
-    assert not run.reached(10.5, 2, 0)  # the last 2 average 10.0
+    assert not run.should_stop(10.5, 2, 0)  # the last 2 average 10.0
     run.episode(12.0, 1, 0)
-    assert not run.reached(10.0, 5, 0)  # only 4 episodes
-    assert run.reached(11.5, 2, 42)
+    assert not run.should_stop(10.0, 5, 0)  # only 4 episodes
+    assert run.should_stop(11.5, 2, 42)
     assert "mean return of the last 2 episodes 11.5 >= 11.5 at step 42: stopping" in capsys.readouterr().out
     run.close()
 

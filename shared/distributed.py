@@ -1,0 +1,254 @@
+"""Synchronous data-parallel training on torch.distributed, for scripts launched by ``torchrun``.
+
+Every rank steps its own envs (and keeps its own replay); every update averages the gradients of all ranks
+(one flattened all-reduce per backward pass), so the parameters, which start as rank 0's, stay identical.
+This is DD-PPO's and rlpyt's SyncRl's scheme, on torch's own engine (gloo on CPU, NCCL on CUDA).
+
+Guarantees
+- Without torchrun (``WORLD_SIZE`` unset or 1) ``start`` does nothing and every other function is the
+  identity or a no-op: a single-process run is bit-identical to one that never imports this module.
+- ``rank()``, ``world_size()``, ``local_rank()`` read torchrun's environment variables, so they are right
+  before ``start``, and in a rank's own spawned sampler processes (which inherit them).
+- ``start(device)`` joins the process group with a ``TIMEOUT_S`` timeout on every collective (torch's
+  default is 30 minutes): a rank that dies or hangs ends its peers' collectives with an error, never a hang.
+  From then until ``end()`` a SIGINT or SIGTERM only sets a flag (``stop_requested``): the ranks agree on it
+  at their next ``any_rank`` call (``RunFolder.should_stop`` makes it every iteration), so every rank leaves
+  its loop at the same iteration and rank 0 writes the checkpoint. Ranks other than 0 print nothing on stdout.
+- ``share(seed, *modules)`` copies rank 0's parameters and buffers to every rank and remembers the modules;
+  ``check_in_sync()`` (called by every progress row) compares a checksum of them across ranks and raises
+  ``RanksDiverged`` naming the first module that differs. Ranks > 0 then reseed torch and numpy, so their
+  action sampling is their own.
+- ``env_seed(seed, num_envs)`` gives rank r's env i the seed ``seed + r * num_envs + i`` (gymnasium adds i):
+  every env of the job gets a distinct seed.
+- ``average_gradients(module)`` replaces each gradient by the mean over ranks: with equal per-rank batches,
+  the gradient of the concatenated batch. ``mean_std(x)`` is ``x.mean(), x.std()`` over every rank's ``x``.
+- ``any_rank(flag)``, ``min_over_ranks(n)`` and ``gather_objects(obj)`` are the agreements the loops need:
+  every decision that changes how many collectives a rank runs (a stop, how many updates are due) is reduced
+  first, so no rank waits in a collective its peers skipped.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import sys
+from typing import Any
+
+import numpy as np
+
+__all__ = ["TIMEOUT_S", "RanksDiverged", "any_rank", "average_gradients", "check_in_sync", "clear_stop", "end",
+           "env_seed", "gather_objects", "in_lockstep", "is_main", "local_rank", "mean_std", "min_over_ranks", "rank",
+           "rank_seed", "share", "start", "stop_requested", "world_size"]
+
+TIMEOUT_S = 30.0  # longest wait in any collective; torchrun SIGKILLs a rank 30 s after asking it to stop
+SEED_STRIDE = 1_000_003  # ranks > 0 seed torch and numpy with seed + rank * SEED_STRIDE
+
+_state: dict[str, Any] = {"active": False, "stop": False, "modules": []}
+
+
+class RanksDiverged(RuntimeError):
+    """The ranks' parameters differ: their updates were not the same."""
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", 0))
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+
+def local_rank() -> int:
+    return int(os.environ.get("LOCAL_RANK", 0))
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def in_lockstep() -> bool:
+    """True between ``start`` and ``end`` of a job with more than one rank: collectives are allowed."""
+    return bool(_state["active"])
+
+
+def _flag_stop(signum, frame) -> None:
+    _state["stop"] = True
+
+
+def start(device: Any) -> None:
+    """Join the process group (NCCL for a CUDA ``device``, gloo otherwise); call after the arguments are
+    checked, so a bad argument exits 2 on every rank before any rank waits for another."""
+    if world_size() <= 1:
+        return
+    import torch
+    import torch.distributed as dist
+
+    backend = "nccl" if getattr(device, "type", "cpu") == "cuda" else "gloo"
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    _state["active"], _state["stop"] = True, False
+    signal.signal(signal.SIGINT, _flag_stop)
+    signal.signal(signal.SIGTERM, _flag_stop)
+    if rank() != 0:
+        sys.stdout = open(os.devnull, "w")  # for the process's lifetime
+
+
+def end() -> None:
+    """Collectives are over (the loop is done): signals raise KeyboardInterrupt again, at once if one came
+    since the last agreement, and the process group is left."""
+    if not _state["active"]:
+        return
+    import torch.distributed as dist
+
+    from shared.run import stop_on_signals
+
+    _state["active"] = False
+    stop_on_signals()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    if _state["stop"]:
+        raise KeyboardInterrupt("signal during the last iteration")
+
+
+def stop_requested() -> bool:
+    """A SIGINT or SIGTERM reached this rank, or (after ``any_rank``) any rank, since ``start``."""
+    return bool(_state["stop"])
+
+
+def clear_stop() -> None:
+    _state["stop"] = False
+
+
+def _params(thing: Any) -> list:
+    """The parameters of a module, or a lone tensor (SAC's log alpha) as a list of one."""
+    return list(thing.parameters()) if hasattr(thing, "parameters") else [thing]
+
+
+def _tensor(values, device=None):
+    import torch
+
+    return torch.as_tensor(np.asarray(values, np.float64), device=device)
+
+
+def _collective_device():
+    import torch
+    import torch.distributed as dist
+
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def share(seed: int, *modules: Any) -> None:
+    """Rank 0's parameters and buffers (of modules, or lone tensors) go to every rank; they are the ones
+    ``check_in_sync`` compares."""
+    if not in_lockstep():
+        return
+    import torch
+    import torch.distributed as dist
+
+    _state["modules"] = list(modules)
+    with torch.no_grad():
+        for m in modules:
+            for t in _params(m) + (list(m.buffers()) if hasattr(m, "buffers") else []):
+                dist.broadcast(t.data, src=0)
+    if rank() > 0:
+        torch.manual_seed(rank_seed(seed))
+        np.random.seed(rank_seed(seed) % 2**32)
+
+
+def rank_seed(seed: int) -> int:
+    """``seed`` on rank 0 (so a single process is unchanged), a stream of its own on every other rank."""
+    return seed + rank() * SEED_STRIDE
+
+
+def env_seed(seed: int, num_envs: int) -> int:
+    """The seed for a rank's ``envs.reset(seed=...)`` of ``num_envs`` envs: distinct from every other rank's."""
+    return seed + rank() * num_envs
+
+
+def average_gradients(*modules: Any) -> None:
+    """Every gradient of ``modules`` (or lone tensors) becomes its mean over ranks: call it between
+    ``backward`` and clipping / ``step``."""
+    if not in_lockstep():
+        return
+    import torch
+    import torch.distributed as dist
+
+    grads = [p.grad for m in modules for p in _params(m) if p.grad is not None]
+    if not grads:
+        return
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world_size()
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset : offset + g.numel()].view_as(g))
+        offset += g.numel()
+
+
+def mean_std(x: Any) -> tuple[Any, Any]:
+    """Mean and (unbiased) standard deviation of tensor ``x`` over the elements of every rank."""
+    if not in_lockstep():
+        return x.mean(), x.std()
+    import torch
+    import torch.distributed as dist
+
+    s = torch.stack([x.sum(), (x * x).sum(), torch.tensor(float(x.numel()), device=x.device)]).double()
+    dist.all_reduce(s)
+    n = s[2]
+    mean = s[0] / n
+    var = (s[1] - n * mean * mean) / (n - 1).clamp(min=1)
+    return mean.to(x.dtype), var.clamp(min=0).sqrt().to(x.dtype)
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank when ``flag`` or a stop signal is set on any rank."""
+    if not in_lockstep():
+        return bool(flag)
+    import torch.distributed as dist
+
+    t = _tensor([float(flag), float(_state["stop"])], _collective_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    _state["stop"] = bool(t[1].item())
+    return bool(t[0].item())
+
+
+def min_over_ranks(n: int) -> int:
+    """The smallest ``n`` of all ranks (e.g. how far the slowest rank's sampler got)."""
+    if not in_lockstep():
+        return n
+    import torch.distributed as dist
+
+    t = _tensor([n], _collective_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    return int(t.item())
+
+
+def gather_objects(obj: Any) -> list[Any]:
+    """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+    if not in_lockstep():
+        return [obj]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def check_in_sync() -> None:
+    """Raise ``RanksDiverged`` when any shared module's parameters differ between ranks."""
+    if not in_lockstep() or not _state["modules"]:
+        return
+    import torch
+
+    with torch.no_grad():
+        sums = [float(sum(p.double().sum().item() + p.double().abs().sum().item() for p in _params(m)))
+                for m in _state["modules"]]
+    every = gather_objects(sums)
+    for i, mine in enumerate(every[0]):
+        differing = [r for r, theirs in enumerate(every) if theirs[i] != mine]
+        if differing:
+            name = type(_state["modules"][i]).__name__
+            raise RanksDiverged(f"the parameters of {name} (module {i}) on rank(s) {differing} differ from rank "
+                                f"0's: the ranks' updates were not the same")
