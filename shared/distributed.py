@@ -38,13 +38,14 @@ from typing import Any
 import numpy as np
 
 __all__ = ["TIMEOUT_S", "RanksDiverged", "any_rank", "average_gradients", "check_in_sync", "clear_stop", "end",
-           "env_seed", "gather_objects", "in_lockstep", "is_main", "local_rank", "mean_std", "min_over_ranks", "rank",
-           "rank_seed", "share", "start", "stop_requested", "world_size"]
+           "env_seed", "gather_objects", "in_lockstep", "is_main", "local_rank", "lost_peer", "mean_std",
+           "min_over_ranks", "rank", "rank_seed", "share", "start", "stop_requested", "world_size"]
 
 TIMEOUT_S = 30.0  # longest wait in any collective; torchrun SIGKILLs a rank 30 s after asking it to stop
 SEED_STRIDE = 1_000_003  # ranks > 0 seed torch and numpy with seed + rank * SEED_STRIDE
 
-_state: dict[str, Any] = {"active": False, "stop": False, "modules": []}
+# "signalled": a signal reached this rank; "stop": the ranks agreed to stop (some rank was signalled).
+_state: dict[str, Any] = {"active": False, "signalled": False, "stop": False, "modules": []}
 
 
 class RanksDiverged(RuntimeError):
@@ -73,7 +74,7 @@ def in_lockstep() -> bool:
 
 
 def _flag_stop(signum, frame) -> None:
-    _state["stop"] = True
+    _state["signalled"] = True
 
 
 def start(device: Any) -> None:
@@ -88,7 +89,7 @@ def start(device: Any) -> None:
     if backend == "nccl":
         torch.cuda.set_device(device)
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=TIMEOUT_S))
-    _state["active"], _state["stop"] = True, False
+    _state["active"], _state["signalled"], _state["stop"] = True, False, False
     signal.signal(signal.SIGINT, _flag_stop)
     signal.signal(signal.SIGTERM, _flag_stop)
     if rank() != 0:
@@ -108,17 +109,29 @@ def end() -> None:
     stop_on_signals()
     if dist.is_initialized():
         dist.destroy_process_group()
-    if _state["stop"]:
+    if _state["signalled"] or _state["stop"]:
         raise KeyboardInterrupt("signal during the last iteration")
 
 
+def lost_peer(error: BaseException | None) -> bool:
+    """Whether ``error`` is a collective that failed because another rank died, hung or closed its connection."""
+    if error is None or not in_lockstep():
+        return False
+    import torch.distributed as dist
+
+    if isinstance(error, dist.DistError):
+        return True
+    signs = ("gloo", "NCCL", "Connection reset", "Connection closed", "Timed out", "timed out")
+    return isinstance(error, RuntimeError) and any(k in str(error) for k in signs)
+
+
 def stop_requested() -> bool:
-    """A SIGINT or SIGTERM reached this rank, or (after ``any_rank``) any rank, since ``start``."""
+    """The ranks agreed (in ``any_rank``) that a SIGINT or SIGTERM reached one of them."""
     return bool(_state["stop"])
 
 
 def clear_stop() -> None:
-    _state["stop"] = False
+    _state["signalled"] = _state["stop"] = False
 
 
 def _params(thing: Any) -> list:
@@ -208,9 +221,11 @@ def any_rank(flag: bool) -> bool:
         return bool(flag)
     import torch.distributed as dist
 
-    t = _tensor([float(flag), float(_state["stop"])], _collective_device())
+    # A signal handled while the all-reduce runs sets "signalled" after it was read: it goes in the next one,
+    # so every rank decides on the same values.
+    t = _tensor([float(flag), float(_state["signalled"])], _collective_device())
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    _state["stop"] = bool(t[1].item())
+    _state["stop"] = _state["stop"] or bool(t[1].item())
     return bool(t[0].item())
 
 

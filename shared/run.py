@@ -492,6 +492,10 @@ class Guard:
                 print(error, file=sys.stderr)
                 print("error: the sampler process failed", file=sys.stderr, flush=True)
                 self.exit_code = 1
+            elif kind is not None and distributed.lost_peer(error):
+                print(f"error: rank {distributed.rank()} lost contact with another rank, which failed, was killed or "
+                      f"hung ({str(error).splitlines()[0][:200]})", file=sys.stderr, flush=True)
+                self.exit_code = 1
             elif kind is not None and issubclass(kind, WriteError):
                 print(f"error: {error}", file=sys.stderr, flush=True)
                 self.exit_code = 1

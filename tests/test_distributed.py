@@ -1,0 +1,230 @@
+"""Training under torchrun (shared/distributed.py) on CPU with gloo: averaged gradients against the gradient of
+the whole batch, learning with 2 ranks, two "nodes" on this machine, statistics of every rank, a killed rank,
+Ctrl-C, bad arguments, resuming on another world size."""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from shared import distributed
+from tests import dist_updates
+from tests.helpers import ROOT, assert_no_leftovers, progress, script
+
+PPO_CARTPOLE = ["--env-id", "CartPole-v1", "--num-envs", "4", "--num-steps", "32", "--num-minibatches", "1",
+                "--update-epochs", "20", "--gae-lambda", "0.8", "--gamma", "0.98", "--ent-coef", "0",
+                "--learning-rate", "1e-3", "--clip-coef", "0.2", "--no-clip-vloss", "--eval-episodes", "0"]
+DQN_CARTPOLE = ["--env-id", "CartPole-v1", "--num-envs", "2", "--buffer-size", "50000", "--min-steps-learn", "1000",
+                "--batch-size", "64", "--optimizer", "adam", "--eps-decay-steps", "20000", "--eps-end", "0.02",
+                "--n-step-return", "3", "--replay-ratio", "16", "--learning-rate", "1e-3", "--dueling",
+                "--target-update-interval", "250", "--eval-episodes", "0"]
+PENDULUM = ["--env-id", "Pendulum-v1", "--min-steps-learn", "1000", "--log-every", "1000", "--eval-episodes", "0"]
+
+
+def torchrun(*args: str, nproc: int = 2, extra: tuple[str, ...] = ("--standalone",)) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *extra, "--nproc-per-node", str(nproc), *args]
+
+
+def launch(cmd: list[str], env: dict | None = None) -> subprocess.Popen:
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            cwd=ROOT, env={**os.environ, **(env or {})})
+
+
+def wait(proc: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
+    """Return code, stdout and stderr; fails the test (killing the session) on a timeout or a leftover process."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"did not end within {timeout} s\n{out[-2000:]}\n{err[-3000:]}") from None
+    assert_no_leftovers(proc.pid)
+    return proc.returncode, out, err
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
+    """What torchrun sets for a rank (for tests that need each rank's own exit code)."""
+    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
+            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.time() + timeout
+    while not predicate():
+        if time.time() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+# ---------------------------------------------------------------------------------------------- one process
+
+
+def test_without_torchrun_everything_is_the_identity(monkeypatch):
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    x = torch.randn(100, dtype=torch.float64)
+    mean, std = distributed.mean_std(x)
+    assert mean == x.mean() and std == x.std()
+    assert distributed.any_rank(True) and not distributed.any_rank(False)
+    assert distributed.min_over_ranks(7) == 7 and distributed.gather_objects("a") == ["a"]
+    assert not distributed.in_lockstep() and distributed.rank_seed(5) == 5 and distributed.env_seed(5, 8) == 5
+    distributed.start(torch.device("cpu"))  # a no-op with one process: no process group
+    assert not torch.distributed.is_initialized()
+
+
+def test_every_env_of_every_rank_gets_its_own_seed(monkeypatch):
+    seeds = []
+    for r in range(4):
+        monkeypatch.setenv("RANK", str(r))
+        base = distributed.env_seed(1, 8)
+        seeds += [base + i for i in range(8)]  # gymnasium seeds env i with seed + i
+    assert len(set(seeds)) == 32
+    monkeypatch.setenv("RANK", "1")
+    assert distributed.rank_seed(1) != 1
+
+
+# ---------------------------------------------------------------------------------------------- two ranks
+
+
+def test_averaged_gradients_equal_the_gradient_of_the_whole_batch_and_rows_cover_every_rank(tmp_path):
+    """PPO (on-policy), DQN (value-based) and DDPG (actor-critic): two ranks with half a batch each end with the
+    parameters one process reaches on the whole batch; the ranks' parameters are identical; a nudged parameter
+    is caught; a progress row counts every rank's episodes."""
+    port, out = free_port(), tmp_path / "ranks.pt"
+    procs = [launch([sys.executable, "-m", "tests.dist_updates", str(out), str(tmp_path)], rank_env(r, 2, port))
+             for r in range(2)]
+    for p in procs:
+        rc, _, err = wait(p, 180)
+        assert rc == 0, err[-3000:]
+    report = torch.load(out, weights_only=False)
+    whole, halves = dist_updates.updates(None), report["ranks"]
+    assert whole.keys() == halves[0].keys()
+    for k, v in whole.items():
+        torch.testing.assert_close(halves[0][k], v, rtol=1e-5, atol=1e-6, msg=k)
+        assert torch.equal(halves[0][k], halves[1][k]), k
+    one_half = dist_updates.updates(0)  # the test can fail: half a batch alone is not the whole batch's update
+    assert any(not torch.allclose(one_half[k], v, rtol=1e-5, atol=1e-6) for k, v in whole.items())
+
+    assert all("Actor" in m and "[1]" in m for m in report["diverged"]), report["diverged"]
+    assert report["stop"] == [True, True]  # mean of 1, 2, 3, 10 is 4 >= 3.9 on both ranks
+    with open(tmp_path / "rows" / "progress.csv") as f:
+        (row,) = list(csv.DictReader(f))
+    assert row["episodes"] == "4" and float(row["return_mean"]) == 4.0
+    assert float(row["loss"]) == 0.5 and row["updates"] == "7"  # a mean over ranks; a value equal on both stays
+
+
+def _reached(stdout: str, threshold: str) -> int:
+    m = re.search(rf"mean return of the last \d+ episodes (-?[\d.]+) >= {threshold} at step (\d+)", stdout)
+    assert m, stdout[-2000:]
+    return int(m.group(2))
+
+
+@pytest.mark.parametrize("name, flags, threshold, steps", [
+    ("ppo_atari.py", PPO_CARTPOLE, "450.0", 150_000),
+    ("dqn_atari.py", DQN_CARTPOLE, "475.0", 100_000),
+    ("sac_mujoco.py", PENDULUM, "-250.0", 20_000),
+], ids=["ppo", "dqn", "sac"])
+def test_two_ranks_learn_as_one_process_does(name, flags, threshold, steps, tmp_path):
+    """The single-process tests' thresholds and step budgets (the job's steps), with half the envs per rank."""
+    cmd = torchrun(script(name), *flags, "--total-timesteps", str(steps), "--stop-at-return", threshold,
+                   "--out-dir", str(tmp_path), "--run-name", "r")
+    rc, out, err = wait(launch(cmd), 600)
+    assert rc == 0, err[-3000:]
+    assert _reached(out, threshold) <= steps
+    assert len(re.findall("mean return of the last", out)) == 1  # rank 1 prints nothing on stdout
+    rows = progress(tmp_path / "r")
+    assert [int(r["global_step"]) for r in rows] == sorted({int(r["global_step"]) for r in rows})
+    assert (tmp_path / "r" / "checkpoint.pt").exists()
+
+
+def test_two_nodes_on_this_machine(tmp_path):
+    """Two torchrun launches, one process each, meeting at 127.0.0.1 (as two machines would)."""
+    port = free_port()
+    flags = [script("ppo_atari.py"), *PPO_CARTPOLE, "--total-timesteps", "2048", "--out-dir", str(tmp_path),
+             "--run-name", "r"]
+    nodes = [launch(torchrun(*flags, nproc=1, extra=("--nnodes", "2", "--node-rank", str(n), "--master-addr",
+                                                     "127.0.0.1", "--master-port", str(port))))
+             for n in range(2)]
+    for n in nodes:
+        rc, _, err = wait(n, 300)
+        assert rc == 0, err[-3000:]
+    rows = progress(tmp_path / "r")
+    assert int(rows[-1]["global_step"]) == 2048  # 2 ranks x 4 envs x 32 steps x 8 iterations
+
+
+def test_a_killed_rank_ends_the_job_within_60_s(tmp_path):
+    proc = launch(torchrun(script("dqn_atari.py"), *DQN_CARTPOLE, "--total-timesteps", "10000000",
+                           "--checkpoint-every", "2000", "--log-every", "500", "--out-dir", str(tmp_path),
+                           "--run-name", "r"))
+    ckpt = tmp_path / "r" / "checkpoint.pt"
+    wait_for(ckpt.exists, 120, "a checkpoint")
+
+    def rank1() -> int | None:
+        for pid in subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split():
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmd = f.read()
+            except OSError:
+                continue
+            if b"RANK=1" in env and b"dqn_atari.py" in cmd:
+                return int(pid)
+        return None
+
+    wait_for(lambda: rank1() is not None, 30, "rank 1")
+    os.kill(rank1(), signal.SIGKILL)
+    t0 = time.time()
+    rc, _, err = wait(proc, 90)
+    assert rc != 0 and time.time() - t0 < 60
+    assert "error: rank 0 lost contact with another rank" in err, err[-3000:]
+    torch.load(ckpt, weights_only=True)  # the last checkpoint is intact
+
+
+@pytest.mark.parametrize("sampler", ["serial", "async"])
+def test_ctrl_c_checkpoints_and_every_rank_exits_130(sampler, tmp_path):
+    """Each rank started as torchrun starts it, so that each one's exit code can be read."""
+    port = free_port()
+    args = [script("ppo_atari.py"), *PPO_CARTPOLE, "--total-timesteps", "10000000", "--sampler", sampler,
+            "--out-dir", str(tmp_path), "--run-name", "r"]
+    ranks = [launch([sys.executable, *args], rank_env(r, 2, port)) for r in range(2)]
+    wait_for(lambda: (tmp_path / "r" / "progress.csv").exists() and len(progress(tmp_path / "r")) >= 2, 120,
+             "progress rows")
+    for r in ranks:  # as the terminal does: every process gets SIGINT
+        os.killpg(r.pid, signal.SIGINT)
+    results = [wait(r, 60) for r in ranks]
+    assert [rc for rc, _, _ in results] == [130, 130], results[0][2][-2000:] + results[1][2][-2000:]
+    state = torch.load(tmp_path / "r" / "checkpoint.pt", weights_only=True)
+    assert int(progress(tmp_path / "r")[-1]["global_step"]) == state["global_step"]
+
+
+def test_bad_arguments_exit_2_on_every_rank_before_the_group_starts(tmp_path):
+    rc, out, err = wait(launch(torchrun(script("ppo_atari.py"), "--num-envs", "0", "--out-dir", str(tmp_path))), 120)
+    assert rc != 0
+    assert err.count("error: --num-envs must be positive, got 0") == 2, err[-3000:]
+    assert len(re.findall(r"exitcode\s*: 2", err)) == 2, err[-3000:]
+
+
+def test_a_two_rank_run_resumes_in_one_process(tmp_path):
+    rc, _, err = wait(launch(torchrun(script("ppo_atari.py"), *PPO_CARTPOLE, "--total-timesteps", "2048",
+                                      "--out-dir", str(tmp_path), "--run-name", "r")), 300)
+    assert rc == 0, err[-3000:]
+    rc, out, err = wait(launch([sys.executable, script("ppo_atari.py"), *PPO_CARTPOLE, "--total-timesteps", "3072",
+                                "--resume", str(tmp_path / "r")]), 300)
+    assert rc == 0, err[-3000:]
+    steps = [int(r["global_step"]) for r in progress(tmp_path / "r")]
+    assert steps[-1] == 3072 and steps == sorted(set(steps))
