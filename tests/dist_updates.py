@@ -1,11 +1,11 @@
 """One update of each algorithm family on a fixed batch, as ``tests/test_distributed.py`` needs it.
 
-``python -m tests.dist_updates OUT FOLDER`` under a 2-rank process group (RANK, WORLD_SIZE, MASTER_ADDR/PORT set): each
-rank takes its half of every batch and runs the script's own update function; rank 0 saves the parameters to
-OUT, with what ``check_in_sync`` says of a nudged parameter and what a progress row in FOLDER holds. ``updates(None)`` in one process runs the same updates on the whole batches. The optimizers are SGD with
+``python -m tests.dist_updates OUT FOLDER`` under a 2-rank process group (RANK, WORLD_SIZE, MASTER_ADDR/PORT
+set): each rank takes its half of every batch and runs the script's own update function; rank 0 saves the
+parameters to OUT, with what ``check_in_sync`` says of a nudged parameter and what a progress row in FOLDER
+holds. ``updates(None)`` in one process runs the same updates on the whole batches. The optimizers are SGD with
 step size 1, so the parameter change is the (averaged) gradient itself.
 """
-
 from __future__ import annotations
 
 import sys
@@ -19,12 +19,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "algos"))
 
-import ddpg_mujoco  # noqa: E402
-import dqn_atari  # noqa: E402
-import ppo_atari  # noqa: E402
+import ddpg_mujoco
+import dqn_atari
+import ppo_atari
 
-from shared import distributed  # noqa: E402
-from shared.normalize import ObsNorm  # noqa: E402
+from shared import distributed
+from shared.normalize import ObsNorm
 
 N, OBS, ACT, N_ACTIONS = 64, 4, 2, 3
 

@@ -4,6 +4,7 @@ Ctrl-C, bad arguments, resuming on another world size."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import os
 import re
@@ -39,15 +40,42 @@ def launch(cmd: list[str], env: dict | None = None) -> subprocess.Popen:
                             cwd=ROOT, env={**os.environ, **(env or {})})
 
 
-def wait(proc: subprocess.Popen, timeout: float) -> tuple[int, str, str]:
-    """Return code, stdout and stderr; fails the test (killing the session) on a timeout or a leftover process."""
+def mentioning(text: str) -> list[int]:
+    """Live processes whose command line contains ``text`` (torchrun starts each rank in a session of its own,
+    so the launcher's session does not cover them; every test passes its own tmp_path)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmd = f.read()
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if text.encode() in cmd and state != "Z" and int(entry) != os.getpid():
+            pids.append(int(entry))
+    return pids
+
+
+def wait(proc: subprocess.Popen, timeout: float, tag: str) -> tuple[int, str, str]:
+    """Return code, stdout and stderr; fails the test (killing what it started) on a timeout or when a process
+    whose command line holds ``tag`` is left behind."""
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        for pid in [proc.pid, *mentioning(tag)]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         out, err = proc.communicate()
         raise AssertionError(f"did not end within {timeout} s\n{out[-2000:]}\n{err[-3000:]}") from None
     assert_no_leftovers(proc.pid)
+    deadline = time.time() + 5
+    while mentioning(tag) and time.time() < deadline:
+        time.sleep(0.1)
+    left = mentioning(tag)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"processes left behind: {left}"
     return proc.returncode, out, err
 
 
@@ -108,7 +136,7 @@ def test_averaged_gradients_equal_the_gradient_of_the_whole_batch_and_rows_cover
     procs = [launch([sys.executable, "-m", "tests.dist_updates", str(out), str(tmp_path)], rank_env(r, 2, port))
              for r in range(2)]
     for p in procs:
-        rc, _, err = wait(p, 180)
+        rc, _, err = wait(p, 180, str(tmp_path))
         assert rc == 0, err[-3000:]
     report = torch.load(out, weights_only=False)
     whole, halves = dist_updates.updates(None), report["ranks"]
@@ -142,7 +170,7 @@ def test_two_ranks_learn_as_one_process_does(name, flags, threshold, steps, tmp_
     """The single-process tests' thresholds and step budgets (the job's steps), with half the envs per rank."""
     cmd = torchrun(script(name), *flags, "--total-timesteps", str(steps), "--stop-at-return", threshold,
                    "--out-dir", str(tmp_path), "--run-name", "r")
-    rc, out, err = wait(launch(cmd), 600)
+    rc, out, err = wait(launch(cmd), 600, str(tmp_path))
     assert rc == 0, err[-3000:]
     assert _reached(out, threshold) <= steps
     assert len(re.findall("mean return of the last", out)) == 1  # rank 1 prints nothing on stdout
@@ -160,7 +188,7 @@ def test_two_nodes_on_this_machine(tmp_path):
                                                      "127.0.0.1", "--master-port", str(port))))
              for n in range(2)]
     for n in nodes:
-        rc, _, err = wait(n, 300)
+        rc, _, err = wait(n, 300, str(tmp_path))
         assert rc == 0, err[-3000:]
     rows = progress(tmp_path / "r")
     assert int(rows[-1]["global_step"]) == 2048  # 2 ranks x 4 envs x 32 steps x 8 iterations
@@ -174,22 +202,19 @@ def test_a_killed_rank_ends_the_job_within_60_s(tmp_path):
     wait_for(ckpt.exists, 120, "a checkpoint")
 
     def rank1() -> int | None:
-        for pid in subprocess.run(["pgrep", "-s", str(proc.pid)], capture_output=True, text=True).stdout.split():
+        for pid in mentioning(str(tmp_path)):
             try:
                 with open(f"/proc/{pid}/environ", "rb") as f:
-                    env = f.read().split(b"\0")
-                with open(f"/proc/{pid}/cmdline", "rb") as f:
-                    cmd = f.read()
+                    if b"RANK=1" in f.read().split(b"\0"):
+                        return pid
             except OSError:
                 continue
-            if b"RANK=1" in env and b"dqn_atari.py" in cmd:
-                return int(pid)
         return None
 
     wait_for(lambda: rank1() is not None, 30, "rank 1")
     os.kill(rank1(), signal.SIGKILL)
     t0 = time.time()
-    rc, _, err = wait(proc, 90)
+    rc, _, err = wait(proc, 90, str(tmp_path))
     assert rc != 0 and time.time() - t0 < 60
     assert "error: rank 0 lost contact with another rank" in err, err[-3000:]
     torch.load(ckpt, weights_only=True)  # the last checkpoint is intact
@@ -206,14 +231,15 @@ def test_ctrl_c_checkpoints_and_every_rank_exits_130(sampler, tmp_path):
              "progress rows")
     for r in ranks:  # as the terminal does: every process gets SIGINT
         os.killpg(r.pid, signal.SIGINT)
-    results = [wait(r, 60) for r in ranks]
+    results = [wait(r, 60, str(tmp_path)) for r in ranks]
     assert [rc for rc, _, _ in results] == [130, 130], results[0][2][-2000:] + results[1][2][-2000:]
     state = torch.load(tmp_path / "r" / "checkpoint.pt", weights_only=True)
     assert int(progress(tmp_path / "r")[-1]["global_step"]) == state["global_step"]
 
 
 def test_bad_arguments_exit_2_on_every_rank_before_the_group_starts(tmp_path):
-    rc, out, err = wait(launch(torchrun(script("ppo_atari.py"), "--num-envs", "0", "--out-dir", str(tmp_path))), 120)
+    cmd = torchrun(script("ppo_atari.py"), "--num-envs", "0", "--out-dir", str(tmp_path))
+    rc, out, err = wait(launch(cmd), 120, str(tmp_path))
     assert rc != 0
     assert err.count("error: --num-envs must be positive, got 0") == 2, err[-3000:]
     assert len(re.findall(r"exitcode\s*: 2", err)) == 2, err[-3000:]
@@ -221,10 +247,10 @@ def test_bad_arguments_exit_2_on_every_rank_before_the_group_starts(tmp_path):
 
 def test_a_two_rank_run_resumes_in_one_process(tmp_path):
     rc, _, err = wait(launch(torchrun(script("ppo_atari.py"), *PPO_CARTPOLE, "--total-timesteps", "2048",
-                                      "--out-dir", str(tmp_path), "--run-name", "r")), 300)
+                                      "--out-dir", str(tmp_path), "--run-name", "r")), 300, str(tmp_path))
     assert rc == 0, err[-3000:]
     rc, out, err = wait(launch([sys.executable, script("ppo_atari.py"), *PPO_CARTPOLE, "--total-timesteps", "3072",
-                                "--resume", str(tmp_path / "r")]), 300)
+                                "--resume", str(tmp_path / "r")]), 300, str(tmp_path))
     assert rc == 0, err[-3000:]
     steps = [int(r["global_step"]) for r in progress(tmp_path / "r")]
     assert steps[-1] == 3072 and steps == sorted(set(steps))
