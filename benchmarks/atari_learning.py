@@ -153,26 +153,14 @@ def report(a: argparse.Namespace, out: Path) -> None:
         print(f"{name:<10}" + "".join(f"{c:>20}" for c in cells) + (f"{sps:>9.0f}" if sps else f"{'-':>9}"))
     if not curves:
         return
-    import matplotlib
+    from plot import curve, figure, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, (ax,) = figure()
     for name, eps in curves.items():
-        xs = [s for s, _ in eps]
-        rets = [r for _, r in eps]
-        ys = [sum(rets[max(0, i - 99) : i + 1]) / len(rets[max(0, i - 99) : i + 1]) for i in range(len(rets))]
-        ax.plot(xs, ys, label=name)
+        curve(ax, name, [eps], window=100)
     ax.axhline(RANDOM_BREAKOUT, color="gray", lw=0.8, ls="--", label="random")
-    ax.set_xlabel("agent steps (4 frames each)")
-    ax.set_ylabel("game score, mean of the last 100 games")
-    ax.set_title(f"{a.env_id}, seed {a.seed}")
-    ax.legend()
-    fig.tight_layout()
-    Path(a.png).parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(a.png, dpi=100)
-    print(f"saved {a.png}")
+    save(fig, a.png, xlabel="agent steps (4 frames each)", ylabel="game score, mean of the last 100 games",
+         title=f"{a.env_id}, seed {a.seed}")
 
 
 def main() -> None:

@@ -93,23 +93,12 @@ def halfcheetah(minutes: float, out_png: Path) -> None:
 
 
 def plot(curves: dict, title: str, out_png: Path, window: int = 10) -> None:
-    import matplotlib
+    from plot import curve, figure, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(9, 5))
+    fig, (ax,) = figure(width=9, height=5)
     for label, eps in curves.items():
-        steps = [s for s, _ in eps][window - 1:]
-        rets = [sum(r for _, r in eps[i - window + 1:i + 1]) / window for i in range(window - 1, len(eps))]
-        ax.plot(steps, rets, label=label)
-    ax.set_xlabel("env steps")
-    ax.set_ylabel("episode return")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_png, dpi=100)
-    print(f"saved {out_png}")
+        curve(ax, label, [eps], window=window)
+    save(fig, out_png, title=title)
 
 
 def main() -> None:

@@ -83,25 +83,15 @@ def main() -> None:
             where = f"{reached} (>= {threshold})" if reached else "not reached"
             print(f"{script:<16} {sampler:<9} {steps:>7} {where:>19} "
                   f"{final:>18.1f}")
-    import matplotlib
+    from plot import curve, figure, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, len(a.scripts), figsize=(5.5 * len(a.scripts), 4), sharey=True, squeeze=False)
-    for ax, script in zip(axes[0], a.scripts):
+    fig, axes = figure(len(a.scripts), width=5.5, height=4)
+    for ax, script in zip(axes, a.scripts):
         for sampler in ("serial", "parallel", "async"):
-            xs, ys = zip(*curves[(script, sampler)]) if curves[(script, sampler)] else ((), ())
-            ax.plot(xs, ys, label=sampler)
+            curve(ax, sampler, [curves[(script, sampler)]])
         ax.axhline(BUDGET[script][1], color="gray", lw=0.8, ls="--")
         ax.set_title(f"{script} on CartPole-v1")
-        ax.set_xlabel("agent steps")
-        ax.legend()
-    axes[0][0].set_ylabel("mean episodic return (per progress row)")
-    Path(a.out).parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(a.out, dpi=100)
-    print(f"saved {a.out}")
+    save(fig, a.out, xlabel="agent steps", ylabel="mean episodic return (per progress row)")
 
 
 if __name__ == "__main__":

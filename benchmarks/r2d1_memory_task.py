@@ -36,22 +36,13 @@ def main() -> None:
         last = sum(r for _, r in rows[-3:]) / len(rows[-3:])
         print(f"{label:<22} mean return over the last 6k steps {last:6.1f}", flush=True)
         curves[label] = rows
-    import matplotlib
+    from plot import curve, figure, save
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(8, 4.5))
+    fig, (ax,) = figure(width=8)
     for label, rows in curves.items():
-        ax.plot([s for s, _ in rows], [r for _, r in rows], label=label)
-    ax.set_xlabel("env steps")
-    ax.set_ylabel("mean episode return (per 2k steps)")
-    ax.set_title("R2D1 memory task: CartPole-v1 without velocities")
-    ax.legend()
-    fig.tight_layout()
-    out_png = ROOT / "benchmarks" / "results" / "r2d1_memory_task.png"
-    fig.savefig(out_png, dpi=100)
-    print(f"saved {out_png}")
+        curve(ax, label, [rows])
+    save(fig, ROOT / "benchmarks" / "results" / "r2d1_memory_task.png", ylabel="mean episode return (per 2k steps)",
+         title="R2D1 memory task: CartPole-v1 without velocities")
 
 
 if __name__ == "__main__":
