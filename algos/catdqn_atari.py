@@ -50,6 +50,7 @@ from shared.run import (
     bad_args,
     check_run_args,
     evaluate,
+    evaluate_only,
     load_checkpoint,
     parse_args,
     resolve_device,
@@ -80,7 +81,11 @@ class Args:
     log_every: int = 10_000
     """env steps between progress rows"""
     eval_episodes: int = 10
-    """episodes played by the final policy (eval_epsilon-greedy) after training (0: none)"""
+    """episodes played by the policy (eval_epsilon-greedy) after training, and at each --eval-every (0: none)"""
+    eval_every: int = 0
+    """global env steps between evaluations during training, in envs of their own (0: none)"""
+    eval_only: bool = False
+    """with --resume: evaluate the checkpoint's policy (eval.json, TensorBoard) and train nothing"""
     eval_epsilon: float = 0.001
     """epsilon of the evaluation episodes"""
     capture_video: bool = False
@@ -481,6 +486,11 @@ def main() -> int:
     stats = {"td_loss": None, "q_values": None}
     next_log = global_step + args.log_every
     next_target = global_step + args.target_update_interval
+    # for evaluation
+    policy = partial(act, q_net, device, args.eval_epsilon, np.random.default_rng(args.seed + 100_000))
+    if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
+        return evaluate_only(run, make_env(args, render=args.capture_video)(), policy, args, global_step)
+    next_eval = global_step + args.eval_every if args.eval_every else None
     next_checkpoint = global_step + args.checkpoint_every if args.checkpoint_every else None
     link = AsyncReplay(q_net, pacer, args.num_envs) if args.sampler == "async" else None
     print(f"run folder {run.path}  sampler {args.sampler}  device {device}  replay {buffer.T}x{buffer.B}  "
@@ -511,6 +521,9 @@ def main() -> int:
             if global_step >= next_target:
                 update_target(q_net, target_net, args.tau)
                 next_target += args.target_update_interval
+            if next_eval is not None and global_step >= next_eval:  # whole episodes in an env of its own
+                evaluate(run, make_env(args)(), policy, args.eval_episodes, args.seed, global_step)
+                next_eval += args.eval_every
             if global_step >= next_log:
                 run.row(global_step, epsilon=float(epsilons(args, global_step).mean()), **stats, updates=updates,
                         **(link.waits() if link else {}))
@@ -523,7 +536,6 @@ def main() -> int:
         run.finish(global_step)
         run.save_checkpoint(checkpoint())
         if args.eval_episodes:
-            policy = partial(act, q_net, device, args.eval_epsilon, np.random.default_rng(args.seed + 100_000))
             evaluate(run, make_env(args, render=args.capture_video)(), policy, args.eval_episodes, args.seed,
                      global_step, video=args.capture_video)
     return guard.exit_code

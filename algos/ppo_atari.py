@@ -42,6 +42,7 @@ from shared.run import (
     bad_args,
     check_run_args,
     evaluate,
+    evaluate_only,
     load_checkpoint,
     parse_args,
     resolve_device,
@@ -72,7 +73,11 @@ class Args:
     log_every: int = 1
     """rollouts between progress rows"""
     eval_episodes: int = 10
-    """episodes played by the final policy after training (0: none)"""
+    """episodes played by the policy after training, and at each --eval-every (0: none)"""
+    eval_every: int = 0
+    """global env steps between evaluations during training, in envs of their own (0: none)"""
+    eval_only: bool = False
+    """with --resume: evaluate the checkpoint's policy (eval.json, TensorBoard) and train nothing"""
     capture_video: bool = False
     """record the first evaluation episode to {run}/videos"""
     stop_at_return: float | None = None
@@ -429,6 +434,10 @@ def main() -> int:
                 "global_step": global_step, "args": vars(args).copy()}
 
     example, boot_example = rollout_example(obs_space, args.num_steps, args.num_envs)
+    policy = partial(act, agent, device)  # for evaluation
+    if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
+        return evaluate_only(run, make_env(args, render=args.capture_video)(), policy, args, global_step)
+    next_eval = global_step + args.eval_every if args.eval_every else None
     next_checkpoint = global_step + args.checkpoint_every if args.checkpoint_every else None
     print(f"run folder {run.path}  sampler {args.sampler}  device {device}  batch {batch}  "
           f"iterations {start_iter}..{num_iterations}", flush=True)
@@ -458,6 +467,9 @@ def main() -> int:
             stats = learn_from(agent, optimizer, buf, boot, args, device, generator)
             if args.sampler == "async":  # the slot goes back with the new parameters: rollout it + 2 uses them
                 buffers.reader_release(it, module=agent, version=it + 1)
+            if next_eval is not None and global_step >= next_eval:  # whole episodes in an env of its own
+                evaluate(run, make_env(args)(), policy, args.eval_episodes, args.seed, global_step)
+                next_eval += args.eval_every
             if (it + 1) % args.log_every == 0 or it + 1 == num_iterations:
                 run.row(global_step, learning_rate=lr, **stats)
             if next_checkpoint is not None and global_step >= next_checkpoint:
@@ -468,8 +480,8 @@ def main() -> int:
         run.finish(global_step)
         run.save_checkpoint(checkpoint())
         if args.eval_episodes:
-            evaluate(run, make_env(args, render=args.capture_video)(), partial(act, agent, device),
-                     args.eval_episodes, args.seed, global_step, video=args.capture_video)
+            evaluate(run, make_env(args, render=args.capture_video)(), policy, args.eval_episodes, args.seed,
+                     global_step, video=args.capture_video)
     return guard.exit_code
 
 

@@ -53,6 +53,7 @@ from shared.run import (
     bad_args,
     check_run_args,
     evaluate,
+    evaluate_only,
     load_checkpoint,
     parse_args,
     resolve_device,
@@ -83,7 +84,12 @@ class Args:
     log_every: int = 5_000
     """env steps between progress rows"""
     eval_episodes: int = 10
-    """episodes played by the final deterministic policy (the Gaussian's mean) after training (0: none)"""
+    """episodes played by the deterministic policy (the Gaussian's mean) after training, and at each
+    --eval-every (0: none)"""
+    eval_every: int = 0
+    """global env steps between evaluations during training, in envs of their own (0: none)"""
+    eval_only: bool = False
+    """with --resume: evaluate the checkpoint's policy (eval.json, TensorBoard) and train nothing"""
     capture_video: bool = False
     """record the first evaluation episode to {run}/videos"""
     stop_at_return: float | None = None
@@ -449,6 +455,10 @@ def main() -> int:
     optimizers = (actor_opt, critic_opt, alpha_opt)
     stats: dict = {}
     next_log = global_step + args.log_every
+    policy = partial(act, actor, obs_norm, device, act_space)  # for evaluation
+    if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
+        return evaluate_only(run, make_env(args, render=args.capture_video)(), policy, args, global_step)
+    next_eval = global_step + args.eval_every if args.eval_every else None
     next_checkpoint = global_step + args.checkpoint_every if args.checkpoint_every else None
     link = AsyncReplay(actor, pacer, args.num_envs) if args.sampler == "async" else None
     print(f"run folder {run.path}  sampler {args.sampler}  device {device}  replay {buffer.T}x{buffer.B}  "
@@ -478,6 +488,9 @@ def main() -> int:
                 updates += 1
             if link is not None:
                 link.after_updates(actor, updates, learned=due > 0)
+            if next_eval is not None and global_step >= next_eval:  # whole episodes in an env of its own
+                evaluate(run, make_env(args)(), policy, args.eval_episodes, args.seed, global_step)
+                next_eval += args.eval_every
             if global_step >= next_log:
                 run.row(global_step, **stats, updates=updates, **(link.waits() if link else {}))
                 next_log += args.log_every
@@ -489,9 +502,8 @@ def main() -> int:
         run.finish(global_step)
         run.save_checkpoint(checkpoint())
         if args.eval_episodes:
-            env = make_env(args, render=args.capture_video)()
-            evaluate(run, env, partial(act, actor, obs_norm, device, env.action_space), args.eval_episodes,
-                     args.seed, global_step, video=args.capture_video)
+            evaluate(run, make_env(args, render=args.capture_video)(), policy, args.eval_episodes, args.seed,
+                     global_step, video=args.capture_video)
     return guard.exit_code
 
 if __name__ == "__main__":

@@ -42,10 +42,11 @@ __all__ = ["TIMEOUT_S", "RanksDiverged", "any_rank", "average_gradients", "check
            "min_over_ranks", "rank", "rank_seed", "share", "start", "stop_requested", "world_size"]
 
 TIMEOUT_S = 30.0  # longest wait in any collective; torchrun SIGKILLs a rank 30 s after asking it to stop
+SLOW_TIMEOUT_S = 3600.0  # a gather after an evaluation: ranks may play episodes of very different lengths
 SEED_STRIDE = 1_000_003  # ranks > 0 seed torch and numpy with seed + rank * SEED_STRIDE
 
 # "signalled": a signal reached this rank; "stop": the ranks agreed to stop (some rank was signalled).
-_state: dict[str, Any] = {"active": False, "signalled": False, "stop": False, "modules": []}
+_state: dict[str, Any] = {"active": False, "signalled": False, "stop": False, "modules": [], "slow_group": None}
 
 
 class RanksDiverged(RuntimeError):
@@ -89,6 +90,7 @@ def start(device: Any) -> None:
     if backend == "nccl":
         torch.cuda.set_device(device)
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    _state["slow_group"] = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=SLOW_TIMEOUT_S))
     _state["active"], _state["signalled"], _state["stop"] = True, False, False
     signal.signal(signal.SIGINT, _flag_stop)
     signal.signal(signal.SIGTERM, _flag_stop)
@@ -240,14 +242,15 @@ def min_over_ranks(n: int) -> int:
     return int(t.item())
 
 
-def gather_objects(obj: Any) -> list[Any]:
-    """Every rank's ``obj`` (picklable), in rank order, on every rank."""
+def gather_objects(obj: Any, slow: bool = False) -> list[Any]:
+    """Every rank's ``obj`` (picklable), in rank order, on every rank. ``slow``: after work whose length differs
+    between ranks (an evaluation), waited for up to ``SLOW_TIMEOUT_S`` instead of ``TIMEOUT_S``."""
     if not in_lockstep():
         return [obj]
     import torch.distributed as dist
 
     out: list[Any] = [None] * world_size()
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=_state["slow_group"] if slow else None)
     return out
 
 

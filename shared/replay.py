@@ -27,6 +27,11 @@ Guarantees
   ``sample`` and ``update_priorities``; sampled batches are copies taken under the lock, so they are consistent.
   Pass the buffer to the child as a ``Process`` argument (the lock travels only that way); ``watch(check)``
   keeps the other side from hanging if the child is killed while holding the lock.
+- ``save(path)`` / ``load(path)`` write and restore the whole state (stored rows, n-step quantities, cursor,
+  priorities and sum tree, recurrent states, the sampling random state) as an ``.npz`` of plain arrays: no
+  pickled object, loaded with ``allow_pickle=False``. A loaded buffer samples exactly as the saved one would.
+  ``end_episodes()`` then truncates every env's episode at its newest rows, as a time limit would, so rows
+  from freshly reset envs can follow.
 - Bad input raises ``ValueError`` naming the argument.
 """
 
@@ -354,6 +359,95 @@ class _Base:
             raise ValueError(f"priorities must have shape {np.shape(index.abs_row)}, got {np.shape(priorities)}")
         with self._locked():
             return self.tree.update(index.abs_row, index.b, self._to_tree(p))
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every array that holds the buffer's state, by a stable name: the stored fields, the derived n-step
+        quantities, the cursor and largest priority, the valid window, the sum tree (prioritized) and the stored
+        recurrent states (sequences). Views of the live arrays: copy before changing them."""
+        out: dict[str, np.ndarray] = {}
+
+        def walk(name: str, x: Any) -> None:
+            if isinstance(x, np.ndarray):
+                out[name] = x
+            elif is_namedarraytuple(x) or (isinstance(x, tuple) and hasattr(x, "_fields")):
+                for field, v in zip(x._fields, x):
+                    walk(f"{name}.{field}", v)
+            elif isinstance(x, dict):
+                for k, v in x.items():
+                    walk(f"{name}.{k}", v)
+            elif isinstance(x, (tuple, list)):
+                for i, v in enumerate(x):
+                    walk(f"{name}.{i}", v)
+
+        st = self.storage
+        walk("data", st.data)
+        for name in ("frames", *_DERIVED, "last_flags", "state"):
+            walk(name, getattr(st, name))
+        walk("window", self._window)
+        if self.tree is not None:
+            for name in ("_flat", "_pending", "_meta"):
+                walk(f"tree.{name.strip('_')}", getattr(self.tree, name))
+        if isinstance(self, SequenceReplayBuffer):
+            walk("rnn_state", self.rnn_state)
+        return out
+
+    def end_episodes(self) -> None:
+        """The rows appended next start fresh episodes (a resumed run's envs were reset): in every env whose
+        newest row is not already a final-observation row, the episode is truncated one row earlier, exactly
+        as if the env had reported a time limit there: the row before the newest gets ``timeout`` (and
+        ``env_reset``), the newest becomes the episode's final observation (never sampled, but the bootstrap
+        of the windows that now end at the truncation), and those windows' n-step quantities are recomputed."""
+        st = self.storage
+        with self._locked():
+            c = st.cursor
+            if c < 2:
+                return
+            if "timeout" not in st.data or st.data.timeout is None:
+                raise ValueError("end_episodes needs a replay that stores the timeout field")
+            last, prev = (c - 1) % self.T, (c - 2) % self.T
+            cut = ~st.last_flags[1].astype(bool)  # envs whose newest row is not a final row
+            if not cut.any():
+                return
+            has_reset = "env_reset" in st.data and st.data.env_reset is not None
+            st.data.timeout[prev, cut] = True
+            # A final row carries no flags of its own (in an env, it is the step that only resets).
+            st.data.done[last, cut] = st.data.timeout[last, cut] = False
+            if has_reset:
+                st.data.env_reset[prev, cut], st.data.env_reset[last, cut] = True, False
+            st.final_row[last, cut] = True
+            st.last_flags[0, cut], st.last_flags[1, cut] = False, True
+            st._compute_returns(max(c - 1 - self.n_step_return, 0), max(c - self.n_step_return + 1, 0))
+            if self.tree is not None and isinstance(self, ReplayBuffer):  # a final row has priority 0
+                p = np.array(self.tree.pending_row(c - 1))
+                p[cut] = 0.0
+                self.tree.set_pending(c - 1, p[None])
+
+    def save(self, path: Any) -> None:
+        """Write the whole replay to ``path`` (an ``.npz`` of plain arrays, no pickled object), the sampling
+        random state included, under the lock. Not atomic by itself: write to a temporary name and rename."""
+        import json
+
+        with self._locked():
+            arrays = {k: np.asarray(v) for k, v in self.arrays().items()}
+            rng = np.array(json.dumps(self.rng.bit_generator.state))
+            with open(path, "wb") as f:  # a file object: numpy adds no ".npz" to the name
+                np.savez(f, **arrays, rng_state=rng)
+
+    def load(self, path: Any) -> None:
+        """Restore a replay written by ``save`` into this (identically built) buffer; ``ValueError`` naming the
+        first array that is missing or of another shape or dtype."""
+        import json
+
+        with np.load(path, allow_pickle=False) as saved, self._locked():
+            for name, dst in self.arrays().items():
+                if name not in saved.files:
+                    raise ValueError(f"the saved replay has no {name!r}: it was written by another buffer")
+                src = saved[name]
+                if src.shape != dst.shape or src.dtype != dst.dtype:
+                    raise ValueError(f"the saved replay's {name!r} is {src.dtype}{list(src.shape)}, this buffer's "
+                                     f"{dst.dtype}{list(dst.shape)}: other flags built it")
+                dst[...] = src
+            self.rng.bit_generator.state = json.loads(str(saved["rng_state"]))
 
     def __getstate__(self):
         d = self.__dict__.copy()

@@ -56,7 +56,8 @@ import numpy as np
 
 from shared import distributed
 
-__all__ = ["EXIT_INTERRUPTED", "RunFolder", "WriteError", "bad_args", "check_run_args", "evaluate", "load_checkpoint",
+__all__ = ["EXIT_INTERRUPTED", "RunFolder", "WriteError", "bad_args", "check_run_args", "evaluate", "evaluate_only",
+           "load_checkpoint",
            "parse_args", "resolve_device", "resume_mismatch", "stop_on_signals"]
 
 EXIT_INTERRUPTED = 130
@@ -172,6 +173,12 @@ def check_run_args(args: Any) -> None:
     for name, value in vars(args).items():
         if isinstance(value, float) and not math.isfinite(value):
             bad_args(f"--{name.replace('_', '-')} must be a finite number, got {value}")
+    if getattr(args, "eval_every", 0) < 0:
+        bad_args(f"--eval-every must be non-negative, got {args.eval_every}")
+    if getattr(args, "eval_only", False) and not args.resume:
+        bad_args("--eval-only evaluates a checkpoint: give the run with --resume runs/<run>")
+    if (getattr(args, "eval_only", False) or getattr(args, "eval_every", 0)) and args.eval_episodes <= 0:
+        bad_args("--eval-only and --eval-every need --eval-episodes of at least 1")
     if not 0 <= args.seed < 2**31:  # numpy seeds are below 2**32, and the scripts add offsets to this one
         bad_args(f"--seed must be in [0, 2**31), got {args.seed}")
 
@@ -201,7 +208,8 @@ def check_run_args(args: Any) -> None:
 
 # Flags that change nothing the checkpoint holds: left out when naming the flags a mismatch may come from.
 RUN_FLAGS = {"resume", "out_dir", "run_name", "total_timesteps", "checkpoint_every", "log_every", "eval_episodes",
-             "eval_epsilon", "capture_video", "stop_at_return", "sampler", "device", "seed", "max_lag_steps"}
+             "eval_epsilon", "capture_video", "stop_at_return", "sampler", "device", "seed", "max_lag_steps",
+             "eval_every", "eval_only"}
 
 
 def resume_mismatch(resumed: dict, args: Any, script: str, error: Exception) -> NoReturn:
@@ -244,7 +252,7 @@ def _reason(error: Exception, folder: Path) -> str:
 
 
 # Scalars that are not losses go under charts/ (CleanRL's tags); everything else under losses/.
-CHART_KEYS = {"learning_rate", "epsilon", "updates", "wait_s", "sampler_wait_s"}
+CHART_KEYS = {"learning_rate", "epsilon", "updates", "wait_s", "sampler_wait_s", "eval_return"}
 
 
 class RunFolder:
@@ -270,18 +278,24 @@ class RunFolder:
         self._pending: list[tuple[float, int, int]] = []  # torchrun job: this rank's episodes since the last row
         self._last_values: dict[str, Any] = {}
         self.episodes = int(counters.get("episodes", 0))
+        self.eval_return: float | None = None  # the mean of the last evaluation, for the next row
         self.columns = list(PROGRESS_COLUMNS)
         if not self.writes:
             self.tb: Any = _NoWriter()
             return
         self.path.mkdir(parents=True, exist_ok=True)
+        evaluating = bool(config.get("eval_only"))  # --eval-only: the folder's records stay as they are
         config_file = self.path / "config.json"
         if start_step and config_file.exists():  # resumed: keep the first config, record the new one beside it
             config_file = self.path / f"config.resume-{start_step}.json"
-        config_file.write_text(json.dumps({"args": config, "versions": _versions(), "script": script}, indent=2,
-                                          default=str))
+        if not evaluating:
+            config_file.write_text(json.dumps({"args": config, "versions": _versions(), "script": script},
+                                              indent=2, default=str))
         self._progress = self.path / "progress.csv"
-        if self._progress.exists():
+        if self._progress.exists() and evaluating:
+            with open(self._progress, newline="") as f:
+                self.columns = next(csv.reader(f), self.columns)
+        elif self._progress.exists():
             with open(self._progress, newline="") as f:
                 lines = list(csv.reader(f))
             self.columns = lines[0] if lines else self.columns
@@ -293,7 +307,8 @@ class RunFolder:
             self._write_file(self._progress, lambda f: f.write(",".join(self.columns) + "\n"))
         self._open_csv()
         # purge_step: TensorBoard drops the events past the checkpoint that an earlier process wrote.
-        self.tb = SummaryWriter(str(self.path), purge_step=start_step + 1 if resumed is not None else None)
+        self.tb = SummaryWriter(str(self.path), purge_step=start_step + 1 if resumed is not None and not evaluating
+                                else None)
 
     def episode(self, ret: float, length: int, global_step: int) -> None:
         """Record one finished episode (its true, unclipped return)."""
@@ -327,6 +342,8 @@ class RunFolder:
     def row(self, global_step: int, **values: Any) -> dict:
         """Write one progress row (any keys: new ones become columns), its TensorBoard scalars and a console
         line; returns the row."""
+        if self.eval_return is not None:  # an evaluation since the last row
+            values, self.eval_return = {**values, "eval_return": self.eval_return}, None
         if distributed.in_lockstep():
             self._merge_ranks(values)
             distributed.check_in_sync()
@@ -352,7 +369,7 @@ class RunFolder:
                 self.tb.add_scalar(k if "/" in k else f"{'charts' if k in CHART_KEYS else 'losses'}/{k}", v,
                                    global_step)
         self._returns.clear()
-        self._last_values = values
+        self._last_values = {k: v for k, v in values.items() if k != "eval_return"}
         rm = f"{ret_mean:.1f}" if ret_mean is not None else "-"
         extra = "  ".join(f"{k} {v:.4g}" for k, v in values.items() if isinstance(v, (int, float)))
         print(f"step {global_step:>9}  sps {sps:>6.0f}  return {rm:>7}  episodes {self.episodes:>5}  {extra}",
@@ -520,30 +537,58 @@ def evaluate(run: RunFolder, env: Any, act: Callable[[Any, float | None], Any], 
              global_step: int, video: bool = False) -> list[float]:
     """Play ``episodes`` whole episodes in ``env`` (reset with seeds ``seed + 100_000 + i``), the actions from
     ``act(obs, last_reward)`` (``last_reward`` is None on an episode's first step, so a recurrent policy knows to
-    start afresh); log each return as ``eval/episodic_return``, write ``eval.json``, close ``env``. With
-    ``video`` (``env`` made with ``render_mode="rgb_array"``) the first episode goes to ``{run}/videos``."""
+    start afresh); log each return as ``eval/episodic_return``, the mean as ``eval_return`` in the next progress
+    row, write ``eval.json`` (with the step), close ``env``. With ``video`` (``env`` made with
+    ``render_mode="rgb_array"``) the first episode goes to ``{run}/videos``.
+
+    Training is not changed by an evaluation: torch's random state is restored afterwards and the env is the
+    evaluation's own. In a torchrun job that is still in lockstep, rank r plays episodes r, r + ranks, ...
+    and rank 0 logs them all; after the loop (``run.finish``) rank 0 plays them alone."""
     import gymnasium as gym
     import torch
 
-    if not run.writes:  # a torchrun job evaluates on rank 0 alone
+    if not distributed.in_lockstep() and not run.writes:
         env.close()
         return []
-    if video:
+    mine = range(distributed.rank(), episodes, distributed.world_size()) if distributed.in_lockstep() else \
+        range(episodes)
+    if video and run.writes:
         env = gym.wrappers.RecordVideo(env, str(run.path / "videos"), episode_trigger=lambda i: i == 0,
                                        disable_logger=True)
-    returns = []
-    with torch.no_grad():
-        for ep in range(episodes):
+    played = []
+    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    with torch.no_grad(), torch.random.fork_rng(devices=cuda):
+        for ep in mine:
             obs, _ = env.reset(seed=seed + 100_000 + ep)
             done, total, reward = False, 0.0, None
             while not done:
                 obs, reward, term, trunc, _ = env.step(act(obs, reward))
                 total += float(reward)
                 done = term or trunc
-            returns.append(total)
-            run.tb.add_scalar("eval/episodic_return", total, global_step)
+            played.append((ep, total))
     env.close()
-    summary = {"returns": returns, "mean": float(np.mean(returns))}
+    # The ranks' episodes take different times: gathered with a timeout for slow work, not the collectives' one.
+    returns = [r for _, r in sorted(sum(distributed.gather_objects(played, slow=True), []))]
+    for r in returns:
+        run.tb.add_scalar("eval/episodic_return", r, global_step)
+    summary = {"global_step": global_step, "returns": returns, "mean": float(np.mean(returns))}
     run._write_file(run.path / "eval.json", lambda f: json.dump(summary, f))
-    print(f"evaluation over {len(returns)} episodes: mean return {np.mean(returns):.1f}", flush=True)
+    run.eval_return = summary["mean"]
+    print(f"evaluation over {len(returns)} episodes at step {global_step}: mean return {summary['mean']:.1f}",
+          flush=True)
     return returns
+
+
+def evaluate_only(run: RunFolder, env: Any, act: Callable[[Any, float | None], Any], args: Any,
+                  global_step: int) -> int:
+    """``--resume RUN --eval-only``: evaluate the checkpoint's policy (``--eval-episodes``, ``--capture-video``)
+    into the run folder, train nothing; returns the exit code (130 on Ctrl-C)."""
+    try:
+        evaluate(run, env, act, args.eval_episodes, args.seed, global_step, video=args.capture_video)
+        distributed.end()
+        return 0
+    except KeyboardInterrupt:
+        print("interrupted: evaluation stopped", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
+    finally:
+        run.close()

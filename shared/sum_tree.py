@@ -334,6 +334,10 @@ class SumTree:
         """
         self._apply(abs_start, self._rows(priorities, n_rows), 0, 0, move=False)
 
+    def pending_row(self, abs_row: int) -> np.ndarray:
+        """The priorities ``[B]`` absolute row ``abs_row`` gets (or got) when switched on."""
+        return self._pending_plain[abs_row % self.T].copy()
+
     def move_window(self, lo: int, hi: int) -> None:
         """Make absolute rows ``[lo, hi)`` the valid ones (both ends only move forward; ``hi - lo <= T``)."""
         self._apply(0, self._no_rows, lo, hi, move=True)

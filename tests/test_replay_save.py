@@ -1,0 +1,115 @@
+"""Saving and restoring a replay (--save-replay): a restored buffer samples as the saved one would, and
+``end_episodes`` is exactly a time limit one row before the newest."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from shared.namedarraytuple import namedarraytuple
+from shared.replay import ReplayBuffer, SequenceReplayBuffer
+
+Step = namedarraytuple("Step", ["observation", "action", "reward", "done", "timeout", "env_reset"])
+Seq = namedarraytuple("Seq", ["observation", "action", "reward", "done", "timeout", "rnn_state"])
+B = 3
+
+
+def rows(rng: np.random.Generator, n: int, start: int = 0, frames: bool = False) -> Step:
+    obs = (rng.integers(0, 255, (n, B, 4, 6, 6)) if frames else start + np.arange(n)[:, None, None] +
+           np.zeros((n, B, 2))).astype(np.uint8 if frames else np.float32)
+    done = rng.random((n, B)) < 0.1
+    timeout = (rng.random((n, B)) < 0.05) & ~done
+    return Step(obs, rng.integers(0, 4, (n, B)), rng.normal(size=(n, B)).astype(np.float32), done, timeout,
+                done | timeout)
+
+
+def fill(buf: ReplayBuffer, step: Step) -> None:
+    """Append ``step`` [n, B] in chunks the ring can take (wrapping around it when n is large)."""
+    for i in range(0, len(step.reward), 20):
+        buf.append(Step(*(x[i : i + 20] for x in step)))
+
+
+def make(prioritized: bool, frames: bool = False, size: int = 120) -> ReplayBuffer:
+    ex = Step(np.zeros((4, 6, 6) if frames else 2, np.uint8 if frames else np.float32), np.int64(0),
+              np.float32(0), False, False, False)
+    return ReplayBuffer(ex, size, B, discount=0.9, n_step_return=3, frame_stack=4 if frames else 1,
+                        prioritized=prioritized, seed=5)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), prioritized=st.booleans(), frames=st.booleans(), n=st.integers(5, 300))
+def test_a_restored_replay_samples_as_the_saved_one(seed, prioritized, frames, n, tmp_path_factory):
+    rng = np.random.default_rng(seed)
+    a = make(prioritized, frames)
+    fill(a, rows(rng, n, frames=frames))
+    if prioritized and len(a) >= 16:
+        _, idx = a.sample(16)
+        a.update_priorities(idx, rng.random(16) * 5)
+    path = tmp_path_factory.mktemp("r") / "replay.npz"
+    a.save(path)
+    b = make(prioritized, frames)
+    b.load(path)
+    for name, x in a.arrays().items():
+        assert np.array_equal(x, b.arrays()[name]), name
+    more = rows(rng, 7, frames=frames)
+    a.append(more)
+    b.append(more)
+    if len(a):
+        k = min(32, len(a))
+        (sa, ia), (sb, ib) = a.sample(k), b.sample(k)
+        for name in sa._fields:
+            assert np.array_equal(getattr(sa, name), getattr(sb, name)), name
+        assert np.array_equal(ia.abs_row, ib.abs_row)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 2**31 - 1), prioritized=st.booleans(), n=st.integers(2, 60))
+def test_end_episodes_is_a_time_limit_one_row_before_the_newest(seed, prioritized, n):
+    """Reference: the same rows with ``timeout`` (and ``env_reset``) set on the second newest row of every env
+    whose newest row was not already a final row, appended through the ordinary path."""
+    rng = np.random.default_rng(seed)
+    old, fresh = rows(rng, n), rows(rng, 9, start=100)
+    cut = make(prioritized)
+    fill(cut, old)
+    not_final = ~cut.storage.last_flags[1].astype(bool)
+    cut.end_episodes()
+    cut.append(fresh)
+
+    marked = Step(*(np.array(x) for x in old))
+    marked.timeout[-2, not_final] = marked.env_reset[-2, not_final] = True
+    marked.done[-1, not_final] = marked.timeout[-1, not_final] = marked.env_reset[-1, not_final] = False
+    ref = make(prioritized)
+    fill(ref, marked)
+    ref.append(fresh)
+    got, want = cut.arrays(), ref.arrays()
+    for name in want:
+        assert np.array_equal(got[name], want[name]), name
+
+
+def test_a_replay_of_other_flags_is_refused_by_name(tmp_path):
+    a = make(False)
+    a.append(rows(np.random.default_rng(0), 10))
+    a.save(tmp_path / "r.npz")
+    with pytest.raises(ValueError, match="other flags built it"):
+        make(False, size=240).load(tmp_path / "r.npz")
+    with pytest.raises(ValueError, match="no 'tree"):
+        make(True).load(tmp_path / "r.npz")
+
+
+def test_a_sequence_replay_round_trips(tmp_path):
+    rng = np.random.default_rng(1)
+    ex = Seq(np.zeros(2, np.float32), np.int64(0), np.float32(0), False, False, (np.zeros(4, np.float32),) * 2)
+    kw = dict(sequence_length=8, rnn_state_interval=4, discount=0.9, n_step_return=2, prioritized=True, seed=3)
+    a, b = SequenceReplayBuffer(ex, 400, B, **kw), SequenceReplayBuffer(ex, 400, B, **kw)
+    for _ in range(10):
+        n = 12
+        a.append(Seq(rng.normal(size=(n, B, 2)).astype(np.float32), rng.integers(0, 3, (n, B)),
+                     rng.normal(size=(n, B)).astype(np.float32), rng.random((n, B)) < 0.05,
+                     np.zeros((n, B), bool), (rng.normal(size=(n, B, 4)).astype(np.float32),) * 2))
+    a.save(tmp_path / "s.npz")
+    b.load(tmp_path / "s.npz")
+    (sa, ia), (sb, ib) = a.sample(16), b.sample(16)
+    assert all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(sa.observation, sb.observation))
+    assert np.array_equal(ia.abs_row, ib.abs_row)
