@@ -77,7 +77,8 @@ class Args:
     run_name: str = ""
     """run folder name; default {env_id}__r2d1_atari__{seed}__{unix time}"""
     resume: str = ""
-    """checkpoint file or run folder to continue from (the replay starts empty and refills min_steps_learn)"""
+    """checkpoint file or run folder to continue from (the replay starts empty and refills min_steps_learn,
+    unless --save-replay kept it)"""
     checkpoint_every: int = 0
     """global env steps between checkpoints (0: only at the end and on interruption)"""
     log_every: int = 10_000
@@ -88,6 +89,8 @@ class Args:
     """global env steps between evaluations during training, in envs of their own (0: none)"""
     eval_only: bool = False
     """with --resume: evaluate the checkpoint's policy (eval.json, TensorBoard) and train nothing"""
+    save_replay: bool = False
+    """each checkpoint also writes the replay (replay.npz, plain arrays); --resume then continues with it"""
     eval_epsilon: float = 0.01
     """epsilon of the evaluation episodes"""
     capture_video: bool = False
@@ -440,7 +443,7 @@ def sampler_main(args: Args, buffer: SequenceReplayBuffer, link: AsyncReplay, af
     check = parent_alive_check(stop, parent_pid)
     envs = make_envs(args, "parallel" if is_atari(args.env_id) else "serial", n_threads=len(affinity.worker_cpus[0]))
     net = R2D1Net(envs.single_observation_space.shape, envs.single_action_space.n, args.hidden, args.recurrent)
-    step = link.pacer.start_step
+    step = link.start_step
     sampler = Sampler(envs, args, net, distributed.env_seed(args.seed + step, args.num_envs))
     try:
         while step < args.total_timesteps:
@@ -491,6 +494,8 @@ def check_args(args: Args) -> None:
     if sequences < args.batch_size:
         bad_args(f"--min-steps-learn {args.min_steps_learn} gives {sequences} complete sequences, fewer than "
                  f"--batch-size {args.batch_size}")
+    if args.save_replay and distributed.world_size() > 1:
+        bad_args("--save-replay is not supported under torchrun yet (each rank keeps its own replay)")
     check_run_args(args)
     if args.observe_indices and is_atari(args.env_id):
         bad_args("--observe-indices applies to vector observations, not Atari frames")
@@ -576,8 +581,9 @@ def main() -> int:
 
     # Steps are the job's (every rank's): each update takes batch_size sequences on every rank, so the job's
     # replay ratio is the one asked for; learning starts when every rank's replay holds min_steps_learn.
+    restored = run.keep_replay(buffer, args.save_replay, resumed)  # --save-replay: the replay goes on
     pacer = ReplayPacer(args.replay_ratio / (args.batch_size * args.sequence_length * world),
-                        args.min_steps_learn * world, global_step, updates)
+                        args.min_steps_learn * world, *((0, 0) if restored else (global_step, updates)))
     stats = {"td_loss": None, "td_abs": None}
     next_log = global_step + args.log_every
     policy = EvalPolicy(net, device, args.eval_epsilon, np.random.default_rng(args.seed + 100_000))  # for evaluation
@@ -585,7 +591,7 @@ def main() -> int:
         return evaluate_only(run, make_env(args, render=args.capture_video)(), policy, args, global_step)
     next_eval = global_step + args.eval_every if args.eval_every else None
     next_checkpoint = global_step + args.checkpoint_every if args.checkpoint_every else None
-    link = AsyncReplay(net, pacer, args.num_envs) if args.sampler == "async" else None
+    link = AsyncReplay(net, pacer, args.num_envs, global_step) if args.sampler == "async" else None
     print(f"run folder {run.path}  sampler {args.sampler}  device {device}  replay {buffer.T}x{buffer.B}  "
           f"updates per env step {pacer.updates_per_step:.4f}", flush=True)
     with run.guard(checkpoint) as guard:
@@ -595,6 +601,7 @@ def main() -> int:
         else:
             sampler = Sampler(guard.hold(make_envs(args, args.sampler, len(affinity.learner_cpus))), args, net,
                               distributed.env_seed(args.seed + global_step, args.num_envs))
+        start_step, start_rows = global_step, buffer.storage.cursor  # rows a restored replay already held
         while global_step < args.total_timesteps:
             if link is None:  # one step of every env; a chunk of rnn_state_interval rows [I, B] when complete
                 chunk, priorities, ended = sampler.step(net, device)
@@ -603,7 +610,7 @@ def main() -> int:
                 global_step += args.num_envs * world  # every rank stepped as many
                 for ret, length in ended:
                     run.episode(ret, length, global_step)
-                in_replay = pacer.start_step + buffer.storage.cursor * args.num_envs  # whole chunks only
+                in_replay = start_step + (buffer.storage.cursor - start_rows) * args.num_envs * world  # whole chunks
             else:  # the sampler process appends chunks; the learner sees how far it got
                 global_step = in_replay = link.poll(run)
             due = pacer.due(in_replay, updates) if len(buffer) >= args.batch_size else 0

@@ -78,7 +78,8 @@ class Args:
     run_name: str = ""
     """run folder name; default {env_id}__sac_mujoco__{seed}__{unix time}"""
     resume: str = ""
-    """checkpoint file or run folder to continue from (the replay starts empty and refills min_steps_learn)"""
+    """checkpoint file or run folder to continue from (the replay starts empty and refills min_steps_learn,
+    unless --save-replay kept it)"""
     checkpoint_every: int = 0
     """global env steps between checkpoints (0: only at the end and on interruption)"""
     log_every: int = 5_000
@@ -90,6 +91,8 @@ class Args:
     """global env steps between evaluations during training, in envs of their own (0: none)"""
     eval_only: bool = False
     """with --resume: evaluate the checkpoint's policy (eval.json, TensorBoard) and train nothing"""
+    save_replay: bool = False
+    """each checkpoint also writes the replay (replay.npz, plain arrays); --resume then continues with it"""
     capture_video: bool = False
     """record the first evaluation episode to {run}/videos"""
     stop_at_return: float | None = None
@@ -331,7 +334,7 @@ def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: Asyn
     torch.set_num_threads(1)
     check = parent_alive_check(stop, parent_pid)
     envs = make_envs(args, "serial")
-    step = link.pacer.start_step
+    step = link.start_step
     sampler = Sampler(envs, args, obs_norm, distributed.env_seed(args.seed + step, args.num_envs))
     actor = Actor(int(np.prod(envs.single_observation_space.shape)), int(np.prod(sampler.space.shape)), args.hidden)
     torch.manual_seed(distributed.rank_seed(args.seed + 1))  # the policy's noise: a stream of each rank's own
@@ -377,6 +380,8 @@ def check_args(args: Args) -> None:
     if args.min_steps_learn < args.batch_size + args.num_envs * (args.n_step_return + 4):
         bad_args(f"--min-steps-learn {args.min_steps_learn} leaves fewer valid transitions than --batch-size "
                  f"{args.batch_size}")
+    if args.save_replay and distributed.world_size() > 1:
+        bad_args("--save-replay is not supported under torchrun yet (each rank keeps its own replay)")
     check_run_args(args)
 
 
@@ -450,8 +455,9 @@ def main() -> int:
 
     # Steps are the job's (every rank's): each update takes batch_size samples on every rank, so the job's replay
     # ratio is the one asked for; learning starts when every rank's replay holds min_steps_learn.
-    pacer = ReplayPacer(args.replay_ratio / (args.batch_size * world), args.min_steps_learn * world, global_step,
-                        updates)
+    restored = run.keep_replay(buffer, args.save_replay, resumed)  # --save-replay: the replay goes on
+    pacer = ReplayPacer(args.replay_ratio / (args.batch_size * world), args.min_steps_learn * world,
+                        *((0, 0) if restored else (global_step, updates)))  # restored: no refill
     optimizers = (actor_opt, critic_opt, alpha_opt)
     stats: dict = {}
     next_log = global_step + args.log_every
@@ -460,7 +466,7 @@ def main() -> int:
         return evaluate_only(run, make_env(args, render=args.capture_video)(), policy, args, global_step)
     next_eval = global_step + args.eval_every if args.eval_every else None
     next_checkpoint = global_step + args.checkpoint_every if args.checkpoint_every else None
-    link = AsyncReplay(actor, pacer, args.num_envs) if args.sampler == "async" else None
+    link = AsyncReplay(actor, pacer, args.num_envs, global_step) if args.sampler == "async" else None
     print(f"run folder {run.path}  sampler {args.sampler}  device {device}  replay {buffer.T}x{buffer.B}  "
           f"updates per env step {pacer.updates_per_step:.3f}", flush=True)
     with run.guard(checkpoint) as guard:

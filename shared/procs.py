@@ -274,9 +274,9 @@ class ReplayPacer:
 class AsyncReplay:
     """The link between an async replay sampler process and its learner; see the module docstring.
 
-    Learner: ``link = AsyncReplay(module, pacer)``, start the sampler with ``link`` among its arguments, then
-    ``link.attach(worker, buffer)``; in the loop ``global_step = link.poll(run)``, at most one update, then
-    ``link.after_updates(module, updates, learned)``; log ``**link.waits()``.
+    Learner: ``link = AsyncReplay(module, pacer, num_envs, start_step)``, start the sampler with ``link``
+    among its arguments, then ``link.attach(worker, buffer)``; in the loop ``global_step = link.poll(run)``,
+    at most one update, then ``link.after_updates(module, updates, learned)``; log ``**link.waits()``.
     Sampler: ``if link.sampler_wait(step, max_lag_steps): continue``, ``link.pull(module)``, step and append,
     ``link.report(episodes, step)``.
     """
@@ -285,8 +285,10 @@ class AsyncReplay:
     WAIT_S = 0.002  # learner's sleep while the replay ratio is reached
     SAMPLER_WAIT_S = 0.001  # sampler's sleep while it is too far ahead
 
-    def __init__(self, module: Any, pacer: ReplayPacer, num_envs: int):
+    def __init__(self, module: Any, pacer: ReplayPacer, num_envs: int, start_step: int | None = None):
         self.pacer, self.num_envs = pacer, num_envs
+        # The global step this process starts at (the pacer's origin unless a restored replay moved it to 0).
+        self.start_step = pacer.start_step if start_step is None else start_step
         self.params = SharedParameters(module)
         self.params.publish(module, version=pacer.start_updates)
         self.episodes = CTX.Queue()
@@ -305,6 +307,7 @@ class AsyncReplay:
     def attach(self, worker: Worker, buffer: Any) -> None:
         """The sampler ``worker`` appends to ``buffer`` (whose ``storage.cursor`` counts its rows)."""
         self._worker, self._buffer = worker, buffer
+        self._rows0 = buffer.storage.cursor  # rows a restored replay (--save-replay) held before this process
         buffer.watch(self.alive)  # a sampler killed while holding the replay's lock raises, never hangs
 
     def alive(self) -> None:
@@ -318,8 +321,8 @@ class AsyncReplay:
             run.episode(*self.episodes.get())
         # torchrun: counted as global steps (every rank's sampler steps as many), and the slowest rank's count,
         # so that every rank finds the same number of updates due.
-        steps = self._buffer.storage.cursor * self.num_envs * distributed.world_size()
-        return self.pacer.start_step + distributed.min_over_ranks(steps)
+        steps = (self._buffer.storage.cursor - self._rows0) * self.num_envs * distributed.world_size()
+        return self.start_step + distributed.min_over_ranks(steps)
 
     def after_updates(self, module: Any, updates: int, learned: bool) -> None:
         """Publish when due (every PUBLISH_EVERY updates, or whenever the learner has nothing to do); wait

@@ -279,6 +279,7 @@ class RunFolder:
         self._last_values: dict[str, Any] = {}
         self.episodes = int(counters.get("episodes", 0))
         self.eval_return: float | None = None  # the mean of the last evaluation, for the next row
+        self._replay: Any = None  # --save-replay: the buffer each checkpoint also writes
         self.columns = list(PROGRESS_COLUMNS)
         if not self.writes:
             self.tb: Any = _NoWriter()
@@ -426,7 +427,8 @@ class RunFolder:
     def _write_file(self, final: Path, content: Any) -> None:
         """Write ``final`` through a temporary file renamed over it: an interruption or a full disk leaves the
         previous version intact and no temporary file behind; a failure raises ``WriteError`` naming the file.
-        ``content`` is a state dict for a ``.pt`` file, else a function that writes to the open text file.
+        ``content`` is a state dict for a ``.pt`` file, a replay buffer for ``.npz``, else a function that
+        writes to the open text file.
         Only rank 0 of a torchrun job writes."""
         if not self.writes:
             return
@@ -436,6 +438,8 @@ class RunFolder:
                 import torch
 
                 torch.save(content, tmp)
+            elif final.suffix == ".npz":  # a replay buffer
+                content.save(tmp)
             else:
                 with open(tmp, "w", newline="") as f:
                     content(f)
@@ -450,8 +454,40 @@ class RunFolder:
         final = self.path / "checkpoint.pt"
         state = {**state, "script": self.script,
                  "run": {"episodes": self.episodes, "wall_time_s": round(time.time() - self._t0, 3)}}
+        if self._replay is not None:  # first the replay, then the checkpoint that names its cursor
+            self._write_file(self.path / "replay.npz", self._replay)
+            state["replay_cursor"] = self._replay.storage.cursor
         self._write_file(final, state)
         return final
+
+    def keep_replay(self, buffer: Any, save: bool, resumed: dict | None) -> bool:
+        """``--save-replay``: every checkpoint also writes ``buffer`` to ``replay.npz`` (plain arrays, atomically,
+        before ``checkpoint.pt``). Resuming, the replay saved with the checkpoint is restored, its episodes
+        ended as a time limit ends them (the envs start afresh), and True is returned; a missing replay, or one
+        that is not the checkpoint's (killed between the two writes), gives one warning and an empty replay."""
+        if not save:
+            return False
+        self._replay = buffer
+        if resumed is None:
+            return False
+        saved = self.path / "replay.npz"
+        if not saved.is_file() or "replay_cursor" not in resumed:
+            print(f"warning: --save-replay: no replay saved with the checkpoint in {self.path}: starting with an "
+                  f"empty replay", file=sys.stderr, flush=True)
+            return False
+        try:
+            with np.load(saved, allow_pickle=False) as f:
+                rows = int(f["state"][0])  # the cursor
+            if rows != int(resumed["replay_cursor"]):
+                print(f"warning: --save-replay: {saved} is not the checkpoint's (rows {rows}, the checkpoint's "
+                      f"{resumed['replay_cursor']}): starting with an empty replay", file=sys.stderr, flush=True)
+                return False
+            buffer.load(saved)
+        except (ValueError, OSError, KeyError) as e:
+            bad_args(f"--save-replay: cannot restore {saved}: {e}")
+        buffer.end_episodes()
+        print(f"restored the replay: {len(buffer)} samples", flush=True)
+        return True
 
     def guard(self, state: Callable[[], dict]) -> Guard:
         """``with run.guard(state) as guard:`` around the loop; ``state()`` gives the checkpoint to write on

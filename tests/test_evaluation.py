@@ -10,21 +10,23 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tests.helpers import progress, run
 
 TIMING = {"wall_time_s", "sps", "eval_return"}
-CARTPOLE_PPO = ["--env-id", "CartPole-v1", "--num-envs", "4", "--num-steps", "64", "--total-timesteps", "2048",
+CARTPOLE_PPO = ["--env-id", "CartPole-v1", "--num-envs", "4", "--num-steps", "64", "--total-timesteps", "1024",
                 "--log-every", "1"]
-CARTPOLE_DQN = ["--env-id", "CartPole-v1", "--num-envs", "4", "--total-timesteps", "3000", "--buffer-size", "5000",
-                "--min-steps-learn", "1000", "--log-every", "500", "--replay-ratio", "16"]
-PENDULUM = ["--env-id", "Pendulum-v1", "--total-timesteps", "1400", "--min-steps-learn", "1000", "--log-every", "200"]
+CARTPOLE_DQN = ["--env-id", "CartPole-v1", "--num-envs", "4", "--total-timesteps", "2000", "--buffer-size", "5000",
+                "--min-steps-learn", "1000", "--log-every", "500", "--replay-ratio", "4"]
+PENDULUM = ["--env-id", "Pendulum-v1", "--total-timesteps", "1200", "--min-steps-learn", "1000", "--log-every", "100",
+            "--replay-ratio", "64"]
 R2D1 = ["--env-id", "CartPole-v1", "--observe-indices", "0", "2", "--num-envs", "4", "--hidden", "16",
         "--sequence-length", "10", "--burn-in-steps", "5", "--rnn-state-interval", "5", "--batch-size", "8",
         "--min-steps-learn", "600", "--buffer-size", "4000", "--total-timesteps", "1200", "--log-every", "200"]
-SCRIPTS = {"ppo_atari.py": (CARTPOLE_PPO, 512), "a2c_atari.py": (CARTPOLE_PPO[:-2] + ["--log-every", "10"], 640),
-           "dqn_atari.py": (CARTPOLE_DQN, 1000), "catdqn_atari.py": (CARTPOLE_DQN + ["--v-max", "100"], 1000),
-           "r2d1_atari.py": (R2D1, 400), "sac_mujoco.py": (PENDULUM, 200), "td3_mujoco.py": (PENDULUM, 200),
-           "ddpg_mujoco.py": (PENDULUM, 200)}
+SCRIPTS = {"ppo_atari.py": (CARTPOLE_PPO, 256), "a2c_atari.py": (CARTPOLE_PPO[:-2] + ["--log-every", "4"], 256),
+           "dqn_atari.py": (CARTPOLE_DQN, 500), "catdqn_atari.py": (CARTPOLE_DQN + ["--v-max", "100"], 500),
+           "r2d1_atari.py": (R2D1, 400), "sac_mujoco.py": (PENDULUM, 100), "td3_mujoco.py": (PENDULUM, 100),
+           "ddpg_mujoco.py": (PENDULUM, 100)}
 
 
-@pytest.mark.parametrize("name", ["ppo_atari.py", "dqn_atari.py", "sac_mujoco.py", "r2d1_atari.py"])
+@pytest.mark.parametrize("name", ["ppo_atari.py", "dqn_atari.py", pytest.param("sac_mujoco.py", marks=pytest.mark.slow),
+                                  pytest.param("r2d1_atari.py", marks=pytest.mark.slow)])
 def test_evaluating_during_training_changes_nothing_in_the_training_run(name, tmp_path):
     """Serial CPU runs with and without --eval-every: every training column identical, bit for bit."""
     flags, every = SCRIPTS[name]
@@ -44,7 +46,9 @@ def test_evaluating_during_training_changes_nothing_in_the_training_run(name, tm
     assert {int(r["global_step"]) for r in evaluated} <= steps
 
 
-@pytest.mark.parametrize("name", sorted(SCRIPTS))
+# One script per family in CI; the other four with the slow tests.
+@pytest.mark.parametrize("name", [n if n in ("ppo_atari.py", "dqn_atari.py", "sac_mujoco.py", "r2d1_atari.py")
+                                  else pytest.param(n, marks=pytest.mark.slow) for n in sorted(SCRIPTS)])
 def test_eval_only_evaluates_a_checkpoint_and_changes_no_training_record(name, tmp_path):
     flags, _ = SCRIPTS[name]
     first = run(name, *flags, "--eval-episodes", "0", "--out-dir", str(tmp_path), "--run-name", "r", timeout=300)

@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
+import shutil
+
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.namedarraytuple import namedarraytuple
 from shared.replay import ReplayBuffer, SequenceReplayBuffer
+from tests.helpers import progress, run
 
 Step = namedarraytuple("Step", ["observation", "action", "reward", "done", "timeout", "env_reset"])
 Seq = namedarraytuple("Seq", ["observation", "action", "reward", "done", "timeout", "rnn_state"])
@@ -113,3 +117,47 @@ def test_a_sequence_replay_round_trips(tmp_path):
     (sa, ia), (sb, ib) = a.sample(16), b.sample(16)
     assert all(np.array_equal(np.asarray(x), np.asarray(y)) for x, y in zip(sa.observation, sb.observation))
     assert np.array_equal(ia.abs_row, ib.abs_row)
+
+
+# ---------------------------------------------------------------------------------------------- --save-replay
+
+
+DQN = ["--env-id", "CartPole-v1", "--num-envs", "4", "--buffer-size", "20000", "--min-steps-learn", "1000",
+       "--log-every", "1000", "--replay-ratio", "4", "--eval-episodes", "0"]  # 1 update per 8 env steps
+
+
+def _updates_at(folder, step: int) -> int:
+    return int(next(r["updates"] for r in progress(folder) if int(r["global_step"]) == step))
+
+
+@pytest.mark.parametrize("sampler", ["serial", "async"])
+def test_a_resumed_run_goes_on_with_its_saved_replay(sampler, tmp_path):
+    """With --save-replay the resumed learner keeps the uninterrupted schedule: (step - min_steps_learn) x
+    updates per step; without it, it refills min_steps_learn first. (The episodes cannot match an uninterrupted
+    run's: a resumed run's envs start afresh.)"""
+    first = run("dqn_atari.py", *DQN, "--total-timesteps", "3000", "--save-replay", "--sampler", sampler,
+                "--out-dir", str(tmp_path), "--run-name", "r", timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    for name in ("kept", "refilled"):
+        shutil.copytree(tmp_path / "r", tmp_path / name)
+    with np.load(tmp_path / "r" / "replay.npz", allow_pickle=False) as f:
+        assert int(f["state"][0]) == torch.load(tmp_path / "r" / "checkpoint.pt")["replay_cursor"] == 750
+    kept = run("dqn_atari.py", *DQN, "--total-timesteps", "5000", "--save-replay", "--sampler", "serial",
+               "--resume", str(tmp_path / "kept"), timeout=300)
+    assert kept.returncode == 0 and "restored the replay: 2996 samples" in kept.stdout, kept.stderr[-2000:]
+    assert _updates_at(tmp_path / "kept", 5000) == (5000 - 1000) // 8
+    refilled = run("dqn_atari.py", *DQN, "--total-timesteps", "5000", "--sampler", "serial",
+                   "--resume", str(tmp_path / "refilled"), timeout=300)
+    assert refilled.returncode == 0, refilled.stderr[-2000:]
+    assert _updates_at(tmp_path / "refilled", 5000) == _updates_at(tmp_path / "r", 3000) + (5000 - 3000 - 1000) // 8
+
+
+def test_a_missing_replay_warns_and_starts_empty(tmp_path):
+    first = run("dqn_atari.py", *DQN, "--total-timesteps", "2000", "--out-dir", str(tmp_path), "--run-name", "r",
+                timeout=300)
+    assert first.returncode == 0, first.stderr[-2000:]
+    out = run("dqn_atari.py", *DQN, "--total-timesteps", "3000", "--save-replay", "--resume", str(tmp_path / "r"),
+              timeout=300)
+    assert out.returncode == 0
+    assert "warning: --save-replay: no replay saved with the checkpoint" in out.stderr
+    assert (tmp_path / "r" / "replay.npz").exists()  # saved from now on
