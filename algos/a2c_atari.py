@@ -60,6 +60,9 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 @dataclass
 class Args:
     # experiment
+    preset: Literal["atari", "cartpole"] = "atari"
+    """named settings to start from (atari: the A2C paper's Atari settings; cartpole: tuned for CartPole-v1); flags
+    given override them"""
     env_id: str = "BreakoutNoFrameskip-v4"
     """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations (MLP)"""
     seed: int = 1
@@ -130,6 +133,14 @@ class Args:
     """run the network under bfloat16 autocast: fast on recent GPUs and on CPUs with AMX or AVX512-BF16;
     about 10x slower on other CPUs (a warning says so at start)"""
 
+
+# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps its default.
+PRESETS = {
+    "atari": Args(),
+    # Ours, from rl-baselines3-zoo's a2c.yml CartPole-v1 (8 envs, no entropy bonus) with GAE and a larger step.
+    "cartpole": Args(preset="cartpole", env_id="CartPole-v1", total_timesteps=150_000, num_envs=8, num_steps=8,
+                     ent_coef=0.0, gamma=0.98, gae_lambda=0.9, learning_rate=2e-3, norm_adv=True),
+}
 
 # ---------------------------------------------------------------------------------------------- environments
 
@@ -371,7 +382,7 @@ def act(agent: Agent, device: torch.device, obs: np.ndarray, last_reward: float 
 
 
 def main() -> int:
-    args = parse_args(Args)
+    args = parse_args(Args, PRESETS)
     check_args(args)
     device = resolve_device(args.device, args.bf16)
     resumed, ckpt_file = load_checkpoint(args.resume, args.env_id) if args.resume else (None, None)

@@ -64,6 +64,9 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 @dataclass
 class Args:
     # experiment
+    preset: Literal["atari", "cartpole"] = "atari"
+    """named settings to start from (atari: the C51 paper's Atari settings; cartpole: tuned for CartPole-v1); flags
+    given override them"""
     env_id: str = "BreakoutNoFrameskip-v4"
     """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations (MLP)"""
     seed: int = 1
@@ -165,6 +168,16 @@ class Args:
     """run the networks under bfloat16 autocast: fast on recent GPUs and on CPUs with AMX or AVX512-BF16;
     about 10x slower on other CPUs (a warning says so at start)"""
 
+
+# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps its default.
+PRESETS = {
+    "atari": Args(),
+    # Ours, as dqn_atari.py's cartpole preset, with the value support over CartPole's returns.
+    "cartpole": Args(preset="cartpole", env_id="CartPole-v1", total_timesteps=100_000, num_envs=4,
+                     buffer_size=50_000, min_steps_learn=1000, batch_size=64, eps_decay_steps=20_000, eps_end=0.02,
+                     n_step_return=3, replay_ratio=16, learning_rate=1e-3, dueling=True,
+                     target_update_interval=250, v_min=0.0, v_max=100.0),
+}
 
 # ---------------------------------------------------------------------------------------------- environments
 
@@ -433,7 +446,7 @@ def act(q_net: QNetwork, device: torch.device, epsilon: float, rng: np.random.Ge
 
 
 def main() -> int:
-    args = parse_args(Args)
+    args = parse_args(Args, PRESETS)
     check_args(args)
     device = resolve_device(args.device, args.bf16)
     resumed, ckpt_file = load_checkpoint(args.resume, args.env_id) if args.resume else (None, None)

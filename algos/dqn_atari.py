@@ -60,6 +60,9 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 @dataclass
 class Args:
     # experiment
+    preset: Literal["atari", "cartpole"] = "atari"
+    """named settings to start from (atari: the Nature DQN settings; cartpole: tuned for CartPole-v1); flags given
+    override them"""
     env_id: str = "BreakoutNoFrameskip-v4"
     """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations (MLP)"""
     seed: int = 1
@@ -157,6 +160,16 @@ class Args:
     """run the networks under bfloat16 autocast: fast on recent GPUs and on CPUs with AMX or AVX512-BF16;
     about 10x slower on other CPUs (a warning says so at start)"""
 
+
+# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps its default.
+PRESETS = {
+    "atari": Args(),
+    # Ours, from rl-baselines3-zoo's dqn.yml CartPole-v1 (batch 64, 1000 steps before learning, eps to 0.02).
+    "cartpole": Args(preset="cartpole", env_id="CartPole-v1", total_timesteps=100_000, num_envs=4,
+                     buffer_size=50_000, min_steps_learn=1000, batch_size=64, optimizer="adam",
+                     eps_decay_steps=20_000, eps_end=0.02, n_step_return=3, replay_ratio=16, learning_rate=1e-3,
+                     dueling=True, target_update_interval=250),
+}
 
 # ---------------------------------------------------------------------------------------------- environments
 
@@ -396,7 +409,7 @@ def act(q_net: QNetwork, device: torch.device, epsilon: float, rng: np.random.Ge
 
 
 def main() -> int:
-    args = parse_args(Args)
+    args = parse_args(Args, PRESETS)
     check_args(args)
     device = resolve_device(args.device, args.bf16)
     resumed, ckpt_file = load_checkpoint(args.resume, args.env_id) if args.resume else (None, None)

@@ -56,6 +56,9 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 @dataclass
 class Args:
     # experiment
+    preset: Literal["atari", "cartpole"] = "atari"
+    """named settings to start from (atari: the PPO paper's Atari settings; cartpole: rl-baselines3-zoo's tuned
+    CartPole-v1); flags given override them"""
     env_id: str = "BreakoutNoFrameskip-v4"
     """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations (MLP)"""
     seed: int = 1
@@ -130,6 +133,15 @@ class Args:
     """run the network under bfloat16 autocast: fast on recent GPUs and on CPUs with AMX or AVX512-BF16;
     about 10x slower on other CPUs (a warning says so at start)"""
 
+
+# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps its default.
+PRESETS = {
+    "atari": Args(),
+    # rl-baselines3-zoo, hyperparams/ppo.yml, CartPole-v1 (its clip range is annealed too; here it stays 0.2).
+    "cartpole": Args(preset="cartpole", env_id="CartPole-v1", total_timesteps=100_000, num_envs=8, num_steps=32,
+                     num_minibatches=1, update_epochs=20, gae_lambda=0.8, gamma=0.98, ent_coef=0.0,
+                     learning_rate=1e-3, clip_coef=0.2, clip_vloss=False),
+}
 
 # ---------------------------------------------------------------------------------------------- environments
 
@@ -391,7 +403,7 @@ def act(agent: Agent, device: torch.device, obs: np.ndarray, last_reward: float 
 
 
 def main() -> int:
-    args = parse_args(Args)
+    args = parse_args(Args, PRESETS)
     check_args(args)
     device = resolve_device(args.device, args.bf16)
     resumed, ckpt_file = load_checkpoint(args.resume, args.env_id) if args.resume else (None, None)

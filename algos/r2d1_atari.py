@@ -66,6 +66,9 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 @dataclass
 class Args:
     # experiment
+    preset: Literal["atari", "memory"] = "atari"
+    """named settings to start from (atari: the R2D2 paper's settings; memory: CartPole-v1 without its velocities,
+    which only a recurrent agent solves); flags given override them"""
     env_id: str = "BreakoutNoFrameskip-v4"
     """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations (MLP)"""
     seed: int = 1
@@ -154,6 +157,16 @@ class Args:
     device: str = "auto"
     """auto (cuda if available), cpu, cuda or cuda:N"""
 
+
+# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps its default.
+PRESETS = {
+    "atari": Args(),
+    # Ours: the memory task of tests/test_r2d1.py (positions only: velocities must be remembered).
+    "memory": Args(preset="memory", env_id="CartPole-v1", observe_indices=(0, 2), total_timesteps=30_000,
+                   num_envs=4, hidden=64, sequence_length=20, burn_in_steps=10, rnn_state_interval=10,
+                   n_step_return=3, gamma=0.99, batch_size=32, replay_ratio=64, learning_rate=1e-3,
+                   target_update_interval=100, min_steps_learn=2000, buffer_size=50_000),
+}
 
 # ---------------------------------------------------------------------------------------------- environments
 
@@ -522,7 +535,7 @@ class EvalPolicy:
 
 
 def main() -> int:
-    args = parse_args(Args)
+    args = parse_args(Args, PRESETS)
     check_args(args)
     device = resolve_device(args.device)
     resumed, ckpt_file = load_checkpoint(args.resume, args.env_id) if args.resume else (None, None)

@@ -31,6 +31,7 @@ import sys
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Literal
 
 # Find shared/ without an install step, from algos/ or from a copy anywhere in the repository.
 sys.path.insert(0, str(next(p for p in Path(__file__).resolve().parents if (p / "shared" / "__init__.py").exists())))
@@ -67,6 +68,9 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 @dataclass
 class Args:
     # experiment
+    preset: Literal["mujoco", "pendulum"] = "mujoco"
+    """named settings to start from (mujoco: the SAC paper's settings (HalfCheetah-v5); pendulum: Pendulum-v1 in 20k
+    steps); flags given override them"""
     env_id: str = "HalfCheetah-v5"
     """gymnasium id of an env with a Box action space (MuJoCo v5 envs, Pendulum-v1, ...)"""
     seed: int = 1
@@ -136,6 +140,13 @@ class Args:
     """run the networks under bfloat16 autocast: fast on recent GPUs and on CPUs with AMX or AVX512-BF16;
     about 10x slower on other CPUs (a warning says so at start)"""
 
+
+# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps its default.
+PRESETS = {
+    "mujoco": Args(),
+    # rl-baselines3-zoo's sac.yml Pendulum-v1 budget (20k steps), learning after 1000 random steps.
+    "pendulum": Args(preset="pendulum", env_id="Pendulum-v1", total_timesteps=20_000, min_steps_learn=1000),
+}
 
 # ---------------------------------------------------------------------------------------------- environments
 
@@ -394,7 +405,7 @@ def act(actor: Actor, obs_norm: ObsNorm, device: torch.device, space: gym.spaces
 
 
 def main() -> int:
-    args = parse_args(Args)
+    args = parse_args(Args, PRESETS)
     check_args(args)
     device = resolve_device(args.device, args.bf16)
     resumed, ckpt_file = load_checkpoint(args.resume, args.env_id) if args.resume else (None, None)

@@ -70,27 +70,40 @@ def bad_args(message: str) -> NoReturn:
     sys.exit(2)
 
 
-def parse_args(cls: type) -> Any:
-    """``tyro.cli(cls)``, with a parse error condensed to one line (``error: ...``, exit 2); ``--help`` as usual."""
+def parse_args(cls: type, presets: dict[str, Any] | None = None) -> Any:
+    """``tyro.cli(cls)``, with a parse error condensed to one line (``error: ...``, exit 2); ``--help`` as usual.
+    ``presets``: named instances of ``cls``; ``--preset NAME`` (a field of ``cls``) makes NAME's values the
+    defaults, so every other flag given overrides them and ``--help`` shows them; without it, the first."""
     import contextlib
     import io
 
     import tyro
 
+    default = None
+    if presets:
+        argv, name = sys.argv[1:], next(iter(presets))
+        for i, a in enumerate(argv):
+            if a == "--preset" and i + 1 < len(argv):
+                name = argv[i + 1]
+            elif a.startswith("--preset="):
+                name = a.split("=", 1)[1]
+        default = presets.get(name)  # an unknown name: tyro names the choices below
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
-            return tyro.cli(cls)
+            return tyro.cli(cls, default=default)
     except SystemExit as e:
         if e.code in (0, None):
             raise
-        # tyro draws a box: its first paragraph (up to a rule or a blank line) is the message, wrapped.
+        # tyro draws a box (a terminal) or a title and dashed rules (no terminal): the message is the first
+        # paragraph after the title, up to a rule or a blank line, wrapped.
+        lines = [ln.strip().strip("\u2502").strip() for ln in captured.getvalue().splitlines()]
+        rule = lambda ln: ln.startswith(("\u256d", "\u2570", "\u2500")) or (len(ln) > 8 and set(ln) == {"-"})
+        if any(set(ln) == {"-"} for ln in lines):  # plain text: skip the title, up to the first rule
+            lines = lines[next(i for i, ln in enumerate(lines) if rule(ln)):]
         first: list[str] = []
-        for ln in captured.getvalue().splitlines():
-            ln = ln.strip().strip("\u2502").strip()
-            if ln.startswith("\u256d"):
-                continue
-            if not ln or ln.startswith(("\u2500", "\u2570")):
+        for ln in lines:
+            if not ln or rule(ln):
                 if first:
                     break
                 continue
@@ -207,9 +220,9 @@ def check_run_args(args: Any) -> None:
 
 
 # Flags that change nothing the checkpoint holds: left out when naming the flags a mismatch may come from.
-RUN_FLAGS = {"resume", "out_dir", "run_name", "total_timesteps", "checkpoint_every", "log_every", "eval_episodes",
-             "eval_epsilon", "capture_video", "stop_at_return", "sampler", "device", "seed", "max_lag_steps",
-             "eval_every", "eval_only"}
+RUN_FLAGS = {"preset", "resume", "out_dir", "run_name", "total_timesteps", "checkpoint_every", "log_every",
+             "eval_episodes", "eval_epsilon", "capture_video", "stop_at_return", "sampler", "device", "seed",
+             "max_lag_steps", "eval_every", "eval_only", "save_replay"}
 
 
 def resume_mismatch(resumed: dict, args: Any, script: str, error: Exception) -> NoReturn:

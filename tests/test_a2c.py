@@ -14,8 +14,7 @@ from tests.helpers import ROOT, progress, run
 sys.path.insert(0, str(ROOT / "algos"))
 import a2c_atari
 
-CARTPOLE = ["--env-id", "CartPole-v1", "--num-envs", "8", "--num-steps", "8", "--ent-coef", "0", "--gamma", "0.98",
-            "--gae-lambda", "0.9", "--learning-rate", "2e-3", "--norm-adv", "--eval-episodes", "0"]
+CARTPOLE = ["--preset", "cartpole", "--eval-episodes", "0"]  # the learning test below is the preset's test
 
 
 def test_a2c_learns_cartpole_serial(tmp_path):

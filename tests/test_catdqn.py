@@ -17,10 +17,7 @@ from tests.helpers import ROOT, progress, run
 sys.path.insert(0, str(ROOT / "algos"))
 import catdqn_atari
 
-CARTPOLE = ["--env-id", "CartPole-v1", "--num-envs", "4", "--buffer-size", "50000", "--min-steps-learn", "1000",
-            "--batch-size", "64", "--eps-decay-steps", "20000", "--eps-end", "0.02", "--n-step-return", "3",
-            "--replay-ratio", "16", "--learning-rate", "1e-3", "--dueling", "--target-update-interval", "250",
-            "--v-min", "0", "--v-max", "100", "--eval-episodes", "0"]
+CARTPOLE = ["--preset", "cartpole", "--eval-episodes", "0"]  # the learning test below is the preset's test
 
 
 def project_by_loop(p, r, d, z):

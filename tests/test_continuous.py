@@ -33,7 +33,7 @@ from shared.replay import ReplayBuffer
 
 SCRIPTS = ["ddpg_mujoco.py", "td3_mujoco.py", "sac_mujoco.py"]
 MODULES = {"ddpg_mujoco.py": ddpg_mujoco, "td3_mujoco.py": td3_mujoco, "sac_mujoco.py": sac_mujoco}
-PENDULUM = ["--env-id", "Pendulum-v1", "--min-steps-learn", "1000", "--log-every", "1000", "--eval-episodes", "0"]
+PENDULUM = ["--preset", "pendulum", "--log-every", "1000", "--eval-episodes", "0"]  # the learning tests: the preset's
 
 
 # ---------------------------------------------------------------------------------------------- learning

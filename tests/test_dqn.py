@@ -17,10 +17,7 @@ import dqn_atari
 
 from shared.replay import ReplayBuffer
 
-CARTPOLE = ["--env-id", "CartPole-v1", "--num-envs", "4", "--buffer-size", "50000", "--min-steps-learn", "1000",
-            "--batch-size", "64", "--optimizer", "adam", "--eps-decay-steps", "20000", "--eps-end", "0.02",
-            "--n-step-return", "3", "--replay-ratio", "16", "--learning-rate", "1e-3", "--dueling",
-            "--target-update-interval", "250", "--eval-episodes", "0"]
+CARTPOLE = ["--preset", "cartpole", "--eval-episodes", "0"]  # the learning test below is the preset's test
 
 
 # Serial in CI (the issue asks for one mode); async is in the slow set and in benchmarks/learning_curves.py.

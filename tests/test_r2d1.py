@@ -30,11 +30,7 @@ import r2d1_atari as r2d1
 from shared.replay import SequenceReplayBuffer
 
 # CartPole with the velocities removed: position and angle only, so acting well needs memory.
-MEMORY_TASK = ["--env-id", "CartPole-v1", "--observe-indices", "0", "2", "--num-envs", "4", "--hidden", "64",
-               "--sequence-length", "20", "--burn-in-steps", "10", "--rnn-state-interval", "10", "--n-step-return",
-               "3", "--gamma", "0.99", "--batch-size", "32", "--replay-ratio", "64", "--learning-rate", "1e-3",
-               "--target-update-interval", "100", "--min-steps-learn", "2000", "--buffer-size", "50000",
-               "--eval-episodes", "0"]
+MEMORY_TASK = ["--preset", "memory", "--eval-episodes", "0"]  # the LSTM/feed-forward test below is the preset's
 
 
 # ---------------------------------------------------------------------------------------------- value rescaling

@@ -1,0 +1,46 @@
+"""--preset NAME in every script: the preset's values become the defaults, any other flag overrides them, in
+either order; an unknown name is one error line. The presets' learning is tested where the scripts' learning is
+(test_ppo, test_a2c, test_dqn, test_catdqn, test_r2d1 and test_continuous run them)."""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import sys
+import typing
+
+import pytest
+
+from shared.run import parse_args
+from tests.helpers import ROOT
+
+sys.path.insert(0, str(ROOT / "algos"))
+SCRIPTS = ["ppo_atari", "a2c_atari", "dqn_atari", "catdqn_atari", "r2d1_atari", "sac_mujoco", "td3_mujoco",
+           "ddpg_mujoco"]
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_presets_are_defaults_that_flags_override(name, monkeypatch):
+    m = importlib.import_module(name)
+    choices = typing.get_args(typing.get_type_hints(m.Args)["preset"])
+    assert tuple(m.PRESETS) == choices and m.PRESETS[choices[0]] == m.Args()
+    for preset, values in m.PRESETS.items():
+        assert values.preset == preset
+        for argv in (["--preset", preset], [f"--preset={preset}"]):
+            monkeypatch.setattr(sys, "argv", [name, *argv])
+            assert parse_args(m.Args, m.PRESETS) == values
+        for argv in (["--preset", preset, "--seed", "7"], ["--seed", "7", "--preset", preset]):
+            monkeypatch.setattr(sys, "argv", [name, *argv])
+            assert parse_args(m.Args, m.PRESETS) == dataclasses.replace(values, seed=7)
+    monkeypatch.setattr(sys, "argv", [name])
+    assert parse_args(m.Args, m.PRESETS) == m.Args()
+
+
+def test_an_unknown_preset_is_one_error_line(monkeypatch, capsys):
+    m = importlib.import_module("ppo_atari")
+    monkeypatch.setattr(sys, "argv", ["ppo_atari", "--preset", "nope"])
+    with pytest.raises(SystemExit) as e:
+        parse_args(m.Args, m.PRESETS)
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: invalid choice 'nope' for argument '--preset'. Expected one of ('atari', 'cartpole')."]
