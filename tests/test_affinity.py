@@ -90,3 +90,22 @@ def test_bad_mode_and_counts():
         make_affinity("threads")
     with pytest.raises(ValueError, match="n_workers"):
         make_affinity("parallel", -1)
+
+
+@pytest.mark.parametrize("mode", ["serial", "parallel", "async"])
+def test_local_torchrun_ranks_split_the_cores_between_them(mode, monkeypatch):
+    cores = physical_cores()
+    for world in range(2, len(cores) + 1):
+        monkeypatch.setenv("LOCAL_WORLD_SIZE", str(world))
+        mine = []
+        for r in range(world):
+            monkeypatch.setenv("LOCAL_RANK", str(r))
+            a = make_affinity(mode)
+            used = set(a.learner_cpus).union(*map(set, a.worker_cpus))
+            assert a.pin and used and used <= set(available_cpus())
+            mine.append(used)
+        assert all(not (mine[i] & mine[j]) for i in range(world) for j in range(i + 1, world))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(len(cores) + 1))  # more ranks than cores: no pinning
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    a = make_affinity(mode)
+    assert not a.pin and a.torch_threads == 1
