@@ -39,9 +39,11 @@ PENDULUM = ["--preset", "pendulum", "--log-every", "1000", "--eval-episodes", "0
 # ---------------------------------------------------------------------------------------------- learning
 
 
+# Every script serially in CI; SAC's parallel and async runs (80-90 s each) with the slow tests, for CI's 30 minutes.
 @pytest.mark.parametrize("script, sampler, num_envs", [
     ("ddpg_mujoco.py", "serial", 1), ("td3_mujoco.py", "serial", 1), ("sac_mujoco.py", "serial", 1),
-    ("sac_mujoco.py", "parallel", 2), ("sac_mujoco.py", "async", 1)])
+    pytest.param("sac_mujoco.py", "parallel", 2, marks=pytest.mark.slow),
+    pytest.param("sac_mujoco.py", "async", 1, marks=pytest.mark.slow)])
 def test_learns_pendulum_within_20k_steps(script, sampler, num_envs, tmp_path):
     out = run(script, *PENDULUM, "--sampler", sampler, "--num-envs", str(num_envs), "--total-timesteps", "20000",
               "--stop-at-return", "-250", "--out-dir", str(tmp_path), "--run-name", "r", timeout=600)

@@ -221,7 +221,7 @@ def test_a_killed_rank_ends_the_job_within_60_s(tmp_path):
     torch.load(ckpt, weights_only=True)  # the last checkpoint is intact
 
 
-@pytest.mark.parametrize("sampler", ["serial", "async"])
+@pytest.mark.parametrize("sampler", ["serial", pytest.param("async", marks=pytest.mark.slow)])
 def test_ctrl_c_checkpoints_and_every_rank_exits_130(sampler, tmp_path):
     """Each rank started as torchrun starts it, so that each one's exit code can be read."""
     port = free_port()
@@ -243,7 +243,7 @@ def test_bad_arguments_exit_2_on_every_rank_before_the_group_starts(tmp_path):
     rc, out, err = wait(launch(cmd), 120, str(tmp_path))
     assert rc != 0
     assert err.count("error: --num-envs must be positive, got 0") == 2, err[-3000:]
-    assert len(re.findall(r"exitcode\s*: 2", err)) == 2, err[-3000:]
+    assert len(re.findall(r"exitcode\s+: 2 ", err)) == 2, err[-3000:]  # torchrun's summary, one per rank
 
 
 def test_a_two_rank_run_resumes_in_one_process(tmp_path):

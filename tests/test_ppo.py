@@ -87,7 +87,8 @@ def test_truncation_bootstraps_from_the_final_observation_and_termination_does_n
 # ---------------------------------------------------------------------------------------------- learning
 
 
-@pytest.mark.parametrize("sampler", ["serial", "parallel", "async"])
+# Parallel (45 s) with the slow tests, for CI's 30 minutes.
+@pytest.mark.parametrize("sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow), "async"])
 def test_ppo_learns_cartpole_in_every_mode(sampler, tmp_path):
     out = run("ppo_atari.py", *CARTPOLE, "--sampler", sampler, "--total-timesteps", "150000",
               "--stop-at-return", "450", "--out-dir", str(tmp_path), "--run-name", "r", timeout=400)

@@ -130,7 +130,7 @@ def _updates_at(folder, step: int) -> int:
     return int(next(r["updates"] for r in progress(folder) if int(r["global_step"]) == step))
 
 
-@pytest.mark.parametrize("sampler", ["serial", "async"])
+@pytest.mark.parametrize("sampler", ["serial", pytest.param("async", marks=pytest.mark.slow)])
 def test_a_resumed_run_goes_on_with_its_saved_replay(sampler, tmp_path):
     """With --save-replay the resumed learner keeps the uninterrupted schedule: (step - min_steps_learn) x
     updates per step; without it, it refills min_steps_learn first. (The episodes cannot match an uninterrupted
