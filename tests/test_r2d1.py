@@ -184,6 +184,7 @@ def test_sampler_stores_zero_state_and_previous_action_at_episode_starts():
 # ---------------------------------------------------------------------------------------------- runs
 
 
+@pytest.mark.slow  # 150-180 s: with the slow tests, for CI's 30 minutes
 def test_lstm_beats_its_feed_forward_ablation_on_the_memory_task(tmp_path):
     returns = {}
     for name, extra in (("lstm", []), ("ff", ["--no-recurrent"])):
