@@ -261,7 +261,8 @@ def check_in_sync() -> None:
     import torch
 
     with torch.no_grad():
-        sums = [float(sum(p.double().sum().item() + p.double().abs().sum().item() for p in _params(m)))
+        # One host transfer for all of them (a .item() per parameter would sync a GPU once per tensor).
+        sums = [float(torch.stack([p.double().sum() + p.double().abs().sum() for p in _params(m)]).sum().cpu())
                 for m in _state["modules"]]
     every = gather_objects(sums)
     for i, mine in enumerate(every[0]):
