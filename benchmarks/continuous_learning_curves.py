@@ -1,11 +1,11 @@
-"""Learning curves of algos/ddpg_mujoco.py, td3_mujoco.py and sac_mujoco.py: on Pendulum-v1 in every sampler mode
-(the test suite's settings, whole budget, no early stop), and on HalfCheetah-v5 (defaults, serial) for a wall-clock
-budget, each on one CPU. Saves one PNG per env and prints, per run, the step at which the last 10 episodes first
-averaged the
-threshold (Pendulum: -250) and the final mean return. matplotlib is needed for the plot only.
+"""Learning curves of algos/ddpg_mujoco.py, td3_mujoco.py and sac_mujoco.py on Pendulum-v1 in every sampler mode
+(the test suite's settings, whole budget, no early stop), and of those and ppo_mujoco.py on HalfCheetah-v5
+(defaults, serial) for a wall-clock budget, each on one CPU. Saves one PNG per env and prints, per run, the step
+at which the last 10 episodes first averaged the threshold (Pendulum: -250) and the final mean return.
 
     python benchmarks/continuous_learning_curves.py pendulum --steps 20000
     python benchmarks/continuous_learning_curves.py halfcheetah --minutes 30     # each script on one CPU
+    python benchmarks/continuous_learning_curves.py halfcheetah --scripts ppo_mujoco.py sac_mujoco.py
 """
 
 from __future__ import annotations
@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ["ddpg_mujoco.py", "td3_mujoco.py", "sac_mujoco.py"]
+SCRIPTS = ["ddpg_mujoco.py", "td3_mujoco.py", "sac_mujoco.py"]  # Pendulum (replay scripts' flags)
+HALFCHEETAH = [*SCRIPTS, "ppo_mujoco.py"]
 
 
 def episodes(folder: Path) -> list[tuple[int, float]]:
@@ -59,22 +60,26 @@ def pendulum(steps: int, out_png: Path) -> None:
     plot(curves, "Pendulum-v1 (episode returns, mean of 10)", out_png)
 
 
-def halfcheetah(minutes: float, out_png: Path) -> None:
-    """Each script serial with its defaults for `minutes` of wall clock, pinned to one CPU of its own (so a script
-    trains with one torch thread); as many at once as there are CPUs, the rest after them."""
+def halfcheetah(minutes: float, scripts: list[str], out_png: Path) -> None:
+    """Each script serial with its defaults for `minutes` of wall clock (or its 1M steps, if sooner), pinned to one
+    CPU of its own (so a script trains with one torch thread); as many at once as there are CPUs, the rest after
+    them."""
     out = Path(tempfile.mkdtemp())
     cpus = sorted(os.sched_getaffinity(0))
     curves = {}
-    for first in range(0, len(SCRIPTS), len(cpus)):
-        group = SCRIPTS[first:first + len(cpus)]
+    for first in range(0, len(scripts), len(cpus)):
+        group = scripts[first:first + len(cpus)]
         procs = {s: subprocess.Popen([sys.executable, str(ROOT / "algos" / s), "--total-timesteps", "1000000",
                                       "--log-every", "5000", "--eval-episodes", "0", "--out-dir", str(out),
                                       "--run-name", s], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      preexec_fn=lambda c=cpu: os.sched_setaffinity(0, {c}))
                  for s, cpu in zip(group, cpus)}
-        time.sleep(minutes * 60)
+        deadline = time.time() + minutes * 60
+        while time.time() < deadline and any(p.poll() is None for p in procs.values()):
+            time.sleep(1.0)
         for p in procs.values():
-            p.send_signal(signal.SIGINT)
+            if p.poll() is None:
+                p.send_signal(signal.SIGINT)
         for p in procs.values():
             p.wait()
         for s in group:
@@ -85,7 +90,8 @@ def halfcheetah(minutes: float, out_png: Path) -> None:
             last = sum(returns[-5:]) / max(len(returns[-5:]), 1)
             best = max((sum(returns[i - 5:i]) / 5 for i in range(5, len(returns) + 1)), default=0.0)
             steps = int(rows[-1]["global_step"]) if rows else 0
-            print(f"HalfCheetah-v5  {s:<15} {steps:>7} steps in {minutes:.0f} min "
+            took = float(rows[-1]["wall_time_s"]) / 60 if rows else 0.0
+            print(f"HalfCheetah-v5  {s:<15} {steps:>7} steps in {took:4.1f} min "
                   f"(one CPU)  last 5 episodes {last:8.1f}  best mean of 5 {best:8.1f}", flush=True)
             curves[s] = eps
     plot(curves, f"HalfCheetah-v5, {minutes:.0f} minutes each on one CPU (episode returns, mean of 5)", out_png,
@@ -106,12 +112,13 @@ def main() -> None:
     p.add_argument("env", choices=["pendulum", "halfcheetah"])
     p.add_argument("--steps", type=int, default=20_000, help="Pendulum: env steps per run")
     p.add_argument("--minutes", type=float, default=30.0, help="HalfCheetah: wall-clock minutes")
+    p.add_argument("--scripts", nargs="+", default=HALFCHEETAH, choices=HALFCHEETAH, help="HalfCheetah: which")
     a = p.parse_args()
     results = ROOT / "benchmarks" / "results"
     if a.env == "pendulum":
         pendulum(a.steps, results / "pendulum_continuous.png")
     else:
-        halfcheetah(a.minutes, results / "halfcheetah_continuous.png")
+        halfcheetah(a.minutes, a.scripts, results / "halfcheetah_continuous.png")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Running observation statistics, shareable between a sampler process and a learner.
+"""Running observation statistics and reward scaling, shareable between a sampler process and a learner.
 
 Guarantees
 - ``update(x)`` folds a batch ``[N, D]`` into the running mean and variance with the parallel-variance formula
@@ -10,6 +10,11 @@ Guarantees
   (the async sampler) and the one that reads them (the learner) see the same numbers; a reader may see a mean
   and variance from consecutive updates (one step apart), never torn garbage beyond that.
 - ``state()`` / ``load(state)`` round-trip the statistics as a tensor for a ``weights_only`` checkpoint.
+- ``RewardScale`` divides each reward by the running standard deviation of the discounted return, then clips it
+  (Stable-Baselines3's ``VecNormalize(norm_reward=True)``, gymnasium's ``NormalizeReward``): per env,
+  ``G <- gamma G + r``, the statistics take ``G``, the reward becomes ``clip(r / sqrt(var(G) + 1e-8))``, and
+  ``G`` restarts at 0 after a step that ends the episode. Rows that belong to no episode (next-step autoreset)
+  change nothing and give 0. The statistics may be shared; ``G`` is local to the process that calls it.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import numpy as np
 
 from shared.buffer import shared_zeros
 
-__all__ = ["ObsNorm"]
+__all__ = ["ObsNorm", "RewardScale"]
 
 
 class ObsNorm:
@@ -72,3 +77,29 @@ class ObsNorm:
         if state.shape != self.stats.shape:
             raise ValueError(f"observation statistics of shape {state.shape}, expected {self.stats.shape}")
         self.stats[:] = state
+
+
+class RewardScale:
+    """Rewards [B] scaled by the running std of each env's discounted return; disabled: rewards pass unchanged."""
+
+    def __init__(self, num_envs: int, gamma: float, enabled: bool = True, shared: bool = False, clip: float = 10.0):
+        self.gamma, self.enabled, self.clip = float(gamma), bool(enabled), float(clip)
+        self.returns = ObsNorm(1, enabled, shared)  # statistics of G: the part a checkpoint keeps
+        self.discounted = np.zeros(num_envs, np.float64)  # G per env
+
+    def __call__(self, reward: np.ndarray, ended: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        """reward, ended, valid: [B]; valid is False on rows that only reset their env."""
+        if not self.enabled:
+            return reward
+        reward = np.where(valid, reward, 0.0)
+        self.discounted = np.where(valid, self.discounted * self.gamma + reward, self.discounted)
+        self.returns.update(self.discounted[valid, None])
+        scaled = np.clip(reward / np.sqrt(self.returns.var[0] + 1e-8), -self.clip, self.clip)
+        self.discounted[ended & valid] = 0.0
+        return scaled
+
+    def state(self):
+        return self.returns.state()
+
+    def load(self, state) -> None:
+        self.returns.load(state)

@@ -1,4 +1,5 @@
-"""Running the scripts in algos/ as a user does (a subprocess), and reading what they write."""
+"""Running the scripts in algos/ as a user does (a subprocess), reading what they write, and references the tests
+compare against."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -119,3 +122,22 @@ def assert_killed_sampler_ends_the_run(name: str, args: list[str], run_dir: Path
     assert proc.returncode == 1, err
     assert err.strip().splitlines()[-1].startswith("error: the sampler process failed")
     assert_no_leftovers(proc.pid)
+
+
+def gae_by_definition(r, v, nv, term, ended, reset, gamma, lam):
+    """A_t = sum_k (gamma lam)^k delta_{t+k}, stopping after the row that ends the episode or a life."""
+    T, B = r.shape
+    adv = np.zeros((T, B))
+    for b in range(B):
+        for t in range(T):
+            if reset[t, b]:
+                continue
+            coef = 1.0
+            for j in range(t, T):
+                next_v = nv[b] if j == T - 1 else v[j + 1, b]
+                delta = r[j, b] + gamma * next_v * (1 - term[j, b]) - v[j, b]
+                adv[t, b] += coef * delta
+                if ended[j, b] or term[j, b]:
+                    break
+                coef *= gamma * lam
+    return adv

@@ -23,7 +23,7 @@ from tests.helpers import ROOT, run
 
 sys.path.insert(0, str(ROOT / "algos"))
 SCRIPTS = ["ppo_atari", "a2c_atari", "dqn_atari", "catdqn_atari", "r2d1_atari", "ddpg_mujoco", "td3_mujoco",
-           "sac_mujoco"]
+           "sac_mujoco", "ppo_mujoco"]
 HOSTILE_FLOATS = [0.0, -1.0, 1.0, 0.5, 1e-300, 1e308, math.nan, math.inf, -math.inf, 2.0]
 HOSTILE_INTS = [0, -1, 1, 2, 3, 7, -(2**31), 2**40]
 HOSTILE_STRS = ["", " ", "no/such/path", "/proc/forbidden", "CartPole-v1", "NoSuchEnv-v0", "ALE/Breakout-v5"]
@@ -110,6 +110,8 @@ TINY = {
     "r2d1_atari": ["--env-id", "CartPole-v1", "--total-timesteps", "300", "--num-envs", "2", "--buffer-size", "1000",
                    "--min-steps-learn", "200", "--batch-size", "4", "--hidden", "8", "--sequence-length", "4",
                    "--burn-in-steps", "2", "--rnn-state-interval", "4"],
+    "ppo_mujoco": ["--env-id", "Pendulum-v1", "--total-timesteps", "64", "--num-envs", "2", "--num-steps", "16",
+                   "--hidden", "8"],
     "ddpg_mujoco": ["--env-id", "Pendulum-v1", "--total-timesteps", "300", "--replay-ratio", "8",
                     "--buffer-size", "1000",
                     "--min-steps-learn", "100", "--batch-size", "8", "--hidden", "8"],
@@ -122,7 +124,7 @@ TINY = {
 }
 SIZES = {"env_id", "total_timesteps", "num_envs", "num_steps", "buffer_size", "batch_size", "min_steps_learn",
          "hidden", "sequence_length", "burn_in_steps", "rnn_state_interval", "sampler", "eval_episodes",
-         "replay_ratio", "update_epochs", "log_every", "checkpoint_every", "observe_indices"}
+         "replay_ratio", "update_epochs", "log_every", "checkpoint_every", "observe_indices", "num_minibatches"}
 
 
 @pytest.mark.parametrize("name", SCRIPTS)

@@ -17,6 +17,7 @@ from tests.helpers import (
     assert_killed_sampler_ends_the_run,
     assert_no_leftovers,
     finish,
+    gae_by_definition,
     progress,
     run,
     start,
@@ -32,25 +33,6 @@ ATARI_SMOKE = ["--num-envs", "4", "--num-steps", "16", "--total-timesteps", "256
 
 
 # ---------------------------------------------------------------------------------------------- GAE
-
-
-def gae_by_definition(r, v, nv, term, ended, reset, gamma, lam):
-    """A_t = sum_k (gamma lam)^k delta_{t+k}, stopping after the row that ends the episode or a life."""
-    T, B = r.shape
-    adv = np.zeros((T, B))
-    for b in range(B):
-        for t in range(T):
-            if reset[t, b]:
-                continue
-            coef = 1.0
-            for j in range(t, T):
-                next_v = nv[b] if j == T - 1 else v[j + 1, b]
-                delta = r[j, b] + gamma * next_v * (1 - term[j, b]) - v[j, b]
-                adv[t, b] += coef * delta
-                if ended[j, b] or term[j, b]:
-                    break
-                coef *= gamma * lam
-    return adv
 
 
 @pytest.mark.parametrize("seed", range(5))

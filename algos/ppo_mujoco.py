@@ -1,0 +1,518 @@
+"""PPO (clipped objective, GAE) for continuous actions (MuJoCo, any Box action space), serial, parallel and async.
+
+    python algos/ppo_mujoco.py                                       # HalfCheetah-v5, the PPO paper's settings
+    python algos/ppo_mujoco.py --preset pendulum                     # InvertedPendulum-v5 to 1000 in a minute
+    python algos/ppo_mujoco.py --sampler async --num-envs 4          # sampler process + learner
+    torchrun --standalone --nproc-per-node 2 algos/ppo_mujoco.py     # 2 ranks, gradients averaged
+
+The policy is a diagonal Gaussian: an MLP gives the mean, the log standard deviations are parameters of their own
+(state-independent), and the critic is a separate MLP (Schulman et al. 2017). Actions are sampled unbounded,
+trained on as sampled, and clipped to the env's bounds only when stepping the env.
+
+Observations are normalised by running statistics, and rewards divided by the running standard deviation of the
+discounted return (shared/normalize.py; SB3's VecNormalize, CleanRL's wrappers). The rollout stores what the policy
+saw: observations normalised with the statistics of that step, scaled rewards. Both statistics go into the
+checkpoint; evaluation uses the observation statistics frozen and reports raw returns. Under torchrun each rank
+keeps statistics of its own observations (the checkpoint has rank 0's).
+
+Episode boundaries: envs autoreset on the step after an episode ends (gymnasium's next-step mode). That step only
+resets the env: its row is masked out of every loss, and its observation is the episode's final one, whose value
+is the bootstrap target when the episode was truncated by the time limit (every MuJoCo v5 episode ends at 1000
+steps); termination bootstraps nothing.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Literal
+
+# Find shared/ without an install step, from algos/ or from a copy anywhere in the repository.
+sys.path.insert(0, str(next(p for p in Path(__file__).resolve().parents if (p / "shared" / "__init__.py").exists())))
+
+import gymnasium as gym
+import numpy as np
+import torch
+import torch.nn as nn
+
+from shared import distributed
+from shared.affinity import make_affinity
+from shared.buffer import buffer_from_example
+from shared.envs import probe_spaces, vector_env
+from shared.namedarraytuple import namedarraytuple
+from shared.normalize import ObsNorm, RewardScale
+from shared.procs import DoubleBuffer, Worker, parent_alive_check
+from shared.run import (
+    RunFolder,
+    bad_args,
+    check_run_args,
+    evaluate,
+    evaluate_only,
+    load_checkpoint,
+    parse_args,
+    resolve_device,
+    resume_mismatch,
+    stop_on_signals,
+)
+
+SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own name
+
+
+@dataclass
+class Args:
+    # experiment
+    preset: Literal["mujoco", "pendulum"] = "mujoco"
+    """named settings to start from (mujoco: the PPO paper's MuJoCo settings; pendulum: InvertedPendulum-v5 in
+    a minute); flags given override them"""
+    env_id: str = "HalfCheetah-v5"
+    """gymnasium id of an env with vector observations and a continuous (Box) action space"""
+    seed: int = 1
+    """seeds every env, worker and network"""
+    total_timesteps: int = 1_000_000
+    """env steps summed over all envs"""
+    out_dir: str = "runs"
+    """parent folder of the run folder"""
+    run_name: str = ""
+    """run folder name; default {env_id}__{script file name}__{seed}__{unix time}"""
+    resume: str = ""
+    """checkpoint file or run folder to continue from (continues its progress.csv)"""
+    checkpoint_every: int = 0
+    """global env steps between checkpoints (0: only at the end and on interruption)"""
+    log_every: int = 1
+    """rollouts between progress rows"""
+    eval_episodes: int = 10
+    """episodes played by the deterministic policy (the mean action) after training, and at each --eval-every
+    (0: none)"""
+    eval_every: int = 0
+    """global env steps between evaluations during training, in envs of their own (0: none)"""
+    eval_only: bool = False
+    """with --resume: evaluate the checkpoint's policy (eval.json, TensorBoard) and train nothing"""
+    capture_video: bool = False
+    """record the first evaluation episode to {run}/videos"""
+    stop_at_return: float | None = None
+    """stop early once the mean return of the last 20 episodes reaches this"""
+    # algorithm
+    num_envs: int = 1
+    """environments stepped together on each rank (torchrun); the job's batch is ranks x num_envs x num_steps"""
+    num_steps: int = 2048
+    """steps per env in each rollout"""
+    learning_rate: float = 3e-4
+    """Adam step size at the start"""
+    anneal_lr: bool = True
+    """anneal the learning rate linearly to 0 over the run (the job's total_timesteps)"""
+    gamma: float = 0.99
+    """discount (also of the return whose standard deviation scales the rewards)"""
+    gae_lambda: float = 0.95
+    """GAE lambda"""
+    num_minibatches: int = 32
+    """minibatches per epoch (their size is the batch / num_minibatches; each rank takes its share)"""
+    update_epochs: int = 10
+    """passes over each rollout"""
+    norm_adv: bool = True
+    """normalise advantages per minibatch"""
+    clip_coef: float = 0.2
+    """PPO clipping of the likelihood ratio (and of the value update when clip_vloss)"""
+    clip_vloss: bool = True
+    """clip the value update around the rollout's values"""
+    ent_coef: float = 0.0
+    """entropy bonus"""
+    vf_coef: float = 0.5
+    """value loss weight"""
+    max_grad_norm: float = 0.5
+    """global gradient-norm clip"""
+    hidden: int = 64
+    """units in each of the 2 tanh hidden layers of the policy and of the critic"""
+    init_log_std: float = 0.0
+    """initial log standard deviation of every action dimension"""
+    normalize_obs: bool = True
+    """normalise observations by running mean and variance (saved in the checkpoint, frozen in evaluation)"""
+    normalize_reward: bool = True
+    """divide rewards by the running standard deviation of the discounted return"""
+    # infrastructure
+    sampler: Literal["serial", "parallel", "async"] = "serial"
+    """serial (one process), parallel (envs in worker processes, gymnasium AsyncVectorEnv) or async (sampler
+    process collects rollout k+1 with the parameters of update k-1 while the learner trains on rollout k)"""
+    device: str = "auto"
+    """auto (cuda if available), cpu, cuda or cuda:N"""
+    bf16: bool = False
+    """run the networks under bfloat16 autocast: fast on recent GPUs and on CPUs with AMX or AVX512-BF16;
+    about 10x slower on other CPUs (a warning says so at start)"""
+
+
+# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps its default.
+PRESETS = {
+    # The PPO paper's MuJoCo settings (Schulman et al. 2017, table 3), which are SB3's PPO defaults and CleanRL's
+    # ppo_continuous_action.py; obs and reward normalisation as rl-baselines3-zoo's ppo.yml for MuJoCo.
+    "mujoco": Args(),
+    # InvertedPendulum-v5: the paper's settings over 8 envs (batch 2048 as in the paper, minibatches of 256), a
+    # budget of 150k steps; no reward scaling (every step is worth 1 until the pole falls).
+    "pendulum": Args(preset="pendulum", env_id="InvertedPendulum-v5", total_timesteps=150_000, num_envs=8,
+                     num_steps=256, num_minibatches=8, normalize_reward=False),
+}
+
+# ---------------------------------------------------------------------------------------------- environments
+
+
+def make_env(args: Args, render: bool = False):
+    """One env: a plain gym.make, the place to plug in your own env (register it at import time so spawned
+    processes know it)."""
+
+    def thunk() -> gym.Env:
+        return gym.make(args.env_id, render_mode="rgb_array" if render else None)
+
+    return thunk
+
+
+def make_envs(args: Args, mode: str) -> gym.vector.VectorEnv:
+    """[B] envs: serial in this process, parallel in worker processes (AsyncVectorEnv)."""
+    return vector_env([make_env(args) for _ in range(args.num_envs)], mode)
+
+
+# ---------------------------------------------------------------------------------------------- network
+
+
+def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias: float = 0.0) -> nn.Module:
+    nn.init.orthogonal_(layer.weight, std)
+    nn.init.constant_(layer.bias, bias)
+    return layer
+
+
+def gaussian(mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-density of action [N, A] under the diagonal Gaussian N(mean, exp(log_std)^2), and its entropy, [N]:
+    log p = sum_i -(a_i - mu_i)^2 / (2 sigma_i^2) - log sigma_i - log(2 pi) / 2
+    H = sum_i log sigma_i + (1 + log 2 pi) / 2"""
+    z = (action - mean) * torch.exp(-log_std)
+    log_prob = (-0.5 * z**2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+    entropy = (log_std + 0.5 * (1.0 + math.log(2 * math.pi))).sum(-1).expand_as(log_prob)
+    return log_prob, entropy
+
+
+class Agent(nn.Module):
+    """Policy mean and critic: two separate tanh MLPs on the normalised observation; log_std: one parameter per
+    action dimension."""
+
+    def __init__(self, obs_dim: int, act_dim: int, hidden: int, init_log_std: float):
+        super().__init__()
+        mlp = lambda out, std: nn.Sequential(layer_init(nn.Linear(obs_dim, hidden)), nn.Tanh(),
+                                             layer_init(nn.Linear(hidden, hidden)), nn.Tanh(),
+                                             layer_init(nn.Linear(hidden, out), std=std))
+        self.actor_mean = mlp(act_dim, 0.01)
+        self.critic = mlp(1, 1.0)
+        self.log_std = nn.Parameter(torch.full((act_dim,), float(init_log_std)))
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """obs [N, S] (normalised) -> mean [N, A], log_std [N, A], value [N]."""
+        mean = self.actor_mean(obs).float()
+        return mean, self.log_std.expand_as(mean), self.critic(obs).float().squeeze(-1)
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+
+Rollout = namedarraytuple("Rollout", ["obs", "action", "logprob", "value", "reward", "terminal", "ended",
+                                      "reset", "ep_return", "ep_length"])  # ep_*: the episode's totals where ended
+Bootstrap = namedarraytuple("Bootstrap", ["obs", "reset"])
+
+
+class EnvState:
+    """What a sampler carries between rollouts, per env: raw observation, reset flag, episode sums, and the
+    normalisers (statistics possibly shared with the learner). Every observation enters the statistics once, when
+    the env returns it."""
+
+    def __init__(self, envs, seed: int, obs_norm: ObsNorm, reward_scale: RewardScale):
+        self.obs, _ = envs.reset(seed=seed)
+        obs_norm.update(self.obs)
+        n = len(self.obs)
+        self.reset = np.zeros(n, bool)  # True: this step only resets the env (next-step autoreset)
+        self.ep_return = np.zeros(n, np.float64)
+        self.ep_length = np.zeros(n, np.int64)
+        self.obs_norm, self.reward_scale = obs_norm, reward_scale
+        self.space = envs.single_action_space
+
+
+def rollout_example(obs_dim: int, act_dim: int, B: int) -> tuple:
+    one = Rollout(np.zeros(obs_dim, np.float32), np.zeros(act_dim, np.float32), np.float32(0), np.float32(0),
+                  np.float32(0), False, False, False, np.float64(0), np.int64(0))
+    return one, Bootstrap(np.zeros((B, obs_dim), np.float32), np.zeros(B, bool))  # [T, B] and [B]
+
+
+@torch.no_grad()
+def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device) -> None:
+    """Step the envs num_steps times, writing buf [T, B] (observations as the policy saw them: normalised) and the
+    bootstrap observation boot [B]."""
+    norm = lambda o: state.obs_norm.normalize(torch.as_tensor(o, dtype=torch.float32, device=device).flatten(1))
+    for t in range(args.num_steps):
+        obs = norm(state.obs)  # [B, S]
+        with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+            mean, log_std, value = agent(obs)
+        action = mean + log_std.exp() * torch.randn_like(mean)
+        buf.obs[t], buf.reset[t] = obs.cpu().numpy(), state.reset
+        buf.action[t] = action.cpu().numpy()
+        buf.logprob[t] = gaussian(mean, log_std, action)[0].cpu().numpy()
+        buf.value[t] = value.cpu().numpy()
+        next_obs, reward, term, trunc, _ = envs.step(np.clip(buf.action[t], state.space.low, state.space.high))
+        state.obs_norm.update(next_obs)
+        raw = np.where(state.reset, 0.0, reward)  # a reset step's reward belongs to no episode
+        buf.reward[t] = state.reward_scale(raw, term | trunc, ~state.reset)
+        buf.terminal[t], buf.ended[t] = term, term | trunc
+        state.ep_return += raw
+        state.ep_length += ~state.reset
+        buf.ep_return[t], buf.ep_length[t] = state.ep_return, state.ep_length
+        state.ep_return[buf.ended[t]] = 0.0
+        state.ep_length[buf.ended[t]] = 0
+        state.obs, state.reset = next_obs, term | trunc
+    boot.obs[:], boot.reset[:] = norm(state.obs).cpu().numpy(), state.reset
+
+
+# ---------------------------------------------------------------------------------------------- loss and update
+
+
+def compute_gae(reward, value, next_value, terminal, ended, reset, gamma: float, lam: float):
+    """Advantages and returns, [T, B]. Reset rows get 0 (they are masked out); `terminal` stops bootstrapping,
+    `ended` stops the trace; a truncated row bootstraps from the next row's value, which is the value of the
+    episode's final observation."""
+    T = reward.shape[0]
+    adv = torch.zeros_like(reward)
+    last = torch.zeros_like(next_value)
+    for t in reversed(range(T)):
+        nv = next_value if t == T - 1 else value[t + 1]
+        delta = reward[t] + gamma * nv * (1.0 - terminal[t]) - value[t]
+        last = delta + gamma * lam * (1.0 - torch.maximum(ended[t], terminal[t])) * last
+        last = last * (1.0 - reset[t])
+        adv[t] = last
+    return adv, adv + value
+
+
+def ppo_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.device,
+               generator: torch.Generator) -> dict:
+    """Several epochs of clipped-PPO minibatch steps over the valid (non-reset) rows of one rollout."""
+    n = data["obs"].shape[0]
+    mb_size = max(n // args.num_minibatches, 1)
+    stats = {"policy_loss": [], "value_loss": [], "entropy": [], "approx_kl": [], "clipfrac": []}
+    for _ in range(args.update_epochs):
+        perm = torch.randperm(n, generator=generator).to(device)
+        for start in range(0, mb_size * args.num_minibatches, mb_size):  # as many on every rank
+            mb = perm[start : start + mb_size]
+            with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+                mean, log_std, value = agent(data["obs"][mb])
+            logprob, entropy = gaussian(mean, log_std, data["action"][mb])
+            logratio = logprob - data["logprob"][mb]
+            ratio = logratio.exp()
+            adv = data["adv"][mb]
+            if args.norm_adv:  # over the minibatches of every rank: their gradients are averaged
+                m, s = distributed.mean_std(adv)
+                adv = (adv - m) / (s + 1e-8)
+            pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
+            ret, old_v = data["ret"][mb], data["value"][mb]
+            if args.clip_vloss:
+                v_clipped = old_v + (value - old_v).clamp(-args.clip_coef, args.clip_coef)
+                v_loss = 0.5 * torch.max((value - ret) ** 2, (v_clipped - ret) ** 2).mean()
+            else:
+                v_loss = 0.5 * ((value - ret) ** 2).mean()
+            entropy = entropy.mean()
+            loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
+            if not torch.isfinite(loss):
+                raise FloatingPointError(f"PPO loss is {loss.item()} (policy {pg_loss.item()}, value {v_loss.item()})")
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            distributed.average_gradients(agent)
+            nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+            optimizer.step()
+            with torch.no_grad():
+                stats["approx_kl"].append(((ratio - 1) - logratio).mean().item())
+                stats["clipfrac"].append(((ratio - 1.0).abs() > args.clip_coef).float().mean().item())
+            stats["policy_loss"].append(pg_loss.item())
+            stats["value_loss"].append(v_loss.item())
+            stats["entropy"].append(entropy.item())
+    out = {k: float(np.mean(v)) for k, v in stats.items()}
+    out["action_std"] = agent.log_std.exp().mean().item()
+    return out
+
+
+def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.device, generator) -> dict:
+    """GAE with the learner's current critic, then the PPO update; buf is [T, B] numpy (possibly shared)."""
+    T, B = args.num_steps, args.num_envs
+    f = lambda x: torch.as_tensor(np.asarray(x), device=device)
+    obs = f(buf.obs)  # [T, B, S], normalised as the policy saw them
+    if args.sampler == "async":
+        # The rollout was sampled with the previous parameters: recompute values with the current critic.
+        with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+            _, _, value = agent(torch.cat([obs.flatten(0, 1), f(boot.obs)]))
+        value, next_value = value.float()[: T * B].view(T, B), value.float()[T * B :]
+    else:
+        # Sampled with the current parameters: the rollout's values are the critic's; only the bootstrap is new.
+        with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+            _, _, next_value = agent(f(boot.obs))
+        value, next_value = f(buf.value).float(), next_value.float()
+    fl = lambda x: f(x).float()
+    adv, ret = compute_gae(fl(buf.reward), value, next_value, fl(buf.terminal), fl(buf.ended), fl(buf.reset),
+                           args.gamma, args.gae_lambda)
+    valid = ~f(buf.reset).flatten()  # [T*B]: reset rows are never trained on
+    data = {"obs": obs.flatten(0, 1)[valid], "action": f(buf.action).flatten(0, 1)[valid],
+            "logprob": f(buf.logprob).flatten()[valid], "value": value.flatten()[valid],
+            "adv": adv.flatten()[valid], "ret": ret.flatten()[valid]}
+    return ppo_update(agent, optimizer, data, args, device, generator)
+
+
+# ---------------------------------------------------------------------------------------------- async sampler
+
+
+def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, obs_norm: ObsNorm, reward_scale: RewardScale,
+                 first: int, last: int, affinity, parent_pid: int, stop) -> None:
+    """Sampler process: rollout k goes to slot k % 2, collected with the parameters the learner left in that
+    slot when it released rollout k - 2 (update k - 1): exactly one update behind the learner. It alone updates
+    the normalisers' statistics, which live in shared memory for the learner's checkpoints and evaluations."""
+    affinity.apply_worker(0)
+    torch.set_num_threads(1)
+    check = parent_alive_check(stop, parent_pid)
+    envs = make_envs(args, "serial")
+    state = EnvState(envs, distributed.env_seed(args.seed + first, args.num_envs), obs_norm, reward_scale)
+    obs_dim, act_dim = int(np.prod(envs.single_observation_space.shape)), int(np.prod(state.space.shape))
+    agent = Agent(obs_dim, act_dim, args.hidden, args.init_log_std)
+    torch.manual_seed(distributed.rank_seed(args.seed + 1))  # the policy's noise: a stream of each rank's own
+    device = torch.device("cpu")
+    try:
+        for k in range(first, last):
+            buf = buffers.writer_acquire(k, check, module=agent)
+            collect(envs, agent, state, buf, boots[k % 2], args, device)
+            buffers.writer_release(k)
+    finally:
+        envs.close()
+
+
+# ---------------------------------------------------------------------------------------------- main
+
+
+def check_args(args: Args) -> None:
+    """Exit 2 with one line on bad arguments, before any env or process starts."""
+    for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "log_every",
+                 "hidden"):
+        if getattr(args, name) <= 0:
+            bad_args(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    batch = args.num_envs * args.num_steps
+    if batch % args.num_minibatches:
+        bad_args(f"--num-minibatches {args.num_minibatches} does not divide the batch {batch} "
+                 f"(num_envs x num_steps)")
+    for name in ("checkpoint_every", "eval_episodes", "ent_coef", "vf_coef", "max_grad_norm", "clip_coef"):
+        if getattr(args, name) < 0:
+            bad_args(f"--{name.replace('_', '-')} must be non-negative, got {getattr(args, name)}")
+    if not 0 < args.learning_rate < 1:
+        bad_args(f"--learning-rate must be in (0, 1), got {args.learning_rate}")
+    if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1):
+        bad_args("--gamma and --gae-lambda must be in [0, 1]")
+    if not -20 <= args.init_log_std <= 5:
+        bad_args(f"--init-log-std must be in [-20, 5], got {args.init_log_std}")
+    check_run_args(args)
+
+
+def act(agent: Agent, obs_norm: ObsNorm, device: torch.device, space: gym.spaces.Box, obs: np.ndarray,
+        last_reward: float | None) -> np.ndarray:
+    """Evaluation policy: the Gaussian's mean, clipped to the bounds, observation statistics frozen."""
+    x = obs_norm.normalize(torch.as_tensor(obs, dtype=torch.float32, device=device).flatten()[None])
+    mean, _, _ = agent(x)
+    return np.clip(mean[0].cpu().numpy().reshape(space.shape), space.low, space.high)
+
+
+def main() -> int:
+    args = parse_args(Args, PRESETS)
+    check_args(args)
+    device = resolve_device(args.device, args.bf16)
+    resumed, ckpt_file = load_checkpoint(args.resume, args.env_id) if args.resume else (None, None)
+    obs_space, act_space = probe_spaces(make_env(args))
+    if not isinstance(act_space, gym.spaces.Box) or not isinstance(obs_space, gym.spaces.Box):
+        bad_args(f"--env-id {args.env_id}: PPO here needs Box observations and actions, got {obs_space} and "
+                 f"{act_space} (algos/ppo_atari.py takes discrete actions)")
+    stop_on_signals()
+    distributed.start(device)  # under torchrun: join the other ranks (a no-op in one process)
+    world = distributed.world_size()  # ranks in the job: 1 without torchrun
+    affinity = make_affinity(args.sampler)
+    affinity.apply_learner()
+    np.random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    batch = args.num_envs * args.num_steps * world  # the job's: every rank's rollout
+    num_iterations = max(args.total_timesteps // batch, 1)
+    obs_dim, act_dim = int(np.prod(obs_space.shape)), int(np.prod(act_space.shape))
+
+    agent = Agent(obs_dim, act_dim, args.hidden, args.init_log_std).to(device)
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    generator = torch.Generator().manual_seed(args.seed)
+    obs_norm = ObsNorm(obs_dim, args.normalize_obs, shared=args.sampler == "async")
+    reward_scale = RewardScale(args.num_envs, args.gamma, args.normalize_reward, shared=args.sampler == "async")
+    start_iter, global_step = 0, 0
+    if resumed is not None:
+        try:
+            agent.load_state_dict(resumed["model"])
+            optimizer.load_state_dict(resumed["optimizer"])
+            generator.set_state(resumed["generator"])
+            obs_norm.load(resumed["obs_norm"].numpy())
+            reward_scale.load(resumed["reward_scale"].numpy())
+        except (RuntimeError, KeyError, ValueError) as e:  # tensors of another shape or another script
+            resume_mismatch(resumed, args, SCRIPT, e)
+        global_step = int(resumed["global_step"])
+        start_iter = global_step // batch
+    distributed.share(args.seed, agent)  # every rank starts from rank 0's
+    run = RunFolder(args, SCRIPT, folder=ckpt_file.parent if ckpt_file else None, resumed=resumed)
+
+    def checkpoint() -> dict:
+        return {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
+                "obs_norm": obs_norm.state(), "reward_scale": reward_scale.state(),
+                "global_step": global_step, "args": vars(args).copy()}
+
+    example, boot_example = rollout_example(obs_dim, act_dim, args.num_envs)
+    policy = partial(act, agent, obs_norm, device, act_space)  # for evaluation
+    if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
+        return evaluate_only(run, make_env(args, render=args.capture_video)(), policy, args, global_step)
+    next_eval = global_step + args.eval_every if args.eval_every else None
+    next_checkpoint = global_step + args.checkpoint_every if args.checkpoint_every else None
+    print(f"run folder {run.path}  sampler {args.sampler}  device {device}  batch {batch}  "
+          f"iterations {start_iter}..{num_iterations}", flush=True)
+    with run.guard(checkpoint) as guard:
+        if args.sampler == "async":
+            buffers = DoubleBuffer(example, (args.num_steps, args.num_envs), module=agent)
+            boots = [buffer_from_example(boot_example, (), shared=True) for _ in range(2)]
+            worker = guard.hold(Worker(sampler_main, (args, buffers, boots, obs_norm, reward_scale, start_iter,
+                                                      num_iterations, affinity, os.getpid()), name="sampler"))
+        else:
+            envs = guard.hold(make_envs(args, args.sampler))
+            # A resumed run starts fresh episodes; every env of every rank has a seed of its own.
+            state = EnvState(envs, distributed.env_seed(args.seed + start_iter, args.num_envs), obs_norm,
+                             reward_scale)
+            buf = buffer_from_example(example, (args.num_steps, args.num_envs))  # [T, B]
+            boot = buffer_from_example(boot_example, ())  # [B]
+        for it in range(start_iter, num_iterations):
+            lr = args.learning_rate * (1.0 - it / num_iterations) if args.anneal_lr else args.learning_rate
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+            if args.sampler == "async":  # sampled by the other process with the parameters of update it - 1
+                buf, boot = buffers.reader_acquire(it, worker.check), boots[it % 2]
+            else:
+                collect(envs, agent, state, buf, boot, args, device)
+            global_step += batch
+            for ret, length in zip(buf.ep_return[buf.ended], buf.ep_length[buf.ended]):
+                run.episode(float(ret), int(length), global_step)
+            stats = learn_from(agent, optimizer, buf, boot, args, device, generator)
+            if args.sampler == "async":  # the slot goes back with the new parameters: rollout it + 2 uses them
+                buffers.reader_release(it, module=agent, version=it + 1)
+            if next_eval is not None and global_step >= next_eval:  # whole episodes in an env of its own
+                evaluate(run, make_env(args)(), policy, args.eval_episodes, args.seed, global_step)
+                next_eval += args.eval_every
+            if (it + 1) % args.log_every == 0 or it + 1 == num_iterations:
+                run.row(global_step, learning_rate=lr, **stats)
+            if next_checkpoint is not None and global_step >= next_checkpoint:
+                run.save_checkpoint(checkpoint())
+                next_checkpoint += args.checkpoint_every
+            if run.should_stop(args.stop_at_return, 20, global_step):
+                break
+        run.finish(global_step)
+        run.save_checkpoint(checkpoint())
+        if args.eval_episodes:
+            evaluate(run, make_env(args, render=args.capture_video)(), policy, args.eval_episodes, args.seed,
+                     global_step, video=args.capture_video)
+    return guard.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
