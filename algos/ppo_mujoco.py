@@ -253,7 +253,8 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
         buf.action[t] = action.cpu().numpy()
         buf.logprob[t] = gaussian(mean, log_std, action)[0].cpu().numpy()
         buf.value[t] = value.cpu().numpy()
-        next_obs, reward, term, trunc, _ = envs.step(np.clip(buf.action[t], state.space.low, state.space.high))
+        env_action = buf.action[t].reshape((-1, *state.space.shape))  # [B, A] -> [B, *action shape]
+        next_obs, reward, term, trunc, _ = envs.step(np.clip(env_action, state.space.low, state.space.high))
         state.obs_norm.update(next_obs)
         raw = np.where(state.reset, 0.0, reward)  # a reset step's reward belongs to no episode
         buf.reward[t] = state.reward_scale(raw, term | trunc, ~state.reset)

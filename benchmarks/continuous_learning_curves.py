@@ -5,7 +5,7 @@ at which the last 10 episodes first averaged the threshold (Pendulum: -250) and 
 
     python benchmarks/continuous_learning_curves.py pendulum --steps 20000
     python benchmarks/continuous_learning_curves.py halfcheetah --minutes 30     # each script on one CPU
-    python benchmarks/continuous_learning_curves.py halfcheetah --scripts ppo_mujoco.py sac_mujoco.py
+    python benchmarks/continuous_learning_curves.py halfcheetah --scripts ppo_mujoco.py --out ppo.png
 """
 
 from __future__ import annotations
@@ -113,12 +113,13 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20_000, help="Pendulum: env steps per run")
     p.add_argument("--minutes", type=float, default=30.0, help="HalfCheetah: wall-clock minutes")
     p.add_argument("--scripts", nargs="+", default=HALFCHEETAH, choices=HALFCHEETAH, help="HalfCheetah: which")
+    p.add_argument("--out", type=Path, default=None, help="the PNG (default benchmarks/results/{env}_continuous.png)")
     a = p.parse_args()
     results = ROOT / "benchmarks" / "results"
     if a.env == "pendulum":
-        pendulum(a.steps, results / "pendulum_continuous.png")
+        pendulum(a.steps, a.out or results / "pendulum_continuous.png")
     else:
-        halfcheetah(a.minutes, a.scripts, results / "halfcheetah_continuous.png")
+        halfcheetah(a.minutes, a.scripts, a.out or results / "halfcheetah_continuous.png")
 
 
 if __name__ == "__main__":
