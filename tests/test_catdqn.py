@@ -70,7 +70,9 @@ def test_c51_learns_cartpole_serial(tmp_path):
     assert m and int(m.group(2)) <= 100_000, out.stdout[-2000:]
 
 
-@pytest.mark.parametrize("sampler", ["serial", "parallel", "async"])
+# Serial in CI; parallel and async (the same sampler code as dqn_atari.py's, tested there) with the slow tests.
+@pytest.mark.parametrize("sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow),
+                                     pytest.param("async", marks=pytest.mark.slow)])
 def test_atari_smoke_small_buffer_checkpoint_and_resume(sampler, tmp_path):
     common = ["--num-envs", "4", "--buffer-size", "2000", "--min-steps-learn", "200", "--log-every", "200",
               "--eval-episodes", "0", "--sampler", sampler, "--double-dqn", "--dueling", "--prioritized",

@@ -100,7 +100,9 @@ def test_dueling_head_scales_the_torso_gradient():
     assert torch.allclose(g_scaled, h2.grad * 2 ** -0.5, atol=1e-6)
 
 
-@pytest.mark.parametrize("sampler", ["serial", "parallel", "async"])
+# Atari parallel sampling (ale-py's vector env) is tested frame for frame in test_atari.py and here with the slow
+# tests, for CI's 30 minutes.
+@pytest.mark.parametrize("sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow), "async"])
 def test_atari_smoke_small_buffer_checkpoint_and_resume(sampler, tmp_path):
     common = ["--num-envs", "4", "--buffer-size", "2000", "--min-steps-learn", "200", "--log-every", "200",
               "--eval-episodes", "0", "--sampler", sampler, "--prioritized", "--n-step-return", "3"]

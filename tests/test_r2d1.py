@@ -198,7 +198,9 @@ def test_lstm_beats_its_feed_forward_ablation_on_the_memory_task(tmp_path):
     assert returns["lstm"] >= 150 and returns["lstm"] >= 2 * returns["ff"], returns  # measured: about 280 and 75
 
 
-@pytest.mark.parametrize("sampler", ["serial", "parallel", "async"])
+# Atari parallel sampling (ale-py's vector env) is tested frame for frame in test_atari.py and here with the slow
+# tests, for CI's 30 minutes.
+@pytest.mark.parametrize("sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow), "async"])
 def test_atari_smoke_checkpoint_and_resume(sampler, tmp_path):
     common = ["--num-envs", "2", "--buffer-size", "2000", "--min-steps-learn", "200", "--log-every", "200",
               "--eval-episodes", "0", "--sampler", sampler, "--batch-size", "4", "--sequence-length", "8",
