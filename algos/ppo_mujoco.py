@@ -239,17 +239,16 @@ def rollout_example(obs_dim: int, act_dim: int, B: int) -> tuple:
     return one, Bootstrap(np.zeros((B, obs_dim), np.float32), np.zeros(B, bool))  # [T, B] and [B]
 
 
-@torch.no_grad()
+@torch.inference_mode()
 def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device) -> None:
     """Step the envs num_steps times, writing buf [T, B] (observations as the policy saw them: normalised) and the
     bootstrap observation boot [B]."""
-    norm = lambda o: state.obs_norm.normalize(torch.as_tensor(o, dtype=torch.float32, device=device).flatten(1))
+    norm = lambda o: state.obs_norm.normalize(np.asarray(o, np.float32).reshape(len(o), -1))  # [B, S] float32
     for t in range(args.num_steps):
-        obs = norm(state.obs)  # [B, S]
+        buf.obs[t], buf.reset[t] = norm(state.obs), state.reset
         with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
-            mean, log_std, value = agent(obs)
+            mean, log_std, value = agent(torch.as_tensor(buf.obs[t], device=device))
         action = mean + log_std.exp() * torch.randn_like(mean)
-        buf.obs[t], buf.reset[t] = obs.cpu().numpy(), state.reset
         buf.action[t] = action.cpu().numpy()
         buf.logprob[t] = gaussian(mean, log_std, action)[0].cpu().numpy()
         buf.value[t] = value.cpu().numpy()
@@ -265,24 +264,26 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
         state.ep_return[buf.ended[t]] = 0.0
         state.ep_length[buf.ended[t]] = 0
         state.obs, state.reset = next_obs, term | trunc
-    boot.obs[:], boot.reset[:] = norm(state.obs).cpu().numpy(), state.reset
+    boot.obs[:], boot.reset[:] = norm(state.obs), state.reset
 
 
 # ---------------------------------------------------------------------------------------------- loss and update
 
 
 def compute_gae(reward, value, next_value, terminal, ended, reset, gamma: float, lam: float):
-    """Advantages and returns, [T, B]. Reset rows get 0 (they are masked out); `terminal` stops bootstrapping,
-    `ended` stops the trace; a truncated row bootstraps from the next row's value, which is the value of the
-    episode's final observation."""
+    """Advantages and returns, [T, B] numpy (a loop over T of [B] operations: numpy's are several times cheaper than
+    torch's at MuJoCo's few envs). Reset rows get 0 (they are masked out); `terminal` stops bootstrapping, `ended`
+    stops the trace; a truncated row bootstraps from the next row's value, which is the value of the episode's final
+    observation."""
     T = reward.shape[0]
-    adv = torch.zeros_like(reward)
-    last = torch.zeros_like(next_value)
+    next_values = np.concatenate([value[1:], next_value[None]])  # [T, B]: V(s_{t+1})
+    delta = reward + gamma * next_values * (1.0 - terminal) - value
+    trace = gamma * lam * (1.0 - np.maximum(ended, terminal))
+    keep = 1.0 - reset
+    adv = np.zeros_like(delta)
+    last = np.zeros_like(delta[0])
     for t in reversed(range(T)):
-        nv = next_value if t == T - 1 else value[t + 1]
-        delta = reward[t] + gamma * nv * (1.0 - terminal[t]) - value[t]
-        last = delta + gamma * lam * (1.0 - torch.maximum(ended[t], terminal[t])) * last
-        last = last * (1.0 - reset[t])
+        last = (delta[t] + trace[t] * last) * keep[t]
         adv[t] = last
     return adv, adv + value
 
@@ -348,9 +349,10 @@ def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.dev
         with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
             _, _, next_value = agent(f(boot.obs))
         value, next_value = f(buf.value).float(), next_value.float()
-    fl = lambda x: f(x).float()
-    adv, ret = compute_gae(fl(buf.reward), value, next_value, fl(buf.terminal), fl(buf.ended), fl(buf.reset),
-                           args.gamma, args.gae_lambda)
+    fl = lambda x: np.asarray(x, np.float32)
+    adv, ret = compute_gae(fl(buf.reward), value.cpu().numpy(), next_value.cpu().numpy(), fl(buf.terminal),
+                           fl(buf.ended), fl(buf.reset), args.gamma, args.gae_lambda)
+    adv, ret = f(adv), f(ret)
     valid = ~f(buf.reset).flatten()  # [T*B]: reset rows are never trained on
     data = {"obs": obs.flatten(0, 1)[valid], "action": f(buf.action).flatten(0, 1)[valid],
             "logprob": f(buf.logprob).flatten()[valid], "value": value.flatten()[valid],
@@ -412,8 +414,8 @@ def check_args(args: Args) -> None:
 def act(agent: Agent, obs_norm: ObsNorm, device: torch.device, space: gym.spaces.Box, obs: np.ndarray,
         last_reward: float | None) -> np.ndarray:
     """Evaluation policy: the Gaussian's mean, clipped to the bounds, observation statistics frozen."""
-    x = obs_norm.normalize(torch.as_tensor(obs, dtype=torch.float32, device=device).flatten()[None])
-    mean, _, _ = agent(x)
+    x = obs_norm.normalize(np.asarray(obs, np.float32).reshape(1, -1))
+    mean, _, _ = agent(torch.as_tensor(x, device=device))
     return np.clip(mean[0].cpu().numpy().reshape(space.shape), space.low, space.high)
 
 
@@ -438,7 +440,8 @@ def main() -> int:
     obs_dim, act_dim = int(np.prod(obs_space.shape)), int(np.prod(act_space.shape))
 
     agent = Agent(obs_dim, act_dim, args.hidden, args.init_log_std).to(device)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    fused = {"fused": True} if device.type in ("cpu", "cuda") else {}  # one kernel for all parameters
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, **fused)
     generator = torch.Generator().manual_seed(args.seed)
     obs_norm = ObsNorm(obs_dim, args.normalize_obs, shared=args.sampler == "async")
     reward_scale = RewardScale(args.num_envs, args.gamma, args.normalize_reward, shared=args.sampler == "async")

@@ -36,11 +36,11 @@ def ours(env_id: str, steps: int, num_envs: int, sampler: str) -> float:
                                                                        float(first["wall_time_s"]))
 
 
-def sb3(env_id: str, steps: int, num_envs: int) -> float:
+def sb3(env_id: str, steps: int, num_envs: int, subprocesses: bool) -> float:
     from stable_baselines3 import PPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
-    from stable_baselines3.common.vec_env import VecNormalize
+    from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize
 
     class Clock(BaseCallback):
         """Times from the end of the first rollout, as for ours."""
@@ -56,7 +56,8 @@ def sb3(env_id: str, steps: int, num_envs: int) -> float:
         def _on_step(self) -> bool:
             return True
 
-    env = VecNormalize(make_vec_env(env_id, n_envs=num_envs, seed=1), gamma=0.99)
+    vec_env_cls = SubprocVecEnv if subprocesses else DummyVecEnv
+    env = VecNormalize(make_vec_env(env_id, n_envs=num_envs, seed=1, vec_env_cls=vec_env_cls), gamma=0.99)
     model = PPO("MlpPolicy", env, n_steps=2048 // num_envs, batch_size=64, n_epochs=10, learning_rate=3e-4,
                 clip_range=0.2, ent_coef=0.0, vf_coef=0.5, gae_lambda=0.95, gamma=0.99, max_grad_norm=0.5, seed=1,
                 device="cpu", verbose=0)
@@ -73,12 +74,17 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20480, help="env steps per measurement (2048 per rollout)")
     p.add_argument("--num-envs", type=int, default=1, help="envs per rollout (2048 / num_envs steps each)")
     a = p.parse_args()
-    base = sb3(a.env_id, a.steps, a.num_envs)
     print(f"{a.env_id}, {a.num_envs} env(s), {a.steps} env steps per run, 2048 per rollout")
-    print(f"Stable-Baselines3 PPO                 {base:7.1f} SPS", flush=True)
-    for sampler in ("serial", "parallel", "async"):
+    base = {"DummyVecEnv": sb3(a.env_id, a.steps, a.num_envs, False),
+            "SubprocVecEnv": sb3(a.env_id, a.steps, a.num_envs, True)}
+    for name, sps in base.items():
+        print(f"Stable-Baselines3 PPO, {name:<14}  {sps:7.1f} SPS", flush=True)
+    # Each mode beside SB3's counterpart: envs in worker processes against SubprocVecEnv, the others against the
+    # envs in the training process (SB3 has no asynchronous sampler).
+    for sampler, peer in (("serial", "DummyVecEnv"), ("parallel", "SubprocVecEnv"), ("async", "DummyVecEnv")):
         sps = ours(a.env_id, a.steps, a.num_envs, sampler)
-        print(f"ppo_mujoco.py --sampler {sampler:<8}      {sps:7.1f} SPS  {sps / base:5.2f}x SB3", flush=True)
+        print(f"ppo_mujoco.py --sampler {sampler:<8}      {sps:7.1f} SPS  {sps / base[peer]:5.2f}x SB3 with {peer}",
+              flush=True)
 
 
 if __name__ == "__main__":

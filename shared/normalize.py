@@ -4,8 +4,8 @@ Guarantees
 - ``update(x)`` folds a batch ``[N, D]`` into the running mean and variance with the parallel-variance formula
   (exact for any split of the data into batches, up to float64 rounding); ``count`` starts at 1e-4 with mean 0
   and variance 1, as in Stable-Baselines3's ``RunningMeanStd``.
-- ``normalize(obs)`` returns ``clip((obs - mean) / sqrt(var + 1e-8), -clip, clip)`` as float32 on the tensor's
-  device, and is the identity when the normaliser is disabled.
+- ``normalize(obs)`` returns ``clip((obs - mean) / sqrt(var + 1e-8), -clip, clip)`` as float32: a tensor on the
+  tensor's device, or a numpy array for a numpy array; it is the identity when the normaliser is disabled.
 - With ``shared=True`` the statistics live in one shared-memory float64 array, so the process that updates them
   (the async sampler) and the one that reads them (the learner) see the same numbers; a reader may see a mean
   and variance from consecutive updates (one step apart), never torn garbage beyond that.
@@ -50,18 +50,24 @@ class ObsNorm:
         if not self.enabled or len(x) == 0:
             return
         x = np.asarray(x, np.float64).reshape(len(x), self.dim)
-        count, n = self.count, len(x)
+        count, n = self.stats[-1], len(x)
         total = count + n
-        delta = x.mean(0) - self.mean
-        var = (self.var * count + x.var(0) * n + delta**2 * count * n / total) / total
-        self.stats[:self.dim] = self.mean + delta * n / total
-        self.stats[self.dim:2 * self.dim] = var
+        # ufunc reductions rather than x.mean / x.var: this runs once per env step, mostly on a handful of rows.
+        batch_mean = np.add.reduce(x, 0) / n
+        batch_var = np.add.reduce((x - batch_mean) ** 2, 0) / n
+        mean, var = self.stats[:self.dim], self.stats[self.dim:2 * self.dim]
+        delta = batch_mean - mean
+        var[:] = (var * count + batch_var * n + delta**2 * (count * n / total)) / total
+        mean += delta * (n / total)
         self.stats[-1] = total
 
     def normalize(self, obs):
-        """torch tensor ``[..., D]`` -> normalised float32 tensor on the same device."""
+        """torch tensor ``[..., D]`` -> normalised float32 tensor on the same device; numpy array -> float32 array."""
         if not self.enabled:
             return obs
+        mean, var = self.stats[:self.dim], self.stats[self.dim:2 * self.dim]
+        if isinstance(obs, np.ndarray):
+            return np.clip((obs - mean) / np.sqrt(var + 1e-8), -self.clip, self.clip).astype(np.float32)
         import torch
 
         s = torch.as_tensor(np.array(self.stats[:2 * self.dim]), dtype=torch.float32, device=obs.device)
