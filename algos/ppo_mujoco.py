@@ -10,10 +10,12 @@ The policy is a diagonal Gaussian: an MLP gives the mean, the log standard devia
 trained on as sampled, and clipped to the env's bounds only when stepping the env.
 
 Observations are normalised by running statistics, and rewards divided by the running standard deviation of the
-discounted return (shared/normalize.py; SB3's VecNormalize, CleanRL's wrappers). The rollout stores what the policy
-saw: observations normalised with the statistics of that step, scaled rewards. Both statistics go into the
-checkpoint; evaluation uses the observation statistics frozen and reports raw returns. Under torchrun each rank
-keeps statistics of its own observations (the checkpoint has rank 0's).
+discounted return (SB3's VecNormalize, CleanRL's wrappers), both updated once per rollout by the learner, from
+every rank's rollout (shared/normalize.py, RunningNorm), after the PPO update: a rollout is sampled and trained on
+with the same statistics. The observation statistics are buffers of the policy, so they travel with its parameters
+(to the async sampler, into the checkpoint, to every rank); evaluation uses them frozen and reports raw returns.
+Statistics of each rank's own observations would not do: on InvertedPendulum the ranks' carts drift to opposite
+sides, the same position reads differently on each, and two ranks stopped learning at a return of 50.
 
 Episode boundaries: envs autoreset on the step after an episode ends (gymnasium's next-step mode). That step only
 resets the env: its row is masked out of every loss, and its observation is the episode's final one, whose value
@@ -44,7 +46,7 @@ from shared.affinity import make_affinity
 from shared.buffer import buffer_from_example
 from shared.envs import probe_spaces, vector_env
 from shared.namedarraytuple import namedarraytuple
-from shared.normalize import ObsNorm, RewardScale
+from shared.normalize import RunningNorm
 from shared.procs import DoubleBuffer, Worker, parent_alive_check
 from shared.run import (
     RunFolder,
@@ -193,10 +195,11 @@ def gaussian(mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor) ->
 
 class Agent(nn.Module):
     """Policy mean and critic: two separate tanh MLPs on the normalised observation; log_std: one parameter per
-    action dimension."""
+    action dimension; obs_norm: the observation statistics (buffers, updated by the learner)."""
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden: int, init_log_std: float):
+    def __init__(self, obs_dim: int, act_dim: int, hidden: int, init_log_std: float, normalize_obs: bool = True):
         super().__init__()
+        self.obs_norm = RunningNorm(obs_dim, normalize_obs)
         mlp = lambda out, std: nn.Sequential(layer_init(nn.Linear(obs_dim, hidden)), nn.Tanh(),
                                              layer_init(nn.Linear(hidden, hidden)), nn.Tanh(),
                                              layer_init(nn.Linear(hidden, out), std=std))
@@ -205,47 +208,46 @@ class Agent(nn.Module):
         self.log_std = nn.Parameter(torch.full((act_dim,), float(init_log_std)))
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """obs [N, S] (normalised) -> mean [N, A], log_std [N, A], value [N]."""
+        """obs [N, S] (raw) -> mean [N, A], log_std [N, A], value [N]."""
+        obs = self.obs_norm(obs.float())
         mean = self.actor_mean(obs).float()
         return mean, self.log_std.expand_as(mean), self.critic(obs).float().squeeze(-1)
 
 
 # ---------------------------------------------------------------------------------------------- sampling
 
-Rollout = namedarraytuple("Rollout", ["obs", "action", "logprob", "value", "reward", "terminal", "ended",
-                                      "reset", "ep_return", "ep_length"])  # ep_*: the episode's totals where ended
+Rollout = namedarraytuple("Rollout", ["obs", "action", "logprob", "value", "reward", "discounted", "terminal",
+                                      "ended", "reset", "ep_return", "ep_length"])  # ep_*: the episode's totals
 Bootstrap = namedarraytuple("Bootstrap", ["obs", "reset"])
 
 
 class EnvState:
     """What a sampler carries between rollouts, per env: raw observation, reset flag, episode sums, and the
-    normalisers (statistics possibly shared with the learner). Every observation enters the statistics once, when
-    the env returns it."""
+    discounted return so far (whose statistics scale the rewards)."""
 
-    def __init__(self, envs, seed: int, obs_norm: ObsNorm, reward_scale: RewardScale):
+    def __init__(self, envs, seed: int):
         self.obs, _ = envs.reset(seed=seed)
-        obs_norm.update(self.obs)
         n = len(self.obs)
         self.reset = np.zeros(n, bool)  # True: this step only resets the env (next-step autoreset)
         self.ep_return = np.zeros(n, np.float64)
         self.ep_length = np.zeros(n, np.int64)
-        self.obs_norm, self.reward_scale = obs_norm, reward_scale
+        self.discounted = np.zeros(n, np.float64)  # G <- gamma G + r within the episode
         self.space = envs.single_action_space
 
 
 def rollout_example(obs_dim: int, act_dim: int, B: int) -> tuple:
     one = Rollout(np.zeros(obs_dim, np.float32), np.zeros(act_dim, np.float32), np.float32(0), np.float32(0),
-                  np.float32(0), False, False, False, np.float64(0), np.int64(0))
+                  np.float32(0), np.float32(0), False, False, False, np.float64(0), np.int64(0))
     return one, Bootstrap(np.zeros((B, obs_dim), np.float32), np.zeros(B, bool))  # [T, B] and [B]
 
 
 @torch.inference_mode()
 def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device) -> None:
-    """Step the envs num_steps times, writing buf [T, B] (observations as the policy saw them: normalised) and the
-    bootstrap observation boot [B]."""
-    norm = lambda o: state.obs_norm.normalize(np.asarray(o, np.float32).reshape(len(o), -1))  # [B, S] float32
+    """Step the envs num_steps times, writing buf [T, B] (raw observations and rewards) and the bootstrap
+    observation boot [B]."""
+    flat = lambda o: np.asarray(o, np.float32).reshape(len(o), -1)  # [B, S]
     for t in range(args.num_steps):
-        buf.obs[t], buf.reset[t] = norm(state.obs), state.reset
+        buf.obs[t], buf.reset[t] = flat(state.obs), state.reset
         with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
             mean, log_std, value = agent(torch.as_tensor(buf.obs[t], device=device))
         action = mean + log_std.exp() * torch.randn_like(mean)
@@ -254,9 +256,9 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
         buf.value[t] = value.cpu().numpy()
         env_action = buf.action[t].reshape((-1, *state.space.shape))  # [B, A] -> [B, *action shape]
         next_obs, reward, term, trunc, _ = envs.step(np.clip(env_action, state.space.low, state.space.high))
-        state.obs_norm.update(next_obs)
         raw = np.where(state.reset, 0.0, reward)  # a reset step's reward belongs to no episode
-        buf.reward[t] = state.reward_scale(raw, term | trunc, ~state.reset)
+        state.discounted = np.where(state.reset, 0.0, state.discounted * args.gamma + raw)
+        buf.reward[t], buf.discounted[t] = raw, state.discounted
         buf.terminal[t], buf.ended[t] = term, term | trunc
         state.ep_return += raw
         state.ep_length += ~state.reset
@@ -264,7 +266,7 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
         state.ep_return[buf.ended[t]] = 0.0
         state.ep_length[buf.ended[t]] = 0
         state.obs, state.reset = next_obs, term | trunc
-    boot.obs[:], boot.reset[:] = norm(state.obs), state.reset
+    boot.obs[:], boot.reset[:] = flat(state.obs), state.reset
 
 
 # ---------------------------------------------------------------------------------------------- loss and update
@@ -334,11 +336,13 @@ def ppo_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
     return out
 
 
-def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.device, generator) -> dict:
-    """GAE with the learner's current critic, then the PPO update; buf is [T, B] numpy (possibly shared)."""
+def learn_from(agent: Agent, return_norm: RunningNorm, optimizer, buf, boot, args: Args, device: torch.device,
+               generator) -> dict:
+    """Rewards scaled, GAE with the learner's current critic, the PPO update, then the observation statistics
+    take the rollout; buf is [T, B] numpy (possibly shared)."""
     T, B = args.num_steps, args.num_envs
     f = lambda x: torch.as_tensor(np.asarray(x), device=device)
-    obs = f(buf.obs)  # [T, B, S], normalised as the policy saw them
+    obs = f(buf.obs)  # [T, B, S], raw
     if args.sampler == "async":
         # The rollout was sampled with the previous parameters: recompute values with the current critic.
         with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
@@ -350,31 +354,38 @@ def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.dev
             _, _, next_value = agent(f(boot.obs))
         value, next_value = f(buf.value).float(), next_value.float()
     fl = lambda x: np.asarray(x, np.float32)
-    adv, ret = compute_gae(fl(buf.reward), value.cpu().numpy(), next_value.cpu().numpy(), fl(buf.terminal),
+    valid = ~f(buf.reset).flatten()  # [T*B]: reset rows are never trained on
+    # Reward scaling: the std of every discounted return so far (this rollout's of every rank included).
+    return_norm.update(f(buf.discounted).flatten()[valid][:, None])
+    reward = fl(buf.reward)
+    if return_norm.enabled:
+        reward = np.clip(reward / np.sqrt(float(return_norm.var[0]) + 1e-8), -10.0, 10.0).astype(np.float32)
+    adv, ret = compute_gae(reward, value.cpu().numpy(), next_value.cpu().numpy(), fl(buf.terminal),
                            fl(buf.ended), fl(buf.reset), args.gamma, args.gae_lambda)
     adv, ret = f(adv), f(ret)
-    valid = ~f(buf.reset).flatten()  # [T*B]: reset rows are never trained on
     data = {"obs": obs.flatten(0, 1)[valid], "action": f(buf.action).flatten(0, 1)[valid],
             "logprob": f(buf.logprob).flatten()[valid], "value": value.flatten()[valid],
             "adv": adv.flatten()[valid], "ret": ret.flatten()[valid]}
-    return ppo_update(agent, optimizer, data, args, device, generator)
+    stats = ppo_update(agent, optimizer, data, args, device, generator)
+    agent.obs_norm.update(obs.flatten(0, 1))  # every observation once (the bootstrap one is next rollout's first)
+    return stats
 
 
 # ---------------------------------------------------------------------------------------------- async sampler
 
 
-def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, obs_norm: ObsNorm, reward_scale: RewardScale,
-                 first: int, last: int, affinity, parent_pid: int, stop) -> None:
-    """Sampler process: rollout k goes to slot k % 2, collected with the parameters the learner left in that
-    slot when it released rollout k - 2 (update k - 1): exactly one update behind the learner. It alone updates
-    the normalisers' statistics, which live in shared memory for the learner's checkpoints and evaluations."""
+def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, last: int, affinity, parent_pid: int,
+                 stop) -> None:
+    """Sampler process: rollout k goes to slot k % 2, collected with the parameters (observation statistics
+    included) the learner left in that slot when it released rollout k - 2 (update k - 1): exactly one update
+    behind the learner."""
     affinity.apply_worker(0)
     torch.set_num_threads(1)
     check = parent_alive_check(stop, parent_pid)
     envs = make_envs(args, "serial")
-    state = EnvState(envs, distributed.env_seed(args.seed + first, args.num_envs), obs_norm, reward_scale)
+    state = EnvState(envs, distributed.env_seed(args.seed + first, args.num_envs))
     obs_dim, act_dim = int(np.prod(envs.single_observation_space.shape)), int(np.prod(state.space.shape))
-    agent = Agent(obs_dim, act_dim, args.hidden, args.init_log_std)
+    agent = Agent(obs_dim, act_dim, args.hidden, args.init_log_std, args.normalize_obs)
     torch.manual_seed(distributed.rank_seed(args.seed + 1))  # the policy's noise: a stream of each rank's own
     device = torch.device("cpu")
     try:
@@ -411,11 +422,10 @@ def check_args(args: Args) -> None:
     check_run_args(args)
 
 
-def act(agent: Agent, obs_norm: ObsNorm, device: torch.device, space: gym.spaces.Box, obs: np.ndarray,
+def act(agent: Agent, device: torch.device, space: gym.spaces.Box, obs: np.ndarray,
         last_reward: float | None) -> np.ndarray:
     """Evaluation policy: the Gaussian's mean, clipped to the bounds, observation statistics frozen."""
-    x = obs_norm.normalize(np.asarray(obs, np.float32).reshape(1, -1))
-    mean, _, _ = agent(torch.as_tensor(x, device=device))
+    mean, _, _ = agent(torch.as_tensor(np.asarray(obs, np.float32).reshape(1, -1), device=device))
     return np.clip(mean[0].cpu().numpy().reshape(space.shape), space.low, space.high)
 
 
@@ -439,20 +449,18 @@ def main() -> int:
     num_iterations = max(args.total_timesteps // batch, 1)
     obs_dim, act_dim = int(np.prod(obs_space.shape)), int(np.prod(act_space.shape))
 
-    agent = Agent(obs_dim, act_dim, args.hidden, args.init_log_std).to(device)
+    agent = Agent(obs_dim, act_dim, args.hidden, args.init_log_std, args.normalize_obs).to(device)
     fused = {"fused": True} if device.type in ("cpu", "cuda") else {}  # one kernel for all parameters
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, **fused)
     generator = torch.Generator().manual_seed(args.seed)
-    obs_norm = ObsNorm(obs_dim, args.normalize_obs, shared=args.sampler == "async")
-    reward_scale = RewardScale(args.num_envs, args.gamma, args.normalize_reward, shared=args.sampler == "async")
+    return_norm = RunningNorm(1, args.normalize_reward).to(device)  # statistics of the discounted return
     start_iter, global_step = 0, 0
     if resumed is not None:
         try:
             agent.load_state_dict(resumed["model"])
             optimizer.load_state_dict(resumed["optimizer"])
             generator.set_state(resumed["generator"])
-            obs_norm.load(resumed["obs_norm"].numpy())
-            reward_scale.load(resumed["reward_scale"].numpy())
+            return_norm.load_state_dict(resumed["return_norm"])
         except (RuntimeError, KeyError, ValueError) as e:  # tensors of another shape or another script
             resume_mismatch(resumed, args, SCRIPT, e)
         global_step = int(resumed["global_step"])
@@ -462,11 +470,11 @@ def main() -> int:
 
     def checkpoint() -> dict:
         return {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
-                "obs_norm": obs_norm.state(), "reward_scale": reward_scale.state(),
+                "return_norm": return_norm.state_dict(),
                 "global_step": global_step, "args": vars(args).copy()}
 
     example, boot_example = rollout_example(obs_dim, act_dim, args.num_envs)
-    policy = partial(act, agent, obs_norm, device, act_space)  # for evaluation
+    policy = partial(act, agent, device, act_space)  # for evaluation
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return evaluate_only(run, make_env(args, render=args.capture_video)(), policy, args, global_step)
     next_eval = global_step + args.eval_every if args.eval_every else None
@@ -477,13 +485,12 @@ def main() -> int:
         if args.sampler == "async":
             buffers = DoubleBuffer(example, (args.num_steps, args.num_envs), module=agent)
             boots = [buffer_from_example(boot_example, (), shared=True) for _ in range(2)]
-            worker = guard.hold(Worker(sampler_main, (args, buffers, boots, obs_norm, reward_scale, start_iter,
-                                                      num_iterations, affinity, os.getpid()), name="sampler"))
+            worker = guard.hold(Worker(sampler_main, (args, buffers, boots, start_iter, num_iterations, affinity,
+                                                      os.getpid()), name="sampler"))
         else:
             envs = guard.hold(make_envs(args, args.sampler))
             # A resumed run starts fresh episodes; every env of every rank has a seed of its own.
-            state = EnvState(envs, distributed.env_seed(args.seed + start_iter, args.num_envs), obs_norm,
-                             reward_scale)
+            state = EnvState(envs, distributed.env_seed(args.seed + start_iter, args.num_envs))
             buf = buffer_from_example(example, (args.num_steps, args.num_envs))  # [T, B]
             boot = buffer_from_example(boot_example, ())  # [B]
         for it in range(start_iter, num_iterations):
@@ -497,7 +504,7 @@ def main() -> int:
             global_step += batch
             for ret, length in zip(buf.ep_return[buf.ended], buf.ep_length[buf.ended]):
                 run.episode(float(ret), int(length), global_step)
-            stats = learn_from(agent, optimizer, buf, boot, args, device, generator)
+            stats = learn_from(agent, return_norm, optimizer, buf, boot, args, device, generator)
             if args.sampler == "async":  # the slot goes back with the new parameters: rollout it + 2 uses them
                 buffers.reader_release(it, module=agent, version=it + 1)
             if next_eval is not None and global_step >= next_eval:  # whole episodes in an env of its own

@@ -217,6 +217,26 @@ def mean_std(x: Any) -> tuple[Any, Any]:
     return mean.to(x.dtype), var.clamp(min=0).sqrt().to(x.dtype)
 
 
+def moments(x: Any) -> tuple[float, Any, Any]:
+    """Count, mean and (population) variance over dimension 0 of tensor ``x`` ``[N, D]`` and of every rank's ``x``,
+    in float64. Two reductions (the sum, then the squared deviations from the global mean) so that a large mean
+    costs no precision."""
+    import torch
+
+    x = x.double()
+    s = torch.cat([x.sum(0), torch.tensor([float(len(x))], dtype=torch.float64, device=x.device)])
+    if in_lockstep():
+        import torch.distributed as dist
+
+        dist.all_reduce(s)
+    n = float(s[-1])
+    mean = s[:-1] / max(n, 1.0)
+    sq = ((x - mean) ** 2).sum(0)
+    if in_lockstep():
+        dist.all_reduce(sq)
+    return n, mean, sq / max(n, 1.0)
+
+
 def any_rank(flag: bool) -> bool:
     """True on every rank when ``flag`` or a stop signal is set on any rank."""
     if not in_lockstep():

@@ -1,4 +1,5 @@
-"""Running observation statistics and reward scaling, shareable between a sampler process and a learner.
+"""Running observation statistics: shareable between a sampler process and a learner (``ObsNorm``), or carried by a
+module with its parameters (``RunningNorm``).
 
 Guarantees
 - ``update(x)`` folds a batch ``[N, D]`` into the running mean and variance with the parallel-variance formula
@@ -10,20 +11,20 @@ Guarantees
   (the async sampler) and the one that reads them (the learner) see the same numbers; a reader may see a mean
   and variance from consecutive updates (one step apart), never torn garbage beyond that.
 - ``state()`` / ``load(state)`` round-trip the statistics as a tensor for a ``weights_only`` checkpoint.
-- ``RewardScale`` divides each reward by the running standard deviation of the discounted return, then clips it
-  (Stable-Baselines3's ``VecNormalize(norm_reward=True)``, gymnasium's ``NormalizeReward``): per env,
-  ``G <- gamma G + r``, the statistics take ``G``, the reward becomes ``clip(r / sqrt(var(G) + 1e-8))``, and
-  ``G`` restarts at 0 after a step that ends the episode. Rows that belong to no episode (next-step autoreset)
-  change nothing and give 0. The statistics may be shared; ``G`` is local to the process that calls it.
+- ``RunningNorm`` keeps the same statistics as torch buffers of a module, so that they travel with the parameters
+  of the module that owns it: into its ``state_dict`` (the checkpoint), to an async sampler's copy, and to every
+  rank with torchrun's broadcast. Its ``update(x)`` merges the batches of every rank (``distributed.moments``),
+  so all ranks hold the same statistics after each update.
 """
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from shared.buffer import shared_zeros
 
-__all__ = ["ObsNorm", "RewardScale"]
+__all__ = ["ObsNorm", "RunningNorm"]
 
 
 class ObsNorm:
@@ -85,27 +86,35 @@ class ObsNorm:
         self.stats[:] = state
 
 
-class RewardScale:
-    """Rewards [B] scaled by the running std of each env's discounted return; disabled: rewards pass unchanged."""
+class RunningNorm(torch.nn.Module):
+    """``forward(x)``: ``clip((x - mean) / sqrt(var + 1e-8))`` in x's dtype (the identity when disabled);
+    ``update(x)``: folds a batch ``[N, D]`` (every rank's, under torchrun) into the float64 running statistics,
+    with the prior and the formula of ``ObsNorm``."""
 
-    def __init__(self, num_envs: int, gamma: float, enabled: bool = True, shared: bool = False, clip: float = 10.0):
-        self.gamma, self.enabled, self.clip = float(gamma), bool(enabled), float(clip)
-        self.returns = ObsNorm(1, enabled, shared)  # statistics of G: the part a checkpoint keeps
-        self.discounted = np.zeros(num_envs, np.float64)  # G per env
+    def __init__(self, dim: int, enabled: bool = True, clip: float = 10.0):
+        super().__init__()
+        self.enabled, self.clip = bool(enabled), float(clip)
+        self.register_buffer("mean", torch.zeros(dim, dtype=torch.float64))
+        self.register_buffer("var", torch.ones(dim, dtype=torch.float64))
+        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
 
-    def __call__(self, reward: np.ndarray, ended: np.ndarray, valid: np.ndarray) -> np.ndarray:
-        """reward, ended, valid: [B]; valid is False on rows that only reset their env."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not self.enabled:
-            return reward
-        reward = np.where(valid, reward, 0.0)
-        self.discounted = np.where(valid, self.discounted * self.gamma + reward, self.discounted)
-        self.returns.update(self.discounted[valid, None])
-        scaled = np.clip(reward / np.sqrt(self.returns.var[0] + 1e-8), -self.clip, self.clip)
-        self.discounted[ended & valid] = 0.0
-        return scaled
+            return x
+        return ((x - self.mean.to(x.dtype)) / torch.sqrt(self.var + 1e-8).to(x.dtype)).clamp(-self.clip, self.clip)
 
-    def state(self):
-        return self.returns.state()
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        if not self.enabled:
+            return
+        from shared import distributed
 
-    def load(self, state) -> None:
-        self.returns.load(state)
+        n, batch_mean, batch_var = distributed.moments(x.reshape(len(x), -1))
+        if n == 0:
+            return
+        count = float(self.count)
+        total = count + n
+        delta = batch_mean - self.mean
+        self.var.copy_((self.var * count + batch_var * n + delta**2 * (count * n / total)) / total)
+        self.mean.add_(delta * (n / total))
+        self.count.fill_(total)

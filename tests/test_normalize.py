@@ -1,14 +1,15 @@
 """shared/normalize.py: running statistics against numpy over the concatenated data, for any split into batches;
-reward scaling against a plain loop over the steps."""
+the module version against the array version."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.normalize import ObsNorm, RewardScale
+from shared.normalize import ObsNorm, RunningNorm
 
 
 @settings(max_examples=100, deadline=None)
@@ -48,32 +49,22 @@ def test_disabled_is_the_identity_and_state_round_trips():
 
 
 @settings(max_examples=50, deadline=None)
-@given(st.integers(1, 4), st.integers(1, 40), st.integers(0, 2**31 - 1))
-def test_reward_scale_matches_a_plain_loop(num_envs, steps, seed):
-    """Per env G <- gamma G + r; the std of every G so far (the 1e-4 prior included) divides r; G restarts after
-    an episode's end; a reset row (not valid) adds nothing and gives 0."""
+@given(st.lists(st.integers(1, 20), min_size=1, max_size=8), st.integers(0, 2**31 - 1))
+def test_running_norm_module_matches_obs_norm_and_travels_in_its_state_dict(sizes, seed):
     rng = np.random.default_rng(seed)
-    gamma = 0.9
-    scale = RewardScale(num_envs, gamma, clip=3.0)
-    G, seen = np.zeros(num_envs), []
-    for _ in range(steps):
-        reward = rng.normal(0.0, 5.0, num_envs)
-        valid = rng.random(num_envs) < 0.8
-        ended = valid & (rng.random(num_envs) < 0.2)
-        out = scale(reward, ended, valid)
-        for b in range(num_envs):
-            if valid[b]:
-                G[b] = gamma * G[b] + reward[b]
-                seen.append(G[b])
-        n, prior = len(seen), 1e-4  # the prior: mean 0, variance 1, weight 1e-4
-        mean = sum(seen) / (n + prior)
-        var = (prior + sum(g * g for g in seen)) / (n + prior) - mean**2
-        expected = np.where(valid, np.clip(reward / np.sqrt(var + 1e-8), -3.0, 3.0), 0.0)
-        np.testing.assert_allclose(out, expected, rtol=1e-6, atol=1e-9)
-        G[ended] = 0.0
-    off = RewardScale(num_envs, gamma, enabled=False)
-    r = rng.normal(size=num_envs)
-    assert off(r, np.zeros(num_envs, bool), np.ones(num_envs, bool)) is r
-    restored = RewardScale(num_envs, gamma)
-    restored.load(scale.state())
-    np.testing.assert_array_equal(restored.returns.stats, scale.returns.stats)
+    batches = [rng.normal(50.0, 0.1, (n, 3)).astype(np.float32) for n in sizes]  # a large mean, a small spread
+    reference, module = ObsNorm(3), RunningNorm(3)
+    for b in batches:
+        reference.update(b)
+        module.update(torch.as_tensor(b))
+    np.testing.assert_allclose(module.mean.numpy(), reference.mean, rtol=1e-12)
+    np.testing.assert_allclose(module.var.numpy(), reference.var, rtol=1e-7, atol=1e-12)
+    assert module.count.item() == pytest.approx(reference.count)
+    x = torch.as_tensor(batches[0], dtype=torch.float32)
+    np.testing.assert_allclose(module(x).numpy(), reference.normalize(x).numpy(), rtol=1e-4, atol=1e-4)
+    copy = RunningNorm(3)
+    copy.load_state_dict(module.state_dict())
+    assert torch.equal(copy(x), module(x))
+    off = RunningNorm(3, enabled=False)
+    off.update(x)
+    assert off(x) is x and off.count.item() == 1e-4

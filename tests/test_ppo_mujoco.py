@@ -17,7 +17,6 @@ import torch
 
 from shared.buffer import buffer_from_example
 from shared.envs import vector_env
-from shared.normalize import ObsNorm, RewardScale
 from tests.helpers import (
     ROOT,
     assert_killed_sampler_ends_the_run,
@@ -61,15 +60,15 @@ def test_gaussian_log_prob_and_entropy_match_their_definitions():
         assert entropy[n].item() == pytest.approx(h, rel=1e-6)
 
 
-def test_rollout_boundaries_statistics_and_log_probs():
+def test_rollout_boundaries_returns_and_log_probs():
     """Two Pendulum envs cut at 5 steps: the row after each truncation only resets its env (reward 0), episodes
-    are 5 steps long, every observation enters the statistics once, and the stored log-probabilities are the
-    learner's for the same observations and actions (PPO's first ratio is exactly 1)."""
-    args = ppo_mujoco.Args(env_id="Pendulum-v1", num_envs=2, num_steps=12)
+    are 5 steps long, the discounted return restarts with each episode, and the stored log-probabilities and
+    values are the learner's for the same observations and actions (PPO's first ratio is exactly 1)."""
+    args = ppo_mujoco.Args(env_id="Pendulum-v1", num_envs=2, num_steps=12, gamma=0.9)
     envs = vector_env([lambda: gym.make("Pendulum-v1", max_episode_steps=5)] * 2, "serial")
-    obs_norm, scale = ObsNorm(3), RewardScale(2, args.gamma)
-    state = ppo_mujoco.EnvState(envs, 3, obs_norm, scale)
+    state = ppo_mujoco.EnvState(envs, 3)
     agent = ppo_mujoco.Agent(3, 1, 16, -0.5)
+    agent.obs_norm.update(torch.randn(50, 3) * 3 + 1)  # statistics away from the prior
     example, boot_example = ppo_mujoco.rollout_example(3, 1, 2)
     buf, boot = buffer_from_example(example, (12, 2)), buffer_from_example(boot_example, ())
     torch.manual_seed(0)
@@ -80,13 +79,17 @@ def test_rollout_boundaries_statistics_and_log_probs():
     np.testing.assert_array_equal(buf.reset[1:], ended[:-1])
     assert not buf.terminal.any() and (buf.reward[buf.reset] == 0).all() and (buf.reward[~buf.reset] != 0).all()
     assert (buf.ep_length[ended] == 5).all()
-    assert obs_norm.count == pytest.approx(1e-4 + 2 * 13)  # the first observation and one per step, per env
+    for b in range(2):
+        g = 0.0
+        for t in range(12):
+            g = 0.0 if buf.reset[t, b] else 0.9 * g + buf.reward[t, b]
+            assert buf.discounted[t, b] == pytest.approx(g, rel=1e-5)
+    assert np.abs(buf.obs).max() > 1.0  # raw observations (Pendulum's angular velocity reaches past 1)
     with torch.no_grad():
         mean, log_std, value = agent(torch.as_tensor(buf.obs).flatten(0, 1))
         log_prob, _ = ppo_mujoco.gaussian(mean, log_std, torch.as_tensor(buf.action).flatten(0, 1))
     np.testing.assert_allclose(log_prob.numpy(), buf.logprob.reshape(-1), rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(value.numpy(), buf.value.reshape(-1), rtol=1e-6, atol=1e-6)
-    assert np.abs(buf.obs).max() <= 10.0  # normalised and clipped
     envs.close()
 
 
@@ -151,15 +154,15 @@ def test_checkpoint_and_resume_carry_the_normalisers(sampler, tmp_path):
     out = run("ppo_mujoco.py", *flags, "--total-timesteps", "256", timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     first = torch.load(tmp_path / "r" / "checkpoint.pt", weights_only=True)
-    assert first["obs_norm"][-1].item() == pytest.approx(1e-4 + 2 + 256)  # a reset and 128 steps, per env
-    returns_seen = first["reward_scale"][-1].item()  # one return per step and env, reset rows left out
+    assert first["model"]["obs_norm.count"].item() == pytest.approx(1e-4 + 256)  # every row of 2 rollouts
+    returns_seen = first["return_norm"]["count"].item()  # one return per row, reset rows left out
     assert 128 < returns_seen <= 1e-4 + 256
     out = run("ppo_mujoco.py", *flags, "--total-timesteps", "512", "--resume", str(tmp_path / "r"), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert [int(r["global_step"]) for r in progress(tmp_path / "r")] == [128, 256, 384, 512]
     second = torch.load(tmp_path / "r" / "checkpoint.pt", weights_only=True)
-    assert second["obs_norm"][-1].item() == pytest.approx(1e-4 + 2 * (2 + 256))  # went on from the saved ones
-    assert second["reward_scale"][-1].item() > returns_seen + 128
+    assert second["model"]["obs_norm.count"].item() == pytest.approx(1e-4 + 512)  # went on from the saved ones
+    assert second["return_norm"]["count"].item() > returns_seen + 128
     out = run("ppo_mujoco.py", *flags, "--resume", str(tmp_path / "r"), "--eval-only", "--eval-episodes", "2",
               timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -177,7 +180,7 @@ def test_serial_runs_are_reproducible(tmp_path):
     ca = torch.load(tmp_path / "x" / "checkpoint.pt", weights_only=True)
     cb = torch.load(tmp_path / "y" / "checkpoint.pt", weights_only=True)
     assert all(torch.equal(ca["model"][k], cb["model"][k]) for k in ca["model"])
-    assert torch.equal(ca["obs_norm"], cb["obs_norm"])
+    assert torch.equal(ca["return_norm"]["var"], cb["return_norm"]["var"])
 
 
 # ---------------------------------------------------------------------------------------------- errors
@@ -210,7 +213,7 @@ def test_interrupt_writes_checkpoint_and_ends_every_process(sampler, sig, tmp_pa
     assert proc.returncode == 130, err
     assert_no_leftovers(proc.pid)
     ckpt = torch.load(tmp_path / "i" / "checkpoint.pt", weights_only=True)
-    assert ckpt["global_step"] >= 128 and ckpt["obs_norm"][-1] > 128
+    assert ckpt["global_step"] >= 128 and ckpt["model"]["obs_norm.count"] >= 128
     assert set(os.listdir("/dev/shm")) <= shm_before
 
 
