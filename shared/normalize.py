@@ -5,8 +5,8 @@ Guarantees
 - ``update(x)`` folds a batch ``[N, D]`` into the running mean and variance with the parallel-variance formula
   (exact for any split of the data into batches, up to float64 rounding); ``count`` starts at 1e-4 with mean 0
   and variance 1, as in Stable-Baselines3's ``RunningMeanStd``.
-- ``normalize(obs)`` returns ``clip((obs - mean) / sqrt(var + 1e-8), -clip, clip)`` as float32: a tensor on the
-  tensor's device, or a numpy array for a numpy array; it is the identity when the normaliser is disabled.
+- ``normalize(obs)`` returns ``clip((obs - mean) / sqrt(var + 1e-8), -clip, clip)`` as float32 on the tensor's
+  device, and is the identity when the normaliser is disabled.
 - With ``shared=True`` the statistics live in one shared-memory float64 array, so the process that updates them
   (the async sampler) and the one that reads them (the learner) see the same numbers; a reader may see a mean
   and variance from consecutive updates (one step apart), never torn garbage beyond that.
@@ -63,20 +63,13 @@ class ObsNorm:
         self.stats[-1] = total
 
     def normalize(self, obs):
-        """torch tensor ``[..., D]`` -> normalised float32 tensor on the same device; numpy array -> float32 array."""
+        """torch tensor ``[..., D]`` -> normalised float32 tensor on the same device."""
         if not self.enabled:
             return obs
-        mean, var = self.stats[:self.dim], self.stats[self.dim:2 * self.dim]
-        if isinstance(obs, np.ndarray):
-            return np.clip((obs - mean) / np.sqrt(var + 1e-8), -self.clip, self.clip).astype(np.float32)
-        import torch
-
         s = torch.as_tensor(np.array(self.stats[:2 * self.dim]), dtype=torch.float32, device=obs.device)
         return ((obs - s[:self.dim]) / torch.sqrt(s[self.dim:] + 1e-8)).clamp(-self.clip, self.clip)
 
     def state(self):
-        import torch
-
         return torch.from_numpy(np.array(self.stats))
 
     def load(self, state) -> None:
