@@ -359,7 +359,8 @@ def learn_from(agent: Agent, return_norm: RunningNorm, optimizer, buf, boot, arg
     return_norm.update(f(buf.discounted).flatten()[valid][:, None])
     reward = fl(buf.reward)
     if return_norm.enabled:
-        reward = np.clip(reward / np.sqrt(float(return_norm.var[0]) + 1e-8), -10.0, 10.0).astype(np.float32)
+        scale = np.sqrt(float(return_norm.var[0]) + 1e-8)
+        reward = np.clip(reward / scale, -return_norm.clip, return_norm.clip).astype(np.float32)
     adv, ret = compute_gae(reward, value.cpu().numpy(), next_value.cpu().numpy(), fl(buf.terminal),
                            fl(buf.ended), fl(buf.reset), args.gamma, args.gae_lambda)
     adv, ret = f(adv), f(ret)

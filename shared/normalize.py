@@ -24,7 +24,15 @@ import torch
 
 from shared.buffer import shared_zeros
 
-__all__ = ["ObsNorm", "RunningNorm"]
+__all__ = ["ObsNorm", "RunningNorm", "merge_moments"]
+
+
+def merge_moments(mean, var, count, batch_mean, batch_var, n):
+    """Mean, (population) variance and count of two sets from each set's own, by the parallel-variance formula
+    (Chan et al.); numpy arrays or torch tensors."""
+    total = count + n
+    delta = batch_mean - mean
+    return mean + delta * (n / total), (var * count + batch_var * n + delta**2 * (count * n / total)) / total, total
 
 
 class ObsNorm:
@@ -52,15 +60,11 @@ class ObsNorm:
             return
         x = np.asarray(x, np.float64).reshape(len(x), self.dim)
         count, n = self.stats[-1], len(x)
-        total = count + n
         # ufunc reductions rather than x.mean / x.var: this runs once per env step, mostly on a handful of rows.
         batch_mean = np.add.reduce(x, 0) / n
         batch_var = np.add.reduce((x - batch_mean) ** 2, 0) / n
-        mean, var = self.stats[:self.dim], self.stats[self.dim:2 * self.dim]
-        delta = batch_mean - mean
-        var[:] = (var * count + batch_var * n + delta**2 * (count * n / total)) / total
-        mean += delta * (n / total)
-        self.stats[-1] = total
+        mean, var, total = merge_moments(self.mean, self.var, count, batch_mean, batch_var, n)
+        self.stats[:self.dim], self.stats[self.dim:2 * self.dim], self.stats[-1] = mean, var, total
 
     def normalize(self, obs):
         """torch tensor ``[..., D]`` -> normalised float32 tensor on the same device."""
@@ -105,9 +109,7 @@ class RunningNorm(torch.nn.Module):
         n, batch_mean, batch_var = distributed.moments(x.reshape(len(x), -1))
         if n == 0:
             return
-        count = float(self.count)
-        total = count + n
-        delta = batch_mean - self.mean
-        self.var.copy_((self.var * count + batch_var * n + delta**2 * (count * n / total)) / total)
-        self.mean.add_(delta * (n / total))
+        mean, var, total = merge_moments(self.mean, self.var, float(self.count), batch_mean, batch_var, n)
+        self.mean.copy_(mean)
+        self.var.copy_(var)
         self.count.fill_(total)
