@@ -17,7 +17,6 @@ import csv
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -37,33 +36,17 @@ def ours(env_id: str, steps: int, num_envs: int, sampler: str) -> float:
 
 
 def sb3(env_id: str, steps: int, num_envs: int, subprocesses: bool) -> float:
+    from ppo_training import sb3_sps  # benchmarks/ is on sys.path when a benchmark runs
     from stable_baselines3 import PPO
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
     from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecNormalize
-
-    class Clock(BaseCallback):
-        """Times from the end of the first rollout, as for ours."""
-
-        def __init__(self):
-            super().__init__()
-            self.t_first, self.steps_first = None, 0
-
-        def _on_rollout_end(self) -> None:
-            if self.t_first is None:
-                self.t_first, self.steps_first = time.perf_counter(), self.num_timesteps
-
-        def _on_step(self) -> bool:
-            return True
 
     vec_env_cls = SubprocVecEnv if subprocesses else DummyVecEnv
     env = VecNormalize(make_vec_env(env_id, n_envs=num_envs, seed=1, vec_env_cls=vec_env_cls), gamma=0.99)
     model = PPO("MlpPolicy", env, n_steps=2048 // num_envs, batch_size=64, n_epochs=10, learning_rate=3e-4,
                 clip_range=0.2, ent_coef=0.0, vf_coef=0.5, gae_lambda=0.95, gamma=0.99, max_grad_norm=0.5, seed=1,
                 device="cpu", verbose=0)
-    clock = Clock()
-    model.learn(total_timesteps=steps, callback=clock)
-    sps = (model.num_timesteps - clock.steps_first) / (time.perf_counter() - clock.t_first)
+    sps = sb3_sps(model, steps)
     env.close()
     return sps
 

@@ -38,13 +38,25 @@ def sb3(env_id: str, steps: int) -> float:
     import ale_py
     import gymnasium as gym
     from stable_baselines3 import PPO
-    from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_atari_env
     from stable_baselines3.common.vec_env import VecFrameStack
 
-    class Clock(BaseCallback):
-        """Times from the end of the first rollout, as for ours."""
+    gym.register_envs(ale_py)
+    env = VecFrameStack(make_atari_env(env_id, n_envs=8, seed=1), n_stack=4)
+    model = PPO("CnnPolicy", env, n_steps=128, batch_size=256, n_epochs=4, learning_rate=2.5e-4, clip_range=0.1,
+                ent_coef=0.01, vf_coef=0.5, gae_lambda=0.95, gamma=0.99, max_grad_norm=0.5, seed=1, device="cpu",
+                verbose=0)
+    sps = sb3_sps(model, steps)
+    env.close()
+    return sps
 
+
+def sb3_sps(model, steps: int) -> float:
+    """Train an SB3 on-policy model for ``steps`` and return its env steps per second from the end of the first
+    rollout, as ours are timed (start-up and the first rollout left out)."""
+    from stable_baselines3.common.callbacks import BaseCallback
+
+    class Clock(BaseCallback):
         def __init__(self):
             super().__init__()
             self.t_first, self.steps_first = None, 0
@@ -56,16 +68,9 @@ def sb3(env_id: str, steps: int) -> float:
         def _on_step(self) -> bool:
             return True
 
-    gym.register_envs(ale_py)
-    env = VecFrameStack(make_atari_env(env_id, n_envs=8, seed=1), n_stack=4)
-    model = PPO("CnnPolicy", env, n_steps=128, batch_size=256, n_epochs=4, learning_rate=2.5e-4, clip_range=0.1,
-                ent_coef=0.01, vf_coef=0.5, gae_lambda=0.95, gamma=0.99, max_grad_norm=0.5, seed=1, device="cpu",
-                verbose=0)
     clock = Clock()
     model.learn(total_timesteps=steps, callback=clock)
-    sps = (model.num_timesteps - clock.steps_first) / (time.perf_counter() - clock.t_first)
-    env.close()
-    return sps
+    return (model.num_timesteps - clock.steps_first) / (time.perf_counter() - clock.t_first)
 
 
 def main() -> None:
