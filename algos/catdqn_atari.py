@@ -43,7 +43,8 @@ from shared.affinity import make_affinity
 from shared.atari import is_atari, make_atari_env, make_atari_vector_env
 from shared.envs import image_shape, probe_spaces, vector_env
 from shared.namedarraytuple import namedarraytuple
-from shared.procs import AsyncReplay, ReplayPacer, Worker, parent_alive_check
+from shared.pacing import AsyncReplay, ReplayPacer
+from shared.procs import Worker, parent_alive_check
 from shared.replay import ReplayBuffer
 from shared.run import (
     RunFolder,

@@ -48,7 +48,8 @@ from shared.affinity import make_affinity
 from shared.envs import probe_spaces, vector_env
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import ObsNorm
-from shared.procs import AsyncReplay, ReplayPacer, Worker, parent_alive_check
+from shared.pacing import AsyncReplay, ReplayPacer
+from shared.procs import Worker, parent_alive_check
 from shared.replay import ReplayBuffer
 from shared.run import (
     RunFolder,
@@ -127,7 +128,7 @@ class Args:
     normalize_obs: bool = False
     """normalise observations with running statistics (saved in the checkpoint, frozen in evaluation)"""
     # infrastructure
-    sampler: str = "serial"
+    sampler: Literal["serial", "parallel", "async"] = "serial"
     """serial, parallel (AsyncVectorEnv worker processes) or async (sampler process appending to a shared replay
     while the learner trains)"""
     max_lag_steps: int = 1_000

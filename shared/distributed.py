@@ -37,6 +37,8 @@ from typing import Any
 
 import numpy as np
 
+from shared.signals import raise_on_signals
+
 __all__ = ["TIMEOUT_S", "RanksDiverged", "any_rank", "average_gradients", "check_in_sync", "clear_stop", "end",
            "env_seed", "gather_objects", "in_lockstep", "is_main", "local_rank", "lost_peer", "mean_std",
            "min_over_ranks", "rank", "rank_seed", "share", "start", "stop_requested", "world_size"]
@@ -105,10 +107,8 @@ def end() -> None:
         return
     import torch.distributed as dist
 
-    from shared.run import stop_on_signals
-
     _state["active"] = False
-    stop_on_signals()
+    raise_on_signals()
     if dist.is_initialized():
         dist.destroy_process_group()
     if _state["signalled"] or _state["stop"]:

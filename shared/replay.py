@@ -46,7 +46,7 @@ import numpy as np
 
 from shared.buffer import buffer_from_example, shared_zeros
 from shared.namedarraytuple import is_namedarraytuple, map_structure, namedarraytuple
-from shared.procs import locked
+from shared.sync import locked
 
 if TYPE_CHECKING:
     from shared.sum_tree import SumTree

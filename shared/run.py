@@ -14,8 +14,9 @@ Guarantees
 - ``evaluate`` plays whole episodes with the script's act function, logs ``eval/episodic_return`` and writes
   ``eval.json``.
 - ``run.guard(state)`` wraps a script's loop: Ctrl-C or SIGTERM writes the checkpoint ``state()`` returns and
-  gives exit code 130; a failed sampler (``WorkerError``) or a file that cannot be written (``WriteError``:
-  disk full) gives one ``error:`` line and exit code 1, any other error its traceback and a last ``error:`` line
+  gives exit code 130; a failed or killed sampler process or env worker writes the learner's checkpoint, then
+  one ``error:`` line and exit code 1; a file that cannot be written (``WriteError``: disk full) gives one
+  ``error:`` line and exit code 1, any other error its traceback and a last ``error:`` line
   naming it, exit code 1; whatever the loop ``hold``s (a sampler process, vector
   envs) is closed on every path, and the run folder last.
 - Every file is written through a temporary file renamed over it: a full disk leaves the previous checkpoint,
@@ -44,7 +45,6 @@ import math
 import os
 import platform
 import shutil
-import signal
 import sys
 import time
 import traceback
@@ -55,6 +55,9 @@ from typing import Any, NoReturn
 import numpy as np
 
 from shared import distributed
+from shared.envs import close_envs
+from shared.procs import WorkerError
+from shared.signals import raise_on_signals
 
 __all__ = ["EXIT_INTERRUPTED", "RunFolder", "WriteError", "bad_args", "check_run_args", "evaluate", "evaluate_only",
            "load_checkpoint",
@@ -146,15 +149,8 @@ def resolve_device(spec: str, bf16: bool = False):
 
 
 def stop_on_signals() -> None:
-    """SIGTERM and SIGINT raise KeyboardInterrupt in the main thread. SIGINT is set explicitly: a process started
-    in the background by a non-interactive shell (``cmd &`` in a script, some CI runners) inherits SIGINT
-    ignored, and Python then leaves it ignored, so Ctrl-C or ``kill -INT`` would be lost."""
-
-    def handler(signum, frame):
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    """SIGTERM and SIGINT raise KeyboardInterrupt in the main thread (``shared.signals``)."""
+    raise_on_signals()
 
 
 def load_checkpoint(path: str | os.PathLike, env_id: str) -> tuple[dict, Path]:
@@ -523,6 +519,11 @@ class _NoWriter:
         pass
 
 
+# A failure of the sampling side that the learner survives (a sampler process, or an env worker of gymnasium's
+# AsyncVectorEnv, failed or was killed): the learner's checkpoint is written before the run ends.
+SAMPLER_FAILURES = (WorkerError, EOFError, BrokenPipeError, ConnectionResetError)
+
+
 class Guard:
     """The end of every run, written once: see ``RunFolder.guard``."""
 
@@ -539,9 +540,6 @@ class Guard:
         return self
 
     def __exit__(self, kind, error, tb) -> bool:
-        from shared.envs import close_envs
-        from shared.procs import WorkerError
-
         try:
             if kind is not None and issubclass(kind, KeyboardInterrupt):
                 state = self.state()
@@ -554,9 +552,12 @@ class Guard:
                     pass
                 self.run.save_checkpoint(state)
                 self.exit_code = EXIT_INTERRUPTED
-            elif kind is not None and issubclass(kind, WorkerError):
+            elif kind is not None and issubclass(kind, SAMPLER_FAILURES):
                 print(error, file=sys.stderr)
-                print("error: the sampler process failed", file=sys.stderr, flush=True)
+                state = self.state()  # the learner is intact: keep what it learned
+                self.run.save_checkpoint(state)
+                print(f"error: the sampler process failed ({kind.__name__}); the learner's checkpoint at step "
+                      f"{state['global_step']} is written", file=sys.stderr, flush=True)
                 self.exit_code = 1
             elif kind is not None and distributed.lost_peer(error):
                 print(f"error: rank {distributed.rank()} lost contact with another rank, which failed, was killed or "

@@ -114,7 +114,8 @@ def kill_sampler(pid: int) -> int:
 
 def assert_killed_sampler_ends_the_run(name: str, args: list[str], run_dir: Path) -> None:
     """Start ``algos/<name>`` (writing to ``run_dir``), SIGKILL its sampler process once the loop runs: the run
-    must end with exit code 1, the failure named on its last stderr line, and no process left behind."""
+    must end with exit code 1, the failure named on its last stderr line, the learner's checkpoint written, and no
+    process left behind."""
     proc = start(name, *args, "--out-dir", str(run_dir.parent), "--run-name", run_dir.name)
     wait_for_progress_row(run_dir, proc)
     assert kill_sampler(proc.pid) == 1
@@ -122,6 +123,11 @@ def assert_killed_sampler_ends_the_run(name: str, args: list[str], run_dir: Path
     assert proc.returncode == 1, err
     assert err.strip().splitlines()[-1].startswith("error: the sampler process failed")
     assert_no_leftovers(proc.pid)
+    # Nothing lost: the learner's state at the failure is the checkpoint, with its step and counters.
+    import torch
+
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert ckpt["global_step"] > 0 and f"checkpoint at step {ckpt['global_step']} is written" in err
 
 
 def gae_by_definition(r, v, nv, term, ended, reset, gamma, lam):

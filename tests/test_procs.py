@@ -142,7 +142,7 @@ def test_a_peer_killed_while_holding_the_replay_lock_raises_instead_of_hanging()
 
 
 def test_sampler_ahead_always_lets_the_sampler_produce_the_next_updates_data():
-    from shared.procs import sampler_ahead
+    from shared.pacing import sampler_ahead
 
     # One update per 5,120 env steps (R2D1's defaults), lag bound 2,000, learning from step 10,000, no update yet:
     # the learner needs step 15,120 for its first update, so the sampler may go to 17,120 before it waits.
@@ -159,7 +159,7 @@ def test_sampler_ahead_always_lets_the_sampler_produce_the_next_updates_data():
        lag=st.integers(1, 5000), steps=st.lists(st.integers(1, 40), min_size=1, max_size=60))
 def test_pacer_keeps_the_replay_ratio_and_never_deadlocks_the_sampler(ups, min_steps, start, start_updates, envs,
                                                                       chunk, lag, steps):
-    from shared.procs import ReplayPacer
+    from shared.pacing import ReplayPacer
 
     pacer = ReplayPacer(ups, min_steps, start, start_updates)
     sampled, updates = start, start_updates
@@ -177,7 +177,7 @@ def test_pacer_keeps_the_replay_ratio_and_never_deadlocks_the_sampler(ups, min_s
 def test_async_replay_publishes_every_n_updates_and_whenever_the_learner_waits():
     import torch
 
-    from shared.procs import AsyncReplay, ReplayPacer
+    from shared.pacing import AsyncReplay, ReplayPacer
 
     module = torch.nn.Linear(2, 2)
     link = AsyncReplay(module, ReplayPacer(1.0, 0, 0, 5), num_envs=1)

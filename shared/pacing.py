@@ -1,0 +1,145 @@
+"""The replay ratio, in every sampling mode, and the link between an async replay sampler and its learner.
+
+Guarantees
+- ``ReplayPacer`` is the replay ratio of every replay script, in every mode: how many updates are due once so
+  many env steps are sampled. ``AsyncReplay`` is the link between an async replay sampler process and its
+  learner, written once: the learner publishes parameters every ``PUBLISH_EVERY`` updates and whenever it has
+  to wait (so a sampler waiting on it always sees its newest update count: no deadlock), sleeps ``WAIT_S`` and
+  counts the time when the replay ratio is reached (``wait_s``: the sampler is the bottleneck); the sampler
+  waits while it is more than ``max_lag_steps`` ahead of what the learner's updates cover and counts that
+  (``sampler_wait_s``: the learner is the bottleneck), pulls each newly published version, and reports finished
+  episodes with their global step.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from shared import distributed
+from shared.buffer import shared_zeros
+from shared.procs import CTX, SharedParameters, Worker
+
+__all__ = ["AsyncReplay", "ReplayPacer", "sampler_ahead"]
+
+
+def sampler_ahead(step: int, version: int, start_step: int, start_updates: int, min_steps_learn: int,
+                  updates_per_step: float, max_lag_steps: int, chunk_steps: int = 0) -> bool:
+    """Async replay pacing, sampler side: True when the sampler, at global env step ``step``, is more than
+    ``max_lag_steps`` ahead of the data the learner needs for its updates so far (``version`` = its update count,
+    ``start_updates`` at ``start_step``) *and its next one*, plus ``chunk_steps`` (data the learner only sees
+    a chunk at a time). Counting the next update means the sampler can always produce what the learner waits
+    for, whatever the replay ratio: otherwise one update covering more than ``max_lag_steps`` deadlocks both.
+    ``max_lag_steps == 0`` never waits."""
+    covered = start_step + min_steps_learn + (version - start_updates + 1) / updates_per_step + chunk_steps
+    return bool(max_lag_steps) and step - covered > max_lag_steps
+
+
+class ReplayPacer:
+    """The replay ratio as a count of updates: ``updates_per_step`` per env step sampled past
+    ``min_steps_learn``, counted from where this process started (``start_step``, ``start_updates``: a resumed
+    run refills ``min_steps_learn`` steps before it learns again)."""
+
+    def __init__(self, updates_per_step: float, min_steps_learn: int, start_step: int = 0, start_updates: int = 0):
+        self.updates_per_step, self.min_steps_learn = updates_per_step, min_steps_learn
+        self.start_step, self.start_updates = start_step, start_updates
+
+    def due(self, sampled: int, updates: int) -> int:
+        """Updates to do now that ``sampled`` global env steps are in the replay and ``updates`` are done."""
+        learned = sampled - self.start_step - self.min_steps_learn
+        if learned <= 0:
+            return 0
+        return max(int(learned * self.updates_per_step) + self.start_updates - updates, 0)
+
+    def sampler_ahead(self, step: int, version: int, max_lag_steps: int, chunk_steps: int = 0) -> bool:
+        return sampler_ahead(step, version, self.start_step, self.start_updates, self.min_steps_learn,
+                             self.updates_per_step, max_lag_steps, chunk_steps)
+
+
+class AsyncReplay:
+    """The link between an async replay sampler process and its learner; see the module docstring.
+
+    Learner: ``link = AsyncReplay(module, pacer, num_envs, start_step)``, start the sampler with ``link``
+    among its arguments, then ``link.attach(worker, buffer)``; in the loop ``global_step = link.poll(run)``,
+    at most one update, then ``link.after_updates(module, updates, learned)``; log ``**link.waits()``.
+    Sampler: ``if link.sampler_wait(step, max_lag_steps): continue``, ``link.pull(module)``, step and append,
+    ``link.report(episodes, step)``.
+    """
+
+    PUBLISH_EVERY = 10  # learner updates between parameter copies (each copies the whole network)
+    WAIT_S = 0.002  # learner's sleep while the replay ratio is reached
+    SAMPLER_WAIT_S = 0.001  # sampler's sleep while it is too far ahead
+
+    def __init__(self, module: Any, pacer: ReplayPacer, num_envs: int, start_step: int | None = None):
+        self.pacer, self.num_envs = pacer, num_envs
+        # The global step this process starts at (the pacer's origin unless a restored replay moved it to 0).
+        self.start_step = pacer.start_step if start_step is None else start_step
+        self.params = SharedParameters(module)
+        self.params.publish(module, version=pacer.start_updates)
+        self.episodes = CTX.Queue()
+        self.sampler_waited = shared_zeros(1, np.float64)
+        self.wait_s = 0.0
+        self._worker: Worker | None = None
+        self._buffer: Any = None
+        self._version = -1  # sampler side: the version its module holds
+
+    def __getstate__(self) -> dict:  # what the sampler process receives: the shared parts only
+        state = self.__dict__.copy()
+        state["_worker"] = state["_buffer"] = None
+        return state
+
+    # learner side
+    def attach(self, worker: Worker, buffer: Any) -> None:
+        """The sampler ``worker`` appends to ``buffer`` (whose ``storage.cursor`` counts its rows)."""
+        self._worker, self._buffer = worker, buffer
+        self._rows0 = buffer.storage.cursor  # rows a restored replay (--save-replay) held before this process
+        buffer.watch(self.alive)  # a sampler killed while holding the replay's lock raises, never hangs
+
+    def alive(self) -> None:
+        self._worker.check(allow_finished=True)
+
+    def poll(self, run: Any) -> int:
+        """Raise if the sampler failed; record the episodes it finished in ``run``; return the global env
+        steps in the replay (in a torchrun job: the world size times the slowest rank's steps)."""
+        self.alive()
+        while not self.episodes.empty():
+            run.episode(*self.episodes.get())
+        # torchrun: counted as global steps (every rank's sampler steps as many), and the slowest rank's count,
+        # so that every rank finds the same number of updates due.
+        steps = (self._buffer.storage.cursor - self._rows0) * self.num_envs * distributed.world_size()
+        return self.start_step + distributed.min_over_ranks(steps)
+
+    def after_updates(self, module: Any, updates: int, learned: bool) -> None:
+        """Publish when due (every PUBLISH_EVERY updates, or whenever the learner has nothing to do); wait
+        a little when the learner has nothing to do."""
+        if updates >= self.params.version + self.PUBLISH_EVERY or (not learned and updates > self.params.version):
+            self.params.publish(module, version=updates, check=self.alive)
+        if not learned:
+            t0 = time.perf_counter()
+            time.sleep(self.WAIT_S)
+            self.wait_s += time.perf_counter() - t0
+
+    def waits(self) -> dict[str, float]:
+        """Seconds the learner waited for the sampler and the sampler for the learner, for the progress row."""
+        return {"wait_s": round(self.wait_s, 2), "sampler_wait_s": round(float(self.sampler_waited[0]), 2)}
+
+    # sampler side
+    def sampler_wait(self, step: int, max_lag_steps: int, chunk_steps: int = 0) -> bool:
+        """True after a short sleep when the sampler at ``step`` is too far ahead of the learner."""
+        if not self.pacer.sampler_ahead(step, self.params.version, max_lag_steps, chunk_steps):
+            return False
+        t0 = time.perf_counter()
+        time.sleep(self.SAMPLER_WAIT_S)
+        self.sampler_waited[0] += time.perf_counter() - t0
+        return True
+
+    def pull(self, module: Any) -> None:
+        """Load the newest published parameters into ``module`` if there are new ones."""
+        if self.params.version != self._version:
+            self._version = self.params.pull(module)
+
+    def report(self, episodes: list[tuple[float, int]], step: int) -> None:
+        for ret, length in episodes:
+            self.episodes.put((ret, length, step))

@@ -1,0 +1,86 @@
+"""The shape of the code itself: shared/ imports without cycles (lazy imports inside functions included), and
+every flag with a fixed set of values is a Literal (tyro then refuses anything else with exit 2)."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import sys
+import typing
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import ROOT, run
+
+
+def import_graph(package: Path) -> dict[str, set[str]]:
+    """module -> the project modules it imports anywhere in its file (top level or inside a function)."""
+    graph: dict[str, set[str]] = {}
+    for f in sorted(package.glob("*.py")):
+        name = f.stem
+        deps = set()
+        for node in ast.walk(ast.parse(f.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                if node.module == "shared":
+                    deps |= {a.name for a in node.names}
+                elif node.module.startswith("shared."):
+                    deps.add(node.module.split(".")[1])
+            elif isinstance(node, ast.Import):
+                deps |= {a.name.split(".")[1] for a in node.names if a.name.startswith("shared.")}
+        graph[name] = deps - {name}
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(n: str, path: list[str]) -> list[str] | None:
+        state[n] = 1
+        for d in sorted(graph.get(n, ())):
+            if state.get(d) == 1:
+                return path[path.index(d):] + [d] if d in path else [n, d]
+            if d not in state and (c := visit(d, path + [d])):
+                return c
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if n not in state and (c := visit(n, [n])):
+            return c
+    return None
+
+
+@pytest.mark.unit
+def test_shared_has_no_import_cycle():
+    assert find_cycle(import_graph(ROOT / "shared")) is None, find_cycle(import_graph(ROOT / "shared"))
+
+
+@pytest.mark.unit
+def test_the_cycle_finder_finds_a_lazy_cycle(tmp_path):
+    (tmp_path / "a.py").write_text("from shared import b\n")
+    (tmp_path / "b.py").write_text("def f():\n    from shared.a import x\n")
+    assert find_cycle(import_graph(tmp_path)) == ["a", "b", "a"]
+
+
+# Fields whose values are a fixed set of words, in any script that has them.
+CHOICE_FIELDS = {"sampler", "preset", "optimizer"}
+SCRIPTS = sorted(p.stem for p in (ROOT / "algos").glob("*.py"))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_every_choice_flag_is_a_literal(name):
+    sys.path.insert(0, str(ROOT / "algos"))
+    module = __import__(name)
+    hints = typing.get_type_hints(module.Args)
+    for f in dataclasses.fields(module.Args):
+        if f.name in CHOICE_FIELDS:
+            assert typing.get_origin(hints[f.name]) is typing.Literal, f"{name}.Args.{f.name} is {hints[f.name]}"
+
+
+@pytest.mark.parametrize("name", ["sac_mujoco.py", "td3_mujoco.py", "ddpg_mujoco.py"])
+def test_an_unknown_sampler_is_one_line_and_exit_2(name, tmp_path):
+    out = run(name, "--sampler", "threads", "--env-id", "Pendulum-v1", "--out-dir", str(tmp_path), timeout=60)
+    lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
+    assert out.returncode == 2 and len(lines) == 1 and "--sampler" in lines[0], out.stderr[-2000:]
