@@ -107,6 +107,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from shared.affinity import Affinity, physical_cores
+from shared.procs import session_processes
 
 EXIT_INTERRUPTED = 130
 RESERVED = ("--seed", "--env-id", "--out-dir", "--run-name", "--resume")  # set by the launcher for every run
@@ -467,28 +468,12 @@ def set_aside(folder: Path) -> list[str]:
     return [p.name for p in leftovers]
 
 
-def session_pids(sid: int) -> list[int]:
-    """Live processes whose session is ``sid`` (a child started in a session of its own and its descendants)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":
-            pids.append(int(entry))
-    return pids
-
-
 def kill_session(sid: int) -> None:
     """SIGKILL what is left of a child's process group and session (call while the leader is still unreaped, so
     its id cannot have been reused)."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(sid, signal.SIGKILL)
-    for pid in session_pids(sid):
+    for pid in session_processes(sid):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
 

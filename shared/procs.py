@@ -34,7 +34,8 @@ import numpy as np
 from shared.buffer import buffer_from_example, shared_zeros
 from shared.sync import locked, wait_for
 
-__all__ = ["CTX", "DoubleBuffer", "SharedParameters", "Worker", "WorkerError", "parent_alive_check"]
+__all__ = ["CTX", "DoubleBuffer", "SharedParameters", "Worker", "WorkerError", "parent_alive_check",
+           "session_processes"]
 
 CTX = mp.get_context("spawn")
 
@@ -203,3 +204,20 @@ class SharedParameters:
             for t, chunk in zip(self._tensors(module), torch.split(flat, self._sizes)):
                 t.copy_(chunk.view_as(t))
         return version
+
+
+def session_processes(sid: int) -> list[int]:
+    """Live (non-zombie) processes of session ``sid``: a child started in a session of its own, and everything
+    it started, to check that nothing is left or to end what is."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid and fields[0] != "Z":
+            pids.append(int(entry))
+    return pids

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from shared.procs import session_processes
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -32,23 +34,6 @@ def run(name: str, *args: str, timeout: float = 600, cwd: Path | None = None) ->
         raise AssertionError(f"{name} {' '.join(args)} timed out\n{out[-3000:]}\n{err[-3000:]}") from None
     assert_no_leftovers(proc.pid)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-
-
-def session_processes(sid: int) -> list[int]:
-    """Live (non-zombie) processes of session ``sid``."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        state, session = fields[0], int(fields[3])
-        if session == sid and state != "Z":
-            pids.append(int(entry))
-    return pids
 
 
 def assert_no_leftovers(sid: int, wait: float = 5.0) -> None:
