@@ -11,18 +11,20 @@ Guarantees
   before ``start``, and in a rank's own spawned sampler processes (which inherit them).
 - ``start(device)`` joins the process group with a ``TIMEOUT_S`` timeout on every collective (torch's
   default is 30 minutes): a rank that dies or hangs ends its peers' collectives with an error, never a hang.
-  From then until ``end()`` a SIGINT or SIGTERM only sets a flag (``stop_requested``): the ranks agree on it
-  at their next ``any_rank`` call (``RunFolder.should_stop`` makes it every iteration), so every rank leaves
-  its loop at the same iteration and rank 0 writes the checkpoint. Ranks other than 0 print nothing on stdout.
-- ``share(seed, *modules)`` copies rank 0's parameters and buffers to every rank and remembers the modules;
-  ``check_in_sync()`` (called by every progress row) compares a checksum of them across ranks and raises
-  ``RanksDiverged`` naming the first module that differs. Ranks > 0 then reseed torch and numpy, so their
-  action sampling is their own.
+  From then until ``end()`` a SIGINT or SIGTERM only sets a flag (``shared.signals``): the ranks agree on it
+  with ``any_rank`` (the run does so once per loop iteration), so every rank leaves its loop at the same
+  iteration and rank 0 writes the checkpoint. ``end()`` leaves the group and makes signals raise again; it
+  raises nothing itself: the caller reads ``signals.signalled()``.
+- ``share(*modules)`` copies rank 0's parameters and buffers to every rank and remembers the modules;
+  ``check_in_sync()`` compares a checksum of them across ranks and raises ``RanksDiverged`` naming the first
+  module that differs. ``rank_seed(seed)`` is ``seed`` on rank 0 and a stream of its own on every other rank.
+- Agreements (``any_rank``, ``min_over_ranks``, ``gather_objects``) run on a CPU (gloo) group, also when the
+  gradients go over NCCL, so deciding to stop or log never waits on a GPU.
 - ``env_seed(seed, num_envs)`` gives rank r's env i the seed ``seed + r * num_envs + i`` (gymnasium adds i):
   every env of the job gets a distinct seed.
 - ``average_gradients(module)`` replaces each gradient by the mean over ranks: with equal per-rank batches,
   the gradient of the concatenated batch. ``mean_std(x)`` is ``x.mean(), x.std()`` over every rank's ``x``.
-- ``any_rank(flag)``, ``min_over_ranks(n)`` and ``gather_objects(obj)`` are the agreements the loops need:
+- ``any_rank(*flags)``, ``min_over_ranks(n)`` and ``gather_objects(obj)`` are the agreements the loops need:
   every decision that changes how many collectives a rank runs (a stop, how many updates are due) is reduced
   first, so no rank waits in a collective its peers skipped.
 """
@@ -31,24 +33,22 @@ from __future__ import annotations
 
 import datetime
 import os
-import signal
-import sys
 from typing import Any
 
 import numpy as np
 
-from shared.signals import raise_on_signals
+from shared import signals
 
-__all__ = ["TIMEOUT_S", "RanksDiverged", "any_rank", "average_gradients", "check_in_sync", "clear_stop", "end",
-           "env_seed", "gather_objects", "in_lockstep", "is_main", "local_rank", "lost_peer", "mean_std",
-           "min_over_ranks", "rank", "rank_seed", "share", "start", "stop_requested", "world_size"]
+__all__ = ["TIMEOUT_S", "RanksDiverged", "any_rank", "average_gradients", "check_in_sync", "end", "env_seed",
+           "gather_objects", "in_lockstep", "is_main", "local_rank", "lost_peer", "mean_std", "min_over_ranks",
+           "moments", "rank", "rank_seed", "share", "start", "world_size"]
 
 TIMEOUT_S = 30.0  # longest wait in any collective; torchrun SIGKILLs a rank 30 s after asking it to stop
 SLOW_TIMEOUT_S = 3600.0  # a gather after an evaluation: ranks may play episodes of very different lengths
 SEED_STRIDE = 1_000_003  # ranks > 0 seed torch and numpy with seed + rank * SEED_STRIDE
 
-# "signalled": a signal reached this rank; "stop": the ranks agreed to stop (some rank was signalled).
-_state: dict[str, Any] = {"active": False, "signalled": False, "stop": False, "modules": [], "slow_group": None}
+# "cpu_group": the agreements' gloo group (None: the default group is gloo already).
+_state: dict[str, Any] = {"active": False, "modules": [], "slow_group": None, "cpu_group": None}
 
 
 class RanksDiverged(RuntimeError):
@@ -76,10 +76,6 @@ def in_lockstep() -> bool:
     return bool(_state["active"])
 
 
-def _flag_stop(signum, frame) -> None:
-    _state["signalled"] = True
-
-
 def start(device: Any) -> None:
     """Join the process group (NCCL for a CUDA ``device``, gloo otherwise); call after the arguments are
     checked, so a bad argument exits 2 on every rank before any rank waits for another."""
@@ -93,26 +89,23 @@ def start(device: Any) -> None:
         torch.cuda.set_device(device)
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=TIMEOUT_S))
     _state["slow_group"] = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=SLOW_TIMEOUT_S))
-    _state["active"], _state["signalled"], _state["stop"] = True, False, False
-    signal.signal(signal.SIGINT, _flag_stop)
-    signal.signal(signal.SIGTERM, _flag_stop)
-    if rank() != 0:
-        sys.stdout = open(os.devnull, "w")  # for the process's lifetime
+    if backend != "gloo":
+        _state["cpu_group"] = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=TIMEOUT_S))
+    _state["active"] = True
+    signals.flag_on_signals()
 
 
 def end() -> None:
-    """Collectives are over (the loop is done): signals raise KeyboardInterrupt again, at once if one came
-    since the last agreement, and the process group is left."""
+    """Collectives are over (the loop is done): the process group is left and signals raise KeyboardInterrupt
+    again; one that came since the last agreement is still in ``signals.signalled()``."""
     if not _state["active"]:
         return
     import torch.distributed as dist
 
     _state["active"] = False
-    raise_on_signals()
+    signals.raise_on_signals()
     if dist.is_initialized():
         dist.destroy_process_group()
-    if _state["signalled"] or _state["stop"]:
-        raise KeyboardInterrupt("signal during the last iteration")
 
 
 def lost_peer(error: BaseException | None) -> bool:
@@ -127,15 +120,6 @@ def lost_peer(error: BaseException | None) -> bool:
     return isinstance(error, RuntimeError) and any(k in str(error) for k in signs)
 
 
-def stop_requested() -> bool:
-    """The ranks agreed (in ``any_rank``) that a SIGINT or SIGTERM reached one of them."""
-    return bool(_state["stop"])
-
-
-def clear_stop() -> None:
-    _state["signalled"] = _state["stop"] = False
-
-
 def _params(thing: Any) -> list:
     """The parameters of a module, or a lone tensor (SAC's log alpha) as a list of one."""
     return list(thing.parameters()) if hasattr(thing, "parameters") else [thing]
@@ -147,14 +131,7 @@ def _tensor(values, device=None):
     return torch.as_tensor(np.asarray(values, np.float64), device=device)
 
 
-def _collective_device():
-    import torch
-    import torch.distributed as dist
-
-    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-
-
-def share(seed: int, *modules: Any) -> None:
+def share(*modules: Any) -> None:
     """Rank 0's parameters and buffers (of modules, or lone tensors) go to every rank; they are the ones
     ``check_in_sync`` compares."""
     if not in_lockstep():
@@ -167,9 +144,6 @@ def share(seed: int, *modules: Any) -> None:
         for m in modules:
             for t in _params(m) + (list(m.buffers()) if hasattr(m, "buffers") else []):
                 dist.broadcast(t.data, src=0)
-    if rank() > 0:
-        torch.manual_seed(rank_seed(seed))
-        np.random.seed(rank_seed(seed) % 2**32)
 
 
 def rank_seed(seed: int) -> int:
@@ -237,18 +211,15 @@ def moments(x: Any) -> tuple[float, Any, Any]:
     return n, mean, sq / max(n, 1.0)
 
 
-def any_rank(flag: bool) -> bool:
-    """True on every rank when ``flag`` or a stop signal is set on any rank."""
+def any_rank(*flags: bool) -> list[bool]:
+    """Each flag, True on every rank when it is set on any rank."""
     if not in_lockstep():
-        return bool(flag)
+        return [bool(f) for f in flags]
     import torch.distributed as dist
 
-    # A signal handled while the all-reduce runs sets "signalled" after it was read: it goes in the next one,
-    # so every rank decides on the same values.
-    t = _tensor([float(flag), float(_state["signalled"])], _collective_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    _state["stop"] = _state["stop"] or bool(t[1].item())
-    return bool(t[0].item())
+    t = _tensor([float(f) for f in flags])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=_state["cpu_group"])
+    return [v > 0 for v in t.tolist()]
 
 
 def min_over_ranks(n: int) -> int:
@@ -257,8 +228,8 @@ def min_over_ranks(n: int) -> int:
         return n
     import torch.distributed as dist
 
-    t = _tensor([n], _collective_device())
-    dist.all_reduce(t, op=dist.ReduceOp.MIN)
+    t = _tensor([n])
+    dist.all_reduce(t, op=dist.ReduceOp.MIN, group=_state["cpu_group"])
     return int(t.item())
 
 
@@ -270,7 +241,7 @@ def gather_objects(obj: Any, slow: bool = False) -> list[Any]:
     import torch.distributed as dist
 
     out: list[Any] = [None] * world_size()
-    dist.all_gather_object(out, obj, group=_state["slow_group"] if slow else None)
+    dist.all_gather_object(out, obj, group=_state["slow_group"] if slow else _state["cpu_group"])
     return out
 
 

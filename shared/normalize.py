@@ -10,7 +10,7 @@ Guarantees
 - With ``shared=True`` the statistics live in one shared-memory float64 array, so the process that updates them
   (the async sampler) and the one that reads them (the learner) see the same numbers; a reader may see a mean
   and variance from consecutive updates (one step apart), never torn garbage beyond that.
-- ``state()`` / ``load(state)`` round-trip the statistics as a tensor for a ``weights_only`` checkpoint.
+- ``state_dict()`` / ``load_state_dict(state)`` round-trip the statistics as a tensor for a ``weights_only`` checkpoint.
 - ``RunningNorm`` keeps the same statistics as torch buffers of a module, so that they travel with the parameters
   of the module that owns it: into its ``state_dict`` (the checkpoint), to an async sampler's copy, and to every
   rank with torchrun's broadcast. Its ``update(x)`` merges the batches of every rank (``distributed.moments``),
@@ -73,10 +73,11 @@ class ObsNorm:
         s = torch.as_tensor(np.array(self.stats[:2 * self.dim]), dtype=torch.float32, device=obs.device)
         return ((obs - s[:self.dim]) / torch.sqrt(s[self.dim:] + 1e-8)).clamp(-self.clip, self.clip)
 
-    def state(self):
+    def state_dict(self):
+        """The statistics as one float64 tensor ``[mean, var, count]`` (what the checkpoint holds)."""
         return torch.from_numpy(np.array(self.stats))
 
-    def load(self, state) -> None:
+    def load_state_dict(self, state) -> None:
         state = np.asarray(state, np.float64)
         if state.shape != self.stats.shape:
             raise ValueError(f"observation statistics of shape {state.shape}, expected {self.stats.shape}")

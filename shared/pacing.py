@@ -92,9 +92,9 @@ class AsyncReplay:
 
     # learner side
     def attach(self, worker: Worker, buffer: Any) -> None:
-        """The sampler ``worker`` appends to ``buffer`` (whose ``storage.cursor`` counts its rows)."""
+        """The sampler ``worker`` appends to ``buffer`` (whose ``cursor`` counts its rows)."""
         self._worker, self._buffer = worker, buffer
-        self._rows0 = buffer.storage.cursor  # rows a restored replay (--save-replay) held before this process
+        self._rows0 = buffer.cursor  # rows a restored replay (--save-replay) held before this process
         buffer.watch(self.alive)  # a sampler killed while holding the replay's lock raises, never hangs
 
     def alive(self) -> None:
@@ -108,7 +108,7 @@ class AsyncReplay:
             run.episode(*self.episodes.get())
         # torchrun: counted as global steps (every rank's sampler steps as many), and the slowest rank's count,
         # so that every rank finds the same number of updates due.
-        steps = (self._buffer.storage.cursor - self._rows0) * self.num_envs * distributed.world_size()
+        steps = (self._buffer.cursor - self._rows0) * self.num_envs * distributed.world_size()
         return self.start_step + distributed.min_over_ranks(steps)
 
     def after_updates(self, module: Any, updates: int, learned: bool) -> None:

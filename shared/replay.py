@@ -317,6 +317,17 @@ class _Base:
 
     _unit = "samples"  # what one index is, for error messages
 
+    @property
+    def cursor(self) -> int:
+        """Rows appended over the buffer's life (a restored replay counts the rows it was saved with)."""
+        return self.storage.cursor
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the buffer holds once every row is written (its arrays are allocated untouched, so the memory is
+        taken as rows arrive: compare this with the memory available before filling it)."""
+        return sum(a.nbytes for a in self.arrays().values())
+
     def __len__(self) -> int:
         """Valid indices (transitions or sequence starts) that sampling may return."""
         return (int(self._window[1]) - int(self._window[0])) * self.B

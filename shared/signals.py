@@ -1,10 +1,13 @@
-"""How Ctrl-C (SIGINT) and SIGTERM reach a run.
+"""How Ctrl-C (SIGINT) and SIGTERM reach a run: one place for both ways of handling them.
 
 Guarantees
 - ``raise_on_signals()``: SIGINT and SIGTERM raise ``KeyboardInterrupt`` in the main thread, so one ``except``
   path writes the checkpoint, ends the children and exits 130. SIGINT is set explicitly: a process started in
   the background by a non-interactive shell inherits SIGINT ignored, and Python would leave it ignored.
-  (Under torchrun, ``shared.distributed`` replaces this with a flag the ranks agree on, and restores it at the end.)
+- ``flag_on_signals()``: SIGINT and SIGTERM only set a flag (``signalled()``), for a torchrun job whose ranks must
+  leave their loop at the same iteration: they agree on the flag first (``shared.distributed.any_rank``).
+  ``clear()`` resets it. Going back with ``raise_on_signals()`` keeps the flag, so the caller can still act on
+  a signal that came in between.
 Imports nothing from the project.
 """
 
@@ -12,14 +15,35 @@ from __future__ import annotations
 
 import signal
 
-__all__ = ["raise_on_signals"]
+__all__ = ["clear", "flag_on_signals", "raise_on_signals", "signalled"]
+
+_flag = {"signalled": False}
 
 
 def _raise(signum, frame):
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def _set_flag(signum, frame) -> None:
+    _flag["signalled"] = True
+
+
 def raise_on_signals() -> None:
     """SIGTERM and SIGINT raise KeyboardInterrupt in the main thread."""
     signal.signal(signal.SIGTERM, _raise)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def flag_on_signals() -> None:
+    """SIGTERM and SIGINT only set the flag ``signalled()`` reads."""
+    _flag["signalled"] = False
+    signal.signal(signal.SIGINT, _set_flag)
+    signal.signal(signal.SIGTERM, _set_flag)
+
+
+def signalled() -> bool:
+    return _flag["signalled"]
+
+
+def clear() -> None:
+    _flag["signalled"] = False

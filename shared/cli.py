@@ -1,0 +1,240 @@
+"""The command line every script shares: parsing with presets, checks declared on the fields, the device.
+
+Guarantees
+- ``bad_args(msg)`` prints one line ``error: <msg>`` to stderr and exits 2; every check here uses it, before any
+  process, environment or file of the run is created.
+- ``parse_args(Args, PRESETS, check)`` is ``tyro.cli(Args)`` with a parse error condensed to one line (exit 2) and
+  ``--help`` as usual. ``--preset NAME`` makes the preset's values the defaults (flags given override them, in
+  any order, and ``--help`` shows them). Then, in order: the range of every field declared with ``Range``
+  (``PositiveInt``, ``Fraction``, ...), every float finite, the checks every run needs (``check_common``), and
+  the script's own ``check(args)`` for what relates fields to each other.
+- ``resolve_device`` turns ``auto|cpu|cuda|cuda:N`` into a device (under torchrun, ``cuda`` is the local rank's
+  GPU); a device that does not exist, or one explicit GPU index for several ranks on one machine, exits 2.
+- ``check_memory(nbytes, what)`` exits 2 naming both figures when ``nbytes`` exceed the memory this process
+  may still take (the smaller of ``MemAvailable`` and the cgroup's limit), so a replay too large for the machine
+  is refused at start instead of an out-of-memory kill hours later.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import io
+import math
+import os
+import sys
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+__all__ = ["Fraction", "NonNegFloat", "NonNegInt", "PositiveFloat", "PositiveInt", "Range", "bad_args",
+           "check_common", "check_memory", "cpu_has_bf16", "parse_args", "resolve_device"]
+
+EXIT_BAD_ARGS = 2
+
+
+def bad_args(message: str) -> NoReturn:
+    """One readable line and exit code 2 (bad arguments)."""
+    print(f"error: {message}", file=sys.stderr, flush=True)
+    sys.exit(EXIT_BAD_ARGS)
+
+
+@dataclass(frozen=True)
+class Range:
+    """A field's allowed values, declared on its type: ``Annotated[float, Range(gt=0, lt=1)]``."""
+
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
+
+    def allows(self, v: float) -> bool:
+        return ((self.gt is None or v > self.gt) and (self.ge is None or v >= self.ge)
+                and (self.lt is None or v < self.lt) and (self.le is None or v <= self.le))
+
+    def __str__(self) -> str:
+        if (self.gt, self.ge, self.lt, self.le) == (0, None, None, None):
+            return "positive"
+        if (self.gt, self.ge, self.lt, self.le) == (None, 0, None, None):
+            return "non-negative"
+        lo = f"({self.gt}" if self.gt is not None else f"[{self.ge}" if self.ge is not None else "(-inf"
+        hi = f"{self.lt})" if self.lt is not None else f"{self.le}]" if self.le is not None else "inf)"
+        return f"in {lo}, {hi}"
+
+
+PositiveInt = Annotated[int, Range(gt=0)]
+NonNegInt = Annotated[int, Range(ge=0)]
+PositiveFloat = Annotated[float, Range(gt=0)]
+NonNegFloat = Annotated[float, Range(ge=0)]
+Fraction = Annotated[float, Range(ge=0, le=1)]  # [0, 1]: discounts, probabilities, exponents
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def check_declared(args: Any) -> None:
+    """Exit 2 on the first field outside its declared ``Range``, or any float that is not finite."""
+    hints = typing.get_type_hints(type(args), include_extras=True)
+    for f in dataclasses.fields(args):
+        value = getattr(args, f.name)
+        if isinstance(value, float) and not math.isfinite(value):
+            bad_args(f"{_flag(f.name)} must be a finite number, got {value}")
+        for meta in getattr(hints.get(f.name), "__metadata__", ()):
+            if isinstance(meta, Range) and value is not None and not meta.allows(value):
+                bad_args(f"{_flag(f.name)} must be {meta}, got {value}")
+
+
+def parse_args(cls: type, presets: dict[str, Any] | None = None, check: typing.Callable[[Any], None] | None = None,
+               ) -> Any:
+    """``tyro.cli(cls)`` with presets, one-line errors and every check (see the module docstring)."""
+    import tyro
+
+    default = None
+    if presets:
+        argv, name = sys.argv[1:], next(iter(presets))
+        for i, a in enumerate(argv):
+            if a == "--preset" and i + 1 < len(argv):
+                name = argv[i + 1]
+            elif a.startswith("--preset="):
+                name = a.split("=", 1)[1]
+        default = presets.get(name)  # an unknown name: tyro names the choices below
+    captured = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(captured):
+            args = tyro.cli(cls, default=default)
+    except SystemExit as e:
+        if e.code in (0, None):
+            raise
+        bad_args(_first_paragraph(captured.getvalue()))
+    check_declared(args)
+    check_common(args)
+    if check is not None:
+        check(args)
+    return args
+
+
+def _first_paragraph(text: str) -> str:
+    """tyro's error, in one line. tyro draws a box (a terminal) or a title and dashed rules (no terminal): the
+    message is the first paragraph after the title, up to a rule or a blank line."""
+    lines = [ln.strip().strip("\u2502").strip() for ln in text.splitlines()]
+    rule = lambda ln: ln.startswith(("\u256d", "\u2570", "\u2500")) or (len(ln) > 8 and set(ln) == {"-"})
+    if any(set(ln) == {"-"} for ln in lines):  # plain text: skip the title, up to the first rule
+        lines = lines[next(i for i, ln in enumerate(lines) if rule(ln)):]
+    first: list[str] = []
+    for ln in lines:
+        if not ln or rule(ln):
+            if first:
+                break
+            continue
+        first.append(ln)
+    return " ".join(first) if first else "could not parse the command line (see --help)"
+
+
+def check_common(args: Any) -> None:
+    """The checks every run needs: evaluation flags that go together, a usable seed, a writable ``--out-dir``, an
+    ``--env-id`` gymnasium knows (ale-py's ids are registered first when it names an Atari game), moviepy for
+    ``--capture-video``."""
+    import gymnasium as gym
+
+    from shared.atari import is_atari, register_atari
+
+    if getattr(args, "eval_only", False) and not args.resume:
+        bad_args("--eval-only evaluates a checkpoint: give the run with --resume runs/<run>")
+    if (getattr(args, "eval_only", False) or getattr(args, "eval_every", 0)) and args.eval_episodes <= 0:
+        bad_args("--eval-only and --eval-every need --eval-episodes of at least 1")
+    if not 0 <= args.seed < 2**31:  # numpy seeds are below 2**32, and the scripts add offsets to this one
+        bad_args(f"--seed must be in [0, 2**31), got {args.seed}")
+    if getattr(args, "save_replay", False) and _world_size() > 1:
+        bad_args("--save-replay is not supported under torchrun yet (each rank keeps its own replay)")
+    if not args.resume:
+        try:  # the run folder goes there: find out now rather than after the envs started
+            Path(args.out_dir).mkdir(parents=True, exist_ok=True)
+            probe = Path(args.out_dir) / f".write-test-{os.getpid()}"
+            probe.touch()
+            probe.unlink()
+        except OSError as e:
+            bad_args(f"--out-dir {args.out_dir}: cannot create a run folder there ({e.strerror or e})")
+    if args.env_id not in gym.registry and is_atari(args.env_id):
+        register_atari()
+    if args.env_id not in gym.registry:
+        bad_args(f"--env-id {args.env_id!r} is not a registered gymnasium environment (a custom env must be "
+                 f"registered when the script is imported)")
+    entry = str(gym.spec(args.env_id).entry_point or "")
+    if not is_atari(args.env_id) and "ale_py" in entry:
+        bad_args(f"--env-id {args.env_id}: use the *NoFrameskip-v4 Atari ids, which get the papers' preprocessing")
+    if getattr(args, "capture_video", False):
+        try:
+            import moviepy  # noqa: F401
+        except ImportError:
+            bad_args("--capture-video needs moviepy (pip install -r requirements.txt)")
+
+
+def _world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", 1))  # torchrun's, read before the process group exists
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX); elsewhere torch emulates it, ~10x slower."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_device(spec: str, bf16: bool = False):
+    """``auto`` (cuda if available), ``cpu``, ``cuda`` or ``cuda:N``; bad or unavailable devices exit 2. Under
+    torchrun ``auto``/``cuda`` is ``cuda:LOCAL_RANK``. With ``bf16`` where it is not native (a CPU without
+    AVX512-BF16 or AMX, a GPU older than compute capability 8.0), one warning line: the run goes on, slower."""
+    import torch
+
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", _world_size()))
+    try:
+        device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if spec == "auto" else spec)
+    except RuntimeError:
+        bad_args(f"--device {spec!r} is not a device (auto, cpu, cuda, cuda:N)")
+    if device.type not in ("cpu", "cuda"):
+        bad_args(f"--device {spec!r}: only auto, cpu, cuda and cuda:N are supported")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            bad_args(f"--device {spec}: CUDA is not available on this machine")
+        if device.index is not None and local_ranks > 1:
+            bad_args(f"--device {spec}: {local_ranks} ranks on this machine would share one GPU; give --device cuda "
+                     f"(each rank takes the GPU of its local rank)")
+        if device.index is None and _world_size() > 1:
+            if local_ranks > torch.cuda.device_count():
+                bad_args(f"--nproc-per-node {local_ranks} is more than the {torch.cuda.device_count()} GPU(s) here")
+            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            bad_args(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) here")
+    slow = (device.type == "cpu" and not cpu_has_bf16()) or (
+        device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0))
+    if bf16 and slow:
+        what = "a CPU without AVX512-BF16 or AMX" if device.type == "cpu" else "a GPU older than Ampere (sm_80)"
+        print(f"warning: --bf16 on {what}: bfloat16 is emulated there, expect it slower than fp32", file=sys.stderr,
+              flush=True)
+    return device
+
+
+def available_memory() -> int:
+    """Bytes this process may still take: MemAvailable, or less where a cgroup limit is nearer."""
+    free = None
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/meminfo") as f:
+            free = int(next(ln for ln in f if ln.startswith("MemAvailable:")).split()[1]) * 1024
+    with contextlib.suppress(OSError, ValueError):
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            free = min(free if free is not None else 1 << 62, int(limit) - used)
+    return free if free is not None else 1 << 62
+
+
+def check_memory(nbytes: int, what: str) -> None:
+    """Exit 2 when ``nbytes`` (``what``: e.g. "--buffer-size 1000000") cannot fit in the memory left."""
+    free = available_memory()
+    if nbytes > free:
+        bad_args(f"{what} needs {nbytes / 2**30:.1f} GiB, and {free / 2**30:.1f} GiB of memory are available here")
