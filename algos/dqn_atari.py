@@ -13,7 +13,9 @@ replay_ratio: samples the learner consumes per sampled env step, so updates per 
 batch_size (DQN paper: 8 = a batch of 32 every 4 steps). Async mode holds it from both sides: the learner never
 runs ahead of it and logs how long it waited for the sampler (`wait_s`, the sampler is the bottleneck); the
 sampler, which picks up the newest parameters between its steps, waits when it is more than max_lag_steps env
-steps ahead of what the learner's updates cover (`sampler_wait_s`, the learner is the bottleneck).
+steps ahead of what the learner's updates cover (`sampler_wait_s`, the learner is the bottleneck). Under
+torchrun steps are the job's (every rank's): each update takes batch_size samples on every rank, so the job's
+replay ratio is the one asked for; learning starts when every rank's replay holds min_steps_learn.
 """
 
 from __future__ import annotations
@@ -455,8 +457,6 @@ def main() -> int:
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
     global_step, updates = start.global_step, start.updates
-    # Steps are the job's (every rank's): each update takes batch_size samples on every rank, so the job's replay
-    # ratio is the one asked for; learning starts when every rank's replay holds min_steps_learn.
     pacer = ReplayPacer(args.replay_ratio / (args.batch_size * run.world), args.min_steps_learn * run.world,
                         *start.replay_origin)
     stats, next_target = {"td_loss": None, "q_values": None}, global_step + args.target_update_interval
