@@ -10,8 +10,9 @@ bounds the lag at exactly one update). A2C has no ratio of its own, so the polic
 truncated importance weight min(pi / mu, 1) (V-trace's rho-bar = 1); in serial and parallel mode it is 1.
 
 Episode boundaries: envs autoreset on the step after an episode ends (gymnasium's next-step mode). That step
-only resets the env: its row is masked out of every loss, and its observation is the episode's final one, whose
-value is the bootstrap target when the episode was truncated by the time limit; termination bootstraps nothing.
+only resets the env: its row (the final row) is masked out of every loss, and its observation is the episode's
+final one, whose value is the bootstrap target when the episode was truncated by the time limit; termination
+bootstraps nothing.
 On Atari a lost life ends the *training* episode (no bootstrap across it) while the game goes on, so logged
 returns are whole games, unclipped.
 """
@@ -23,7 +24,7 @@ import sys
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 # Find shared/ without an install step, from algos/ or from a copy anywhere in the repository.
 sys.path.insert(0, str(next(p for p in Path(__file__).resolve().parents if (p / "shared" / "__init__.py").exists())))
@@ -35,24 +36,13 @@ import torch.nn as nn
 from torch.distributions import Categorical
 
 from shared import distributed
-from shared.affinity import make_affinity
 from shared.atari import is_atari, make_atari_env, make_atari_vector_env
 from shared.buffer import buffer_from_example
-from shared.envs import image_shape, probe_spaces, vector_env
+from shared.cli import Fraction, NonNegFloat, NonNegInt, PositiveInt, Range, bad_args, parse_args
+from shared.envs import image_shape, vector_env
 from shared.namedarraytuple import namedarraytuple
 from shared.procs import DoubleBuffer, Worker, parent_alive_check
-from shared.run import (
-    RunFolder,
-    bad_args,
-    check_run_args,
-    evaluate,
-    evaluate_only,
-    load_checkpoint,
-    parse_args,
-    resolve_device,
-    resume_mismatch,
-    stop_on_signals,
-)
+from shared.run import Run
 
 SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own name
 
@@ -67,7 +57,7 @@ class Args:
     """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations (MLP)"""
     seed: int = 1
     """seeds every env, worker and network"""
-    total_timesteps: int = 10_000_000
+    total_timesteps: PositiveInt = 10_000_000
     """agent steps summed over all envs (Atari: 4 emulator frames each)"""
     out_dir: str = "runs"
     """parent folder of the run folder"""
@@ -75,13 +65,15 @@ class Args:
     """run folder name; default {env_id}__{script file name}__{seed}__{unix time}"""
     resume: str = ""
     """checkpoint file or run folder to continue from (continues its progress.csv)"""
-    checkpoint_every: int = 0
-    """global env steps between checkpoints (0: only at the end and on interruption)"""
-    log_every: int = 100
+    checkpoint_every: NonNegInt = 0
+    """global env steps between checkpoints (0: by --checkpoint-minutes only)"""
+    checkpoint_minutes: NonNegFloat = 15.0
+    """minutes of wall time between checkpoints, so a killed run loses at most this much (0: off)"""
+    log_every: PositiveInt = 100
     """rollouts between progress rows"""
-    eval_episodes: int = 10
+    eval_episodes: NonNegInt = 10
     """episodes played by the policy after training, and at each --eval-every (0: none)"""
-    eval_every: int = 0
+    eval_every: NonNegInt = 0
     """global env steps between evaluations during training, in envs of their own (0: none)"""
     eval_only: bool = False
     """with --resume: evaluate the checkpoint's policy (eval.json, TensorBoard) and train nothing"""
@@ -90,34 +82,34 @@ class Args:
     stop_at_return: float | None = None
     """stop early once the mean return of the last 20 episodes reaches this"""
     # algorithm
-    num_envs: int = 16
+    num_envs: PositiveInt = 16
     """environments stepped together on each rank (torchrun); the job's batch is ranks x num_envs x num_steps"""
-    num_steps: int = 5
+    num_steps: PositiveInt = 5
     """steps per env in each rollout"""
-    learning_rate: float = 7e-4
+    learning_rate: Annotated[float, Range(gt=0, lt=1)] = 7e-4
     """RMSprop step size at the start"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the run"""
-    rmsprop_alpha: float = 0.99
+    rmsprop_alpha: Fraction = 0.99
     """RMSprop smoothing constant"""
-    rmsprop_eps: float = 1e-5
+    rmsprop_eps: NonNegFloat = 1e-5
     """RMSprop epsilon"""
-    gamma: float = 0.99
+    gamma: Fraction = 0.99
     """discount"""
-    gae_lambda: float = 1.0
+    gae_lambda: Fraction = 1.0
     """GAE lambda (1: plain n-step returns, the A2C paper's)"""
     norm_adv: bool = False
     """normalise advantages over the batch"""
-    ent_coef: float = 0.01
+    ent_coef: NonNegFloat = 0.01
     """entropy bonus"""
-    vf_coef: float = 0.5
+    vf_coef: NonNegFloat = 0.5
     """value loss weight"""
-    max_grad_norm: float = 0.5
+    max_grad_norm: NonNegFloat = 0.5
     """global gradient-norm clip"""
     # environment (Atari ids only)
-    noop_max: int = 30
+    noop_max: NonNegInt = 30
     """Atari: up to this many random no-ops at reset (paper convention 30)"""
-    sticky_actions: float = 0.0
+    sticky_actions: Annotated[float, Range(ge=0, lt=1)] = 0.0
     """Atari: probability of repeating the previous action (0: paper convention, no sticky actions)"""
     clip_rewards: bool = True
     """Atari: train on the sign of the reward (logged returns stay unclipped)"""
@@ -209,18 +201,19 @@ class Agent(nn.Module):
 
 # ---------------------------------------------------------------------------------------------- sampling
 
-Rollout = namedarraytuple("Rollout", ["obs", "action", "logprob", "value", "reward", "terminal", "ended",
-                                      "reset", "ep_return", "ep_length"])  # ep_*: the episode's totals where ended
-Bootstrap = namedarraytuple("Bootstrap", ["obs", "reset"])
+Rollout = namedarraytuple("Rollout", ["obs", "action", "logprob", "value", "reward", "terminal", "episode_end",
+                                      "final_row", "ep_return", "ep_length"])  # ep_*: totals where episode_end
+Bootstrap = namedarraytuple("Bootstrap", ["obs", "final_row"])
 
 
 class EnvState:
-    """What a sampler carries between rollouts, per env: current observation, reset flag, lives, episode sums."""
+    """What a sampler carries between rollouts, per env: current observation, final_row flag, lives, episode
+    sums."""
 
     def __init__(self, envs, seed: int):
         self.obs, info = envs.reset(seed=seed)
         n = len(self.obs)
-        self.reset = np.zeros(n, bool)  # True: this step only resets the env (next-step autoreset)
+        self.final_row = np.zeros(n, bool)  # True: this step only resets the env (next-step autoreset)
         self.lives = np.asarray(info.get("lives", np.zeros(n)), np.int64)
         self.ep_return = np.zeros(n, np.float64)
         self.ep_length = np.zeros(n, np.int64)
@@ -241,41 +234,41 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
             logits, value = agent(obs)
         dist = Categorical(logits=logits)
         action = dist.sample()
-        buf.obs[t], buf.reset[t] = state.obs, state.reset
+        buf.obs[t], buf.final_row[t] = state.obs, state.final_row
         buf.action[t] = action.cpu().numpy()
         buf.logprob[t] = dist.log_prob(action).cpu().numpy()
         buf.value[t] = value.cpu().numpy()
         next_obs, reward, term, trunc, info = envs.step(buf.action[t])
         lives = np.asarray(info.get("lives", state.lives), np.int64)
-        life_lost = (lives < state.lives) & ~state.reset
-        raw = np.where(state.reset, 0.0, reward)  # a reset step's reward belongs to no episode
+        life_lost = (lives < state.lives) & ~state.final_row
+        raw = np.where(state.final_row, 0.0, reward)  # a final row's reward belongs to no episode
         buf.reward[t] = np.sign(raw) if (args.clip_rewards and is_atari(args.env_id)) else raw
         buf.terminal[t] = term | (life_lost & args.life_loss_terminal)
-        buf.ended[t] = term | trunc
+        buf.episode_end[t] = term | trunc
         state.ep_return += raw
-        state.ep_length += ~state.reset
+        state.ep_length += ~state.final_row
         buf.ep_return[t], buf.ep_length[t] = state.ep_return, state.ep_length
-        state.ep_return[buf.ended[t]] = 0.0
-        state.ep_length[buf.ended[t]] = 0
-        state.obs, state.reset, state.lives = next_obs, term | trunc, lives
-    boot.obs[:], boot.reset[:] = state.obs, state.reset
+        state.ep_return[buf.episode_end[t]] = 0.0
+        state.ep_length[buf.episode_end[t]] = 0
+        state.obs, state.final_row, state.lives = next_obs, term | trunc, lives
+    boot.obs[:], boot.final_row[:] = state.obs, state.final_row
 
 
 # ---------------------------------------------------------------------------------------------- loss and update
 
 
-def compute_gae(reward, value, next_value, terminal, ended, reset, gamma: float, lam: float):
-    """Advantages and returns, [T, B]. Reset rows get 0 (they are masked out); `terminal` stops bootstrapping,
-    `ended` or `terminal` stops the trace; a truncated row bootstraps from the next row's value, which is the
-    value of the episode's final observation."""
+def compute_gae(reward, value, next_value, terminal, episode_end, final_row, gamma: float, lam: float):
+    """Advantages and returns, [T, B]. Final rows get 0 (they are masked out); `terminal` stops bootstrapping,
+    `episode_end` or `terminal` stops the trace; a truncated row bootstraps from the next row's value, which is
+    the value of the episode's final observation."""
     T = reward.shape[0]
     adv = torch.zeros_like(reward)
     last = torch.zeros_like(next_value)
     for t in reversed(range(T)):
         nv = next_value if t == T - 1 else value[t + 1]
         delta = reward[t] + gamma * nv * (1.0 - terminal[t]) - value[t]
-        last = delta + gamma * lam * (1.0 - torch.maximum(ended[t], terminal[t])) * last
-        last = last * (1.0 - reset[t])
+        last = delta + gamma * lam * (1.0 - torch.maximum(episode_end[t], terminal[t])) * last
+        last = last * (1.0 - final_row[t])
         adv[t] = last
     return adv, adv + value
 
@@ -321,21 +314,21 @@ def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.dev
             _, next_value = agent(f(boot.obs))
         value, next_value = f(buf.value).float(), next_value.float()
     fl = lambda x: f(x).float()
-    adv, ret = compute_gae(fl(buf.reward), value, next_value, fl(buf.terminal), fl(buf.ended), fl(buf.reset),
-                           args.gamma, args.gae_lambda)
-    valid = ~f(buf.reset).flatten()  # [T*B]: reset rows are never trained on
+    adv, ret = compute_gae(fl(buf.reward), value, next_value, fl(buf.terminal), fl(buf.episode_end),
+                           fl(buf.final_row), args.gamma, args.gae_lambda)
+    valid = ~f(buf.final_row).flatten()  # [T*B]: final rows are never trained on
     data = {"obs": obs.flatten(0, 1)[valid], "action": f(buf.action).flatten()[valid],
             "logprob": f(buf.logprob).flatten()[valid],
             "adv": adv.flatten()[valid], "ret": ret.flatten()[valid]}
     return a2c_update(agent, optimizer, data, args, device)
 
 
-# ---------------------------------------------------------------------------------------------- async sampler
+# ---------------------------------------------------------------------------------------------- sampler
 
 
 def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, last: int, affinity, parent_pid: int,
                  stop) -> None:
-    """Sampler process: rollout k goes to slot k % 2, collected with the parameters the learner left in that
+    """Async sampler process: rollout k goes to slot k % 2, collected with the parameters the learner left in that
     slot when it released rollout k - 2 (update k - 1): exactly one update behind the learner."""
     affinity.apply_worker(0)
     check = parent_alive_check(stop, parent_pid)
@@ -354,25 +347,68 @@ def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, las
         envs.close()
 
 
+class Sampler:
+    """Where the learner's rollouts come from. serial/parallel: this process steps the envs with the current
+    parameters; async: a sampler process (``sampler_main``) collects rollout k + 1 into the other slot of a double
+    buffer, with the parameters of update k - 1, while the learner trains on rollout k."""
+
+    def __init__(self, args: Args, run: Run, agent: Agent, first: int, last: int):
+        self.args, self.run = args, run
+        example, boot_example = rollout_example(run.obs_space, args.num_steps, args.num_envs)
+        if args.sampler == "async":
+            self.buffers = DoubleBuffer(example, (args.num_steps, args.num_envs), module=agent)
+            self.boots = [buffer_from_example(boot_example, (), shared=True) for _ in range(2)]
+            self.worker = run.hold(Worker(sampler_main, (args, self.buffers, self.boots, first, last, run.affinity,
+                                                         os.getpid()), name="sampler"))
+        else:
+            self.buffers = None
+            self.envs = run.hold(make_envs(args, args.sampler, n_threads=len(run.affinity.learner_cpus)))
+            # A resumed run starts fresh episodes; every env of every rank has a seed of its own.
+            self.state = EnvState(self.envs, distributed.env_seed(args.seed + first, args.num_envs))
+            self.buf = buffer_from_example(example, (args.num_steps, args.num_envs))  # [T, B]
+            self.boot = buffer_from_example(boot_example, ())  # [B]
+
+    def collect(self, agent: Agent, it: int, global_step: int) -> tuple[int, Rollout, Bootstrap]:
+        """Rollout ``it`` [T, B] and its bootstrap [B], the episodes that ended in it recorded; returns the global
+        step after it (every rank's env steps) and the rollout."""
+        if self.buffers is not None:  # sampled by the other process with the parameters of update it - 1
+            buf, boot = self.buffers.reader_acquire(it, self.worker.check), self.boots[it % 2]
+        else:
+            buf, boot = self.buf, self.boot
+            collect(self.envs, agent, self.state, buf, boot, self.args, self.run.device)
+        global_step += self.args.num_envs * self.args.num_steps * self.run.world  # every rank stepped as many
+        for ret, length in zip(buf.ep_return[buf.episode_end], buf.ep_length[buf.episode_end]):
+            self.run.episode(float(ret), int(length), global_step)
+        return global_step, buf, boot
+
+    def release(self, agent: Agent, it: int) -> None:
+        """async: the slot goes back with the new parameters, which rollout it + 2 is collected with."""
+        if self.buffers is not None:
+            self.buffers.reader_release(it, module=agent, version=it + 1)
+
+
 # ---------------------------------------------------------------------------------------------- main
 
 
-def check_args(args: Args) -> None:
-    """Exit 2 with one line on bad arguments, before any env or process starts."""
-    for name in ("num_envs", "num_steps", "total_timesteps", "log_every"):
-        if getattr(args, name) <= 0:
-            bad_args(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    for name in ("checkpoint_every", "eval_episodes", "noop_max", "ent_coef", "vf_coef", "max_grad_norm"):
-        if getattr(args, name) < 0:
-            bad_args(f"--{name.replace('_', '-')} must be non-negative, got {getattr(args, name)}")
-    if not 0 < args.learning_rate < 1:
-        bad_args(f"--learning-rate must be in (0, 1), got {args.learning_rate}")
-    if not (0 <= args.rmsprop_alpha <= 1 and args.rmsprop_eps >= 0):
-        bad_args(f"--rmsprop-alpha must be in [0, 1] and --rmsprop-eps non-negative, got {args.rmsprop_alpha} and "
-                 f"{args.rmsprop_eps}")
-    if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1 and 0 <= args.sticky_actions < 1):
-        bad_args("--gamma, --gae-lambda must be in [0, 1] and --sticky-actions in [0, 1)")
-    check_run_args(args)
+def make_learner(args: Args, run: Run) -> tuple[Agent, torch.optim.Optimizer]:
+    """The agent (channels-last for images on a CPU) and its RMSprop optimiser."""
+    try:
+        agent = Agent(run.obs_space.shape, int(run.act_space.n)).to(run.device)
+    except ValueError as e:  # observations the network cannot take
+        bad_args(f"--env-id {args.env_id}: {e}")
+    if agent.image and run.device.type == "cpu":
+        agent = agent.to(memory_format=torch.channels_last)
+    optimizer = torch.optim.RMSprop(agent.parameters(), lr=args.learning_rate, alpha=args.rmsprop_alpha,
+                                    eps=args.rmsprop_eps)
+    return agent, optimizer
+
+
+def set_learning_rate(optimizer: torch.optim.Optimizer, args: Args, it: int, num_iterations: int) -> float:
+    """The learning rate of iteration ``it`` (annealed linearly to 0 with --anneal-lr), set; returns it."""
+    lr = args.learning_rate * (1.0 - it / num_iterations) if args.anneal_lr else args.learning_rate
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+    return lr
 
 
 def act(agent: Agent, device: torch.device, obs: np.ndarray, last_reward: float | None) -> int:
@@ -382,97 +418,27 @@ def act(agent: Agent, device: torch.device, obs: np.ndarray, last_reward: float 
 
 
 def main() -> int:
-    args = parse_args(Args, PRESETS)
-    check_args(args)
-    device = resolve_device(args.device, args.bf16)
-    resumed, ckpt_file = load_checkpoint(args.resume, args.env_id) if args.resume else (None, None)
-    obs_space, act_space = probe_spaces(make_env(args))
-    if not isinstance(act_space, gym.spaces.Discrete):
-        bad_args(f"--env-id {args.env_id}: A2C here needs a discrete action space, got {act_space}")
-    stop_on_signals()
-    distributed.start(device)  # under torchrun: join the other ranks (a no-op in one process)
-    world = distributed.world_size()  # ranks in the job: 1 without torchrun
-    affinity = make_affinity(args.sampler)
-    affinity.apply_learner()
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    batch = args.num_envs * args.num_steps * world  # the job's: every rank's rollout
-    num_iterations = max(args.total_timesteps // batch, 1)
-
-    try:
-        agent = Agent(obs_space.shape, int(act_space.n)).to(device)
-    except ValueError as e:
-        bad_args(f"--env-id {args.env_id}: {e}")
-    if agent.image and device.type == "cpu":
-        agent = agent.to(memory_format=torch.channels_last)
-    optimizer = torch.optim.RMSprop(agent.parameters(), lr=args.learning_rate, alpha=args.rmsprop_alpha,
-                                    eps=args.rmsprop_eps)
-    start_iter, global_step = 0, 0
-    if resumed is not None:
-        try:
-            agent.load_state_dict(resumed["model"])
-            optimizer.load_state_dict(resumed["optimizer"])
-        except (RuntimeError, KeyError, ValueError) as e:  # tensors of another shape or another script
-            resume_mismatch(resumed, args, SCRIPT, e)
-        global_step = int(resumed["global_step"])
-        start_iter = global_step // batch
-    distributed.share(args.seed, agent)  # every rank starts from rank 0's parameters
-    run = RunFolder(args, SCRIPT, folder=ckpt_file.parent if ckpt_file else None, resumed=resumed)
-
-    def checkpoint() -> dict:
-        return {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "global_step": global_step,
-                "args": vars(args).copy()}
-
-    example, boot_example = rollout_example(obs_space, args.num_steps, args.num_envs)
-    policy = partial(act, agent, device)  # for evaluation
+    args = parse_args(Args, PRESETS)  # each field's range is declared on it; no flag relates to another
+    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete,
+              iteration_steps=args.num_envs * args.num_steps)  # --log-every counts rollouts
+    agent, optimizer = make_learner(args, run)
+    start = run.begin(partial(act, agent, run.device), model=agent, optimizer=optimizer)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
-        return evaluate_only(run, make_env(args, render=args.capture_video)(), policy, args, global_step)
-    next_eval = global_step + args.eval_every if args.eval_every else None
-    next_checkpoint = global_step + args.checkpoint_every if args.checkpoint_every else None
-    print(f"run folder {run.path}  sampler {args.sampler}  device {device}  batch {batch}  "
-          f"iterations {start_iter}..{num_iterations}", flush=True)
-    with run.guard(checkpoint) as guard:
-        if args.sampler == "async":
-            buffers = DoubleBuffer(example, (args.num_steps, args.num_envs), module=agent)
-            boots = [buffer_from_example(boot_example, (), shared=True) for _ in range(2)]
-            worker = guard.hold(Worker(sampler_main, (args, buffers, boots, start_iter, num_iterations, affinity,
-                                                      os.getpid()), name="sampler"))
-        else:
-            envs = guard.hold(make_envs(args, args.sampler, n_threads=len(affinity.learner_cpus)))
-            # A resumed run starts fresh episodes; every env of every rank has a seed of its own.
-            state = EnvState(envs, distributed.env_seed(args.seed + start_iter, args.num_envs))
-            buf = buffer_from_example(example, (args.num_steps, args.num_envs))  # [T, B]
-            boot = buffer_from_example(boot_example, ())  # [B]
-        for it in range(start_iter, num_iterations):
-            lr = args.learning_rate * (1.0 - it / num_iterations) if args.anneal_lr else args.learning_rate
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-            if args.sampler == "async":  # sampled by the other process with the parameters of update it - 1
-                buf, boot = buffers.reader_acquire(it, worker.check), boots[it % 2]
-            else:
-                collect(envs, agent, state, buf, boot, args, device)
-            global_step += batch
-            for ret, length in zip(buf.ep_return[buf.ended], buf.ep_length[buf.ended]):
-                run.episode(float(ret), int(length), global_step)
-            stats = learn_from(agent, optimizer, buf, boot, args, device)
-            if args.sampler == "async":  # the slot goes back with the new parameters: rollout it + 2 uses them
-                buffers.reader_release(it, module=agent, version=it + 1)
-            if next_eval is not None and global_step >= next_eval:  # whole episodes in an env of its own
-                evaluate(run, make_env(args)(), policy, args.eval_episodes, args.seed, global_step)
-                next_eval += args.eval_every
-            if (it + 1) % args.log_every == 0 or it + 1 == num_iterations:
-                run.row(global_step, learning_rate=lr, **stats)
-            if next_checkpoint is not None and global_step >= next_checkpoint:
-                run.save_checkpoint(checkpoint())
-                next_checkpoint += args.checkpoint_every
-            if run.should_stop(args.stop_at_return, 20, global_step):
-                break
-        run.finish(global_step)
-        run.save_checkpoint(checkpoint())
-        if args.eval_episodes:
-            evaluate(run, make_env(args, render=args.capture_video)(), policy, args.eval_episodes, args.seed,
-                     global_step, video=args.capture_video)
-    return guard.exit_code
+        return run.evaluate_only()
+    batch = args.num_envs * args.num_steps * run.world  # the job's: every rank's rollout
+    first, num_iterations = start.global_step // batch, max(args.total_timesteps // batch, 1)
+    global_step = start.global_step
+    with run:
+        sampler = Sampler(args, run, agent, first, num_iterations)
+        for it in range(first, num_iterations):
+            lr = set_learning_rate(optimizer, args, it, num_iterations)
+            global_step, buf, boot = sampler.collect(agent, it, global_step)
+            stats = learn_from(agent, optimizer, buf, boot, args, run.device)
+            sampler.release(agent, it)  # async: rollout it + 2 is sampled with the new parameters
+            if run.periodic(global_step, learning_rate=lr, **stats):
+                break  # --stop-at-return reached
+        run.finish(global_step)  # the last row, checkpoint and evaluation
+    return run.exit_code
 
 
 if __name__ == "__main__":

@@ -18,7 +18,9 @@ replay_ratio: samples the learner consumes per sampled env step, so updates per 
 batch_size (DQN paper: 8 = a batch of 32 every 4 steps). Async mode holds it from both sides: the learner never
 runs ahead of it and logs how long it waited for the sampler (`wait_s`, the sampler is the bottleneck); the
 sampler, which picks up the newest parameters between its steps, waits when it is more than max_lag_steps env
-steps ahead of what the learner's updates cover (`sampler_wait_s`, the learner is the bottleneck).
+steps ahead of what the learner's updates cover (`sampler_wait_s`, the learner is the bottleneck). Under
+torchrun steps are the job's (every rank's): each update takes batch_size samples on every rank, so the job's
+replay ratio is the one asked for; learning starts when every rank's replay holds min_steps_learn.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import sys
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 # Find shared/ without an install step, from algos/ or from a copy anywhere in the repository.
 sys.path.insert(0, str(next(p for p in Path(__file__).resolve().parents if (p / "shared" / "__init__.py").exists())))
@@ -39,25 +41,14 @@ import torch
 import torch.nn as nn
 
 from shared import distributed
-from shared.affinity import make_affinity
 from shared.atari import is_atari, make_atari_env, make_atari_vector_env
-from shared.envs import image_shape, probe_spaces, vector_env
+from shared.cli import Fraction, NonNegFloat, NonNegInt, PositiveFloat, PositiveInt, Range, bad_args, parse_args
+from shared.envs import image_shape, vector_env
 from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayPacer
 from shared.procs import Worker, parent_alive_check
 from shared.replay import ReplayBuffer
-from shared.run import (
-    RunFolder,
-    bad_args,
-    check_run_args,
-    evaluate,
-    evaluate_only,
-    load_checkpoint,
-    parse_args,
-    resolve_device,
-    resume_mismatch,
-    stop_on_signals,
-)
+from shared.run import Run
 
 SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own name
 
@@ -72,7 +63,7 @@ class Args:
     """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations (MLP)"""
     seed: int = 1
     """seeds every env, worker and network"""
-    total_timesteps: int = 10_000_000
+    total_timesteps: PositiveInt = 10_000_000
     """agent steps summed over all envs (Atari: 4 emulator frames each)"""
     out_dir: str = "runs"
     """parent folder of the run folder"""
@@ -81,48 +72,50 @@ class Args:
     resume: str = ""
     """checkpoint file or run folder to continue from (the replay starts empty and refills min_steps_learn,
     unless --save-replay kept it)"""
-    checkpoint_every: int = 0
-    """global env steps between checkpoints (0: only at the end and on interruption)"""
-    log_every: int = 10_000
+    checkpoint_every: NonNegInt = 0
+    """global env steps between checkpoints (0: by --checkpoint-minutes only)"""
+    checkpoint_minutes: NonNegFloat = 15.0
+    """minutes of wall time between checkpoints, so a killed run loses at most this much (0: off)"""
+    log_every: PositiveInt = 10_000
     """env steps between progress rows"""
-    eval_episodes: int = 10
+    eval_episodes: NonNegInt = 10
     """episodes played by the policy (eval_epsilon-greedy) after training, and at each --eval-every (0: none)"""
-    eval_every: int = 0
+    eval_every: NonNegInt = 0
     """global env steps between evaluations during training, in envs of their own (0: none)"""
     eval_only: bool = False
     """with --resume: evaluate the checkpoint's policy (eval.json, TensorBoard) and train nothing"""
     save_replay: bool = False
     """each checkpoint also writes the replay (replay.npz, plain arrays); --resume then continues with it"""
-    eval_epsilon: float = 0.001
+    eval_epsilon: Fraction = 0.001
     """epsilon of the evaluation episodes"""
     capture_video: bool = False
     """record the first evaluation episode to {run}/videos"""
     stop_at_return: float | None = None
     """stop early once the mean return of the last 20 episodes reaches this"""
     # algorithm
-    num_envs: int = 4
+    num_envs: PositiveInt = 4
     """environments stepped together on each rank (torchrun)"""
-    buffer_size: int = 1_000_000
+    buffer_size: PositiveInt = 1_000_000
     """replay capacity in transitions (each rank's, torchrun)"""
-    batch_size: int = 32
+    batch_size: PositiveInt = 32
     """transitions per gradient step"""
-    replay_ratio: float = 8.0
+    replay_ratio: PositiveFloat = 8.0
     """samples consumed per env step (8: a batch of 32 every 4 steps, as in the DQN paper)"""
-    min_steps_learn: int = 50_000
+    min_steps_learn: NonNegInt = 50_000
     """env steps collected before learning starts (in each rank's replay, torchrun)"""
-    learning_rate: float = 2.5e-4
+    learning_rate: Annotated[float, Range(gt=0, lt=1)] = 2.5e-4
     """optimiser step size (C51 paper: Adam 2.5e-4, eps 0.01/32)"""
     optimizer: Literal["adam", "rmsprop"] = "adam"
     """adam (eps 0.01 / batch_size, the C51 paper's) or rmsprop (centered, alpha 0.95, eps 0.01)"""
-    n_atoms: int = 51
+    n_atoms: Annotated[int, Range(ge=2)] = 51
     """atoms of the return distribution's support"""
     v_min: float = -10.0
     """lowest return on the support"""
     v_max: float = 10.0
     """highest return on the support"""
-    gamma: float = 0.99
+    gamma: Fraction = 0.99
     """discount"""
-    n_step_return: int = 1
+    n_step_return: PositiveInt = 1
     """steps summed before bootstrapping"""
     double_dqn: bool = False
     """select the bootstrap action with the online network's mean Q, take the target network's distribution"""
@@ -130,28 +123,28 @@ class Args:
     """dueling head: Q = V + A - mean(A), gradient into the torso scaled by 1/sqrt(2)"""
     prioritized: bool = False
     """prioritized replay: priorities |TD error|, importance weights with beta annealed to 1"""
-    alpha: float = 0.6
+    alpha: Fraction = 0.6
     """priority exponent"""
-    beta: float = 0.4
+    beta: Fraction = 0.4
     """initial importance-weight exponent (annealed linearly to 1 over the run)"""
-    target_update_interval: int = 10_000
+    target_update_interval: PositiveInt = 10_000
     """env steps between target-network updates"""
-    tau: float = 1.0
+    tau: Annotated[float, Range(gt=0, le=1)] = 1.0
     """target update: 1 copies the online network (hard); below 1 moves a fraction tau of the way (soft)"""
-    eps_start: float = 1.0
+    eps_start: Fraction = 1.0
     """exploration epsilon at the start"""
-    eps_end: float = 0.01
+    eps_end: Fraction = 0.01
     """exploration epsilon after eps_decay_steps"""
-    eps_decay_steps: int = 1_000_000
+    eps_decay_steps: NonNegInt = 1_000_000
     """env steps over which epsilon anneals linearly"""
     vector_epsilon: bool = False
     """Ape-X: fixed epsilon 0.4^(1 + 7 i / (N - 1)) for env i instead of the annealed one"""
     max_grad_norm: float = 10.0
     """global gradient-norm clip"""
     # environment (Atari ids only)
-    noop_max: int = 30
+    noop_max: NonNegInt = 30
     """Atari: up to this many random no-ops at reset (paper convention 30)"""
-    sticky_actions: float = 0.0
+    sticky_actions: Fraction = 0.0
     """Atari: probability of repeating the previous action (0: paper convention, no sticky actions)"""
     clip_rewards: bool = True
     """Atari: train on the sign of the reward (logged returns stay unclipped)"""
@@ -161,7 +154,7 @@ class Args:
     sampler: Literal["serial", "parallel", "async"] = "serial"
     """serial, parallel (ale-py threads / AsyncVectorEnv) or async (sampler process appending to a shared replay
     while the learner trains)"""
-    max_lag_steps: int = 1_000
+    max_lag_steps: NonNegInt = 1_000
     """async: the sampler waits when it is this many env steps ahead of the learner's updates (0: never waits)"""
     device: str = "auto"
     """auto (cuda if available), cpu, cuda or cuda:N"""
@@ -275,14 +268,14 @@ def epsilons(args: Args, global_step: int) -> np.ndarray:
     return np.full(args.num_envs, args.eps_start + frac * (args.eps_end - args.eps_start))
 
 
-class Sampler:
-    """Steps the envs one step at a time with an epsilon-greedy policy; keeps per-env episode state."""
+class EnvStepper:
+    """Steps the [B] envs one step at a time with an epsilon-greedy policy; keeps per-env episode state."""
 
     def __init__(self, envs, args: Args, seed: int):
         self.envs, self.args = envs, args
         self.obs, info = envs.reset(seed=seed)
         n = args.num_envs
-        self.reset = np.zeros(n, bool)  # this step only resets the env (next-step autoreset)
+        self.final_row = np.zeros(n, bool)  # this step only resets the env (next-step autoreset)
         self.lives = np.asarray(info.get("lives", np.zeros(n)), np.int64)
         self.ep_return, self.ep_length = np.zeros(n), np.zeros(n, np.int64)
         self.rng = np.random.default_rng(seed)
@@ -297,19 +290,83 @@ class Sampler:
         action = np.where(explore, self.rng.integers(0, q.shape[1], len(greedy)), greedy)
         next_obs, reward, term, trunc, info = self.envs.step(action)
         lives = np.asarray(info.get("lives", self.lives), np.int64)
-        life_lost = (lives < self.lives) & ~self.reset
-        raw = np.where(self.reset, 0.0, reward)
+        life_lost = (lives < self.lives) & ~self.final_row
+        raw = np.where(self.final_row, 0.0, reward)
         train_r = np.sign(raw) if (self.args.clip_rewards and is_atari(self.args.env_id)) else raw
         done = term | (life_lost & self.args.life_loss_terminal)
         row = Step(self.obs[None], action[None], train_r[None].astype(np.float32), done[None], trunc[None],
                    (term | trunc)[None])
         self.ep_return += raw
-        self.ep_length += ~self.reset
-        ended = term | trunc
-        episodes = list(zip(self.ep_return[ended].tolist(), self.ep_length[ended].tolist()))
-        self.ep_return[ended], self.ep_length[ended] = 0.0, 0
-        self.obs, self.reset, self.lives = next_obs, ended, lives
+        self.ep_length += ~self.final_row
+        episode_end = term | trunc
+        episodes = list(zip(self.ep_return[episode_end].tolist(), self.ep_length[episode_end].tolist()))
+        self.ep_return[episode_end], self.ep_length[episode_end] = 0.0, 0
+        self.obs, self.final_row, self.lives = next_obs, episode_end, lives
         return row, episodes
+
+
+def sampler_main(args: Args, buffer: ReplayBuffer, link: AsyncReplay, affinity, parent_pid: int, stop) -> None:
+    """Async sampler process: steps the envs and appends to the shared replay with the newest parameters the
+    learner published; waits while it is more than max_lag_steps ahead of what the learner's updates cover."""
+    affinity.apply_worker(0)
+    check = parent_alive_check(stop, parent_pid)
+    envs = make_envs(args, "parallel" if is_atari(args.env_id) else "serial", n_threads=len(affinity.worker_cpus[0]))
+    step = link.start_step
+    stepper = EnvStepper(envs, args, distributed.env_seed(args.seed + step, args.num_envs))
+    support = torch.linspace(args.v_min, args.v_max, args.n_atoms)
+    q_net = QNetwork(envs.single_observation_space.shape, envs.single_action_space.n, args.dueling, support)
+    try:
+        while step < args.total_timesteps:
+            check()
+            if link.sampler_wait(step, args.max_lag_steps):
+                continue
+            link.pull(q_net)
+            row, ended = stepper.step(q_net, epsilons(args, step), torch.device("cpu"))
+            buffer.append(row)
+            step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
+            link.report(ended, step)
+    finally:
+        envs.close()
+
+
+class Sampler:
+    """Where the learner's replay rows come from. serial/parallel: this process steps the envs, one [1, B] row
+    per call; async: a sampler process (``sampler_main``) appends to the shared replay and this reads how far it
+    got, and the learner then makes one update at a time, publishing its parameters between them."""
+
+    def __init__(self, args: Args, run: Run, buffer: ReplayBuffer, q_net: QNetwork, pacer: ReplayPacer,
+                 global_step: int):
+        self.args, self.run, self.buffer = args, run, buffer
+        if args.sampler == "async":
+            self.link = AsyncReplay(q_net, pacer, args.num_envs, global_step)
+            worker = run.hold(Worker(sampler_main, (args, buffer, self.link, run.affinity, os.getpid()),
+                                     name="sampler"))
+            self.link.attach(worker, buffer)
+        else:
+            self.link = None
+            envs = run.hold(make_envs(args, args.sampler, len(run.affinity.learner_cpus)))
+            self.stepper = EnvStepper(envs, args, distributed.env_seed(args.seed + global_step, args.num_envs))
+
+    def collect(self, q_net: QNetwork, global_step: int) -> int:
+        """New rows in the replay; returns the global step (every rank's env steps)."""
+        if self.link is not None:
+            return self.link.poll(self.run)
+        row, ended = self.stepper.step(q_net, epsilons(self.args, global_step), self.run.device)
+        self.buffer.append(row)
+        global_step += self.args.num_envs * self.run.world  # every rank stepped as many
+        for ret, length in ended:
+            self.run.episode(ret, length, global_step)
+        return global_step
+
+    def updates_now(self, due: int) -> int:
+        return due if self.link is None else min(due, 1)  # async: one at a time, publishing between
+
+    def after_updates(self, q_net: QNetwork, updates: int, learned: bool) -> dict:
+        """async: publish the parameters; returns the waits for the progress row ({} when serial)."""
+        if self.link is None:
+            return {}
+        self.link.after_updates(q_net, updates, learned)
+        return self.link.waits()
 
 
 # ---------------------------------------------------------------------------------------------- loss and update
@@ -376,66 +433,46 @@ def update_target(q_net: QNetwork, target_net: QNetwork, tau: float) -> None:
         tp.lerp_(p, tau)
 
 
-# ---------------------------------------------------------------------------------------------- async sampler
-
-
-def sampler_main(args: Args, buffer: ReplayBuffer, link: AsyncReplay, affinity, parent_pid: int, stop) -> None:
-    """Sampler process: steps the envs and appends to the shared replay with the newest parameters the learner
-    published; waits while it is more than max_lag_steps ahead of what the learner's updates cover."""
-    affinity.apply_worker(0)
-    check = parent_alive_check(stop, parent_pid)
-    envs = make_envs(args, "parallel" if is_atari(args.env_id) else "serial", n_threads=len(affinity.worker_cpus[0]))
-    step = link.start_step
-    sampler = Sampler(envs, args, distributed.env_seed(args.seed + step, args.num_envs))
-    support = torch.linspace(args.v_min, args.v_max, args.n_atoms)
-    q_net = QNetwork(envs.single_observation_space.shape, envs.single_action_space.n, args.dueling, support)
-    try:
-        while step < args.total_timesteps:
-            check()
-            if link.sampler_wait(step, args.max_lag_steps):
-                continue
-            link.pull(q_net)
-            row, ended = sampler.step(q_net, epsilons(args, step), torch.device("cpu"))
-            buffer.append(row)
-            step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
-            link.report(ended, step)
-    finally:
-        envs.close()
-
-
 # ---------------------------------------------------------------------------------------------- main
 
 
 def check_args(args: Args) -> None:
-    """Exit 2 with one line on bad arguments, before any env or process starts."""
-    for name in ("num_envs", "total_timesteps", "buffer_size", "batch_size", "n_step_return", "log_every",
-                 "target_update_interval"):
-        if getattr(args, name) <= 0:
-            bad_args(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    for name in ("min_steps_learn", "checkpoint_every", "eval_episodes", "noop_max", "eps_decay_steps"):
-        if getattr(args, name) < 0:
-            bad_args(f"--{name.replace('_', '-')} must be non-negative, got {getattr(args, name)}")
-    if not args.replay_ratio > 0:
-        bad_args(f"--replay-ratio must be positive, got {args.replay_ratio}")
-    if not 0 < args.learning_rate < 1:
-        bad_args(f"--learning-rate must be in (0, 1), got {args.learning_rate}")
-    for name in ("gamma", "alpha", "beta", "eps_start", "eps_end", "eval_epsilon"):
-        if not 0 <= getattr(args, name) <= 1:
-            bad_args(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(args, name)}")
-    if args.n_atoms < 2:
-        bad_args(f"--n-atoms must be at least 2, got {args.n_atoms}")
+    """What relates the flags to each other (each field's own range is declared on it): exit 2, one line."""
     if not args.v_min < args.v_max:
         bad_args(f"--v-min {args.v_min} must be below --v-max {args.v_max}")
-    if not 0 < args.tau <= 1:
-        bad_args(f"--tau must be in (0, 1], got {args.tau}")
     if args.buffer_size < max(args.batch_size, args.min_steps_learn, args.num_envs * (args.n_step_return + 5)):
         bad_args(f"--buffer-size {args.buffer_size} is smaller than --min-steps-learn or --batch-size")
     if args.min_steps_learn < args.batch_size + args.num_envs * (args.n_step_return + 4):
         bad_args(f"--min-steps-learn {args.min_steps_learn} leaves fewer valid transitions than --batch-size "
                  f"{args.batch_size}")
-    if args.save_replay and distributed.world_size() > 1:
-        bad_args("--save-replay is not supported under torchrun yet (each rank keeps its own replay)")
-    check_run_args(args)
+
+
+def make_learner(args: Args, run: Run) -> tuple[QNetwork, QNetwork, torch.optim.Optimizer]:
+    """The online network, its target copy and the optimiser."""
+    support = torch.linspace(args.v_min, args.v_max, args.n_atoms)
+    try:
+        q_net = QNetwork(run.obs_space.shape, int(run.act_space.n), args.dueling, support).to(run.device)
+    except ValueError as e:  # observations the network cannot take
+        bad_args(f"--env-id {args.env_id}: {e}")
+    target_net = QNetwork(run.obs_space.shape, int(run.act_space.n), args.dueling, support).to(run.device)
+    target_net.load_state_dict(q_net.state_dict())
+    if args.optimizer == "adam":
+        optimizer = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=0.01 / args.batch_size)
+    else:
+        optimizer = torch.optim.RMSprop(q_net.parameters(), lr=args.learning_rate, alpha=0.95, eps=0.01,
+                                        centered=True)
+    return q_net, target_net, optimizer
+
+
+def make_replay(args: Args, run: Run) -> ReplayBuffer:
+    """Each rank's replay: frames stored once each, n-step returns, optionally prioritized."""
+    obs = run.obs_space
+    frame_stack = obs.shape[0] if is_atari(args.env_id) else 1
+    example = Step(np.zeros(obs.shape, obs.dtype), np.int64(0), np.float32(0), False, False, False)
+    return ReplayBuffer(example, args.buffer_size, args.num_envs, discount=args.gamma,
+                        n_step_return=args.n_step_return, frame_stack=frame_stack, prioritized=args.prioritized,
+                        alpha=args.alpha, beta=args.beta, shared=args.sampler == "async",
+                        seed=distributed.rank_seed(args.seed))
 
 
 def act(q_net: QNetwork, device: torch.device, epsilon: float, rng: np.random.Generator, obs: np.ndarray,
@@ -447,118 +484,36 @@ def act(q_net: QNetwork, device: torch.device, epsilon: float, rng: np.random.Ge
 
 
 def main() -> int:
-    args = parse_args(Args, PRESETS)
-    check_args(args)
-    device = resolve_device(args.device, args.bf16)
-    resumed, ckpt_file = load_checkpoint(args.resume, args.env_id) if args.resume else (None, None)
-    obs_space, act_space = probe_spaces(make_env(args))
-    if not isinstance(act_space, gym.spaces.Discrete):
-        bad_args(f"--env-id {args.env_id}: C51 needs a discrete action space, got {act_space}")
-    stop_on_signals()
-    distributed.start(device)  # under torchrun: join the other ranks (a no-op in one process)
-    world = distributed.world_size()  # ranks in the job: 1 without torchrun
-    affinity = make_affinity(args.sampler)
-    affinity.apply_learner()
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-
-    support = torch.linspace(args.v_min, args.v_max, args.n_atoms)
-    try:
-        q_net = QNetwork(obs_space.shape, int(act_space.n), args.dueling, support).to(device)
-    except ValueError as e:
-        bad_args(f"--env-id {args.env_id}: {e}")
-    target_net = QNetwork(obs_space.shape, int(act_space.n), args.dueling, support).to(device)
-    target_net.load_state_dict(q_net.state_dict())
-    if args.optimizer == "adam":
-        optimizer = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=0.01 / args.batch_size)
-    else:
-        optimizer = torch.optim.RMSprop(q_net.parameters(), lr=args.learning_rate, alpha=0.95, eps=0.01,
-                                        centered=True)
-    global_step, updates = 0, 0
-    if resumed is not None:
-        try:
-            q_net.load_state_dict(resumed["model"])
-            target_net.load_state_dict(resumed["target_model"])
-            optimizer.load_state_dict(resumed["optimizer"])
-        except (RuntimeError, KeyError, ValueError) as e:  # tensors of another shape or another script
-            resume_mismatch(resumed, args, SCRIPT, e)
-        global_step, updates = int(resumed["global_step"]), int(resumed["updates"])
-    distributed.share(args.seed, q_net, target_net)  # every rank starts from rank 0's
-
-    frame_stack = obs_space.shape[0] if is_atari(args.env_id) else 1
-    example = Step(np.zeros(obs_space.shape, obs_space.dtype), np.int64(0), np.float32(0), False, False, False)
-    buffer = ReplayBuffer(example, args.buffer_size, args.num_envs, discount=args.gamma,
-                          n_step_return=args.n_step_return, frame_stack=frame_stack, prioritized=args.prioritized,
-                          alpha=args.alpha, beta=args.beta, shared=args.sampler == "async",
-                          seed=distributed.rank_seed(args.seed))
-    run = RunFolder(args, SCRIPT, folder=ckpt_file.parent if ckpt_file else None, resumed=resumed)
-
-    def checkpoint() -> dict:
-        return {"model": q_net.state_dict(), "target_model": target_net.state_dict(),
-                "optimizer": optimizer.state_dict(), "global_step": global_step, "updates": updates,
-                "args": vars(args).copy()}
-
-    # Steps are the job's (every rank's): each update takes batch_size samples on every rank, so the job's replay
-    # ratio is the one asked for; learning starts when every rank's replay holds min_steps_learn.
-    restored = run.keep_replay(buffer, args.save_replay, resumed)  # --save-replay: the replay goes on
-    pacer = ReplayPacer(args.replay_ratio / (args.batch_size * world), args.min_steps_learn * world,
-                        *((0, 0) if restored else (global_step, updates)))  # restored: no refill
-    stats = {"td_loss": None, "q_values": None}
-    next_log = global_step + args.log_every
-    next_target = global_step + args.target_update_interval
-    # for evaluation
-    policy = partial(act, q_net, device, args.eval_epsilon, np.random.default_rng(args.seed + 100_000))
+    args = parse_args(Args, PRESETS, check_args)
+    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete)  # device, resume, torchrun, cores, seeds
+    q_net, target_net, optimizer = make_learner(args, run)
+    buffer = make_replay(args, run)
+    policy = partial(act, q_net, run.device, args.eval_epsilon, np.random.default_rng(args.seed + 100_000))
+    start = run.begin(policy, buffer, model=q_net, target_model=target_net, optimizer=optimizer)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
-        return evaluate_only(run, make_env(args, render=args.capture_video)(), policy, args, global_step)
-    next_eval = global_step + args.eval_every if args.eval_every else None
-    next_checkpoint = global_step + args.checkpoint_every if args.checkpoint_every else None
-    link = AsyncReplay(q_net, pacer, args.num_envs, global_step) if args.sampler == "async" else None
-    print(f"run folder {run.path}  sampler {args.sampler}  device {device}  replay {buffer.T}x{buffer.B}  "
-          f"updates per env step {pacer.updates_per_step:.3f}", flush=True)
-    with run.guard(checkpoint) as guard:
-        if link is not None:
-            worker = guard.hold(Worker(sampler_main, (args, buffer, link, affinity, os.getpid()), name="sampler"))
-            link.attach(worker, buffer)
-        else:
-            sampler = Sampler(guard.hold(make_envs(args, args.sampler, len(affinity.learner_cpus))), args,
-                              distributed.env_seed(args.seed + global_step, args.num_envs))
+        return run.evaluate_only()
+    global_step, updates = start.global_step, start.updates
+    pacer = ReplayPacer(args.replay_ratio / (args.batch_size * run.world), args.min_steps_learn * run.world,
+                        *start.replay_origin)
+    stats, next_target = {"td_loss": None, "q_values": None}, global_step + args.target_update_interval
+    with run:
+        sampler = Sampler(args, run, buffer, q_net, pacer, global_step)
         while global_step < args.total_timesteps:
-            if link is None:  # one step of every env: a [1, B] replay row
-                row, ended = sampler.step(q_net, epsilons(args, global_step), device)
-                buffer.append(row)
-                global_step += args.num_envs * world  # every rank stepped as many
-                for ret, length in ended:
-                    run.episode(ret, length, global_step)
-            else:  # the sampler process appends; the learner sees how far it got
-                global_step = link.poll(run)
+            global_step = sampler.collect(q_net, global_step)
             due = pacer.due(global_step, updates)
-            for _ in range(due if link is None else min(due, 1)):  # async: one at a time, publishing between
+            for _ in range(sampler.updates_now(due)):
                 beta = args.beta + (1.0 - args.beta) * min(global_step / args.total_timesteps, 1.0)
-                stats = c51_update(q_net, target_net, optimizer, buffer, args, beta, device)
+                stats = c51_update(q_net, target_net, optimizer, buffer, args, beta, run.device)
                 updates += 1
-            if link is not None:
-                link.after_updates(q_net, updates, learned=due > 0)
+            waits = sampler.after_updates(q_net, updates, learned=due > 0)
             if global_step >= next_target:
                 update_target(q_net, target_net, args.tau)
                 next_target += args.target_update_interval
-            if next_eval is not None and global_step >= next_eval:  # whole episodes in an env of its own
-                evaluate(run, make_env(args)(), policy, args.eval_episodes, args.seed, global_step)
-                next_eval += args.eval_every
-            if global_step >= next_log:
-                run.row(global_step, epsilon=float(epsilons(args, global_step).mean()), **stats, updates=updates,
-                        **(link.waits() if link else {}))
-                next_log += args.log_every
-            if run.should_stop(args.stop_at_return, 20, global_step):
-                break
-            if next_checkpoint is not None and global_step >= next_checkpoint:
-                run.save_checkpoint(checkpoint())
-                next_checkpoint += args.checkpoint_every
-        run.finish(global_step)
-        run.save_checkpoint(checkpoint())
-        if args.eval_episodes:
-            evaluate(run, make_env(args, render=args.capture_video)(), policy, args.eval_episodes, args.seed,
-                     global_step, video=args.capture_video)
-    return guard.exit_code
+            epsilon = float(epsilons(args, global_step).mean())
+            if run.periodic(global_step, epsilon=epsilon, **stats, updates=updates, **waits):
+                break  # --stop-at-return reached
+        run.finish(global_step)  # the last row, checkpoint and evaluation
+    return run.exit_code
 
 
 if __name__ == "__main__":

@@ -15,12 +15,15 @@ input priorities from the Q-values it acted with, so new sequences are not sampl
 Episode boundaries: replay rows follow gymnasium's next-step autoreset (see shared/replay.py). Sequences may
 cross episode boundaries: the recurrent state, previous action and previous reward are reset to zeros at every
 row that starts an episode, in the sampler and in replayed sequences alike; rows that only reset the env are left
-out of the loss; a time-limit truncation bootstraps from the episode's final observation.
+out of the loss; a time-limit truncation bootstraps from the episode's final observation. The sampler's recurrent
+states are not in the checkpoint: a resumed run starts every env at a new episode.
 
 replay_ratio: training rows (sequence_length per sequence, burn-in not counted) consumed per env step, so updates
 per env step = replay_ratio / (batch_size * sequence_length), as in rlpyt. Async mode holds it from both sides
-(shared/procs.py, AsyncReplay): the learner never runs ahead of it (`wait_s`), the sampler waits when it is
-more than max_lag_steps env steps ahead of what the learner's updates cover (`sampler_wait_s`).
+(shared/pacing.py, AsyncReplay): the learner never runs ahead of it (`wait_s`), the sampler waits when it is
+more than max_lag_steps env steps ahead of what the learner's updates cover (`sampler_wait_s`). Under torchrun
+steps are the job's (every rank's): each update takes batch_size sequences on every rank, so the job's replay
+ratio is the one asked for; learning starts when every rank's replay holds min_steps_learn.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 # Find shared/ without an install step, from algos/ or from a copy anywhere in the repository.
 sys.path.insert(0, str(next(p for p in Path(__file__).resolve().parents if (p / "shared" / "__init__.py").exists())))
@@ -41,25 +44,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from shared import distributed
-from shared.affinity import make_affinity
 from shared.atari import is_atari, make_atari_env, make_atari_vector_env
-from shared.envs import image_shape, probe_spaces, vector_env
+from shared.cli import Fraction, NonNegFloat, NonNegInt, PositiveFloat, PositiveInt, Range, bad_args, parse_args
+from shared.envs import image_shape, vector_env
 from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayPacer
 from shared.procs import Worker, parent_alive_check
 from shared.replay import SequenceReplayBuffer
-from shared.run import (
-    RunFolder,
-    bad_args,
-    check_run_args,
-    evaluate,
-    evaluate_only,
-    load_checkpoint,
-    parse_args,
-    resolve_device,
-    resume_mismatch,
-    stop_on_signals,
-)
+from shared.run import Run
 
 SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own name
 
@@ -74,78 +66,80 @@ class Args:
     """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations (MLP)"""
     seed: int = 1
     """seeds every env, worker and network"""
-    total_timesteps: int = 10_000_000
+    total_timesteps: PositiveInt = 10_000_000
     """agent steps summed over all envs (Atari: 4 emulator frames each)"""
     out_dir: str = "runs"
     """parent folder of the run folder"""
     run_name: str = ""
-    """run folder name; default {env_id}__r2d1_atari__{seed}__{unix time}"""
+    """run folder name; default {env_id}__{script file name}__{seed}__{unix time}"""
     resume: str = ""
     """checkpoint file or run folder to continue from (the replay starts empty and refills min_steps_learn,
     unless --save-replay kept it)"""
-    checkpoint_every: int = 0
-    """global env steps between checkpoints (0: only at the end and on interruption)"""
-    log_every: int = 10_000
+    checkpoint_every: NonNegInt = 0
+    """global env steps between checkpoints (0: by --checkpoint-minutes only)"""
+    checkpoint_minutes: NonNegFloat = 15.0
+    """minutes of wall time between checkpoints, so a killed run loses at most this much (0: off)"""
+    log_every: PositiveInt = 10_000
     """env steps between progress rows"""
-    eval_episodes: int = 10
+    eval_episodes: NonNegInt = 10
     """episodes played by the policy (eval_epsilon-greedy) after training, and at each --eval-every (0: none)"""
-    eval_every: int = 0
+    eval_every: NonNegInt = 0
     """global env steps between evaluations during training, in envs of their own (0: none)"""
     eval_only: bool = False
     """with --resume: evaluate the checkpoint's policy (eval.json, TensorBoard) and train nothing"""
     save_replay: bool = False
     """each checkpoint also writes the replay (replay.npz, plain arrays); --resume then continues with it"""
-    eval_epsilon: float = 0.01
+    eval_epsilon: Fraction = 0.01
     """epsilon of the evaluation episodes"""
     capture_video: bool = False
     """record the first evaluation episode to {run}/videos"""
     stop_at_return: float | None = None
     """stop early once the mean return of the last 20 episodes reaches this"""
     # algorithm
-    num_envs: int = 16
+    num_envs: PositiveInt = 16
     """environments stepped together on each rank (torchrun) (each with its own recurrent state and epsilon)"""
-    buffer_size: int = 1_000_000
+    buffer_size: PositiveInt = 1_000_000
     """replay capacity in rows (env steps; each rank's, torchrun)"""
-    batch_size: int = 64
+    batch_size: PositiveInt = 64
     """sequences per gradient step"""
-    sequence_length: int = 80
+    sequence_length: PositiveInt = 80
     """training rows per sequence (after the burn-in)"""
-    burn_in_steps: int = 40
+    burn_in_steps: NonNegInt = 40
     """rows at the start of each sequence that only advance the recurrent state (no loss, no gradient)"""
-    rnn_state_interval: int = 40
+    rnn_state_interval: PositiveInt = 40
     """rows between stored recurrent states: sequences start only there"""
-    replay_ratio: float = 1.0
+    replay_ratio: PositiveFloat = 1.0
     """training rows consumed per env step (burn-in not counted)"""
-    min_steps_learn: int = 50_000
+    min_steps_learn: NonNegInt = 50_000
     """env steps collected before learning starts (in each rank's replay, torchrun)"""
-    learning_rate: float = 1e-4
+    learning_rate: Annotated[float, Range(gt=0, lt=1)] = 1e-4
     """Adam step size (eps 1e-3, as in R2D2)"""
-    gamma: float = 0.997
+    gamma: Fraction = 0.997
     """discount"""
-    n_step_return: int = 5
+    n_step_return: PositiveInt = 5
     """steps summed before bootstrapping"""
-    value_rescale_eps: float = 1e-3
+    value_rescale_eps: NonNegFloat = 1e-3
     """epsilon of the value rescaling h(x) = sign(x)(sqrt(|x| + 1) - 1) + eps x (0 with --no-value-rescale)"""
     value_rescale: bool = True
     """learn h(Q) instead of Q (no reward clipping needed)"""
-    alpha: float = 0.9
+    alpha: Fraction = 0.9
     """priority exponent"""
-    beta: float = 0.6
+    beta: Fraction = 0.6
     """importance-weight exponent (annealed linearly to 1 over the run)"""
-    eta: float = 0.9
+    eta: Fraction = 0.9
     """sequence priority = eta * max + (1 - eta) * mean of the absolute TD errors"""
-    target_update_interval: int = 2_500
+    target_update_interval: PositiveInt = 2_500
     """learner updates between target-network copies"""
     max_grad_norm: float = 80.0
     """global gradient-norm clip"""
-    hidden: int = 512
+    hidden: PositiveInt = 512
     """width of the fully connected layer and the LSTM (Atari; the MLP torso for vector observations uses it too)"""
     recurrent: bool = True
     """use the LSTM; --no-recurrent replaces it with a feed-forward layer of the same width (the ablation)"""
     # environment (Atari ids only)
-    noop_max: int = 30
+    noop_max: NonNegInt = 30
     """Atari: up to this many random no-ops at reset (paper convention 30)"""
-    sticky_actions: float = 0.0
+    sticky_actions: Fraction = 0.0
     """Atari: probability of repeating the previous action (0: paper convention, no sticky actions)"""
     observe_indices: tuple[int, ...] = ()
     """vector observations: keep only these components (e.g. 0 2 on CartPole: positions without velocities)"""
@@ -153,7 +147,7 @@ class Args:
     sampler: Literal["serial", "parallel", "async"] = "serial"
     """serial, parallel (ale-py threads / AsyncVectorEnv) or async (sampler process appending to a shared replay
     while the learner trains)"""
-    max_lag_steps: int = 2_000
+    max_lag_steps: NonNegInt = 2_000
     """async: the sampler waits when it is this many env steps ahead of the learner's updates (0: never waits)"""
     device: str = "auto"
     """auto (cuda if available), cpu, cuda or cuda:N"""
@@ -182,13 +176,21 @@ def make_env(args: Args, render: bool = False):
             return make_atari_env(args.env_id, args.noop_max, args.sticky_actions, render)
         env = gym.make(args.env_id, render_mode="rgb_array" if render else None)
         if args.observe_indices:
-            keep = np.array(args.observe_indices)
-            space = env.observation_space
-            env = gym.wrappers.TransformObservation(
-                env, lambda o: o[keep], gym.spaces.Box(space.low[keep], space.high[keep], dtype=space.dtype))
+            keep, space = np.array(args.observe_indices), env.observation_space
+            try:
+                kept = gym.spaces.Box(space.low[keep], space.high[keep], dtype=space.dtype)
+            except (AttributeError, IndexError):  # not a Box, or an index past its first axis
+                env.close()
+                raise ValueError(f"{observe_flag(args)} does not fit observations of shape {space.shape} "
+                                 f"({type(space).__name__})") from None
+            env = gym.wrappers.TransformObservation(env, lambda o: o[keep], kept)
         return env
 
     return thunk
+
+
+def observe_flag(args: Args) -> str:
+    return "--observe-indices " + " ".join(map(str, args.observe_indices))
 
 
 def make_envs(args: Args, mode: str, n_threads: int = 1) -> gym.vector.VectorEnv:
@@ -206,7 +208,7 @@ RnnState = namedarraytuple("RnnState", ["h", "c"])  # each [B, hidden]
 class R2D1Net(nn.Module):
     """torso -> fc -> LSTM(fc, one-hot previous action, previous reward) -> dueling head.
 
-    forward takes sequences [T, B, ...] and a reset mask [T, B]: where reset is set, the recurrent state, the
+    forward takes sequences [T, B, ...] and an episode_start mask [T, B]: where it is set, the recurrent state, the
     previous action and the previous reward are zeroed before that row (an episode starts there).
     """
 
@@ -232,8 +234,8 @@ class R2D1Net(nn.Module):
         z = torch.zeros(batch, self.hidden, device=device)
         return RnnState(z, z.clone())
 
-    def forward(self, obs, prev_action, prev_reward, state: RnnState, reset) -> tuple[torch.Tensor, RnnState]:
-        T, B = reset.shape
+    def forward(self, obs, prev_action, prev_reward, state: RnnState, episode_start) -> tuple[torch.Tensor, RnnState]:
+        T, B = episode_start.shape
         x = obs.flatten(0, 1)  # [T*B, ...]
         if self.image:
             x = x.permute(0, 3, 1, 2) if self.channels_last else x  # [T*B, C, H, W]
@@ -241,12 +243,12 @@ class R2D1Net(nn.Module):
         else:
             x = x.float().flatten(1)
         x = self.torso(x).view(T, B, -1)
-        keep = (~reset).float().unsqueeze(-1)  # [T, B, 1]
+        keep = (~episode_start).float().unsqueeze(-1)  # [T, B, 1]
         a = F.one_hot(prev_action.long(), self.n_actions).float() * keep
         x = torch.cat([x, a, prev_reward.float().unsqueeze(-1) * keep], dim=-1)  # [T, B, hidden + A + 1]
         if not self.recurrent:
             h = self.core(x)
-        elif not reset[1:].any():  # one call over the whole sequence (the common case)
+        elif not episode_start[1:].any():  # one call over the whole sequence (the common case)
             h, (hn, cn) = self.core(x, (state.h[None] * keep[0], state.c[None] * keep[0]))
             state = RnnState(hn[0], cn[0])
         else:  # an episode starts inside: step row by row, zeroing the state there
@@ -296,16 +298,16 @@ def sequence_priorities(td: np.ndarray, valid: np.ndarray, eta: float) -> np.nda
     return eta * a.max(0) + (1 - eta) * a.sum(0) / np.maximum(n, 1)
 
 
-class Sampler:
-    """Steps the envs one step at a time epsilon-greedily, one recurrent state per env; returns replay chunks of
-    rnn_state_interval rows with the input priorities of the sequence input_priority_shift slots back."""
+class EnvStepper:
+    """Steps the [B] envs one step at a time epsilon-greedily, one recurrent state per env; returns replay chunks
+    of rnn_state_interval rows with the input priorities of the sequence input_priority_shift slots back."""
 
     def __init__(self, envs, args: Args, net: R2D1Net, seed: int):
         self.envs, self.args = envs, args
         self.obs, _ = envs.reset(seed=seed)
         n = args.num_envs
-        self.final = np.zeros(n, bool)  # this row only resets the env (next-step autoreset)
-        self.start = np.ones(n, bool)  # this row starts an episode: zero state, previous action and reward
+        self.final_row = np.zeros(n, bool)  # this row only resets the env (next-step autoreset)
+        self.episode_start = np.ones(n, bool)  # this row starts an episode: zero state, previous action and reward
         self.prev_action, self.prev_reward = np.zeros(n, np.int64), np.zeros(n, np.float32)
         self.state = net.initial_state(n)
         self.ep_return, self.ep_length = np.zeros(n), np.zeros(n, np.int64)
@@ -315,35 +317,36 @@ class Sampler:
         # Rows kept to compute input priorities: the sequence starting shift slots back ends in this chunk.
         I = args.rnn_state_interval
         self.shift = -(-(args.burn_in_steps + args.sequence_length + args.n_step_return) // I)
-        self.history: list = []  # [(q_taken, q_max, reward, done, timeout, final)] per row, newest last
+        self.history: list = []  # [(q_taken, q_max, reward, done, timeout, final_row)] per row, newest last
 
     @torch.no_grad()
     def step(self, net: R2D1Net, device: torch.device) -> tuple:
         """One step of every env; returns (chunk or None, priorities or None, episodes [(return, length)])."""
-        keep = torch.as_tensor(~self.start, device=device).float().unsqueeze(-1)
+        keep = torch.as_tensor(~self.episode_start, device=device).float().unsqueeze(-1)
         state = RnnState(self.state.h.to(device) * keep, self.state.c.to(device) * keep)
         stored = RnnState(state.h.cpu().numpy(), state.c.cpu().numpy())  # the state before this row
         obs = torch.as_tensor(self.obs, device=device)[None]
         q, new_state = net(obs, torch.as_tensor(self.prev_action, device=device)[None],
                            torch.as_tensor(self.prev_reward, device=device)[None], state,
-                           torch.as_tensor(self.start, device=device)[None])
+                           torch.as_tensor(self.episode_start, device=device)[None])
         q = q[0].float().cpu().numpy()  # [B, A]
         greedy = q.argmax(1)
         explore = self.rng.random(len(greedy)) < self.eps
         action = np.where(explore, self.rng.integers(0, q.shape[1], len(greedy)), greedy)
         next_obs, reward, term, trunc, _ = self.envs.step(action)
-        reward = np.where(self.final, 0.0, reward).astype(np.float32)
-        prev_a = np.where(self.start, 0, self.prev_action)
-        prev_r = np.where(self.start, 0.0, self.prev_reward).astype(np.float32)
+        reward = np.where(self.final_row, 0.0, reward).astype(np.float32)
+        prev_a = np.where(self.episode_start, 0, self.prev_action)
+        prev_r = np.where(self.episode_start, 0.0, self.prev_reward).astype(np.float32)
         self.rows.append(Row(self.obs, action, reward, term, trunc, prev_a, prev_r, stored))
-        self.history.append((q[np.arange(len(action)), action], q.max(1), reward, term, trunc, self.final.copy()))
+        self.history.append((q[np.arange(len(action)), action], q.max(1), reward, term, trunc, self.final_row.copy()))
         self.ep_return += reward
-        self.ep_length += ~self.final
-        ended = term | trunc
-        episodes = list(zip(self.ep_return[ended].tolist(), self.ep_length[ended].tolist()))
-        self.ep_return[ended], self.ep_length[ended] = 0.0, 0
+        self.ep_length += ~self.final_row
+        episode_end = term | trunc
+        episodes = list(zip(self.ep_return[episode_end].tolist(), self.ep_length[episode_end].tolist()))
+        self.ep_return[episode_end], self.ep_length[episode_end] = 0.0, 0
         self.state = RnnState(new_state.h.cpu(), new_state.c.cpu())
-        self.obs, self.start, self.final = next_obs, self.final, ended
+        # The row after a final row starts an episode.
+        self.obs, self.episode_start, self.final_row = next_obs, self.final_row, episode_end
         self.prev_action, self.prev_reward = action, reward
         if len(self.rows) < self.args.rnn_state_interval:
             return None, None, episodes
@@ -367,7 +370,7 @@ class Sampler:
         with (no target network, no double DQN: only those exist here): h(R + gamma^k h^-1(max_a Q(s_{t+k}, a)))
         - Q(s_t, a_t) over the training rows, mixed as in the learner."""
         a = self.args
-        q_taken, q_max, reward, done, timeout, final = (np.stack(x) for x in zip(*self.history))  # [W, B]
+        q_taken, q_max, reward, done, timeout, final_row = (np.stack(x) for x in zip(*self.history))  # [W, B]
         L, n, eps = a.burn_in_steps + a.sequence_length, a.n_step_return, a.value_rescale_eps
         ret, alive = np.zeros((L, q_taken.shape[1])), np.ones((L, q_taken.shape[1]), bool)
         k, not_done = np.zeros_like(ret, dtype=np.int64), np.ones_like(ret)
@@ -381,7 +384,81 @@ class Sampler:
         unscale = (lambda x: h_inv(torch.as_tensor(x), eps).numpy()) if a.value_rescale else (lambda x: x)
         y = rescale(ret + not_done * a.gamma**k * unscale(boot))
         td = (y - q_taken[:L])[a.burn_in_steps:]
-        return sequence_priorities(td, ~final[a.burn_in_steps:L], a.eta)[None]
+        return sequence_priorities(td, ~final_row[a.burn_in_steps:L], a.eta)[None]
+
+
+def sampler_main(args: Args, buffer: SequenceReplayBuffer, link: AsyncReplay, affinity, parent_pid: int,
+                 stop) -> None:
+    """Async sampler process: steps the envs and appends chunks to the shared replay with the newest parameters
+    the learner published; waits while it is more than max_lag_steps ahead of the learner's updates."""
+    affinity.apply_worker(0)
+    check = parent_alive_check(stop, parent_pid)
+    envs = make_envs(args, "parallel" if is_atari(args.env_id) else "serial", n_threads=len(affinity.worker_cpus[0]))
+    net = R2D1Net(envs.single_observation_space.shape, envs.single_action_space.n, args.hidden, args.recurrent)
+    step = link.start_step
+    stepper = EnvStepper(envs, args, net, distributed.env_seed(args.seed + step, args.num_envs))
+    try:
+        while step < args.total_timesteps:
+            check()
+            if link.sampler_wait(step, args.max_lag_steps, chunk_steps=args.num_envs * args.rnn_state_interval):
+                continue
+            link.pull(net)
+            chunk, priorities, ended = stepper.step(net, torch.device("cpu"))
+            if chunk is not None:
+                buffer.append(chunk, priorities)
+            step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
+            link.report(ended, step)
+        rest = stepper.flush()  # the last, partial chunk (no input priorities: its sequences get the default)
+        if rest is not None:
+            buffer.append(rest)
+    finally:
+        envs.close()
+
+
+class Sampler:
+    """Where the learner's sequences come from. serial/parallel: this process steps the envs and appends a chunk
+    of rnn_state_interval rows [I, B] when complete; async: a sampler process (``sampler_main``) appends chunks to
+    the shared replay and this reads how far it got, and the learner then makes one update at a time, publishing
+    its parameters between them."""
+
+    def __init__(self, args: Args, run: Run, buffer: SequenceReplayBuffer, net: R2D1Net, pacer: ReplayPacer,
+                 global_step: int):
+        self.args, self.run, self.buffer = args, run, buffer
+        if args.sampler == "async":
+            self.link = AsyncReplay(net, pacer, args.num_envs, global_step)
+            worker = run.hold(Worker(sampler_main, (args, buffer, self.link, run.affinity, os.getpid()),
+                                     name="sampler"))
+            self.link.attach(worker, buffer)
+        else:
+            self.link = None
+            envs = run.hold(make_envs(args, args.sampler, len(run.affinity.learner_cpus)))
+            self.stepper = EnvStepper(envs, args, net, distributed.env_seed(args.seed + global_step, args.num_envs))
+        self.start_step, self.start_rows = global_step, buffer.storage.cursor  # rows a restored replay already held
+
+    def collect(self, net: R2D1Net, global_step: int) -> tuple[int, int]:
+        """New rows; returns the global step (every rank's env steps) and the steps whose rows are in the replay
+        (whole chunks: the pacer's count)."""
+        if self.link is not None:
+            global_step = self.link.poll(self.run)
+            return global_step, global_step
+        chunk, priorities, ended = self.stepper.step(net, self.run.device)
+        if chunk is not None:
+            self.buffer.append(chunk, priorities)
+        global_step += self.args.num_envs * self.run.world  # every rank stepped as many
+        for ret, length in ended:
+            self.run.episode(ret, length, global_step)
+        rows = self.buffer.storage.cursor - self.start_rows
+        return global_step, self.start_step + rows * self.args.num_envs * self.run.world
+
+    def updates_now(self, due: int) -> int:
+        return due if self.link is None else min(due, 1)  # async: one at a time, publishing between
+
+    def after_updates(self, net: R2D1Net, updates: int, learned: bool) -> dict:
+        """async: publish the parameters; returns the waits for the progress row ({} when serial)."""
+        if self.link is None:
+            return {}
+        self.link.after_updates(net, updates, learned)
+        return self.link.waits()
 
 
 # ---------------------------------------------------------------------------------------------- loss and update
@@ -396,13 +473,14 @@ def r2d1_loss(net: R2D1Net, target_net: R2D1Net, b: dict, args: Args) -> tuple:
     rescale = (lambda x: h(x, eps)) if args.value_rescale else (lambda x: x)
     unscale = (lambda x: h_inv(x, eps)) if args.value_rescale else (lambda x: x)
     inputs = (b["observation"], b["prev_action"], b["prev_reward"])
-    reset = b["episode_start"]
+    episode_start = b["episode_start"]
     state = b["init_rnn_state"]
     with torch.no_grad():  # burn-in: advances the online state only; the target net sees the whole sequence
         if burn:
-            _, state = net(*(x[:burn] for x in inputs), state, reset[:burn])
-        q_target, _ = target_net(*inputs, b["init_rnn_state"], reset)  # [W, B, A]
-    q, _ = net(*(x[burn:] for x in inputs), RnnState(state.h.detach(), state.c.detach()), reset[burn:])  # [L+n, B, A]
+            _, state = net(*(x[:burn] for x in inputs), state, episode_start[:burn])
+        q_target, _ = target_net(*inputs, b["init_rnn_state"], episode_start)  # [W, B, A]
+    q, _ = net(*(x[burn:] for x in inputs), RnnState(state.h.detach(), state.c.detach()),
+               episode_start[burn:])  # [L+n, B, A]
     q_taken = q[:L].gather(-1, b["action"][burn:burn + L].long().unsqueeze(-1)).squeeze(-1)  # [L, B]
     k = b["n_taken"][burn:burn + L].long()  # rows to the bootstrap row, relative
     boot_row = (torch.arange(L, device=k.device).unsqueeze(1) + k).clamp(max=q.shape[0] - 1)  # [L, B]
@@ -447,58 +525,11 @@ def r2d1_update(net, target_net, optimizer, buffer: SequenceReplayBuffer, args: 
     return {"td_loss": loss.item(), "td_abs": td[valid].mean().item()}
 
 
-# ---------------------------------------------------------------------------------------------- async sampler
-
-def sampler_main(args: Args, buffer: SequenceReplayBuffer, link: AsyncReplay, affinity, parent_pid: int,
-                 stop) -> None:
-    """Sampler process: steps the envs and appends chunks to the shared replay with the newest parameters the
-    learner published; waits while it is more than max_lag_steps ahead of the learner's updates."""
-    affinity.apply_worker(0)
-    check = parent_alive_check(stop, parent_pid)
-    envs = make_envs(args, "parallel" if is_atari(args.env_id) else "serial", n_threads=len(affinity.worker_cpus[0]))
-    net = R2D1Net(envs.single_observation_space.shape, envs.single_action_space.n, args.hidden, args.recurrent)
-    step = link.start_step
-    sampler = Sampler(envs, args, net, distributed.env_seed(args.seed + step, args.num_envs))
-    try:
-        while step < args.total_timesteps:
-            check()
-            if link.sampler_wait(step, args.max_lag_steps, chunk_steps=args.num_envs * args.rnn_state_interval):
-                continue
-            link.pull(net)
-            chunk, priorities, ended = sampler.step(net, torch.device("cpu"))
-            if chunk is not None:
-                buffer.append(chunk, priorities)
-            step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
-            link.report(ended, step)
-        rest = sampler.flush()  # the last, partial chunk (no input priorities: its sequences get the default)
-        if rest is not None:
-            buffer.append(rest)
-    finally:
-        envs.close()
-
-
 # ---------------------------------------------------------------------------------------------- main
 
 
 def check_args(args: Args) -> None:
-    """Exit 2 with one line on bad arguments, before any env or process starts."""
-    for name in ("num_envs", "total_timesteps", "buffer_size", "batch_size", "sequence_length", "n_step_return",
-                 "rnn_state_interval", "log_every", "target_update_interval", "hidden"):
-        if getattr(args, name) <= 0:
-            bad_args(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    for name in ("burn_in_steps", "min_steps_learn", "checkpoint_every", "eval_episodes", "noop_max",
-                 "max_lag_steps"):
-        if getattr(args, name) < 0:
-            bad_args(f"--{name.replace('_', '-')} must be non-negative, got {getattr(args, name)}")
-    if not args.replay_ratio > 0:
-        bad_args(f"--replay-ratio must be positive, got {args.replay_ratio}")
-    if not 0 < args.learning_rate < 1:
-        bad_args(f"--learning-rate must be in (0, 1), got {args.learning_rate}")
-    for name in ("gamma", "alpha", "beta", "eta", "eval_epsilon"):
-        if not 0 <= getattr(args, name) <= 1:
-            bad_args(f"--{name.replace('_', '-')} must be in [0, 1], got {getattr(args, name)}")
-    if args.value_rescale_eps < 0:
-        bad_args(f"--value-rescale-eps must be non-negative, got {args.value_rescale_eps}")
+    """What relates the flags to each other (each field's own range is declared on it): exit 2, one line."""
     rows = args.burn_in_steps + args.sequence_length + args.n_step_return
     if args.buffer_size // args.num_envs < 2 * rows + 2 * args.rnn_state_interval:
         bad_args(f"--buffer-size {args.buffer_size} holds {args.buffer_size // args.num_envs} rows per env; "
@@ -508,11 +539,38 @@ def check_args(args: Args) -> None:
     if sequences < args.batch_size:
         bad_args(f"--min-steps-learn {args.min_steps_learn} gives {sequences} complete sequences, fewer than "
                  f"--batch-size {args.batch_size}")
-    if args.save_replay and distributed.world_size() > 1:
-        bad_args("--save-replay is not supported under torchrun yet (each rank keeps its own replay)")
-    check_run_args(args)
     if args.observe_indices and is_atari(args.env_id):
         bad_args("--observe-indices applies to vector observations, not Atari frames")
+
+
+def make_learner(args: Args, run: Run) -> tuple[R2D1Net, R2D1Net, torch.optim.Optimizer]:
+    """The online network, its target copy and the optimiser."""
+    n_actions = int(run.act_space.n)
+    try:
+        net = R2D1Net(run.obs_space.shape, n_actions, args.hidden, args.recurrent).to(run.device)
+    except ValueError as e:  # observations the network cannot take
+        bad_args(f"--env-id {args.env_id}{' ' + observe_flag(args) if args.observe_indices else ''}: {e}")
+    target_net = R2D1Net(run.obs_space.shape, n_actions, args.hidden, args.recurrent).to(run.device)
+    target_net.load_state_dict(net.state_dict())
+    optimizer = torch.optim.Adam(net.parameters(), lr=args.learning_rate, eps=1e-3)
+    return net, target_net, optimizer
+
+
+def make_replay(args: Args, run: Run) -> SequenceReplayBuffer:
+    """Each rank's replay: sequences of burn-in + sequence_length rows (plus n_step_return for the targets) from
+    every rnn_state_interval-th row, prioritized, with the sampler's input priorities."""
+    obs = run.obs_space
+    frame_stack = obs.shape[0] if is_atari(args.env_id) else 1
+    zeros = np.zeros(args.hidden, np.float32)
+    example = Row(np.zeros(obs.shape, obs.dtype), np.int64(0), np.float32(0), False, False, np.int64(0),
+                  np.float32(0), RnnState(zeros, zeros))
+    sampler_shift = -(-(args.burn_in_steps + args.sequence_length + args.n_step_return) // args.rnn_state_interval)
+    return SequenceReplayBuffer(example, args.buffer_size, args.num_envs,
+                                sequence_length=args.burn_in_steps + args.sequence_length,
+                                rnn_state_interval=args.rnn_state_interval, discount=args.gamma,
+                                n_step_return=args.n_step_return, frame_stack=frame_stack, prioritized=True,
+                                alpha=args.alpha, beta=args.beta, input_priority_shift=sampler_shift,
+                                shared=args.sampler == "async", seed=distributed.rank_seed(args.seed))
 
 
 class EvalPolicy:
@@ -524,135 +582,47 @@ class EvalPolicy:
         self.state, self.prev_action = net.initial_state(1, device), 0
 
     def __call__(self, obs: np.ndarray, last_reward: float | None) -> int:
-        start = last_reward is None
-        if start:
+        episode_start = last_reward is None
+        if episode_start:
             self.state, self.prev_action = self.net.initial_state(1, self.device), 0
         t = lambda x: torch.tensor([[x]], device=self.device)
         q, self.state = self.net(torch.as_tensor(obs, device=self.device)[None, None], t(self.prev_action),
-                                 t(0.0 if start else float(last_reward)), self.state, t(start))
+                                 t(0.0 if episode_start else float(last_reward)), self.state, t(episode_start))
         explore = self.rng.random() < self.epsilon
         self.prev_action = int(self.rng.integers(self.net.n_actions)) if explore else int(q.argmax())
         return self.prev_action
 
 
 def main() -> int:
-    args = parse_args(Args, PRESETS)
-    check_args(args)
-    device = resolve_device(args.device)
-    resumed, ckpt_file = load_checkpoint(args.resume, args.env_id) if args.resume else (None, None)
-    try:
-        obs_space, act_space = probe_spaces(make_env(args))
-    except IndexError:
-        bad_args(f"--observe-indices {' '.join(map(str, args.observe_indices))} out of range for {args.env_id}")
-    if not isinstance(act_space, gym.spaces.Discrete):
-        bad_args(f"--env-id {args.env_id}: R2D1 needs a discrete action space, got {act_space}")
-    n_actions = int(act_space.n)
-    stop_on_signals()
-    distributed.start(device)  # under torchrun: join the other ranks (a no-op in one process)
-    world = distributed.world_size()  # ranks in the job: 1 without torchrun
-    affinity = make_affinity(args.sampler)
-    affinity.apply_learner()
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-
-    try:
-        net = R2D1Net(obs_space.shape, n_actions, args.hidden, args.recurrent).to(device)
-    except ValueError as e:
-        bad_args(f"--env-id {args.env_id}: {e}")
-    target_net = R2D1Net(obs_space.shape, n_actions, args.hidden, args.recurrent).to(device)
-    target_net.load_state_dict(net.state_dict())
-    optimizer = torch.optim.Adam(net.parameters(), lr=args.learning_rate, eps=1e-3)
-    global_step, updates = 0, 0
-    if resumed is not None:
-        try:
-            net.load_state_dict(resumed["model"])
-            target_net.load_state_dict(resumed["target_model"])
-            optimizer.load_state_dict(resumed["optimizer"])
-        except (RuntimeError, KeyError, ValueError) as e:  # tensors of another shape or another script
-            resume_mismatch(resumed, args, SCRIPT, e)
-        global_step, updates = int(resumed["global_step"]), int(resumed["updates"])
-    distributed.share(args.seed, net, target_net)  # every rank starts from rank 0's
-
-    frame_stack = obs_space.shape[0] if is_atari(args.env_id) else 1
-    zeros = np.zeros(args.hidden, np.float32)
-    example = Row(np.zeros(obs_space.shape, obs_space.dtype), np.int64(0), np.float32(0), False, False, np.int64(0),
-                  np.float32(0), RnnState(zeros, zeros))
-    sampler_shift = -(-(args.burn_in_steps + args.sequence_length + args.n_step_return) // args.rnn_state_interval)
-    buffer = SequenceReplayBuffer(example, args.buffer_size, args.num_envs,
-                                  sequence_length=args.burn_in_steps + args.sequence_length,
-                                  rnn_state_interval=args.rnn_state_interval, discount=args.gamma,
-                                  n_step_return=args.n_step_return, frame_stack=frame_stack, prioritized=True,
-                                  alpha=args.alpha, beta=args.beta, input_priority_shift=sampler_shift,
-                                  shared=args.sampler == "async",
-                          seed=distributed.rank_seed(args.seed))
-    run = RunFolder(args, SCRIPT, folder=ckpt_file.parent if ckpt_file else None, resumed=resumed)
-
-    def checkpoint() -> dict:
-        # The sampler's recurrent states are not saved: a resumed run starts every env at a new episode.
-        return {"model": net.state_dict(), "target_model": target_net.state_dict(),
-                "optimizer": optimizer.state_dict(), "global_step": global_step, "updates": updates,
-                "args": vars(args).copy()}
-
-    # Steps are the job's (every rank's): each update takes batch_size sequences on every rank, so the job's
-    # replay ratio is the one asked for; learning starts when every rank's replay holds min_steps_learn.
-    restored = run.keep_replay(buffer, args.save_replay, resumed)  # --save-replay: the replay goes on
-    pacer = ReplayPacer(args.replay_ratio / (args.batch_size * args.sequence_length * world),
-                        args.min_steps_learn * world, *((0, 0) if restored else (global_step, updates)))
-    stats = {"td_loss": None, "td_abs": None}
-    next_log = global_step + args.log_every
-    policy = EvalPolicy(net, device, args.eval_epsilon, np.random.default_rng(args.seed + 100_000))  # for evaluation
+    args = parse_args(Args, PRESETS, check_args)
+    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete)  # device, resume, torchrun, cores, seeds
+    net, target_net, optimizer = make_learner(args, run)
+    buffer = make_replay(args, run)
+    policy = EvalPolicy(net, run.device, args.eval_epsilon, np.random.default_rng(args.seed + 100_000))
+    start = run.begin(policy, buffer, model=net, target_model=target_net, optimizer=optimizer)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
-        return evaluate_only(run, make_env(args, render=args.capture_video)(), policy, args, global_step)
-    next_eval = global_step + args.eval_every if args.eval_every else None
-    next_checkpoint = global_step + args.checkpoint_every if args.checkpoint_every else None
-    link = AsyncReplay(net, pacer, args.num_envs, global_step) if args.sampler == "async" else None
-    print(f"run folder {run.path}  sampler {args.sampler}  device {device}  replay {buffer.T}x{buffer.B}  "
-          f"updates per env step {pacer.updates_per_step:.4f}", flush=True)
-    with run.guard(checkpoint) as guard:
-        if link is not None:
-            worker = guard.hold(Worker(sampler_main, (args, buffer, link, affinity, os.getpid()), name="sampler"))
-            link.attach(worker, buffer)
-        else:
-            sampler = Sampler(guard.hold(make_envs(args, args.sampler, len(affinity.learner_cpus))), args, net,
-                              distributed.env_seed(args.seed + global_step, args.num_envs))
-        start_step, start_rows = global_step, buffer.storage.cursor  # rows a restored replay already held
+        return run.evaluate_only()
+    global_step, updates = start.global_step, start.updates
+    pacer = ReplayPacer(args.replay_ratio / (args.batch_size * args.sequence_length * run.world),
+                        args.min_steps_learn * run.world, *start.replay_origin)
+    stats = {"td_loss": None, "td_abs": None}
+    with run:
+        sampler = Sampler(args, run, buffer, net, pacer, global_step)
         while global_step < args.total_timesteps:
-            if link is None:  # one step of every env; a chunk of rnn_state_interval rows [I, B] when complete
-                chunk, priorities, ended = sampler.step(net, device)
-                if chunk is not None:
-                    buffer.append(chunk, priorities)
-                global_step += args.num_envs * world  # every rank stepped as many
-                for ret, length in ended:
-                    run.episode(ret, length, global_step)
-                in_replay = start_step + (buffer.storage.cursor - start_rows) * args.num_envs * world  # whole chunks
-            else:  # the sampler process appends chunks; the learner sees how far it got
-                global_step = in_replay = link.poll(run)
+            global_step, in_replay = sampler.collect(net, global_step)
             due = pacer.due(in_replay, updates) if len(buffer) >= args.batch_size else 0
-            for _ in range(due if link is None else min(due, 1)):  # async: one at a time, publishing between
+            for _ in range(sampler.updates_now(due)):
                 beta = args.beta + (1.0 - args.beta) * min(in_replay / args.total_timesteps, 1.0)
-                stats = r2d1_update(net, target_net, optimizer, buffer, args, beta, device)
+                stats = r2d1_update(net, target_net, optimizer, buffer, args, beta, run.device)
                 updates += 1
                 if updates % args.target_update_interval == 0:
                     target_net.load_state_dict(net.state_dict())
-            if link is not None:
-                link.after_updates(net, updates, learned=due > 0)
-            if next_eval is not None and global_step >= next_eval:  # whole episodes in an env of its own
-                evaluate(run, make_env(args)(), policy, args.eval_episodes, args.seed, global_step)
-                next_eval += args.eval_every
-            if global_step >= next_log:
-                run.row(global_step, **stats, updates=updates, **(link.waits() if link else {}))
-                next_log += args.log_every
-            if run.should_stop(args.stop_at_return, 20, global_step):
-                break
-            if next_checkpoint is not None and global_step >= next_checkpoint:
-                run.save_checkpoint(checkpoint())
-                next_checkpoint += args.checkpoint_every
-        run.finish(global_step)
-        run.save_checkpoint(checkpoint())
-        if args.eval_episodes:
-            evaluate(run, make_env(args, render=args.capture_video)(), policy, args.eval_episodes, args.seed,
-                     global_step, video=args.capture_video)
-    return guard.exit_code
+            waits = sampler.after_updates(net, updates, learned=due > 0)
+            if run.periodic(global_step, **stats, updates=updates, **waits):
+                break  # --stop-at-return reached
+        run.finish(global_step)  # the last row, checkpoint and evaluation
+    return run.exit_code
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,4 +1,4 @@
-"""Preallocated array structures, optionally in shared memory, and numpy/torch/device conversion.
+"""Preallocated array structures, optionally in shared memory.
 
 Guarantees
 - ``buffer_from_example(example, leading_dims)`` allocates zeroed arrays shaped ``leading_dims + x.shape`` with
@@ -9,8 +9,6 @@ Guarantees
   or through a multiprocessing queue, and maps the same pages: writes on either side are seen by the other.
 - Nothing is ever named in ``/dev/shm``: the memory is returned to the system when the last process holding a
   mapping or descriptor exits or drops it, so a crash or SIGKILL cannot leak it.
-- ``torchify`` / ``numpify`` convert without copying; ``to_device`` moves tensors (pinned, non-blocking when the
-  target is CUDA).
 """
 
 from __future__ import annotations
@@ -27,7 +25,7 @@ import numpy as np
 
 from shared.namedarraytuple import map_structure
 
-__all__ = ["SharedArray", "shared_zeros", "buffer_from_example", "torchify", "numpify", "to_device"]
+__all__ = ["SharedArray", "shared_zeros", "buffer_from_example"]
 
 
 class _Segment:
@@ -133,33 +131,3 @@ def _as_numpy(x: Any) -> np.ndarray:
     if "torch" in sys.modules and isinstance(x, sys.modules["torch"].Tensor):
         return x.detach().cpu().numpy()
     return np.asarray(x)
-
-
-def torchify(struct: Any) -> Any:
-    """numpy arrays -> torch tensors sharing the same memory (tensors pass through)."""
-    import torch
-
-    return map_structure(lambda x: x if isinstance(x, torch.Tensor) else torch.from_numpy(np.asarray(x)), struct)
-
-
-def numpify(struct: Any) -> Any:
-    """CPU torch tensors -> numpy arrays sharing the same memory (arrays pass through)."""
-    import torch
-
-    return map_structure(lambda x: x.numpy() if isinstance(x, torch.Tensor) else x, struct)
-
-
-def to_device(struct: Any, device: Any) -> Any:
-    """Move every tensor (numpy arrays are torchified first) to ``device``."""
-    import torch
-
-    device = torch.device(device)
-    cuda = device.type == "cuda"
-
-    def move(x: Any) -> Any:
-        t = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.asarray(x))
-        if cuda and t.device.type == "cpu":
-            return t.pin_memory().to(device, non_blocking=True)
-        return t.to(device)
-
-    return map_structure(move, struct)

@@ -118,10 +118,18 @@ def resume_mismatch(resumed: dict, args: Any, script: str, error: Exception) -> 
 def save(path: Path, state: dict) -> None:
     """Write ``state`` atomically, every tensor on the CPU."""
     import torch
-    from torch.utils._pytree import tree_map
 
-    on_cpu = tree_map(lambda t: t.detach().cpu() if isinstance(t, torch.Tensor) else t, state)
-    atomic_write(path, lambda tmp: torch.save(on_cpu, tmp))
+    def on_cpu(x: Any) -> Any:  # state dicts nest dicts and lists (an optimizer's param_groups)
+        if isinstance(x, torch.Tensor):
+            return x.detach().cpu()
+        if isinstance(x, dict):
+            return {k: on_cpu(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return type(x)(on_cpu(v) for v in x)
+        return x
+
+    state = on_cpu(state)
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
 def save_replay(path: Path, buffer: Any) -> None:

@@ -121,6 +121,7 @@ class Run:
         self.writes = distributed.is_main()  # rank 0 alone writes the run folder
         self.exit_code = 0
         self.global_step, self.updates = 0, 0
+        self._iterations = iteration_steps is not None
         self._row_every = args.log_every * (iteration_steps * self.world if iteration_steps else 1)
         self._objects: dict[str, Any] = {}
         self._replay: Any = None
@@ -155,7 +156,10 @@ class Run:
         self.global_step, self.updates = start.global_step, start.updates
         self._open_folder(start.global_step, evaluating)
         t = args.checkpoint_every
-        self._next = {"row": start.global_step + self._row_every,
+        # On-policy rows fall on multiples of --log-every iterations, also after a resume between two of them.
+        first_row = (start.global_step // self._row_every + 1) * self._row_every if self._iterations else \
+            start.global_step + self._row_every
+        self._next = {"row": first_row,
                       "eval": start.global_step + args.eval_every if args.eval_every else None,
                       "checkpoint": start.global_step + t if t else None}
         self._last_checkpoint_t = time.time()

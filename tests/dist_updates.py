@@ -46,7 +46,7 @@ def updates(part: int | None) -> dict[str, torch.Tensor]:
     # on-policy: PPO's clipped loss with advantages normalised over the whole minibatch of every rank
     torch.manual_seed(0)
     agent = ppo_atari.Agent((OBS,), N_ACTIONS)
-    distributed.share(0, agent)
+    distributed.share(agent)
     data = {"obs": rng.normal(size=(N, OBS)), "action": rng.integers(0, N_ACTIONS, N),
             "logprob": rng.normal(-1.1, 0.1, N), "value": rng.normal(size=N), "adv": rng.normal(1.0, 2.0, N),
             "ret": rng.normal(size=N)}
@@ -59,7 +59,7 @@ def updates(part: int | None) -> dict[str, torch.Tensor]:
     # value-based: DQN's n-step TD loss with importance weights (a fixed "replay sample")
     torch.manual_seed(1)
     q_net, target = dqn_atari.QNetwork((OBS,), N_ACTIONS, True), dqn_atari.QNetwork((OBS,), N_ACTIONS, True)
-    distributed.share(1, q_net, target)
+    distributed.share(q_net, target)
     sample = SimpleNamespace(observation=rng.normal(size=(N, OBS)).astype(np.float32),
                              next_observation=rng.normal(size=(N, OBS)).astype(np.float32),
                              action=rng.integers(0, N_ACTIONS, N), n_step_return=rng.normal(size=N),
@@ -75,7 +75,7 @@ def updates(part: int | None) -> dict[str, torch.Tensor]:
     torch.manual_seed(2)
     actor, critic = ddpg_mujoco.Actor(OBS, ACT, 32), ddpg_mujoco.Critics(OBS, ACT, 32, k=1)
     target_actor, target_critic = ddpg_mujoco.Actor(OBS, ACT, 32), ddpg_mujoco.Critics(OBS, ACT, 32, k=1)
-    distributed.share(2, actor, critic, target_actor, target_critic)
+    distributed.share(actor, critic, target_actor, target_critic)
     batch = SimpleNamespace(observation=rng.normal(size=(N, OBS)), next_observation=rng.normal(size=(N, OBS)),
                             action=rng.uniform(-1, 1, (N, ACT)), n_step_return=rng.normal(size=N),
                             done_n=(rng.random(N) < 0.2).astype(np.float32), bootstrap_discount=np.full(N, 0.99))
@@ -100,22 +100,27 @@ def diverge() -> str:
     except distributed.RanksDiverged as e:
         return str(e)
     finally:
-        distributed.share(0)  # nothing left to compare
+        distributed.share()  # nothing left to compare
     return ""
 
 
 def rows(folder: str) -> bool:
-    """Rank 0 finishes episodes 1, 2, 3 and rank 1 episode 10; both log loss = rank. Returns should_stop's
-    verdict for "mean of the last 4 >= 3.9" after the row."""
-    from shared.run import RunFolder
+    """Rank 0 finishes episodes 1, 2, 3 and rank 1 episode 10; both log loss = rank. Returns whether every rank
+    finds "mean of the last 4 >= 3.9" after the row (the stop rule's agreement)."""
+    from pathlib import Path
 
-    args = SimpleNamespace(env_id="CartPole-v1", seed=1, out_dir=folder, run_name="rows")
-    run = RunFolder(args, "dist_updates")
+    from shared.progress import ProgressLog
+
+    path = Path(folder) / "rows"
+    if distributed.is_main():  # rank 0 alone writes
+        path.mkdir(parents=True, exist_ok=True)
+    log = ProgressLog(path if distributed.is_main() else None, 100)
     for ret in ([1.0, 2.0, 3.0] if distributed.rank() == 0 else [10.0]):
-        run.episode(ret, 5, 50)
-    run.row(100, loss=float(distributed.rank()), updates=7)
-    stop = run.should_stop(3.9, 4, 100)
-    run.close()
+        log.episode(ret, 5, 50)
+    log.row(100, loss=float(distributed.rank()), updates=7)
+    mean = log.recent_mean(4)
+    (stop,) = distributed.any_rank(mean is not None and mean >= 3.9)
+    log.close()
     return stop
 
 

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from shared.run import parse_args
+from shared.cli import parse_args
 from tests.helpers import ROOT, run
 
 sys.path.insert(0, str(ROOT / "algos"))
@@ -77,7 +77,7 @@ def check_in_process(module, argv: list[str], monkeypatch) -> int:
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            module.check_args(parse_args(module.Args))
+            parse_args(module.Args, None, getattr(module, "check_args", None))
     except SystemExit as e:
         assert e.code == 2, (argv, e.code, err.getvalue())
         lines = err.getvalue().strip().splitlines()

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from shared.run import RunFolder, WriteError
+from shared import checkpoint
+from shared.files import WriteError
 from tests.helpers import ROOT, assert_no_leftovers, progress, run, script
 
 # Tiny jobs that log and checkpoint often: (flags, steps between checkpoints).
@@ -43,11 +44,12 @@ JOBS = {
 }
 
 
-def kill_after_checkpoint(name: str, run_dir: Path, flags: list[str], timeout: float = 120) -> int:
-    """Start a long run that checkpoints every 400 steps; SIGKILL it once it has logged rows past a checkpoint
-    (as the OOM killer or a preemption would); returns the checkpoint's step."""
+def kill_after_checkpoint(name: str, run_dir: Path, flags: list[str], timeout: float = 120,
+                          every: tuple[str, ...] = ("--checkpoint-every", "400"), past: int = 100) -> int:
+    """Start a long run that checkpoints every 400 steps (or as ``every`` says); SIGKILL it once it has logged
+    rows past a checkpoint (as the OOM killer or a preemption would); returns the checkpoint's step."""
     proc = subprocess.Popen([sys.executable, script(name), *flags, "--total-timesteps", "10000000",
-                             "--checkpoint-every", "400", "--eval-episodes", "0", "--out-dir", str(run_dir.parent),
+                             *every, "--eval-episodes", "0", "--out-dir", str(run_dir.parent),
                              "--run-name", run_dir.name], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)
     deadline = time.time() + timeout
@@ -59,7 +61,7 @@ def kill_after_checkpoint(name: str, run_dir: Path, flags: list[str], timeout: f
             if ckpt.exists() and (run_dir / "progress.csv").exists():
                 step = torch.load(ckpt, weights_only=True)["global_step"]
                 rows = progress(run_dir)
-                if rows and int(rows[-1]["global_step"]) > step + 100:
+                if rows and int(rows[-1]["global_step"]) > step + past:
                     break
             time.sleep(0.2)
     finally:
@@ -100,6 +102,18 @@ def test_a_killed_run_resumes_with_monotonic_steps_and_cumulative_counts(name, t
     assert tb_steps == steps  # the killed run's events past the checkpoint are purged
 
 
+def test_checkpoints_by_wall_time_alone_keep_a_killed_run(tmp_path):
+    run_dir = tmp_path / "r"
+    ckpt_step = kill_after_checkpoint("dqn_atari.py", run_dir, DISCRETE_REPLAY,
+                                      every=("--checkpoint-every", "0", "--checkpoint-minutes", "0.05"), past=0)
+    assert ckpt_step > 0  # written by the clock: no step interval was given
+    out = run("dqn_atari.py", *DISCRETE_REPLAY, "--total-timesteps", str(ckpt_step + 300), "--eval-episodes", "0",
+              "--resume", str(run_dir), timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    steps = [int(r["global_step"]) for r in progress(run_dir)]
+    assert steps[-1] >= ckpt_step + 300 and all(a < b for a, b in zip(steps, steps[1:])), steps
+
+
 def test_the_stop_criterion_row_is_logged(tmp_path):
     out = run("dqn_atari.py", *DISCRETE_REPLAY, "--total-timesteps", "20000", "--log-every", "100000",
               "--stop-at-return", "15", "--eval-episodes", "0", "--out-dir", str(tmp_path), "--run-name", "r")
@@ -138,15 +152,9 @@ def test_resuming_with_a_flag_that_changes_the_network_exits_2_naming_the_flag(t
     assert "--dueling (False there, True here)" in out.stderr
 
 
-def run_folder(tmp_path) -> RunFolder:
-    from tests.test_run import FakeArgs
-
-    return RunFolder(FakeArgs(out_dir=str(tmp_path)), "script")
-
-
 def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
-    run_dir = run_folder(tmp_path)
-    run_dir.save_checkpoint({"global_step": 1, "w": torch.ones(3)})
+    ckpt = tmp_path / "checkpoint.pt"
+    checkpoint.save(ckpt, {"global_step": 1, "w": torch.ones(3)})
 
     def full_disk(state, path):  # torch writes part of the file, then fails as it does on ENOSPC
         Path(path).write_bytes(b"x" * 1000)
@@ -155,15 +163,16 @@ def test_a_full_disk_while_checkpointing_keeps_the_previous_checkpoint(tmp_path,
     monkeypatch.setattr(torch, "save", full_disk)
     monkeypatch.setattr("shutil.disk_usage", lambda p: type("U", (), {"free": 0})())
     with pytest.raises(WriteError, match=r"cannot write .*checkpoint.pt: no space left on the device"):
-        run_dir.save_checkpoint({"global_step": 2, "w": torch.zeros(3)})
+        checkpoint.save(ckpt, {"global_step": 2, "w": torch.zeros(3)})
     monkeypatch.undo()
-    assert torch.load(run_dir.path / "checkpoint.pt", weights_only=True)["global_step"] == 1
-    assert sorted(p.name for p in run_dir.path.iterdir() if p.name.startswith(".")) == []
-    run_dir.close()
+    assert torch.load(ckpt, weights_only=True)["global_step"] == 1
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
 def test_a_full_disk_while_logging_is_one_line_and_exit_1(tmp_path, capsys):
-    run_dir = run_folder(tmp_path)
+    from tests.test_run import new_run
+
+    run, _ = new_run(tmp_path)
 
     class FullFile:
         closed = False
@@ -177,15 +186,15 @@ def test_a_full_disk_while_logging_is_one_line_and_exit_1(tmp_path, capsys):
         def close(self):
             self.closed = True
 
-    with run_dir.guard(lambda: {"global_step": 0}) as guard:
+    with run:
         import csv
 
-        run_dir._csv_file = FullFile()
-        run_dir._csv = csv.writer(run_dir._csv_file)
-        run_dir.row(10)  # no new column: the open file is written
-    assert guard.exit_code == 1
+        run.progress._csv_file = FullFile()
+        run.progress._csv = csv.writer(run.progress._csv_file)
+        run.periodic(100)  # a row is due; no new column: the open file is written
+    assert run.exit_code == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1] == f"error: cannot write {run_dir.path / 'progress.csv'}: No space left on device"
+    assert err[-1] == f"error: cannot write {run.path / 'progress.csv'}: No space left on device"
 
 
 def test_a_3mb_disk_ends_the_run_with_one_line_and_no_temporary_file(tmp_path):

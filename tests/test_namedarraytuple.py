@@ -7,11 +7,10 @@ import pickle
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.buffer import SharedArray, buffer_from_example, numpify, shared_zeros, to_device, torchify
+from shared.buffer import SharedArray, buffer_from_example, shared_zeros
 from shared.namedarraytuple import is_namedarraytuple, map_structure, namedarraytuple
 
 Point = namedarraytuple("Point", ["x", "y"])
@@ -203,18 +202,6 @@ def test_derived_arrays_are_private_and_deepcopy_copies():
     c[:] = 3
     assert not a.any() and type(c) is np.ndarray
     assert pickle.loads(pickle.dumps(b)).tolist() == [1.0] * 5
-
-
-def test_torchify_numpify_share_memory():
-    a = np.zeros(4, np.float32)
-    t = torchify(Point(a, None))
-    t.x[1] = 5
-    assert a[1] == 5 and t.y is None
-    back = numpify(t)
-    back.x[2] = 7
-    assert a[2] == 7
-    moved = to_device(Point(a, np.ones(2)), "cpu")
-    assert isinstance(moved.y, torch.Tensor) and moved.y.dtype == torch.float64
 
 
 SCRIPT = '''

@@ -41,7 +41,7 @@ def test_disabled_is_the_identity_and_state_round_trips():
     on = ObsNorm(2)
     on.update(np.arange(10.0).reshape(5, 2))
     again = ObsNorm(2)
-    again.load(on.state().numpy())
+    again.load_state_dict(on.state_dict().numpy())
     assert np.array_equal(again.stats, on.stats)
 
 

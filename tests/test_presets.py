@@ -11,7 +11,7 @@ import typing
 
 import pytest
 
-from shared.run import parse_args
+from shared.cli import parse_args
 from tests.helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "algos"))

@@ -161,7 +161,7 @@ def test_sampler_stores_zero_state_and_previous_action_at_episode_starts():
     envs = r2d1.make_envs(args, "serial")
     torch.manual_seed(0)
     net = r2d1.R2D1Net((4,), 2, 8)
-    sampler = r2d1.Sampler(envs, args, net, seed=0)
+    sampler = r2d1.EnvStepper(envs, args, net, seed=0)
     ex = r2d1.Row(np.zeros(4, np.float32), np.int64(0), np.float32(0), False, False, np.int64(0), np.float32(0),
                   r2d1.RnnState(np.zeros(8, np.float32), np.zeros(8, np.float32)))
     buf = SequenceReplayBuffer(ex, 2000, 2, sequence_length=10, rnn_state_interval=10, discount=0.99)

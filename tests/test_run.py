@@ -1,5 +1,6 @@
-"""shared/run.py: additive progress columns, the final row, the early-stop rule, the shutdown guard and
-evaluation."""
+"""shared/run.py and shared/progress.py: additive progress columns, the periodic tasks (rows, evaluation,
+checkpoints by steps and by wall time), the final row, the early-stop rule, the end of a run on every path, and
+the checks made before anything starts (bf16 warning, memory)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ from dataclasses import dataclass
 
 import gymnasium as gym
 import pytest
+import torch
 
+from shared import cli
 from shared.procs import WorkerError
-from shared.run import EXIT_INTERRUPTED, RunFolder, evaluate
+from shared.progress import ProgressLog
+from shared.run import EXIT_INTERRUPTED, Run
 
 
 @dataclass
@@ -20,6 +24,29 @@ class FakeArgs:
     seed: int = 3
     out_dir: str = ""
     run_name: str = "r"
+    resume: str = ""
+    device: str = "cpu"
+    sampler: str = "serial"
+    total_timesteps: int = 1000
+    log_every: int = 100
+    eval_every: int = 0
+    eval_episodes: int = 0
+    checkpoint_every: int = 0
+    checkpoint_minutes: float = 0.0
+    capture_video: bool = False
+    stop_at_return: float | None = None
+    buffer_size: int = 10
+
+
+def make_env(args, render: bool = False):
+    return lambda: gym.wrappers.TimeLimit(gym.make("CartPole-v1").unwrapped, 7)
+
+
+def new_run(tmp_path, **kw) -> tuple[Run, torch.nn.Module]:
+    run = Run(FakeArgs(out_dir=str(tmp_path), **kw), "script", make_env, action_space=gym.spaces.Discrete)
+    model = torch.nn.Linear(2, 2)
+    run.begin(lambda obs, last_reward: 0, model=model)
+    return run, model
 
 
 def rows(path) -> tuple[list[str], list[dict]]:
@@ -29,54 +56,157 @@ def rows(path) -> tuple[list[str], list[dict]]:
 
 
 def test_a_new_metric_mid_run_becomes_a_column_and_earlier_rows_leave_it_empty(tmp_path):
-    run = RunFolder(FakeArgs(out_dir=str(tmp_path)), "script")
-    run.episode(10.0, 5, 100)
-    run.row(100, loss=1.5)
-    run.row(200, loss=1.0, kl=0.01)
-    run.row(300, kl=0.02)
-    run.close()
-    header, body = rows(run.path)
+    log = ProgressLog(tmp_path, total_steps=300)
+    log.episode(10.0, 5, 100)
+    log.row(100, loss=1.5)
+    log.row(200, loss=1.0, kl=0.01)
+    log.row(300, kl=torch.tensor(0.02))  # a 0-d tensor is read when the row is written
+    log.close()
+    header, body = rows(tmp_path)
     assert header == ["global_step", "wall_time_s", "sps", "episodes", "return_mean", "loss", "kl"]
     assert [r["global_step"] for r in body] == ["100", "200", "300"]
-    assert [r["kl"] for r in body] == ["", "0.01", "0.02"]
+    assert [r["kl"] for r in body][:2] == ["", "0.01"] and float(body[2]["kl"]) == pytest.approx(0.02)
     assert [r["loss"] for r in body] == ["1.5", "1.0", ""]
     assert body[0]["return_mean"] == "10.0" and body[1]["return_mean"] == ""
-    assert not list(run.path.glob(".progress*"))  # the rewrite left no temporary file
+    assert not list(tmp_path.glob(".progress*"))  # the rewrite left no temporary file
 
 
-def test_a_resumed_run_keeps_its_columns(tmp_path):
-    run = RunFolder(FakeArgs(out_dir=str(tmp_path)), "script")
-    run.row(100, loss=1.5)
-    run.close()
-    again = RunFolder(FakeArgs(out_dir=str(tmp_path)), "script", folder=run.path, resumed={"global_step": 100})
+def test_a_resumed_log_keeps_its_columns_and_drops_rows_past_the_checkpoint(tmp_path):
+    log = ProgressLog(tmp_path, 1000)
+    log.row(100, loss=1.5)
+    log.row(200, loss=1.2)  # written after the checkpoint at 100, by a run then killed
+    log.close()
+    again = ProgressLog(tmp_path, 1000, start_step=100, resumed=True)
     again.row(200, loss=0.5, kl=1.0)
     again.close()
-    header, body = rows(run.path)
+    header, body = rows(tmp_path)
     assert header[-2:] == ["loss", "kl"] and [r["loss"] for r in body] == ["1.5", "0.5"]
-    assert (run.path / "config.resume-100.json").exists()
 
 
-def test_finish_writes_the_last_step_once(tmp_path):
-    run = RunFolder(FakeArgs(out_dir=str(tmp_path)), "script")
-    run.row(100, loss=2.0)
-    run.finish(130)
-    run.finish(130)
-    run.close()
+def test_the_console_line_says_how_far_the_run_is_and_when_it_ends(tmp_path, capsys):
+    log = ProgressLog(tmp_path, total_steps=1000)
+    log.row(250, loss=1.0)
+    log.close()
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert line.startswith("step       250/1000 ( 25%)") and " eta 0:" in line and "loss 1" in line
+
+
+def test_periodic_writes_rows_when_due_and_finish_writes_the_last_step_once(tmp_path):
+    run, _ = new_run(tmp_path)
+    with run:
+        for step in (50, 100, 130):
+            assert not run.periodic(step, loss=step / 10)
+        run.finish(130)
+    assert run.exit_code == 0
     _, body = rows(run.path)
-    assert [(r["global_step"], r["loss"]) for r in body] == [("100", "2.0"), ("130", "2.0")]
+    assert [(r["global_step"], r["loss"]) for r in body] == [("100", "10.0"), ("130", "13.0")]
+    assert torch.load(run.path / "checkpoint.pt", weights_only=True)["global_step"] == 130
 
 
-def test_should_stop_needs_n_episodes_at_or_above_the_threshold(tmp_path, capsys):
-    run = RunFolder(FakeArgs(out_dir=str(tmp_path)), "script")
-    assert not run.should_stop(None, 1, 0)
-    for r in [1.0, 9.0, 11.0]:
-        run.episode(r, 1, 0)
-    assert not run.should_stop(10.5, 2, 0)  # the last 2 average 10.0
-    run.episode(12.0, 1, 0)
-    assert not run.should_stop(10.0, 5, 0)  # only 4 episodes
-    assert run.should_stop(11.5, 2, 42)
+def test_on_policy_rows_count_iterations(tmp_path):
+    run = Run(FakeArgs(out_dir=str(tmp_path), log_every=2), "script", make_env, iteration_steps=32)
+    run.begin(lambda obs, last_reward: 0)
+    with run:
+        for it in range(1, 6):
+            run.periodic(32 * it, loss=float(it))
+        run.finish(160)
+    _, body = rows(run.path)
+    assert [r["global_step"] for r in body] == ["64", "128", "160"]  # every 2 iterations, and the last one
+
+
+def test_on_policy_rows_stay_on_multiples_of_log_every_after_a_resume(tmp_path):
+    def first_run(**kw):
+        run = Run(FakeArgs(out_dir=str(tmp_path), log_every=3, **kw), "script", make_env, iteration_steps=32)
+        start = run.begin(lambda obs, last_reward: 0)
+        return run, start
+
+    run, _ = first_run()
+    with run:
+        for it in range(1, 6):
+            run.periodic(32 * it)
+        run.finish(160)  # 5 iterations: a row at 96, the last at 160, the checkpoint at 160
+    run, start = first_run(resume=str(run.path))
+    assert start.global_step == 160
+    with run:
+        for it in range(6, 10):
+            run.periodic(32 * it)
+        run.finish(288)
+    _, body = rows(run.path)
+    assert [r["global_step"] for r in body] == ["96", "160", "192", "288"]
+
+
+def test_checkpoints_come_every_n_steps(tmp_path):
+    run, model = new_run(tmp_path, checkpoint_every=100)
+    with run:
+        run.periodic(90)
+        assert not (run.path / "checkpoint.pt").exists()
+        with torch.no_grad():
+            model.weight.fill_(7.0)
+        run.periodic(120, updates=3)
+        saved = torch.load(run.path / "checkpoint.pt", weights_only=True)
+        assert saved["global_step"] == 120 and saved["updates"] == 3 and bool((saved["model"]["weight"] == 7).all())
+        run.periodic(150)
+        assert torch.load(run.path / "checkpoint.pt", weights_only=True)["global_step"] == 120  # next at 200
+        run.finish(150)
+
+
+def test_checkpoints_come_every_n_minutes_of_wall_time(tmp_path, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr("shared.run.time.time", lambda: clock[0])
+    run, _ = new_run(tmp_path, checkpoint_minutes=15)
+    with run:
+        clock[0] += 14 * 60
+        run.periodic(10)
+        assert not (run.path / "checkpoint.pt").exists()
+        clock[0] += 2 * 60
+        run.periodic(20)
+        assert torch.load(run.path / "checkpoint.pt", weights_only=True)["global_step"] == 20
+        clock[0] += 10 * 60  # 10 minutes after the last one: not yet
+        run.periodic(30)
+        assert torch.load(run.path / "checkpoint.pt", weights_only=True)["global_step"] == 20
+        run.finish(30)
+
+
+def test_the_stop_rule_needs_n_episodes_at_or_above_the_threshold(tmp_path, capsys):
+    run = Run(FakeArgs(out_dir=str(tmp_path), stop_at_return=11.5), "script", make_env, stop_window=2)
+    run.begin(lambda obs, last_reward: 0)
+    with run:
+        for r in [1.0, 9.0, 11.0]:
+            run.episode(r, 1, 0)
+        assert not run.periodic(10)  # the last 2 average 10.0
+        run.episode(12.0, 1, 0)
+        assert run.periodic(42)
+        run.finish(42)
     assert "mean return of the last 2 episodes 11.5 >= 11.5 at step 42: stopping" in capsys.readouterr().out
-    run.close()
+
+
+def test_no_threshold_never_stops(tmp_path):
+    run, _ = new_run(tmp_path)
+    with run:
+        for _ in range(30):
+            run.episode(1e6, 1, 0)
+        assert not run.periodic(1)
+        run.finish(1)
+
+
+def test_evaluations_go_into_the_next_row_and_eval_json(tmp_path):
+    calls = []
+
+    def act(obs, last_reward):
+        calls.append(last_reward)
+        return 0
+
+    run = Run(FakeArgs(out_dir=str(tmp_path), eval_every=100, eval_episodes=3), "script", make_env)
+    run.begin(act)
+    with run:
+        run.periodic(100)
+        run.finish(100)
+    saved = json.loads((run.path / "eval.json").read_text())
+    returns = saved["returns"]
+    assert len(returns) == 3 and all(1 <= r <= 7 for r in returns) and saved["global_step"] == 100
+    assert calls.count(None) == 6 and calls[0] is None  # twice 3 episodes, each starting with None
+    _, body = rows(run.path)
+    assert float(body[0]["eval_return"]) == pytest.approx(sum(returns) / 3)
 
 
 class Held:
@@ -88,28 +218,21 @@ class Held:
 
 
 @pytest.mark.parametrize("error, code", [(None, 0), (KeyboardInterrupt, EXIT_INTERRUPTED), (WorkerError, 1)])
-def test_guard_ends_every_run_the_same_way(tmp_path, error, code, capsys):
-    run = RunFolder(FakeArgs(out_dir=str(tmp_path)), "script")
-    step = 0
-    held = Held()
-    with run.guard(lambda: {"global_step": step, "weights": [1, 2]}) as guard:
-        guard.hold(held)
-        step = 64
-        run.row(32, loss=1.0)
+def test_a_run_ends_the_same_way_on_every_path(tmp_path, error, code, capsys):
+    run, _ = new_run(tmp_path)
+    held = run.hold(Held())
+    with run:
+        run.periodic(64, loss=1.0)
         if error is not None:
             raise error("boom")
-    assert guard.exit_code == code and held.stopped == 1
-    assert run._csv_file.closed  # the run folder is closed on every path
+    assert run.exit_code == code and held.stopped == 1
+    assert run.progress._csv_file.closed  # the run folder is closed on every path
     ckpt = run.path / "checkpoint.pt"
     if error is KeyboardInterrupt:
-        import torch
-
         assert torch.load(ckpt, weights_only=True)["global_step"] == 64
         _, body = rows(run.path)
         assert body[-1]["global_step"] == "64"  # the state at the interruption is logged
     elif error is WorkerError:  # the learner survived its sampler: what it learned is kept
-        import torch
-
         assert torch.load(ckpt, weights_only=True)["global_step"] == 64
         assert capsys.readouterr().err.strip().splitlines()[-1] == (
             "error: the sampler process failed (WorkerError); the learner's checkpoint at step 64 is written")
@@ -117,41 +240,46 @@ def test_guard_ends_every_run_the_same_way(tmp_path, error, code, capsys):
         assert not ckpt.exists()
 
 
-def test_guard_ends_other_errors_with_their_traceback_and_a_last_line(tmp_path, capsys):
-    run = RunFolder(FakeArgs(out_dir=str(tmp_path)), "script")
-    held = Held()
-    with run.guard(lambda: {"global_step": 0}) as guard:
-        guard.hold(held)
+def test_other_errors_end_with_their_traceback_and_a_last_line(tmp_path, capsys):
+    run, _ = new_run(tmp_path)
+    held = run.hold(Held())
+    with run:
         raise FloatingPointError("loss is nan")
-    assert guard.exit_code == 1 and held.stopped == 1 and run._csv_file.closed
+    assert run.exit_code == 1 and held.stopped == 1 and run.progress._csv_file.closed
     err = capsys.readouterr().err.strip().splitlines()
     assert err[0].startswith("Traceback") and err[-1] == "error: FloatingPointError: loss is nan"
 
 
-def test_evaluate_plays_whole_episodes_and_tells_the_policy_where_they_start(tmp_path):
-    run = RunFolder(FakeArgs(out_dir=str(tmp_path)), "script")
-    calls = []
+def test_a_wrong_action_space_exits_2_in_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        Run(FakeArgs(out_dir=str(tmp_path)), "script", make_env, action_space=gym.spaces.Box)
+    assert e.value.code == 2
+    assert capsys.readouterr().err == ("error: --env-id CartPole-v1: script needs a continuous (Box) action space, "
+                                       "got Discrete(2)\n")
 
-    def act(obs, last_reward):
-        calls.append(last_reward)
-        return 0
 
-    env = gym.wrappers.TimeLimit(gym.make("CartPole-v1").unwrapped, 7)
-    returns = evaluate(run, env, act, episodes=3, seed=1, global_step=10)
-    run.close()
-    assert len(returns) == 3 and all(1 <= r <= 7 for r in returns)
-    assert calls.count(None) == 3 and calls[0] is None and len(calls) == sum(returns)
-    saved = json.loads((run.path / "eval.json").read_text())
-    assert saved["returns"] == returns and saved["mean"] == pytest.approx(sum(returns) / 3)
+class Replay:
+    def __init__(self, nbytes):
+        self.nbytes = nbytes
+
+
+def test_a_replay_larger_than_the_memory_left_exits_2_with_both_figures(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "available_memory", lambda: 3 * 2**30)
+    run = Run(FakeArgs(out_dir=str(tmp_path)), "script", make_env)
+    with pytest.raises(SystemExit) as e:
+        run.begin(lambda obs, last_reward: 0, Replay(10 * 2**30))
+    assert e.value.code == 2
+    assert capsys.readouterr().err == ("error: the replay (--buffer-size 10) needs 10.0 GiB, and 3.0 GiB of memory "
+                                       "are available here\n")
+    run.begin(lambda obs, last_reward: 0, Replay(2 * 2**30))  # one that fits starts
+    run.progress.close()
 
 
 def test_bf16_on_a_cpu_without_it_warns_in_one_line(monkeypatch, capsys):
-    import shared.run as run_module
-
-    monkeypatch.setattr(run_module, "cpu_has_bf16", lambda: False)
-    assert run_module.resolve_device("cpu", bf16=True).type == "cpu"
-    assert capsys.readouterr().err.startswith("warning: --bf16 on a CPU without native bfloat16")
-    monkeypatch.setattr(run_module, "cpu_has_bf16", lambda: True)
-    run_module.resolve_device("cpu", bf16=True)
-    run_module.resolve_device("cpu", bf16=False)
+    monkeypatch.setattr(cli, "cpu_has_bf16", lambda: False)
+    assert cli.resolve_device("cpu", bf16=True).type == "cpu"
+    assert capsys.readouterr().err.startswith("warning: --bf16 on a CPU without AVX512-BF16 or AMX")
+    monkeypatch.setattr(cli, "cpu_has_bf16", lambda: True)
+    cli.resolve_device("cpu", bf16=True)
+    cli.resolve_device("cpu", bf16=False)
     assert capsys.readouterr().err == ""
