@@ -41,6 +41,7 @@ from shared.buffer import buffer_from_example
 from shared.cli import Fraction, NonNegFloat, NonNegInt, PositiveInt, Range, bad_args, parse_args
 from shared.envs import image_shape, vector_env
 from shared.namedarraytuple import namedarraytuple
+from shared.precision import autocast
 from shared.procs import DoubleBuffer, Worker, parent_alive_check
 from shared.run import Run
 
@@ -230,7 +231,7 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
     """Step the envs num_steps times, writing buf [T, B] and the bootstrap observation boot [B]."""
     for t in range(args.num_steps):
         obs = torch.as_tensor(state.obs, device=device)
-        with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+        with autocast(device, args.bf16):
             logits, value = agent(obs)
         dist = Categorical(logits=logits)
         action = dist.sample()
@@ -275,7 +276,7 @@ def compute_gae(reward, value, next_value, terminal, episode_end, final_row, gam
 
 def a2c_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.device) -> dict:
     """One gradient step: policy gradient weighted by the (truncated) importance weight, value and entropy."""
-    with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+    with autocast(device, args.bf16):
         logits, value = agent(data["obs"])
     dist = Categorical(logits=logits)
     logprob = dist.log_prob(data["action"])
@@ -305,12 +306,12 @@ def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.dev
     obs = f(buf.obs)
     if args.sampler == "async":
         # The rollout was sampled with the previous parameters: recompute values with the current critic.
-        with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+        with torch.no_grad(), autocast(device, args.bf16):
             _, value = agent(torch.cat([obs.flatten(0, 1), f(boot.obs)]))
         value, next_value = value.float()[: T * B].view(T, B), value.float()[T * B :]
     else:
         # Sampled with the current parameters: the rollout's values are the critic's; only the bootstrap is new.
-        with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+        with torch.no_grad(), autocast(device, args.bf16):
             _, next_value = agent(f(boot.obs))
         value, next_value = f(buf.value).float(), next_value.float()
     fl = lambda x: f(x).float()

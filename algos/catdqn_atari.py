@@ -46,6 +46,7 @@ from shared.cli import Fraction, NonNegFloat, NonNegInt, PositiveFloat, Positive
 from shared.envs import image_shape, vector_env
 from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayPacer
+from shared.precision import autocast
 from shared.procs import Worker, parent_alive_check
 from shared.replay import ReplayBuffer
 from shared.run import Run
@@ -283,7 +284,7 @@ class EnvStepper:
     @torch.no_grad()
     def step(self, q_net: QNetwork, eps: np.ndarray, device: torch.device) -> tuple:
         """One step of every env; returns the replay row [1, B] and the episodes that ended [(return, length)]."""
-        with torch.autocast(device.type, torch.bfloat16, enabled=self.args.bf16):
+        with autocast(device, self.args.bf16):
             q = q_net.q_values(torch.as_tensor(self.obs, device=device)).float()
         greedy = q.argmax(dim=1).cpu().numpy()
         explore = self.rng.random(len(greedy)) < eps
@@ -409,7 +410,7 @@ def c51_update(q_net, target_net, optimizer, buffer: ReplayBuffer, args: Args, b
     batch = {k: torch.as_tensor(np.asarray(getattr(sample, k)), device=device) for k in fields}
     for k in ("n_step_return", "done_n", "bootstrap_discount", "is_weights"):
         batch[k] = batch[k].float()
-    with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+    with autocast(device, args.bf16):
         m = target_distribution(batch, q_net, target_net, args.double_dqn).float()
         logp = q_net(batch["observation"]).float()[torch.arange(args.batch_size), batch["action"].long()]  # [N, K]
     cross_entropy = -(m * logp).sum(-1)  # [N]

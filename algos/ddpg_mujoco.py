@@ -18,9 +18,11 @@ keeps running observation statistics; the replay stores raw observations and bot
 current statistics; they are saved in the checkpoint and frozen in evaluation.
 
 replay_ratio: samples the learner consumes per sampled env step, so updates per env step = replay_ratio /
-batch_size (256 / 256: one update per step). Async mode holds it from both sides (shared/procs.py,
+batch_size (256 / 256: one update per step). Async mode holds it from both sides (shared/pacing.py,
 AsyncReplay): the learner never runs ahead of it (`wait_s`), the sampler waits when it is more than
-max_lag_steps env steps ahead of what the learner's updates cover (`sampler_wait_s`).
+max_lag_steps env steps ahead of what the learner's updates cover (`sampler_wait_s`). Under torchrun steps are
+the job's (every rank's): each update takes batch_size samples on every rank, so the job's replay ratio is the one
+asked for; learning starts when every rank's replay holds min_steps_learn.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ import sys
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 # Find shared/ without an install step, from algos/ or from a copy anywhere in the repository.
 sys.path.insert(0, str(next(p for p in Path(__file__).resolve().parents if (p / "shared" / "__init__.py").exists())))
@@ -44,25 +46,15 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from shared import distributed
-from shared.affinity import make_affinity
-from shared.envs import probe_spaces, vector_env
+from shared.cli import Fraction, NonNegFloat, NonNegInt, PositiveFloat, PositiveInt, Range, bad_args, parse_args
+from shared.envs import vector_env
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import ObsNorm
 from shared.pacing import AsyncReplay, ReplayPacer
+from shared.precision import autocast
 from shared.procs import Worker, parent_alive_check
 from shared.replay import ReplayBuffer
-from shared.run import (
-    RunFolder,
-    bad_args,
-    check_run_args,
-    evaluate,
-    evaluate_only,
-    load_checkpoint,
-    parse_args,
-    resolve_device,
-    resume_mismatch,
-    stop_on_signals,
-)
+from shared.run import Run
 
 SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own name
 
@@ -77,7 +69,7 @@ class Args:
     """gymnasium id of an env with a Box action space (MuJoCo v5 envs, Pendulum-v1, ...)"""
     seed: int = 1
     """seeds every env, worker and network"""
-    total_timesteps: int = 1_000_000
+    total_timesteps: PositiveInt = 1_000_000
     """env steps summed over all envs"""
     out_dir: str = "runs"
     """parent folder of the run folder"""
@@ -86,13 +78,15 @@ class Args:
     resume: str = ""
     """checkpoint file or run folder to continue from (the replay starts empty and refills min_steps_learn,
     unless --save-replay kept it)"""
-    checkpoint_every: int = 0
-    """global env steps between checkpoints (0: only at the end and on interruption)"""
-    log_every: int = 5_000
+    checkpoint_every: NonNegInt = 0
+    """global env steps between checkpoints (0: by --checkpoint-minutes only)"""
+    checkpoint_minutes: NonNegFloat = 15.0
+    """minutes of wall time between checkpoints, so a killed run loses at most this much (0: off)"""
+    log_every: PositiveInt = 5_000
     """env steps between progress rows"""
-    eval_episodes: int = 10
+    eval_episodes: NonNegInt = 10
     """episodes played by the policy (no exploration noise) after training, and at each --eval-every (0: none)"""
-    eval_every: int = 0
+    eval_every: NonNegInt = 0
     """global env steps between evaluations during training, in envs of their own (0: none)"""
     eval_only: bool = False
     """with --resume: evaluate the checkpoint's policy (eval.json, TensorBoard) and train nothing"""
@@ -103,27 +97,27 @@ class Args:
     stop_at_return: float | None = None
     """stop early once the mean return of the last 10 episodes reaches this"""
     # algorithm
-    num_envs: int = 1
+    num_envs: PositiveInt = 1
     """environments stepped together on each rank (torchrun)"""
-    buffer_size: int = 1_000_000
+    buffer_size: PositiveInt = 1_000_000
     """replay capacity in transitions (each rank's, torchrun)"""
-    batch_size: int = 256
+    batch_size: PositiveInt = 256
     """transitions per gradient step"""
-    replay_ratio: float = 256.0
+    replay_ratio: PositiveFloat = 256.0
     """samples consumed per env step (256 with batch 256: one update per step)"""
-    min_steps_learn: int = 25_000
+    min_steps_learn: NonNegInt = 25_000
     """env steps of uniformly random actions collected before learning starts (in each rank's replay)"""
-    learning_rate: float = 3e-4
+    learning_rate: Annotated[float, Range(gt=0, lt=1)] = 3e-4
     """Adam step size of the actor and the critic"""
-    hidden: int = 256
+    hidden: PositiveInt = 256
     """units in each of the two hidden layers of the actor and the critic"""
-    gamma: float = 0.99
+    gamma: Fraction = 0.99
     """discount"""
-    tau: float = 0.005
+    tau: Annotated[float, Range(gt=0, le=1)] = 0.005
     """soft target update: the target networks move this fraction of the way every update"""
-    n_step_return: int = 1
+    n_step_return: PositiveInt = 1
     """steps summed before bootstrapping"""
-    exploration_noise: float = 0.1
+    exploration_noise: NonNegFloat = 0.1
     """std of the Gaussian noise added to the actor's actions while sampling"""
     normalize_obs: bool = False
     """normalise observations with running statistics (saved in the checkpoint, frozen in evaluation)"""
@@ -131,7 +125,7 @@ class Args:
     sampler: Literal["serial", "parallel", "async"] = "serial"
     """serial, parallel (AsyncVectorEnv worker processes) or async (sampler process appending to a shared replay
     while the learner trains)"""
-    max_lag_steps: int = 1_000
+    max_lag_steps: NonNegInt = 1_000
     """async: the sampler waits when it is this many env steps ahead of the learner's updates (0: never waits)"""
     device: str = "auto"
     """auto (cuda if available), cpu, cuda or cuda:N"""
@@ -214,7 +208,7 @@ class Critics(nn.Module):
 Step = namedarraytuple("Step", ["observation", "action", "reward", "done", "timeout"])
 
 
-class Sampler:
+class EnvStepper:
     """Steps the envs one step at a time; keeps per-env episode state. Actions: uniform in [-1, 1] before
     learning starts, then the actor's plus Gaussian exploration noise, clipped to [-1, 1]."""
 
@@ -222,7 +216,7 @@ class Sampler:
         self.envs, self.args, self.obs_norm = envs, args, obs_norm
         self.obs, _ = envs.reset(seed=seed)
         n = args.num_envs
-        self.reset = np.zeros(n, bool)  # this step only resets the env (next-step autoreset)
+        self.final_row = np.zeros(n, bool)  # this step only resets the env (next-step autoreset)
         self.ep_return, self.ep_length = np.zeros(n), np.zeros(n, np.int64)
         self.rng = np.random.default_rng(seed)
         self.space = envs.single_action_space
@@ -230,26 +224,95 @@ class Sampler:
     @torch.no_grad()
     def step(self, actor: Actor, random: bool, device: torch.device) -> tuple:
         """One step of every env; returns the replay row [1, B] and the episodes that ended [(return, length)]."""
-        self.obs_norm.update(self.obs[~self.reset])
+        self.obs_norm.update(self.obs[~self.final_row])
         if random:
             action = self.rng.uniform(-1.0, 1.0, (self.args.num_envs,) + self.space.shape).astype(np.float32)
         else:
             obs = self.obs_norm.normalize(torch.as_tensor(self.obs, dtype=torch.float32, device=device))
-            with torch.autocast(device.type, torch.bfloat16, enabled=self.args.bf16):
+            with autocast(device, self.args.bf16):
                 action = actor(obs).float().cpu().numpy()
             noise = self.rng.normal(0.0, self.args.exploration_noise, action.shape)
             action = np.clip(action + noise, -1.0, 1.0).astype(np.float32)
         next_obs, reward, term, trunc, _ = self.envs.step(scale_action(action, self.space))
-        reward = np.where(self.reset, 0.0, reward)
+        reward = np.where(self.final_row, 0.0, reward)
         row = Step(self.obs[None].astype(np.float32), action[None], reward[None].astype(np.float32), term[None],
                    trunc[None])
         self.ep_return += reward
-        self.ep_length += ~self.reset
-        ended = term | trunc
-        episodes = list(zip(self.ep_return[ended].tolist(), self.ep_length[ended].tolist()))
-        self.ep_return[ended], self.ep_length[ended] = 0.0, 0
-        self.obs, self.reset = next_obs, ended
+        self.ep_length += ~self.final_row
+        episode_end = term | trunc
+        episodes = list(zip(self.ep_return[episode_end].tolist(), self.ep_length[episode_end].tolist()))
+        self.ep_return[episode_end], self.ep_length[episode_end] = 0.0, 0
+        self.obs, self.final_row = next_obs, episode_end
         return row, episodes
+
+
+def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: AsyncReplay, affinity, parent_pid: int,
+                 stop) -> None:
+    """Async sampler process: steps the envs and appends to the shared replay with the newest actor the learner
+    published; waits while it is more than max_lag_steps ahead of what the learner's updates cover."""
+    affinity.apply_worker(0)
+    torch.set_num_threads(1)
+    check = parent_alive_check(stop, parent_pid)
+    envs = make_envs(args, "serial")
+    step = link.start_step
+    stepper = EnvStepper(envs, args, obs_norm, distributed.env_seed(args.seed + step, args.num_envs))
+    actor = Actor(int(np.prod(envs.single_observation_space.shape)), int(np.prod(stepper.space.shape)), args.hidden)
+    try:
+        while step < args.total_timesteps:
+            check()
+            if link.sampler_wait(step, args.max_lag_steps):
+                continue
+            link.pull(actor)
+            warmup = step < link.pacer.start_step + link.pacer.min_steps_learn  # uniformly random actions
+            row, ended = stepper.step(actor, warmup, torch.device("cpu"))
+            buffer.append(row)
+            step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
+            link.report(ended, step)
+    finally:
+        envs.close()
+
+
+class Sampler:
+    """Where the learner's replay rows come from. serial/parallel: this process steps the envs, one [1, B] row
+    per call (uniformly random actions until learning starts); async: a sampler process (``sampler_main``)
+    appends to the shared replay and this reads how far it got, and the learner then makes one update at a time,
+    publishing its actor between them."""
+
+    def __init__(self, args: Args, run: Run, buffer: ReplayBuffer, actor: Actor, obs_norm: ObsNorm,
+                 pacer: ReplayPacer, global_step: int):
+        self.args, self.run, self.buffer, self.pacer = args, run, buffer, pacer
+        if args.sampler == "async":
+            self.link = AsyncReplay(actor, pacer, args.num_envs, global_step)
+            worker = run.hold(Worker(sampler_main, (args, buffer, obs_norm, self.link, run.affinity, os.getpid()),
+                                     name="sampler"))
+            self.link.attach(worker, buffer)
+        else:
+            self.link = None
+            envs = run.hold(make_envs(args, args.sampler))
+            self.stepper = EnvStepper(envs, args, obs_norm, distributed.env_seed(args.seed + global_step,
+                                                                                 args.num_envs))
+
+    def collect(self, actor: Actor, global_step: int) -> int:
+        """New rows in the replay; returns the global step (every rank's env steps)."""
+        if self.link is not None:
+            return self.link.poll(self.run)
+        warmup = global_step < self.pacer.start_step + self.pacer.min_steps_learn  # uniformly random actions
+        row, ended = self.stepper.step(actor, warmup, self.run.device)
+        self.buffer.append(row)
+        global_step += self.args.num_envs * self.run.world  # every rank stepped as many
+        for ret, length in ended:
+            self.run.episode(ret, length, global_step)
+        return global_step
+
+    def updates_now(self, due: int) -> int:
+        return due if self.link is None else min(due, 1)  # async: one at a time, publishing between
+
+    def after_updates(self, actor: Actor, updates: int, learned: bool) -> dict:
+        """async: publish the actor; returns the waits for the progress row ({} when serial)."""
+        if self.link is None:
+            return {}
+        self.link.after_updates(actor, updates, learned)
+        return self.link.waits()
 
 
 # ---------------------------------------------------------------------------------------------- loss and update
@@ -280,7 +343,7 @@ def ddpg_update(actor, target_actor, critic, target_critic, optimizers, batch, o
     b = to_tensors(batch, obs_norm, device)
     obs = b["observation"]
 
-    with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+    with autocast(device, args.bf16):
         y = critic_target(b, target_actor, target_critic)  # [N]
         q = critic(obs, b["action"]).float()[0]  # [N]
     critic_loss = ((q - y) ** 2).mean()
@@ -290,7 +353,7 @@ def ddpg_update(actor, target_actor, critic, target_critic, optimizers, batch, o
     critic_opt.step()
 
     critic.requires_grad_(False)  # the actor loss needs dQ/da only: skip the critic's weight gradients
-    with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+    with autocast(device, args.bf16):
         actor_loss = -critic(obs, actor(obs)).float().mean()
     actor_opt.zero_grad(set_to_none=True)
     actor_loss.backward()
@@ -298,71 +361,49 @@ def ddpg_update(actor, target_actor, critic, target_critic, optimizers, batch, o
     actor_opt.step()
     critic.requires_grad_(True)
     with torch.no_grad():
-        torch._foreach_lerp_(list(target_critic.parameters()), list(critic.parameters()), args.tau)
-        torch._foreach_lerp_(list(target_actor.parameters()), list(actor.parameters()), args.tau)
+        for target, online in ((target_critic, critic), (target_actor, actor)):
+            for tp, p in zip(target.parameters(), online.parameters()):
+                tp.lerp_(p, args.tau)
     if not (torch.isfinite(critic_loss) and torch.isfinite(actor_loss)):
         raise FloatingPointError(f"DDPG loss is not finite (critic {critic_loss.item()}, actor {actor_loss.item()})")
     return {"qf_loss": critic_loss.item(), "actor_loss": actor_loss.item(), "q_values": q.mean().item()}
-
-
-# ---------------------------------------------------------------------------------------------- async sampler
-
-def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: AsyncReplay, affinity, parent_pid: int,
-                 stop) -> None:
-    """Sampler process: steps the envs and appends to the shared replay with the newest actor the learner
-    published; waits while it is more than max_lag_steps ahead of what the learner's updates cover."""
-    affinity.apply_worker(0)
-    torch.set_num_threads(1)
-    check = parent_alive_check(stop, parent_pid)
-    envs = make_envs(args, "serial")
-    step = link.start_step
-    sampler = Sampler(envs, args, obs_norm, distributed.env_seed(args.seed + step, args.num_envs))
-    actor = Actor(int(np.prod(envs.single_observation_space.shape)), int(np.prod(sampler.space.shape)), args.hidden)
-    try:
-        while step < args.total_timesteps:
-            check()
-            if link.sampler_wait(step, args.max_lag_steps):
-                continue
-            link.pull(actor)
-            warmup = step < link.pacer.start_step + link.pacer.min_steps_learn  # uniformly random actions
-            row, ended = sampler.step(actor, warmup, torch.device("cpu"))
-            buffer.append(row)
-            step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
-            link.report(ended, step)
-    finally:
-        envs.close()
 
 
 # ---------------------------------------------------------------------------------------------- main
 
 
 def check_args(args: Args) -> None:
-    """Exit 2 with one line on bad arguments, before any env or process starts."""
-    for name in ("num_envs", "total_timesteps", "buffer_size", "batch_size", "n_step_return", "log_every",
-                 "hidden"):
-        if getattr(args, name) <= 0:
-            bad_args(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
-    for name in ("min_steps_learn", "checkpoint_every", "eval_episodes", "max_lag_steps"):
-        if getattr(args, name) < 0:
-            bad_args(f"--{name.replace('_', '-')} must be non-negative, got {getattr(args, name)}")
-    if not args.replay_ratio > 0:
-        bad_args(f"--replay-ratio must be positive, got {args.replay_ratio}")
-    if not 0 < args.learning_rate < 1:
-        bad_args(f"--learning-rate must be in (0, 1), got {args.learning_rate}")
-    if not 0 <= args.gamma <= 1:
-        bad_args(f"--gamma must be in [0, 1], got {args.gamma}")
-    if not 0 < args.tau <= 1:
-        bad_args(f"--tau must be in (0, 1], got {args.tau}")
-    if args.exploration_noise < 0:
-        bad_args(f"--exploration-noise must be non-negative, got {args.exploration_noise}")
+    """What relates the flags to each other (each field's own range is declared on it): exit 2, one line."""
     if args.buffer_size < max(args.batch_size, args.min_steps_learn, args.num_envs * (args.n_step_return + 5)):
         bad_args(f"--buffer-size {args.buffer_size} is smaller than --min-steps-learn or --batch-size")
     if args.min_steps_learn < args.batch_size + args.num_envs * (args.n_step_return + 4):
         bad_args(f"--min-steps-learn {args.min_steps_learn} leaves fewer valid transitions than --batch-size "
                  f"{args.batch_size}")
-    if args.save_replay and distributed.world_size() > 1:
-        bad_args("--save-replay is not supported under torchrun yet (each rank keeps its own replay)")
-    check_run_args(args)
+
+
+def make_learner(args: Args, run: Run) -> tuple:
+    """The actor, the critic, their target copies, their optimisers and the observation statistics."""
+    obs_dim, act_dim = int(np.prod(run.obs_space.shape)), int(np.prod(run.act_space.shape))
+    actor = Actor(obs_dim, act_dim, args.hidden).to(run.device)
+    target_actor = copy.deepcopy(actor).requires_grad_(False)
+    critic = Critics(obs_dim, act_dim, args.hidden, k=1).to(run.device)
+    target_critic = Critics(obs_dim, act_dim, args.hidden, k=1).to(run.device)
+    target_critic.load_state_dict(critic.state_dict())
+    target_critic.requires_grad_(False)
+    fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}
+    actor_opt = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, **fused)
+    critic_opt = torch.optim.Adam(critic.parameters(), lr=args.learning_rate, **fused)
+    obs_norm = ObsNorm(obs_dim, args.normalize_obs, shared=args.sampler == "async")
+    return actor, target_actor, critic, target_critic, (actor_opt, critic_opt), obs_norm
+
+
+def make_replay(args: Args, run: Run) -> ReplayBuffer:
+    """Each rank's replay of raw observations, n-step returns."""
+    obs_dim, act_dim = int(np.prod(run.obs_space.shape)), int(np.prod(run.act_space.shape))
+    example = Step(np.zeros(obs_dim, np.float32), np.zeros(act_dim, np.float32), np.float32(0), False, False)
+    return ReplayBuffer(example, args.buffer_size, args.num_envs, discount=args.gamma,
+                        n_step_return=args.n_step_return, shared=args.sampler == "async",
+                        seed=distributed.rank_seed(args.seed))
 
 
 def act(actor: Actor, obs_norm: ObsNorm, device: torch.device, space: gym.spaces.Box, obs: np.ndarray,
@@ -374,118 +415,34 @@ def act(actor: Actor, obs_norm: ObsNorm, device: torch.device, space: gym.spaces
 
 
 def main() -> int:
-    args = parse_args(Args, PRESETS)
-    check_args(args)
-    device = resolve_device(args.device, args.bf16)
-    resumed, ckpt_file = load_checkpoint(args.resume, args.env_id) if args.resume else (None, None)
-    obs_space, act_space = probe_spaces(make_env(args))
-    if not isinstance(act_space, gym.spaces.Box) or not np.all(np.isfinite(act_space.low)):
-        bad_args(f"--env-id {args.env_id}: DDPG needs a bounded continuous (Box) action space, got {act_space}")
-    stop_on_signals()
-    distributed.start(device)  # under torchrun: join the other ranks (a no-op in one process)
-    world = distributed.world_size()  # ranks in the job: 1 without torchrun
-    affinity = make_affinity(args.sampler)
-    affinity.apply_learner()
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    obs_dim, act_dim = int(np.prod(obs_space.shape)), int(np.prod(act_space.shape))
-
-    actor = Actor(obs_dim, act_dim, args.hidden).to(device)
-    target_actor = copy.deepcopy(actor).requires_grad_(False)
-    critic = Critics(obs_dim, act_dim, args.hidden, k=1).to(device)
-    target_critic = Critics(obs_dim, act_dim, args.hidden, k=1).to(device)
-    target_critic.load_state_dict(critic.state_dict())
-    target_critic.requires_grad_(False)
-    fused = {"fused": True} if device.type in ("cpu", "cuda") else {}
-    actor_opt = torch.optim.Adam(actor.parameters(), lr=args.learning_rate, **fused)
-    critic_opt = torch.optim.Adam(critic.parameters(), lr=args.learning_rate, **fused)
-    obs_norm = ObsNorm(obs_dim, args.normalize_obs, shared=args.sampler == "async")
-    global_step, updates = 0, 0
-    if resumed is not None:
-        try:
-            actor.load_state_dict(resumed["actor"])
-            target_actor.load_state_dict(resumed["target_actor"])
-            critic.load_state_dict(resumed["critic"])
-            target_critic.load_state_dict(resumed["target_critic"])
-            actor_opt.load_state_dict(resumed["actor_optimizer"])
-            critic_opt.load_state_dict(resumed["critic_optimizer"])
-            obs_norm.load(resumed["obs_norm"].numpy())
-        except (RuntimeError, KeyError, ValueError) as e:  # tensors of another shape or another script
-            resume_mismatch(resumed, args, SCRIPT, e)
-        global_step, updates = int(resumed["global_step"]), int(resumed["updates"])
-    distributed.share(args.seed, actor, critic, target_actor, target_critic)  # every rank starts from rank 0's
-
-    example = Step(np.zeros(obs_dim, np.float32), np.zeros(act_dim, np.float32), np.float32(0), False, False)
-    buffer = ReplayBuffer(example, args.buffer_size, args.num_envs, discount=args.gamma,
-                          n_step_return=args.n_step_return, shared=args.sampler == "async",
-                          seed=distributed.rank_seed(args.seed))
-    run = RunFolder(args, SCRIPT, folder=ckpt_file.parent if ckpt_file else None, resumed=resumed)
-
-    def checkpoint() -> dict:
-        return {"actor": actor.state_dict(), "target_actor": target_actor.state_dict(),
-                             "critic": critic.state_dict(), "target_critic": target_critic.state_dict(),
-                             "actor_optimizer": actor_opt.state_dict(), "critic_optimizer": critic_opt.state_dict(),
-                             "obs_norm": obs_norm.state(),
-                             "global_step": global_step, "updates": updates, "args": vars(args).copy()}
-
-    # Steps are the job's (every rank's): each update takes batch_size samples on every rank, so the job's replay
-    # ratio is the one asked for; learning starts when every rank's replay holds min_steps_learn.
-    restored = run.keep_replay(buffer, args.save_replay, resumed)  # --save-replay: the replay goes on
-    pacer = ReplayPacer(args.replay_ratio / (args.batch_size * world), args.min_steps_learn * world,
-                        *((0, 0) if restored else (global_step, updates)))  # restored: no refill
-    optimizers = (actor_opt, critic_opt)
-    stats: dict = {}
-    next_log = global_step + args.log_every
-    policy = partial(act, actor, obs_norm, device, act_space)  # for evaluation
+    args = parse_args(Args, PRESETS, check_args)
+    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Box, bounded=True, stop_window=10)
+    actor, target_actor, critic, target_critic, optimizers, obs_norm = make_learner(args, run)
+    buffer = make_replay(args, run)
+    start = run.begin(partial(act, actor, obs_norm, run.device, run.act_space), buffer, actor=actor,
+                      target_actor=target_actor, critic=critic, target_critic=target_critic,
+                      actor_optimizer=optimizers[0], critic_optimizer=optimizers[1], obs_norm=obs_norm)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
-        return evaluate_only(run, make_env(args, render=args.capture_video)(), policy, args, global_step)
-    next_eval = global_step + args.eval_every if args.eval_every else None
-    next_checkpoint = global_step + args.checkpoint_every if args.checkpoint_every else None
-    link = AsyncReplay(actor, pacer, args.num_envs, global_step) if args.sampler == "async" else None
-    print(f"run folder {run.path}  sampler {args.sampler}  device {device}  replay {buffer.T}x{buffer.B}  "
-          f"updates per env step {pacer.updates_per_step:.3f}", flush=True)
-    with run.guard(checkpoint) as guard:
-        if link is not None:
-            worker = guard.hold(Worker(sampler_main, (args, buffer, obs_norm, link, affinity, os.getpid()),
-                                       name="sampler"))
-            link.attach(worker, buffer)
-        else:
-            envs = guard.hold(make_envs(args, args.sampler))
-            sampler = Sampler(envs, args, obs_norm, distributed.env_seed(args.seed + global_step, args.num_envs))
+        return run.evaluate_only()
+    global_step, updates, stats = start.global_step, start.updates, {}
+    pacer = ReplayPacer(args.replay_ratio / (args.batch_size * run.world), args.min_steps_learn * run.world,
+                        *start.replay_origin)
+    with run:
+        sampler = Sampler(args, run, buffer, actor, obs_norm, pacer, global_step)
         while global_step < args.total_timesteps:
-            if link is None:  # one step of every env: a [1, B] replay row (uniform random actions at first)
-                row, ended = sampler.step(actor, global_step < pacer.start_step + pacer.min_steps_learn, device)
-                buffer.append(row)
-                global_step += args.num_envs * world  # every rank stepped as many
-                for ret, length in ended:
-                    run.episode(ret, length, global_step)
-            else:  # the sampler process appends; the learner sees how far it got
-                global_step = link.poll(run)
+            global_step = sampler.collect(actor, global_step)
             due = pacer.due(global_step, updates)
-            for _ in range(due if link is None else min(due, 1)):  # async: one at a time, publishing between
+            for _ in range(sampler.updates_now(due)):
                 batch, _ = buffer.sample(args.batch_size)  # [N, ...]
                 stats = ddpg_update(actor, target_actor, critic, target_critic, optimizers, batch, obs_norm, args,
-                                    device)
+                                    run.device)
                 updates += 1
-            if link is not None:
-                link.after_updates(actor, updates, learned=due > 0)
-            if next_eval is not None and global_step >= next_eval:  # whole episodes in an env of its own
-                evaluate(run, make_env(args)(), policy, args.eval_episodes, args.seed, global_step)
-                next_eval += args.eval_every
-            if global_step >= next_log:
-                run.row(global_step, **stats, updates=updates, **(link.waits() if link else {}))
-                next_log += args.log_every
-            if run.should_stop(args.stop_at_return, 10, global_step):
-                break
-            if next_checkpoint is not None and global_step >= next_checkpoint:
-                run.save_checkpoint(checkpoint())
-                next_checkpoint += args.checkpoint_every
-        run.finish(global_step)
-        run.save_checkpoint(checkpoint())
-        if args.eval_episodes:
-            evaluate(run, make_env(args, render=args.capture_video)(), policy, args.eval_episodes, args.seed,
-                     global_step, video=args.capture_video)
-    return guard.exit_code
+            waits = sampler.after_updates(actor, updates, learned=due > 0)
+            if run.periodic(global_step, **stats, updates=updates, **waits):
+                break  # --stop-at-return reached
+        run.finish(global_step)  # the last row, checkpoint and evaluation
+    return run.exit_code
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -42,6 +42,7 @@ from shared.cli import Fraction, NonNegFloat, NonNegInt, PositiveFloat, Positive
 from shared.envs import image_shape, vector_env
 from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayPacer
+from shared.precision import autocast
 from shared.procs import Worker, parent_alive_check
 from shared.replay import ReplayBuffer
 from shared.run import Run
@@ -267,7 +268,7 @@ class EnvStepper:
     @torch.no_grad()
     def step(self, q_net: QNetwork, eps: np.ndarray, device: torch.device) -> tuple:
         """One step of every env; returns the replay row [1, B] and the episodes that ended [(return, length)]."""
-        with torch.autocast(device.type, torch.bfloat16, enabled=self.args.bf16):
+        with autocast(device, self.args.bf16):
             q = q_net(torch.as_tensor(self.obs, device=device)).float()
         greedy = q.argmax(dim=1).cpu().numpy()
         explore = self.rng.random(len(greedy)) < eps
@@ -376,7 +377,7 @@ def dqn_update(q_net, target_net, optimizer, buffer: ReplayBuffer, args: Args, b
     batch = {k: torch.as_tensor(np.asarray(getattr(sample, k)), device=device) for k in fields}
     for k in ("n_step_return", "done_n", "bootstrap_discount", "is_weights"):
         batch[k] = batch[k].float()
-    with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+    with autocast(device, args.bf16):
         y = td_targets(batch, q_net, target_net, args.double_dqn).float()
         q = q_net(batch["observation"]).float().gather(1, batch["action"].long().unsqueeze(1)).squeeze(1)
     td = y - q

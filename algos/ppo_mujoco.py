@@ -31,7 +31,7 @@ import sys
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 # Find shared/ without an install step, from algos/ or from a copy anywhere in the repository.
 sys.path.insert(0, str(next(p for p in Path(__file__).resolve().parents if (p / "shared" / "__init__.py").exists())))
@@ -42,24 +42,14 @@ import torch
 import torch.nn as nn
 
 from shared import distributed
-from shared.affinity import make_affinity
 from shared.buffer import buffer_from_example
-from shared.envs import probe_spaces, vector_env
+from shared.cli import Fraction, NonNegFloat, NonNegInt, PositiveInt, Range, bad_args, parse_args
+from shared.envs import vector_env
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import RunningNorm
+from shared.precision import autocast
 from shared.procs import DoubleBuffer, Worker, parent_alive_check
-from shared.run import (
-    RunFolder,
-    bad_args,
-    check_run_args,
-    evaluate,
-    evaluate_only,
-    load_checkpoint,
-    parse_args,
-    resolve_device,
-    resume_mismatch,
-    stop_on_signals,
-)
+from shared.run import Run
 
 SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own name
 
@@ -74,7 +64,7 @@ class Args:
     """gymnasium id of an env with vector observations and a continuous (Box) action space"""
     seed: int = 1
     """seeds every env, worker and network"""
-    total_timesteps: int = 1_000_000
+    total_timesteps: PositiveInt = 1_000_000
     """env steps summed over all envs"""
     out_dir: str = "runs"
     """parent folder of the run folder"""
@@ -82,14 +72,16 @@ class Args:
     """run folder name; default {env_id}__{script file name}__{seed}__{unix time}"""
     resume: str = ""
     """checkpoint file or run folder to continue from (continues its progress.csv)"""
-    checkpoint_every: int = 0
-    """global env steps between checkpoints (0: only at the end and on interruption)"""
-    log_every: int = 1
+    checkpoint_every: NonNegInt = 0
+    """global env steps between checkpoints (0: by --checkpoint-minutes only)"""
+    checkpoint_minutes: NonNegFloat = 15.0
+    """minutes of wall time between checkpoints, so a killed run loses at most this much (0: off)"""
+    log_every: PositiveInt = 1
     """rollouts between progress rows"""
-    eval_episodes: int = 10
+    eval_episodes: NonNegInt = 10
     """episodes played by the deterministic policy (the mean action) after training, and at each --eval-every
     (0: none)"""
-    eval_every: int = 0
+    eval_every: NonNegInt = 0
     """global env steps between evaluations during training, in envs of their own (0: none)"""
     eval_only: bool = False
     """with --resume: evaluate the checkpoint's policy (eval.json, TensorBoard) and train nothing"""
@@ -98,37 +90,37 @@ class Args:
     stop_at_return: float | None = None
     """stop early once the mean return of the last 20 episodes reaches this"""
     # algorithm
-    num_envs: int = 1
+    num_envs: PositiveInt = 1
     """environments stepped together on each rank (torchrun); the job's batch is ranks x num_envs x num_steps"""
-    num_steps: int = 2048
+    num_steps: PositiveInt = 2048
     """steps per env in each rollout"""
-    learning_rate: float = 3e-4
+    learning_rate: Annotated[float, Range(gt=0, lt=1)] = 3e-4
     """Adam step size at the start"""
     anneal_lr: bool = True
     """anneal the learning rate linearly to 0 over the run (the job's total_timesteps)"""
-    gamma: float = 0.99
+    gamma: Fraction = 0.99
     """discount (also of the return whose standard deviation scales the rewards)"""
-    gae_lambda: float = 0.95
+    gae_lambda: Fraction = 0.95
     """GAE lambda"""
-    num_minibatches: int = 32
+    num_minibatches: PositiveInt = 32
     """minibatches per epoch (their size is the batch / num_minibatches; each rank takes its share)"""
-    update_epochs: int = 10
+    update_epochs: PositiveInt = 10
     """passes over each rollout"""
     norm_adv: bool = True
     """normalise advantages per minibatch"""
-    clip_coef: float = 0.2
+    clip_coef: NonNegFloat = 0.2
     """PPO clipping of the likelihood ratio (and of the value update when clip_vloss)"""
     clip_vloss: bool = True
     """clip the value update around the rollout's values"""
-    ent_coef: float = 0.0
+    ent_coef: NonNegFloat = 0.0
     """entropy bonus"""
-    vf_coef: float = 0.5
+    vf_coef: NonNegFloat = 0.5
     """value loss weight"""
-    max_grad_norm: float = 0.5
+    max_grad_norm: NonNegFloat = 0.5
     """global gradient-norm clip"""
-    hidden: int = 64
+    hidden: PositiveInt = 64
     """units in each of the 2 tanh hidden layers of the policy and of the critic"""
-    init_log_std: float = 0.0
+    init_log_std: Annotated[float, Range(ge=-20, le=5)] = 0.0
     """initial log standard deviation of every action dimension"""
     normalize_obs: bool = True
     """normalise observations by running mean and variance (saved in the checkpoint, frozen in evaluation)"""
@@ -216,19 +208,20 @@ class Agent(nn.Module):
 
 # ---------------------------------------------------------------------------------------------- sampling
 
+# final_row: the step only resets its env (its row holds the episode's final observation); ep_*: the episode's totals
 Rollout = namedarraytuple("Rollout", ["obs", "action", "logprob", "value", "reward", "discounted", "terminal",
-                                      "ended", "reset", "ep_return", "ep_length"])  # ep_*: the episode's totals
-Bootstrap = namedarraytuple("Bootstrap", ["obs", "reset"])
+                                      "episode_end", "final_row", "ep_return", "ep_length"])
+Bootstrap = namedarraytuple("Bootstrap", ["obs", "final_row"])
 
 
 class EnvState:
-    """What a sampler carries between rollouts, per env: raw observation, reset flag, episode sums, and the
+    """What a sampler carries between rollouts, per env: raw observation, final-row flag, episode sums, and the
     discounted return so far (whose statistics scale the rewards)."""
 
     def __init__(self, envs, seed: int):
         self.obs, _ = envs.reset(seed=seed)
         n = len(self.obs)
-        self.reset = np.zeros(n, bool)  # True: this step only resets the env (next-step autoreset)
+        self.final_row = np.zeros(n, bool)  # True: this step only resets the env (next-step autoreset)
         self.ep_return = np.zeros(n, np.float64)
         self.ep_length = np.zeros(n, np.int64)
         self.discounted = np.zeros(n, np.float64)  # G <- gamma G + r within the episode
@@ -247,8 +240,8 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
     observation boot [B]."""
     flat = lambda o: np.asarray(o, np.float32).reshape(len(o), -1)  # [B, S]
     for t in range(args.num_steps):
-        buf.obs[t], buf.reset[t] = flat(state.obs), state.reset
-        with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+        buf.obs[t], buf.final_row[t] = flat(state.obs), state.final_row
+        with autocast(device, args.bf16):
             mean, log_std, value = agent(torch.as_tensor(buf.obs[t], device=device))
         action = mean + log_std.exp() * torch.randn_like(mean)
         buf.action[t] = action.cpu().numpy()
@@ -256,32 +249,32 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
         buf.value[t] = value.cpu().numpy()
         env_action = buf.action[t].reshape((-1, *state.space.shape))  # [B, A] -> [B, *action shape]
         next_obs, reward, term, trunc, _ = envs.step(np.clip(env_action, state.space.low, state.space.high))
-        raw = np.where(state.reset, 0.0, reward)  # a reset step's reward belongs to no episode
-        state.discounted = np.where(state.reset, 0.0, state.discounted * args.gamma + raw)
+        raw = np.where(state.final_row, 0.0, reward)  # a final row's reward belongs to no episode
+        state.discounted = np.where(state.final_row, 0.0, state.discounted * args.gamma + raw)
         buf.reward[t], buf.discounted[t] = raw, state.discounted
-        buf.terminal[t], buf.ended[t] = term, term | trunc
+        buf.terminal[t], buf.episode_end[t] = term, term | trunc
         state.ep_return += raw
-        state.ep_length += ~state.reset
+        state.ep_length += ~state.final_row
         buf.ep_return[t], buf.ep_length[t] = state.ep_return, state.ep_length
-        state.ep_return[buf.ended[t]] = 0.0
-        state.ep_length[buf.ended[t]] = 0
-        state.obs, state.reset = next_obs, term | trunc
-    boot.obs[:], boot.reset[:] = flat(state.obs), state.reset
+        state.ep_return[buf.episode_end[t]] = 0.0
+        state.ep_length[buf.episode_end[t]] = 0
+        state.obs, state.final_row = next_obs, term | trunc
+    boot.obs[:], boot.final_row[:] = flat(state.obs), state.final_row
 
 
 # ---------------------------------------------------------------------------------------------- loss and update
 
 
-def compute_gae(reward, value, next_value, terminal, ended, reset, gamma: float, lam: float):
+def compute_gae(reward, value, next_value, terminal, episode_end, final_row, gamma: float, lam: float):
     """Advantages and returns, [T, B] numpy (a loop over T of [B] operations: numpy's are several times cheaper than
-    torch's at MuJoCo's few envs). Reset rows get 0 (they are masked out); `terminal` stops bootstrapping, `ended`
-    stops the trace; a truncated row bootstraps from the next row's value, which is the value of the episode's final
-    observation."""
+    torch's at MuJoCo's few envs). Final rows get 0 (they are masked out); `terminal` stops bootstrapping,
+    `episode_end` stops the trace; a truncated row bootstraps from the next row's value, which is the value of the
+    episode's final observation."""
     T = reward.shape[0]
     next_values = np.concatenate([value[1:], next_value[None]])  # [T, B]: V(s_{t+1})
     delta = reward + gamma * next_values * (1.0 - terminal) - value
-    trace = gamma * lam * (1.0 - np.maximum(ended, terminal))
-    keep = 1.0 - reset
+    trace = gamma * lam * (1.0 - np.maximum(episode_end, terminal))
+    keep = 1.0 - final_row
     adv = np.zeros_like(delta)
     last = np.zeros_like(delta[0])
     for t in reversed(range(T)):
@@ -292,7 +285,7 @@ def compute_gae(reward, value, next_value, terminal, ended, reset, gamma: float,
 
 def ppo_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.device,
                generator: torch.Generator) -> dict:
-    """Several epochs of clipped-PPO minibatch steps over the valid (non-reset) rows of one rollout."""
+    """Several epochs of clipped-PPO minibatch steps over the valid rows (not final rows) of one rollout."""
     n = data["obs"].shape[0]
     mb_size = max(n // args.num_minibatches, 1)
     stats = {"policy_loss": [], "value_loss": [], "entropy": [], "approx_kl": [], "clipfrac": []}
@@ -300,7 +293,7 @@ def ppo_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
         perm = torch.randperm(n, generator=generator).to(device)
         for start in range(0, mb_size * args.num_minibatches, mb_size):  # as many on every rank
             mb = perm[start : start + mb_size]
-            with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+            with autocast(device, args.bf16):
                 mean, log_std, value = agent(data["obs"][mb])
             logprob, entropy = gaussian(mean, log_std, data["action"][mb])
             logratio = logprob - data["logprob"][mb]
@@ -345,16 +338,16 @@ def learn_from(agent: Agent, return_norm: RunningNorm, optimizer, buf, boot, arg
     obs = f(buf.obs)  # [T, B, S], raw
     if args.sampler == "async":
         # The rollout was sampled with the previous parameters: recompute values with the current critic.
-        with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+        with torch.no_grad(), autocast(device, args.bf16):
             _, _, value = agent(torch.cat([obs.flatten(0, 1), f(boot.obs)]))
         value, next_value = value.float()[: T * B].view(T, B), value.float()[T * B :]
     else:
         # Sampled with the current parameters: the rollout's values are the critic's; only the bootstrap is new.
-        with torch.no_grad(), torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+        with torch.no_grad(), autocast(device, args.bf16):
             _, _, next_value = agent(f(boot.obs))
         value, next_value = f(buf.value).float(), next_value.float()
     fl = lambda x: np.asarray(x, np.float32)
-    valid = ~f(buf.reset).flatten()  # [T*B]: reset rows are never trained on
+    valid = ~f(buf.final_row).flatten()  # [T*B]: final rows are never trained on
     # Reward scaling: the std of every discounted return so far (this rollout's of every rank included).
     return_norm.update(f(buf.discounted).flatten()[valid][:, None])
     reward = fl(buf.reward)
@@ -362,7 +355,7 @@ def learn_from(agent: Agent, return_norm: RunningNorm, optimizer, buf, boot, arg
         scale = np.sqrt(float(return_norm.var[0]) + 1e-8)
         reward = np.clip(reward / scale, -return_norm.clip, return_norm.clip).astype(np.float32)
     adv, ret = compute_gae(reward, value.cpu().numpy(), next_value.cpu().numpy(), fl(buf.terminal),
-                           fl(buf.ended), fl(buf.reset), args.gamma, args.gae_lambda)
+                           fl(buf.episode_end), fl(buf.final_row), args.gamma, args.gae_lambda)
     adv, ret = f(adv), f(ret)
     data = {"obs": obs.flatten(0, 1)[valid], "action": f(buf.action).flatten(0, 1)[valid],
             "logprob": f(buf.logprob).flatten()[valid], "value": value.flatten()[valid],
@@ -398,29 +391,67 @@ def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, las
         envs.close()
 
 
+class Sampler:
+    """Where the rollouts come from. serial/parallel: this process collects each with the current parameters;
+    async: a sampler process (``sampler_main``) collects rollout k + 1 while the learner trains on rollout k, in
+    the slots of a double buffer that carry the parameters back to it."""
+
+    def __init__(self, args: Args, run: Run, agent: Agent, first: int, last: int):
+        self.args, self.run, self.async_ = args, run, args.sampler == "async"
+        obs_dim, act_dim = int(np.prod(run.obs_space.shape)), int(np.prod(run.act_space.shape))
+        example, boot_example = rollout_example(obs_dim, act_dim, args.num_envs)
+        if self.async_:
+            self.buffers = DoubleBuffer(example, (args.num_steps, args.num_envs), module=agent)
+            self.boots = [buffer_from_example(boot_example, (), shared=True) for _ in range(2)]
+            self.worker = run.hold(Worker(sampler_main, (args, self.buffers, self.boots, first, last, run.affinity,
+                                                         os.getpid()), name="sampler"))
+        else:
+            self.envs = run.hold(make_envs(args, args.sampler))
+            # A resumed run starts fresh episodes; every env of every rank has a seed of its own.
+            self.state = EnvState(self.envs, distributed.env_seed(args.seed + first, args.num_envs))
+            self.buf = buffer_from_example(example, (args.num_steps, args.num_envs))  # [T, B]
+            self.boot = buffer_from_example(boot_example, ())  # [B]
+
+    def rollout(self, it: int, agent: Agent, global_step: int) -> tuple:
+        """Rollout ``it`` [T, B] and its bootstrap row [B]; records the episodes that ended in it."""
+        if self.async_:  # sampled by the other process with the parameters of update it - 1
+            buf, boot = self.buffers.reader_acquire(it, self.worker.check), self.boots[it % 2]
+        else:
+            collect(self.envs, agent, self.state, self.buf, self.boot, self.args, self.run.device)
+            buf, boot = self.buf, self.boot
+        for ret, length in zip(buf.ep_return[buf.episode_end], buf.ep_length[buf.episode_end]):
+            self.run.episode(float(ret), int(length), global_step)
+        return buf, boot
+
+    def release(self, it: int, agent: Agent) -> None:
+        """async: the slot goes back with the new parameters: rollout it + 2 uses them."""
+        if self.async_:
+            self.buffers.reader_release(it, module=agent, version=it + 1)
+
+
 # ---------------------------------------------------------------------------------------------- main
 
 
 def check_args(args: Args) -> None:
-    """Exit 2 with one line on bad arguments, before any env or process starts."""
-    for name in ("num_envs", "num_steps", "num_minibatches", "update_epochs", "total_timesteps", "log_every",
-                 "hidden"):
-        if getattr(args, name) <= 0:
-            bad_args(f"--{name.replace('_', '-')} must be positive, got {getattr(args, name)}")
+    """What relates the flags to each other (each field's own range is declared on it): exit 2, one line."""
     batch = args.num_envs * args.num_steps
     if batch % args.num_minibatches:
         bad_args(f"--num-minibatches {args.num_minibatches} does not divide the batch {batch} "
                  f"(num_envs x num_steps)")
-    for name in ("checkpoint_every", "eval_episodes", "ent_coef", "vf_coef", "max_grad_norm", "clip_coef"):
-        if getattr(args, name) < 0:
-            bad_args(f"--{name.replace('_', '-')} must be non-negative, got {getattr(args, name)}")
-    if not 0 < args.learning_rate < 1:
-        bad_args(f"--learning-rate must be in (0, 1), got {args.learning_rate}")
-    if not (0 <= args.gamma <= 1 and 0 <= args.gae_lambda <= 1):
-        bad_args("--gamma and --gae-lambda must be in [0, 1]")
-    if not -20 <= args.init_log_std <= 5:
-        bad_args(f"--init-log-std must be in [-20, 5], got {args.init_log_std}")
-    check_run_args(args)
+
+
+def make_learner(args: Args, run: Run) -> tuple:
+    """The agent (its observation statistics included), its optimiser, the minibatch generator and the statistics
+    of the discounted return."""
+    if not isinstance(run.obs_space, gym.spaces.Box):
+        bad_args(f"--env-id {args.env_id}: PPO here needs Box observations, got {run.obs_space}")
+    obs_dim, act_dim = int(np.prod(run.obs_space.shape)), int(np.prod(run.act_space.shape))
+    agent = Agent(obs_dim, act_dim, args.hidden, args.init_log_std, args.normalize_obs).to(run.device)
+    fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}  # one kernel for all parameters
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, **fused)
+    generator = torch.Generator().manual_seed(args.seed)
+    return_norm = RunningNorm(1, args.normalize_reward).to(run.device)  # statistics of the discounted return
+    return agent, optimizer, generator, return_norm
 
 
 def act(agent: Agent, device: torch.device, space: gym.spaces.Box, obs: np.ndarray,
@@ -431,99 +462,31 @@ def act(agent: Agent, device: torch.device, space: gym.spaces.Box, obs: np.ndarr
 
 
 def main() -> int:
-    args = parse_args(Args, PRESETS)
-    check_args(args)
-    device = resolve_device(args.device, args.bf16)
-    resumed, ckpt_file = load_checkpoint(args.resume, args.env_id) if args.resume else (None, None)
-    obs_space, act_space = probe_spaces(make_env(args))
-    if not isinstance(act_space, gym.spaces.Box) or not isinstance(obs_space, gym.spaces.Box):
-        bad_args(f"--env-id {args.env_id}: PPO here needs Box observations and actions, got {obs_space} and "
-                 f"{act_space} (algos/ppo_atari.py takes discrete actions)")
-    stop_on_signals()
-    distributed.start(device)  # under torchrun: join the other ranks (a no-op in one process)
-    world = distributed.world_size()  # ranks in the job: 1 without torchrun
-    affinity = make_affinity(args.sampler)
-    affinity.apply_learner()
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
-    batch = args.num_envs * args.num_steps * world  # the job's: every rank's rollout
-    num_iterations = max(args.total_timesteps // batch, 1)
-    obs_dim, act_dim = int(np.prod(obs_space.shape)), int(np.prod(act_space.shape))
-
-    agent = Agent(obs_dim, act_dim, args.hidden, args.init_log_std, args.normalize_obs).to(device)
-    fused = {"fused": True} if device.type in ("cpu", "cuda") else {}  # one kernel for all parameters
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, **fused)
-    generator = torch.Generator().manual_seed(args.seed)
-    return_norm = RunningNorm(1, args.normalize_reward).to(device)  # statistics of the discounted return
-    start_iter, global_step = 0, 0
-    if resumed is not None:
-        try:
-            agent.load_state_dict(resumed["model"])
-            optimizer.load_state_dict(resumed["optimizer"])
-            generator.set_state(resumed["generator"])
-            return_norm.load_state_dict(resumed["return_norm"])
-        except (RuntimeError, KeyError, ValueError) as e:  # tensors of another shape or another script
-            resume_mismatch(resumed, args, SCRIPT, e)
-        global_step = int(resumed["global_step"])
-        start_iter = global_step // batch
-    distributed.share(args.seed, agent)  # every rank starts from rank 0's
-    run = RunFolder(args, SCRIPT, folder=ckpt_file.parent if ckpt_file else None, resumed=resumed)
-
-    def checkpoint() -> dict:
-        return {"model": agent.state_dict(), "optimizer": optimizer.state_dict(), "generator": generator.get_state(),
-                "return_norm": return_norm.state_dict(),
-                "global_step": global_step, "args": vars(args).copy()}
-
-    example, boot_example = rollout_example(obs_dim, act_dim, args.num_envs)
-    policy = partial(act, agent, device, act_space)  # for evaluation
+    args = parse_args(Args, PRESETS, check_args)
+    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Box,
+              iteration_steps=args.num_envs * args.num_steps)  # --log-every counts rollouts
+    agent, optimizer, generator, return_norm = make_learner(args, run)
+    start = run.begin(partial(act, agent, run.device, run.act_space), model=agent, optimizer=optimizer,
+                      generator=generator, return_norm=return_norm)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
-        return evaluate_only(run, make_env(args, render=args.capture_video)(), policy, args, global_step)
-    next_eval = global_step + args.eval_every if args.eval_every else None
-    next_checkpoint = global_step + args.checkpoint_every if args.checkpoint_every else None
-    print(f"run folder {run.path}  sampler {args.sampler}  device {device}  batch {batch}  "
-          f"iterations {start_iter}..{num_iterations}", flush=True)
-    with run.guard(checkpoint) as guard:
-        if args.sampler == "async":
-            buffers = DoubleBuffer(example, (args.num_steps, args.num_envs), module=agent)
-            boots = [buffer_from_example(boot_example, (), shared=True) for _ in range(2)]
-            worker = guard.hold(Worker(sampler_main, (args, buffers, boots, start_iter, num_iterations, affinity,
-                                                      os.getpid()), name="sampler"))
-        else:
-            envs = guard.hold(make_envs(args, args.sampler))
-            # A resumed run starts fresh episodes; every env of every rank has a seed of its own.
-            state = EnvState(envs, distributed.env_seed(args.seed + start_iter, args.num_envs))
-            buf = buffer_from_example(example, (args.num_steps, args.num_envs))  # [T, B]
-            boot = buffer_from_example(boot_example, ())  # [B]
+        return run.evaluate_only()
+    batch = args.num_envs * args.num_steps * run.world  # the job's: every rank's rollout
+    num_iterations = max(args.total_timesteps // batch, 1)
+    global_step, start_iter = start.global_step, start.global_step // batch  # resumed: the rollout after its last
+    with run:
+        sampler = Sampler(args, run, agent, start_iter, num_iterations)
         for it in range(start_iter, num_iterations):
             lr = args.learning_rate * (1.0 - it / num_iterations) if args.anneal_lr else args.learning_rate
             for group in optimizer.param_groups:
                 group["lr"] = lr
-            if args.sampler == "async":  # sampled by the other process with the parameters of update it - 1
-                buf, boot = buffers.reader_acquire(it, worker.check), boots[it % 2]
-            else:
-                collect(envs, agent, state, buf, boot, args, device)
             global_step += batch
-            for ret, length in zip(buf.ep_return[buf.ended], buf.ep_length[buf.ended]):
-                run.episode(float(ret), int(length), global_step)
-            stats = learn_from(agent, return_norm, optimizer, buf, boot, args, device, generator)
-            if args.sampler == "async":  # the slot goes back with the new parameters: rollout it + 2 uses them
-                buffers.reader_release(it, module=agent, version=it + 1)
-            if next_eval is not None and global_step >= next_eval:  # whole episodes in an env of its own
-                evaluate(run, make_env(args)(), policy, args.eval_episodes, args.seed, global_step)
-                next_eval += args.eval_every
-            if (it + 1) % args.log_every == 0 or it + 1 == num_iterations:
-                run.row(global_step, learning_rate=lr, **stats)
-            if next_checkpoint is not None and global_step >= next_checkpoint:
-                run.save_checkpoint(checkpoint())
-                next_checkpoint += args.checkpoint_every
-            if run.should_stop(args.stop_at_return, 20, global_step):
-                break
-        run.finish(global_step)
-        run.save_checkpoint(checkpoint())
-        if args.eval_episodes:
-            evaluate(run, make_env(args, render=args.capture_video)(), policy, args.eval_episodes, args.seed,
-                     global_step, video=args.capture_video)
-    return guard.exit_code
+            buf, boot = sampler.rollout(it, agent, global_step)
+            stats = learn_from(agent, return_norm, optimizer, buf, boot, args, run.device, generator)
+            sampler.release(it, agent)
+            if run.periodic(global_step, learning_rate=lr, **stats):
+                break  # --stop-at-return reached
+        run.finish(global_step)  # the last row, checkpoint and evaluation
+    return run.exit_code
 
 
 if __name__ == "__main__":

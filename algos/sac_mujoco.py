@@ -48,6 +48,7 @@ from shared.envs import vector_env
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import ObsNorm
 from shared.pacing import AsyncReplay, ReplayPacer
+from shared.precision import autocast
 from shared.procs import Worker, parent_alive_check
 from shared.replay import ReplayBuffer
 from shared.run import Run
@@ -247,7 +248,7 @@ class EnvStepper:
             action = self.rng.uniform(-1.0, 1.0, (self.args.num_envs,) + self.space.shape).astype(np.float32)
         else:
             obs = self.obs_norm.normalize(torch.as_tensor(self.obs, dtype=torch.float32, device=device))
-            with torch.autocast(device.type, torch.bfloat16, enabled=self.args.bf16):
+            with autocast(device, self.args.bf16):
                 action = actor(obs)[0].float().cpu().numpy()
         next_obs, reward, term, trunc, _ = self.envs.step(scale_action(action, self.space))
         reward = np.where(self.final_row, 0.0, reward)
@@ -363,7 +364,7 @@ def sac_update(actor, critics, target_critics, log_alpha, optimizers: dict, batc
     target_entropy = -float(b["action"].shape[1])  # -|A|
     alpha = log_alpha.exp().detach()
 
-    with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+    with autocast(device, args.bf16):
         y = critic_target(b, actor, target_critics, alpha)  # [N]
         q = critics(obs, b["action"]).float()  # [2, N]
     critic_loss = 0.5 * ((q - y) ** 2).mean(1).sum()
@@ -373,7 +374,7 @@ def sac_update(actor, critics, target_critics, log_alpha, optimizers: dict, batc
     critic_opt.step()
 
     critics.requires_grad_(False)  # the actor loss needs dQ/da only: skip the critics' weight gradients
-    with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+    with autocast(device, args.bf16):
         pi_action, log_pi = actor(obs)
         q_pi = critics(obs, pi_action).float().min(0).values
     log_pi = log_pi.float()

@@ -49,6 +49,7 @@ from shared.envs import vector_env
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import ObsNorm
 from shared.pacing import AsyncReplay, ReplayPacer
+from shared.precision import autocast
 from shared.procs import Worker, parent_alive_check
 from shared.replay import ReplayBuffer
 from shared.run import Run
@@ -234,7 +235,7 @@ class EnvStepper:
             action = self.rng.uniform(-1.0, 1.0, (self.args.num_envs,) + self.space.shape).astype(np.float32)
         else:
             obs = self.obs_norm.normalize(torch.as_tensor(self.obs, dtype=torch.float32, device=device))
-            with torch.autocast(device.type, torch.bfloat16, enabled=self.args.bf16):
+            with autocast(device, self.args.bf16):
                 action = actor(obs).float().cpu().numpy()
             noise = self.rng.normal(0.0, self.args.exploration_noise, action.shape)
             action = np.clip(action + noise, -1.0, 1.0).astype(np.float32)
@@ -350,7 +351,7 @@ def td3_update(actor, target_actor, critics, target_critics, optimizers: dict, b
     b = to_tensors(batch, obs_norm, device)
     obs = b["observation"]
 
-    with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+    with autocast(device, args.bf16):
         y = critic_target(b, target_actor, target_critics, args)  # [N]
         q = critics(obs, b["action"]).float()  # [2, N]
     critic_loss = ((q - y) ** 2).mean(1).sum()
@@ -365,7 +366,7 @@ def td3_update(actor, target_actor, critics, target_critics, optimizers: dict, b
         return stats
 
     critics.requires_grad_(False)  # the actor loss needs dQ/da only: skip the critics' weight gradients
-    with torch.autocast(device.type, torch.bfloat16, enabled=args.bf16):
+    with autocast(device, args.bf16):
         actor_loss = -critics(obs, actor(obs), first=1)[0].float().mean()  # Q1 only, as in the paper
     actor_opt.zero_grad(set_to_none=True)
     actor_loss.backward()

@@ -75,14 +75,14 @@ def test_rollout_boundaries_returns_and_log_probs():
     ppo_mujoco.collect(envs, agent, state, buf, boot, args, torch.device("cpu"))
     ended = np.zeros((12, 2), bool)
     ended[[4, 10]] = True  # steps 5 and 11: the episodes' fifth steps
-    np.testing.assert_array_equal(buf.ended, ended)
-    np.testing.assert_array_equal(buf.reset[1:], ended[:-1])
-    assert not buf.terminal.any() and (buf.reward[buf.reset] == 0).all() and (buf.reward[~buf.reset] != 0).all()
+    np.testing.assert_array_equal(buf.episode_end, ended)
+    np.testing.assert_array_equal(buf.final_row[1:], ended[:-1])
+    assert not buf.terminal.any() and (buf.reward[buf.final_row] == 0).all() and (buf.reward[~buf.final_row] != 0).all()
     assert (buf.ep_length[ended] == 5).all()
     for b in range(2):
         g = 0.0
         for t in range(12):
-            g = 0.0 if buf.reset[t, b] else 0.9 * g + buf.reward[t, b]
+            g = 0.0 if buf.final_row[t, b] else 0.9 * g + buf.reward[t, b]
             assert buf.discounted[t, b] == pytest.approx(g, rel=1e-5)
     assert np.abs(buf.obs).max() > 1.0  # raw observations (Pendulum's angular velocity reaches past 1)
     with torch.no_grad():
@@ -190,7 +190,7 @@ def test_serial_runs_are_reproducible(tmp_path):
     (["--num-envs", "0"], "--num-envs"),
     (["--num-minibatches", "3"], "--num-minibatches"),
     (["--init-log-std", "30"], "--init-log-std"),
-    (["--env-id", "CartPole-v1"], "--env-id CartPole-v1: PPO here needs Box observations and actions"),
+    (["--env-id", "CartPole-v1"], "--env-id CartPole-v1: ppo_mujoco needs a continuous (Box) action space, got Discrete(2)"),
     (["--env-id", "NoSuchEnv-v0"], "--env-id"),
     (["--resume", "/nonexistent/run"], "--resume"),
 ])
