@@ -202,7 +202,7 @@ class Agent(nn.Module):
 
 # ---------------------------------------------------------------------------------------------- sampling
 
-Rollout = namedarraytuple("Rollout", ["obs", "action", "logprob", "value", "reward", "terminal", "episode_end",
+Rollout = namedarraytuple("Rollout", ["obs", "action", "logprob", "value", "reward", "terminated", "episode_end",
                                       "final_row", "ep_return", "ep_length"])  # ep_*: totals where episode_end
 Bootstrap = namedarraytuple("Bootstrap", ["obs", "final_row"])
 
@@ -244,7 +244,7 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
         life_lost = (lives < state.lives) & ~state.final_row
         raw = np.where(state.final_row, 0.0, reward)  # a final row's reward belongs to no episode
         buf.reward[t] = np.sign(raw) if (args.clip_rewards and is_atari(args.env_id)) else raw
-        buf.terminal[t] = term | (life_lost & args.life_loss_terminal)
+        buf.terminated[t] = term | (life_lost & args.life_loss_terminal)
         buf.episode_end[t] = term | trunc
         state.ep_return += raw
         state.ep_length += ~state.final_row
@@ -258,17 +258,17 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
 # ---------------------------------------------------------------------------------------------- loss and update
 
 
-def compute_gae(reward, value, next_value, terminal, episode_end, final_row, gamma: float, lam: float):
-    """Advantages and returns, [T, B]. Final rows get 0 (they are masked out); `terminal` stops bootstrapping,
-    `episode_end` or `terminal` stops the trace; a truncated row bootstraps from the next row's value, which is
+def compute_gae(reward, value, next_value, terminated, episode_end, final_row, gamma: float, lam: float):
+    """Advantages and returns, [T, B]. Final rows get 0 (they are masked out); `terminated` stops bootstrapping,
+    `episode_end` or `terminated` stops the trace; a truncated row bootstraps from the next row's value, which is
     the value of the episode's final observation."""
     T = reward.shape[0]
     adv = torch.zeros_like(reward)
     last = torch.zeros_like(next_value)
     for t in reversed(range(T)):
         nv = next_value if t == T - 1 else value[t + 1]
-        delta = reward[t] + gamma * nv * (1.0 - terminal[t]) - value[t]
-        last = delta + gamma * lam * (1.0 - torch.maximum(episode_end[t], terminal[t])) * last
+        delta = reward[t] + gamma * nv * (1.0 - terminated[t]) - value[t]
+        last = delta + gamma * lam * (1.0 - torch.maximum(episode_end[t], terminated[t])) * last
         last = last * (1.0 - final_row[t])
         adv[t] = last
     return adv, adv + value
@@ -315,7 +315,7 @@ def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.dev
             _, next_value = agent(f(boot.obs))
         value, next_value = f(buf.value).float(), next_value.float()
     fl = lambda x: f(x).float()
-    adv, ret = compute_gae(fl(buf.reward), value, next_value, fl(buf.terminal), fl(buf.episode_end),
+    adv, ret = compute_gae(fl(buf.reward), value, next_value, fl(buf.terminated), fl(buf.episode_end),
                            fl(buf.final_row), args.gamma, args.gae_lambda)
     valid = ~f(buf.final_row).flatten()  # [T*B]: final rows are never trained on
     data = {"obs": obs.flatten(0, 1)[valid], "action": f(buf.action).flatten()[valid],

@@ -257,7 +257,7 @@ class QNetwork(nn.Module):
 
 # ---------------------------------------------------------------------------------------------- sampling
 
-Step = namedarraytuple("Step", ["observation", "action", "reward", "done", "timeout", "env_reset"])
+Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated", "truncated", "episode_end"])
 
 
 def epsilons(args: Args, global_step: int) -> np.ndarray:
@@ -294,8 +294,8 @@ class EnvStepper:
         life_lost = (lives < self.lives) & ~self.final_row
         raw = np.where(self.final_row, 0.0, reward)
         train_r = np.sign(raw) if (self.args.clip_rewards and is_atari(self.args.env_id)) else raw
-        done = term | (life_lost & self.args.life_loss_terminal)
-        row = Step(self.obs[None], action[None], train_r[None].astype(np.float32), done[None], trunc[None],
+        terminated = term | (life_lost & self.args.life_loss_terminal)
+        row = Step(self.obs[None], action[None], train_r[None].astype(np.float32), terminated[None], trunc[None],
                    (term | trunc)[None])
         self.ep_return += raw
         self.ep_length += ~self.final_row
@@ -322,10 +322,10 @@ def sampler_main(args: Args, buffer: ReplayBuffer, link: AsyncReplay, affinity, 
             if link.sampler_wait(step, args.max_lag_steps):
                 continue
             link.pull(q_net)
-            row, ended = stepper.step(q_net, epsilons(args, step), torch.device("cpu"))
+            row, episodes = stepper.step(q_net, epsilons(args, step), torch.device("cpu"))
             buffer.append(row)
             step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
-            link.report(ended, step)
+            link.report(episodes, step)
     finally:
         envs.close()
 
@@ -352,10 +352,10 @@ class Sampler:
         """New rows in the replay; returns the global step (every rank's env steps)."""
         if self.link is not None:
             return self.link.poll(self.run)
-        row, ended = self.stepper.step(q_net, epsilons(self.args, global_step), self.run.device)
+        row, episodes = self.stepper.step(q_net, epsilons(self.args, global_step), self.run.device)
         self.buffer.append(row)
         global_step += self.args.num_envs * self.run.world  # every rank stepped as many
-        for ret, length in ended:
+        for ret, length in episodes:
             self.run.episode(ret, length, global_step)
         return global_step
 
@@ -398,17 +398,17 @@ def target_distribution(batch, q_net: QNetwork, target_net: QNetwork, double: bo
         next_q = (next_logp.exp() * target_net.support).sum(-1)
         a_star = (q_net.q_values(batch["next_observation"]) if double else next_q).argmax(dim=1)
         next_probs = next_logp[torch.arange(len(a_star)), a_star].exp()  # [N, K]
-        discounts = (1.0 - batch["done_n"]) * batch["bootstrap_discount"]
+        discounts = (1.0 - batch["terminated_n"]) * batch["bootstrap_discount"]
         return project(next_probs, batch["n_step_return"], discounts, target_net.support)
 
 
 def c51_update(q_net, target_net, optimizer, buffer: ReplayBuffer, args: Args, beta: float,
                device: torch.device) -> dict:
     sample, index = buffer.sample(args.batch_size, beta=beta)
-    fields = ("observation", "next_observation", "action", "n_step_return", "done_n", "bootstrap_discount",
+    fields = ("observation", "next_observation", "action", "n_step_return", "terminated_n", "bootstrap_discount",
               "is_weights")
     batch = {k: torch.as_tensor(np.asarray(getattr(sample, k)), device=device) for k in fields}
-    for k in ("n_step_return", "done_n", "bootstrap_discount", "is_weights"):
+    for k in ("n_step_return", "terminated_n", "bootstrap_discount", "is_weights"):
         batch[k] = batch[k].float()
     with autocast(device, args.bf16):
         m = target_distribution(batch, q_net, target_net, args.double_dqn).float()

@@ -205,7 +205,7 @@ class Critics(nn.Module):
 
 # ---------------------------------------------------------------------------------------------- sampling
 
-Step = namedarraytuple("Step", ["observation", "action", "reward", "done", "timeout"])
+Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated", "truncated"])
 
 
 class EnvStepper:
@@ -264,10 +264,10 @@ def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: Asyn
                 continue
             link.pull(actor)
             warmup = step < link.pacer.start_step + link.pacer.min_steps_learn  # uniformly random actions
-            row, ended = stepper.step(actor, warmup, torch.device("cpu"))
+            row, episodes = stepper.step(actor, warmup, torch.device("cpu"))
             buffer.append(row)
             step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
-            link.report(ended, step)
+            link.report(episodes, step)
     finally:
         envs.close()
 
@@ -297,10 +297,10 @@ class Sampler:
         if self.link is not None:
             return self.link.poll(self.run)
         warmup = global_step < self.pacer.start_step + self.pacer.min_steps_learn  # uniformly random actions
-        row, ended = self.stepper.step(actor, warmup, self.run.device)
+        row, episodes = self.stepper.step(actor, warmup, self.run.device)
         self.buffer.append(row)
         global_step += self.args.num_envs * self.run.world  # every rank stepped as many
-        for ret, length in ended:
+        for ret, length in episodes:
             self.run.episode(ret, length, global_step)
         return global_step
 
@@ -321,19 +321,20 @@ class Sampler:
 def to_tensors(batch, obs_norm: ObsNorm, device: torch.device) -> dict:
     """Replay batch (numpy, [N, ...]) -> the float tensors the update uses, observations normalised."""
     out = {k: torch.as_tensor(np.asarray(getattr(batch, k)), device=device).float()
-           for k in ("observation", "next_observation", "action", "n_step_return", "done_n", "bootstrap_discount")}
+           for k in ("observation", "next_observation", "action", "n_step_return", "terminated_n",
+                     "bootstrap_discount")}
     out["observation"] = obs_norm.normalize(out["observation"])  # [N, S]
     out["next_observation"] = obs_norm.normalize(out["next_observation"])
     return out
 
 
 def critic_target(batch: dict, target_actor: Actor, target_critic: Critics) -> torch.Tensor:
-    """n-step targets [N]: R + (1 - done_n) gamma^k Q'(s', mu'(s')).
-    A timeout inside the window is not done: it bootstraps from the episode's final observation s'."""
+    """n-step targets [N]: R + (1 - terminated_n) gamma^k Q'(s', mu'(s')).
+    A truncation inside the window bootstraps from the episode's final observation s'."""
     with torch.no_grad():
         next_obs = batch["next_observation"]
         q_next = target_critic(next_obs, target_actor(next_obs)).float()[0]
-        return batch["n_step_return"] + (1.0 - batch["done_n"]) * batch["bootstrap_discount"] * q_next
+        return batch["n_step_return"] + (1.0 - batch["terminated_n"]) * batch["bootstrap_discount"] * q_next
 
 
 def ddpg_update(actor, target_actor, critic, target_critic, optimizers, batch, obs_norm: ObsNorm, args: Args,

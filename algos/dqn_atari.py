@@ -241,7 +241,7 @@ class QNetwork(nn.Module):
 
 # ---------------------------------------------------------------------------------------------- sampling
 
-Step = namedarraytuple("Step", ["observation", "action", "reward", "done", "timeout", "env_reset"])
+Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated", "truncated", "episode_end"])
 
 
 def epsilons(args: Args, global_step: int) -> np.ndarray:
@@ -278,8 +278,8 @@ class EnvStepper:
         life_lost = (lives < self.lives) & ~self.final_row
         raw = np.where(self.final_row, 0.0, reward)
         train_r = np.sign(raw) if (self.args.clip_rewards and is_atari(self.args.env_id)) else raw
-        done = term | (life_lost & self.args.life_loss_terminal)
-        row = Step(self.obs[None], action[None], train_r[None].astype(np.float32), done[None], trunc[None],
+        terminated = term | (life_lost & self.args.life_loss_terminal)
+        row = Step(self.obs[None], action[None], train_r[None].astype(np.float32), terminated[None], trunc[None],
                    (term | trunc)[None])
         self.ep_return += raw
         self.ep_length += ~self.final_row
@@ -305,10 +305,10 @@ def sampler_main(args: Args, buffer: ReplayBuffer, link: AsyncReplay, affinity, 
             if link.sampler_wait(step, args.max_lag_steps):
                 continue
             link.pull(q_net)
-            row, ended = stepper.step(q_net, epsilons(args, step), torch.device("cpu"))
+            row, episodes = stepper.step(q_net, epsilons(args, step), torch.device("cpu"))
             buffer.append(row)
             step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
-            link.report(ended, step)
+            link.report(episodes, step)
     finally:
         envs.close()
 
@@ -335,10 +335,10 @@ class Sampler:
         """New rows in the replay; returns the global step (every rank's env steps)."""
         if self.link is not None:
             return self.link.poll(self.run)
-        row, ended = self.stepper.step(q_net, epsilons(self.args, global_step), self.run.device)
+        row, episodes = self.stepper.step(q_net, epsilons(self.args, global_step), self.run.device)
         self.buffer.append(row)
         global_step += self.args.num_envs * self.run.world  # every rank stepped as many
-        for ret, length in ended:
+        for ret, length in episodes:
             self.run.episode(ret, length, global_step)
         return global_step
 
@@ -357,7 +357,7 @@ class Sampler:
 
 
 def td_targets(batch, q_net: QNetwork, target_net: QNetwork, double: bool) -> torch.Tensor:
-    """n-step targets [N]: return + (1 - done_n) * gamma^k * Q_target(s_{t+k}, a*), a* from the online net
+    """n-step targets [N]: return + (1 - terminated_n) * gamma^k * Q_target(s_{t+k}, a*), a* from the online net
     when double, else the target net's max."""
     with torch.no_grad():
         q_next_target = target_net(batch["next_observation"])
@@ -366,16 +366,16 @@ def td_targets(batch, q_net: QNetwork, target_net: QNetwork, double: bool) -> to
         else:
             a_star = q_next_target.argmax(dim=1, keepdim=True)
         q_next = q_next_target.gather(1, a_star).squeeze(1)
-        return batch["n_step_return"] + (1.0 - batch["done_n"]) * batch["bootstrap_discount"] * q_next
+        return batch["n_step_return"] + (1.0 - batch["terminated_n"]) * batch["bootstrap_discount"] * q_next
 
 
 def dqn_update(q_net, target_net, optimizer, buffer: ReplayBuffer, args: Args, beta: float,
                device: torch.device) -> dict:
     sample, index = buffer.sample(args.batch_size, beta=beta)
-    fields = ("observation", "next_observation", "action", "n_step_return", "done_n", "bootstrap_discount",
+    fields = ("observation", "next_observation", "action", "n_step_return", "terminated_n", "bootstrap_discount",
               "is_weights")
     batch = {k: torch.as_tensor(np.asarray(getattr(sample, k)), device=device) for k in fields}
-    for k in ("n_step_return", "done_n", "bootstrap_discount", "is_weights"):
+    for k in ("n_step_return", "terminated_n", "bootstrap_discount", "is_weights"):
         batch[k] = batch[k].float()
     with autocast(device, args.bf16):
         y = td_targets(batch, q_net, target_net, args.double_dqn).float()

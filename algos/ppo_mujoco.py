@@ -209,7 +209,7 @@ class Agent(nn.Module):
 # ---------------------------------------------------------------------------------------------- sampling
 
 # final_row: the step only resets its env (its row holds the episode's final observation); ep_*: the episode's totals
-Rollout = namedarraytuple("Rollout", ["obs", "action", "logprob", "value", "reward", "discounted", "terminal",
+Rollout = namedarraytuple("Rollout", ["obs", "action", "logprob", "value", "reward", "discounted", "terminated",
                                       "episode_end", "final_row", "ep_return", "ep_length"])
 Bootstrap = namedarraytuple("Bootstrap", ["obs", "final_row"])
 
@@ -252,7 +252,7 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
         raw = np.where(state.final_row, 0.0, reward)  # a final row's reward belongs to no episode
         state.discounted = np.where(state.final_row, 0.0, state.discounted * args.gamma + raw)
         buf.reward[t], buf.discounted[t] = raw, state.discounted
-        buf.terminal[t], buf.episode_end[t] = term, term | trunc
+        buf.terminated[t], buf.episode_end[t] = term, term | trunc
         state.ep_return += raw
         state.ep_length += ~state.final_row
         buf.ep_return[t], buf.ep_length[t] = state.ep_return, state.ep_length
@@ -265,15 +265,15 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
 # ---------------------------------------------------------------------------------------------- loss and update
 
 
-def compute_gae(reward, value, next_value, terminal, episode_end, final_row, gamma: float, lam: float):
+def compute_gae(reward, value, next_value, terminated, episode_end, final_row, gamma: float, lam: float):
     """Advantages and returns, [T, B] numpy (a loop over T of [B] operations: numpy's are several times cheaper than
-    torch's at MuJoCo's few envs). Final rows get 0 (they are masked out); `terminal` stops bootstrapping,
+    torch's at MuJoCo's few envs). Final rows get 0 (they are masked out); `terminated` stops bootstrapping,
     `episode_end` stops the trace; a truncated row bootstraps from the next row's value, which is the value of the
     episode's final observation."""
     T = reward.shape[0]
     next_values = np.concatenate([value[1:], next_value[None]])  # [T, B]: V(s_{t+1})
-    delta = reward + gamma * next_values * (1.0 - terminal) - value
-    trace = gamma * lam * (1.0 - np.maximum(episode_end, terminal))
+    delta = reward + gamma * next_values * (1.0 - terminated) - value
+    trace = gamma * lam * (1.0 - np.maximum(episode_end, terminated))
     keep = 1.0 - final_row
     adv = np.zeros_like(delta)
     last = np.zeros_like(delta[0])
@@ -354,7 +354,7 @@ def learn_from(agent: Agent, return_norm: RunningNorm, optimizer, buf, boot, arg
     if return_norm.enabled:
         scale = np.sqrt(float(return_norm.var[0]) + 1e-8)
         reward = np.clip(reward / scale, -return_norm.clip, return_norm.clip).astype(np.float32)
-    adv, ret = compute_gae(reward, value.cpu().numpy(), next_value.cpu().numpy(), fl(buf.terminal),
+    adv, ret = compute_gae(reward, value.cpu().numpy(), next_value.cpu().numpy(), fl(buf.terminated),
                            fl(buf.episode_end), fl(buf.final_row), args.gamma, args.gae_lambda)
     adv, ret = f(adv), f(ret)
     data = {"obs": obs.flatten(0, 1)[valid], "action": f(buf.action).flatten(0, 1)[valid],

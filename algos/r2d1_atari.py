@@ -280,8 +280,8 @@ def h_inv(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 # ---------------------------------------------------------------------------------------------- sampling
 
-Row = namedarraytuple("Row", ["observation", "action", "reward", "done", "timeout", "prev_action", "prev_reward",
-                              "rnn_state"])
+Row = namedarraytuple("Row", ["observation", "action", "reward", "terminated", "truncated", "prev_action",
+                              "prev_reward", "rnn_state"])
 
 
 def epsilons(num_envs: int) -> np.ndarray:
@@ -317,7 +317,7 @@ class EnvStepper:
         # Rows kept to compute input priorities: the sequence starting shift slots back ends in this chunk.
         I = args.rnn_state_interval
         self.shift = -(-(args.burn_in_steps + args.sequence_length + args.n_step_return) // I)
-        self.history: list = []  # [(q_taken, q_max, reward, done, timeout, final_row)] per row, newest last
+        self.history: list = []  # [(q_taken, q_max, reward, terminated, truncated, final_row)] per row, newest last
 
     @torch.no_grad()
     def step(self, net: R2D1Net, device: torch.device) -> tuple:
@@ -370,15 +370,15 @@ class EnvStepper:
         with (no target network, no double DQN: only those exist here): h(R + gamma^k h^-1(max_a Q(s_{t+k}, a)))
         - Q(s_t, a_t) over the training rows, mixed as in the learner."""
         a = self.args
-        q_taken, q_max, reward, done, timeout, final_row = (np.stack(x) for x in zip(*self.history))  # [W, B]
+        q_taken, q_max, reward, terminated, truncated, final_row = (np.stack(x) for x in zip(*self.history))  # [W, B]
         L, n, eps = a.burn_in_steps + a.sequence_length, a.n_step_return, a.value_rescale_eps
         ret, alive = np.zeros((L, q_taken.shape[1])), np.ones((L, q_taken.shape[1]), bool)
         k, not_done = np.zeros_like(ret, dtype=np.int64), np.ones_like(ret)
         for j in range(n):
             ret += np.where(alive, a.gamma**j * reward[j:L + j], 0.0)
             k += alive
-            not_done = np.where(alive & done[j:L + j], 0.0, not_done)
-            alive &= ~(done[j:L + j] | timeout[j:L + j])
+            not_done = np.where(alive & terminated[j:L + j], 0.0, not_done)
+            alive &= ~(terminated[j:L + j] | truncated[j:L + j])
         boot = q_max[np.arange(L)[:, None] + k, np.arange(q_taken.shape[1])]
         rescale = (lambda x: h(torch.as_tensor(x), eps).numpy()) if a.value_rescale else (lambda x: x)
         unscale = (lambda x: h_inv(torch.as_tensor(x), eps).numpy()) if a.value_rescale else (lambda x: x)
@@ -403,11 +403,11 @@ def sampler_main(args: Args, buffer: SequenceReplayBuffer, link: AsyncReplay, af
             if link.sampler_wait(step, args.max_lag_steps, chunk_steps=args.num_envs * args.rnn_state_interval):
                 continue
             link.pull(net)
-            chunk, priorities, ended = stepper.step(net, torch.device("cpu"))
+            chunk, priorities, episodes = stepper.step(net, torch.device("cpu"))
             if chunk is not None:
                 buffer.append(chunk, priorities)
             step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
-            link.report(ended, step)
+            link.report(episodes, step)
         rest = stepper.flush()  # the last, partial chunk (no input priorities: its sequences get the default)
         if rest is not None:
             buffer.append(rest)
@@ -441,11 +441,11 @@ class Sampler:
         if self.link is not None:
             global_step = self.link.poll(self.run)
             return global_step, global_step
-        chunk, priorities, ended = self.stepper.step(net, self.run.device)
+        chunk, priorities, episodes = self.stepper.step(net, self.run.device)
         if chunk is not None:
             self.buffer.append(chunk, priorities)
         global_step += self.args.num_envs * self.run.world  # every rank stepped as many
-        for ret, length in ended:
+        for ret, length in episodes:
             self.run.episode(ret, length, global_step)
         rows = self.buffer.storage.cursor - self.start_rows
         return global_step, self.start_step + rows * self.args.num_envs * self.run.world
@@ -489,7 +489,7 @@ def r2d1_loss(net: R2D1Net, target_net: R2D1Net, b: dict, args: Args) -> tuple:
         q_next = q_target[burn:].gather(0, boot_row.unsqueeze(-1).expand(-1, -1, q.shape[-1]))
         q_next = q_next.gather(-1, a_star.unsqueeze(-1)).squeeze(-1)  # [L, B]
         ret = b["n_step_return"][burn:burn + L]
-        not_done = 1.0 - b["done_n"][burn:burn + L].float()
+        not_done = 1.0 - b["terminated_n"][burn:burn + L].float()
         y = rescale(ret + not_done * b["bootstrap_discount"][burn:burn + L] * unscale(q_next))
     valid = ~b["final_row"][burn:burn + L]  # rows that only reset the env carry no transition
     td = y - q_taken
@@ -501,7 +501,7 @@ def r2d1_loss(net: R2D1Net, target_net: R2D1Net, b: dict, args: Args) -> tuple:
 def to_tensors(batch, device: torch.device) -> dict:
     """Replay batch (numpy) -> tensors on the device; floats as float32."""
     out = {}
-    for k in ("observation", "action", "prev_action", "prev_reward", "n_step_return", "done_n", "n_taken",
+    for k in ("observation", "action", "prev_action", "prev_reward", "n_step_return", "terminated_n", "n_taken",
               "bootstrap_discount", "final_row", "episode_start", "is_weights"):
         out[k] = torch.as_tensor(np.asarray(getattr(batch, k)), device=device)
     for k in ("prev_reward", "n_step_return", "bootstrap_discount", "is_weights"):

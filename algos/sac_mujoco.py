@@ -224,7 +224,7 @@ class Critics(nn.Module):
 
 # ---------------------------------------------------------------------------------------------- sampling
 
-Step = namedarraytuple("Step", ["observation", "action", "reward", "done", "timeout"])
+Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated", "truncated"])
 
 
 class EnvStepper:
@@ -339,20 +339,21 @@ class Sampler:
 def to_tensors(batch, obs_norm: ObsNorm, device: torch.device) -> dict:
     """Replay batch (numpy, [N, ...]) -> the float tensors the update uses, observations normalised."""
     out = {k: torch.as_tensor(np.asarray(getattr(batch, k)), device=device).float()
-           for k in ("observation", "next_observation", "action", "n_step_return", "done_n", "bootstrap_discount")}
+           for k in ("observation", "next_observation", "action", "n_step_return", "terminated_n",
+                     "bootstrap_discount")}
     out["observation"] = obs_norm.normalize(out["observation"])  # [N, S]
     out["next_observation"] = obs_norm.normalize(out["next_observation"])
     return out
 
 
 def critic_target(batch: dict, actor: Actor, target_critics: Critics, alpha: torch.Tensor) -> torch.Tensor:
-    """n-step soft targets [N]: R + (1 - done_n) gamma^k (min_j Q'_j(s', a') - alpha log pi(a'|s')), a' ~ pi(.|s').
-    A timeout inside the window is not done: it bootstraps from the episode's final observation s'."""
+    """n-step soft targets [N]: R + (1 - terminated_n) gamma^k (min_j Q'_j(s', a') - alpha log pi(a'|s')),
+    a' ~ pi(.|s'). A truncation inside the window bootstraps from the episode's final observation s'."""
     with torch.no_grad():
         next_action, next_log_pi = actor(batch["next_observation"])
         q_next = target_critics(batch["next_observation"], next_action).float().min(0).values
         v_next = q_next - alpha * next_log_pi.float()
-        return batch["n_step_return"] + (1.0 - batch["done_n"]) * batch["bootstrap_discount"] * v_next
+        return batch["n_step_return"] + (1.0 - batch["terminated_n"]) * batch["bootstrap_discount"] * v_next
 
 
 def sac_update(actor, critics, target_critics, log_alpha, optimizers: dict, batch, obs_norm: ObsNorm, args: Args,

@@ -211,7 +211,7 @@ class Critics(nn.Module):
 
 # ---------------------------------------------------------------------------------------------- sampling
 
-Step = namedarraytuple("Step", ["observation", "action", "reward", "done", "timeout"])
+Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated", "truncated"])
 
 
 class EnvStepper:
@@ -327,21 +327,22 @@ class Sampler:
 def to_tensors(batch, obs_norm: ObsNorm, device: torch.device) -> dict:
     """Replay batch (numpy, [N, ...]) -> the float tensors the update uses, observations normalised."""
     out = {k: torch.as_tensor(np.asarray(getattr(batch, k)), device=device).float()
-           for k in ("observation", "next_observation", "action", "n_step_return", "done_n", "bootstrap_discount")}
+           for k in ("observation", "next_observation", "action", "n_step_return", "terminated_n",
+                     "bootstrap_discount")}
     out["observation"] = obs_norm.normalize(out["observation"])  # [N, S]
     out["next_observation"] = obs_norm.normalize(out["next_observation"])
     return out
 
 
 def critic_target(batch: dict, target_actor: Actor, target_critics: Critics, args: Args) -> torch.Tensor:
-    """n-step targets [N]: R + (1 - done_n) gamma^k min_j Q'_j(s', clip(mu'(s') + clip(noise), -1, 1)).
-    A timeout inside the window is not done: it bootstraps from the episode's final observation s'."""
+    """n-step targets [N]: R + (1 - terminated_n) gamma^k min_j Q'_j(s', clip(mu'(s') + clip(noise), -1, 1)).
+    A truncation inside the window bootstraps from the episode's final observation s'."""
     with torch.no_grad():
         next_action = target_actor(batch["next_observation"]).float()
         smoothing = (torch.randn_like(next_action) * args.policy_noise).clamp(-args.noise_clip, args.noise_clip)
         next_action = (next_action + smoothing).clamp(-1.0, 1.0)
         q_next = target_critics(batch["next_observation"], next_action).float().min(0).values
-        return batch["n_step_return"] + (1.0 - batch["done_n"]) * batch["bootstrap_discount"] * q_next
+        return batch["n_step_return"] + (1.0 - batch["terminated_n"]) * batch["bootstrap_discount"] * q_next
 
 
 def td3_update(actor, target_actor, critics, target_critics, optimizers: dict, batch, obs_norm: ObsNorm,

@@ -1,19 +1,19 @@
 """Replay buffers: preallocated ``[T, B]`` ring storage, n-step returns, frame-wise observations, sequences.
 
 Row convention (gymnasium's next-step autoreset). Each appended row ``t`` of env ``b`` holds the observation the
-agent saw, the action it took, and what followed: ``reward``, ``done`` (terminated) and, optionally, ``timeout``
-(truncated). After a row whose episode ended, the env's next step only resets it: that next row holds the
+agent saw, the action it took, and what followed: ``reward``, ``terminated`` and, optionally, ``truncated`` (a
+time limit). After a row whose episode ended, the env's next step only resets it: that next row holds the
 episode's *final observation* (its action and reward are ignored). Such a row is never sampled as a transition,
-but it is the bootstrap observation of windows that end in a timeout, so timeouts bootstrap from the right
-state. The row after it starts the next episode. An optional field ``env_reset`` says which rows end with the
-env resetting; it defaults to ``done | timeout`` and is needed when ``done`` also marks ends the env goes on
-from, such as a lost life treated as terminal for learning (n-step windows stop there, but no row is skipped).
+but it is the bootstrap observation of windows that end in a truncation, so truncations bootstrap from the right
+state. The row after it starts the next episode. An optional field ``episode_end`` says which rows end with the
+env resetting; it defaults to ``terminated | truncated`` and is needed when ``terminated`` also marks ends the env
+goes on from, such as a lost life treated as terminal for learning (n-step windows stop there, but no row is skipped).
 
 Guarantees
 - n-step quantities are computed on append, across the wrap-around: ``n_step_return`` (discounted reward sum up
-  to ``n`` steps or the episode's end), ``done_n`` (terminated inside the window), ``timeout_n`` (truncated
+  to ``n`` steps or the episode's end), ``terminated_n`` (terminated inside the window), ``truncated_n`` (truncated
   inside the window), ``n_taken`` (steps in the window ``k``); the bootstrap observation is the one ``k`` rows
-  later and ``bootstrap_discount`` is ``discount ** k``. Target: ``n_step_return + (1 - done_n) *
+  later and ``bootstrap_discount`` is ``discount ** k``. Target: ``n_step_return + (1 - terminated_n) *
   bootstrap_discount * V(next_observation)``.
 - Frame-wise storage (``frame_stack = C > 1``): observations ``[C, H, W]`` (oldest frame first) are stored as
   one new frame per row and reassembled on sampling; frames from before an episode's start are zero, so
@@ -54,8 +54,8 @@ if TYPE_CHECKING:
 __all__ = ["ReplayBuffer", "SequenceReplayBuffer", "SampleIndex"]
 
 SampleIndex = namedarraytuple("SampleIndex", ["abs_row", "b"])
-_REQUIRED = ("observation", "action", "reward", "done")
-_DERIVED = ("n_step_return", "done_n", "timeout_n", "n_taken", "final_row", "episode_start")
+_REQUIRED = ("observation", "action", "reward", "terminated")
+_DERIVED = ("n_step_return", "terminated_n", "truncated_n", "n_taken", "final_row", "episode_start")
 _CURSOR, _MAX_PRIORITY = 0, 1  # slots in the shared float64 state
 
 
@@ -87,12 +87,12 @@ class _Storage:
         self.data = buffer_from_example(stored, (T, B), shared=shared)
         self.frames = alloc((T, B) + obs.shape[1:], obs.dtype) if frame_stack > 1 else None
         self.n_step_return = alloc((T, B), np.float32)
-        self.done_n = alloc((T, B), np.bool_)
-        self.timeout_n = alloc((T, B), np.bool_)
+        self.terminated_n = alloc((T, B), np.bool_)
+        self.truncated_n = alloc((T, B), np.bool_)
         self.n_taken = alloc((T, B), np.uint8)
         self.final_row = alloc((T, B), np.bool_)
         self.episode_start = alloc((T, B), np.bool_)
-        self.last_flags = alloc((2, B), np.bool_)  # [ended, final_row] of the newest row
+        self.last_flags = alloc((2, B), np.bool_)  # [episode_end, final_row] of the newest row
         self.state = alloc(2, np.float64)  # [cursor (abs rows written), max priority seen]
         self.state[_MAX_PRIORITY] = 1.0
 
@@ -135,18 +135,18 @@ class _Storage:
             self.frames[rows] = np.asarray(samples.observation)[:, :, -1]
             stored = stored._replace(observation=None)
         self.data[rows] = stored
-        ended = np.asarray(samples.done, dtype=bool)
-        if "timeout" in samples and samples.timeout is not None:
-            ended = ended | np.asarray(samples.timeout, dtype=bool)
-        if "env_reset" in samples and samples.env_reset is not None:
-            ended = np.asarray(samples.env_reset, dtype=bool)
-        final = np.concatenate([self.last_flags[0][None], ended[:-1]])
-        start = np.concatenate([self.last_flags[1][None], final[:-1]])
+        episode_end = np.asarray(samples.terminated, dtype=bool)
+        if "truncated" in samples and samples.truncated is not None:
+            episode_end = episode_end | np.asarray(samples.truncated, dtype=bool)
+        if "episode_end" in samples and samples.episode_end is not None:
+            episode_end = np.asarray(samples.episode_end, dtype=bool)
+        final_row = np.concatenate([self.last_flags[0][None], episode_end[:-1]])
+        episode_start = np.concatenate([self.last_flags[1][None], final_row[:-1]])
         if s == 0:
-            start[0] = True
-        self.final_row[rows] = final
-        self.episode_start[rows] = start
-        self.last_flags[0], self.last_flags[1] = ended[-1], final[-1]
+            episode_start[0] = True
+        self.final_row[rows] = final_row
+        self.episode_start[rows] = episode_start
+        self.last_flags[0], self.last_flags[1] = episode_end[-1], final_row[-1]
         self._compute_returns(max(s - self.n + 1, 0), s + Tc - self.n + 1)
         self.state[_CURSOR] = s + Tc
         return s, s + Tc
@@ -159,24 +159,24 @@ class _Storage:
         t = abs_lo + np.arange(m)
         ret = np.zeros((m, self.B), np.float64)
         alive = np.ones((m, self.B), bool)
-        done_n = np.zeros((m, self.B), bool)
-        timeout_n = np.zeros((m, self.B), bool)
+        terminated_n = np.zeros((m, self.B), bool)
+        truncated_n = np.zeros((m, self.B), bool)
         k = np.zeros((m, self.B), np.uint8)
-        reward, done = self.data.reward, self.data.done
-        timeout = self.data.timeout if "timeout" in self.data and self.data.timeout is not None else None
+        reward, terminated = self.data.reward, self.data.terminated
+        truncated = self.data.truncated if "truncated" in self.data and self.data.truncated is not None else None
         for j in range(self.n):
             idx = (t + j) % self.T
             ret += np.where(alive, self.discount**j * reward[idx], 0.0)
             k += alive
-            term = done[idx].astype(bool)
-            trunc = timeout[idx].astype(bool) if timeout is not None else np.zeros_like(term)
-            done_n |= alive & term
-            timeout_n |= alive & trunc & ~term
+            term = terminated[idx].astype(bool)
+            trunc = truncated[idx].astype(bool) if truncated is not None else np.zeros_like(term)
+            terminated_n |= alive & term
+            truncated_n |= alive & trunc & ~term
             alive &= ~(term | trunc)
         rows = t % self.T
         self.n_step_return[rows] = ret
-        self.done_n[rows] = done_n
-        self.timeout_n[rows] = timeout_n
+        self.terminated_n[rows] = terminated_n
+        self.truncated_n[rows] = truncated_n
         self.n_taken[rows] = k
 
     def observation(self, rows: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -405,26 +405,26 @@ class _Base:
     def end_episodes(self) -> None:
         """The rows appended next start fresh episodes (a resumed run's envs were reset): in every env whose
         newest row is not already a final-observation row, the episode is truncated one row earlier, exactly
-        as if the env had reported a time limit there: the row before the newest gets ``timeout`` (and
-        ``env_reset``), the newest becomes the episode's final observation (never sampled, but the bootstrap
+        as if the env had reported a time limit there: the row before the newest gets ``truncated`` (and
+        ``episode_end``), the newest becomes the episode's final observation (never sampled, but the bootstrap
         of the windows that now end at the truncation), and those windows' n-step quantities are recomputed."""
         st = self.storage
         with self._locked():
             c = st.cursor
             if c < 2:
                 return
-            if "timeout" not in st.data or st.data.timeout is None:
-                raise ValueError("end_episodes needs a replay that stores the timeout field")
+            if "truncated" not in st.data or st.data.truncated is None:
+                raise ValueError("end_episodes needs a replay that stores the truncated field")
             last, prev = (c - 1) % self.T, (c - 2) % self.T
             cut = ~st.last_flags[1].astype(bool)  # envs whose newest row is not a final row
             if not cut.any():
                 return
-            has_reset = "env_reset" in st.data and st.data.env_reset is not None
-            st.data.timeout[prev, cut] = True
+            has_reset = "episode_end" in st.data and st.data.episode_end is not None
+            st.data.truncated[prev, cut] = True
             # A final row carries no flags of its own (in an env, it is the step that only resets).
-            st.data.done[last, cut] = st.data.timeout[last, cut] = False
+            st.data.terminated[last, cut] = st.data.truncated[last, cut] = False
             if has_reset:
-                st.data.env_reset[prev, cut], st.data.env_reset[last, cut] = True, False
+                st.data.episode_end[prev, cut], st.data.episode_end[last, cut] = True, False
             st.final_row[last, cut] = True
             st.last_flags[0, cut], st.last_flags[1, cut] = False, True
             st._compute_returns(max(c - 1 - self.n_step_return, 0), max(c - self.n_step_return + 1, 0))

@@ -63,7 +63,7 @@ def updates(part: int | None) -> dict[str, torch.Tensor]:
     sample = SimpleNamespace(observation=rng.normal(size=(N, OBS)).astype(np.float32),
                              next_observation=rng.normal(size=(N, OBS)).astype(np.float32),
                              action=rng.integers(0, N_ACTIONS, N), n_step_return=rng.normal(size=N),
-                             done_n=rng.random(N) < 0.2, bootstrap_discount=np.full(N, 0.99**3),
+                             terminated_n=rng.random(N) < 0.2, bootstrap_discount=np.full(N, 0.99**3),
                              is_weights=rng.uniform(0.5, 1.0, N))
     sample = SimpleNamespace(**{k: _half(v, part) for k, v in vars(sample).items()})
     buffer = SimpleNamespace(sample=lambda batch_size, beta: (sample, None), update_priorities=lambda *a: None)
@@ -78,7 +78,7 @@ def updates(part: int | None) -> dict[str, torch.Tensor]:
     distributed.share(actor, critic, target_actor, target_critic)
     batch = SimpleNamespace(observation=rng.normal(size=(N, OBS)), next_observation=rng.normal(size=(N, OBS)),
                             action=rng.uniform(-1, 1, (N, ACT)), n_step_return=rng.normal(size=N),
-                            done_n=(rng.random(N) < 0.2).astype(np.float32), bootstrap_discount=np.full(N, 0.99))
+                            terminated_n=(rng.random(N) < 0.2).astype(np.float32), bootstrap_discount=np.full(N, 0.99))
     batch = SimpleNamespace(**{k: _half(v, part) for k, v in vars(batch).items()})
     args = ddpg_mujoco.Args(bf16=False, tau=0.5)
     ddpg_mujoco.ddpg_update(actor, target_actor, critic, target_critic, (_sgd(actor), _sgd(critic)), batch,

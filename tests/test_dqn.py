@@ -45,7 +45,7 @@ def test_double_dqn_target_by_hand():
     online = Table([[0.0, 0.0], [1.0, 5.0]])  # at s=1 the online net prefers action 1
     target = Table([[0.0, 0.0], [7.0, 3.0]])  # the target net prefers action 0
     batch = {"next_observation": torch.tensor([1, 1]), "n_step_return": torch.tensor([2.0, 2.0]),
-             "done_n": torch.tensor([0.0, 1.0]), "bootstrap_discount": torch.tensor([0.9, 0.9])}
+             "terminated_n": torch.tensor([0.0, 1.0]), "bootstrap_discount": torch.tensor([0.9, 0.9])}
     y = dqn_atari.td_targets(batch, online, target, double=True)
     assert y.tolist() == pytest.approx([2.0 + 0.9 * 3.0, 2.0])  # Q_target(s', argmax_a Q_online(s', a))
     y = dqn_atari.td_targets(batch, online, target, double=False)
@@ -76,7 +76,7 @@ def test_nstep_targets_with_termination_and_timeout_inside_the_window():
     r = np.array(rows)
     batch = {"next_observation": torch.as_tensor(st_.observation((r + st_.n_taken[r, 0]) % buf.T, np.zeros_like(r))),
              "n_step_return": torch.as_tensor(st_.n_step_return[r, 0]),
-             "done_n": torch.as_tensor(st_.done_n[r, 0]).float(),
+             "terminated_n": torch.as_tensor(st_.terminated_n[r, 0]).float(),
              "bootstrap_discount": torch.as_tensor(0.5 ** st_.n_taken[r, 0].astype(np.float32))}
     y = dqn_atari.td_targets(batch, q, q, double=True)
     assert y.tolist() == pytest.approx([expected[t] for t in rows])

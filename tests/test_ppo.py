@@ -45,11 +45,11 @@ def test_gae_matches_definition_with_truncation_and_reset_rows(seed):
     ended = term | trunc
     reset = np.zeros((T, B), bool)
     reset[1:] = ended[:-1]  # the row after an ended one only resets the env
-    terminal = term | life_lost
+    terminated = term | life_lost
     r, v, nv = rng.normal(size=(T, B)), rng.normal(size=(T, B)), rng.normal(size=B)
     f = lambda x: torch.as_tensor(x, dtype=torch.float32)
-    adv, ret = ppo_atari.compute_gae(f(r), f(v), f(nv), f(terminal), f(ended), f(reset), 0.99, 0.95)
-    expected = gae_by_definition(r, v, nv, terminal, ended, reset, 0.99, 0.95)
+    adv, ret = ppo_atari.compute_gae(f(r), f(v), f(nv), f(terminated), f(ended), f(reset), 0.99, 0.95)
+    expected = gae_by_definition(r, v, nv, terminated, ended, reset, 0.99, 0.95)
     np.testing.assert_allclose(adv.numpy(), expected, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(ret.numpy(), expected + v, rtol=1e-5, atol=1e-5)
 

@@ -77,7 +77,8 @@ def test_rollout_boundaries_returns_and_log_probs():
     ended[[4, 10]] = True  # steps 5 and 11: the episodes' fifth steps
     np.testing.assert_array_equal(buf.episode_end, ended)
     np.testing.assert_array_equal(buf.final_row[1:], ended[:-1])
-    assert not buf.terminal.any() and (buf.reward[buf.final_row] == 0).all() and (buf.reward[~buf.final_row] != 0).all()
+    assert not buf.terminated.any()
+    assert (buf.reward[buf.final_row] == 0).all() and (buf.reward[~buf.final_row] != 0).all()
     assert (buf.ep_length[ended] == 5).all()
     for b in range(2):
         g = 0.0
@@ -190,7 +191,8 @@ def test_serial_runs_are_reproducible(tmp_path):
     (["--num-envs", "0"], "--num-envs"),
     (["--num-minibatches", "3"], "--num-minibatches"),
     (["--init-log-std", "30"], "--init-log-std"),
-    (["--env-id", "CartPole-v1"], "--env-id CartPole-v1: ppo_mujoco needs a continuous (Box) action space, got Discrete(2)"),
+    (["--env-id", "CartPole-v1"],
+     "--env-id CartPole-v1: ppo_mujoco needs a continuous (Box) action space, got Discrete(2)"),
     (["--env-id", "NoSuchEnv-v0"], "--env-id"),
     (["--resume", "/nonexistent/run"], "--resume"),
 ])

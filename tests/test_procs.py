@@ -125,7 +125,7 @@ def test_a_peer_killed_while_holding_the_replay_lock_raises_instead_of_hanging()
     from shared.procs import CTX
     from shared.replay import ReplayBuffer
 
-    Row = namedarraytuple("Row", ["observation", "action", "reward", "done"])
+    Row = namedarraytuple("Row", ["observation", "action", "reward", "terminated"])
     buffer = ReplayBuffer(Row(np.zeros(2, np.float32), np.int64(0), np.float32(0), False), 64, 2, shared=True)
     buffer.append(Row(np.zeros((8, 2, 2), np.float32), np.zeros((8, 2), np.int64), np.zeros((8, 2), np.float32),
                       np.zeros((8, 2), bool)))

@@ -103,7 +103,7 @@ def loss_batch(burn=4, L=6, n=2, B=3, seed=0):
     g = torch.Generator().manual_seed(seed + 1)
     return {"observation": obs.requires_grad_(True), "prev_action": prev_a, "prev_reward": torch.zeros(W, B),
             "action": torch.randint(0, 2, (W, B), generator=g), "n_step_return": torch.randn(W, B, generator=g),
-            "done_n": torch.zeros(W, B, dtype=torch.bool), "n_taken": torch.full((W, B), n),
+            "terminated_n": torch.zeros(W, B, dtype=torch.bool), "n_taken": torch.full((W, B), n),
             "bootstrap_discount": torch.full((W, B), 0.9), "final_row": torch.zeros(W, B, dtype=torch.bool),
             "episode_start": torch.zeros(W, B, dtype=torch.bool), "is_weights": torch.ones(B),
             "init_rnn_state": r2d1.RnnState(torch.zeros(B, 16), torch.zeros(B, 16))}
@@ -143,7 +143,7 @@ def test_target_uses_the_online_argmax_at_the_bootstrap_row_and_stops_at_done():
     args = r2d1.Args(burn_in_steps=0, sequence_length=2, n_step_return=1, value_rescale_eps=1e-3)
     b = loss_batch(burn=0, L=2, n=1, B=1)
     b["n_step_return"][:] = 1.0
-    b["done_n"][1] = True
+    b["terminated_n"][1] = True
     b["action"][:] = 0
     online, target = Const([0.0, 1.0]), Const([10.0, 2.0])
     _, td, _ = r2d1.r2d1_loss(online, target, b, args)

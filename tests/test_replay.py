@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 from shared.namedarraytuple import namedarraytuple
 from shared.replay import ReplayBuffer, SequenceReplayBuffer
 
-Step = namedarraytuple("Step", ["observation", "action", "reward", "done", "timeout", "extra"])
-RStep = namedarraytuple("RStep", ["observation", "action", "reward", "done", "timeout", "rnn_state"])
+Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated", "truncated", "extra"])
+RStep = namedarraytuple("RStep", ["observation", "action", "reward", "terminated", "truncated", "rnn_state"])
 HW = (2, 2)
 
 
@@ -35,7 +35,7 @@ class Stream:
             o_b, a_b, r_b, d_b, to_b = [], [], [], [], []
             for _ in range(Tc):
                 t = len(rows)
-                final = t > 0 and (rows[-1]["done"] or rows[-1]["timeout"])
+                final = t > 0 and (rows[-1]["terminated"] or rows[-1]["truncated"])
                 start = t == 0 or (t > 0 and rows[-1]["final"])
                 ends = not final and self.rng.random() < self.p_end
                 is_to = ends and self.rng.random() < self.p_timeout
@@ -48,7 +48,7 @@ class Stream:
                     tt = t - (self.C - 1 - c)
                     if tt >= ep_first:
                         stack[c] = self.frame(tt, b)
-                row = dict(obs=stack, action=t * 10 + b, reward=r, done=d, timeout=to, final=final,
+                row = dict(obs=stack, action=t * 10 + b, reward=r, terminated=d, truncated=to, final=final,
                            ep_first=ep_first, extra=float(t) + 0.5)
                 rows.append(row)
                 o_b.append(stack), a_b.append(row["action"]), r_b.append(r), d_b.append(d), to_b.append(to)
@@ -62,16 +62,16 @@ class Stream:
 
     def expected(self, t, b, n, gamma):
         rows = self.rows[b]
-        ret, k, done_n, timeout_n = 0.0, 0, False, False
+        ret, k, terminated_n, truncated_n = 0.0, 0, False, False
         for j in range(n):
             r = rows[t + j]
             ret += gamma**j * r["reward"]
             k += 1
-            if r["done"] or r["timeout"]:
-                done_n, timeout_n = r["done"], r["timeout"] and not r["done"]
+            if r["terminated"] or r["truncated"]:
+                terminated_n, truncated_n = r["terminated"], r["truncated"] and not r["terminated"]
                 break
         obs = lambda i: rows[i]["obs"] if self.C > 1 else rows[i]["obs"][0]
-        return dict(ret=ret, k=k, done_n=done_n, timeout_n=timeout_n, obs=obs(t), next_obs=obs(t + k),
+        return dict(ret=ret, k=k, terminated_n=terminated_n, truncated_n=truncated_n, obs=obs(t), next_obs=obs(t + k),
                     final=rows[t]["final"], action=rows[t]["action"], extra=rows[t]["extra"])
 
 
@@ -97,8 +97,8 @@ def _check_all_valid_rows(buf, stream, n, gamma, C):
             if e["final"]:
                 continue
             assert st_.n_taken[row, b] == e["k"]
-            assert st_.done_n[row, b] == e["done_n"]
-            assert st_.timeout_n[row, b] == e["timeout_n"]
+            assert st_.terminated_n[row, b] == e["terminated_n"]
+            assert st_.truncated_n[row, b] == e["truncated_n"]
             assert st_.n_step_return[row, b] == pytest.approx(e["ret"], abs=1e-5)
             np.testing.assert_array_equal(st_.observation(np.array([row]), np.array([b]))[0], e["obs"])
             nxt = np.array([(row + e["k"]) % T])
@@ -136,7 +136,7 @@ def test_nstep_buffer_matches_reference_across_wraparound(T, B, n, C, prioritize
                 np.testing.assert_array_equal(batch.next_observation[i], e["next_obs"])
                 assert batch.n_step_return[i] == pytest.approx(e["ret"], abs=1e-5)
                 assert batch.bootstrap_discount[i] == pytest.approx(gamma ** e["k"])
-                assert batch.done_n[i] == e["done_n"] and batch.timeout_n[i] == e["timeout_n"]
+                assert batch.terminated_n[i] == e["terminated_n"] and batch.truncated_n[i] == e["truncated_n"]
 
 
 def test_timeout_flag_survives_the_wraparound():
@@ -150,7 +150,7 @@ def test_timeout_flag_survives_the_wraparound():
         buf.append(Step(np.full((1, 1, 1), t, np.float32), np.zeros((1, 1), np.int64), np.ones((1, 1), np.float32),
                         np.zeros((1, 1), bool), timeouts[t : t + 1, None], np.zeros((1, 1))))
     row = 8 % 5
-    assert buf.storage.timeout_n[row, 0] and not buf.storage.done_n[row, 0]
+    assert buf.storage.truncated_n[row, 0] and not buf.storage.terminated_n[row, 0]
     assert buf.storage.n_taken[row, 0] == 3
     assert buf.storage.n_step_return[row, 0] == pytest.approx(1 + 0.5 + 0.25)
 
@@ -238,7 +238,7 @@ def _with_rnn(chunk, stream):
     Tc = chunk.action.shape[0]
     # The state before row t encodes t: checks that the right one is kept and returned.
     t = np.array([[len(stream.rows[b]) - Tc + i for b in range(stream.B)] for i in range(Tc)], np.float32)
-    return RStep(chunk.observation, chunk.action, chunk.reward, chunk.done, chunk.timeout,
+    return RStep(chunk.observation, chunk.action, chunk.reward, chunk.terminated, chunk.truncated,
                  np.repeat(t[..., None], 3, axis=-1))
 
 
@@ -276,7 +276,7 @@ def test_sequences_start_at_stored_states_never_cross_the_cursor_and_match_refer
                 if batch.final_row[j, i]:
                     continue
                 e = stream.expected(start + j, int(b), n, gamma)
-                assert batch.n_taken[j, i] == e["k"] and batch.done_n[j, i] == e["done_n"]
+                assert batch.n_taken[j, i] == e["k"] and batch.terminated_n[j, i] == e["terminated_n"]
                 assert batch.n_step_return[j, i] == pytest.approx(e["ret"], abs=1e-5)
 
 
@@ -307,7 +307,7 @@ def test_sequence_buffer_bad_input():
 
 # ---------------------------------------------------------------- shared memory across processes
 
-Plain = namedarraytuple("Plain", ["observation", "action", "reward", "done", "timeout"])
+Plain = namedarraytuple("Plain", ["observation", "action", "reward", "terminated", "truncated"])
 
 
 def _appender(buf, n_chunks, Tc):
@@ -349,11 +349,11 @@ def test_sampler_process_appends_while_learner_samples_consistent_batches(priori
     assert checked > 0
 
 
-LStep = namedarraytuple("LStep", ["observation", "action", "reward", "done", "timeout", "env_reset"])
+LStep = namedarraytuple("LStep", ["observation", "action", "reward", "terminated", "truncated", "episode_end"])
 
 
 def test_life_loss_is_terminal_for_returns_but_no_row_is_skipped():
-    # done=True at row 2 (a lost life) without an env reset: the window of row 1 stops there, row 3 is an ordinary
+    # terminated=True at row 2 (a lost life) without an env reset: the window of row 1 stops there, row 3 is an ordinary
     # transition (not a final-observation row) and its frame history is not cut.
     ex = LStep(np.zeros((2, 1), np.float32), np.int64(0), np.float32(0), False, False, False)
     buf = ReplayBuffer(ex, 20, 1, discount=0.5, n_step_return=3, frame_stack=2)
@@ -364,7 +364,7 @@ def test_life_loss_is_terminal_for_returns_but_no_row_is_skipped():
         buf.append(LStep(obs, np.zeros((1, 1), np.int64), np.ones((1, 1), np.float32), done[t : t + 1, None],
                          np.zeros((1, 1), bool), np.zeros((1, 1), bool)))
     st_ = buf.storage
-    assert st_.done_n[1, 0] and st_.n_taken[1, 0] == 2 and st_.n_step_return[1, 0] == pytest.approx(1.5)
+    assert st_.terminated_n[1, 0] and st_.n_taken[1, 0] == 2 and st_.n_step_return[1, 0] == pytest.approx(1.5)
     assert not st_.final_row[3, 0] and not st_.episode_start[3, 0]
     np.testing.assert_array_equal(st_.observation(np.array([3]), np.array([0]))[0, :, 0], [2.0, 3.0])
 
@@ -394,7 +394,7 @@ def test_sequence_buffer_takes_rnn_state_as_tuples_and_dicts(structure):
         h, c = init["lstm"]
     np.testing.assert_array_equal(h[:, 0], idx.abs_row.astype(np.float32))  # chunk k's state sits in slot k
     np.testing.assert_array_equal(c[:, 0], -idx.abs_row.astype(np.float32))
-    wrong = RStep(chunk.observation, chunk.action, chunk.reward, chunk.done, chunk.timeout,
+    wrong = RStep(chunk.observation, chunk.action, chunk.reward, chunk.terminated, chunk.truncated,
                   np.zeros((Tc, B, 3), np.float32))
     with pytest.raises(ValueError, match="rnn_state"):
         buf.append(wrong)

@@ -15,8 +15,8 @@ from shared.namedarraytuple import namedarraytuple
 from shared.replay import ReplayBuffer, SequenceReplayBuffer
 from tests.helpers import progress, run
 
-Step = namedarraytuple("Step", ["observation", "action", "reward", "done", "timeout", "env_reset"])
-Seq = namedarraytuple("Seq", ["observation", "action", "reward", "done", "timeout", "rnn_state"])
+Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated", "truncated", "episode_end"])
+Seq = namedarraytuple("Seq", ["observation", "action", "reward", "terminated", "truncated", "rnn_state"])
 B = 3
 
 
@@ -71,7 +71,7 @@ def test_a_restored_replay_samples_as_the_saved_one(seed, prioritized, frames, n
 @settings(max_examples=40, deadline=None)
 @given(seed=st.integers(0, 2**31 - 1), prioritized=st.booleans(), n=st.integers(2, 60))
 def test_end_episodes_is_a_time_limit_one_row_before_the_newest(seed, prioritized, n):
-    """Reference: the same rows with ``timeout`` (and ``env_reset``) set on the second newest row of every env
+    """Reference: the same rows with ``truncated`` (and ``episode_end``) set on the second newest row of every env
     whose newest row was not already a final row, appended through the ordinary path."""
     rng = np.random.default_rng(seed)
     old, fresh = rows(rng, n), rows(rng, 9, start=100)
@@ -82,8 +82,8 @@ def test_end_episodes_is_a_time_limit_one_row_before_the_newest(seed, prioritize
     cut.append(fresh)
 
     marked = Step(*(np.array(x) for x in old))
-    marked.timeout[-2, not_final] = marked.env_reset[-2, not_final] = True
-    marked.done[-1, not_final] = marked.timeout[-1, not_final] = marked.env_reset[-1, not_final] = False
+    marked.truncated[-2, not_final] = marked.episode_end[-2, not_final] = True
+    marked.terminated[-1, not_final] = marked.truncated[-1, not_final] = marked.episode_end[-1, not_final] = False
     ref = make(prioritized)
     fill(ref, marked)
     ref.append(fresh)
