@@ -8,11 +8,14 @@ Guarantees
   leave their loop at the same iteration: they agree on the flag first (``shared.distributed.any_rank``).
   ``clear()`` resets it. Going back with ``raise_on_signals()`` keeps the flag, so the caller can still act on
   a signal that came in between.
+- Either way, SIGUSR1 prints the Python stack of every thread to stderr and the run goes on
+  (``kill -USR1 <pid>``): what a hung run is waiting on, without a debugger.
 Imports nothing from the project.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import signal
 
 __all__ = ["clear", "flag_on_signals", "raise_on_signals", "signalled"]
@@ -29,9 +32,10 @@ def _set_flag(signum, frame) -> None:
 
 
 def raise_on_signals() -> None:
-    """SIGTERM and SIGINT raise KeyboardInterrupt in the main thread."""
+    """SIGTERM and SIGINT raise KeyboardInterrupt in the main thread; SIGUSR1 prints every thread's stack."""
     signal.signal(signal.SIGTERM, _raise)
     signal.signal(signal.SIGINT, signal.default_int_handler)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
 
 
 def flag_on_signals() -> None:

@@ -52,9 +52,11 @@ def finish(proc: subprocess.Popen, timeout: float = 60) -> str:
     try:
         return proc.communicate(timeout=timeout)[1]
     except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGUSR1)  # the run prints where each of its threads waits (shared.signals)
+        time.sleep(2)
         os.killpg(proc.pid, signal.SIGKILL)
         _, err = proc.communicate()
-        raise AssertionError(f"pid {proc.pid} did not end within {timeout} s\n{err[-3000:]}") from None
+        raise AssertionError(f"pid {proc.pid} did not end within {timeout} s\n{err[-6000:]}") from None
 
 
 def progress(run_dir: Path) -> list[dict]:

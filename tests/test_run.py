@@ -283,3 +283,15 @@ def test_bf16_on_a_cpu_without_it_warns_in_one_line(monkeypatch, capsys):
     cli.resolve_device("cpu", bf16=True)
     cli.resolve_device("cpu", bf16=False)
     assert capsys.readouterr().err == ""
+
+
+def test_sigusr1_prints_where_every_thread_is_and_the_process_goes_on(capfd):
+    import os
+    import signal
+
+    from shared import signals
+
+    signals.raise_on_signals()
+    os.kill(os.getpid(), signal.SIGUSR1)  # what a user (or a test waiting on a hung run) sends
+    err = capfd.readouterr().err
+    assert "most recent call first" in err and "test_run.py" in err
