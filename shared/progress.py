@@ -84,8 +84,11 @@ class ProgressLog:
             write_text(self._progress, lambda f: f.write(",".join(self.columns) + "\n"))
         self._csv_file = open(self._progress, "a", newline="")  # open for the run's lifetime
         self._csv = csv.writer(self._csv_file)
-        # purge_step: TensorBoard drops the events past the checkpoint that an earlier process wrote.
-        self.tb = SummaryWriter(str(path), purge_step=start_step + 1 if resumed and not read_only else None)
+        # purge_step: TensorBoard drops the events past the checkpoint that an earlier process wrote. flush_secs: its
+        # writer thread sleeps at most this long; a Ctrl-C inside add_scalar can lose the wake-up of its queue, and
+        # close() then waits for the thread's next wake-up (it was 2 minutes at the default: a hung Ctrl-C).
+        self.tb = SummaryWriter(str(path), purge_step=start_step + 1 if resumed and not read_only else None,
+                                flush_secs=5)
 
     def episode(self, ret: float, length: int, global_step: int) -> None:
         """Record one finished episode (its true, unclipped return)."""
