@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import faulthandler
 import signal
+import sys
 
 __all__ = ["clear", "flag_on_signals", "raise_on_signals", "signalled"]
 
@@ -35,7 +36,8 @@ def raise_on_signals() -> None:
     """SIGTERM and SIGINT raise KeyboardInterrupt in the main thread; SIGUSR1 prints every thread's stack."""
     signal.signal(signal.SIGTERM, _raise)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    faulthandler.register(signal.SIGUSR1, all_threads=True)
+    # fd 2 itself, also when sys.stderr is replaced (pytest capture, a notebook)
+    faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
 
 
 def flag_on_signals() -> None:
