@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -36,10 +37,11 @@ import torch.nn as nn
 from torch.distributions import Categorical
 
 from shared import distributed
-from shared.atari import is_atari, make_atari_env, make_atari_vector_env
+from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveInt, Range
+from shared.atari import is_atari, make_atari_env
 from shared.buffer import buffer_from_example
-from shared.cli import Fraction, NonNegFloat, NonNegInt, PositiveInt, Range, bad_args, parse_args
-from shared.envs import image_shape, vector_env
+from shared.cli import RunArgs, bad_args, parse_args
+from shared.envs import image_shape, make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.precision import autocast
 from shared.procs import DoubleBuffer, Worker, parent_alive_check
@@ -49,39 +51,18 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 
 
 @dataclass
-class Args:
+class Args(RunArgs):
+    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
     # experiment
     preset: Literal["atari", "cartpole"] = "atari"
     """named settings to start from (atari: the A2C paper's Atari settings; cartpole: tuned for CartPole-v1); flags
     given override them"""
     env_id: str = "BreakoutNoFrameskip-v4"
     """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations (MLP)"""
-    seed: int = 1
-    """seeds every env, worker and network"""
     total_timesteps: PositiveInt = 10_000_000
     """agent steps summed over all envs (Atari: 4 emulator frames each)"""
-    out_dir: str = "runs"
-    """parent folder of the run folder"""
-    run_name: str = ""
-    """run folder name; default {env_id}__{script file name}__{seed}__{unix time}"""
-    resume: str = ""
-    """checkpoint file or run folder to continue from (continues its progress.csv)"""
-    checkpoint_every: NonNegInt = 0
-    """global env steps between checkpoints (0: by --checkpoint-minutes only)"""
-    checkpoint_minutes: NonNegFloat = 15.0
-    """minutes of wall time between checkpoints, so a killed run loses at most this much (0: off)"""
     log_every: PositiveInt = 100
     """rollouts between progress rows"""
-    eval_episodes: NonNegInt = 10
-    """episodes played by the policy after training, and at each --eval-every (0: none)"""
-    eval_every: NonNegInt = 0
-    """global env steps between evaluations during training, in envs of their own (0: none)"""
-    eval_only: bool = False
-    """with --resume: evaluate the checkpoint's policy (eval.json, TensorBoard) and train nothing"""
-    capture_video: bool = False
-    """record the first evaluation episode to {run}/videos"""
-    stop_at_return: float | None = None
-    """stop early once the mean return of the last 20 episodes reaches this"""
     # algorithm
     num_envs: PositiveInt = 16
     """environments stepped together on each rank (torchrun); the job's batch is ranks x num_envs x num_steps"""
@@ -120,11 +101,6 @@ class Args:
     sampler: Literal["serial", "parallel", "async"] = "serial"
     """serial (one process), parallel (ale-py threads / gymnasium AsyncVectorEnv) or async (sampler process
     collects rollout k+1 with the parameters of update k-1 while the learner trains on rollout k)"""
-    device: str = "auto"
-    """auto (cuda if available), cpu, cuda or cuda:N"""
-    bf16: bool = False
-    """run the network under bfloat16 autocast: fast on recent GPUs and on CPUs with AMX or AVX512-BF16;
-    about 10x slower on other CPUs (a warning says so at start)"""
 
 
 # Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps its default.
@@ -138,23 +114,11 @@ PRESETS = {
 # ---------------------------------------------------------------------------------------------- environments
 
 
-def make_env(args: Args, render: bool = False):
-    """One env. Atari ids get the papers' preprocessing (shared/atari.py); any other id is a plain gym.make:
-    the place to plug in your own env (register it at import time so spawned processes know it)."""
-
-    def thunk() -> gym.Env:
-        if is_atari(args.env_id):
-            return make_atari_env(args.env_id, args.noop_max, args.sticky_actions, render)
-        return gym.make(args.env_id, render_mode="rgb_array" if render else None)
-
-    return thunk
-
-
-def make_envs(args: Args, mode: str, n_threads: int = 1) -> gym.vector.VectorEnv:
-    """[B] envs: serial in this process; parallel in ale-py's threads (Atari) or in worker processes."""
-    if mode == "parallel" and is_atari(args.env_id):
-        return make_atari_vector_env(args.env_id, args.num_envs, n_threads, args.noop_max, args.sticky_actions)
-    return vector_env([make_env(args) for _ in range(args.num_envs)], mode)
+def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
+    """One env: the papers' Atari preprocessing (shared/atari.py) or a plain gym.make; plug your own env in here."""
+    if is_atari(args.env_id):
+        return partial(make_atari_env, args.env_id, args.noop_max, args.sticky_actions, render)
+    return partial(gym.make, args.env_id, render_mode="rgb_array" if render else None)
 
 
 # ---------------------------------------------------------------------------------------------- network
@@ -333,7 +297,7 @@ def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, las
     slot when it released rollout k - 2 (update k - 1): exactly one update behind the learner."""
     affinity.apply_worker(0)
     check = parent_alive_check(stop, parent_pid)
-    envs = make_envs(args, "parallel" if is_atari(args.env_id) else "serial",
+    envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial",
                      n_threads=len(affinity.worker_cpus[0]))
     state = EnvState(envs, distributed.env_seed(args.seed, args.num_envs))
     agent = Agent(envs.single_observation_space.shape, envs.single_action_space.n)
@@ -363,7 +327,7 @@ class Sampler:
                                                          os.getpid()), name="sampler"))
         else:
             self.buffers = None
-            self.envs = run.hold(make_envs(args, args.sampler, n_threads=len(run.affinity.learner_cpus)))
+            self.envs = run.hold(make_envs(args, make_env, args.sampler, n_threads=len(run.affinity.learner_cpus)))
             # A resumed run starts fresh episodes; every env of every rank has a seed of its own.
             self.state = EnvState(self.envs, distributed.env_seed(args.seed + first, args.num_envs))
             self.buf = buffer_from_example(example, (args.num_steps, args.num_envs))  # [T, B]

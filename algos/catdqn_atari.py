@@ -25,8 +25,8 @@ replay ratio is the one asked for; learning starts when every rank's replay hold
 
 from __future__ import annotations
 
-import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -41,13 +41,14 @@ import torch
 import torch.nn as nn
 
 from shared import distributed
-from shared.atari import is_atari, make_atari_env, make_atari_vector_env
-from shared.cli import Fraction, NonNegFloat, NonNegInt, PositiveFloat, PositiveInt, Range, bad_args, parse_args
-from shared.envs import image_shape, vector_env
+from shared.argtypes import Fraction, NonNegInt, PositiveFloat, PositiveInt, Range
+from shared.atari import is_atari, make_atari_env
+from shared.cli import RunArgs, bad_args, check_replay_sizes, parse_args
+from shared.envs import image_shape, make_envs
 from shared.namedarraytuple import namedarraytuple
-from shared.pacing import AsyncReplay, ReplayPacer
+from shared.pacing import AsyncReplay, ReplayFeed, ReplayPacer
 from shared.precision import autocast
-from shared.procs import Worker, parent_alive_check
+from shared.procs import parent_alive_check
 from shared.replay import ReplayBuffer
 from shared.run import Run
 
@@ -55,44 +56,22 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 
 
 @dataclass
-class Args:
+class Args(RunArgs):
+    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
     # experiment
     preset: Literal["atari", "cartpole"] = "atari"
     """named settings to start from (atari: the C51 paper's Atari settings; cartpole: tuned for CartPole-v1); flags
     given override them"""
     env_id: str = "BreakoutNoFrameskip-v4"
     """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations (MLP)"""
-    seed: int = 1
-    """seeds every env, worker and network"""
     total_timesteps: PositiveInt = 10_000_000
     """agent steps summed over all envs (Atari: 4 emulator frames each)"""
-    out_dir: str = "runs"
-    """parent folder of the run folder"""
-    run_name: str = ""
-    """run folder name; default {env_id}__{script file name}__{seed}__{unix time}"""
-    resume: str = ""
-    """checkpoint file or run folder to continue from (the replay starts empty and refills min_steps_learn,
-    unless --save-replay kept it)"""
-    checkpoint_every: NonNegInt = 0
-    """global env steps between checkpoints (0: by --checkpoint-minutes only)"""
-    checkpoint_minutes: NonNegFloat = 15.0
-    """minutes of wall time between checkpoints, so a killed run loses at most this much (0: off)"""
     log_every: PositiveInt = 10_000
     """env steps between progress rows"""
-    eval_episodes: NonNegInt = 10
-    """episodes played by the policy (eval_epsilon-greedy) after training, and at each --eval-every (0: none)"""
-    eval_every: NonNegInt = 0
-    """global env steps between evaluations during training, in envs of their own (0: none)"""
-    eval_only: bool = False
-    """with --resume: evaluate the checkpoint's policy (eval.json, TensorBoard) and train nothing"""
     save_replay: bool = False
     """each checkpoint also writes the replay (replay.npz, plain arrays); --resume then continues with it"""
     eval_epsilon: Fraction = 0.001
     """epsilon of the evaluation episodes"""
-    capture_video: bool = False
-    """record the first evaluation episode to {run}/videos"""
-    stop_at_return: float | None = None
-    """stop early once the mean return of the last 20 episodes reaches this"""
     # algorithm
     num_envs: PositiveInt = 4
     """environments stepped together on each rank (torchrun)"""
@@ -157,11 +136,6 @@ class Args:
     while the learner trains)"""
     max_lag_steps: NonNegInt = 1_000
     """async: the sampler waits when it is this many env steps ahead of the learner's updates (0: never waits)"""
-    device: str = "auto"
-    """auto (cuda if available), cpu, cuda or cuda:N"""
-    bf16: bool = False
-    """run the networks under bfloat16 autocast: fast on recent GPUs and on CPUs with AMX or AVX512-BF16;
-    about 10x slower on other CPUs (a warning says so at start)"""
 
 
 # Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps its default.
@@ -177,23 +151,11 @@ PRESETS = {
 # ---------------------------------------------------------------------------------------------- environments
 
 
-def make_env(args: Args, render: bool = False):
-    """One env. Atari ids get the papers' preprocessing (shared/atari.py); any other id is a plain gym.make:
-    the place to plug in your own env (register it at import time so spawned processes know it)."""
-
-    def thunk() -> gym.Env:
-        if is_atari(args.env_id):
-            return make_atari_env(args.env_id, args.noop_max, args.sticky_actions, render)
-        return gym.make(args.env_id, render_mode="rgb_array" if render else None)
-
-    return thunk
-
-
-def make_envs(args: Args, mode: str, n_threads: int = 1) -> gym.vector.VectorEnv:
-    """[B] envs: serial in this process; parallel in ale-py's threads (Atari) or in worker processes."""
-    if mode == "parallel" and is_atari(args.env_id):
-        return make_atari_vector_env(args.env_id, args.num_envs, n_threads, args.noop_max, args.sticky_actions)
-    return vector_env([make_env(args) for _ in range(args.num_envs)], mode)
+def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
+    """One env: the papers' Atari preprocessing (shared/atari.py) or a plain gym.make; plug your own env in here."""
+    if is_atari(args.env_id):
+        return partial(make_atari_env, args.env_id, args.noop_max, args.sticky_actions, render)
+    return partial(gym.make, args.env_id, render_mode="rgb_array" if render else None)
 
 
 # ---------------------------------------------------------------------------------------------- network
@@ -311,7 +273,8 @@ def sampler_main(args: Args, buffer: ReplayBuffer, link: AsyncReplay, affinity, 
     learner published; waits while it is more than max_lag_steps ahead of what the learner's updates cover."""
     affinity.apply_worker(0)
     check = parent_alive_check(stop, parent_pid)
-    envs = make_envs(args, "parallel" if is_atari(args.env_id) else "serial", n_threads=len(affinity.worker_cpus[0]))
+    envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial",
+                     n_threads=len(affinity.worker_cpus[0]))
     step = link.start_step
     stepper = EnvStepper(envs, args, distributed.env_seed(args.seed + step, args.num_envs))
     support = torch.linspace(args.v_min, args.v_max, args.n_atoms)
@@ -330,44 +293,17 @@ def sampler_main(args: Args, buffer: ReplayBuffer, link: AsyncReplay, affinity, 
         envs.close()
 
 
-class Sampler:
+def make_feed(args: Args, run: Run, buffer: ReplayBuffer, q_net: QNetwork, pacer: ReplayPacer,
+              global_step: int) -> ReplayFeed:
     """Where the learner's replay rows come from. serial/parallel: this process steps the envs, one [1, B] row
-    per call; async: a sampler process (``sampler_main``) appends to the shared replay and this reads how far it
-    got, and the learner then makes one update at a time, publishing its parameters between them."""
-
-    def __init__(self, args: Args, run: Run, buffer: ReplayBuffer, q_net: QNetwork, pacer: ReplayPacer,
-                 global_step: int):
-        self.args, self.run, self.buffer = args, run, buffer
-        if args.sampler == "async":
-            self.link = AsyncReplay(q_net, pacer, args.num_envs, global_step)
-            worker = run.hold(Worker(sampler_main, (args, buffer, self.link, run.affinity, os.getpid()),
-                                     name="sampler"))
-            self.link.attach(worker, buffer)
-        else:
-            self.link = None
-            envs = run.hold(make_envs(args, args.sampler, len(run.affinity.learner_cpus)))
-            self.stepper = EnvStepper(envs, args, distributed.env_seed(args.seed + global_step, args.num_envs))
-
-    def collect(self, q_net: QNetwork, global_step: int) -> int:
-        """New rows in the replay; returns the global step (every rank's env steps)."""
-        if self.link is not None:
-            return self.link.poll(self.run)
-        row, episodes = self.stepper.step(q_net, epsilons(self.args, global_step), self.run.device)
-        self.buffer.append(row)
-        global_step += self.args.num_envs * self.run.world  # every rank stepped as many
-        for ret, length in episodes:
-            self.run.episode(ret, length, global_step)
-        return global_step
-
-    def updates_now(self, due: int) -> int:
-        return due if self.link is None else min(due, 1)  # async: one at a time, publishing between
-
-    def after_updates(self, q_net: QNetwork, updates: int, learned: bool) -> dict:
-        """async: publish the parameters; returns the waits for the progress row ({} when serial)."""
-        if self.link is None:
-            return {}
-        self.link.after_updates(q_net, updates, learned)
-        return self.link.waits()
+    per collect; async: a sampler process (``sampler_main``) appends to the shared replay, and the learner makes
+    one update at a time, publishing its parameters between them."""
+    if args.sampler == "async":
+        return ReplayFeed.from_sampler(run, buffer, q_net, pacer, args.num_envs, global_step, sampler_main,
+                                       (args, buffer))
+    envs = run.hold(make_envs(args, make_env, args.sampler, len(run.affinity.learner_cpus)))
+    stepper = EnvStepper(envs, args, distributed.env_seed(args.seed + global_step, args.num_envs))
+    return ReplayFeed.in_process(run, buffer, stepper, args.num_envs, global_step)
 
 
 # ---------------------------------------------------------------------------------------------- loss and update
@@ -441,11 +377,7 @@ def check_args(args: Args) -> None:
     """What relates the flags to each other (each field's own range is declared on it): exit 2, one line."""
     if not args.v_min < args.v_max:
         bad_args(f"--v-min {args.v_min} must be below --v-max {args.v_max}")
-    if args.buffer_size < max(args.batch_size, args.min_steps_learn, args.num_envs * (args.n_step_return + 5)):
-        bad_args(f"--buffer-size {args.buffer_size} is smaller than --min-steps-learn or --batch-size")
-    if args.min_steps_learn < args.batch_size + args.num_envs * (args.n_step_return + 4):
-        bad_args(f"--min-steps-learn {args.min_steps_learn} leaves fewer valid transitions than --batch-size "
-                 f"{args.batch_size}")
+    check_replay_sizes(args)
 
 
 def make_learner(args: Args, run: Run) -> tuple[QNetwork, QNetwork, torch.optim.Optimizer]:
@@ -498,15 +430,15 @@ def main() -> int:
                         *start.replay_origin)
     stats, next_target = {"td_loss": None, "q_values": None}, global_step + args.target_update_interval
     with run:
-        sampler = Sampler(args, run, buffer, q_net, pacer, global_step)
+        feed = make_feed(args, run, buffer, q_net, pacer, global_step)
         while global_step < args.total_timesteps:
-            global_step = sampler.collect(q_net, global_step)
+            global_step = feed.collect(global_step, q_net, epsilons(args, global_step), run.device)
             due = pacer.due(global_step, updates)
-            for _ in range(sampler.updates_now(due)):
+            for _ in range(feed.updates_now(due)):
                 beta = args.beta + (1.0 - args.beta) * min(global_step / args.total_timesteps, 1.0)
                 stats = c51_update(q_net, target_net, optimizer, buffer, args, beta, run.device)
                 updates += 1
-            waits = sampler.after_updates(q_net, updates, learned=due > 0)
+            waits = feed.after_updates(q_net, updates, learned=due > 0)
             if global_step >= next_target:
                 update_target(q_net, target_net, args.tau)
                 next_target += args.target_update_interval

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -42,9 +43,10 @@ import torch
 import torch.nn as nn
 
 from shared import distributed
+from shared.argtypes import Fraction, NonNegFloat, PositiveInt, Range
 from shared.buffer import buffer_from_example
-from shared.cli import Fraction, NonNegFloat, NonNegInt, PositiveInt, Range, bad_args, parse_args
-from shared.envs import vector_env
+from shared.cli import RunArgs, bad_args, parse_args
+from shared.envs import make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import RunningNorm
 from shared.precision import autocast
@@ -55,40 +57,18 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 
 
 @dataclass
-class Args:
+class Args(RunArgs):
+    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
     # experiment
     preset: Literal["mujoco", "pendulum"] = "mujoco"
     """named settings to start from (mujoco: the PPO paper's MuJoCo settings; pendulum: InvertedPendulum-v5 in
     a minute); flags given override them"""
     env_id: str = "HalfCheetah-v5"
     """gymnasium id of an env with vector observations and a continuous (Box) action space"""
-    seed: int = 1
-    """seeds every env, worker and network"""
     total_timesteps: PositiveInt = 1_000_000
     """env steps summed over all envs"""
-    out_dir: str = "runs"
-    """parent folder of the run folder"""
-    run_name: str = ""
-    """run folder name; default {env_id}__{script file name}__{seed}__{unix time}"""
-    resume: str = ""
-    """checkpoint file or run folder to continue from (continues its progress.csv)"""
-    checkpoint_every: NonNegInt = 0
-    """global env steps between checkpoints (0: by --checkpoint-minutes only)"""
-    checkpoint_minutes: NonNegFloat = 15.0
-    """minutes of wall time between checkpoints, so a killed run loses at most this much (0: off)"""
     log_every: PositiveInt = 1
     """rollouts between progress rows"""
-    eval_episodes: NonNegInt = 10
-    """episodes played by the deterministic policy (the mean action) after training, and at each --eval-every
-    (0: none)"""
-    eval_every: NonNegInt = 0
-    """global env steps between evaluations during training, in envs of their own (0: none)"""
-    eval_only: bool = False
-    """with --resume: evaluate the checkpoint's policy (eval.json, TensorBoard) and train nothing"""
-    capture_video: bool = False
-    """record the first evaluation episode to {run}/videos"""
-    stop_at_return: float | None = None
-    """stop early once the mean return of the last 20 episodes reaches this"""
     # algorithm
     num_envs: PositiveInt = 1
     """environments stepped together on each rank (torchrun); the job's batch is ranks x num_envs x num_steps"""
@@ -130,11 +110,6 @@ class Args:
     sampler: Literal["serial", "parallel", "async"] = "serial"
     """serial (one process), parallel (envs in worker processes, gymnasium AsyncVectorEnv) or async (sampler
     process collects rollout k+1 with the parameters of update k-1 while the learner trains on rollout k)"""
-    device: str = "auto"
-    """auto (cuda if available), cpu, cuda or cuda:N"""
-    bf16: bool = False
-    """run the networks under bfloat16 autocast: fast on recent GPUs and on CPUs with AMX or AVX512-BF16;
-    about 10x slower on other CPUs (a warning says so at start)"""
 
 
 # Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps its default.
@@ -151,19 +126,9 @@ PRESETS = {
 # ---------------------------------------------------------------------------------------------- environments
 
 
-def make_env(args: Args, render: bool = False):
-    """One env: a plain gym.make, the place to plug in your own env (register it at import time so spawned
-    processes know it)."""
-
-    def thunk() -> gym.Env:
-        return gym.make(args.env_id, render_mode="rgb_array" if render else None)
-
-    return thunk
-
-
-def make_envs(args: Args, mode: str) -> gym.vector.VectorEnv:
-    """[B] envs: serial in this process, parallel in worker processes (AsyncVectorEnv)."""
-    return vector_env([make_env(args) for _ in range(args.num_envs)], mode)
+def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
+    """One env, a plain gym.make: plug your own env in here (shared/envs.py says how to register one)."""
+    return partial(gym.make, args.env_id, render_mode="rgb_array" if render else None)
 
 
 # ---------------------------------------------------------------------------------------------- network
@@ -376,7 +341,7 @@ def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, las
     affinity.apply_worker(0)
     torch.set_num_threads(1)
     check = parent_alive_check(stop, parent_pid)
-    envs = make_envs(args, "serial")
+    envs = make_envs(args, make_env, "serial")
     state = EnvState(envs, distributed.env_seed(args.seed + first, args.num_envs))
     obs_dim, act_dim = int(np.prod(envs.single_observation_space.shape)), int(np.prod(state.space.shape))
     agent = Agent(obs_dim, act_dim, args.hidden, args.init_log_std, args.normalize_obs)
@@ -406,7 +371,7 @@ class Sampler:
             self.worker = run.hold(Worker(sampler_main, (args, self.buffers, self.boots, first, last, run.affinity,
                                                          os.getpid()), name="sampler"))
         else:
-            self.envs = run.hold(make_envs(args, args.sampler))
+            self.envs = run.hold(make_envs(args, make_env, args.sampler))
             # A resumed run starts fresh episodes; every env of every rank has a seed of its own.
             self.state = EnvState(self.envs, distributed.env_seed(args.seed + first, args.num_envs))
             self.buf = buffer_from_example(example, (args.num_steps, args.num_envs))  # [T, B]

@@ -28,7 +28,6 @@ ratio is the one asked for; learning starts when every rank's replay holds min_s
 
 from __future__ import annotations
 
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,12 +43,13 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from shared import distributed
-from shared.atari import is_atari, make_atari_env, make_atari_vector_env
-from shared.cli import Fraction, NonNegFloat, NonNegInt, PositiveFloat, PositiveInt, Range, bad_args, parse_args
-from shared.envs import image_shape, vector_env
+from shared.argtypes import Fraction, NonNegInt, PositiveFloat, PositiveInt, Range
+from shared.atari import is_atari, make_atari_env
+from shared.cli import RunArgs, bad_args, parse_args
+from shared.envs import image_shape, make_envs
 from shared.namedarraytuple import namedarraytuple
-from shared.pacing import AsyncReplay, ReplayPacer
-from shared.procs import Worker, parent_alive_check
+from shared.pacing import AsyncReplay, ReplayFeed, ReplayPacer
+from shared.procs import parent_alive_check
 from shared.replay import SequenceReplayBuffer
 from shared.run import Run
 
@@ -57,44 +57,22 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 
 
 @dataclass
-class Args:
+class Args(RunArgs):
+    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
     # experiment
     preset: Literal["atari", "memory"] = "atari"
     """named settings to start from (atari: the R2D2 paper's settings; memory: CartPole-v1 without its velocities,
     which only a recurrent agent solves); flags given override them"""
     env_id: str = "BreakoutNoFrameskip-v4"
     """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations (MLP)"""
-    seed: int = 1
-    """seeds every env, worker and network"""
     total_timesteps: PositiveInt = 10_000_000
     """agent steps summed over all envs (Atari: 4 emulator frames each)"""
-    out_dir: str = "runs"
-    """parent folder of the run folder"""
-    run_name: str = ""
-    """run folder name; default {env_id}__{script file name}__{seed}__{unix time}"""
-    resume: str = ""
-    """checkpoint file or run folder to continue from (the replay starts empty and refills min_steps_learn,
-    unless --save-replay kept it)"""
-    checkpoint_every: NonNegInt = 0
-    """global env steps between checkpoints (0: by --checkpoint-minutes only)"""
-    checkpoint_minutes: NonNegFloat = 15.0
-    """minutes of wall time between checkpoints, so a killed run loses at most this much (0: off)"""
     log_every: PositiveInt = 10_000
     """env steps between progress rows"""
-    eval_episodes: NonNegInt = 10
-    """episodes played by the policy (eval_epsilon-greedy) after training, and at each --eval-every (0: none)"""
-    eval_every: NonNegInt = 0
-    """global env steps between evaluations during training, in envs of their own (0: none)"""
-    eval_only: bool = False
-    """with --resume: evaluate the checkpoint's policy (eval.json, TensorBoard) and train nothing"""
     save_replay: bool = False
     """each checkpoint also writes the replay (replay.npz, plain arrays); --resume then continues with it"""
     eval_epsilon: Fraction = 0.01
     """epsilon of the evaluation episodes"""
-    capture_video: bool = False
-    """record the first evaluation episode to {run}/videos"""
-    stop_at_return: float | None = None
-    """stop early once the mean return of the last 20 episodes reaches this"""
     # algorithm
     num_envs: PositiveInt = 16
     """environments stepped together on each rank (torchrun) (each with its own recurrent state and epsilon)"""
@@ -118,7 +96,7 @@ class Args:
     """discount"""
     n_step_return: PositiveInt = 5
     """steps summed before bootstrapping"""
-    value_rescale_eps: NonNegFloat = 1e-3
+    value_rescale_eps: PositiveFloat = 1e-3
     """epsilon of the value rescaling h(x) = sign(x)(sqrt(|x| + 1) - 1) + eps x (0 with --no-value-rescale)"""
     value_rescale: bool = True
     """learn h(Q) instead of Q (no reward clipping needed)"""
@@ -149,8 +127,6 @@ class Args:
     while the learner trains)"""
     max_lag_steps: NonNegInt = 2_000
     """async: the sampler waits when it is this many env steps ahead of the learner's updates (0: never waits)"""
-    device: str = "auto"
-    """auto (cuda if available), cpu, cuda or cuda:N"""
 
 
 # Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps its default.
@@ -191,13 +167,6 @@ def make_env(args: Args, render: bool = False):
 
 def observe_flag(args: Args) -> str:
     return "--observe-indices " + " ".join(map(str, args.observe_indices))
-
-
-def make_envs(args: Args, mode: str, n_threads: int = 1) -> gym.vector.VectorEnv:
-    """[B] envs: serial in this process; parallel in ale-py's threads (Atari) or in worker processes."""
-    if mode == "parallel" and is_atari(args.env_id):
-        return make_atari_vector_env(args.env_id, args.num_envs, n_threads, args.noop_max, args.sticky_actions)
-    return vector_env([make_env(args) for _ in range(args.num_envs)], mode)
 
 
 # ---------------------------------------------------------------------------------------------- network
@@ -393,7 +362,8 @@ def sampler_main(args: Args, buffer: SequenceReplayBuffer, link: AsyncReplay, af
     the learner published; waits while it is more than max_lag_steps ahead of the learner's updates."""
     affinity.apply_worker(0)
     check = parent_alive_check(stop, parent_pid)
-    envs = make_envs(args, "parallel" if is_atari(args.env_id) else "serial", n_threads=len(affinity.worker_cpus[0]))
+    envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial",
+                     n_threads=len(affinity.worker_cpus[0]))
     net = R2D1Net(envs.single_observation_space.shape, envs.single_action_space.n, args.hidden, args.recurrent)
     step = link.start_step
     stepper = EnvStepper(envs, args, net, distributed.env_seed(args.seed + step, args.num_envs))
@@ -415,50 +385,17 @@ def sampler_main(args: Args, buffer: SequenceReplayBuffer, link: AsyncReplay, af
         envs.close()
 
 
-class Sampler:
+def make_feed(args: Args, run: Run, buffer: SequenceReplayBuffer, net: R2D1Net, pacer: ReplayPacer,
+              global_step: int) -> ReplayFeed:
     """Where the learner's sequences come from. serial/parallel: this process steps the envs and appends a chunk
     of rnn_state_interval rows [I, B] when complete; async: a sampler process (``sampler_main``) appends chunks to
-    the shared replay and this reads how far it got, and the learner then makes one update at a time, publishing
-    its parameters between them."""
-
-    def __init__(self, args: Args, run: Run, buffer: SequenceReplayBuffer, net: R2D1Net, pacer: ReplayPacer,
-                 global_step: int):
-        self.args, self.run, self.buffer = args, run, buffer
-        if args.sampler == "async":
-            self.link = AsyncReplay(net, pacer, args.num_envs, global_step)
-            worker = run.hold(Worker(sampler_main, (args, buffer, self.link, run.affinity, os.getpid()),
-                                     name="sampler"))
-            self.link.attach(worker, buffer)
-        else:
-            self.link = None
-            envs = run.hold(make_envs(args, args.sampler, len(run.affinity.learner_cpus)))
-            self.stepper = EnvStepper(envs, args, net, distributed.env_seed(args.seed + global_step, args.num_envs))
-        self.start_step, self.start_rows = global_step, buffer.storage.cursor  # rows a restored replay already held
-
-    def collect(self, net: R2D1Net, global_step: int) -> tuple[int, int]:
-        """New rows; returns the global step (every rank's env steps) and the steps whose rows are in the replay
-        (whole chunks: the pacer's count)."""
-        if self.link is not None:
-            global_step = self.link.poll(self.run)
-            return global_step, global_step
-        chunk, priorities, episodes = self.stepper.step(net, self.run.device)
-        if chunk is not None:
-            self.buffer.append(chunk, priorities)
-        global_step += self.args.num_envs * self.run.world  # every rank stepped as many
-        for ret, length in episodes:
-            self.run.episode(ret, length, global_step)
-        rows = self.buffer.storage.cursor - self.start_rows
-        return global_step, self.start_step + rows * self.args.num_envs * self.run.world
-
-    def updates_now(self, due: int) -> int:
-        return due if self.link is None else min(due, 1)  # async: one at a time, publishing between
-
-    def after_updates(self, net: R2D1Net, updates: int, learned: bool) -> dict:
-        """async: publish the parameters; returns the waits for the progress row ({} when serial)."""
-        if self.link is None:
-            return {}
-        self.link.after_updates(net, updates, learned)
-        return self.link.waits()
+    the shared replay, and the learner makes one update at a time, publishing its parameters between them."""
+    if args.sampler == "async":
+        return ReplayFeed.from_sampler(run, buffer, net, pacer, args.num_envs, global_step, sampler_main,
+                                       (args, buffer))
+    envs = run.hold(make_envs(args, make_env, args.sampler, len(run.affinity.learner_cpus)))
+    stepper = EnvStepper(envs, args, net, distributed.env_seed(args.seed + global_step, args.num_envs))
+    return ReplayFeed.in_process(run, buffer, stepper, args.num_envs, global_step)
 
 
 # ---------------------------------------------------------------------------------------------- loss and update
@@ -607,17 +544,17 @@ def main() -> int:
                         args.min_steps_learn * run.world, *start.replay_origin)
     stats = {"td_loss": None, "td_abs": None}
     with run:
-        sampler = Sampler(args, run, buffer, net, pacer, global_step)
+        feed = make_feed(args, run, buffer, net, pacer, global_step)
         while global_step < args.total_timesteps:
-            global_step, in_replay = sampler.collect(net, global_step)
-            due = pacer.due(in_replay, updates) if len(buffer) >= args.batch_size else 0
-            for _ in range(sampler.updates_now(due)):
-                beta = args.beta + (1.0 - args.beta) * min(in_replay / args.total_timesteps, 1.0)
+            global_step = feed.collect(global_step, net, run.device)
+            due = pacer.due(feed.in_replay, updates) if len(buffer) >= args.batch_size else 0
+            for _ in range(feed.updates_now(due)):
+                beta = args.beta + (1.0 - args.beta) * min(feed.in_replay / args.total_timesteps, 1.0)
                 stats = r2d1_update(net, target_net, optimizer, buffer, args, beta, run.device)
                 updates += 1
                 if updates % args.target_update_interval == 0:
                     target_net.load_state_dict(net.state_dict())
-            waits = sampler.after_updates(net, updates, learned=due > 0)
+            waits = feed.after_updates(net, updates, learned=due > 0)
             if run.periodic(global_step, **stats, updates=updates, **waits):
                 break  # --stop-at-return reached
         run.finish(global_step)  # the last row, checkpoint and evaluation

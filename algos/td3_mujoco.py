@@ -27,8 +27,8 @@ from __future__ import annotations
 
 import copy
 import math
-import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -44,13 +44,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from shared import distributed
-from shared.cli import Fraction, NonNegFloat, NonNegInt, PositiveFloat, PositiveInt, Range, bad_args, parse_args
-from shared.envs import vector_env
+from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveFloat, PositiveInt, Range
+from shared.cli import RunArgs, check_replay_sizes, parse_args
+from shared.envs import make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import ObsNorm
-from shared.pacing import AsyncReplay, ReplayPacer
+from shared.pacing import AsyncReplay, ReplayFeed, ReplayPacer
 from shared.precision import autocast
-from shared.procs import Worker, parent_alive_check
+from shared.procs import parent_alive_check
 from shared.replay import ReplayBuffer
 from shared.run import Run
 
@@ -58,42 +59,20 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 
 
 @dataclass
-class Args:
+class Args(RunArgs):
+    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
     # experiment
     preset: Literal["mujoco", "pendulum"] = "mujoco"
     """named settings to start from (mujoco: the TD3 paper's settings (HalfCheetah-v5); pendulum: Pendulum-v1 in 20k
     steps); flags given override them"""
     env_id: str = "HalfCheetah-v5"
     """gymnasium id of an env with a Box action space (MuJoCo v5 envs, Pendulum-v1, ...)"""
-    seed: int = 1
-    """seeds every env, worker and network"""
     total_timesteps: PositiveInt = 1_000_000
     """env steps summed over all envs"""
-    out_dir: str = "runs"
-    """parent folder of the run folder"""
-    run_name: str = ""
-    """run folder name; default {env_id}__td3_mujoco__{seed}__{unix time}"""
-    resume: str = ""
-    """checkpoint file or run folder to continue from (the replay starts empty and refills min_steps_learn,
-    unless --save-replay kept it)"""
-    checkpoint_every: NonNegInt = 0
-    """global env steps between checkpoints (0: by --checkpoint-minutes only)"""
-    checkpoint_minutes: NonNegFloat = 15.0
-    """minutes of wall time between checkpoints, so a killed run loses at most this much (0: off)"""
     log_every: PositiveInt = 5_000
     """env steps between progress rows"""
-    eval_episodes: NonNegInt = 10
-    """episodes played by the policy (no exploration noise) after training, and at each --eval-every (0: none)"""
-    eval_every: NonNegInt = 0
-    """global env steps between evaluations during training, in envs of their own (0: none)"""
-    eval_only: bool = False
-    """with --resume: evaluate the checkpoint's policy (eval.json, TensorBoard) and train nothing"""
     save_replay: bool = False
     """each checkpoint also writes the replay (replay.npz, plain arrays); --resume then continues with it"""
-    capture_video: bool = False
-    """record the first evaluation episode to {run}/videos"""
-    stop_at_return: float | None = None
-    """stop early once the mean return of the last 10 episodes reaches this"""
     # algorithm
     num_envs: PositiveInt = 1
     """environments stepped together on each rank (torchrun)"""
@@ -131,11 +110,6 @@ class Args:
     while the learner trains)"""
     max_lag_steps: NonNegInt = 1_000
     """async: the sampler waits when it is this many env steps ahead of the learner's updates (0: never waits)"""
-    device: str = "auto"
-    """auto (cuda if available), cpu, cuda or cuda:N"""
-    bf16: bool = False
-    """run the networks under bfloat16 autocast: fast on recent GPUs and on CPUs with AMX or AVX512-BF16;
-    about 10x slower on other CPUs (a warning says so at start)"""
 
 
 # Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps its default.
@@ -148,19 +122,9 @@ PRESETS = {
 # ---------------------------------------------------------------------------------------------- environments
 
 
-def make_env(args: Args, render: bool = False):
-    """One env: a plain gym.make, the place to plug in your own env (register it at import time so spawned
-    processes know it)."""
-
-    def thunk() -> gym.Env:
-        return gym.make(args.env_id, render_mode="rgb_array" if render else None)
-
-    return thunk
-
-
-def make_envs(args: Args, mode: str) -> gym.vector.VectorEnv:
-    """[B] envs: serial in this process, parallel in worker processes (AsyncVectorEnv)."""
-    return vector_env([make_env(args) for _ in range(args.num_envs)], mode)
+def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
+    """One env, a plain gym.make: plug your own env in here (shared/envs.py says how to register one)."""
+    return partial(gym.make, args.env_id, render_mode="rgb_array" if render else None)
 
 
 def scale_action(action: np.ndarray, space: gym.spaces.Box) -> np.ndarray:
@@ -259,7 +223,7 @@ def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: Asyn
     affinity.apply_worker(0)
     torch.set_num_threads(1)
     check = parent_alive_check(stop, parent_pid)
-    envs = make_envs(args, "serial")
+    envs = make_envs(args, make_env, "serial")
     step = link.start_step
     stepper = EnvStepper(envs, args, obs_norm, distributed.env_seed(args.seed + step, args.num_envs))
     actor = Actor(int(np.prod(envs.single_observation_space.shape)), int(np.prod(stepper.space.shape)), args.hidden)
@@ -278,47 +242,17 @@ def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: Asyn
         envs.close()
 
 
-class Sampler:
+def make_feed(args: Args, run: Run, buffer: ReplayBuffer, obs_norm: ObsNorm, actor: Actor, pacer: ReplayPacer,
+              global_step: int) -> ReplayFeed:
     """Where the learner's replay rows come from. serial/parallel: this process steps the envs, one [1, B] row
-    per call (uniformly random actions until learning starts); async: a sampler process (``sampler_main``)
-    appends to the shared replay and this reads how far it got, and the learner then makes one update at a
-    time, publishing its actor between them."""
-
-    def __init__(self, args: Args, run: Run, buffer: ReplayBuffer, obs_norm: ObsNorm, actor: Actor,
-                 pacer: ReplayPacer, global_step: int):
-        self.args, self.run, self.buffer, self.pacer = args, run, buffer, pacer
-        if args.sampler == "async":
-            self.link = AsyncReplay(actor, pacer, args.num_envs, global_step)
-            worker = run.hold(Worker(sampler_main, (args, buffer, obs_norm, self.link, run.affinity, os.getpid()),
-                                     name="sampler"))
-            self.link.attach(worker, buffer)
-        else:
-            self.link = None
-            envs = run.hold(make_envs(args, args.sampler))
-            self.stepper = EnvStepper(envs, args, obs_norm, distributed.env_seed(args.seed + global_step,
-                                                                                  args.num_envs))
-
-    def collect(self, actor: Actor, global_step: int) -> int:
-        """New rows in the replay; returns the global step (every rank's env steps)."""
-        if self.link is not None:
-            return self.link.poll(self.run)
-        warmup = global_step < self.pacer.start_step + self.pacer.min_steps_learn  # uniformly random actions
-        row, episodes = self.stepper.step(actor, warmup, self.run.device)
-        self.buffer.append(row)
-        global_step += self.args.num_envs * self.run.world  # every rank stepped as many
-        for ret, length in episodes:
-            self.run.episode(ret, length, global_step)
-        return global_step
-
-    def updates_now(self, due: int) -> int:
-        return due if self.link is None else min(due, 1)  # async: one at a time, publishing between
-
-    def after_updates(self, actor: Actor, updates: int, learned: bool) -> dict:
-        """async: publish the actor; returns the waits for the progress row ({} when serial)."""
-        if self.link is None:
-            return {}
-        self.link.after_updates(actor, updates, learned)
-        return self.link.waits()
+    per collect (uniformly random actions until learning starts); async: a sampler process (``sampler_main``)
+    appends to the shared replay, and the learner makes one update at a time, publishing its actor between them."""
+    if args.sampler == "async":
+        return ReplayFeed.from_sampler(run, buffer, actor, pacer, args.num_envs, global_step, sampler_main,
+                                       (args, buffer, obs_norm))
+    envs = run.hold(make_envs(args, make_env, args.sampler))
+    stepper = EnvStepper(envs, args, obs_norm, distributed.env_seed(args.seed + global_step, args.num_envs))
+    return ReplayFeed.in_process(run, buffer, stepper, args.num_envs, global_step)
 
 
 # ---------------------------------------------------------------------------------------------- loss and update
@@ -386,15 +320,6 @@ def td3_update(actor, target_actor, critics, target_critics, optimizers: dict, b
 # ---------------------------------------------------------------------------------------------- main
 
 
-def check_args(args: Args) -> None:
-    """What relates the flags to each other (each field's own range is declared on it): exit 2, one line."""
-    if args.buffer_size < max(args.batch_size, args.min_steps_learn, args.num_envs * (args.n_step_return + 5)):
-        bad_args(f"--buffer-size {args.buffer_size} is smaller than --min-steps-learn or --batch-size")
-    if args.min_steps_learn < args.batch_size + args.num_envs * (args.n_step_return + 4):
-        bad_args(f"--min-steps-learn {args.min_steps_learn} leaves fewer valid transitions than --batch-size "
-                 f"{args.batch_size}")
-
-
 def make_learner(args: Args, run: Run) -> tuple[Actor, Actor, Critics, Critics, dict, ObsNorm]:
     """The actor and the critics with their target copies, the optimisers by their checkpoint names, and the
     observation statistics."""
@@ -430,7 +355,7 @@ def act(actor: Actor, obs_norm: ObsNorm, device: torch.device, space: gym.spaces
 
 
 def main() -> int:
-    args = parse_args(Args, PRESETS, check_args)
+    args = parse_args(Args, PRESETS, check_replay_sizes)
     run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Box, bounded=True, stop_window=10)
     actor, target_actor, critics, target_critics, optimizers, obs_norm = make_learner(args, run)
     buffer = make_replay(args, run)
@@ -443,16 +368,16 @@ def main() -> int:
     pacer = ReplayPacer(args.replay_ratio / (args.batch_size * run.world), args.min_steps_learn * run.world,
                         *start.replay_origin)
     with run:
-        sampler = Sampler(args, run, buffer, obs_norm, actor, pacer, global_step)
+        feed = make_feed(args, run, buffer, obs_norm, actor, pacer, global_step)
         while global_step < args.total_timesteps:
-            global_step = sampler.collect(actor, global_step)
+            global_step = feed.collect(global_step, actor, pacer.warming_up(global_step), run.device)
             due = pacer.due(global_step, updates)
-            for _ in range(sampler.updates_now(due)):
+            for _ in range(feed.updates_now(due)):
                 batch, _ = buffer.sample(args.batch_size)  # [N, ...]
                 updates += 1
                 stats.update(td3_update(actor, target_actor, critics, target_critics, optimizers, batch, obs_norm,
                                         args, updates % args.policy_delay == 0, run.device))
-            waits = sampler.after_updates(actor, updates, learned=due > 0)
+            waits = feed.after_updates(actor, updates, learned=due > 0)
             if run.periodic(global_step, **stats, updates=updates, **waits):
                 break  # --stop-at-return reached
         run.finish(global_step)  # the last row, checkpoint and evaluation

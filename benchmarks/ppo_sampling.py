@@ -28,6 +28,7 @@ import ppo_atari as P
 
 from shared.affinity import make_affinity
 from shared.buffer import buffer_from_example
+from shared.envs import make_envs
 from shared.procs import DoubleBuffer, Worker
 
 
@@ -74,7 +75,7 @@ def mode_sps(args: P.Args, mode: str, seconds: float) -> float:
             return (k - 1) * args.num_steps * args.num_envs / (time.perf_counter() - t0)
         finally:
             worker.stop()
-    envs = P.make_envs(args, mode, n_threads=os.cpu_count() or 1)
+    envs = make_envs(args, P.make_env, mode, n_threads=os.cpu_count() or 1)
     try:
         agent = P.Agent(envs.single_observation_space.shape, envs.single_action_space.n)
         state = P.EnvState(envs, 0)
@@ -100,8 +101,8 @@ def main() -> None:
     args = P.Args(env_id=a.env_id, num_envs=a.num_envs, num_steps=a.num_steps)
     torch.set_num_threads(len(make_affinity().learner_cpus))
     print(f"{a.env_id}, {a.num_envs} envs, {os.cpu_count()} cpus, torch threads {torch.get_num_threads()}")
-    emu_serial = emulator_sps(P.make_envs(args, "serial"), a.seconds)
-    emu_threads = emulator_sps(P.make_envs(args, "parallel", os.cpu_count() or 1), a.seconds)
+    emu_serial = emulator_sps(make_envs(args, P.make_env, "serial"), a.seconds)
+    emu_threads = emulator_sps(make_envs(args, P.make_env, "parallel", os.cpu_count() or 1), a.seconds)
     fwd = forward_sps(P.Agent((4, 84, 84), 4), a.num_envs, a.seconds)
     emu = max(emu_serial, emu_threads)
     bound = 1.0 / (1.0 / emu + 1.0 / fwd)

@@ -92,7 +92,8 @@ sys.path.insert(0, {algos!r})
 import dqn_atari as D
 args = D.Args(num_envs={B})
 q, t = D.QNetwork((4, 84, 84), 4, False), D.QNetwork((4, 84, 84), 4, False)
-envs = D.make_envs(args, "serial")
+from shared.envs import make_envs
+envs = make_envs(args, D.make_env, "serial")
 envs.reset(seed=0)
 for _ in range(50):
     envs.step(np.zeros({B}, int))

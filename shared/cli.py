@@ -6,8 +6,9 @@ Guarantees
 - ``parse_args(Args, PRESETS, check)`` is ``tyro.cli(Args)`` with a parse error condensed to one line (exit 2) and
   ``--help`` as usual. ``--preset NAME`` makes the preset's values the defaults (flags given override them, in
   any order, and ``--help`` shows them). Then, in order: the range of every field declared with ``Range``
-  (``PositiveInt``, ``Fraction``, ...), every float finite, the checks every run needs (``check_common``), and
-  the script's own ``check(args)`` for what relates fields to each other.
+  (``shared.argtypes``: ``PositiveInt``, ``Fraction``, ...), every float finite, the checks every run needs
+  (``check_common``), and the script's own ``check(args)`` for what relates fields to each other
+  (``check_replay_sizes`` for a transition replay's sizes).
 - ``resolve_device`` turns ``auto|cpu|cuda|cuda:N`` into a device (under torchrun, ``cuda`` is the local rank's
   GPU); a device that does not exist, or one explicit GPU index for several ranks on one machine, exits 2.
 - ``check_memory(nbytes, what)`` exits 2 naming both figures when ``nbytes`` exceed the memory this process
@@ -26,10 +27,12 @@ import sys
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Any, NoReturn
 
-__all__ = ["Fraction", "NonNegFloat", "NonNegInt", "PositiveFloat", "PositiveInt", "Range", "bad_args",
-           "check_common", "check_memory", "cpu_has_bf16", "parse_args", "resolve_device"]
+from shared.argtypes import NonNegFloat, NonNegInt, Range
+
+__all__ = ["RunArgs", "bad_args",
+           "check_common", "check_memory", "check_replay_sizes", "cpu_has_bf16", "parse_args", "resolve_device"]
 
 EXIT_BAD_ARGS = 2
 
@@ -40,34 +43,43 @@ def bad_args(message: str) -> NoReturn:
     sys.exit(EXIT_BAD_ARGS)
 
 
-@dataclass(frozen=True)
-class Range:
-    """A field's allowed values, declared on its type: ``Annotated[float, Range(gt=0, lt=1)]``."""
-
-    gt: float | None = None
-    ge: float | None = None
-    lt: float | None = None
-    le: float | None = None
-
-    def allows(self, v: float) -> bool:
-        return ((self.gt is None or v > self.gt) and (self.ge is None or v >= self.ge)
-                and (self.lt is None or v < self.lt) and (self.le is None or v <= self.le))
-
-    def __str__(self) -> str:
-        if (self.gt, self.ge, self.lt, self.le) == (0, None, None, None):
-            return "positive"
-        if (self.gt, self.ge, self.lt, self.le) == (None, 0, None, None):
-            return "non-negative"
-        lo = f"({self.gt}" if self.gt is not None else f"[{self.ge}" if self.ge is not None else "(-inf"
-        hi = f"{self.lt})" if self.lt is not None else f"{self.le}]" if self.le is not None else "inf)"
-        return f"in {lo}, {hi}"
 
 
-PositiveInt = Annotated[int, Range(gt=0)]
-NonNegInt = Annotated[int, Range(ge=0)]
-PositiveFloat = Annotated[float, Range(gt=0)]
-NonNegFloat = Annotated[float, Range(ge=0)]
-Fraction = Annotated[float, Range(ge=0, le=1)]  # [0, 1]: discounts, probabilities, exponents
+@dataclass
+class RunArgs:
+    """The flags of a run's lifecycle, the same in every script: ``class Args(RunArgs)`` adds the algorithm's own.
+    ``shared.run.Run`` reads them all (seeding, the run folder, resume, checkpoints, evaluation, early stop,
+    device, precision); ``tyro`` shows them first in ``--help``, the script's own fields after them."""
+
+    seed: int = 1
+    """seeds every env, worker and network"""
+    out_dir: str = "runs"
+    """parent folder of the run folder"""
+    run_name: str = ""
+    """run folder name; default {env_id}__{script file name}__{seed}__{unix time}"""
+    resume: str = ""
+    """checkpoint file or run folder to continue from; its progress.csv goes on (a replay starts empty and refills
+    min_steps_learn, unless --save-replay kept it)"""
+    checkpoint_every: NonNegInt = 0
+    """global env steps between checkpoints (0: by --checkpoint-minutes only)"""
+    checkpoint_minutes: NonNegFloat = 15.0
+    """minutes of wall time between checkpoints, so a killed run loses at most this much (0: off)"""
+    eval_episodes: NonNegInt = 10
+    """episodes played by the evaluation policy (the script's ``act``: greedy or the mean action, or the
+    evaluation epsilon) after training, and at each --eval-every (0: none)"""
+    eval_every: NonNegInt = 0
+    """global env steps between evaluations during training, in envs of their own (0: none)"""
+    eval_only: bool = False
+    """with --resume: evaluate the checkpoint's policy (eval.json, TensorBoard) and train nothing"""
+    capture_video: bool = False
+    """record the first evaluation episode to {run}/videos"""
+    stop_at_return: float | None = None
+    """stop early once the mean return of the last episodes (20 on Atari scripts, 10 on MuJoCo ones) reaches this"""
+    device: str = "auto"
+    """auto (cuda if available), cpu, cuda or cuda:N"""
+    bf16: bool = False
+    """run the networks under bfloat16 autocast: fast on recent GPUs and on CPUs with AMX or AVX512-BF16; about 10x
+    slower on other CPUs (a warning says so at start)"""
 
 
 def _flag(name: str) -> str:
@@ -130,6 +142,19 @@ def _first_paragraph(text: str) -> str:
             continue
         first.append(ln)
     return " ".join(first) if first else "could not parse the command line (see --help)"
+
+
+def check_replay_sizes(args: Any) -> None:
+    """A transition replay's sizes that cannot work, exit 2: ``--buffer-size`` below the batch, the learning start
+    or a few n-step windows of every env, or ``--min-steps-learn`` too small to hold a batch of valid transitions
+    (an n-step window and frame history of every env are not yet sampleable). Reads ``buffer_size``,
+    ``batch_size``, ``min_steps_learn``, ``num_envs`` and ``n_step_return``."""
+    window = args.num_envs * (args.n_step_return + 4)
+    if args.buffer_size < max(args.batch_size, args.min_steps_learn, window + args.num_envs):
+        bad_args(f"--buffer-size {args.buffer_size} is smaller than --min-steps-learn or --batch-size")
+    if args.min_steps_learn < args.batch_size + window:
+        bad_args(f"--min-steps-learn {args.min_steps_learn} leaves fewer valid transitions than --batch-size "
+                 f"{args.batch_size}")
 
 
 def check_common(args: Any) -> None:

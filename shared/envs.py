@@ -1,6 +1,10 @@
 """Vector environments for the sampling modes, and the checks a network needs of an observation space.
 
 Guarantees
+- ``make_envs(args, make_env, mode)``: ``args.num_envs`` envs of the script's ``make_env(args)`` in a
+  ``vector_env``; an Atari id in ``parallel`` mode is instead stepped in ale-py's own threads (``n_threads``),
+  with the papers' preprocessing (``args.noop_max``, ``args.sticky_actions``: the script's ``make_env`` is not
+  called there).
 - ``vector_env(thunks, mode)``: ``serial`` steps the envs in this process (``SyncVectorEnv``); ``parallel``
   steps each in a ``spawn``ed worker process (``AsyncVectorEnv``). Both use next-step autoreset: the step after
   an episode ends only resets that env and returns the first observation of the next episode.
@@ -21,9 +25,19 @@ from typing import Any
 
 import gymnasium as gym
 
-__all__ = ["MIN_IMAGE_SIDE", "close_envs", "image_shape", "probe_spaces", "vector_env"]
+from shared.atari import is_atari, make_atari_vector_env
+
+__all__ = ["MIN_IMAGE_SIDE", "close_envs", "image_shape", "make_envs", "probe_spaces", "vector_env"]
 
 MIN_IMAGE_SIDE = 36  # the Nature CNN's three convolutions (8/4, 4/2, 3/1) need at least this many pixels a side
+
+
+def make_envs(args: Any, make_env: Callable[..., Callable[[], gym.Env]], mode: str, n_threads: int = 1,
+              ) -> gym.vector.VectorEnv:
+    """[B] envs: serial in this process; parallel in ale-py's threads (Atari) or in worker processes."""
+    if mode == "parallel" and is_atari(args.env_id):
+        return make_atari_vector_env(args.env_id, args.num_envs, n_threads, args.noop_max, args.sticky_actions)
+    return vector_env([make_env(args) for _ in range(args.num_envs)], mode)
 
 
 def vector_env(thunks: list[Callable[[], gym.Env]], mode: str) -> gym.vector.VectorEnv:

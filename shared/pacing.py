@@ -9,11 +9,18 @@ Guarantees
   waits while it is more than ``max_lag_steps`` ahead of what the learner's updates cover and counts that
   (``sampler_wait_s``: the learner is the bottleneck), pulls each newly published version, and reports finished
   episodes with their global step.
+- ``ReplayFeed`` is where a replay learner's rows come from, the same in every replay script and mode: in this
+  process through the script's env stepper (serial, parallel), or from the script's sampler process through an
+  ``AsyncReplay`` (async, one update at a time with the parameters published between them). Either way
+  ``collect`` returns the global step, records every finished episode in the run, and keeps ``in_replay``: the
+  global steps whose rows are in the replay (behind the global step while a sequence chunk fills).
 """
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -22,7 +29,7 @@ from shared import distributed
 from shared.buffer import shared_zeros
 from shared.procs import CTX, SharedParameters, Worker
 
-__all__ = ["AsyncReplay", "ReplayPacer", "sampler_ahead"]
+__all__ = ["AsyncReplay", "ReplayFeed", "ReplayPacer", "sampler_ahead"]
 
 
 def sampler_ahead(step: int, version: int, start_step: int, start_updates: int, min_steps_learn: int,
@@ -52,6 +59,10 @@ class ReplayPacer:
         if learned <= 0:
             return 0
         return max(int(learned * self.updates_per_step) + self.start_updates - updates, 0)
+
+    def warming_up(self, step: int) -> bool:
+        """True before this process has sampled ``min_steps_learn`` steps (off-policy control acts at random then)."""
+        return step < self.start_step + self.min_steps_learn
 
     def sampler_ahead(self, step: int, version: int, max_lag_steps: int, chunk_steps: int = 0) -> bool:
         return sampler_ahead(step, version, self.start_step, self.start_updates, self.min_steps_learn,
@@ -143,3 +154,60 @@ class AsyncReplay:
     def report(self, episodes: list[tuple[float, int]], step: int) -> None:
         for ret, length in episodes:
             self.episodes.put((ret, length, step))
+
+
+class ReplayFeed:
+    """Where a replay learner's rows come from; see the module docstring. Make it inside ``with run:`` (it starts
+    envs or a process, which the run must stop), with ``in_process`` or ``from_sampler``; then, in the loop,
+    ``global_step = feed.collect(global_step, *step_args)``, ``feed.updates_now(due)`` updates, and
+    ``waits = feed.after_updates(module, updates, learned)`` for the progress row."""
+
+    def __init__(self, run: Any, buffer: Any, num_envs: int, global_step: int, stepper: Any = None,
+                 link: AsyncReplay | None = None):
+        self.run, self.buffer, self.stepper, self.link = run, buffer, stepper, link
+        self.steps_per_row = num_envs * run.world  # global steps per replay row: every rank steps as many envs
+        self.start_step, self.start_rows = global_step, buffer.cursor  # rows a restored replay already held
+        self.in_replay = global_step
+
+    @classmethod
+    def in_process(cls, run: Any, buffer: Any, stepper: Any, num_envs: int, global_step: int) -> ReplayFeed:
+        """serial/parallel: ``collect(global_step, *step_args)`` calls ``stepper.step(*step_args)``, which steps
+        every env once and returns the arguments of ``buffer.append`` (the first ``None`` while nothing is ready
+        to append) followed by the episodes it finished, ``[(return, length)]``."""
+        return cls(run, buffer, num_envs, global_step, stepper=stepper)
+
+    @classmethod
+    def from_sampler(cls, run: Any, buffer: Any, module: Any, pacer: ReplayPacer, num_envs: int, global_step: int,
+                     sampler_main: Callable[..., None], sampler_args: tuple) -> ReplayFeed:
+        """async: starts ``sampler_main(*sampler_args, link, affinity, parent_pid, stop)`` in a process of its own
+        (held by ``run``), which appends to the shared ``buffer`` with the newest parameters of ``module``."""
+        link = AsyncReplay(module, pacer, num_envs, global_step)
+        worker = run.hold(Worker(sampler_main, (*sampler_args, link, run.affinity, os.getpid()), name="sampler"))
+        link.attach(worker, buffer)
+        return cls(run, buffer, num_envs, global_step, link=link)
+
+    def collect(self, global_step: int, *step_args: Any) -> int:
+        """New rows in the replay; returns the global step (every rank's env steps)."""
+        if self.link is not None:
+            self.in_replay = self.link.poll(self.run)
+            return self.in_replay
+        *append_args, episodes = self.stepper.step(*step_args)
+        if append_args[0] is not None:
+            self.buffer.append(*append_args)
+        global_step += self.steps_per_row
+        for ret, length in episodes:
+            self.run.episode(ret, length, global_step)
+        self.in_replay = self.start_step + (self.buffer.cursor - self.start_rows) * self.steps_per_row
+        return global_step
+
+    def updates_now(self, due: int) -> int:
+        """How many of the ``due`` updates to make before collecting again: all of them in this process; one at a
+        time with a sampler process, so that its parameters are published between them."""
+        return due if self.link is None else min(due, 1)
+
+    def after_updates(self, module: Any, updates: int, learned: bool) -> dict[str, float]:
+        """async: publish ``module`` when due; returns the waits for the progress row (``{}`` in this process)."""
+        if self.link is None:
+            return {}
+        self.link.after_updates(module, updates, learned)
+        return self.link.waits()

@@ -71,13 +71,20 @@ def command_lines(draw, module):
     return argv
 
 
+def script_check(module):
+    """The check the script's main() hands to parse_args: its own check_args, shared.cli's check_replay_sizes,
+    or none."""
+    used = module.main.__code__.co_names
+    return next((getattr(module, n) for n in ("check_args", "check_replay_sizes") if n in used), None)
+
+
 def check_in_process(module, argv: list[str], monkeypatch) -> int:
     """Parse and check as the script does before anything starts; 0 accepted, 2 refused with one line."""
     monkeypatch.setattr(sys, "argv", [module.__name__, *argv, "--out-dir", "/tmp/fuzz-runs"])
     err = io.StringIO()
     try:
         with contextlib.redirect_stderr(err):
-            parse_args(module.Args, None, getattr(module, "check_args", None))
+            parse_args(module.Args, None, script_check(module))
     except SystemExit as e:
         assert e.code == 2, (argv, e.code, err.getvalue())
         lines = err.getvalue().strip().splitlines()

@@ -198,3 +198,67 @@ def test_async_replay_publishes_every_n_updates_and_whenever_the_learner_waits()
     link.after_updates(module, 16, learned=False)  # nothing new: no publish, one more wait
     assert link.params.version == 16 and link.wait_s > waited
     assert set(link.waits()) == {"wait_s", "sampler_wait_s"}
+
+
+class _FakeRun:
+    world = 2
+
+    def __init__(self):
+        self.episodes = []
+
+    def episode(self, ret, length, step):
+        self.episodes.append((ret, length, step))
+
+
+class _ChunkStepper:
+    """Steps [B] envs; a chunk of ``rows`` rows is ready every ``rows`` steps (R2D1's sequences), and one
+    episode ends on the 5th step."""
+
+    def __init__(self, rows):
+        self.rows, self.t = rows, 0
+
+    def step(self, tag):
+        self.t += 1
+        episodes = [(1.5, 5)] if self.t == 5 else []
+        if self.t % self.rows:
+            return None, None, episodes
+        return f"{tag}{self.t}", [0.5] * self.rows, episodes
+
+
+class _Buffer:
+    def __init__(self, cursor=0):
+        self.cursor, self.appended = cursor, []
+
+    def append(self, samples, priorities=None):
+        self.appended.append((samples, priorities))
+        self.cursor += len(priorities) if priorities is not None else 1
+
+
+def test_replay_feed_counts_global_steps_and_the_steps_in_the_replay():
+    """In this process: every collect is num_envs x world global steps; ``in_replay`` counts only the rows
+    appended (whole chunks), from where a resumed run (and a restored replay's cursor) started; episodes are
+    recorded at the step they ended."""
+    from shared.pacing import ReplayFeed
+
+    run, buffer = _FakeRun(), _Buffer(cursor=100)  # a restored replay already held 100 rows
+    feed = ReplayFeed.in_process(run, buffer, _ChunkStepper(rows=4), num_envs=3, global_step=600)
+    step = 600
+    for t in range(1, 10):
+        step = feed.collect(step, "c")
+        assert step == 600 + t * 3 * 2
+        assert feed.in_replay == 600 + (t // 4) * 4 * 3 * 2  # behind while a chunk fills
+    assert buffer.appended == [("c4", [0.5] * 4), ("c8", [0.5] * 4)]
+    assert run.episodes == [(1.5, 5, 600 + 5 * 6)]
+    assert feed.updates_now(7) == 7 and feed.after_updates(None, 3, learned=True) == {}
+
+
+def test_replay_feed_appends_rows_that_come_without_priorities():
+    from shared.pacing import ReplayFeed
+
+    class RowStepper:
+        def step(self, eps):
+            return {"eps": eps}, []
+
+    buffer = _Buffer()
+    feed = ReplayFeed.in_process(_FakeRun(), buffer, RowStepper(), num_envs=1, global_step=0)
+    assert feed.collect(0, 0.1) == 2 and feed.in_replay == 2 and buffer.appended == [({"eps": 0.1}, None)]

@@ -27,6 +27,7 @@ from tests.helpers import (
 sys.path.insert(0, str(ROOT / "algos"))
 import r2d1_atari as r2d1
 
+from shared.envs import make_envs
 from shared.replay import SequenceReplayBuffer
 
 # CartPole with the velocities removed: position and angle only, so acting well needs memory.
@@ -158,7 +159,7 @@ def test_target_uses_the_online_argmax_at_the_bootstrap_row_and_stops_at_done():
 def test_sampler_stores_zero_state_and_previous_action_at_episode_starts():
     args = r2d1.Args(env_id="CartPole-v1", num_envs=2, hidden=8, rnn_state_interval=10, burn_in_steps=0,
                      sequence_length=10, n_step_return=1)
-    envs = r2d1.make_envs(args, "serial")
+    envs = make_envs(args, r2d1.make_env, "serial")
     torch.manual_seed(0)
     net = r2d1.R2D1Net((4,), 2, 8)
     sampler = r2d1.EnvStepper(envs, args, net, seed=0)
