@@ -43,7 +43,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from shared import distributed
-from shared.argtypes import Fraction, NonNegInt, PositiveFloat, PositiveInt, Range
+from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveFloat, PositiveInt, Range
 from shared.atari import is_atari, make_atari_env
 from shared.cli import RunArgs, bad_args, parse_args
 from shared.envs import image_shape, make_envs
@@ -96,7 +96,7 @@ class Args(RunArgs):
     """discount"""
     n_step_return: PositiveInt = 5
     """steps summed before bootstrapping"""
-    value_rescale_eps: PositiveFloat = 1e-3
+    value_rescale_eps: NonNegFloat = 1e-3
     """epsilon of the value rescaling h(x) = sign(x)(sqrt(|x| + 1) - 1) + eps x (0 with --no-value-rescale)"""
     value_rescale: bool = True
     """learn h(Q) instead of Q (no reward clipping needed)"""
