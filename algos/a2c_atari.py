@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Literal
@@ -41,9 +41,10 @@ from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveInt, Range
 from shared.atari import is_atari, make_atari_env
 from shared.buffer import buffer_from_example
 from shared.cli import RunArgs, bad_args, parse_args
+from shared.device import to_host
 from shared.envs import image_shape, make_envs
 from shared.namedarraytuple import namedarraytuple
-from shared.precision import autocast
+from shared.precision import autocast, sampler_bf16
 from shared.procs import DoubleBuffer, Worker, parent_alive_check
 from shared.run import Run
 
@@ -197,12 +198,10 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
         obs = torch.as_tensor(state.obs, device=device)
         with autocast(device, args.bf16):
             logits, value = agent(obs)
-        dist = Categorical(logits=logits)
+        dist = Categorical(logits=logits, validate_args=False)  # validation would wait on a GPU twice a step
         action = dist.sample()
         buf.obs[t], buf.final_row[t] = state.obs, state.final_row
-        buf.action[t] = action.cpu().numpy()
-        buf.logprob[t] = dist.log_prob(action).cpu().numpy()
-        buf.value[t] = value.cpu().numpy()
+        buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, dist.log_prob(action), value)  # one copy
         next_obs, reward, term, trunc, info = envs.step(buf.action[t])
         lives = np.asarray(info.get("lives", state.lives), np.int64)
         life_lost = (lives < state.lives) & ~state.final_row
@@ -242,9 +241,12 @@ def a2c_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
     """One gradient step: policy gradient weighted by the (truncated) importance weight, value and entropy."""
     with autocast(device, args.bf16):
         logits, value = agent(data["obs"])
-    dist = Categorical(logits=logits)
+    dist = Categorical(logits=logits, validate_args=False)
     logprob = dist.log_prob(data["action"])
-    rho = (logprob.detach() - data["logprob"]).exp().clamp(max=1.0)  # 1 unless the sampler lagged
+    # 1 unless the sampler lagged (async); exactly 1 otherwise, where another batch shape (or TF32, bf16 on a
+    # GPU) could make the recomputed log-probability differ in its last bits
+    rho = (logprob.detach() - data["logprob"]).exp().clamp(max=1.0) if args.sampler == "async" else \
+        torch.ones_like(logprob)
     adv = data["adv"]
     if args.norm_adv:
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
@@ -252,15 +254,14 @@ def a2c_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
     v_loss = 0.5 * ((value - data["ret"]) ** 2).mean()
     entropy = dist.entropy().mean()
     loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
-    if not torch.isfinite(loss):
-        raise FloatingPointError(f"A2C loss is {loss.item()} (policy {pg_loss.item()}, value {v_loss.item()})")
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     distributed.average_gradients(agent)
     grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
     optimizer.step()
-    return {"policy_loss": pg_loss.item(), "value_loss": v_loss.item(), "entropy": entropy.item(),
-            "grad_norm": float(grad_norm), "rho_mean": rho.mean().item()}
+    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per update.
+    return {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy.detach(),
+            "grad_norm": grad_norm, "rho_mean": rho.mean()}
 
 
 def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.device) -> dict:
@@ -281,7 +282,7 @@ def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.dev
     fl = lambda x: f(x).float()
     adv, ret = compute_gae(fl(buf.reward), value, next_value, fl(buf.terminated), fl(buf.episode_end),
                            fl(buf.final_row), args.gamma, args.gae_lambda)
-    valid = ~f(buf.final_row).flatten()  # [T*B]: final rows are never trained on
+    valid = f(np.flatnonzero(~np.asarray(buf.final_row).reshape(-1)))  # [N] of T*B: never train on final rows
     data = {"obs": obs.flatten(0, 1)[valid], "action": f(buf.action).flatten()[valid],
             "logprob": f(buf.logprob).flatten()[valid],
             "adv": adv.flatten()[valid], "ret": ret.flatten()[valid]}
@@ -296,6 +297,7 @@ def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, las
     """Async sampler process: rollout k goes to slot k % 2, collected with the parameters the learner left in that
     slot when it released rollout k - 2 (update k - 1): exactly one update behind the learner."""
     affinity.apply_worker(0)
+    args = replace(args, bf16=sampler_bf16(args.bf16))  # it acts on this CPU: no emulated bf16 here
     check = parent_alive_check(stop, parent_pid)
     envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial",
                      n_threads=len(affinity.worker_cpus[0]))
@@ -379,7 +381,7 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, args: Args, it: int, num
 def act(agent: Agent, device: torch.device, obs: np.ndarray, last_reward: float | None) -> int:
     """Evaluation policy: an action sampled from the policy for one observation."""
     logits, _ = agent(torch.as_tensor(obs, device=device)[None])
-    return int(Categorical(logits=logits).sample().item())
+    return int(Categorical(logits=logits, validate_args=False).sample().item())
 
 
 def main() -> int:

@@ -31,7 +31,7 @@ import copy
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Literal
@@ -48,11 +48,12 @@ import torch.nn.functional as F
 from shared import distributed
 from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveFloat, PositiveInt, Range
 from shared.cli import RunArgs, check_replay_sizes, parse_args
+from shared.device import to_host
 from shared.envs import make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import ObsNorm
 from shared.pacing import AsyncReplay, ReplayFeed, ReplayPacer
-from shared.precision import autocast
+from shared.precision import autocast, sampler_bf16
 from shared.procs import parent_alive_check
 from shared.replay import ReplayBuffer
 from shared.run import Run
@@ -194,7 +195,7 @@ class EnvStepper:
         else:
             obs = self.obs_norm.normalize(torch.as_tensor(self.obs, dtype=torch.float32, device=device))
             with autocast(device, self.args.bf16):
-                action = actor(obs).float().cpu().numpy()
+                action = to_host(actor(obs).float())  # the one copy a step makes
             noise = self.rng.normal(0.0, self.args.exploration_noise, action.shape)
             action = np.clip(action + noise, -1.0, 1.0).astype(np.float32)
         next_obs, reward, term, trunc, _ = self.envs.step(scale_action(action, self.space))
@@ -215,6 +216,7 @@ def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: Asyn
     """Async sampler process: steps the envs and appends to the shared replay with the newest actor the learner
     published; waits while it is more than max_lag_steps ahead of what the learner's updates cover."""
     affinity.apply_worker(0)
+    args = replace(args, bf16=sampler_bf16(args.bf16))  # it acts on this CPU: no emulated bf16 here
     torch.set_num_threads(1)
     check = parent_alive_check(stop, parent_pid)
     envs = make_envs(args, make_env, "serial")
@@ -299,9 +301,8 @@ def ddpg_update(actor, target_actor, critic, target_critic, optimizers, batch, o
         for target, online in ((target_critic, critic), (target_actor, actor)):
             for tp, p in zip(target.parameters(), online.parameters()):
                 tp.lerp_(p, args.tau)
-    if not (torch.isfinite(critic_loss) and torch.isfinite(actor_loss)):
-        raise FloatingPointError(f"DDPG loss is not finite (critic {critic_loss.item()}, actor {actor_loss.item()})")
-    return {"qf_loss": critic_loss.item(), "actor_loss": actor_loss.item(), "q_values": q.mean().item()}
+    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per update.
+    return {"qf_loss": critic_loss.detach(), "actor_loss": actor_loss.detach(), "q_values": q.detach().mean()}
 
 
 # ---------------------------------------------------------------------------------------------- main

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Literal
@@ -40,10 +40,11 @@ from shared import distributed
 from shared.argtypes import Fraction, NonNegInt, PositiveFloat, PositiveInt, Range
 from shared.atari import is_atari, make_atari_env
 from shared.cli import RunArgs, bad_args, check_replay_sizes, parse_args
+from shared.device import to_host
 from shared.envs import image_shape, make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayFeed, ReplayPacer
-from shared.precision import autocast
+from shared.precision import autocast, sampler_bf16
 from shared.procs import parent_alive_check
 from shared.replay import ReplayBuffer
 from shared.run import Run
@@ -232,7 +233,7 @@ class EnvStepper:
         """One step of every env; returns the replay row [1, B] and the episodes that ended [(return, length)]."""
         with autocast(device, self.args.bf16):
             q = q_net(torch.as_tensor(self.obs, device=device)).float()
-        greedy = q.argmax(dim=1).cpu().numpy()
+        greedy = to_host(q.argmax(dim=1))  # the one copy a step makes: the envs need the actions
         explore = self.rng.random(len(greedy)) < eps
         action = np.where(explore, self.rng.integers(0, q.shape[1], len(greedy)), greedy)
         next_obs, reward, term, trunc, info = self.envs.step(action)
@@ -256,6 +257,7 @@ def sampler_main(args: Args, buffer: ReplayBuffer, link: AsyncReplay, affinity, 
     """Async sampler process: steps the envs and appends to the shared replay with the newest parameters the
     learner published; waits while it is more than max_lag_steps ahead of what the learner's updates cover."""
     affinity.apply_worker(0)
+    args = replace(args, bf16=sampler_bf16(args.bf16))  # it acts on this CPU: no emulated bf16 here
     check = parent_alive_check(stop, parent_pid)
     envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial",
                      n_threads=len(affinity.worker_cpus[0]))
@@ -313,22 +315,24 @@ def dqn_update(q_net, target_net, optimizer, buffer: ReplayBuffer, args: Args, b
     batch = {k: torch.as_tensor(np.asarray(getattr(sample, k)), device=device) for k in fields}
     for k in ("n_step_return", "terminated_n", "bootstrap_discount", "is_weights"):
         batch[k] = batch[k].float()
+    # Targets in an autocast region of their own: on torch before 2.6, weights cast under no_grad and reused by
+    # the forward with grad in the same region carried no autograd history (pytorch#112583).
     with autocast(device, args.bf16):
         y = td_targets(batch, q_net, target_net, args.double_dqn).float()
+    with autocast(device, args.bf16):
         q = q_net(batch["observation"]).float().gather(1, batch["action"].long().unsqueeze(1)).squeeze(1)
     td = y - q
     per_sample = F.smooth_l1_loss(q, y, reduction="none") if args.huber else 0.5 * td**2
     loss = (batch["is_weights"] * per_sample).mean()
-    if not torch.isfinite(loss):
-        raise FloatingPointError(f"DQN loss is {loss.item()}")
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     distributed.average_gradients(q_net)
     nn.utils.clip_grad_norm_(q_net.parameters(), args.max_grad_norm)
     optimizer.step()
-    if args.prioritized:
-        buffer.update_priorities(index, td.abs().detach().cpu().numpy())
-    return {"td_loss": loss.item(), "q_values": q.mean().item()}
+    if args.prioritized:  # the one copy an update makes: the sum tree lives on the host
+        buffer.update_priorities(index, to_host(td.abs()))
+    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per update.
+    return {"td_loss": loss.detach(), "q_values": q.detach().mean()}
 
 
 @torch.no_grad()

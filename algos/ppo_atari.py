@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Literal
@@ -37,9 +37,10 @@ from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveInt, Range
 from shared.atari import is_atari, make_atari_env
 from shared.buffer import buffer_from_example
 from shared.cli import RunArgs, bad_args, parse_args
+from shared.device import to_host
 from shared.envs import image_shape, make_envs
 from shared.namedarraytuple import namedarraytuple
-from shared.precision import autocast
+from shared.precision import autocast, sampler_bf16
 from shared.procs import DoubleBuffer, Worker, parent_alive_check
 from shared.run import Run
 
@@ -198,12 +199,10 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
         obs = torch.as_tensor(state.obs, device=device)
         with autocast(device, args.bf16):
             logits, value = agent(obs)
-        dist = Categorical(logits=logits)
+        dist = Categorical(logits=logits, validate_args=False)  # validation would wait on a GPU twice a step
         action = dist.sample()
         buf.obs[t], buf.final_row[t] = state.obs, state.final_row
-        buf.action[t] = action.cpu().numpy()
-        buf.logprob[t] = dist.log_prob(action).cpu().numpy()
-        buf.value[t] = value.cpu().numpy()
+        buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, dist.log_prob(action), value)  # one copy
         next_obs, reward, term, trunc, info = envs.step(buf.action[t])
         lives = np.asarray(info.get("lives", state.lives), np.int64)
         life_lost = (lives < state.lives) & ~state.final_row
@@ -251,7 +250,7 @@ def ppo_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
             mb = perm[start : start + mb_size]
             with autocast(device, args.bf16):
                 logits, value = agent(data["obs"][mb])
-            dist = Categorical(logits=logits)
+            dist = Categorical(logits=logits, validate_args=False)
             logratio = dist.log_prob(data["action"][mb]) - data["logprob"][mb]
             ratio = logratio.exp()
             adv = data["adv"][mb]
@@ -267,20 +266,20 @@ def ppo_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
                 v_loss = 0.5 * ((value - ret) ** 2).mean()
             entropy = dist.entropy().mean()
             loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"PPO loss is {loss.item()} (policy {pg_loss.item()}, value {v_loss.item()})")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             distributed.average_gradients(agent)
             nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
             optimizer.step()
+            # Detached tensors, averaged when a row is written (a non-finite one ends the run there): no wait on
+            # a GPU per minibatch.
             with torch.no_grad():
-                stats["approx_kl"].append(((ratio - 1) - logratio).mean().item())
-                stats["clipfrac"].append(((ratio - 1.0).abs() > args.clip_coef).float().mean().item())
-            stats["policy_loss"].append(pg_loss.item())
-            stats["value_loss"].append(v_loss.item())
-            stats["entropy"].append(entropy.item())
-    return {k: float(np.mean(v)) for k, v in stats.items()}
+                stats["approx_kl"].append(((ratio - 1) - logratio).mean())
+                stats["clipfrac"].append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
+            stats["policy_loss"].append(pg_loss.detach())
+            stats["value_loss"].append(v_loss.detach())
+            stats["entropy"].append(entropy.detach())
+    return stats
 
 
 def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.device, generator) -> dict:
@@ -301,7 +300,7 @@ def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.dev
     fl = lambda x: f(x).float()
     adv, ret = compute_gae(fl(buf.reward), value, next_value, fl(buf.terminated), fl(buf.episode_end),
                            fl(buf.final_row), args.gamma, args.gae_lambda)
-    valid = ~f(buf.final_row).flatten()  # [T*B]: final rows are never trained on
+    valid = f(np.flatnonzero(~np.asarray(buf.final_row).reshape(-1)))  # [N] of T*B: never train on final rows
     data = {"obs": obs.flatten(0, 1)[valid], "action": f(buf.action).flatten()[valid],
             "logprob": f(buf.logprob).flatten()[valid], "value": value.flatten()[valid],
             "adv": adv.flatten()[valid], "ret": ret.flatten()[valid]}
@@ -316,6 +315,7 @@ def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, las
     """Async sampler process: rollout k goes to slot k % 2, collected with the parameters the learner left in that
     slot when it released rollout k - 2 (update k - 1): exactly one update behind the learner."""
     affinity.apply_worker(0)
+    args = replace(args, bf16=sampler_bf16(args.bf16))  # it acts on this CPU: no emulated bf16 here
     check = parent_alive_check(stop, parent_pid)
     envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial",
                      n_threads=len(affinity.worker_cpus[0]))
@@ -406,7 +406,7 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, args: Args, it: int, num
 def act(agent: Agent, device: torch.device, obs: np.ndarray, last_reward: float | None) -> int:
     """Evaluation policy: an action sampled from the policy for one observation."""
     logits, _ = agent(torch.as_tensor(obs, device=device)[None])
-    return int(Categorical(logits=logits).sample().item())
+    return int(Categorical(logits=logits, validate_args=False).sample().item())
 
 
 def main() -> int:

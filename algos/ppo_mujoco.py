@@ -29,7 +29,7 @@ import math
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Literal
@@ -46,10 +46,11 @@ from shared import distributed
 from shared.argtypes import Fraction, NonNegFloat, PositiveInt, Range
 from shared.buffer import buffer_from_example
 from shared.cli import RunArgs, bad_args, parse_args
+from shared.device import to_host
 from shared.envs import make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import RunningNorm
-from shared.precision import autocast
+from shared.precision import autocast, sampler_bf16
 from shared.procs import DoubleBuffer, Worker, parent_alive_check
 from shared.run import Run
 
@@ -209,9 +210,7 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
         with autocast(device, args.bf16):
             mean, log_std, value = agent(torch.as_tensor(buf.obs[t], device=device))
         action = mean + log_std.exp() * torch.randn_like(mean)
-        buf.action[t] = action.cpu().numpy()
-        buf.logprob[t] = gaussian(mean, log_std, action)[0].cpu().numpy()
-        buf.value[t] = value.cpu().numpy()
+        buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, gaussian(mean, log_std, action)[0], value)
         env_action = buf.action[t].reshape((-1, *state.space.shape))  # [B, A] -> [B, *action shape]
         next_obs, reward, term, trunc, _ = envs.step(np.clip(env_action, state.space.low, state.space.high))
         raw = np.where(state.final_row, 0.0, reward)  # a final row's reward belongs to no episode
@@ -276,22 +275,20 @@ def ppo_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
                 v_loss = 0.5 * ((value - ret) ** 2).mean()
             entropy = entropy.mean()
             loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
-            if not torch.isfinite(loss):
-                raise FloatingPointError(f"PPO loss is {loss.item()} (policy {pg_loss.item()}, value {v_loss.item()})")
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             distributed.average_gradients(agent)
             nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
             optimizer.step()
+            # Detached tensors, averaged when a row is written (a non-finite one ends the run there): no wait on
+            # a GPU per minibatch.
             with torch.no_grad():
-                stats["approx_kl"].append(((ratio - 1) - logratio).mean().item())
-                stats["clipfrac"].append(((ratio - 1.0).abs() > args.clip_coef).float().mean().item())
-            stats["policy_loss"].append(pg_loss.item())
-            stats["value_loss"].append(v_loss.item())
-            stats["entropy"].append(entropy.item())
-    out = {k: float(np.mean(v)) for k, v in stats.items()}
-    out["action_std"] = agent.log_std.exp().mean().item()
-    return out
+                stats["approx_kl"].append(((ratio - 1) - logratio).mean())
+                stats["clipfrac"].append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
+            stats["policy_loss"].append(pg_loss.detach())
+            stats["value_loss"].append(v_loss.detach())
+            stats["entropy"].append(entropy.detach())
+    return {**stats, "action_std": agent.log_std.detach().exp().mean()}
 
 
 def learn_from(agent: Agent, return_norm: RunningNorm, optimizer, buf, boot, args: Args, device: torch.device,
@@ -312,14 +309,16 @@ def learn_from(agent: Agent, return_norm: RunningNorm, optimizer, buf, boot, arg
             _, _, next_value = agent(f(boot.obs))
         value, next_value = f(buf.value).float(), next_value.float()
     fl = lambda x: np.asarray(x, np.float32)
-    valid = ~f(buf.final_row).flatten()  # [T*B]: final rows are never trained on
+    valid = f(np.flatnonzero(~np.asarray(buf.final_row).reshape(-1)))  # [N] of T*B: never train on final rows
     # Reward scaling: the std of every discounted return so far (this rollout's of every rank included).
     return_norm.update(f(buf.discounted).flatten()[valid][:, None])
+    # GAE runs on the host (T small steps): the values and the return variance come over in one copy.
+    value_h, next_value_h, return_var = to_host(value, next_value, return_norm.var)
     reward = fl(buf.reward)
     if return_norm.enabled:
-        scale = np.sqrt(float(return_norm.var[0]) + 1e-8)
+        scale = np.sqrt(float(return_var[0]) + 1e-8)
         reward = np.clip(reward / scale, -return_norm.clip, return_norm.clip).astype(np.float32)
-    adv, ret = compute_gae(reward, value.cpu().numpy(), next_value.cpu().numpy(), fl(buf.terminated),
+    adv, ret = compute_gae(reward, value_h, next_value_h, fl(buf.terminated),
                            fl(buf.episode_end), fl(buf.final_row), args.gamma, args.gae_lambda)
     adv, ret = f(adv), f(ret)
     data = {"obs": obs.flatten(0, 1)[valid], "action": f(buf.action).flatten(0, 1)[valid],
@@ -339,6 +338,7 @@ def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, las
     included) the learner left in that slot when it released rollout k - 2 (update k - 1): exactly one update
     behind the learner."""
     affinity.apply_worker(0)
+    args = replace(args, bf16=sampler_bf16(args.bf16))  # it acts on this CPU: no emulated bf16 here
     torch.set_num_threads(1)
     check = parent_alive_check(stop, parent_pid)
     envs = make_envs(args, make_env, "serial")

@@ -46,6 +46,7 @@ from shared import distributed
 from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveFloat, PositiveInt, Range
 from shared.atari import is_atari, make_atari_env
 from shared.cli import RunArgs, bad_args, parse_args
+from shared.device import to_host
 from shared.envs import image_shape, make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayFeed, ReplayPacer
@@ -217,7 +218,7 @@ class R2D1Net(nn.Module):
         x = torch.cat([x, a, prev_reward.float().unsqueeze(-1) * keep], dim=-1)  # [T, B, hidden + A + 1]
         if not self.recurrent:
             h = self.core(x)
-        elif not episode_start[1:].any():  # one call over the whole sequence (the common case)
+        elif T == 1 or not episode_start[1:].any():  # one call over the whole sequence (the common case)
             h, (hn, cn) = self.core(x, (state.h[None] * keep[0], state.c[None] * keep[0]))
             state = RnnState(hn[0], cn[0])
         else:  # an episode starts inside: step row by row, zeroing the state there
@@ -298,7 +299,7 @@ class EnvStepper:
         q, new_state = net(obs, torch.as_tensor(self.prev_action, device=device)[None],
                            torch.as_tensor(self.prev_reward, device=device)[None], state,
                            torch.as_tensor(self.episode_start, device=device)[None])
-        q = q[0].float().cpu().numpy()  # [B, A]
+        q = to_host(q[0].float())  # [B, A]
         greedy = q.argmax(1)
         explore = self.rng.random(len(greedy)) < self.eps
         action = np.where(explore, self.rng.integers(0, q.shape[1], len(greedy)), greedy)
@@ -450,16 +451,19 @@ def to_tensors(batch, device: torch.device) -> dict:
 def r2d1_update(net, target_net, optimizer, buffer: SequenceReplayBuffer, args: Args, beta: float,
                 device: torch.device) -> dict:
     batch, index = buffer.sample(args.batch_size, beta=beta)
-    loss, td, valid = r2d1_loss(net, target_net, to_tensors(batch, device), args)
-    if not torch.isfinite(loss):
-        raise FloatingPointError(f"R2D1 loss is {loss.item()}")
+    loss, td, _ = r2d1_loss(net, target_net, to_tensors(batch, device), args)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     distributed.average_gradients(net)
     nn.utils.clip_grad_norm_(net.parameters(), args.max_grad_norm)
     optimizer.step()
-    buffer.update_priorities(index, sequence_priorities(td.cpu().numpy(), valid.cpu().numpy(), args.eta))
-    return {"td_loss": loss.item(), "td_abs": td[valid].mean().item()}
+    burn, L = args.burn_in_steps, args.sequence_length
+    valid = ~np.asarray(batch.final_row)[burn:burn + L]  # [L, B], as r2d1_loss's, known on the host
+    # The one copy an update makes: the sum tree lives on the host.
+    buffer.update_priorities(index, sequence_priorities(to_host(td), valid, args.eta))
+    rows = torch.as_tensor(np.flatnonzero(valid), device=device)  # a boolean mask would wait on a GPU
+    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per update.
+    return {"td_loss": loss.detach(), "td_abs": td.flatten()[rows].mean()}
 
 
 # ---------------------------------------------------------------------------------------------- main

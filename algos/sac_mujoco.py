@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Literal
@@ -45,11 +45,12 @@ import torch.nn.functional as F
 from shared import distributed
 from shared.argtypes import Fraction, NonNegInt, PositiveFloat, PositiveInt, Range
 from shared.cli import RunArgs, check_replay_sizes, parse_args
+from shared.device import to_host
 from shared.envs import make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import ObsNorm
 from shared.pacing import AsyncReplay, ReplayFeed, ReplayPacer
-from shared.precision import autocast
+from shared.precision import autocast, sampler_bf16
 from shared.procs import parent_alive_check
 from shared.replay import ReplayBuffer
 from shared.run import Run
@@ -212,7 +213,7 @@ class EnvStepper:
         else:
             obs = self.obs_norm.normalize(torch.as_tensor(self.obs, dtype=torch.float32, device=device))
             with autocast(device, self.args.bf16):
-                action = actor(obs)[0].float().cpu().numpy()
+                action = to_host(actor(obs)[0].float())  # the one copy a step makes
         next_obs, reward, term, trunc, _ = self.envs.step(scale_action(action, self.space))
         reward = np.where(self.final_row, 0.0, reward)
         row = Step(self.obs[None].astype(np.float32), action[None], reward[None].astype(np.float32), term[None],
@@ -231,6 +232,7 @@ def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: Asyn
     """Async sampler process: steps the envs and appends to the shared replay with the newest actor the learner
     published; waits while it is more than max_lag_steps ahead of what the learner's updates cover."""
     affinity.apply_worker(0)
+    args = replace(args, bf16=sampler_bf16(args.bf16))  # it acts on this CPU: no emulated bf16 here
     torch.set_num_threads(1)
     check = parent_alive_check(stop, parent_pid)
     envs = make_envs(args, make_env, "serial")
@@ -329,10 +331,9 @@ def sac_update(actor, critics, target_critics, log_alpha, optimizers: dict, batc
     with torch.no_grad():
         for target, p in zip(target_critics.parameters(), critics.parameters()):
             target.lerp_(p, args.tau)
-    if not (torch.isfinite(critic_loss) and torch.isfinite(actor_loss)):
-        raise FloatingPointError(f"SAC loss is not finite (critic {critic_loss.item()}, actor {actor_loss.item()})")
-    return {"qf_loss": critic_loss.item(), "actor_loss": actor_loss.item(), "alpha": alpha.item(),
-            "q_values": q.mean().item(), "entropy": -log_pi.mean().item()}
+    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per update.
+    return {"qf_loss": critic_loss.detach(), "actor_loss": actor_loss.detach(), "alpha": alpha,
+            "q_values": q.detach().mean(), "entropy": -log_pi.detach().mean()}
 
 
 # ---------------------------------------------------------------------------------------------- main

@@ -29,7 +29,7 @@ import copy
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Literal
@@ -46,11 +46,12 @@ import torch.nn.functional as F
 from shared import distributed
 from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveFloat, PositiveInt, Range
 from shared.cli import RunArgs, check_replay_sizes, parse_args
+from shared.device import to_host
 from shared.envs import make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import ObsNorm
 from shared.pacing import AsyncReplay, ReplayFeed, ReplayPacer
-from shared.precision import autocast
+from shared.precision import autocast, sampler_bf16
 from shared.procs import parent_alive_check
 from shared.replay import ReplayBuffer
 from shared.run import Run
@@ -200,7 +201,7 @@ class EnvStepper:
         else:
             obs = self.obs_norm.normalize(torch.as_tensor(self.obs, dtype=torch.float32, device=device))
             with autocast(device, self.args.bf16):
-                action = actor(obs).float().cpu().numpy()
+                action = to_host(actor(obs).float())  # the one copy a step makes
             noise = self.rng.normal(0.0, self.args.exploration_noise, action.shape)
             action = np.clip(action + noise, -1.0, 1.0).astype(np.float32)
         next_obs, reward, term, trunc, _ = self.envs.step(scale_action(action, self.space))
@@ -221,6 +222,7 @@ def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: Asyn
     """Async sampler process: steps the envs and appends to the shared replay with the newest actor the learner
     published; waits while it is more than max_lag_steps ahead of what the learner's updates cover."""
     affinity.apply_worker(0)
+    args = replace(args, bf16=sampler_bf16(args.bf16))  # it acts on this CPU: no emulated bf16 here
     torch.set_num_threads(1)
     check = parent_alive_check(stop, parent_pid)
     envs = make_envs(args, make_env, "serial")
@@ -294,9 +296,8 @@ def td3_update(actor, target_actor, critics, target_critics, optimizers: dict, b
     critic_loss.backward()
     distributed.average_gradients(critics)
     critic_opt.step()
-    if not torch.isfinite(critic_loss):
-        raise FloatingPointError(f"TD3 critic loss is {critic_loss.item()}")
-    stats = {"qf_loss": critic_loss.item(), "q_values": q.mean().item()}
+    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per update.
+    stats = {"qf_loss": critic_loss.detach(), "q_values": q.detach().mean()}
     if not update_actor:
         return stats
 
@@ -312,9 +313,7 @@ def td3_update(actor, target_actor, critics, target_critics, optimizers: dict, b
         for target, p in zip([*target_critics.parameters(), *target_actor.parameters()],
                              [*critics.parameters(), *actor.parameters()]):
             target.lerp_(p, args.tau)  # Polyak averaging: target += tau * (p - target)
-    if not torch.isfinite(actor_loss):
-        raise FloatingPointError(f"TD3 actor loss is {actor_loss.item()}")
-    return {**stats, "actor_loss": actor_loss.item()}
+    return {**stats, "actor_loss": actor_loss.detach()}
 
 
 # ---------------------------------------------------------------------------------------------- main

@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from shared.argtypes import NonNegFloat, NonNegInt, Range
+from shared.precision import cpu_has_bf16
 
 __all__ = ["RunArgs", "bad_args",
-           "check_common", "check_memory", "check_replay_sizes", "cpu_has_bf16", "parse_args", "resolve_device"]
+           "check_common", "check_memory", "check_replay_sizes", "parse_args", "resolve_device"]
 
 EXIT_BAD_ARGS = 2
 
@@ -200,16 +201,6 @@ def _world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", 1))  # torchrun's, read before the process group exists
 
 
-def cpu_has_bf16() -> bool:
-    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX); elsewhere torch emulates it, ~10x slower."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def resolve_device(spec: str, bf16: bool = False):
     """``auto`` (cuda if available), ``cpu``, ``cuda`` or ``cuda:N``; bad or unavailable devices exit 2. Under
     torchrun ``auto``/``cuda`` is ``cuda:LOCAL_RANK``. With ``bf16`` where it is not native (a CPU without
@@ -235,9 +226,11 @@ def resolve_device(spec: str, bf16: bool = False):
             device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         if device.index is not None and device.index >= torch.cuda.device_count():
             bad_args(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) here")
-    slow = (device.type == "cpu" and not cpu_has_bf16()) or (
-        device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0))
-    if bf16 and slow:
+    if device.type == "cuda":
+        # Every CUDA call that names no device (autocast's bf16 check, events, pinned memory) means this one.
+        torch.cuda.set_device(device)
+    if bf16 and ((device.type == "cpu" and not cpu_has_bf16())
+                 or (device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0))):
         what = "a CPU without AVX512-BF16 or AMX" if device.type == "cpu" else "a GPU older than Ampere (sm_80)"
         print(f"warning: --bf16 on {what}: bfloat16 is emulated there, expect it slower than fp32", file=sys.stderr,
               flush=True)

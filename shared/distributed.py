@@ -87,6 +87,9 @@ def start(device: Any) -> None:
     backend = "nccl" if getattr(device, "type", "cpu") == "cuda" else "gloo"
     if backend == "nccl":
         torch.cuda.set_device(device)
+        # A collective that times out (a peer died or hung) raises in this rank's Python, where the run ends it
+        # cleanly; without it NCCL's watchdog aborts the whole process (SIGABRT) and nothing is cleaned up.
+        os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=TIMEOUT_S))
     _state["slow_group"] = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=SLOW_TIMEOUT_S))
     if backend != "gloo":
@@ -183,7 +186,7 @@ def mean_std(x: Any) -> tuple[Any, Any]:
     import torch
     import torch.distributed as dist
 
-    s = torch.stack([x.sum(), (x * x).sum(), torch.tensor(float(x.numel()), device=x.device)]).double()
+    s = torch.stack([x.sum(), (x * x).sum(), x.new_full((), x.numel())]).double()  # no host-to-device copy
     dist.all_reduce(s)
     n = s[2]
     mean = s[0] / n
@@ -191,10 +194,10 @@ def mean_std(x: Any) -> tuple[Any, Any]:
     return mean.to(x.dtype), var.clamp(min=0).sqrt().to(x.dtype)
 
 
-def moments(x: Any) -> tuple[float, Any, Any]:
-    """Count, mean and (population) variance over dimension 0 of tensor ``x`` ``[N, D]`` and of every rank's ``x``,
-    in float64. Two reductions (the sum, then the squared deviations from the global mean) so that a large mean
-    costs no precision."""
+def moments(x: Any) -> tuple[Any, Any, Any]:
+    """Count (a 0-d tensor), mean and (population) variance over dimension 0 of tensor ``x`` ``[N, D]`` and of
+    every rank's ``x``, in float64, on ``x``'s device (nothing is read on the host). Two reductions (the sum, then
+    the squared deviations from the global mean) so that a large mean costs no precision."""
     import torch
 
     x = x.double()
@@ -203,12 +206,12 @@ def moments(x: Any) -> tuple[float, Any, Any]:
         import torch.distributed as dist
 
         dist.all_reduce(s)
-    n = float(s[-1])
-    mean = s[:-1] / max(n, 1.0)
+    n = s[-1]
+    mean = s[:-1] / n.clamp(min=1.0)
     sq = ((x - mean) ** 2).sum(0)
     if in_lockstep():
         dist.all_reduce(sq)
-    return n, mean, sq / max(n, 1.0)
+    return n, mean, sq / n.clamp(min=1.0)
 
 
 def any_rank(*flags: bool) -> list[bool]:
@@ -245,6 +248,14 @@ def gather_objects(obj: Any, slow: bool = False) -> list[Any]:
     return out
 
 
+def _bits(t: Any) -> Any:
+    """``t``'s elements as integers of the same width (int64, for an exact sum)."""
+    import torch
+
+    as_int = {8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}[t.element_size()]
+    return t.detach().reshape(-1).view(as_int).long()
+
+
 def check_in_sync() -> None:
     """Raise ``RanksDiverged`` when any shared module's parameters differ between ranks."""
     if not in_lockstep() or not _state["modules"]:
@@ -252,8 +263,10 @@ def check_in_sync() -> None:
     import torch
 
     with torch.no_grad():
+        # The sum of the parameters' bits as integers: exact and independent of the order of the sum, so equal
+        # parameters always give equal checksums (a float sum may differ in its last bits between GPU models).
         # One host transfer for all of them (a .item() per parameter would sync a GPU once per tensor).
-        sums = [float(torch.stack([p.double().sum() + p.double().abs().sum() for p in _params(m)]).sum().cpu())
+        sums = [int(torch.stack([_bits(p).sum() for p in _params(m)]).sum().cpu())
                 for m in _state["modules"]]
     every = gather_objects(sums)
     for i, mine in enumerate(every[0]):

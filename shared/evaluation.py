@@ -34,7 +34,7 @@ def play(env: Any, act: Callable[[Any, float | None], Any], episodes: int, seed:
     if video_dir is not None:
         env = gym.wrappers.RecordVideo(env, str(video_dir), episode_trigger=lambda i: i == 0, disable_logger=True)
     played = []
-    cuda = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    cuda = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []  # this rank's GPU only
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=cuda):
             for ep in mine:

@@ -108,9 +108,8 @@ class RunningNorm(torch.nn.Module):
         from shared import distributed
 
         n, batch_mean, batch_var = distributed.moments(x.reshape(len(x), -1))
-        if n == 0:
-            return
-        mean, var, total = merge_moments(self.mean, self.var, float(self.count), batch_mean, batch_var, n)
-        self.mean.copy_(mean)
-        self.var.copy_(var)
-        self.count.fill_(total)
+        mean, var, total = merge_moments(self.mean, self.var, self.count, batch_mean, batch_var, n)
+        # Tensors throughout, so a GPU never waits here; an empty batch (n = 0) leaves them as they are.
+        self.mean.copy_(torch.where(n > 0, mean, self.mean))
+        self.var.copy_(torch.where(n > 0, var, self.var))
+        self.count.copy_(torch.where(n > 0, total, self.count))

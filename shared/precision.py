@@ -5,14 +5,18 @@ Guarantees
   autocast lists (matmuls, convolutions, LSTMs) run in bfloat16 on the CPU and on CUDA, everything else in
   float32; with ``bf16=False`` it changes nothing. Outputs that feed a loss or an action are cast back with
   ``.float()`` by the caller. ``shared.cli.resolve_device`` warns when the device has no native bfloat16.
+- ``sampler_bf16(bf16)``, in a sampler process (which acts on the CPU whatever the learner's device): ``bf16``
+  where this CPU computes bfloat16 natively (AVX512-BF16, AMX), else False with one warning line, since emulated
+  bfloat16 would make sampling about 10x slower (a CUDA learner's ``--bf16`` is meant for the GPU).
 Imports nothing from the project.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
-__all__ = ["autocast"]
+__all__ = ["autocast", "cpu_has_bf16", "sampler_bf16"]
 
 
 def autocast(device: Any, bf16: bool) -> Any:
@@ -20,3 +24,22 @@ def autocast(device: Any, bf16: bool) -> Any:
     import torch
 
     return torch.autocast(device.type, torch.bfloat16, enabled=bf16)
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU computes bfloat16 natively (AVX512-BF16 or AMX); elsewhere torch emulates it, ~10x slower."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def sampler_bf16(bf16: bool) -> bool:
+    """Whether a sampler process runs its forward passes in bfloat16 (see the module docstring)."""
+    if bf16 and not cpu_has_bf16():
+        print("warning: --bf16: the sampler process acts in float32 (this CPU has no native bfloat16)",
+              file=sys.stderr, flush=True)
+        return False
+    return bf16

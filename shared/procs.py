@@ -188,7 +188,7 @@ class SharedParameters:
         import torch
 
         with torch.no_grad():
-            flat = torch.cat([t.detach().reshape(-1).float().cpu() for t in self._tensors(module)]).numpy()
+            flat = torch.cat([t.detach().reshape(-1).float() for t in self._tensors(module)]).cpu().numpy()  # one copy
         with locked(self._lock, check):
             self.flat[:] = flat
             self._version[0] = version

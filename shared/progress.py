@@ -39,9 +39,12 @@ CHART_KEYS = {"learning_rate", "epsilon", "updates", "wait_s", "sampler_wait_s",
 
 
 def scalar(v: Any) -> Any:
-    """A number for the row: 0-d tensors and numpy scalars are read here (the only host sync of a statistic)."""
+    """A number for the row: 0-d tensors and numpy scalars are read here (the only host sync of a statistic); a
+    list of them is their mean (a statistic over an update's minibatches)."""
     if v is None or isinstance(v, (int, float, str)):
         return v
+    if isinstance(v, (list, tuple)):
+        return float(np.mean([scalar(x) for x in v])) if v else None
     return v.item() if hasattr(v, "item") else v
 
 

@@ -31,8 +31,10 @@ Guarantees
   mean goes into the next row as ``eval_return``), a progress row every ``--log-every`` steps (rollouts for an
   on-policy script, which gives ``iteration_steps``), a checkpoint every ``--checkpoint-every`` steps and every
   ``--checkpoint-minutes`` of wall time; it returns True when the mean return of the last ``stop_window``
-  episodes reached ``--stop-at-return``. ``values`` are the row's columns (numbers or 0-d tensors, read only
-  when a row is written); ``updates``, when given, is also the count the checkpoint keeps. In a torchrun job
+  episodes reached ``--stop-at-return``. ``values`` are the row's columns (numbers, 0-d tensors or lists of
+  them, averaged; read only when a row or a checkpoint is written, so a GPU never waits for them in the loop;
+  one that is not finite there ends the run with ``FloatingPointError`` and no checkpoint is written over the
+  last good one); ``updates``, when given, is also the count the checkpoint keeps. In a torchrun job
   every rank calls it every iteration: it is where the ranks agree to stop together, and a signal any rank got
   raises ``KeyboardInterrupt`` on every rank here, at the same iteration.
 - ``with run:`` ends the run cleanly however it ends: Ctrl-C or SIGTERM writes a last row and the checkpoint,
@@ -49,6 +51,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import platform
 import sys
 import time
@@ -67,7 +70,7 @@ from shared.envs import close_envs, probe_spaces
 from shared.evaluation import play
 from shared.files import WriteError, write_text
 from shared.procs import WorkerError
-from shared.progress import ProgressLog
+from shared.progress import ProgressLog, scalar
 
 __all__ = ["EXIT_INTERRUPTED", "Run"]
 
@@ -216,7 +219,17 @@ class Run:
     def _row(self, global_step: int, values: dict[str, Any]) -> None:
         if self._eval_return is not None:  # an evaluation since the last row
             values, self._eval_return = {**values, "eval_return": self._eval_return}, None
-        self.progress.row(global_step, **values)
+        self._check_finite(self.progress.row(global_step, **values), values)
+
+    def _check_finite(self, row: dict[str, Any], values: dict[str, Any]) -> None:
+        """A statistic of the loop that is not finite (a loss gone to NaN or infinity) ends the run with
+        ``FloatingPointError``, before any further checkpoint: the parameters it came from are lost, the last
+        checkpoint is kept. Statistics stay on the device between rows, so this is where they are read."""
+        for k in values:
+            v = row.get(k)
+            if isinstance(v, float) and not math.isfinite(v):
+                raise FloatingPointError(f"{k} is {v} at step {self.global_step}: training diverged (the last "
+                                         f"checkpoint is kept)")
 
     def _should_stop(self, global_step: int) -> bool:
         threshold = getattr(self.args, "stop_at_return", None)
@@ -253,6 +266,7 @@ class Run:
 
     def save(self) -> None:
         """Write the checkpoint (and first the replay, with --save-replay); rank 0 only."""
+        self._check_finite({k: scalar(v) for k, v in self._values.items()}, self._values)
         if not self.writes:
             return
         state = {**checkpoint.state_of(self._objects), "global_step": self.global_step, "updates": self.updates,
@@ -328,8 +342,10 @@ class Run:
                 traceback.print_exception(kind, error, tb)
                 print(f"error: {kind.__name__}: {error}", file=sys.stderr, flush=True)
                 self.exit_code = 1
-        except WriteError as e:  # the checkpoint of an interrupted or failed run could not be written
-            print(f"error: {e}", file=sys.stderr, flush=True)
+        except (WriteError, FloatingPointError) as e:  # no checkpoint of an interrupted or failed run: not
+            # written (disk full), or not to be written (its statistics were not finite)
+            print(f"error: {type(e).__name__}: {e}" if isinstance(e, FloatingPointError) else f"error: {e}",
+                  file=sys.stderr, flush=True)
             self.exit_code = 1
         finally:
             for thing in reversed(self._held):

@@ -1,0 +1,97 @@
+"""Counts, on the CPU, the operations of a script's run that would make the host wait for a GPU.
+
+Usage: ``python tests/count_syncs.py SCRIPT [FLAGS...]`` runs ``algos/SCRIPT.py``'s ``main()`` in this process
+and prints one JSON object: ``{"rows": [...], "sites": {"where": count}}``.
+
+On CUDA, an op that returns a value to Python (``.item()``, ``float(t)``, ``bool(t)``, ``if tensor:``: all
+``aten._local_scalar_dense``), a data-dependent shape (``nonzero``, a boolean-mask index, ``masked_select``),
+``torch.equal``, and every copy to the host (``.cpu()``, ``.tolist()``) waits for the device's queue to drain.
+On the CPU nothing waits, but the same ops run: a ``TorchDispatchMode`` sees the aten ones and ``Tensor.cpu``
+and ``Tensor.tolist`` are wrapped. Each is filed under the place that caused it:
+
+- ``row``: inside what ``shared.run.Run`` does when a row, an evaluation or a checkpoint is due (the statistics
+  are read there, once per row), or before the loop starts;
+- ``to_host``: inside ``shared.device.to_host``, the one declared copy a hot loop may make (the actions an env
+  needs, the priorities a prioritized replay needs);
+- ``optim``: inside ``torch.optim``, which reads its step counters, kept on the host (a CPU tensor also when the
+  parameters are on a GPU, unless ``capturable``), so nothing waits there;
+- otherwise ``<function>:<line>`` of the script (or ``shared/<module>:<function>``): a sync in the hot loop.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import io
+import json
+import sys
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+ROOT = Path(__file__).resolve().parents[1]
+ROW_TIME = {  # shared/ functions whose syncs happen once per row, evaluation or checkpoint, or before the loop
+    "run.py": {"_row", "_evaluate", "save", "finish", "begin", "evaluate_only", "_last_row", "__exit__",
+               "__init__", "__enter__"},
+    "progress.py": None, "evaluation.py": None, "checkpoint.py": None,  # None: the whole module
+}
+SYNC_OPS = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.equal.default",
+            "aten.masked_select.default", "aten.unique.default", "aten._unique2.default"}
+
+sites: collections.Counter = collections.Counter()
+
+
+def where() -> str:
+    """The category of the current sync, from the Python stack (innermost frame first)."""
+    frame = sys._getframe(2)
+    script_site = shared_site = None
+    while frame is not None:
+        path, name = Path(frame.f_code.co_filename), frame.f_code.co_name
+        if "torch/optim" in path.as_posix():
+            return "optim"
+        if path.parent == ROOT / "shared":
+            if name == "to_host":
+                return "to_host"
+            row = ROW_TIME.get(path.name, ())
+            if row is None or name in row:
+                return "row"
+            shared_site = shared_site or f"shared/{path.name}:{name}"
+        elif path.parent == ROOT / "algos" and script_site is None:
+            script_site = f"{name}:{frame.f_lineno}"
+        frame = frame.f_back
+    return script_site or shared_site or "elsewhere"
+
+
+class CountSyncs(TorchDispatchMode):
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        bool_index = name == "aten.index.Tensor" and any(
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or ()))
+        if name in SYNC_OPS or bool_index:
+            sites[where()] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _counted(method):
+    def wrapper(self, *args, **kwargs):
+        sites[where()] += 1
+        return method(self, *args, **kwargs)
+
+    return wrapper
+
+
+def main() -> None:
+    script, flags = sys.argv[1], sys.argv[2:]
+    sys.path.insert(0, str(ROOT / "algos"))
+    module = __import__(script)
+    torch.Tensor.cpu = _counted(torch.Tensor.cpu)
+    torch.Tensor.tolist = _counted(torch.Tensor.tolist)
+    sys.argv = [f"{script}.py", *flags]
+    with contextlib.redirect_stdout(io.StringIO()), CountSyncs():
+        code = module.main()
+    print(json.dumps({"exit": code, "sites": dict(sites)}))
+
+
+if __name__ == "__main__":
+    main()
