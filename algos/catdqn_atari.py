@@ -175,6 +175,14 @@ class ScaleGrad(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
+def float32_out(layers: nn.Sequential, h: torch.Tensor) -> torch.Tensor:
+    """A head's hidden layers under the caller's autocast, its output layer in float32: bfloat16 would round
+    Q-values to steps of 1/16 near 10, the size of the TD errors that remain near convergence."""
+    z = layers[:-1](h)
+    with torch.autocast(z.device.type, enabled=False):
+        return layers[-1](z.float())
+
+
 class QNetwork(nn.Module):
     """Nature CNN for images ([C, H, W] or [H, W, C], at least 36x36; uint8 scaled inside) or a 120-84 MLP
     torso for vectors; a categorical head, plain or dueling.
@@ -209,9 +217,9 @@ class QNetwork(nn.Module):
         h = self.torso(x)
         if self.dueling:
             h = ScaleGrad.apply(h, 2 ** -0.5)  # two streams feed the torso: keep its gradient scale
-        logits = self.q(h).view(-1, self.n_actions, len(self.support))  # [N, A, K]
+        logits = float32_out(self.q, h).view(-1, self.n_actions, len(self.support))  # [N, A, K]
         if self.dueling:
-            logits = self.v(h).unsqueeze(1) + logits - logits.mean(dim=1, keepdim=True)
+            logits = float32_out(self.v, h).unsqueeze(1) + logits - logits.mean(dim=1, keepdim=True)
         return logits.float().log_softmax(dim=-1)  # float32 whatever the autocast: the projection needs it
 
     def q_values(self, obs: torch.Tensor) -> torch.Tensor:

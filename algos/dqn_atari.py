@@ -167,6 +167,14 @@ class ScaleGrad(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
+def float32_out(layers: nn.Sequential, h: torch.Tensor) -> torch.Tensor:
+    """A head's hidden layers under the caller's autocast, its output layer in float32: bfloat16 would round
+    Q-values to steps of 1/16 near 10, the size of the TD errors that remain near convergence."""
+    z = layers[:-1](h)
+    with torch.autocast(z.device.type, enabled=False):
+        return layers[-1](z.float())
+
+
 class QNetwork(nn.Module):
     """Nature CNN for images ([C, H, W] or [H, W, C], at least 36x36; uint8 scaled inside) or a 120-84 MLP
     torso for vectors; plain or dueling Q head."""
@@ -196,10 +204,10 @@ class QNetwork(nn.Module):
             x = obs.float().flatten(1)
         h = self.torso(x)
         if not self.dueling:
-            return self.q(h)  # [N, A]
+            return float32_out(self.q, h)  # [N, A]
         h = ScaleGrad.apply(h, 2 ** -0.5)  # two streams feed the torso: keep its gradient scale
-        adv = self.q(h)
-        return self.v(h) + adv - adv.mean(dim=1, keepdim=True)
+        adv = float32_out(self.q, h)
+        return float32_out(self.v, h) + adv - adv.mean(dim=1, keepdim=True)
 
 
 # ---------------------------------------------------------------------------------------------- sampling

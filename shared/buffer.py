@@ -129,5 +129,6 @@ def _as_numpy(x: Any) -> np.ndarray:
     if isinstance(x, np.ndarray):
         return x
     if "torch" in sys.modules and isinstance(x, sys.modules["torch"].Tensor):
-        return x.detach().cpu().numpy()
+        torch = sys.modules["torch"]
+        return (x.detach().float() if x.dtype == torch.bfloat16 else x.detach()).cpu().numpy()  # numpy has no bf16
     return np.asarray(x)

@@ -89,6 +89,19 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def _hardware(device: Any) -> dict[str, Any]:
+    """What the numbers of a run depend on beyond the versions: the resolved device and, on a GPU, its name, CUDA
+    and cuDNN versions and whether float32 matmuls and convolutions may use TF32."""
+    import torch
+
+    out: dict[str, Any] = {"device": str(device), "cpu": platform.processor() or platform.machine()}
+    if device.type == "cuda":
+        out.update(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
+                   cudnn=torch.backends.cudnn.version(), tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
+                   tf32_conv=torch.backends.cudnn.allow_tf32)
+    return out
+
+
 class Run:
     """One run; see the module docstring."""
 
@@ -99,6 +112,10 @@ class Run:
 
         self.args, self.script, self.make_env, self.stop_window = args, script, make_env, stop_window
         self.device = resolve_device(args.device, getattr(args, "bf16", False))
+        if self.device.type == "cuda":
+            # Chosen, not inherited: torch's defaults let convolutions use TF32 but not matmuls, so an "fp32" run
+            # would be half TF32. Both may (tensor cores on Ampere and later); config.json records it.
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         self.resumed, ckpt_file = checkpoint.load(args.resume, args.env_id) if args.resume else (None, None)
         self.path = ckpt_file.parent if ckpt_file is not None else \
             Path(args.out_dir) / (args.run_name or f"{args.env_id}__{script}__{args.seed}__{int(time.time())}")
@@ -182,7 +199,8 @@ class Run:
             config_file = self.path / f"config.resume-{start_step}.json"
         if not evaluating:
             write_text(config_file, lambda f: json.dump({"args": config, "versions": _versions(),
-                                                         "script": self.script}, f, indent=2, default=str))
+                                                         "hardware": _hardware(self.device), "script": self.script},
+                                                        f, indent=2, default=str))
         self.progress = ProgressLog(self.path, self.args.total_timesteps, start_step, counters,
                                     resumed=self.resumed is not None, read_only=evaluating)
 
@@ -300,13 +318,13 @@ class Run:
         returns the exit code (130 on Ctrl-C)."""
         try:
             self._evaluate(self.global_step, video=self.args.capture_video)
-            distributed.end()
             return 0
         except KeyboardInterrupt:
             print("interrupted: evaluation stopped", file=sys.stderr, flush=True)
             return EXIT_INTERRUPTED
         finally:
             self.progress.close()
+            distributed.end()  # on every path: the process group is left
 
     def hold(self, thing: Any) -> Any:
         """Close ``thing`` (a ``procs.Worker`` or a vector env) when the run ends, however it ends."""

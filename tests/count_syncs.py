@@ -1,7 +1,9 @@
 """Counts, on the CPU, the operations of a script's run that would make the host wait for a GPU.
 
 Usage: ``python tests/count_syncs.py SCRIPT [FLAGS...]`` runs ``algos/SCRIPT.py``'s ``main()`` in this process
-and prints one JSON object: ``{"rows": [...], "sites": {"where": count}}``.
+and prints one JSON object: ``{"exit": code, "sites": {"where": count}}``. With ``--device cuda`` among the flags
+(a machine with a GPU), CUDA's own sync debugging (``torch.cuda.set_sync_debug_mode("warn")``) reports every
+synchronizing CUDA call as well, filed the same way under ``cuda:<where>``.
 
 On CUDA, an op that returns a value to Python (``.item()``, ``float(t)``, ``bool(t)``, ``if tensor:``: all
 ``aten._local_scalar_dense``), a data-dependent shape (``nonzero``, a boolean-mask index, ``masked_select``),
@@ -81,8 +83,27 @@ def _counted(method):
     return wrapper
 
 
+def _cuda_warnings() -> None:
+    """File every warning of CUDA's sync debug mode under where it happened."""
+    import warnings
+
+    shown = warnings.showwarning
+
+    def show(message, category, *args, **kwargs):
+        if "synchroniz" in str(message):
+            sites["cuda:" + where()] += 1
+        else:
+            shown(message, category, *args, **kwargs)
+
+    warnings.showwarning = show
+    warnings.simplefilter("always")
+    torch.cuda.set_sync_debug_mode("warn")
+
+
 def main() -> None:
     script, flags = sys.argv[1], sys.argv[2:]
+    if "cuda" in " ".join(flags) and torch.cuda.is_available():
+        _cuda_warnings()
     sys.path.insert(0, str(ROOT / "algos"))
     module = __import__(script)
     torch.Tensor.cpu = _counted(torch.Tensor.cpu)

@@ -295,3 +295,38 @@ def test_sigusr1_prints_where_every_thread_is_and_the_process_goes_on(capfd):
     os.kill(os.getpid(), signal.SIGUSR1)  # what a user (or a test waiting on a hung run) sends
     err = capfd.readouterr().err
     assert "most recent call first" in err and "test_run.py" in err
+
+
+def test_a_statistic_gone_to_nan_ends_the_run_at_the_row_and_keeps_the_last_checkpoint(tmp_path, capsys):
+    """Statistics stay on the device between rows (tensors); the row reads them: a non-finite one ends the run
+    with exit 1 and a last line naming it, and no checkpoint is written over the last good one."""
+    run, model = new_run(tmp_path, checkpoint_every=100)
+    with run:
+        run.periodic(100, loss=torch.tensor(0.5), updates=1)  # a row and a checkpoint at step 100
+        with torch.no_grad():
+            model.weight.fill_(float("nan"))
+        run.periodic(150, loss=torch.tensor(float("nan")), updates=2)  # neither due: not read, nothing raised
+        run.periodic(200, loss=[torch.tensor(1.0), torch.tensor(float("nan"))], updates=3)
+    assert run.exit_code == 1
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: FloatingPointError: loss is nan at step 200: training diverged (the last checkpoint is kept)")
+    saved = torch.load(run.path / "checkpoint.pt", weights_only=True)
+    assert saved["global_step"] == 100 and bool(torch.isfinite(saved["model"]["weight"]).all())
+    assert [r["loss"] for r in rows(run.path)[1]] == ["0.5", "nan"]
+
+
+def test_a_checkpoint_due_without_a_row_is_not_written_from_a_diverged_run(tmp_path, capsys):
+    run, _ = new_run(tmp_path, checkpoint_every=50, log_every=1000)
+    with run:
+        run.periodic(60, loss=torch.tensor(float("inf")))
+    assert run.exit_code == 1 and not (run.path / "checkpoint.pt").exists()
+    assert "error: FloatingPointError: loss is inf at step 60" in capsys.readouterr().err
+
+
+def test_an_interrupted_run_with_a_nan_statistic_writes_no_checkpoint(tmp_path, capsys):
+    run, _ = new_run(tmp_path)
+    with run:
+        run.periodic(10, loss=torch.tensor(float("nan")))
+        raise KeyboardInterrupt
+    assert run.exit_code == 1 and not (run.path / "checkpoint.pt").exists()
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: FloatingPointError: loss is nan")

@@ -1,0 +1,138 @@
+"""Device logic without a GPU: ``resolve_device`` and the torchrun device mapping against a mocked CUDA (device
+count, capability), the bf16 warnings, the NCCL environment set before the process group starts, and the ranks'
+parameter checksum."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from shared import cli, distributed, precision
+
+
+@pytest.fixture
+def cuda(monkeypatch):
+    """A machine with two CUDA devices of compute capability 7.0 (a V100), as far as torch.cuda says."""
+    calls = {"set_device": [], "capability": 0}
+
+    def capability(device=None):
+        calls["capability"] += 1
+        return (7, 0)
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", capability)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls["set_device"].append(torch.device(d)))
+    for var in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(var, raising=False)
+    return calls
+
+
+def exit_line(capsys, fn, *args, **kwargs) -> str:
+    with pytest.raises(SystemExit) as e:
+        fn(*args, **kwargs)
+    assert e.value.code == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1
+    return lines[0]
+
+
+def test_a_single_process_on_cuda_n_makes_it_the_current_device(cuda, capsys):
+    assert cli.resolve_device("cuda:1") == torch.device("cuda", 1)
+    assert cuda["set_device"] == [torch.device("cuda", 1)]  # autocast, events, pinned memory mean this GPU
+    assert cli.resolve_device("auto") == torch.device("cuda")
+    assert cuda["capability"] == 0  # read only for --bf16
+    assert capsys.readouterr().err == ""
+
+
+def test_bf16_on_a_gpu_older_than_ampere_warns_in_one_line(cuda, capsys):
+    cli.resolve_device("cuda:0", bf16=True)
+    assert capsys.readouterr().err.startswith("warning: --bf16 on a GPU older than Ampere (sm_80)")
+
+
+def test_torchrun_ranks_take_the_gpu_of_their_local_rank(cuda, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")  # two nodes of two ranks
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert cli.resolve_device("cuda") == torch.device("cuda", 1)
+    assert cli.resolve_device("auto") == torch.device("cuda", 1)
+
+
+def test_one_explicit_gpu_for_several_local_ranks_exits_2_before_anything_starts(cuda, monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert exit_line(capsys, cli.resolve_device, "cuda:0") == (
+        "error: --device cuda:0: 2 ranks on this machine would share one GPU; give --device cuda (each rank takes "
+        "the GPU of its local rank)")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
+    assert exit_line(capsys, cli.resolve_device, "cuda") == "error: --nproc-per-node 3 is more than the 2 GPU(s) here"
+    assert cuda["set_device"] == []
+
+
+def test_a_gpu_index_past_the_last_exits_2(cuda, capsys):
+    assert exit_line(capsys, cli.resolve_device, "cuda:2") == "error: --device cuda:2: only 2 CUDA device(s) here"
+
+
+def test_a_sampler_process_acts_in_bf16_only_where_the_cpu_has_it(monkeypatch, capsys):
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: False)
+    assert precision.sampler_bf16(True) is False
+    assert capsys.readouterr().err.startswith("warning: --bf16: the sampler process acts in float32")
+    assert precision.sampler_bf16(False) is False
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: True)
+    assert precision.sampler_bf16(True) is True
+    assert capsys.readouterr().err == ""
+
+
+def test_an_nccl_group_raises_in_python_when_a_peer_is_lost(monkeypatch):
+    """TORCH_NCCL_BLOCKING_WAIT is set before the NCCL group starts: a timed-out collective then raises where
+    the run ends cleanly (exit 1, checkpoint, no orphan), instead of NCCL's watchdog aborting the process."""
+    import torch.distributed as dist
+
+    seen = {}
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.delenv("TORCH_NCCL_BLOCKING_WAIT", raising=False)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
+    monkeypatch.setattr(dist, "init_process_group",
+                        lambda backend, timeout: seen.update(backend=backend,
+                                                             blocking=__import__("os").environ.get(
+                                                                 "TORCH_NCCL_BLOCKING_WAIT")))
+    monkeypatch.setattr(dist, "new_group", lambda backend, timeout: backend)
+    monkeypatch.setattr(distributed, "_state", {**distributed._state})
+    monkeypatch.setattr(distributed.signals, "flag_on_signals", lambda: None)
+    distributed.start(torch.device("cuda", 0))
+    assert seen == {"backend": "nccl", "blocking": "1"}
+    assert distributed._state["cpu_group"] == "gloo"  # agreements never go over NCCL
+
+
+def test_the_rank_checksum_is_exact_and_independent_of_the_order_of_the_sum():
+    p = torch.randn(1000)
+    same = p.flip(0).flip(0).clone()
+    assert int(distributed._bits(p).sum()) == int(distributed._bits(same).sum())
+    assert int(distributed._bits(p).sum()) == int(distributed._bits(p[torch.randperm(1000)]).sum())
+    nudged = p.clone()
+    nudged[7] = torch.nextafter(nudged[7], torch.tensor(float("inf")))  # one ulp on one parameter
+    assert int(distributed._bits(p).sum()) != int(distributed._bits(nudged).sum())
+    assert distributed._bits(torch.ones(3, dtype=torch.float64)).dtype == torch.int64
+
+
+@pytest.mark.parametrize("script", ["dqn_atari", "catdqn_atari"])
+def test_q_heads_stay_float32_under_bf16_autocast(script):
+    """bf16 would round Q-values to steps of 1/16 near 10: the output layers run in float32 (review F20)."""
+    import importlib
+    import sys
+
+    from tests.helpers import ROOT
+
+    sys.path.insert(0, str(ROOT / "algos"))
+    module = importlib.import_module(script)
+    extra = (torch.linspace(-10, 10, 51),) if script == "catdqn_atari" else ()
+    net = module.QNetwork((4,), 2, True, *extra)
+    with torch.autocast("cpu", torch.bfloat16):
+        raw = net.q(net.torso(torch.randn(3, 4)))  # what the head gave before: bfloat16
+        out = net.q_values(torch.randn(3, 4)) if script == "catdqn_atari" else net(torch.randn(3, 4))
+    assert raw.dtype == torch.bfloat16 and out.dtype == torch.float32
+    with torch.autocast("cpu", torch.bfloat16):
+        h = net.q[:-1](net.torso(torch.ones(1, 4)))
+        head = module.float32_out(net.q, net.torso(torch.ones(1, 4)))
+    assert torch.equal(head, net.q[-1](h.float()))
