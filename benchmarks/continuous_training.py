@@ -4,9 +4,10 @@ for the benchmark only (pip install stable-baselines3).
 
 Settings for all: one env, one update of batch 256 per env step, 256x256 actor and critics, Adam 3e-4, tau
 0.005, 100k replay, learning from step 1,000; TD3 with policy delay 2 and smoothing noise 0.2/0.5, SAC with
-automatic entropy tuning.
+automatic entropy tuning. --device (default cpu) is given to both sides: our scripts' --device and SB3's
+device=, for the same comparison on a GPU.
 
-    python benchmarks/continuous_training.py [--env-id HalfCheetah-v5] [--steps 3000]
+    python benchmarks/continuous_training.py [--env-id HalfCheetah-v5] [--steps 3000] [--device cpu]
 """
 
 from __future__ import annotations
@@ -24,12 +25,21 @@ LEARN_FROM = 1000
 SCRIPTS = {"sac": "sac_mujoco.py", "td3": "td3_mujoco.py", "ddpg": "ddpg_mujoco.py"}
 
 
-def ours(script: str, env_id: str, steps: int, sampler: str, extra: list[str]) -> float:
+def device_name(spec: str) -> str:
+    """The device a --device value means here, for the printed header: ``auto`` is cuda if available, else cpu."""
+    if spec != "auto":
+        return spec
+    import torch
+
+    return f"{'cuda' if torch.cuda.is_available() else 'cpu'} (auto)"
+
+
+def ours(script: str, env_id: str, steps: int, sampler: str, extra: list[str], device: str) -> float:
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, str(ROOT / "algos" / script), "--env-id", env_id, "--sampler", sampler,
                "--total-timesteps", str(LEARN_FROM + 500 + steps), "--buffer-size", "100000", "--min-steps-learn",
                str(LEARN_FROM), "--log-every", "500", "--eval-episodes", "0", "--out-dir", out, "--run-name", "b",
-               *extra]
+               "--device", device, *extra]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
         with open(Path(out) / "b" / "progress.csv") as f:
             rows = [r for r in csv.DictReader(f) if int(r["global_step"]) >= LEARN_FROM + 500]
@@ -38,7 +48,7 @@ def ours(script: str, env_id: str, steps: int, sampler: str, extra: list[str]) -
     return steps / (float(last["wall_time_s"]) - float(first["wall_time_s"]))
 
 
-def sb3(algo: str, env_id: str, steps: int) -> float:
+def sb3(algo: str, env_id: str, steps: int, device: str) -> float:
     import gymnasium as gym
     import numpy as np
     from stable_baselines3 import DDPG, SAC, TD3
@@ -46,7 +56,7 @@ def sb3(algo: str, env_id: str, steps: int) -> float:
 
     env = gym.make(env_id)
     common = dict(learning_starts=LEARN_FROM, batch_size=256, buffer_size=100_000, learning_rate=3e-4, tau=0.005,
-                  gamma=0.99, train_freq=1, gradient_steps=1, seed=1, device="cpu", verbose=0,
+                  gamma=0.99, train_freq=1, gradient_steps=1, seed=1, device=device, verbose=0,
                   policy_kwargs=dict(net_arch=[256, 256]))
     n = env.action_space.shape[0]
     noise = NormalActionNoise(np.zeros(n), 0.1 * np.ones(n))
@@ -69,14 +79,17 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env-id", default="HalfCheetah-v5")
     p.add_argument("--steps", type=int, default=3000, help="env steps measured after learning starts")
+    p.add_argument("--device", default="cpu",
+                   help="auto, cpu, cuda or cuda:N: our scripts' --device and SB3's device= (default: cpu)")
     a = p.parse_args()
-    print(f"{a.env_id}: env steps per second once learning runs (one update of batch 256 per step)")
+    print(f"{a.env_id}: env steps per second once learning runs (one update of batch 256 per step), "
+          f"device {device_name(a.device)}")
     for algo, script in SCRIPTS.items():
-        base = sb3(algo, a.env_id, a.steps)
+        base = sb3(algo, a.env_id, a.steps, a.device)
         print(f"Stable-Baselines3 {algo.upper():<5}                 {base:7.1f} SPS", flush=True)
         for sampler, extra, label in (("serial", [], "fp32"), ("serial", ["--bf16"], "bf16"),
                                       ("parallel", [], "fp32"), ("async", [], "fp32")):
-            sps = ours(script, a.env_id, a.steps, sampler, extra)
+            sps = ours(script, a.env_id, a.steps, sampler, extra, a.device)
             print(f"{script:<15} --sampler {sampler:<8} {label}  {sps:7.1f} SPS  {sps / base:5.2f}x SB3", flush=True)
 
 

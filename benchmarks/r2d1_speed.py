@@ -2,9 +2,10 @@
 learner's sequences per second (one update of the paper's batch: 64 sequences of 40 burn-in + 80 + 5 rows).
 
 Sampling SPS is measured before learning starts; training SPS once it runs (replay ratio 1: one update per
-batch_size * sequence_length = 5,120 env steps, as in R2D2 and rlpyt).
+batch_size * sequence_length = 5,120 env steps, as in R2D2 and rlpyt). --device (default cpu) is the script's
+--device and where the in-process learner measurement puts its network and batches.
 
-    python benchmarks/r2d1_speed.py [--env-id BreakoutNoFrameskip-v4] [--num-envs 16] [--steps 20000]
+    python benchmarks/r2d1_speed.py [--env-id BreakoutNoFrameskip-v4] [--num-envs 16] [--steps 20000] [--device cpu]
 """
 
 from __future__ import annotations
@@ -22,13 +23,14 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "algos"))
 
 
-def script_sps(env_id: str, num_envs: int, sampler: str, steps: int, learn_from: int) -> tuple[float, float, int]:
+def script_sps(env_id: str, num_envs: int, sampler: str, steps: int, learn_from: int,
+               device: str) -> tuple[float, float, int]:
     """(sampling SPS before learning, training SPS after, updates done) from one run's progress.csv."""
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, str(ROOT / "algos" / "r2d1_atari.py"), "--env-id", env_id, "--sampler", sampler,
                "--num-envs", str(num_envs), "--total-timesteps", str(learn_from + steps), "--min-steps-learn",
                str(learn_from), "--buffer-size", "200000", "--log-every", str(steps // 4), "--eval-episodes", "0",
-               "--out-dir", out, "--run-name", "b"]
+               "--out-dir", out, "--run-name", "b", "--device", device]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
         with open(Path(out) / "b" / "progress.csv") as f:
             rows = list(csv.DictReader(f))
@@ -45,7 +47,8 @@ def script_sps(env_id: str, num_envs: int, sampler: str, steps: int, learn_from:
     return sps(before), sps(after), int(rows[-1]["updates"])
 
 
-def learner_sequences_per_second(repeats: int) -> float:
+def learner_sequences_per_second(repeats: int, device) -> float:
+    """Sequences per second of ``repeats`` timed updates on ``device`` (a torch.device), after one untimed."""
     import numpy as np
     import r2d1_atari as r2d1
     import torch
@@ -65,12 +68,22 @@ def learner_sequences_per_second(repeats: int) -> float:
                          rng.integers(0, 4, (40, B)), rng.random((40, B), dtype=np.float32),
                          r2d1.RnnState(np.zeros((40, B, 512), np.float32), np.zeros((40, B, 512), np.float32)))
         buf.append(chunk)
-    net, target = r2d1.R2D1Net((4, 84, 84), 4, 512), r2d1.R2D1Net((4, 84, 84), 4, 512)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # as shared.run.Run sets
+    net = r2d1.R2D1Net((4, 84, 84), 4, 512).to(device)
+    target = r2d1.R2D1Net((4, 84, 84), 4, 512).to(device)
     opt = torch.optim.Adam(net.parameters(), lr=1e-4, eps=1e-3)
-    r2d1.r2d1_update(net, target, opt, buf, args, 0.6, torch.device("cpu"))
+
+    def sync() -> None:  # GPU work is queued: wait for it before the clock is read
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    r2d1.r2d1_update(net, target, opt, buf, args, 0.6, device)
+    sync()
     t0 = time.perf_counter()
     for _ in range(repeats):
-        r2d1.r2d1_update(net, target, opt, buf, args, 0.6, torch.device("cpu"))
+        r2d1.r2d1_update(net, target, opt, buf, args, 0.6, device)
+    sync()
     return repeats * args.batch_size / (time.perf_counter() - t0)
 
 
@@ -82,14 +95,19 @@ def main() -> None:
     p.add_argument("--learn-from", type=int, default=10_000)
     p.add_argument("--repeats", type=int, default=3, help="learner updates timed (0: skip)")
     p.add_argument("--samplers", nargs="+", default=["serial", "parallel", "async"])
+    p.add_argument("--device", default="cpu",
+                   help="auto, cpu, cuda or cuda:N: the script's --device and the learner measurement's (default: cpu)")
     a = p.parse_args()
+    from shared.cli import resolve_device
+
+    device = resolve_device(a.device)  # as the script resolves it; a bad or missing device exits 2 here
     if a.repeats:
-        seq = learner_sequences_per_second(a.repeats)
-        print(f"learner: {seq:.1f} sequences/s ({seq * 120:.0f} rows/s incl. burn-in) at batch 64 x (40 + 80 + 5)",
-              flush=True)
-    print(f"{a.env_id}, {a.num_envs} envs: env steps per second", flush=True)
+        seq = learner_sequences_per_second(a.repeats, device)
+        print(f"learner on {device}: {seq:.1f} sequences/s ({seq * 120:.0f} rows/s incl. burn-in) at batch 64 x "
+              f"(40 + 80 + 5)", flush=True)
+    print(f"{a.env_id}, {a.num_envs} envs, device {device}: env steps per second", flush=True)
     for sampler in a.samplers:
-        s, t, u = script_sps(a.env_id, a.num_envs, sampler, a.steps, a.learn_from)
+        s, t, u = script_sps(a.env_id, a.num_envs, sampler, a.steps, a.learn_from, a.device)
         print(f"--sampler {sampler:<8}  sampling {s:7.1f} SPS   training {t:7.1f} SPS ({u} updates)", flush=True)
 
 
