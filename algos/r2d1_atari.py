@@ -482,6 +482,8 @@ def check_args(args: Args) -> None:
                  f"--batch-size {args.batch_size}")
     if args.observe_indices and is_atari(args.env_id):
         bad_args("--observe-indices applies to vector observations, not Atari frames")
+    if args.bf16:  # bfloat16 targets would be garbage: h_inv(1.0) comes out as -1.0 instead of 2.99
+        bad_args("--bf16 is not supported by R2D1: its value rescaling needs float32")
 
 
 def make_learner(args: Args, run: Run) -> tuple[R2D1Net, R2D1Net, torch.optim.Optimizer]:

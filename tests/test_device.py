@@ -136,3 +136,17 @@ def test_q_heads_stay_float32_under_bf16_autocast(script):
         h = net.q[:-1](net.torso(torch.ones(1, 4)))
         head = module.float32_out(net.q, net.torso(torch.ones(1, 4)))
     assert torch.equal(head, net.q[-1](h.float()))
+
+
+def test_r2d1_refuses_bf16_in_one_line(monkeypatch, capsys):
+    """R2D1 runs in float32: its value rescaling cancels catastrophically in bfloat16 (review F4)."""
+    import sys
+
+    from tests.helpers import ROOT
+
+    sys.path.insert(0, str(ROOT / "algos"))
+    import r2d1_atari
+
+    monkeypatch.setattr(sys, "argv", ["r2d1_atari", "--preset", "memory", "--bf16"])
+    assert exit_line(capsys, cli.parse_args, r2d1_atari.Args, r2d1_atari.PRESETS, r2d1_atari.check_args) == (
+        "error: --bf16 is not supported by R2D1: its value rescaling needs float32")
