@@ -223,17 +223,19 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
 
 
 def compute_gae(reward, value, next_value, terminated, episode_end, final_row, gamma: float, lam: float):
-    """Advantages and returns, [T, B]. Final rows get 0 (they are masked out); `terminated` stops bootstrapping,
-    `episode_end` or `terminated` stops the trace; a truncated row bootstraps from the next row's value, which is
-    the value of the episode's final observation."""
+    """Advantages and returns, [T, B] numpy, on the host (a loop over T of [B] operations: on a GPU, the same loop
+    would be T x 7 tiny kernel launches). Final rows get 0 (they are masked out); `terminated` stops
+    bootstrapping, `episode_end` or `terminated` stops the trace; a truncated row bootstraps from the next row's
+    value, which is the value of the episode's final observation."""
     T = reward.shape[0]
-    adv = torch.zeros_like(reward)
-    last = torch.zeros_like(next_value)
+    next_values = np.concatenate([value[1:], next_value[None]])  # [T, B]: V(s_{t+1})
+    delta = reward + gamma * next_values * (1.0 - terminated) - value
+    trace = gamma * lam * (1.0 - np.maximum(episode_end, terminated))
+    keep = 1.0 - final_row
+    adv = np.zeros_like(delta)
+    last = np.zeros_like(delta[0])
     for t in reversed(range(T)):
-        nv = next_value if t == T - 1 else value[t + 1]
-        delta = reward[t] + gamma * nv * (1.0 - terminated[t]) - value[t]
-        last = delta + gamma * lam * (1.0 - torch.maximum(episode_end[t], terminated[t])) * last
-        last = last * (1.0 - final_row[t])
+        last = (delta[t] + trace[t] * last) * keep[t]
         adv[t] = last
     return adv, adv + value
 
@@ -290,16 +292,18 @@ def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.dev
     if args.sampler == "async":
         # The rollout was sampled with the previous parameters: recompute values with the current critic.
         with torch.no_grad(), autocast(device, args.bf16):
-            _, value = agent(torch.cat([obs.flatten(0, 1), f(boot.obs)]))
-        value, next_value = value.float()[: T * B].view(T, B), value.float()[T * B :]
+            _, values = agent(torch.cat([obs.flatten(0, 1), f(boot.obs)]))
+        values = to_host(values.float())  # GAE runs on the host
+        value, next_value = values[: T * B].reshape(T, B), values[T * B :]
     else:
         # Sampled with the current parameters: the rollout's values are the critic's; only the bootstrap is new.
         with torch.no_grad(), autocast(device, args.bf16):
             _, next_value = agent(f(boot.obs))
-        value, next_value = f(buf.value).float(), next_value.float()
-    fl = lambda x: f(x).float()
+        value, next_value = np.asarray(buf.value, np.float32), to_host(next_value.float())  # GAE: on the host
+    fl = lambda x: np.asarray(x, np.float32)
     adv, ret = compute_gae(fl(buf.reward), value, next_value, fl(buf.terminated), fl(buf.episode_end),
                            fl(buf.final_row), args.gamma, args.gae_lambda)
+    value, adv, ret = f(value), f(adv), f(ret)  # [T, B] each
     valid = f(np.flatnonzero(~np.asarray(buf.final_row).reshape(-1)))  # [N] of T*B: never train on final rows
     data = {"obs": obs.flatten(0, 1)[valid], "action": f(buf.action).flatten()[valid],
             "logprob": f(buf.logprob).flatten()[valid], "value": value.flatten()[valid],

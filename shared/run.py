@@ -98,7 +98,7 @@ def _hardware(device: Any) -> dict[str, Any]:
     if device.type == "cuda":
         out.update(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
                    cudnn=torch.backends.cudnn.version(), tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
-                   tf32_conv=torch.backends.cudnn.allow_tf32)
+                   tf32_conv=torch.backends.cudnn.allow_tf32, cudnn_benchmark=torch.backends.cudnn.benchmark)
     return out
 
 
@@ -161,6 +161,10 @@ class Run:
         evaluating = bool(getattr(args, "eval_only", False))
         if replay is not None and not evaluating:
             check_memory(replay.nbytes, f"the replay (--buffer-size {args.buffer_size})")
+        if replay is not None and self.device.type == "cuda":
+            # A replay script's updates and steps keep their shapes: cuDNN may pick the fastest convolutions once.
+            # (On-policy minibatches change size with the valid rows of each rollout, where it would re-benchmark.)
+            torch.backends.cudnn.benchmark = True
         start = Start()
         if self.resumed is not None:
             checkpoint.restore(self.resumed, objects, args, self.script)

@@ -47,23 +47,23 @@ def test_gae_matches_definition_with_truncation_and_reset_rows(seed):
     reset[1:] = ended[:-1]  # the row after an ended one only resets the env
     terminated = term | life_lost
     r, v, nv = rng.normal(size=(T, B)), rng.normal(size=(T, B)), rng.normal(size=B)
-    f = lambda x: torch.as_tensor(x, dtype=torch.float32)
+    f = lambda x: np.asarray(x, np.float32)
     adv, ret = ppo_atari.compute_gae(f(r), f(v), f(nv), f(terminated), f(ended), f(reset), 0.99, 0.95)
     expected = gae_by_definition(r, v, nv, terminated, ended, reset, 0.99, 0.95)
-    np.testing.assert_allclose(adv.numpy(), expected, rtol=1e-5, atol=1e-5)
-    np.testing.assert_allclose(ret.numpy(), expected + v, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(adv, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ret, expected + v, rtol=1e-5, atol=1e-5)
 
 
 def test_truncation_bootstraps_from_the_final_observation_and_termination_does_not():
     # Row 0 is truncated: its successor (row 1, a reset row) holds the final observation's value 10.
-    f = lambda x: torch.tensor(x, dtype=torch.float32)
+    f = lambda x: np.array(x, np.float32)
     r, v = f([[1.0], [0.0]]), f([[2.0], [10.0]])
     ended, reset = f([[1.0], [0.0]]), f([[0.0], [1.0]])
     adv, _ = ppo_atari.compute_gae(r, v, f([5.0]), f([[0.0], [0.0]]), ended, reset, 0.5, 0.9)
-    assert adv[0, 0].item() == pytest.approx(1.0 + 0.5 * 10.0 - 2.0)
-    assert adv[1, 0].item() == 0.0  # reset rows carry no advantage (and are masked out of the loss)
+    assert adv[0, 0] == pytest.approx(1.0 + 0.5 * 10.0 - 2.0)
+    assert adv[1, 0] == 0.0  # reset rows carry no advantage (and are masked out of the loss)
     adv, _ = ppo_atari.compute_gae(r, v, f([5.0]), f([[1.0], [0.0]]), ended, reset, 0.5, 0.9)
-    assert adv[0, 0].item() == pytest.approx(1.0 - 2.0)
+    assert adv[0, 0] == pytest.approx(1.0 - 2.0)
 
 
 # ---------------------------------------------------------------------------------------------- learning
