@@ -154,6 +154,13 @@ class Run:
 
     def begin(self, policy: Callable, replay: Any = None, **objects: Any) -> Start:
         """Restore or start (see the module docstring); ``policy(obs, last_reward)`` plays evaluations."""
+        try:
+            return self._begin(policy, replay, **objects)
+        except BaseException:  # an exit 2, or a peer lost while sharing: leave the process group here too, as
+            distributed.end()  # ``with run:`` does on every later path (NCCL may hang at exit otherwise)
+            raise
+
+    def _begin(self, policy: Callable, replay: Any, **objects: Any) -> Start:
         import torch
 
         args = self.args

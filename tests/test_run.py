@@ -330,3 +330,19 @@ def test_an_interrupted_run_with_a_nan_statistic_writes_no_checkpoint(tmp_path, 
         raise KeyboardInterrupt
     assert run.exit_code == 1 and not (run.path / "checkpoint.pt").exists()
     assert capsys.readouterr().err.strip().splitlines()[-1].startswith("error: FloatingPointError: loss is nan")
+
+
+def test_a_run_that_fails_to_begin_leaves_the_process_group(tmp_path, monkeypatch, capsys):
+    from shared import distributed
+
+    ended = []
+    monkeypatch.setattr(distributed, "end", lambda: ended.append(True))
+    monkeypatch.setattr("shared.run.check_memory", lambda nbytes, what: cli.bad_args(f"{what} does not fit"))
+
+    class Replay:
+        nbytes = 1
+
+    run = Run(FakeArgs(out_dir=str(tmp_path)), "script", make_env, action_space=gym.spaces.Discrete)
+    with pytest.raises(SystemExit):
+        run.begin(lambda obs, last_reward: 0, Replay())
+    assert ended == [True] and capsys.readouterr().err.startswith("error: the replay")
