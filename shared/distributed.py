@@ -90,6 +90,12 @@ def start(device: Any) -> None:
         # A collective that times out (a peer died or hung) raises in this rank's Python, where the run ends it
         # cleanly; without it NCCL's watchdog aborts the whole process (SIGABRT) and nothing is cleaned up.
         os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
+    # The first optimizer step imports torch._dynamo and with it torch.distributed.nn, whose functions take the
+    # default group as a default argument: imported after init_process_group, they hold the group (its gloo threads,
+    # rank 0's store) past destroy_process_group into the interpreter's teardown, where it now and then ended a
+    # finished rank with SIGABRT. Imported before, they hold None.
+    import torch._dynamo
+
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=TIMEOUT_S))
     _state["slow_group"] = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=SLOW_TIMEOUT_S))
     if backend != "gloo":
@@ -109,6 +115,8 @@ def end() -> None:
     signals.raise_on_signals()
     if dist.is_initialized():
         dist.destroy_process_group()
+    # Our own references would keep the other groups (and their threads) alive into the teardown too (see start).
+    _state["slow_group"] = _state["cpu_group"] = None
 
 
 def lost_peer(error: BaseException | None) -> bool:

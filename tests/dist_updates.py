@@ -8,6 +8,7 @@ step size 1, so the parameter change is the (averaged) gradient itself.
 """
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -133,3 +134,8 @@ if __name__ == "__main__":
     if distributed.rank() == 0:
         torch.save(report, sys.argv[1])
     distributed.end()
+    # every thread of the process groups is gone once the job has left them (none lives on into the exit)
+    names = [Path(f"/proc/self/task/{t}/comm").read_text() for t in os.listdir("/proc/self/task")]
+    left = [n for n in names if n.startswith(("gloo", "pt_gloo", "pt_tcpstore"))]
+    if left:
+        sys.exit(f"rank {distributed.rank()}: threads {left} of the process groups outlived distributed.end()")
