@@ -40,7 +40,6 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from shared import distributed
 from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveFloat, PositiveInt, Range
@@ -204,7 +203,11 @@ class R2D1Net(nn.Module):
         z = torch.zeros(batch, self.hidden, device=device)
         return RnnState(z, z.clone())
 
-    def forward(self, obs, prev_action, prev_reward, state: RnnState, episode_start) -> tuple[torch.Tensor, RnnState]:
+    def forward(self, obs, prev_action, prev_reward, state: RnnState, episode_start,
+                start_rows: np.ndarray | None = None) -> tuple[torch.Tensor, RnnState]:
+        """``start_rows`` [T] (host, optional): whether any of the B sequences starts an episode at each row; the
+        learner knows it from the batch on the host, and without it it is read from ``episode_start`` (a wait on
+        a GPU)."""
         T, B = episode_start.shape
         x = obs.flatten(0, 1)  # [T*B, ...]
         if self.image:
@@ -214,22 +217,26 @@ class R2D1Net(nn.Module):
             x = x.float().flatten(1)
         x = self.torso(x).view(T, B, -1)
         keep = (~episode_start).float().unsqueeze(-1)  # [T, B, 1]
-        a = F.one_hot(prev_action.long(), self.n_actions).float() * keep
+        # one-hot by comparison: F.one_hot checks the range of the actions on the host
+        a = (prev_action.long().unsqueeze(-1) == torch.arange(self.n_actions, device=x.device)).float() * keep
         x = torch.cat([x, a, prev_reward.float().unsqueeze(-1) * keep], dim=-1)  # [T, B, hidden + A + 1]
         if not self.recurrent:
-            h = self.core(x)
-        elif T == 1 or not episode_start[1:].any():  # one call over the whole sequence (the common case)
-            h, (hn, cn) = self.core(x, (state.h[None] * keep[0], state.c[None] * keep[0]))
-            state = RnnState(hn[0], cn[0])
-        else:  # an episode starts inside: step row by row, zeroing the state there
-            out, (hs, cs) = [], (state.h[None], state.c[None])
-            for t in range(T):
-                hs, cs = hs * keep[t], cs * keep[t]
-                o, (hs, cs) = self.core(x[t:t + 1], (hs, cs))
-                out.append(o)
-            h, state = torch.cat(out), RnnState(hs[0], cs[0])
+            return self._head(self.core(x)), state
+        # The fused LSTM over each stretch of rows in which no sequence starts an episode; at a stretch's first row
+        # the state is zeroed where one starts. Mostly one stretch; a batch of 64 Atari sequences holds a few.
+        if start_rows is None:
+            start_rows = episode_start.any(1).cpu().numpy() if T > 1 else np.zeros(1, bool)
+        bounds = [0, *(np.flatnonzero(start_rows[1:]) + 1).tolist(), T]
+        out, hs, cs = [], state.h[None], state.c[None]
+        for t0, t1 in zip(bounds[:-1], bounds[1:]):
+            o, (hs, cs) = self.core(x[t0:t1], (hs * keep[t0], cs * keep[t0]))
+            out.append(o)
+        return self._head(torch.cat(out) if len(out) > 1 else out[0]), RnnState(hs[0], cs[0])
+
+    def _head(self, h: torch.Tensor) -> torch.Tensor:
+        """Dueling head: Q [T, B, A] from the core's output [T, B, hidden]."""
         adv = self.a(h)
-        return self.v(h) + adv - adv.mean(-1, keepdim=True), state  # [T, B, A]
+        return self.v(h) + adv - adv.mean(-1, keepdim=True)
 
 
 # ---------------------------------------------------------------------------------------------- value rescaling
@@ -279,11 +286,12 @@ class EnvStepper:
         self.final_row = np.zeros(n, bool)  # this row only resets the env (next-step autoreset)
         self.episode_start = np.ones(n, bool)  # this row starts an episode: zero state, previous action and reward
         self.prev_action, self.prev_reward = np.zeros(n, np.int64), np.zeros(n, np.float32)
-        self.state = net.initial_state(n)
+        self.state = net.initial_state(n)  # stays on the learner's device between steps
         self.ep_return, self.ep_length = np.zeros(n), np.zeros(n, np.int64)
         self.rng = np.random.default_rng(seed)
         self.eps = epsilons(n)
-        self.rows: list = []  # rows of the chunk being collected
+        self.rows: list = []  # rows of the chunk being collected (their recurrent states apart, on the device)
+        self.states: list = []
         # Rows kept to compute input priorities: the sequence starting shift slots back ends in this chunk.
         I = args.rnn_state_interval
         self.shift = -(-(args.burn_in_steps + args.sequence_length + args.n_step_return) // I)
@@ -293,8 +301,7 @@ class EnvStepper:
     def step(self, net: R2D1Net, device: torch.device) -> tuple:
         """One step of every env; returns (chunk or None, priorities or None, episodes [(return, length)])."""
         keep = torch.as_tensor(~self.episode_start, device=device).float().unsqueeze(-1)
-        state = RnnState(self.state.h.to(device) * keep, self.state.c.to(device) * keep)
-        stored = RnnState(state.h.cpu().numpy(), state.c.cpu().numpy())  # the state before this row
+        state = RnnState(self.state.h.to(device) * keep, self.state.c.to(device) * keep)  # before this row
         obs = torch.as_tensor(self.obs, device=device)[None]
         q, new_state = net(obs, torch.as_tensor(self.prev_action, device=device)[None],
                            torch.as_tensor(self.prev_reward, device=device)[None], state,
@@ -307,14 +314,15 @@ class EnvStepper:
         reward = np.where(self.final_row, 0.0, reward).astype(np.float32)
         prev_a = np.where(self.episode_start, 0, self.prev_action)
         prev_r = np.where(self.episode_start, 0.0, self.prev_reward).astype(np.float32)
-        self.rows.append(Row(self.obs, action, reward, term, trunc, prev_a, prev_r, stored))
+        self.rows.append(Row(self.obs, action, reward, term, trunc, prev_a, prev_r, None))
+        self.states.append(state)
         self.history.append((q[np.arange(len(action)), action], q.max(1), reward, term, trunc, self.final_row.copy()))
         self.ep_return += reward
         self.ep_length += ~self.final_row
         episode_end = term | trunc
         episodes = list(zip(self.ep_return[episode_end].tolist(), self.ep_length[episode_end].tolist()))
         self.ep_return[episode_end], self.ep_length[episode_end] = 0.0, 0
-        self.state = RnnState(new_state.h.cpu(), new_state.c.cpu())
+        self.state = new_state
         # The row after a final row starts an episode.
         self.obs, self.episode_start, self.final_row = next_obs, self.final_row, episode_end
         self.prev_action, self.prev_reward = action, reward
@@ -327,12 +335,13 @@ class EnvStepper:
         return chunk, priorities, episodes
 
     def flush(self) -> Row | None:
-        """The rows collected so far as one chunk [T, B, ...] (None if none)."""
+        """The rows collected so far as one chunk [T, B, ...] (None if none); their recurrent states come to the
+        host here, in one copy per chunk."""
         if not self.rows:
             return None
-        chunk = Row(*(np.stack(x) if not isinstance(x[0], tuple) else RnnState(*map(np.stack, zip(*x)))
-                      for x in zip(*self.rows)))
-        self.rows = []
+        h, c = to_host(torch.stack([s.h for s in self.states]), torch.stack([s.c for s in self.states]))
+        chunk = Row(*(np.stack(x) for x in list(zip(*self.rows))[:-1]), RnnState(h, c))
+        self.rows, self.states = [], []
         return chunk
 
     def input_priorities(self) -> np.ndarray:
@@ -411,14 +420,15 @@ def r2d1_loss(net: R2D1Net, target_net: R2D1Net, b: dict, args: Args) -> tuple:
     rescale = (lambda x: h(x, eps)) if args.value_rescale else (lambda x: x)
     unscale = (lambda x: h_inv(x, eps)) if args.value_rescale else (lambda x: x)
     inputs = (b["observation"], b["prev_action"], b["prev_reward"])
-    episode_start = b["episode_start"]
+    starts = b["episode_start"]  # [W, B]; rows [W] on the host: where any sequence starts (to_tensors knows it)
+    rows = b["start_rows"] if "start_rows" in b else starts.any(1).cpu().numpy()
     state = b["init_rnn_state"]
     with torch.no_grad():  # burn-in: advances the online state only; the target net sees the whole sequence
         if burn:
-            _, state = net(*(x[:burn] for x in inputs), state, episode_start[:burn])
-        q_target, _ = target_net(*inputs, b["init_rnn_state"], episode_start)  # [W, B, A]
-    q, _ = net(*(x[burn:] for x in inputs), RnnState(state.h.detach(), state.c.detach()),
-               episode_start[burn:])  # [L+n, B, A]
+            _, state = net(*(x[:burn] for x in inputs), state, starts[:burn], rows[:burn])
+        q_target, _ = target_net(*inputs, b["init_rnn_state"], starts, rows)  # [W, B, A]
+    q, _ = net(*(x[burn:] for x in inputs), RnnState(state.h.detach(), state.c.detach()), starts[burn:],
+               rows[burn:])  # [L+n, B, A]
     q_taken = q[:L].gather(-1, b["action"][burn:burn + L].long().unsqueeze(-1)).squeeze(-1)  # [L, B]
     k = b["n_taken"][burn:burn + L].long()  # rows to the bootstrap row, relative
     boot_row = (torch.arange(L, device=k.device).unsqueeze(1) + k).clamp(max=q.shape[0] - 1)  # [L, B]
@@ -445,6 +455,7 @@ def to_tensors(batch, device: torch.device) -> dict:
     for k in ("prev_reward", "n_step_return", "bootstrap_discount", "is_weights"):
         out[k] = out[k].float()
     out["init_rnn_state"] = RnnState(*(torch.as_tensor(np.asarray(x), device=device) for x in batch.init_rnn_state))
+    out["start_rows"] = np.asarray(batch.episode_start).any(1)  # [W] on the host: where the LSTM's stretches end
     return out
 
 

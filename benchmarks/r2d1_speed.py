@@ -6,6 +6,7 @@ batch_size * sequence_length = 5,120 env steps, as in R2D2 and rlpyt). --device 
 --device and where the in-process learner measurement puts its network and batches.
 
     python benchmarks/r2d1_speed.py [--env-id BreakoutNoFrameskip-v4] [--num-envs 16] [--steps 20000] [--device cpu]
+                                    [--episode-length 2500] [--samplers serial parallel async] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -47,8 +48,9 @@ def script_sps(env_id: str, num_envs: int, sampler: str, steps: int, learn_from:
     return sps(before), sps(after), int(rows[-1]["updates"])
 
 
-def learner_sequences_per_second(repeats: int, device) -> float:
-    """Sequences per second of ``repeats`` timed updates on ``device`` (a torch.device), after one untimed."""
+def learner_sequences_per_second(repeats: int, device, episode_length: float) -> float:
+    """Sequences per second of ``repeats`` timed updates on ``device`` (a torch.device), after one untimed, on
+    random frames whose episodes end with probability 1 / ``episode_length`` at each row."""
     import numpy as np
     import r2d1_atari as r2d1
     import torch
@@ -64,7 +66,8 @@ def learner_sequences_per_second(repeats: int, device) -> float:
     rng = np.random.default_rng(0)
     for _ in range(10):
         chunk = r2d1.Row(rng.integers(0, 255, (40, B, 4, 84, 84), dtype=np.uint8), rng.integers(0, 4, (40, B)),
-                         rng.random((40, B), dtype=np.float32), np.zeros((40, B), bool), np.zeros((40, B), bool),
+                         rng.random((40, B), dtype=np.float32), rng.random((40, B)) < 1 / episode_length,
+                         np.zeros((40, B), bool),
                          rng.integers(0, 4, (40, B)), rng.random((40, B), dtype=np.float32),
                          r2d1.RnnState(np.zeros((40, B, 512), np.float32), np.zeros((40, B, 512), np.float32)))
         buf.append(chunk)
@@ -87,6 +90,34 @@ def learner_sequences_per_second(repeats: int, device) -> float:
     return repeats * args.batch_size / (time.perf_counter() - t0)
 
 
+def core_sequences_per_second(repeats: int, episode_length: float) -> tuple[float, float]:
+    """Sequences per second through the recurrent core alone (forward and backward of R2D1Net on vector
+    observations: a tiny torso, the paper's LSTM of 512) for batches of 64 x 125 rows, and the fraction of those
+    batches in which an episode starts after the first row (where a row-by-row LSTM would be needed)."""
+    import numpy as np
+    import r2d1_atari as r2d1
+    import torch
+
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    net = r2d1.R2D1Net((8,), 4, 512)
+    T, B = 125, 64
+    batches = []
+    for _ in range(repeats + 1):
+        starts = torch.as_tensor(rng.random((T, B)) < 1 / episode_length)
+        batches.append((torch.randn(T, B, 8), torch.randint(0, 4, (T, B)), torch.randn(T, B), starts))
+    state = net.initial_state(B)
+    t0 = 0.0
+    for i, (obs, a, r, starts) in enumerate(batches):
+        if i == 1:  # the first is untimed
+            t0 = time.perf_counter()
+        q, _ = net(obs, a, r, state, starts)
+        net.zero_grad()
+        q.sum().backward()
+    hit = np.mean([bool(b[3][1:].any()) for b in batches])
+    return repeats * B / (time.perf_counter() - t0), float(hit)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env-id", default="BreakoutNoFrameskip-v4")
@@ -94,7 +125,10 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20_000, help="env steps measured after learning starts")
     p.add_argument("--learn-from", type=int, default=10_000)
     p.add_argument("--repeats", type=int, default=3, help="learner updates timed (0: skip)")
-    p.add_argument("--samplers", nargs="+", default=["serial", "parallel", "async"])
+    p.add_argument("--episode-length", type=float, default=2500,
+                   help="mean episode length in the learner's batches (2,500: an episode starts inside 96%% of "
+                        "batches of 64 x 125 rows, as in Atari)")
+    p.add_argument("--samplers", nargs="*", default=["serial", "parallel", "async"])
     p.add_argument("--device", default="cpu",
                    help="auto, cpu, cuda or cuda:N: the script's --device and the learner measurement's (default: cpu)")
     a = p.parse_args()
@@ -102,9 +136,12 @@ def main() -> None:
 
     device = resolve_device(a.device)  # as the script resolves it; a bad or missing device exits 2 here
     if a.repeats:
-        seq = learner_sequences_per_second(a.repeats, device)
+        core, hit = core_sequences_per_second(4 * a.repeats, a.episode_length)
+        print(f"recurrent core alone on cpu: {core:.1f} sequences/s (forward and backward, 64 x 125 rows; an episode "
+              f"starts inside {hit:.0%} of the batches)", flush=True)
+        seq = learner_sequences_per_second(a.repeats, device, a.episode_length)
         print(f"learner on {device}: {seq:.1f} sequences/s ({seq * 120:.0f} rows/s incl. burn-in) at batch 64 x "
-              f"(40 + 80 + 5)", flush=True)
+              f"(40 + 80 + 5), episodes of {a.episode_length:.0f} rows on average", flush=True)
     print(f"{a.env_id}, {a.num_envs} envs, device {device}: env steps per second", flush=True)
     for sampler in a.samplers:
         s, t, u = script_sps(a.env_id, a.num_envs, sampler, a.steps, a.learn_from, a.device)
