@@ -40,7 +40,7 @@ from shared import distributed
 from shared.argtypes import Fraction, NonNegInt, PositiveFloat, PositiveInt, Range
 from shared.atari import is_atari, make_atari_env
 from shared.cli import RunArgs, bad_args, check_replay_sizes, parse_args
-from shared.device import to_host
+from shared.device import to_host, upload
 from shared.envs import image_shape, make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayFeed, ReplayPacer
@@ -320,7 +320,7 @@ def dqn_update(q_net, target_net, optimizer, buffer: ReplayBuffer, args: Args, b
     sample, index = buffer.sample(args.batch_size, beta=beta)
     fields = ("observation", "next_observation", "action", "n_step_return", "terminated_n", "bootstrap_discount",
               "is_weights")
-    batch = {k: torch.as_tensor(np.asarray(getattr(sample, k)), device=device) for k in fields}
+    batch = upload({k: getattr(sample, k) for k in fields}, device)  # one copy to a GPU
     for k in ("n_step_return", "terminated_n", "bootstrap_discount", "is_weights"):
         batch[k] = batch[k].float()
     # Targets in an autocast region of their own: on torch before 2.6, weights cast under no_grad and reused by

@@ -45,7 +45,7 @@ from shared import distributed
 from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveFloat, PositiveInt, Range
 from shared.atari import is_atari, make_atari_env
 from shared.cli import RunArgs, bad_args, parse_args
-from shared.device import to_host
+from shared.device import to_host, upload
 from shared.envs import image_shape, make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayFeed, ReplayPacer
@@ -447,14 +447,19 @@ def r2d1_loss(net: R2D1Net, target_net: R2D1Net, b: dict, args: Args) -> tuple:
 
 
 def to_tensors(batch, device: torch.device) -> dict:
-    """Replay batch (numpy) -> tensors on the device; floats as float32."""
-    out = {}
-    for k in ("observation", "action", "prev_action", "prev_reward", "n_step_return", "terminated_n", "n_taken",
-              "bootstrap_discount", "final_row", "episode_start", "is_weights"):
-        out[k] = torch.as_tensor(np.asarray(getattr(batch, k)), device=device)
+    """Replay batch (numpy) -> tensors on the device in one upload; floats as float32. Atari frames travel once
+    each (frames [U, H, W] and frame_index [W, B, C]) and are stacked on the device into observation
+    [W, B, C, H, W]."""
+    fields = ["action", "prev_action", "prev_reward", "n_step_return", "terminated_n", "n_taken",
+              "bootstrap_discount", "final_row", "episode_start", "is_weights"]
+    fields += ["frames", "frame_index"] if "frames" in batch else ["observation"]
+    out = upload({**{k: getattr(batch, k) for k in fields}, "h": batch.init_rnn_state.h, "c": batch.init_rnn_state.c},
+                 device)
+    if "frames" in out:
+        out["observation"] = out.pop("frames")[out.pop("frame_index")]
     for k in ("prev_reward", "n_step_return", "bootstrap_discount", "is_weights"):
         out[k] = out[k].float()
-    out["init_rnn_state"] = RnnState(*(torch.as_tensor(np.asarray(x), device=device) for x in batch.init_rnn_state))
+    out["init_rnn_state"] = RnnState(out.pop("h"), out.pop("c"))
     out["start_rows"] = np.asarray(batch.episode_start).any(1)  # [W] on the host: where the LSTM's stretches end
     return out
 
@@ -524,7 +529,8 @@ def make_replay(args: Args, run: Run) -> SequenceReplayBuffer:
                                 rnn_state_interval=args.rnn_state_interval, discount=args.gamma,
                                 n_step_return=args.n_step_return, frame_stack=frame_stack, prioritized=True,
                                 alpha=args.alpha, beta=args.beta, input_priority_shift=sampler_shift,
-                                shared=args.sampler == "async", seed=distributed.rank_seed(args.seed))
+                                shared=args.sampler == "async", seed=distributed.rank_seed(args.seed),
+                                unique_frames=True)
 
 
 class EvalPolicy:

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from shared import distributed
 from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveFloat, PositiveInt, Range
 from shared.cli import RunArgs, check_replay_sizes, parse_args
-from shared.device import to_host
+from shared.device import to_host, upload
 from shared.envs import make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import ObsNorm
@@ -262,9 +262,8 @@ def make_feed(args: Args, run: Run, buffer: ReplayBuffer, obs_norm: ObsNorm, act
 
 def to_tensors(batch, obs_norm: ObsNorm, device: torch.device) -> dict:
     """Replay batch (numpy, [N, ...]) -> the float tensors the update uses, observations normalised."""
-    out = {k: torch.as_tensor(np.asarray(getattr(batch, k)), device=device).float()
-           for k in ("observation", "next_observation", "action", "n_step_return", "terminated_n",
-                     "bootstrap_discount")}
+    fields = ("observation", "next_observation", "action", "n_step_return", "terminated_n", "bootstrap_discount")
+    out = {k: v.float() for k, v in upload({k: getattr(batch, k) for k in fields}, device).items()}  # one copy
     out["observation"] = obs_norm.normalize(out["observation"])  # [N, S]
     out["next_observation"] = obs_norm.normalize(out["next_observation"])
     return out

@@ -48,9 +48,10 @@ def script_sps(env_id: str, num_envs: int, sampler: str, steps: int, learn_from:
     return sps(before), sps(after), int(rows[-1]["updates"])
 
 
-def learner_sequences_per_second(repeats: int, device, episode_length: float) -> float:
+def learner_sequences_per_second(repeats: int, device, episode_length: float, unique_frames: bool = True) -> float:
     """Sequences per second of ``repeats`` timed updates on ``device`` (a torch.device), after one untimed, on
-    random frames whose episodes end with probability 1 / ``episode_length`` at each row."""
+    random frames whose episodes end with probability 1 / ``episode_length`` at each row. ``unique_frames``: the
+    batch carries each frame once and the learner stacks them (as the script does), else the replay stacks them."""
     import numpy as np
     import r2d1_atari as r2d1
     import torch
@@ -62,7 +63,8 @@ def learner_sequences_per_second(repeats: int, device, episode_length: float) ->
     ex = r2d1.Row(np.zeros((4, 84, 84), np.uint8), np.int64(0), np.float32(0), False, False, np.int64(0),
                   np.float32(0), r2d1.RnnState(np.zeros(512, np.float32), np.zeros(512, np.float32)))
     buf = SequenceReplayBuffer(ex, 20_000, B, sequence_length=120, rnn_state_interval=40, discount=0.997,
-                               n_step_return=5, frame_stack=4, prioritized=True, alpha=0.9, beta=0.6)
+                               n_step_return=5, frame_stack=4, prioritized=True, alpha=0.9, beta=0.6,
+                               unique_frames=unique_frames)
     rng = np.random.default_rng(0)
     for _ in range(10):
         chunk = r2d1.Row(rng.integers(0, 255, (40, B, 4, 84, 84), dtype=np.uint8), rng.integers(0, 4, (40, B)),
@@ -139,9 +141,11 @@ def main() -> None:
         core, hit = core_sequences_per_second(4 * a.repeats, a.episode_length)
         print(f"recurrent core alone on cpu: {core:.1f} sequences/s (forward and backward, 64 x 125 rows; an episode "
               f"starts inside {hit:.0%} of the batches)", flush=True)
-        seq = learner_sequences_per_second(a.repeats, device, a.episode_length)
-        print(f"learner on {device}: {seq:.1f} sequences/s ({seq * 120:.0f} rows/s incl. burn-in) at batch 64 x "
-              f"(40 + 80 + 5), episodes of {a.episode_length:.0f} rows on average", flush=True)
+        for unique in (False, True):  # side by side: frames stacked by the replay, or sent once and stacked here
+            seq = learner_sequences_per_second(a.repeats, device, a.episode_length, unique)
+            print(f"learner on {device}, {'unique frames' if unique else 'stacked frames'}: {seq:.1f} sequences/s "
+                  f"({seq * 120:.0f} rows/s incl. burn-in) at batch 64 x (40 + 80 + 5), episodes of "
+                  f"{a.episode_length:.0f} rows on average", flush=True)
     print(f"{a.env_id}, {a.num_envs} envs, device {device}: env steps per second", flush=True)
     for sampler in a.samplers:
         s, t, u = script_sps(a.env_id, a.num_envs, sampler, a.steps, a.learn_from, a.device)

@@ -6,6 +6,11 @@ Guarantees
   what the host needs at once (the actions the envs step with, a prioritized replay's new priorities). On the
   CPU it copies nothing. Everything else a loop reports (losses, statistics) stays on the device as detached
   tensors until a progress row reads it (``shared.progress``).
+- ``upload(arrays, device)`` brings a replay batch (a dict of numpy arrays) to the learner's device. On the CPU
+  the tensors share the arrays' memory (no copy). On CUDA the arrays' bytes are packed into a pinned staging
+  buffer and sent in one non-blocking copy, the tensors being views of the one device block; two staging buffers
+  take turns, and one is refilled only after the event recorded behind its last copy has passed, so the host
+  never overwrites bytes still in flight and does not wait on the device otherwise.
 Imports nothing from the project.
 """
 
@@ -15,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["to_host"]
+__all__ = ["Uploader", "to_host", "upload"]
 
 
 def to_host(*tensors: Any) -> Any:
@@ -39,3 +44,54 @@ def one_copy(tensors: tuple) -> list[np.ndarray]:
         out.append(flat[at : at + n].view(dtype).reshape(tuple(t.shape)))
         at += n
     return out
+
+
+class Uploader:
+    """One copy per batch to ``device`` through ``depth`` staging buffers in turn (see the module docstring);
+    ``pack`` (default: on CUDA) packs on any device, which is how the CPU tests count the copies."""
+
+    ALIGN = 64  # every field starts at a multiple: a view of any dtype is aligned
+
+    def __init__(self, device: Any, depth: int = 2, pack: bool | None = None):
+        self.device, self.depth = device, depth
+        self.pack = device.type == "cuda" if pack is None else pack
+        self.buffers: list = [None] * depth
+        self.events: list = [None] * depth
+        self.copies = 0  # packed copies made
+
+    def __call__(self, arrays: dict[str, Any]) -> dict[str, Any]:
+        import torch
+
+        if not self.pack:
+            return {k: torch.as_tensor(np.asarray(a), device=self.device) for k, a in arrays.items()}
+        arrays = {k: np.asarray(a, order="C") for k, a in arrays.items()}
+        offsets, end = {}, 0
+        for k, a in arrays.items():
+            offsets[k] = -(-end // self.ALIGN) * self.ALIGN
+            end = offsets[k] + a.nbytes
+        slot = self.copies % self.depth
+        if self.events[slot] is not None:
+            self.events[slot].synchronize()  # its last copy is done (long since, as a rule)
+        if self.buffers[slot] is None or self.buffers[slot].numel() < end:
+            self.buffers[slot] = torch.empty(end, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
+        host = self.buffers[slot].numpy()
+        for k, a in arrays.items():
+            host[offsets[k] : offsets[k] + a.nbytes] = a.reshape(-1).view(np.uint8)
+        block = self.buffers[slot][:end]
+        block = block.to(self.device, non_blocking=True) if self.device.type == "cuda" else block.clone()
+        if self.device.type == "cuda":
+            self.events[slot] = torch.cuda.Event()
+            self.events[slot].record()
+        self.copies += 1
+        dtypes = {k: torch.from_numpy(np.empty(0, a.dtype)).dtype for k, a in arrays.items()}
+        return {k: block[offsets[k] : offsets[k] + a.nbytes].view(dtypes[k]).view(a.shape) for k, a in arrays.items()}
+
+
+_uploaders: dict = {}
+
+
+def upload(arrays: dict[str, Any], device: Any) -> dict[str, Any]:
+    """``arrays`` (numpy) as tensors on ``device``: the one upload of a replay batch (see the module docstring)."""
+    if device not in _uploaders:
+        _uploaders[device] = Uploader(device)
+    return _uploaders[device](arrays)

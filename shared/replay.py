@@ -194,11 +194,33 @@ class _Storage:
         obs[np.concatenate([before_start, np.zeros_like(before_start[..., :1])], axis=-1)] = 0
         return obs
 
-    def gather(self, rows: np.ndarray, b: np.ndarray) -> dict[str, np.ndarray]:
-        """Every stored field plus the derived flags at ``(rows, b)`` (copies)."""
+    def unique_frames(self, rows: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Frame-wise storage: ``(frames, index)`` with ``frames[index] == observation(rows, b)``: ``frames``
+        ``[U + 1, H, W]`` holds each frame the observations use once (after an all-zero frame 0, which stands for
+        the frames that predate an episode), ``index`` ``[..., C]`` (int64) where each observation's frames are.
+        A sequence of L rows needs L + C - 1 frames where its stacked observations hold L * C."""
+        C = self.C
+        rows, b = np.broadcast_arrays(rows, b)
+        r = (rows[..., None] + np.arange(-(C - 1), 1)) % self.T  # [..., C], oldest frame first
+        bb = np.broadcast_to(b[..., None], r.shape)
+        start = self.episode_start[r, bb]
+        before_start = np.cumsum(start[..., :0:-1], axis=-1)[..., ::-1] > 0  # as in observation()
+        zero = np.concatenate([before_start, np.zeros_like(before_start[..., :1])], axis=-1)
+        keys, index = np.unique(r * self.B + bb, return_inverse=True)
+        frames = np.empty((len(keys) + 1, *self.frames.shape[2:]), self.frames.dtype)
+        frames[0] = 0
+        frames[1:] = self.frames[keys // self.B, keys % self.B]
+        return frames, np.where(zero, 0, index.reshape(r.shape) + 1)
+
+    def gather(self, rows: np.ndarray, b: np.ndarray, unique_frames: bool = False) -> dict[str, np.ndarray]:
+        """Every stored field plus the derived flags at ``(rows, b)`` (copies); with ``unique_frames`` (frame-wise
+        storage) ``frames`` and ``frame_index`` (see ``unique_frames``) in place of ``observation``."""
         out = {name: (None if x is None else map_structure(lambda a: a[rows, b], x))
                for name, x in self.data.items() if name != "observation"}
-        out["observation"] = self.observation(rows, b)  # one gather (or a frame reassembly), not two
+        if unique_frames and self.frames is not None:
+            out["frames"], out["frame_index"] = self.unique_frames(rows, b)
+        else:
+            out["observation"] = self.observation(rows, b)  # one gather (or a frame reassembly), not two
         for f in _DERIVED:
             out[f] = getattr(self, f)[rows, b]
         return out
@@ -552,7 +574,9 @@ class SequenceReplayBuffer(_Base):
     index)``: per-step fields ``[sequence_length + n_step_return, batch_size, ...]`` (the extra rows are for
     bootstrap targets; the n-step fields are meaningful on the first ``sequence_length`` rows),
     ``init_rnn_state`` ``[batch_size, ...]`` and ``is_weights`` ``[batch_size]``. ``final_row`` marks rows to
-    leave out of the loss and ``episode_start`` rows where the recurrent state should be reset.
+    leave out of the loss and ``episode_start`` rows where the recurrent state should be reset. With
+    ``unique_frames`` (frame-wise storage) a batch carries ``frames`` and ``frame_index`` instead of
+    ``observation`` (``frames[frame_index]`` is it): a quarter of the bytes to send to a GPU, stacked there.
     Priorities are per sequence; ``append`` may bring them for the sequences starting at the chunk's stored
     states, shifted back by ``input_priority_shift`` state slots (rlpyt's ``input_priority_shift``).
     """
@@ -561,7 +585,7 @@ class SequenceReplayBuffer(_Base):
                  discount: float = 0.997, n_step_return: int = 1, frame_stack: int = 1, prioritized: bool = False,
                  alpha: float = 0.6, beta: float = 0.4, default_priority: float | None = None,
                  priority_eps: float = 1e-6, input_priority_shift: int = 0, shared: bool = False,
-                 mp_context: str = "spawn", seed: int | None = None):
+                 mp_context: str = "spawn", seed: int | None = None, unique_frames: bool = False):
         _check_common(size, B, discount, n_step_return, frame_stack, alpha, beta, priority_eps)
         if sequence_length < 1:
             raise ValueError(f"sequence_length must be positive, got {sequence_length}")
@@ -584,7 +608,10 @@ class SequenceReplayBuffer(_Base):
         self.rnn_state = buffer_from_example(self.storage.example.rnn_state, (self.n_slots, B), shared=shared)
         self.tree = _sum_tree(self.n_slots, B, shared) if prioritized else None
         self._setup(shared, mp_context, prioritized, alpha, beta, default_priority, priority_eps, seed)
+        self.unique_frames = unique_frames and frame_stack > 1
         fields = [f for f in self.storage.example._fields if f != "rnn_state"]
+        if self.unique_frames:
+            fields = [f for f in fields if f != "observation"] + ["frames", "frame_index"]
         fields += [*_DERIVED, "bootstrap_discount", "init_rnn_state", "is_weights"]
         self._batch_cls = namedarraytuple("SequenceBatch", fields)
 
@@ -634,7 +661,7 @@ class SequenceReplayBuffer(_Base):
     def _extract(self, abs_slot: np.ndarray, b: np.ndarray) -> dict:
         L = self.sequence_length + self.n_step_return
         rows = (abs_slot[None, :] * self.interval + np.arange(L)[:, None]) % self.T  # [L+n, batch]
-        out = self.storage.gather(rows, b[None, :])
+        out = self.storage.gather(rows, b[None, :], self.unique_frames)
         out.pop("rnn_state", None)
         out["init_rnn_state"] = map_structure(lambda x: x[abs_slot % self.n_slots, b], self.rnn_state)
         return out

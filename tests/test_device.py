@@ -1,13 +1,17 @@
 """Device logic without a GPU: ``resolve_device`` and the torchrun device mapping against a mocked CUDA (device
 count, capability), the bf16 warnings, the NCCL environment set before the process group starts, and the ranks'
-parameter checksum."""
+parameter checksum, the packed replay uploads."""
 
 from __future__ import annotations
 
+import sys
+
+import numpy as np
 import pytest
 import torch
 
 from shared import cli, distributed, precision
+from tests.helpers import ROOT
 
 
 @pytest.fixture
@@ -150,3 +154,99 @@ def test_r2d1_refuses_bf16_in_one_line(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["r2d1_atari", "--preset", "memory", "--bf16"])
     assert exit_line(capsys, cli.parse_args, r2d1_atari.Args, r2d1_atari.PRESETS, r2d1_atari.check_args) == (
         "error: --bf16 is not supported by R2D1: its value rescaling needs float32")
+
+
+# ---------------------------------------------------------------------------------------------- replay uploads
+
+
+def _frames(rng, T, B, shape=(4, 44, 44)):
+    return rng.integers(0, 255, (T, B, *shape), dtype=np.uint8)
+
+
+def _r2d1_setup(seed: int):
+    """A frame-wise R2D1 replay of random frames and episode ends, its networks and optimizer."""
+    sys.path.insert(0, str(ROOT / "algos"))
+    import r2d1_atari as r2d1
+
+    from shared.replay import SequenceReplayBuffer
+
+    rng, B, I = np.random.default_rng(seed), 2, 4
+    ex = r2d1.Row(np.zeros((4, 44, 44), np.uint8), np.int64(0), np.float32(0), False, False, np.int64(0),
+                  np.float32(0), r2d1.RnnState(np.zeros(32, np.float32), np.zeros(32, np.float32)))
+    buf = SequenceReplayBuffer(ex, 200, B, sequence_length=8, rnn_state_interval=I, n_step_return=2, frame_stack=4,
+                               prioritized=True, seed=seed, unique_frames=True)
+    for _ in range(10):
+        buf.append(r2d1.Row(_frames(rng, I, B), rng.integers(0, 4, (I, B)), rng.random((I, B), dtype=np.float32),
+                            rng.random((I, B)) < 0.1, np.zeros((I, B), bool), rng.integers(0, 4, (I, B)),
+                            rng.random((I, B), dtype=np.float32),
+                            r2d1.RnnState(rng.random((I, B, 32), dtype=np.float32),
+                                          rng.random((I, B, 32), dtype=np.float32))))
+    torch.manual_seed(seed)
+    net, target = r2d1.R2D1Net((4, 44, 44), 4, 32), r2d1.R2D1Net((4, 44, 44), 4, 32)
+    args = r2d1.Args(batch_size=4, burn_in_steps=2, sequence_length=6, n_step_return=2, rnn_state_interval=I,
+                     hidden=32)
+    return r2d1, buf, net, target, torch.optim.Adam(net.parameters(), lr=1e-3), args
+
+
+def test_a_replay_update_uploads_one_packed_block_with_each_frame_once(monkeypatch):
+    """R2D1 and DQN updates: one copy to the learner's device per update when batches are packed (as on CUDA),
+    and parameters after the updates identical to the per-field path; R2D1's frames travel once each."""
+    from shared import device as device_mod
+
+    cpu = torch.device("cpu")
+    results = []
+    for pack in (False, True):
+        uploader = device_mod.Uploader(cpu, pack=pack)
+        monkeypatch.setitem(device_mod._uploaders, cpu, uploader)
+        r2d1, buf, net, target, opt, args = _r2d1_setup(0)
+        for _ in range(3):
+            r2d1.r2d1_update(net, target, opt, buf, args, 0.5, cpu)
+        results.append([p.detach().clone() for p in net.parameters()])
+        assert uploader.copies == (3 if pack else 0)
+    assert all(torch.equal(a, b) for a, b in zip(*results))
+    batch, _ = buf.sample(4)
+    assert batch.frames.shape[0] <= 1 + 4 * (8 + 4 - 1)  # 10 rows of 4 stacked frames: 11 frames, not 40
+
+    sys.path.insert(0, str(ROOT / "algos"))
+    import dqn_atari
+
+    from shared.replay import ReplayBuffer
+
+    for pack in (False, True):
+        uploader = device_mod.Uploader(cpu, pack=pack)
+        monkeypatch.setitem(device_mod._uploaders, cpu, uploader)
+        rng = np.random.default_rng(1)
+        ex = dqn_atari.Step(np.zeros(4, np.float32), np.int64(0), np.float32(0), False, False, False)
+        buf = ReplayBuffer(ex, 200, 2, n_step_return=3, prioritized=True, seed=1)
+        buf.append(dqn_atari.Step(rng.random((50, 2, 4), dtype=np.float32), rng.integers(0, 2, (50, 2)),
+                                  rng.random((50, 2), dtype=np.float32), rng.random((50, 2)) < 0.1,
+                                  np.zeros((50, 2), bool), np.zeros((50, 2), bool)))
+        torch.manual_seed(1)
+        q, tq = dqn_atari.QNetwork((4,), 2, True), dqn_atari.QNetwork((4,), 2, True)
+        opt = torch.optim.Adam(q.parameters(), lr=1e-3)
+        for _ in range(3):
+            dqn_atari.dqn_update(q, tq, opt, buf, dqn_atari.Args(batch_size=8, prioritized=True), 0.5, cpu)
+        assert uploader.copies == (3 if pack else 0)
+        results.append([p.detach().clone() for p in q.parameters()])
+    assert all(torch.equal(a, b) for a, b in zip(results[2], results[3]))
+
+
+def test_a_packed_upload_brings_every_dtype_and_shape_and_never_refills_a_buffer_in_flight():
+    from shared.device import Uploader
+
+    up = Uploader(torch.device("cpu"), depth=2, pack=True)
+    rng = np.random.default_rng(0)
+    seen = []
+    for _ in range(4):
+        arrays = {"frames": rng.integers(0, 255, (3, 5, 5), dtype=np.uint8), "x": rng.random(7, dtype=np.float32),
+                  "flag": rng.random((2, 3)) < 0.5, "i": rng.integers(-9, 9, (4,)), "s": np.float64(2.5),
+                  "strided": rng.random((4, 6))[:, ::2], "empty": np.zeros((0, 3))}
+        out = up(arrays)
+        for k, a in arrays.items():
+            assert out[k].numpy().dtype == np.asarray(a).dtype and out[k].shape == np.shape(a), k
+            np.testing.assert_array_equal(out[k].numpy(), a)
+        seen.append((arrays, out))
+    for arrays, out in seen:  # earlier batches are untouched by later refills of the staging buffers
+        for k, a in arrays.items():
+            np.testing.assert_array_equal(out[k].numpy(), a)
+    assert up.copies == 4

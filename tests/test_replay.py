@@ -280,6 +280,35 @@ def test_sequences_start_at_stored_states_never_cross_the_cursor_and_match_refer
                 assert batch.n_step_return[j, i] == pytest.approx(e["ret"], abs=1e-5)
 
 
+@settings(max_examples=25, deadline=None)
+@given(I=st.integers(1, 4), L=st.integers(1, 6), n=st.integers(1, 3), B=st.integers(1, 3),
+       prioritized=st.booleans(), seed=st.integers(0, 2**31), data=st.data())
+def test_unique_frames_stack_into_the_observations_and_carry_each_frame_once(I, L, n, B, prioritized, seed, data):
+    """A buffer with unique_frames samples what the stacking one samples (same seed, same appends), frames[index]
+    is its observation (zeroed frames before episode starts included), and no frame travels twice."""
+    C = 3
+    T = ((L + n + C + I) // I + data.draw(st.integers(1, 3))) * I
+    stream = Stream(B, C, np.random.default_rng(seed))
+    kw = dict(sequence_length=L, rnn_state_interval=I, discount=0.95, n_step_return=n, frame_stack=C,
+              prioritized=prioritized, seed=seed)
+    stacked = SequenceReplayBuffer(_rnn_example(C), T * B, B, **kw)
+    unique = SequenceReplayBuffer(_rnn_example(C), T * B, B, unique_frames=True, **kw)
+    for _ in range(data.draw(st.integers(1, 6))):
+        chunk = _with_rnn(stream.chunk(data.draw(st.integers(1, T))), stream)
+        stacked.append(chunk)
+        unique.append(chunk)
+        if len(stacked) == 0:
+            continue
+        (a, ia), (b, ib) = stacked.sample(min(6, len(stacked))), unique.sample(min(6, len(unique)))
+        np.testing.assert_array_equal(ia.abs_row, ib.abs_row)
+        assert "observation" not in b and b.frame_index.shape == (L + n, len(ib.b), C)
+        np.testing.assert_array_equal(b.frames[b.frame_index], a.observation)
+        assert not b.frames[0].any()  # frame 0 stands for the frames before an episode's start
+        sequences = {(int(r), int(e)) for r, e in zip(ib.abs_row, ib.b)}
+        assert len(b.frames) <= 1 + len(sequences) * (L + n + C - 1)  # each frame once, not L + n times C
+        np.testing.assert_array_equal(b.action, a.action)
+
+
 def test_sequence_input_priorities_land_shifted_back():
     stream = Stream(1, 1, np.random.default_rng(0), p_end=0.0)
     buf = SequenceReplayBuffer(_rnn_example(1), 64, 1, sequence_length=8, rnn_state_interval=4, n_step_return=1,
