@@ -34,8 +34,8 @@ def test_every_script_runs_on_the_gpu_in_every_mode(name, sampler, tmp_path):
     assert config["hardware"]["device"].startswith("cuda") and config["hardware"]["gpu"]
 
 
-@pytest.mark.xfail(reason="replay and rollout batches are still pageable, synchronous uploads (review F15)",
-                   strict=False)
+@pytest.mark.xfail(reason="per-step observations and on-policy rollouts still go up pageable (review F15); replay "
+                          "batches are one pinned copy", strict=False)
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_cuda_sync_debugging_finds_no_sync_in_the_loop(name, tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "tests" / "count_syncs.py"), name, *RUNS[name], *COMMON,
