@@ -6,7 +6,9 @@ Guarantees
 - ``make_affinity(mode, n_workers)`` splits the cores between sampler workers and the learner: ``serial``
   gives the learner all of them; ``parallel`` spreads workers one physical core each (round-robin when there
   are more workers than cores) and lets the learner use all cores, since it runs while workers wait;
-  ``async`` gives the learner half the cores (at least one) and the workers the rest, so they never share.
+  ``async`` gives the learner half the cores (at least one; one when the learner is on a GPU,
+  ``gpu_learner``) and the rest to one sampler worker (every script's async mode runs one sampler process),
+  so they never share; with ``n_workers`` given, the rest are spread one physical core per worker.
 - ``encode()``/``decode()`` round-trip an ``Affinity`` through a shell-safe string such as
   ``L0-1+W2,3+T2`` (learner cores, ``,`` between workers, ``.`` between cpu items, ``T`` torch threads,
   ``N`` no pinning), and ``slot_code(run_slot, n_slots)`` gives each of several runs on one machine an equal,
@@ -15,7 +17,7 @@ Guarantees
   without ``cpus`` gives local rank r the r-th of ``LOCAL_WORLD_SIZE`` equal, disjoint shares of the physical
   cores, pinned (more ranks than cores: no pinning, one torch thread each), and splits that share as above.
 - ``apply_learner()`` / ``apply_worker(i)`` pin the calling process (``os.sched_setaffinity``; skipped where
-  unsupported) and set torch's intra-op threads to match.
+  unsupported) and set torch's intra-op threads to match (a worker: one per physical core it holds).
 """
 
 from __future__ import annotations
@@ -108,16 +110,17 @@ class Affinity:
         _apply(self.learner_cpus, self.torch_threads, self.pin)
 
     def apply_worker(self, i: int) -> None:
-        """Pin the calling process to worker ``i``'s cores, single-threaded torch."""
-        _apply(self.worker_cpus[i], 1, self.pin)
+        """Pin the calling process to worker ``i``'s cores, one torch thread per physical core among them."""
+        _apply(self.worker_cpus[i], len(physical_cores(self.worker_cpus[i])), self.pin)
 
 
 def make_affinity(mode: str = "serial", n_workers: int | None = None, cpus: tuple[int, ...] | None = None,
-                  pin: bool | None = None) -> Affinity:
+                  pin: bool | None = None, gpu_learner: bool = False) -> Affinity:
     """Split ``cpus`` (default: all available) for a run in ``mode`` with ``n_workers`` sampler workers.
 
-    ``n_workers`` defaults to one per physical core (``parallel``) or per physical core left after the learner
-    (``async``). ``pin`` defaults to True when ``cpus`` is given and False otherwise.
+    ``n_workers`` defaults to one per physical core (``parallel``) or one holding every core left after the
+    learner (``async``), which keeps one core when ``gpu_learner`` (it only feeds the GPU) and half otherwise.
+    ``pin`` defaults to True when ``cpus`` is given and False otherwise.
     """
     if mode not in ("serial", "parallel", "async"):
         raise ValueError(f"mode must be serial, parallel or async, got {mode!r}")
@@ -144,10 +147,12 @@ def make_affinity(mode: str = "serial", n_workers: int | None = None, cpus: tupl
         n = len(cores) if n_workers is None else n_workers
         workers = tuple(cores[i % len(cores)] for i in range(n))
         return Affinity(everything, workers, len(cores), pin)
-    n_learn = max(1, len(cores) // 2)
+    n_learn = 1 if gpu_learner else max(1, len(cores) // 2)
     learner_cores, sampler_cores = cores[:n_learn], cores[n_learn:] or cores[:1]  # one core: they must share
-    n = len(sampler_cores) if n_workers is None else n_workers
-    workers = tuple(sampler_cores[i % len(sampler_cores)] for i in range(n))
+    if n_workers is None:  # the one sampler process, on every core the learner leaves
+        workers = (tuple(c for g in sampler_cores for c in g),)
+    else:
+        workers = tuple(sampler_cores[i % len(sampler_cores)] for i in range(n_workers))
     return Affinity(tuple(c for g in learner_cores for c in g), workers, n_learn, pin)
 
 

@@ -134,7 +134,7 @@ class Run:
         signals.raise_on_signals()
         distributed.start(self.device)  # under torchrun: join the other ranks (a no-op in one process)
         self.world = distributed.world_size()  # ranks in the job: 1 without torchrun
-        self.affinity = make_affinity(args.sampler)
+        self.affinity = make_affinity(args.sampler, gpu_learner=self.device.type == "cuda")
         self.affinity.apply_learner()
         np.random.seed(args.seed)
         torch.manual_seed(args.seed)

@@ -44,6 +44,25 @@ def test_async_split_keeps_learner_and_workers_apart(cpus, n_workers):
     assert a.pin  # explicit cpus: pinned
 
 
+def test_async_gives_its_one_sampler_every_core_the_learner_leaves_and_a_gpu_learner_one_core(monkeypatch):
+    """Every script's async mode runs one sampler process (worker 0): it holds all the non-learner cores (not one
+    of them, the others idle) with a torch thread per core; a GPU learner keeps one core (review F18)."""
+    monkeypatch.setattr("shared.affinity.physical_cores",
+                        lambda cpus=None: [(c,) for c in (cpus if cpus is not None else range(8))])
+    cpu_learner = make_affinity("async", cpus=tuple(range(8)))
+    assert cpu_learner.learner_cpus == (0, 1, 2, 3) and cpu_learner.worker_cpus == ((4, 5, 6, 7),)
+    gpu_learner = make_affinity("async", cpus=tuple(range(8)), gpu_learner=True)
+    assert gpu_learner.learner_cpus == (0,) and gpu_learner.worker_cpus == ((1, 2, 3, 4, 5, 6, 7),)
+    assert gpu_learner.torch_threads == 1
+    applied = []
+    monkeypatch.setattr("shared.affinity._apply", lambda cpus, threads, pin: applied.append((cpus, threads)))
+    gpu_learner.apply_worker(0)
+    assert applied == [((1, 2, 3, 4, 5, 6, 7), 7)]
+    two = make_affinity("async", cpus=(0, 1), gpu_learner=True)  # this machine: one core each, as before
+    assert two.learner_cpus == (0,) and two.worker_cpus == ((1,),)
+    assert make_affinity("async", 3, tuple(range(8))).worker_cpus == ((4,), (5,), (6,))
+
+
 def test_parallel_spreads_workers_round_robin_and_serial_takes_everything():
     cpus = (0, 1, 2)
     par = make_affinity("parallel", 5, cpus)
