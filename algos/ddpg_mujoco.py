@@ -257,9 +257,13 @@ def make_feed(args: Args, run: Run, buffer: ReplayBuffer, obs_norm: ObsNorm, act
 def to_tensors(batch, obs_norm: ObsNorm, device: torch.device) -> dict:
     """Replay batch (numpy, [N, ...]) -> the float tensors the update uses, observations normalised."""
     fields = ("observation", "next_observation", "action", "n_step_return", "terminated_n", "bootstrap_discount")
-    out = {k: v.float() for k, v in upload({k: getattr(batch, k) for k in fields}, device).items()}  # one copy
-    out["observation"] = obs_norm.normalize(out["observation"])  # [N, S]
-    out["next_observation"] = obs_norm.normalize(out["next_observation"])
+    arrays = {k: getattr(batch, k) for k in fields}
+    if obs_norm.enabled:  # the normaliser's statistics travel in the batch's one copy
+        arrays["obs_stats"] = obs_norm.moments()
+    out = {k: v.float() for k, v in upload(arrays, device).items()}
+    stats = out.pop("obs_stats", None)
+    out["observation"] = obs_norm.normalize(out["observation"], stats)  # [N, S]
+    out["next_observation"] = obs_norm.normalize(out["next_observation"], stats)
     return out
 
 

@@ -66,11 +66,16 @@ class ObsNorm:
         mean, var, total = merge_moments(self.mean, self.var, count, batch_mean, batch_var, n)
         self.stats[:self.dim], self.stats[self.dim:2 * self.dim], self.stats[-1] = mean, var, total
 
-    def normalize(self, obs):
-        """torch tensor ``[..., D]`` -> normalised float32 tensor on the same device."""
+    def moments(self) -> np.ndarray:
+        """Mean and variance as one float32 array ``[2 * D]``, to send with a batch (``normalize``'s ``stats``)."""
+        return np.asarray(self.stats[:2 * self.dim], np.float32)
+
+    def normalize(self, obs, stats=None):
+        """torch tensor ``[..., D]`` -> normalised float32 tensor on the same device; ``stats``: ``moments()``
+        already on that device (uploaded with the batch), else they are uploaded here."""
         if not self.enabled:
             return obs
-        s = torch.as_tensor(np.array(self.stats[:2 * self.dim]), dtype=torch.float32, device=obs.device)
+        s = torch.as_tensor(self.moments(), device=obs.device) if stats is None else stats
         return ((obs - s[:self.dim]) / torch.sqrt(s[self.dim:] + 1e-8)).clamp(-self.clip, self.clip)
 
     def state_dict(self):

@@ -250,3 +250,32 @@ def test_a_packed_upload_brings_every_dtype_and_shape_and_never_refills_a_buffer
         for k, a in arrays.items():
             np.testing.assert_array_equal(out[k].numpy(), a)
     assert up.copies == 4
+
+
+def test_an_off_policy_batch_and_its_normaliser_statistics_go_up_in_one_copy(monkeypatch):
+    from types import SimpleNamespace
+
+    from shared import device as device_mod
+
+    sys.path.insert(0, str(ROOT / "algos"))
+    import td3_mujoco
+
+    from shared.normalize import ObsNorm
+
+    rng = np.random.default_rng(0)
+    norm = ObsNorm(3)
+    norm.update(rng.normal(2.0, 3.0, (50, 3)))
+    batch = SimpleNamespace(observation=rng.normal(size=(8, 3)), next_observation=rng.normal(size=(8, 3)),
+                            action=rng.uniform(-1, 1, (8, 2)), n_step_return=rng.normal(size=8),
+                            terminated_n=rng.random(8) < 0.2, bootstrap_discount=np.full(8, 0.99))
+    cpu = torch.device("cpu")
+    outs = []
+    for pack in (False, True):
+        uploader = device_mod.Uploader(cpu, pack=pack)
+        monkeypatch.setitem(device_mod._uploaders, cpu, uploader)
+        outs.append(td3_mujoco.to_tensors(batch, norm, cpu))
+        assert uploader.copies == int(pack)
+    for k in outs[0]:
+        assert torch.equal(outs[0][k], outs[1][k]), k
+    expected = torch.as_tensor((batch.observation - norm.mean) / np.sqrt(norm.var + 1e-8), dtype=torch.float32)
+    torch.testing.assert_close(outs[1]["observation"], expected)
