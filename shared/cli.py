@@ -81,6 +81,13 @@ class RunArgs:
     bf16: bool = False
     """run the networks under bfloat16 autocast: fast on recent GPUs and on CPUs with AMX or AVX512-BF16; about 10x
     slower on other CPUs (a warning says so at start)"""
+    track: bool = False
+    """log the run to Weights & Biases (rank 0): the config, every TensorBoard scalar, evaluation videos; --resume
+    continues the same W&B run; WANDB_MODE=offline works without network (upload later with `wandb sync`)"""
+    wandb_project_name: str = "rl-reference"
+    """W&B project of --track"""
+    wandb_entity: str = ""
+    """W&B entity (team or user) of --track; empty: the logged-in user's"""
 
 
 def _flag(name: str) -> str:

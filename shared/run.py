@@ -62,7 +62,7 @@ from typing import Any
 
 import numpy as np
 
-from shared import checkpoint, distributed, signals
+from shared import checkpoint, distributed, signals, tracking
 from shared.affinity import make_affinity
 from shared.checkpoint import Start
 from shared.cli import bad_args, check_memory, resolve_device
@@ -131,6 +131,12 @@ class Run:
                 kind = "discrete (Discrete)" if action_space is gym.spaces.Discrete else \
                     f"{'bounded ' if bounded else ''}continuous (Box)"
                 bad_args(f"--env-id {args.env_id}: {script} needs a {kind} action space, got {self.act_space}")
+        self.tracker = None  # W&B, rank 0 alone: one that cannot start is an exit 2 before anything starts
+        if getattr(args, "track", False) and distributed.is_main():
+            try:
+                self.tracker = tracking.start(args, self.path, script)
+            except RuntimeError as e:
+                bad_args(str(e))
         signals.raise_on_signals()
         distributed.start(self.device)  # under torchrun: join the other ranks (a no-op in one process)
         self.world = distributed.world_size()  # ranks in the job: 1 without torchrun
@@ -214,6 +220,8 @@ class Run:
                                                         f, indent=2, default=str))
         self.progress = ProgressLog(self.path, self.args.total_timesteps, start_step, counters,
                                     resumed=self.resumed is not None, read_only=evaluating)
+        if self.tracker is not None:  # every TensorBoard scalar to W&B as well
+            self.progress.tb = self.tracker.tee(self.progress.tb)
 
     def _say(self, line: str) -> None:
         if self.writes:
@@ -320,6 +328,10 @@ class Run:
         summary = {"global_step": global_step, "returns": returns, "mean": float(np.mean(returns))}
         if self.writes:
             write_text(self.path / "eval.json", lambda f: json.dump(summary, f))
+        if video and self.tracker is not None and (self.path / "videos").is_dir():
+            newest = max((self.path / "videos").glob("*.mp4"), key=lambda f: f.stat().st_mtime, default=None)
+            if newest is not None:
+                self.tracker.video(newest, global_step)
         self._eval_return = summary["mean"]
         self._say(f"evaluation over {len(returns)} episodes at step {global_step}: mean return "
                   f"{summary['mean']:.1f}")
@@ -335,6 +347,8 @@ class Run:
             return EXIT_INTERRUPTED
         finally:
             self.progress.close()
+            if self.tracker is not None:
+                self.tracker.finish(self.exit_code)
             distributed.end()  # on every path: the process group is left
 
     def hold(self, thing: Any) -> Any:
@@ -384,5 +398,7 @@ class Run:
                     close_envs(thing)
             if self.progress is not None:
                 self.progress.close()
+            if self.tracker is not None:
+                self.tracker.finish(self.exit_code)
             distributed.end()  # on every path: the process group is left
         return kind is None or self.exit_code != 0
