@@ -41,7 +41,7 @@ from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveInt, Range
 from shared.atari import is_atari, make_atari_env
 from shared.buffer import buffer_from_example
 from shared.cli import RunArgs, bad_args, parse_args
-from shared.device import to_host
+from shared.device import to_host, upload
 from shared.envs import image_shape, make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.precision import autocast, sampler_bf16
@@ -269,27 +269,26 @@ def a2c_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
 def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.device) -> dict:
     """Returns with the learner's current critic, then the A2C step; buf is [T, B] numpy (possibly shared)."""
     T, B = args.num_steps, args.num_envs
-    f = lambda x: torch.as_tensor(np.asarray(x), device=device)
-    obs = f(buf.obs)
+    up = upload({"obs": buf.obs, "boot_obs": boot.obs}, device)  # the rollout's observations: one copy to a GPU
+    obs = up["obs"]
     if args.sampler == "async":
         # The rollout was sampled with the previous parameters: recompute values with the current critic.
         with torch.no_grad(), autocast(device, args.bf16):
-            _, values = agent(torch.cat([obs.flatten(0, 1), f(boot.obs)]))
+            _, values = agent(torch.cat([obs.flatten(0, 1), up["boot_obs"]]))
         values = to_host(values.float())  # GAE runs on the host
         value, next_value = values[: T * B].reshape(T, B), values[T * B :]
     else:
         # Sampled with the current parameters: the rollout's values are the critic's; only the bootstrap is new.
         with torch.no_grad(), autocast(device, args.bf16):
-            _, next_value = agent(f(boot.obs))
+            _, next_value = agent(up["boot_obs"])
         value, next_value = np.asarray(buf.value, np.float32), to_host(next_value.float())  # GAE: on the host
     fl = lambda x: np.asarray(x, np.float32)
     adv, ret = compute_gae(fl(buf.reward), value, next_value, fl(buf.terminated), fl(buf.episode_end),
                            fl(buf.final_row), args.gamma, args.gae_lambda)
-    value, adv, ret = f(value), f(adv), f(ret)  # [T, B] each
-    valid = f(np.flatnonzero(~np.asarray(buf.final_row).reshape(-1)))  # [N] of T*B: never train on final rows
-    data = {"obs": obs.flatten(0, 1)[valid], "action": f(buf.action).flatten()[valid],
-            "logprob": f(buf.logprob).flatten()[valid],
-            "adv": adv.flatten()[valid], "ret": ret.flatten()[valid]}
+    t = upload({"action": buf.action, "logprob": buf.logprob, "adv": adv, "ret": ret,  # [T, B] each
+                "valid": np.flatnonzero(~np.asarray(buf.final_row).reshape(-1))}, device)  # one copy
+    valid = t.pop("valid")  # [N] of T*B: never train on final rows
+    data = {"obs": obs.flatten(0, 1)[valid], **{k: v.flatten()[valid] for k, v in t.items()}}
     return a2c_update(agent, optimizer, data, args, device)
 
 

@@ -46,7 +46,7 @@ from shared import distributed
 from shared.argtypes import Fraction, NonNegFloat, PositiveInt, Range
 from shared.buffer import buffer_from_example
 from shared.cli import RunArgs, bad_args, parse_args
-from shared.device import to_host
+from shared.device import to_host, upload
 from shared.envs import make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import RunningNorm
@@ -296,22 +296,25 @@ def learn_from(agent: Agent, return_norm: RunningNorm, optimizer, buf, boot, arg
     """Rewards scaled, GAE with the learner's current critic, the PPO update, then the observation statistics
     take the rollout; buf is [T, B] numpy (possibly shared)."""
     T, B = args.num_steps, args.num_envs
-    f = lambda x: torch.as_tensor(np.asarray(x), device=device)
-    obs = f(buf.obs)  # [T, B, S], raw
+    # The rollout in one copy to a GPU: obs [T, B, S] raw, the others [T, B]; valid [N] of T*B (never train on
+    # final rows).
+    up = upload({"obs": buf.obs, "boot_obs": boot.obs, "action": buf.action, "logprob": buf.logprob,
+                 "value": buf.value, "discounted": buf.discounted,
+                 "valid": np.flatnonzero(~np.asarray(buf.final_row).reshape(-1))}, device)
+    obs, valid = up["obs"], up["valid"]
     if args.sampler == "async":
         # The rollout was sampled with the previous parameters: recompute values with the current critic.
         with torch.no_grad(), autocast(device, args.bf16):
-            _, _, value = agent(torch.cat([obs.flatten(0, 1), f(boot.obs)]))
+            _, _, value = agent(torch.cat([obs.flatten(0, 1), up["boot_obs"]]))
         value, next_value = value.float()[: T * B].view(T, B), value.float()[T * B :]
     else:
         # Sampled with the current parameters: the rollout's values are the critic's; only the bootstrap is new.
         with torch.no_grad(), autocast(device, args.bf16):
-            _, _, next_value = agent(f(boot.obs))
-        value, next_value = f(buf.value).float(), next_value.float()
+            _, _, next_value = agent(up["boot_obs"])
+        value, next_value = up["value"].float(), next_value.float()
     fl = lambda x: np.asarray(x, np.float32)
-    valid = f(np.flatnonzero(~np.asarray(buf.final_row).reshape(-1)))  # [N] of T*B: never train on final rows
     # Reward scaling: the std of every discounted return so far (this rollout's of every rank included).
-    return_norm.update(f(buf.discounted).flatten()[valid][:, None])
+    return_norm.update(up["discounted"].flatten()[valid][:, None])
     # GAE runs on the host (T small steps): the values and the return variance come over in one copy.
     value_h, next_value_h, return_var = to_host(value, next_value, return_norm.var)
     reward = fl(buf.reward)
@@ -320,10 +323,10 @@ def learn_from(agent: Agent, return_norm: RunningNorm, optimizer, buf, boot, arg
         reward = np.clip(reward / scale, -return_norm.clip, return_norm.clip).astype(np.float32)
     adv, ret = compute_gae(reward, value_h, next_value_h, fl(buf.terminated),
                            fl(buf.episode_end), fl(buf.final_row), args.gamma, args.gae_lambda)
-    adv, ret = f(adv), f(ret)
-    data = {"obs": obs.flatten(0, 1)[valid], "action": f(buf.action).flatten(0, 1)[valid],
-            "logprob": f(buf.logprob).flatten()[valid], "value": value.flatten()[valid],
-            "adv": adv.flatten()[valid], "ret": ret.flatten()[valid]}
+    gae = upload({"adv": adv, "ret": ret}, device)  # [T, B] each
+    data = {"obs": obs.flatten(0, 1)[valid], "action": up["action"].flatten(0, 1)[valid],
+            "logprob": up["logprob"].flatten()[valid], "value": value.flatten()[valid],
+            "adv": gae["adv"].flatten()[valid], "ret": gae["ret"].flatten()[valid]}
     stats = ppo_update(agent, optimizer, data, args, device, generator)
     agent.obs_norm.update(obs.flatten(0, 1))  # every observation once (the bootstrap one is next rollout's first)
     return stats
