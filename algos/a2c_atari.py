@@ -42,7 +42,7 @@ from shared.atari import is_atari, make_atari_env
 from shared.buffer import buffer_from_example
 from shared.cli import RunArgs, bad_args, parse_args
 from shared.device import to_host, upload
-from shared.envs import image_shape, make_envs
+from shared.envs import action_mask, image_shape, make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.precision import autocast, sampler_bf16
 from shared.procs import DoubleBuffer, Worker, parent_alive_check
@@ -165,9 +165,16 @@ class Agent(nn.Module):
         return self.actor(h).float(), self.critic(h).float().squeeze(-1)  # logits [N, A], value [N]
 
 
+def masked(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``logits`` [N, A] with the actions ``mask`` [N, A] forbids at the lowest float: probability 0 when sampling,
+    in the log-probabilities and ratios, and no term in the entropy (0 * logit)."""
+    return logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
+
+
 # ---------------------------------------------------------------------------------------------- sampling
 
-Rollout = namedarraytuple("Rollout", ["obs", "action", "logprob", "value", "reward", "terminated", "episode_end",
+Rollout = namedarraytuple("Rollout", ["obs", "mask", "action", "logprob", "value", "reward", "terminated",
+                                      "episode_end",
                                       "final_row", "ep_return", "ep_length"])  # ep_*: totals where episode_end
 Bootstrap = namedarraytuple("Bootstrap", ["obs", "final_row"])
 
@@ -180,14 +187,15 @@ class EnvState:
         self.obs, info = envs.reset(seed=seed)
         n = len(self.obs)
         self.final_row = np.zeros(n, bool)  # True: this step only resets the env (next-step autoreset)
+        self.mask = action_mask(info, self.final_row, envs.single_action_space.n)  # [B, A]: all True without one
         self.lives = np.asarray(info.get("lives", np.zeros(n)), np.int64)
         self.ep_return = np.zeros(n, np.float64)
         self.ep_length = np.zeros(n, np.int64)
 
 
-def rollout_example(obs_space, T: int, B: int) -> tuple:
-    one = Rollout(np.zeros(obs_space.shape, obs_space.dtype), np.int64(0), np.float32(0), np.float32(0),
-                  np.float32(0), False, False, False, np.float64(0), np.int64(0))
+def rollout_example(obs_space, n_actions: int, T: int, B: int) -> tuple:
+    one = Rollout(np.zeros(obs_space.shape, obs_space.dtype), np.ones(n_actions, bool), np.int64(0), np.float32(0),
+                  np.float32(0), np.float32(0), False, False, False, np.float64(0), np.int64(0))
     return one, Bootstrap(np.zeros((B,) + obs_space.shape, obs_space.dtype), np.zeros(B, bool))  # [T,B] and [B]
 
 
@@ -198,9 +206,11 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
         obs = torch.as_tensor(state.obs, device=device)
         with autocast(device, args.bf16):
             logits, value = agent(obs)
+        if not state.mask.all():  # invalid actions get probability 0 (envs without masks skip this)
+            logits = masked(logits, torch.as_tensor(state.mask, device=device))
         dist = Categorical(logits=logits, validate_args=False)  # validation would wait on a GPU twice a step
         action = dist.sample()
-        buf.obs[t], buf.final_row[t] = state.obs, state.final_row
+        buf.obs[t], buf.mask[t], buf.final_row[t] = state.obs, state.mask, state.final_row
         buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, dist.log_prob(action), value)  # one copy
         next_obs, reward, term, trunc, info = envs.step(buf.action[t])
         lives = np.asarray(info.get("lives", state.lives), np.int64)
@@ -215,6 +225,7 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
         state.ep_return[buf.episode_end[t]] = 0.0
         state.ep_length[buf.episode_end[t]] = 0
         state.obs, state.final_row, state.lives = next_obs, term | trunc, lives
+        state.mask = action_mask(info, state.final_row, logits.shape[-1])  # for next_obs
     boot.obs[:], boot.final_row[:] = state.obs, state.final_row
 
 
@@ -243,6 +254,8 @@ def a2c_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
     """One gradient step: policy gradient weighted by the (truncated) importance weight, value and entropy."""
     with autocast(device, args.bf16):
         logits, value = agent(data["obs"])
+    if "mask" in data:
+        logits = masked(logits, data["mask"])
     dist = Categorical(logits=logits, validate_args=False)
     logprob = dist.log_prob(data["action"])
     # 1 unless the sampler lagged (async); exactly 1 otherwise, where another batch shape (or TF32, bf16 on a
@@ -269,7 +282,8 @@ def a2c_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
 def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.device) -> dict:
     """Returns with the learner's current critic, then the A2C step; buf is [T, B] numpy (possibly shared)."""
     T, B = args.num_steps, args.num_envs
-    up = upload({"obs": buf.obs, "boot_obs": boot.obs}, device)  # the rollout's observations: one copy to a GPU
+    # The rollout's observations (and masks, where the envs give them): one copy to a GPU.
+    up = upload({"obs": buf.obs, "boot_obs": boot.obs, **({} if np.all(buf.mask) else {"mask": buf.mask})}, device)
     obs = up["obs"]
     if args.sampler == "async":
         # The rollout was sampled with the previous parameters: recompute values with the current critic.
@@ -289,6 +303,8 @@ def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.dev
                 "valid": np.flatnonzero(~np.asarray(buf.final_row).reshape(-1))}, device)  # one copy
     valid = t.pop("valid")  # [N] of T*B: never train on final rows
     data = {"obs": obs.flatten(0, 1)[valid], **{k: v.flatten()[valid] for k, v in t.items()}}
+    if "mask" in up:
+        data["mask"] = up["mask"].flatten(0, 1)[valid]  # [N, A]
     return a2c_update(agent, optimizer, data, args, device)
 
 
@@ -324,7 +340,7 @@ class Sampler:
 
     def __init__(self, args: Args, run: Run, agent: Agent, first: int, last: int):
         self.args, self.run = args, run
-        example, boot_example = rollout_example(run.obs_space, args.num_steps, args.num_envs)
+        example, boot_example = rollout_example(run.obs_space, run.act_space.n, args.num_steps, args.num_envs)
         if args.sampler == "async":
             self.buffers = DoubleBuffer(example, (args.num_steps, args.num_envs), module=agent)
             self.boots = [buffer_from_example(boot_example, (), shared=True) for _ in range(2)]
@@ -381,9 +397,12 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, args: Args, it: int, num
     return lr
 
 
-def act(agent: Agent, device: torch.device, obs: np.ndarray, last_reward: float | None) -> int:
-    """Evaluation policy: an action sampled from the policy for one observation."""
+def act(agent: Agent, device: torch.device, obs: np.ndarray, last_reward: float | None, mask=None) -> int:
+    """Evaluation policy: an action sampled from the policy for one observation (among the valid actions
+    ``mask`` [A] where the env gives one)."""
     logits, _ = agent(torch.as_tensor(obs, device=device)[None])
+    if mask is not None:
+        logits = masked(logits, torch.as_tensor(np.asarray(mask, bool), device=device)[None])
     return int(Categorical(logits=logits, validate_args=False).sample().item())
 
 

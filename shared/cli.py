@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib
 import io
 import math
 import os
@@ -191,10 +192,16 @@ def check_common(args: Any) -> None:
             bad_args(f"--out-dir {args.out_dir}: cannot create a run folder there ({e.strerror or e})")
     if args.env_id not in gym.registry and is_atari(args.env_id):
         register_atari()
-    if args.env_id not in gym.registry:
+    module, _, env_name = args.env_id.rpartition(":")  # gymnasium's "module:EnvId": the module registers it
+    if module:
+        try:
+            importlib.import_module(module)
+        except ImportError as e:
+            bad_args(f"--env-id {args.env_id}: cannot import {module} ({e})")
+    if env_name not in gym.registry:
         bad_args(f"--env-id {args.env_id!r} is not a registered gymnasium environment (a custom env must be "
-                 f"registered when the script is imported)")
-    entry = str(gym.spec(args.env_id).entry_point or "")
+                 f"registered when the script is imported, or named as module:EnvId)")
+    entry = str(gym.spec(env_name).entry_point or "")
     if not is_atari(args.env_id) and "ale_py" in entry:
         bad_args(f"--env-id {args.env_id}: use the *NoFrameskip-v4 Atari ids, which get the papers' preprocessing")
     if getattr(args, "capture_video", False):

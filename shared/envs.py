@@ -16,6 +16,11 @@ Guarantees
 - ``image_shape(obs_shape)`` returns ``(C, H, W)`` for an image observation given channel-first ``[C, H, W]``
   or channel-last ``[H, W, C]`` (the scripts' CNNs take both), and raises ``ValueError`` with a readable
   reason when the Nature CNN cannot take it (smaller than 36x36 pixels).
+- ``action_mask(info, final_row, n_actions)``: the valid actions ``[n_envs, n_actions]`` (bool) for the envs'
+  next step, from ``info["action_mask"]`` as the envs' ``reset`` and ``step`` give it (a bool per action:
+  MaskablePPO's and PettingZoo's masks, passed through ``info``); every action where an env gives none and on a
+  final row (its action is ignored: it only resets the env). A mask that allows no action raises ValueError
+  naming the env.
 """
 
 from __future__ import annotations
@@ -24,10 +29,11 @@ from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
+import numpy as np
 
 from shared.atari import is_atari, make_atari_vector_env
 
-__all__ = ["MIN_IMAGE_SIDE", "close_envs", "image_shape", "make_envs", "probe_spaces", "vector_env"]
+__all__ = ["MIN_IMAGE_SIDE", "action_mask", "close_envs", "image_shape", "make_envs", "probe_spaces", "vector_env"]
 
 MIN_IMAGE_SIDE = 36  # the Nature CNN's three convolutions (8/4, 4/2, 3/1) need at least this many pixels a side
 
@@ -76,3 +82,16 @@ def image_shape(obs_shape: tuple[int, ...]) -> tuple[int, int, int]:
                          f"{MIN_IMAGE_SIDE}x{MIN_IMAGE_SIDE} pixels, got {h}x{w}; resize them "
                          f"(gymnasium.wrappers.ResizeObservation) or give the network a smaller torso")
     return int(c), int(h), int(w)
+
+
+def action_mask(info: dict, final_row: Any, n_actions: int) -> np.ndarray:
+    """Valid actions ``[n_envs, n_actions]`` for the next step (see the module docstring)."""
+    final_row = np.asarray(final_row, bool)
+    mask = np.ones((len(final_row), n_actions), bool)
+    if "action_mask" in info:
+        given = np.asarray(info.get("_action_mask", np.ones(len(final_row), bool)), bool) & ~final_row
+        mask[given] = np.asarray(info["action_mask"], bool)[given]
+    empty = np.flatnonzero(~mask.any(1))
+    if len(empty):
+        raise ValueError(f"env {int(empty[0])}: its action mask allows no action")
+    return mask

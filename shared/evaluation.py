@@ -3,8 +3,9 @@
 Guarantees
 - ``play(env, act, episodes, seed, video_dir)`` plays ``episodes`` whole episodes in ``env`` (reset with seeds
   ``seed + 100_000 + i``), the actions from ``act(obs, last_reward)`` (``last_reward`` is None on an episode's
-  first step, so a recurrent policy knows to start afresh), closes ``env`` and returns the returns in episode
-  order. With ``video_dir`` (``env`` made with ``render_mode="rgb_array"``) the first episode is recorded there.
+  first step, so a recurrent policy knows to start afresh; an ``act`` with a ``mask`` parameter also gets the
+  env's ``info["action_mask"]`` where it gives one), closes ``env`` and returns the returns in episode order.
+  With ``video_dir`` (``env`` made with ``render_mode="rgb_array"``) the first episode is recorded there.
 - Training is not changed by it: torch's random state (CPU and CUDA) is restored afterwards and the env is the
   evaluation's own.
 - In a torchrun job still in lockstep, rank r plays episodes r, r + ranks, ... and every rank returns all of
@@ -14,6 +15,7 @@ Guarantees
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,14 +36,17 @@ def play(env: Any, act: Callable[[Any, float | None], Any], episodes: int, seed:
     if video_dir is not None:
         env = gym.wrappers.RecordVideo(env, str(video_dir), episode_trigger=lambda i: i == 0, disable_logger=True)
     played = []
+    takes_mask = "mask" in inspect.signature(act).parameters
     cuda = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []  # this rank's GPU only
     try:
         with torch.no_grad(), torch.random.fork_rng(devices=cuda):
             for ep in mine:
-                obs, _ = env.reset(seed=seed + 100_000 + ep)
+                obs, info = env.reset(seed=seed + 100_000 + ep)
                 done, total, reward = False, 0.0, None
                 while not done:
-                    obs, reward, term, trunc, _ = env.step(act(obs, reward))
+                    # the env's valid actions, to a policy that takes them (the policy-gradient scripts')
+                    mask = {"mask": info["action_mask"]} if takes_mask and "action_mask" in info else {}
+                    obs, reward, term, trunc, info = env.step(act(obs, reward, **mask))
                     total += float(reward)
                     done = term or trunc
                 played.append((ep, total))
