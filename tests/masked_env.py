@@ -30,11 +30,15 @@ class MaskedChoice(gym.Env):
     def __init__(self, empty_at: int | None = None, render_mode: str | None = None):
         self.empty_at, self.render_mode = empty_at, render_mode
 
-    def _out(self) -> tuple[np.ndarray, dict]:
+    def mask(self) -> np.ndarray:
+        """The valid actions now (what ``info["action_mask"]`` holds; sb3-contrib's ActionMasker reads it here)."""
         mask = valid_actions(self.state)
         if self.empty_at is not None and self.t == self.empty_at:
             mask[:] = False
-        return np.eye(N_STATES, dtype=np.float32)[self.state], {"action_mask": mask}
+        return mask
+
+    def _out(self) -> tuple[np.ndarray, dict]:
+        return np.eye(N_STATES, dtype=np.float32)[self.state], {"action_mask": self.mask()}
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
