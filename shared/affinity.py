@@ -17,7 +17,8 @@ Guarantees
   without ``cpus`` gives local rank r the r-th of ``LOCAL_WORLD_SIZE`` equal, disjoint shares of the physical
   cores, pinned (more ranks than cores: no pinning, one torch thread each), and splits that share as above.
 - ``apply_learner()`` / ``apply_worker(i)`` pin the calling process (``os.sched_setaffinity``; skipped where
-  unsupported) and set torch's intra-op threads to match (a worker: one per physical core it holds).
+  unsupported) and set torch's intra-op threads to match (a pinned worker: one per physical core it holds;
+  an unpinned one: one).
 """
 
 from __future__ import annotations
@@ -110,8 +111,9 @@ class Affinity:
         _apply(self.learner_cpus, self.torch_threads, self.pin)
 
     def apply_worker(self, i: int) -> None:
-        """Pin the calling process to worker ``i``'s cores, one torch thread per physical core among them."""
-        _apply(self.worker_cpus[i], len(physical_cores(self.worker_cpus[i])), self.pin)
+        """Pin the calling process to worker ``i``'s cores, one torch thread per physical core among them when
+        they are its own (pinned), else one (unpinned cores may be shared: with other ranks, or anything else)."""
+        _apply(self.worker_cpus[i], len(physical_cores(self.worker_cpus[i])) if self.pin else 1, self.pin)
 
 
 def make_affinity(mode: str = "serial", n_workers: int | None = None, cpus: tuple[int, ...] | None = None,

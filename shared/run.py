@@ -162,8 +162,10 @@ class Run:
         """Restore or start (see the module docstring); ``policy(obs, last_reward)`` plays evaluations."""
         try:
             return self._begin(policy, replay, **objects)
-        except BaseException:  # an exit 2, or a peer lost while sharing: leave the process group here too, as
-            distributed.end()  # ``with run:`` does on every later path (NCCL may hang at exit otherwise)
+        except BaseException as e:  # an exit 2, or a peer lost while sharing: leave the process group here too,
+            distributed.end()  # as ``with run:`` does on every later path (NCCL may hang at exit otherwise)
+            if self.tracker is not None:
+                self.tracker.finish(e.code if isinstance(e, SystemExit) and isinstance(e.code, int) else 1)
             raise
 
     def _begin(self, policy: Callable, replay: Any, **objects: Any) -> Start:
@@ -339,11 +341,14 @@ class Run:
     def evaluate_only(self) -> int:
         """``--resume RUN --eval-only``: evaluate the checkpoint's policy into the run folder, train nothing;
         returns the exit code (130 on Ctrl-C)."""
+        self.exit_code = 1  # until the evaluation has ended well or was interrupted
         try:
             self._evaluate(self.global_step, video=self.args.capture_video)
+            self.exit_code = 0
             return 0
         except KeyboardInterrupt:
             print("interrupted: evaluation stopped", file=sys.stderr, flush=True)
+            self.exit_code = EXIT_INTERRUPTED
             return EXIT_INTERRUPTED
         finally:
             self.progress.close()

@@ -5,7 +5,8 @@ Guarantees
 - ``start(args, path, script)`` opens the W&B run before training starts, with the whole config: every flag, the
   script's name and the git commit of the code when it runs from a git work tree. The run id is kept in
   ``{run folder}/wandb_id``, so ``--resume`` and ``--eval-only`` continue the same W&B run; its x-axis is the
-  run's ``global_step``, which goes on increasing after a resume.
+  run's ``global_step``. After a crash, the rows logged past the last checkpoint stay in W&B (it cannot take rows
+  back, as TensorBoard's purge and progress.csv do), so those steps appear twice there.
 - ``tee(writer)``: every scalar written to TensorBoard also goes to W&B, under the same tag and step. Logged
   directly rather than synced from the event files (CleanRL's ``sync_tensorboard``): what W&B holds does not
   depend on a background parser of TensorBoard's files, which also holds ``wandb.finish`` up to 10 s.
@@ -19,6 +20,7 @@ Guarantees
 
 from __future__ import annotations
 
+import os
 import secrets
 import subprocess
 import sys
@@ -61,7 +63,13 @@ class Tracker:
         if self.run is not None and path.exists():
             import wandb
 
-            self.log({"eval/video": wandb.Video(str(path), format="mp4")}, step)
+            try:
+                video = wandb.Video(str(path), format="mp4")
+            except Exception as e:
+                print(f"warning: Weights & Biases could not take the video {path} ({type(e).__name__}: {e})",
+                      file=sys.stderr, flush=True)
+                return
+            self.log({"eval/video": video}, step)
 
     def finish(self, exit_code: int) -> None:
         if self.run is None:
@@ -99,8 +107,11 @@ def start(args: Any, path: Path, script: str) -> Tracker:
     run_id = id_file.read_text().strip() if id_file.exists() else secrets.token_hex(6)
     config = {**vars(args), "script": script, "git_commit": _git_commit(Path(sys.argv[0]).resolve().parent)}
     try:
+        # Under torchrun the other ranks wait for this one in init_process_group for distributed.TIMEOUT_S: W&B
+        # gives up before they do, so that its failure is this rank's exit 2, not their timeout.
+        timeout = {"init_timeout": 25} if int(os.environ.get("WORLD_SIZE", 1)) > 1 else {}
         run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity or None, name=path.name, id=run_id,
-                         resume="allow", config=config, dir=str(path))
+                         resume="allow", config=config, dir=str(path), settings=wandb.Settings(**timeout))
         run.define_metric("global_step")
         run.define_metric("*", step_metric="global_step")
     except Exception as e:

@@ -58,6 +58,8 @@ def test_async_gives_its_one_sampler_every_core_the_learner_leaves_and_a_gpu_lea
     monkeypatch.setattr("shared.affinity._apply", lambda cpus, threads, pin: applied.append((cpus, threads)))
     gpu_learner.apply_worker(0)
     assert applied == [((1, 2, 3, 4, 5, 6, 7), 7)]
+    make_affinity("async", cpus=tuple(range(8)), pin=False).apply_worker(0)  # cores it may share: one thread
+    assert applied[-1] == ((4, 5, 6, 7), 1)
     two = make_affinity("async", cpus=(0, 1), gpu_learner=True)  # this machine: one core each, as before
     assert two.learner_cpus == (0,) and two.worker_cpus == ((1,),)
     assert make_affinity("async", 3, tuple(range(8))).worker_cpus == ((4,), (5,), (6,))
