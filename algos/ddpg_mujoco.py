@@ -48,10 +48,10 @@ import torch.nn.functional as F
 from shared import distributed
 from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveFloat, PositiveInt, Range
 from shared.cli import RunArgs, check_replay_sizes, parse_args
-from shared.device import to_host, upload
+from shared.device import to_host
 from shared.envs import make_envs
 from shared.namedarraytuple import namedarraytuple
-from shared.normalize import ObsNorm
+from shared.normalize import ObsNorm, upload_batch
 from shared.pacing import AsyncReplay, ReplayFeed, ReplayPacer
 from shared.precision import autocast, sampler_bf16
 from shared.procs import parent_alive_check
@@ -257,14 +257,7 @@ def make_feed(args: Args, run: Run, buffer: ReplayBuffer, obs_norm: ObsNorm, act
 def to_tensors(batch, obs_norm: ObsNorm, device: torch.device) -> dict:
     """Replay batch (numpy, [N, ...]) -> the float tensors the update uses, observations normalised."""
     fields = ("observation", "next_observation", "action", "n_step_return", "terminated_n", "bootstrap_discount")
-    arrays = {k: getattr(batch, k) for k in fields}
-    if obs_norm.enabled:  # the normaliser's statistics travel in the batch's one copy
-        arrays["obs_stats"] = obs_norm.moments()
-    out = {k: v.float() for k, v in upload(arrays, device).items()}
-    stats = out.pop("obs_stats", None)
-    out["observation"] = obs_norm.normalize(out["observation"], stats)  # [N, S]
-    out["next_observation"] = obs_norm.normalize(out["next_observation"], stats)
-    return out
+    return upload_batch({k: getattr(batch, k) for k in fields}, obs_norm, device)  # one copy to a GPU
 
 
 def critic_target(batch: dict, target_actor: Actor, target_critic: Critics) -> torch.Tensor:

@@ -15,6 +15,9 @@ Guarantees
   of the module that owns it: into its ``state_dict`` (the checkpoint), to an async sampler's copy, and to every
   rank with torchrun's broadcast. Its ``update(x)`` merges the batches of every rank (``distributed.moments``),
   so all ranks hold the same statistics after each update.
+- ``upload_batch(arrays, obs_norm, device)``: a replay batch (numpy) as float32 tensors on ``device`` in one copy
+  (``shared.device.upload``), ``observation`` and ``next_observation`` normalised with the statistics, which
+  travel in that same copy.
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ import numpy as np
 import torch
 
 from shared.buffer import shared_zeros
+from shared.device import upload
 
-__all__ = ["ObsNorm", "RunningNorm", "merge_moments"]
+__all__ = ["ObsNorm", "RunningNorm", "merge_moments", "upload_batch"]
 
 
 def merge_moments(mean, var, count, batch_mean, batch_var, n):
@@ -87,6 +91,17 @@ class ObsNorm:
         if state.shape != self.stats.shape:
             raise ValueError(f"observation statistics of shape {state.shape}, expected {self.stats.shape}")
         self.stats[:] = state
+
+
+def upload_batch(arrays: dict, obs_norm: ObsNorm, device: torch.device) -> dict:
+    """See the module docstring: the off-policy scripts' batch, observations normalised, in one upload."""
+    if obs_norm.enabled:
+        arrays = {**arrays, "obs_stats": obs_norm.moments()}
+    out = {k: v.float() for k, v in upload(arrays, device).items()}
+    stats = out.pop("obs_stats", None)
+    for k in ("observation", "next_observation"):
+        out[k] = obs_norm.normalize(out[k], stats)  # [N, S]
+    return out
 
 
 class RunningNorm(torch.nn.Module):
