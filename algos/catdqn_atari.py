@@ -1,13 +1,16 @@
 """Categorical DQN (C51) for Atari and vector-observation envs, serial, parallel and async sampling.
 
     python algos/catdqn_atari.py                                      # Breakout, C51, 1M frame-wise replay
-    python algos/catdqn_atari.py --double-dqn --dueling --n-step-return 3 --prioritized   # Rainbow minus noisy nets
+    python algos/catdqn_atari.py --double-dqn --dueling --n-step-return 3 --prioritized --noisy  # Rainbow
+    python algos/catdqn_atari.py --preset atari100k --env-id PongNoFrameskip-v4   # data-efficient Rainbow, Atari 100k
     python algos/catdqn_atari.py --env-id CartPole-v1 --v-min 0 --v-max 100 ...
 
 The network outputs a distribution over n_atoms returns between v_min and v_max per action; the target
 distribution r + gamma^k z (no bootstrap after termination) is projected back onto the support and the loss is
 the cross-entropy to it, which is also the priority in prioritized replay (Rainbow's KL-based priority: the two
-differ by the target's entropy, constant in the parameters).
+differ by the target's entropy, constant in the parameters). With --noisy the heads' linear layers are factorised
+noisy layers (Fortunato et al. 2018): new noise on every forward pass of acting and learning (the target network's
+too), exploration from the noise alone (epsilon-greedy off, as in Rainbow), and evaluation with the mean weights.
 
 Replay rows follow gymnasium's next-step autoreset (see shared/replay.py): the step that only resets an env is
 never trained on, a time-limit truncation bootstraps from the episode's true final observation, termination
@@ -39,6 +42,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 
 from shared import distributed
 from shared.argtypes import Fraction, NonNegInt, PositiveFloat, PositiveInt, Range
@@ -60,9 +64,9 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 class Args(RunArgs):
     # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
     # experiment
-    preset: Literal["atari", "cartpole"] = "atari"
-    """named settings to start from (atari: the C51 paper's Atari settings; cartpole: tuned for CartPole-v1); flags
-    given override them"""
+    preset: Literal["atari", "atari100k", "cartpole"] = "atari"
+    """named settings to start from (atari: the C51 paper's Atari settings; atari100k: data-efficient Rainbow on the
+    Atari 100k benchmark; cartpole: tuned for CartPole-v1); flags given override them"""
     env_id: str = "BreakoutNoFrameskip-v4"
     """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations (MLP)"""
     total_timesteps: PositiveInt = 10_000_000
@@ -87,7 +91,12 @@ class Args(RunArgs):
     learning_rate: Annotated[float, Range(gt=0, lt=1)] = 2.5e-4
     """optimiser step size (C51 paper: Adam 2.5e-4, eps 0.01/32)"""
     optimizer: Literal["adam", "rmsprop"] = "adam"
-    """adam (eps 0.01 / batch_size, the C51 paper's) or rmsprop (centered, alpha 0.95, eps 0.01)"""
+    """adam or rmsprop (centered, alpha 0.95, eps 0.01)"""
+    adam_epsilon: PositiveFloat = 0.01 / 32
+    """Adam's epsilon (C51 paper: 0.01 / batch size 32)"""
+    network: Literal["nature", "data-efficient"] = "nature"
+    """image torso and head width: nature (three convolutions, 512 hidden units) or data-efficient (two 5x5
+    stride-5 convolutions, 256 hidden units; van Hasselt et al. 2019); vector observations get a 120-84 MLP"""
     n_atoms: Annotated[int, Range(ge=2)] = 51
     """atoms of the return distribution's support"""
     v_min: float = -10.0
@@ -102,6 +111,12 @@ class Args(RunArgs):
     """select the bootstrap action with the online network's mean Q, take the target network's distribution"""
     dueling: bool = False
     """dueling head: Q = V + A - mean(A), gradient into the torso scaled by 1/sqrt(2)"""
+    noisy: bool = False
+    """noisy nets: the heads' linear layers with factorised Gaussian noise; exploration from the noise alone (the
+    --eps-* flags are ignored), evaluation with the mean weights (and --eval-epsilon)"""
+    noisy_sigma: PositiveFloat = 0.5
+    """noisy nets' sigma_0: the noise scales start at sigma_0 / sqrt(fan-in) (0.5 in the NoisyNet and Rainbow
+    papers, 0.1 in data-efficient Rainbow)"""
     prioritized: bool = False
     """prioritized replay: priorities |TD error|, importance weights with beta annealed to 1"""
     alpha: Fraction = 0.6
@@ -143,9 +158,30 @@ class Args(RunArgs):
 PRESETS = {
     "atari": Args(),
     # Ours, as dqn_atari.py's cartpole preset, with the value support over CartPole's returns.
+    # Data-efficient Rainbow (van Hasselt, Hessel and Aslanides 2019, "When to use parametric models in
+    # reinforcement learning?", appendix table), as Dopamine's labs/atari_100k/configs/DER.gin reproduces it:
+    # Rainbow (C51, double, dueling, noisy, prioritized, n-step) with one update of 32 per agent step, learning
+    # from 1,600 steps, a target copy every 2,000 updates, Adam 1e-4 / eps 1.5e-4, a 10 clip, 51 atoms on
+    # [-10, 10], priority exponent 0.5 and importance exponent 0.4 -> 1, noisy sigma_0 0.1, the smaller torso (two
+    # 5x5 stride-5 convolutions, 256 hidden units), a replay holding all 100k steps ("unbounded"), n-step 20.
+    # Where Dopamine's DER.gin differs from the paper: n-step 10 (SPR's choice), the Nature torso with one 512-unit
+    # hidden layer shared by both streams, importance exponent fixed at 0.5, training epsilon 0.01 beside the noise.
+    # Protocol of the published Atari 100k scores (Kaiser et al. 2019; Dopamine, SPR): 100k agent steps (400k
+    # frames, action repeat 4, one env), no sticky actions, episodes cut at 108k frames (27k agent steps), a lost
+    # life terminal for learning (whole games scored), rewards clipped to their sign for training, up to 30 no-op
+    # starts (rlpyt's and SPR's; Dopamine has none), the score the mean of 100 evaluation episodes after training,
+    # played with the mean weights and epsilon 0.001 (Dopamine's evaluation).
+    "atari100k": Args(preset="atari100k", total_timesteps=100_000, num_envs=1, buffer_size=100_000, batch_size=32,
+                      replay_ratio=32, min_steps_learn=1600, learning_rate=1e-4, adam_epsilon=1.5e-4,
+                      network="data-efficient", noisy=True, noisy_sigma=0.1, dueling=True, double_dqn=True,
+                      prioritized=True, alpha=0.5, beta=0.4, n_step_return=20, target_update_interval=2000,
+                      n_atoms=51, v_min=-10.0, v_max=10.0, gamma=0.99, max_grad_norm=10.0, noop_max=30,
+                      sticky_actions=0.0, life_loss_terminal=True, clip_rewards=True, eval_episodes=100,
+                      eval_epsilon=0.001, log_every=1000),
+    # Ours, as dqn_atari.py's cartpole preset, with the value support over CartPole's returns.
     "cartpole": Args(preset="cartpole", env_id="CartPole-v1", total_timesteps=100_000, num_envs=4,
                      buffer_size=50_000, min_steps_learn=1000, batch_size=64, eps_decay_steps=20_000, eps_end=0.02,
-                     n_step_return=3, replay_ratio=16, learning_rate=1e-3, dueling=True,
+                     n_step_return=3, replay_ratio=16, learning_rate=1e-3, adam_epsilon=0.01 / 64, dueling=True,
                      target_update_interval=250, v_min=0.0, v_max=100.0),
 }
 
@@ -175,21 +211,54 @@ class ScaleGrad(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
-def float32_out(layers: nn.Sequential, h: torch.Tensor) -> torch.Tensor:
-    """A head's hidden layers under the caller's autocast, its output layer in float32: bfloat16 would round
-    Q-values to steps of 1/16 near 10, the size of the TD errors that remain near convergence."""
-    z = layers[:-1](h)
+class NoisyLinear(nn.Module):
+    """Linear layer with factorised Gaussian noise (Fortunato et al. 2018, eqs. 10-11): y = (w + sigma_w * eps_w) x
+    + b + sigma_b * eps_b with eps_w = f(e_out) f(e_in)^T, eps_b = f(e_out), f(e) = sign(e) sqrt(|e|) and e ~ N(0, 1),
+    q + p draws instead of q p. Drawn anew on every call given a generator, one draw for the whole batch [N, p];
+    without one (evaluation), the mean weights. Initialised as the paper's section 3.2: w, b ~ U(-1/sqrt(p),
+    1/sqrt(p)), sigma = sigma_0 / sqrt(p)."""
+
+    def __init__(self, p: int, q: int, sigma_0: float):
+        super().__init__()
+        bound = p ** -0.5
+        self.weight = nn.Parameter(torch.empty(q, p).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(q).uniform_(-bound, bound))
+        self.weight_sigma = nn.Parameter(torch.full((q, p), sigma_0 * bound))
+        self.bias_sigma = nn.Parameter(torch.full((q,), sigma_0 * bound))
+
+    def forward(self, x: torch.Tensor, noise: torch.Generator | None) -> torch.Tensor:
+        y = F.linear(x, self.weight, self.bias)
+        if noise is None:
+            return y
+        p = self.weight.shape[1]
+        e = torch.randn(p + self.weight.shape[0], generator=noise, device=x.device)
+        f = e.sign() * e.abs().sqrt()
+        f_in, f_out = f[:p], f[p:]
+        # sigma_w * (f_out f_in^T) applied to x without forming the [q, p] noise: (sigma_w (f_in * x)) * f_out
+        return y + (F.linear(x * f_in, self.weight_sigma) + self.bias_sigma) * f_out
+
+
+def head(layers: nn.Sequential, h: torch.Tensor, noise: torch.Generator | None) -> torch.Tensor:
+    """A head (linear, ReLU, linear): the hidden layer under the caller's autocast, the output layer in float32:
+    bfloat16 would round Q-values to steps of 1/16 near 10, the size of the TD errors that remain near
+    convergence. Noisy layers take the noise generator (None: their mean weights)."""
+    hidden, relu, out = layers
+    z = relu(hidden(h, noise) if isinstance(hidden, NoisyLinear) else hidden(h))
     with torch.autocast(z.device.type, enabled=False):
-        return layers[-1](z.float())
+        z = z.float()
+        return out(z, noise) if isinstance(out, NoisyLinear) else out(z)
 
 
 class QNetwork(nn.Module):
-    """Nature CNN for images ([C, H, W] or [H, W, C], at least 36x36; uint8 scaled inside) or a 120-84 MLP
-    torso for vectors; a categorical head, plain or dueling.
+    """A torso for images ([C, H, W] or [H, W, C], at least 36x36, uint8 scaled inside; `network`: the Nature CNN
+    or the data-efficient one) or a 120-84 MLP torso for vectors; a categorical head, plain or
+    dueling, its linear layers noisy when `noisy_sigma` is given.
 
-    forward() returns log-probabilities [N, A, n_atoms]; q_values() their means under the support [N, A]."""
+    forward(obs, noise) returns log-probabilities [N, A, n_atoms]; q_values() their means under the support [N, A].
+    noise: the generator of the noisy layers' noise, None for their mean weights."""
 
-    def __init__(self, obs_shape: tuple[int, ...], n_actions: int, dueling: bool, support: torch.Tensor):
+    def __init__(self, obs_shape: tuple[int, ...], n_actions: int, dueling: bool, support: torch.Tensor,
+                 network: str = "nature", noisy_sigma: float | None = None):
         super().__init__()
         self.image, self.dueling, self.n_actions = len(obs_shape) == 3, dueling, n_actions
         self.register_buffer("support", support)
@@ -197,18 +266,28 @@ class QNetwork(nn.Module):
         if self.image:
             c, h, w = image_shape(obs_shape)  # ValueError with the reason when the CNN cannot take the images
             self.channels_last = tuple(obs_shape) != (c, h, w)
-            self.torso = nn.Sequential(
-                nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-                nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
-            width, hidden = self.torso(torch.zeros(1, c, h, w)).shape[1], 512  # 64 * 7 * 7 for 84x84 frames
+            if network == "nature":
+                self.torso = nn.Sequential(
+                    nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+                    nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
+                hidden = 512
+            else:  # data-efficient: 64 * 3 * 3 features for 84x84 frames
+                self.torso = nn.Sequential(nn.Conv2d(c, 32, 5, stride=5), nn.ReLU(), nn.Conv2d(32, 64, 5, stride=5),
+                                           nn.ReLU(), nn.Flatten())
+                hidden = 256
+            width = self.torso(torch.zeros(1, c, h, w)).shape[1]  # 64 * 7 * 7 for 84x84 frames in the Nature CNN
         else:
             self.torso = nn.Sequential(nn.Linear(int(np.prod(obs_shape)), 120), nn.ReLU())
             width, hidden = 120, 84
-        self.q = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, n_actions * K))
-        if dueling:
-            self.v = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, K))
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        def linear(p: int, q: int) -> nn.Module:
+            return nn.Linear(p, q) if noisy_sigma is None else NoisyLinear(p, q, noisy_sigma)
+
+        self.q = nn.Sequential(linear(width, hidden), nn.ReLU(), linear(hidden, n_actions * K))
+        if dueling:
+            self.v = nn.Sequential(linear(width, hidden), nn.ReLU(), linear(hidden, K))
+
+    def forward(self, obs: torch.Tensor, noise: torch.Generator | None = None) -> torch.Tensor:
         if self.image:
             x = obs.permute(0, 3, 1, 2) if self.channels_last else obs  # [N, C, H, W]
             x = x.float() / 255.0 if obs.dtype == torch.uint8 else x.float()
@@ -217,13 +296,13 @@ class QNetwork(nn.Module):
         h = self.torso(x)
         if self.dueling:
             h = ScaleGrad.apply(h, 2 ** -0.5)  # two streams feed the torso: keep its gradient scale
-        logits = float32_out(self.q, h).view(-1, self.n_actions, len(self.support))  # [N, A, K]
+        logits = head(self.q, h, noise).view(-1, self.n_actions, len(self.support))  # [N, A, K]
         if self.dueling:
-            logits = float32_out(self.v, h).unsqueeze(1) + logits - logits.mean(dim=1, keepdim=True)
+            logits = head(self.v, h, noise).unsqueeze(1) + logits - logits.mean(dim=1, keepdim=True)
         return logits.float().log_softmax(dim=-1)  # float32 whatever the autocast: the projection needs it
 
-    def q_values(self, obs: torch.Tensor) -> torch.Tensor:
-        return (self.forward(obs).exp() * self.support).sum(-1)  # [N, A]
+    def q_values(self, obs: torch.Tensor, noise: torch.Generator | None = None) -> torch.Tensor:
+        return (self.forward(obs, noise).exp() * self.support).sum(-1)  # [N, A]
 
 
 # ---------------------------------------------------------------------------------------------- sampling
@@ -233,6 +312,8 @@ Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated",
 
 def epsilons(args: Args, global_step: int) -> np.ndarray:
     """Exploration epsilon per env [B]."""
+    if args.noisy:
+        return np.zeros(args.num_envs)  # the noise explores (Rainbow acts greedily in the noisy Q-values)
     if args.vector_epsilon:
         i = np.arange(args.num_envs)
         return 0.4 ** (1 + 7 * i / max(args.num_envs - 1, 1))
@@ -241,10 +322,11 @@ def epsilons(args: Args, global_step: int) -> np.ndarray:
 
 
 class EnvStepper:
-    """Steps the [B] envs one step at a time with an epsilon-greedy policy; keeps per-env episode state."""
+    """Steps the [B] envs one step at a time with an epsilon-greedy policy (in noisy Q-values, drawn anew each
+    step, when `noise` is a generator); keeps per-env episode state."""
 
-    def __init__(self, envs, args: Args, seed: int):
-        self.envs, self.args = envs, args
+    def __init__(self, envs, args: Args, seed: int, noise: torch.Generator | None):
+        self.envs, self.args, self.noise = envs, args, noise
         self.obs, info = envs.reset(seed=seed)
         n = args.num_envs
         self.final_row = np.zeros(n, bool)  # this step only resets the env (next-step autoreset)
@@ -256,7 +338,7 @@ class EnvStepper:
     def step(self, q_net: QNetwork, eps: np.ndarray, device: torch.device) -> tuple:
         """One step of every env; returns the replay row [1, B] and the episodes that ended [(return, length)]."""
         with autocast(device, self.args.bf16):
-            q = q_net.q_values(torch.as_tensor(self.obs, device=device)).float()
+            q = q_net.q_values(torch.as_tensor(self.obs, device=device), self.noise).float()
         greedy = to_host(q.argmax(dim=1))  # the one copy a step makes: the envs need the actions
         explore = self.rng.random(len(greedy)) < eps
         action = np.where(explore, self.rng.integers(0, q.shape[1], len(greedy)), greedy)
@@ -286,9 +368,9 @@ def sampler_main(args: Args, buffer: ReplayBuffer, link: AsyncReplay, affinity, 
     envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial",
                      n_threads=len(affinity.worker_cpus[0]))
     step = link.start_step
-    stepper = EnvStepper(envs, args, distributed.env_seed(args.seed + step, args.num_envs))
-    support = torch.linspace(args.v_min, args.v_max, args.n_atoms)
-    q_net = QNetwork(envs.single_observation_space.shape, envs.single_action_space.n, args.dueling, support)
+    seed = distributed.env_seed(args.seed + step, args.num_envs)
+    stepper = EnvStepper(envs, args, seed, torch.Generator().manual_seed(seed) if args.noisy else None)
+    q_net = make_network(args, envs.single_observation_space.shape, envs.single_action_space.n)
     try:
         while step < args.total_timesteps:
             check()
@@ -304,7 +386,7 @@ def sampler_main(args: Args, buffer: ReplayBuffer, link: AsyncReplay, affinity, 
 
 
 def make_feed(args: Args, run: Run, buffer: ReplayBuffer, q_net: QNetwork, pacer: ReplayPacer,
-              global_step: int) -> ReplayFeed:
+              global_step: int, noise: torch.Generator | None) -> ReplayFeed:
     """Where the learner's replay rows come from. serial/parallel: this process steps the envs, one [1, B] row
     per collect; async: a sampler process (``sampler_main``) appends to the shared replay, and the learner makes
     one update at a time, publishing its parameters between them."""
@@ -312,7 +394,7 @@ def make_feed(args: Args, run: Run, buffer: ReplayBuffer, q_net: QNetwork, pacer
         return ReplayFeed.from_sampler(run, buffer, q_net, pacer, args.num_envs, global_step, sampler_main,
                                        (args, buffer))
     envs = run.hold(make_envs(args, make_env, args.sampler, len(run.affinity.learner_cpus)))
-    stepper = EnvStepper(envs, args, distributed.env_seed(args.seed + global_step, args.num_envs))
+    stepper = EnvStepper(envs, args, distributed.env_seed(args.seed + global_step, args.num_envs), noise)
     return ReplayFeed.in_process(run, buffer, stepper, args.num_envs, global_step)
 
 
@@ -336,20 +418,21 @@ def project(next_probs: torch.Tensor, returns: torch.Tensor, discounts: torch.Te
     return m
 
 
-def target_distribution(batch, q_net: QNetwork, target_net: QNetwork, double: bool) -> torch.Tensor:
+def target_distribution(batch, q_net: QNetwork, target_net: QNetwork, double: bool,
+                        noise: torch.Generator | None) -> torch.Tensor:
     """Projected target [N, K]: the target net's distribution at s_{t+k} for a* (the online net's greedy action
     when double, else the target net's), shifted by the n-step return and gamma^k (0 after termination)."""
     with torch.no_grad():
-        next_logp = target_net(batch["next_observation"])  # [N, A, K]
+        next_logp = target_net(batch["next_observation"], noise)  # [N, A, K]
         next_q = (next_logp.exp() * target_net.support).sum(-1)
-        a_star = (q_net.q_values(batch["next_observation"]) if double else next_q).argmax(dim=1)
+        a_star = (q_net.q_values(batch["next_observation"], noise) if double else next_q).argmax(dim=1)
         next_probs = next_logp[torch.arange(len(a_star), device=a_star.device), a_star].exp()  # [N, K]
         discounts = (1.0 - batch["terminated_n"]) * batch["bootstrap_discount"]
         return project(next_probs, batch["n_step_return"], discounts, target_net.support)
 
 
 def c51_update(q_net, target_net, optimizer, buffer: ReplayBuffer, args: Args, beta: float,
-               device: torch.device) -> dict:
+               device: torch.device, noise: torch.Generator | None) -> dict:
     sample, index = buffer.sample(args.batch_size, beta=beta)
     fields = ("observation", "next_observation", "action", "n_step_return", "terminated_n", "bootstrap_discount",
               "is_weights")
@@ -359,10 +442,10 @@ def c51_update(q_net, target_net, optimizer, buffer: ReplayBuffer, args: Args, b
     # Targets in an autocast region of their own: on torch before 2.6, weights cast under no_grad and reused by
     # the forward with grad in the same region carried no autograd history (pytorch#112583).
     with autocast(device, args.bf16):
-        m = target_distribution(batch, q_net, target_net, args.double_dqn).float()
+        m = target_distribution(batch, q_net, target_net, args.double_dqn, noise).float()
     rows = torch.arange(args.batch_size, device=device)
     with autocast(device, args.bf16):
-        logp = q_net(batch["observation"]).float()[rows, batch["action"].long()]  # [N, K]
+        logp = q_net(batch["observation"], noise).float()[rows, batch["action"].long()]  # [N, K]
     cross_entropy = -(m * logp).sum(-1)  # [N]
     loss = (batch["is_weights"] * cross_entropy).mean()
     optimizer.zero_grad(set_to_none=True)
@@ -393,21 +476,29 @@ def check_args(args: Args) -> None:
     check_replay_sizes(args)
 
 
-def make_learner(args: Args, run: Run) -> tuple[QNetwork, QNetwork, torch.optim.Optimizer]:
-    """The online network, its target copy and the optimiser."""
+def make_network(args: Args, obs_shape: tuple[int, ...], n_actions: int) -> QNetwork:
     support = torch.linspace(args.v_min, args.v_max, args.n_atoms)
+    return QNetwork(obs_shape, n_actions, args.dueling, support, args.network,
+                    args.noisy_sigma if args.noisy else None)
+
+
+def make_learner(args: Args, run: Run) -> tuple[QNetwork, QNetwork, torch.optim.Optimizer, torch.Generator | None]:
+    """The online network, its target copy, the optimiser and the noisy layers' noise generator (None without)."""
     try:
-        q_net = QNetwork(run.obs_space.shape, int(run.act_space.n), args.dueling, support).to(run.device)
+        q_net = make_network(args, run.obs_space.shape, int(run.act_space.n)).to(run.device)
     except ValueError as e:  # observations the network cannot take
         bad_args(f"--env-id {args.env_id}: {e}")
-    target_net = QNetwork(run.obs_space.shape, int(run.act_space.n), args.dueling, support).to(run.device)
+    target_net = make_network(args, run.obs_space.shape, int(run.act_space.n)).to(run.device)
     target_net.load_state_dict(q_net.state_dict())
     if args.optimizer == "adam":
-        optimizer = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=0.01 / args.batch_size)
+        optimizer = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=args.adam_epsilon)
     else:
         optimizer = torch.optim.RMSprop(q_net.parameters(), lr=args.learning_rate, alpha=0.95, eps=0.01,
                                         centered=True)
-    return q_net, target_net, optimizer
+    # Seeded apart from the weights' initialisation, the same on every rank (and restored to the same state): a
+    # job's update draws one noise for its whole batch, as one process does.
+    noise = torch.Generator(run.device).manual_seed(args.seed + 7_919) if args.noisy else None
+    return q_net, target_net, optimizer, noise
 
 
 def make_replay(args: Args, run: Run) -> ReplayBuffer:
@@ -423,7 +514,7 @@ def make_replay(args: Args, run: Run) -> ReplayBuffer:
 
 def act(q_net: QNetwork, device: torch.device, epsilon: float, rng: np.random.Generator, obs: np.ndarray,
         last_reward: float | None) -> int:
-    """Evaluation policy: epsilon-greedy in the Q-values of one observation."""
+    """Evaluation policy: epsilon-greedy in the Q-values of one observation (noisy layers: their mean weights)."""
     if rng.random() < epsilon:
         return int(rng.integers(q_net.n_actions))
     return int(q_net.q_values(torch.as_tensor(obs, device=device)[None]).argmax(1).item())
@@ -432,10 +523,11 @@ def act(q_net: QNetwork, device: torch.device, epsilon: float, rng: np.random.Ge
 def main() -> int:
     args = parse_args(Args, PRESETS, check_args)
     run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete)  # device, resume, torchrun, cores, seeds
-    q_net, target_net, optimizer = make_learner(args, run)
+    q_net, target_net, optimizer, noise = make_learner(args, run)
     buffer = make_replay(args, run)
     policy = partial(act, q_net, run.device, args.eval_epsilon, np.random.default_rng(args.seed + 100_000))
-    start = run.begin(policy, buffer, model=q_net, target_model=target_net, optimizer=optimizer)
+    noisy = {"noise": noise} if noise is not None else {}  # in the checkpoint: a resumed run draws new noise
+    start = run.begin(policy, buffer, model=q_net, target_model=target_net, optimizer=optimizer, **noisy)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
     global_step, updates = start.global_step, start.updates
@@ -443,13 +535,13 @@ def main() -> int:
                         *start.replay_origin)
     stats, next_target = {"td_loss": None, "q_values": None}, global_step + args.target_update_interval
     with run:
-        feed = make_feed(args, run, buffer, q_net, pacer, global_step)
+        feed = make_feed(args, run, buffer, q_net, pacer, global_step, noise)
         while global_step < args.total_timesteps:
             global_step = feed.collect(global_step, q_net, epsilons(args, global_step), run.device)
             due = pacer.due(global_step, updates)
             for _ in range(feed.updates_now(due)):
                 beta = args.beta + (1.0 - args.beta) * min(global_step / args.total_timesteps, 1.0)
-                stats = c51_update(q_net, target_net, optimizer, buffer, args, beta, run.device)
+                stats = c51_update(q_net, target_net, optimizer, buffer, args, beta, run.device, noise)
                 updates += 1
             waits = feed.after_updates(q_net, updates, learned=due > 0)
             if global_step >= next_target:
