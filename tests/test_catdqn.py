@@ -65,8 +65,9 @@ def test_terminal_target_puts_all_mass_at_the_return():
     assert m[0, 3].item() == pytest.approx(1.0)
 
 
-def test_c51_learns_cartpole_serial(tmp_path):
-    out = run("catdqn_atari.py", *CARTPOLE, "--total-timesteps", "100000", "--stop-at-return", "475",
+@pytest.mark.parametrize("noisy", [[], ["--noisy"]], ids=["epsilon-greedy", "noisy"])
+def test_c51_learns_cartpole_serial(noisy, tmp_path):
+    out = run("catdqn_atari.py", *CARTPOLE, *noisy, "--total-timesteps", "100000", "--stop-at-return", "475",
               "--out-dir", str(tmp_path), "--run-name", "r", timeout=500)
     assert out.returncode == 0, out.stderr[-3000:]
     m = re.search(r"mean return of the last 20 episodes ([\d.]+) >= 475.0 at step (\d+)", out.stdout)
@@ -169,9 +170,10 @@ def test_noisy_network_draws_anew_each_call_and_evaluates_with_the_mean_weights(
         assert torch.equal(net.q_values(obs), net.q_values(obs, None))
     args = catdqn_atari.Args(noisy=True, num_envs=3, eps_start=1.0)
     assert np.all(catdqn_atari.epsilons(args, 0) == 0)  # the noise explores
+    loud = catdqn_atari.QNetwork((4, 84, 84), 5, True, torch.linspace(-10, 10, 51), "data-efficient", 50.0)
     rng = np.random.default_rng(0)
-    acts = {catdqn_atari.act(net, torch.device("cpu"), 0.0, rng, obs[0].numpy(), None) for _ in range(5)}
-    assert len(acts) == 1  # evaluation: the mean weights, the same action every time
+    acts = {catdqn_atari.act(loud, torch.device("cpu"), 0.0, rng, obs[0].numpy(), None) for _ in range(20)}
+    assert len(acts) == 1  # evaluation: the mean weights, the same action every time (however loud the noise)
 
 
 # Data-efficient Rainbow as published: van Hasselt, Hessel and Aslanides (2019), appendix table, and Dopamine's
