@@ -238,7 +238,7 @@ class NoisyLinear(nn.Module):
         return y + (F.linear(x * f_in, self.weight_sigma) + self.bias_sigma) * f_out
 
 
-def head(layers: nn.Sequential, h: torch.Tensor, noise: torch.Generator | None) -> torch.Tensor:
+def float32_out(layers: nn.Sequential, h: torch.Tensor, noise: torch.Generator | None = None) -> torch.Tensor:
     """A head (linear, ReLU, linear): the hidden layer under the caller's autocast, the output layer in float32:
     bfloat16 would round Q-values to steps of 1/16 near 10, the size of the TD errors that remain near
     convergence. Noisy layers take the noise generator (None: their mean weights)."""
@@ -296,9 +296,9 @@ class QNetwork(nn.Module):
         h = self.torso(x)
         if self.dueling:
             h = ScaleGrad.apply(h, 2 ** -0.5)  # two streams feed the torso: keep its gradient scale
-        logits = head(self.q, h, noise).view(-1, self.n_actions, len(self.support))  # [N, A, K]
+        logits = float32_out(self.q, h, noise).view(-1, self.n_actions, len(self.support))  # [N, A, K]
         if self.dueling:
-            logits = head(self.v, h, noise).unsqueeze(1) + logits - logits.mean(dim=1, keepdim=True)
+            logits = float32_out(self.v, h, noise).unsqueeze(1) + logits - logits.mean(dim=1, keepdim=True)
         return logits.float().log_softmax(dim=-1)  # float32 whatever the autocast: the projection needs it
 
     def q_values(self, obs: torch.Tensor, noise: torch.Generator | None = None) -> torch.Tensor:
