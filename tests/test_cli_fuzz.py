@@ -23,7 +23,7 @@ from tests.helpers import ROOT, run
 
 sys.path.insert(0, str(ROOT / "algos"))
 SCRIPTS = ["ppo_atari", "a2c_atari", "dqn_atari", "catdqn_atari", "r2d1_atari", "ddpg_mujoco", "td3_mujoco",
-           "sac_mujoco", "ppo_mujoco"]
+           "sac_mujoco", "ppo_mujoco", "ppo_lstm"]
 HOSTILE_FLOATS = [0.0, -1.0, 1.0, 0.5, 1e-300, 1e308, math.nan, math.inf, -math.inf, 2.0]
 HOSTILE_INTS = [0, -1, 1, 2, 3, 7, -(2**31), 2**40]
 HOSTILE_STRS = ["", " ", "no/such/path", "/proc/forbidden", "CartPole-v1", "NoSuchEnv-v0", "ALE/Breakout-v5"]
@@ -119,6 +119,8 @@ TINY = {
                    "--burn-in-steps", "2", "--rnn-state-interval", "4"],
     "ppo_mujoco": ["--env-id", "Pendulum-v1", "--total-timesteps", "64", "--num-envs", "2", "--num-steps", "16",
                    "--hidden", "8"],
+    "ppo_lstm": ["--env-id", "CartPole-v1", "--total-timesteps", "64", "--num-envs", "2", "--num-steps", "16",
+                 "--hidden", "8"],
     "ddpg_mujoco": ["--env-id", "Pendulum-v1", "--total-timesteps", "300", "--replay-ratio", "8",
                     "--buffer-size", "1000",
                     "--min-steps-learn", "100", "--batch-size", "8", "--hidden", "8"],

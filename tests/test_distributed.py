@@ -168,7 +168,9 @@ def _reached(stdout: str, threshold: str) -> int:
     pytest.param("sac_mujoco.py", PENDULUM, "-250.0", 20_000, marks=pytest.mark.slow),
     pytest.param("ppo_mujoco.py", ["--preset", "pendulum", "--num-envs", "4", "--eval-episodes", "0"], "500.0",
                  150_000, marks=pytest.mark.slow),
-], ids=["ppo", "dqn", "sac", "ppo_mujoco"])
+    pytest.param("ppo_lstm.py", ["--preset", "cartpole", "--num-envs", "4", "--eval-episodes", "0"], "475.0",
+                 150_000, marks=pytest.mark.slow),
+], ids=["ppo", "dqn", "sac", "ppo_mujoco", "ppo_lstm"])
 def test_two_ranks_learn_as_one_process_does(name, flags, threshold, steps, tmp_path):
     """The single-process tests' thresholds and step budgets (the job's steps), with half the envs per rank."""
     cmd = torchrun(script(name), *flags, "--total-timesteps", str(steps), "--stop-at-return", threshold,

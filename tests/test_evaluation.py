@@ -21,14 +21,17 @@ R2D1 = ["--env-id", "CartPole-v1", "--observe-indices", "0", "2", "--num-envs", 
         "--min-steps-learn", "600", "--buffer-size", "4000", "--total-timesteps", "1200", "--log-every", "200"]
 PPO_PENDULUM = ["--env-id", "Pendulum-v1", "--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2",
                 "--total-timesteps", "1024"]
+LSTM_CARTPOLE = ["--preset", "cartpole", "--num-envs", "4", "--num-steps", "64", "--num-minibatches", "2",
+                 "--total-timesteps", "1024"]
 SCRIPTS = {"ppo_atari.py": (CARTPOLE_PPO, 256), "ppo_mujoco.py": (PPO_PENDULUM, 256),
+           "ppo_lstm.py": (LSTM_CARTPOLE, 256),
            "a2c_atari.py": (CARTPOLE_PPO[:-2] + ["--log-every", "4"], 256),
            "dqn_atari.py": (CARTPOLE_DQN, 500), "catdqn_atari.py": (CARTPOLE_DQN + ["--v-max", "100"], 500),
            "r2d1_atari.py": (R2D1, 400), "sac_mujoco.py": (PENDULUM, 100), "td3_mujoco.py": (PENDULUM, 100),
            "ddpg_mujoco.py": (PENDULUM, 100)}
 
 
-@pytest.mark.parametrize("name", ["ppo_atari.py", "dqn_atari.py", "ppo_mujoco.py",
+@pytest.mark.parametrize("name", ["ppo_atari.py", "dqn_atari.py", "ppo_mujoco.py", "ppo_lstm.py",
                                   pytest.param("sac_mujoco.py", marks=pytest.mark.slow),
                                   pytest.param("r2d1_atari.py", marks=pytest.mark.slow)])
 def test_evaluating_during_training_changes_nothing_in_the_training_run(name, tmp_path):

@@ -38,6 +38,8 @@ JOBS = {
                       "50", "--hidden", "32"],
     "ppo_mujoco.py": ["--env-id", "Pendulum-v1", "--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2",
                       "--update-epochs", "2"],
+    "ppo_lstm.py": ["--env-id", "CartPole-v1", "--observe-indices", "0", "2", "--num-envs", "2", "--num-steps", "16",
+                    "--num-minibatches", "2", "--update-epochs", "2", "--hidden", "16"],
     "sac_mujoco.py": ["--env-id", "Pendulum-v1", "--min-steps-learn", "300", "--batch-size", "32",
                       "--replay-ratio", "32", "--log-every",
                       "50", "--hidden", "32"],

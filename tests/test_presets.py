@@ -16,7 +16,7 @@ from tests.helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "algos"))
 SCRIPTS = ["ppo_atari", "a2c_atari", "dqn_atari", "catdqn_atari", "r2d1_atari", "sac_mujoco", "td3_mujoco",
-           "ddpg_mujoco", "ppo_mujoco"]
+           "ddpg_mujoco", "ppo_mujoco", "ppo_lstm"]
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
