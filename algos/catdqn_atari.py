@@ -10,7 +10,8 @@ distribution r + gamma^k z (no bootstrap after termination) is projected back on
 the cross-entropy to it, which is also the priority in prioritized replay (Rainbow's KL-based priority: the two
 differ by the target's entropy, constant in the parameters). With --noisy the heads' linear layers are factorised
 noisy layers (Fortunato et al. 2018): new noise on every forward pass of acting and learning (the target network's
-too), exploration from the noise alone (epsilon-greedy off, as in Rainbow), and evaluation with the mean weights.
+too), exploration from the noise alone once learning starts (epsilon-greedy off, as in Rainbow; uniform actions
+before), and evaluation with the mean weights.
 
 Replay rows follow gymnasium's next-step autoreset (see shared/replay.py): the step that only resets an env is
 never trained on, a time-limit truncation bootstraps from the episode's true final observation, termination
@@ -112,8 +113,9 @@ class Args(RunArgs):
     dueling: bool = False
     """dueling head: Q = V + A - mean(A), gradient into the torso scaled by 1/sqrt(2)"""
     noisy: bool = False
-    """noisy nets: the heads' linear layers with factorised Gaussian noise; exploration from the noise alone (the
-    --eps-* flags are ignored), evaluation with the mean weights (and --eval-epsilon)"""
+    """noisy nets: the heads' linear layers with factorised Gaussian noise; exploration from the noise alone once
+    learning starts, uniform actions before (the --eps-* flags are ignored), evaluation with the mean weights (and
+    --eval-epsilon)"""
     noisy_sigma: PositiveFloat = 0.5
     """noisy nets' sigma_0: the noise scales start at sigma_0 / sqrt(fan-in) (0.5 in the NoisyNet and Rainbow
     papers, 0.1 in data-efficient Rainbow)"""
@@ -164,13 +166,16 @@ PRESETS = {
     # from 1,600 steps, a target copy every 2,000 updates, Adam 1e-4 / eps 1.5e-4, a 10 clip, 51 atoms on
     # [-10, 10], priority exponent 0.5 and importance exponent 0.4 -> 1, noisy sigma_0 0.1, the smaller torso (two
     # 5x5 stride-5 convolutions, 256 hidden units), a replay holding all 100k steps ("unbounded"), n-step 20.
-    # Where Dopamine's DER.gin differs from the paper: n-step 10 (SPR's choice), the Nature torso with one 512-unit
-    # hidden layer shared by both streams, importance exponent fixed at 0.5, training epsilon 0.01 beside the noise.
+    # Where Dopamine's DER.gin differs from the paper: n-step 10 (SPR's choice), the Nature torso (padded 'SAME')
+    # with one 512-unit hidden layer shared by both streams, importance exponent fixed at 0.5, training epsilon
+    # beside the noise (0.01; 0 since late 2022). Before learning starts, uniform actions (SPR's; Dopamine acts with
+    # the untrained noisy net, which repeats one action). Not done here: Dopamine and SPR clear the frame stack at
+    # a lost life.
     # Protocol of the published Atari 100k scores (Kaiser et al. 2019; Dopamine, SPR): 100k agent steps (400k
     # frames, action repeat 4, one env), no sticky actions, episodes cut at 108k frames (27k agent steps), a lost
     # life terminal for learning (whole games scored), rewards clipped to their sign for training, up to 30 no-op
-    # starts (rlpyt's and SPR's; Dopamine has none), the score the mean of 100 evaluation episodes after training,
-    # played with the mean weights and epsilon 0.001 (Dopamine's evaluation).
+    # frames at reset (Dopamine: up to 30 no-op agent steps), the score the mean of 100 evaluation episodes after
+    # training, played with the mean weights and epsilon 0.001 (Dopamine's evaluation).
     "atari100k": Args(preset="atari100k", total_timesteps=100_000, num_envs=1, buffer_size=100_000, batch_size=32,
                       replay_ratio=32, min_steps_learn=1600, learning_rate=1e-4, adam_epsilon=1.5e-4,
                       network="data-efficient", noisy=True, noisy_sigma=0.1, dueling=True, double_dqn=True,
@@ -312,8 +317,9 @@ Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated",
 
 def epsilons(args: Args, global_step: int) -> np.ndarray:
     """Exploration epsilon per env [B]."""
-    if args.noisy:
-        return np.zeros(args.num_envs)  # the noise explores (Rainbow acts greedily in the noisy Q-values)
+    if args.noisy:  # the noise explores once learning starts (Rainbow acts greedily in the noisy Q-values); before,
+        # uniform actions fill the replay, as SPR's DER does: an untrained noisy net repeats one action
+        return np.full(args.num_envs, 1.0 if global_step < args.min_steps_learn * distributed.world_size() else 0.0)
     if args.vector_epsilon:
         i = np.arange(args.num_envs)
         return 0.4 ** (1 + 7 * i / max(args.num_envs - 1, 1))

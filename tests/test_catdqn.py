@@ -168,8 +168,9 @@ def test_noisy_network_draws_anew_each_call_and_evaluates_with_the_mean_weights(
         a, b = net.q_values(obs, gen), net.q_values(obs, gen)
         assert not torch.allclose(a, b)
         assert torch.equal(net.q_values(obs), net.q_values(obs, None))
-    args = catdqn_atari.Args(noisy=True, num_envs=3, eps_start=1.0)
-    assert np.all(catdqn_atari.epsilons(args, 0) == 0)  # the noise explores
+    args = catdqn_atari.Args(noisy=True, num_envs=3, eps_start=0.5, eps_end=0.5, min_steps_learn=100)
+    assert np.all(catdqn_atari.epsilons(args, 99) == 1)  # uniform actions fill the replay
+    assert np.all(catdqn_atari.epsilons(args, 100) == 0)  # then the noise explores
     loud = catdqn_atari.QNetwork((4, 84, 84), 5, True, torch.linspace(-10, 10, 51), "data-efficient", 50.0)
     rng = np.random.default_rng(0)
     acts = {catdqn_atari.act(loud, torch.device("cpu"), 0.0, rng, obs[0].numpy(), None) for _ in range(20)}
