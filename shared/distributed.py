@@ -273,8 +273,9 @@ def check_in_sync() -> None:
     with torch.no_grad():
         # The sum of the parameters' bits as integers: exact and independent of the order of the sum, so equal
         # parameters always give equal checksums (a float sum may differ in its last bits between GPU models).
-        # One host transfer for all of them (a .item() per parameter would sync a GPU once per tensor).
-        sums = [int(torch.stack([_bits(p).sum() for p in _params(m)]).sum().cpu())
+        # One host transfer for all of them (a .item() per parameter would sync a GPU once per tensor). A module of
+        # buffers alone (a RunningNorm of returns) has no parameters to compare: 0.
+        sums = [int(torch.stack([_bits(p).sum() for p in ps]).sum().cpu()) if (ps := _params(m)) else 0
                 for m in _state["modules"]]
     every = gather_objects(sums)
     for i, mine in enumerate(every[0]):
