@@ -22,6 +22,7 @@ Episode boundaries: envs autoreset on the step after an episode ends (gymnasium'
 (the final row) only resets the env: it is masked out of every loss, and its observation is the episode's final
 one, seen with the episode's state, whose value is the bootstrap target when the episode was truncated by the time
 limit; termination bootstraps nothing. The row after a final row starts an episode: the state is zeroed there.
+On Atari a lost life ends the *training* episode (no bootstrap across it) but neither the game nor the LSTM's memory.
 Observations and rewards can be normalised as ppo_mujoco.py does (--normalize-obs, --normalize-reward: on in the
 pendulum preset), and invalid-action masks (``info["action_mask"]``) are respected as in ppo_atari.py.
 """
@@ -261,8 +262,8 @@ class Agent(nn.Module):
     def forward(self, obs: torch.Tensor, state: RnnState, episode_start: torch.Tensor,
                 start_rows: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor, RnnState]:
         """obs [T, B, ...] -> logits or mean [T, B, A], value [T, B], and the state after the last row.
-        ``start_rows`` [T] (host): whether any of the B sequences starts an episode at each row, known from the
-        rollout; at T = 1 it is not needed."""
+        ``start_rows`` [T] (host): whether any of the B sequences starts an episode at each row; the learner knows
+        it from the rollout, and without it it is read from ``episode_start`` (a wait on a GPU)."""
         T, B = episode_start.shape
         x = obs.flatten(0, 1)  # [T*B, ...]
         if self.image:
@@ -275,8 +276,9 @@ class Agent(nn.Module):
             # The fused LSTM over each stretch of rows in which no sequence starts an episode; at a stretch's first
             # row the state is zeroed where one starts. Sampling steps are one stretch of one row.
             keep = (~episode_start).float().unsqueeze(-1)  # [T, B, 1]
-            rows = np.zeros(T, bool) if T == 1 else np.asarray(start_rows)
-            bounds = [0, *(np.flatnonzero(rows[1:]) + 1).tolist(), T]
+            if start_rows is None:
+                start_rows = episode_start.any(1).cpu().numpy() if T > 1 else np.zeros(1, bool)
+            bounds = [0, *(np.flatnonzero(np.asarray(start_rows)[1:]) + 1).tolist(), T]
             out, hs, cs = [], state.h[None], state.c[None]
             for t0, t1 in zip(bounds[:-1], bounds[1:]):
                 o, (hs, cs) = self.core(x[t0:t1], (hs * keep[t0], cs * keep[t0]))
