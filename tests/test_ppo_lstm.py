@@ -237,6 +237,15 @@ def test_continuous_checkpoint_resume_and_eval_only_carry_the_normalisers(sample
     assert ev["global_step"] == 512 and len(ev["returns"]) == 2
 
 
+def test_parallel_sampling_trains_exactly_as_serial_sampling(tmp_path):
+    for sampler in ("serial", "parallel"):
+        out = run("ppo_lstm.py", *TINY, "--sampler", sampler, "--total-timesteps", "512", "--out-dir", str(tmp_path),
+                  "--run-name", sampler, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in ("wall_time_s", "sps")} for r in rows]
+    assert strip(progress(tmp_path / "serial")) == strip(progress(tmp_path / "parallel"))
+
+
 @pytest.mark.parametrize("preset", ["cartpole", "pendulum"])
 def test_serial_runs_are_reproducible(preset, tmp_path):
     flags = [*TINY, "--preset", preset, "--total-timesteps", "512"]
