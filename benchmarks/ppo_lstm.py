@@ -7,14 +7,14 @@ the zoo's PendulumNoVel-v1). The same filter (gymnasium's TransformObservation) 
 
 Settings, both sides: rl-baselines3-zoo's hyperparams/ppo_lstm.yml for CartPoleNoVel-v1 (8 envs x 32 steps, one
 minibatch of 256, 20 epochs, lr 1e-3 annealed linearly, clip 0.2, gamma 0.98, lambda 0.8, no entropy bonus, 100k
-steps) and PendulumNoVel-v1 (4 envs x 1024 steps, 10 epochs, lr 1e-3, clip 0.2, gamma 0.9, lambda 0.95, 100k
-steps); observations and rewards normalised (ours: --normalize-obs --normalize-reward, the presets; theirs:
-VecNormalize). Network: one LSTM of 64 units shared by the policy and the value heads on both sides
-(RecurrentPPO: lstm_hidden_size=64, shared_lstm=True, enable_critic_lstm=False); ours puts a 64x64 tanh torso
-before the LSTM, RecurrentPPO its default 64x64 tanh networks after it. What differs by design: minibatches (ours:
-whole env sequences, 4 of one env on Pendulum; RecurrentPPO: 128-step pieces of sequences, padded, 32 a rollout,
-its default batch_size) and exploration on Pendulum (the zoo's gSDE is left off on both sides: a
-state-independent log-std, as ours).
+steps) and PendulumNoVel-v1 (10 epochs, lr 1e-3, clip 0.2, gamma 0.9, lambda 0.95, 4096 steps a rollout, laid out
+as the preset does: 16 envs x 256 steps; 200k steps); observations and rewards normalised (ours: the presets'
+--normalize-obs --normalize-reward; theirs: VecNormalize). Network: one LSTM of 64 units shared by the policy and
+value heads on both sides (RecurrentPPO: lstm_hidden_size=64, shared_lstm=True, enable_critic_lstm=False); ours
+puts a 64x64 tanh torso before the LSTM, RecurrentPPO its default 64x64 tanh networks after it. What differs by
+design: the minibatches (ours: whole env sequences, on Pendulum 8 of 2 envs; RecurrentPPO: its batch_size of
+steps, sequences cut and padded: 128 on Pendulum, the zoo's default) and exploration on Pendulum (the zoo's gSDE
+is off on both sides: a state-independent log-std, as ours).
 
 Learning: the mean return of the episodes that end in each tenth of the run, per seed, and the mean over the last
 tenth. SPS: env steps per second of training from the end of the first rollout (start-up and the first rollout
@@ -22,8 +22,9 @@ left out, for both sides), CartPole task, each sampling mode of ours beside its 
 worker processes against SubprocVecEnv; serial and async against DummyVecEnv: RecurrentPPO has no asynchronous
 sampler).
 
-    taskset -c 0 python benchmarks/ppo_lstm.py                            # both, 3 seeds (about an hour on 1 core)
-    taskset -c 0 python benchmarks/ppo_lstm.py --seeds 1 --sps-steps 10240 --tasks cartpole   # a short version
+    taskset -c 0 python benchmarks/ppo_lstm.py                        # both tasks, 3 seeds, speed (about 50 minutes)
+    taskset -c 0 python benchmarks/ppo_lstm.py --seeds 1 2 --sps-steps 0          # the learning runs recorded
+    taskset -c 0 python benchmarks/ppo_lstm.py --no-learning --sps-steps 20480    # the speed runs recorded
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ TASKS = {  # preset: (env id, observed entries, zoo settings for RecurrentPPO, s
     "pendulum": ("Pendulum-v1", [0, 1], dict(n_steps=256, batch_size=128, n_epochs=10, learning_rate=1e-3,
                                             anneal=False, clip_range=0.2, gamma=0.9, gae_lambda=0.95), 16),
 }
+
+
+STEPS = {"cartpole": 100_000, "pendulum": 200_000}  # the presets' budgets
 
 
 def curve(ends: list[tuple[int, float]], steps: int, bins: int = 10) -> list[float]:
@@ -83,7 +87,6 @@ def ours(task: str, steps: int, seed: int, sampler: str = "serial", extra: tuple
 
 def recurrent_ppo(task: str, steps: int, seed: int, subprocesses: bool = False) -> tuple:
     """(SPS from the end of the first rollout, [(step, return)] of its episodes) of one RecurrentPPO run."""
-    import gymnasium as gym
     from sb3_contrib import RecurrentPPO
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.env_util import make_vec_env
@@ -118,7 +121,6 @@ def recurrent_ppo(task: str, steps: int, seed: int, subprocesses: bool = False) 
     model.learn(total_timesteps=steps, callback=rec)
     sps = (model.num_timesteps - rec.steps_first) / (time.perf_counter() - rec.t_first)
     env.close()
-    del gym
     return sps, rec.ends
 
 
@@ -172,7 +174,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    p.add_argument("--steps", type=int, default=100_000, help="env steps of each learning run (the zoo's 100k)")
+    p.add_argument("--steps", type=int, default=None,
+                   help="env steps of each learning run (default: the preset's, cartpole 100k, pendulum 200k)")
     p.add_argument("--sps-steps", type=int, default=20_480, help="env steps of each speed run (0: no speed runs)")
     p.add_argument("--no-learning", action="store_true", help="the speed runs alone")
     a = p.parse_args()
@@ -180,7 +183,7 @@ def main() -> None:
 
     torch.set_num_threads(1)  # as our script has on one core
     if not a.no_learning:
-        learning(a.tasks, a.seeds, {t: a.steps for t in a.tasks})
+        learning(a.tasks, a.seeds, {t: a.steps or STEPS[t] for t in a.tasks})
     if a.sps_steps:
         speed(a.sps_steps)
 
