@@ -165,7 +165,7 @@ def reached(out, threshold: float) -> int | None:
 @pytest.mark.parametrize("sampler", ["serial", pytest.param("async", marks=pytest.mark.slow)])
 def test_learns_cartpole_without_velocities(sampler, tmp_path):
     """The cartpole preset to a mean of 475 over 20 episodes within its 100k steps (positions only: the velocities
-    must be inferred from what the LSTM remembers)."""
+    must be inferred from what the LSTM remembers; with --no-lstm the preset stays at 45, benchmarks/ppo_lstm.py)."""
     out = run("ppo_lstm.py", *CARTPOLE, "--sampler", sampler, "--stop-at-return", "475", "--out-dir",
               str(tmp_path), "--run-name", "r", timeout=400)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -174,8 +174,9 @@ def test_learns_cartpole_without_velocities(sampler, tmp_path):
 
 def test_learns_pendulum_without_angular_velocity(tmp_path):
     """The pendulum preset to a mean of -400 over 10 episodes within its 200k steps (cos and sin of the angle
-    only; random actions get about -1200, and so does --no-lstm: -1250 at 100k), and the deterministic policy with
-    the frozen observation statistics far above that."""
+    only; random actions get about -1200, the preset with --no-lstm -1084 over the last tenth of its 200k steps,
+    seeds 1 and 2, benchmarks/ppo_lstm.py), and the deterministic policy with the frozen observation statistics far
+    above that."""
     out = run("ppo_lstm.py", *PENDULUM[:-2], "--eval-episodes", "5", "--stop-at-return", "-400", "--out-dir",
               str(tmp_path), "--run-name", "r", timeout=400)
     assert out.returncode == 0, out.stderr[-3000:]
