@@ -46,7 +46,7 @@ from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveFloat, Pos
 from shared.atari import is_atari, make_atari_env
 from shared.cli import RunArgs, bad_args, parse_args
 from shared.device import to_host, upload
-from shared.envs import image_shape, make_envs
+from shared.envs import image_shape, make_envs, observe_only
 from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayFeed, ReplayPacer
 from shared.procs import parent_alive_check
@@ -151,16 +151,7 @@ def make_env(args: Args, render: bool = False):
         if is_atari(args.env_id):
             return make_atari_env(args.env_id, args.noop_max, args.sticky_actions, render)
         env = gym.make(args.env_id, render_mode="rgb_array" if render else None)
-        if args.observe_indices:
-            keep, space = np.array(args.observe_indices), env.observation_space
-            try:
-                kept = gym.spaces.Box(space.low[keep], space.high[keep], dtype=space.dtype)
-            except (AttributeError, IndexError):  # not a Box, or an index past its first axis
-                env.close()
-                raise ValueError(f"{observe_flag(args)} does not fit observations of shape {space.shape} "
-                                 f"({type(space).__name__})") from None
-            env = gym.wrappers.TransformObservation(env, lambda o: o[keep], kept)
-        return env
+        return observe_only(env, args.observe_indices) if args.observe_indices else env
 
     return thunk
 

@@ -21,6 +21,9 @@ Guarantees
   MaskablePPO's and PettingZoo's masks, passed through ``info``); every action where an env gives none and on a
   final row (its action is ignored: it only resets the env). A mask that allows no action raises ValueError
   naming the env.
+- ``observe_only(env, indices)``: ``env`` whose observations are only the given entries of its ``Box`` (the memory
+  tasks: CartPole without velocities); ``ValueError`` with a readable reason when they do not fit (``env`` is
+  closed then).
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ import numpy as np
 
 from shared.atari import is_atari, make_atari_vector_env
 
-__all__ = ["MIN_IMAGE_SIDE", "action_mask", "close_envs", "image_shape", "make_envs", "probe_spaces", "vector_env"]
+__all__ = ["MIN_IMAGE_SIDE", "action_mask", "close_envs", "image_shape", "make_envs", "observe_only", "probe_spaces",
+           "vector_env"]
 
 MIN_IMAGE_SIDE = 36  # the Nature CNN's three convolutions (8/4, 4/2, 3/1) need at least this many pixels a side
 
@@ -95,3 +99,15 @@ def action_mask(info: dict, final_row: Any, n_actions: int) -> np.ndarray:
     if len(empty):
         raise ValueError(f"env {int(empty[0])}: its action mask allows no action")
     return mask
+
+
+def observe_only(env: gym.Env, indices: tuple[int, ...]) -> gym.Env:
+    """``env`` observing only ``indices`` of its Box observations (see the module docstring)."""
+    keep, space = np.array(indices), env.observation_space
+    try:
+        kept = gym.spaces.Box(space.low[keep], space.high[keep], dtype=space.dtype)
+    except (AttributeError, IndexError):  # not a Box, or an index past its first axis
+        env.close()
+        flag = "--observe-indices " + " ".join(map(str, indices))
+        raise ValueError(f"{flag} does not fit observations of shape {space.shape} ({type(space).__name__})") from None
+    return gym.wrappers.TransformObservation(env, lambda o: o[keep], kept)
