@@ -23,7 +23,7 @@ RUNS = {
     "dqn_atari": ["--preset", "cartpole", "--total-timesteps", "1200", "--min-steps-learn", "400", "--log-every",
                   "400", "--prioritized", "--eval-every", "800", "--checkpoint-every", "800"],
     "catdqn_atari": ["--preset", "cartpole", "--total-timesteps", "1200", "--min-steps-learn", "400",
-                     "--log-every", "400", "--prioritized", "--eval-every", "800"],
+                     "--log-every", "400", "--prioritized", "--eval-every", "800", "--noisy"],
     "r2d1_atari": ["--preset", "memory", "--total-timesteps", "1600", "--min-steps-learn", "600", "--log-every",
                    "800"],
     "sac_mujoco": ["--preset", "pendulum", "--total-timesteps", "500", "--min-steps-learn", "300", "--log-every",
