@@ -354,8 +354,10 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
         lives = np.asarray(info.get("lives", state.lives), np.int64)
         life_lost = (lives < state.lives) & ~state.final_row
         raw = np.where(state.final_row, 0.0, reward)  # a final row's reward belongs to no episode
-        buf.reward[t] = np.sign(raw) if (args.clip_rewards and is_atari(args.env_id)) else raw
-        state.discounted = np.where(state.final_row, 0.0, state.discounted * args.gamma + raw)
+        train_r = np.sign(raw) if (args.clip_rewards and is_atari(args.env_id)) else raw
+        buf.reward[t] = train_r
+        # of the rewards trained on (clipped on Atari): their scale is what --normalize-reward divides out
+        state.discounted = np.where(state.final_row, 0.0, state.discounted * args.gamma + train_r)
         buf.discounted[t] = state.discounted
         buf.terminated[t] = term | (life_lost & args.life_loss_terminal)
         buf.episode_end[t] = term | trunc
