@@ -489,7 +489,8 @@ def make_network(args: Args, obs_shape: tuple[int, ...], n_actions: int) -> QNet
 
 
 def make_learner(args: Args, run: Run) -> tuple[QNetwork, QNetwork, torch.optim.Optimizer, torch.Generator | None]:
-    """The online network, its target copy, the optimiser and the noisy layers' noise generator (None without)."""
+    """The online network, its target copy, the optimiser and the noisy layers' noise generator (None without
+    --noisy; in the checkpoint, so that a resumed run draws new noise)."""
     try:
         q_net = make_network(args, run.obs_space.shape, int(run.act_space.n)).to(run.device)
     except ValueError as e:  # observations the network cannot take
@@ -532,8 +533,7 @@ def main() -> int:
     q_net, target_net, optimizer, noise = make_learner(args, run)
     buffer = make_replay(args, run)
     policy = partial(act, q_net, run.device, args.eval_epsilon, np.random.default_rng(args.seed + 100_000))
-    noisy = {"noise": noise} if noise is not None else {}  # in the checkpoint: a resumed run draws new noise
-    start = run.begin(policy, buffer, model=q_net, target_model=target_net, optimizer=optimizer, **noisy)
+    start = run.begin(policy, buffer, model=q_net, target_model=target_net, optimizer=optimizer, noise=noise)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
     global_step, updates = start.global_step, start.updates

@@ -24,9 +24,10 @@ Guarantees
   cores (``shared.affinity``: ``run.affinity`` has the sampler's), and seeds numpy and torch with ``--seed``.
 - ``begin(policy, replay=None, **objects)``: a replay whose memory the machine cannot hold exits 2 with both
   figures; on ``--resume`` each named object (modules, optimizers, generators, tensors, anything with
-  ``state_dict``) is loaded from the checkpoint (exit 2 if it does not fit), and with ``--save-replay`` the
-  replay too; every rank gets rank 0's parameters and then a random stream of its own; the run folder is
-  created (``config.json``, ``progress.csv``, TensorBoard: ``shared.progress``). Returns the ``Start``.
+  ``state_dict``; one given as None is left out: a part only some flags build) is loaded from the checkpoint
+  (exit 2 if it does not fit), and with ``--save-replay`` the replay too; every rank gets rank 0's parameters
+  and then a random stream of its own; the run folder is created (``config.json``, ``progress.csv``,
+  TensorBoard: ``shared.progress``). Returns the ``Start``.
 - ``periodic(global_step, **values)``, once per loop iteration: an evaluation every ``--eval-every`` steps (its
   mean goes into the next row as ``eval_return``), a progress row every ``--log-every`` steps (rollouts for an
   on-policy script, which gives ``iteration_steps``), a checkpoint every ``--checkpoint-every`` steps and every
@@ -172,6 +173,7 @@ class Run:
         import torch
 
         args = self.args
+        objects = {name: obj for name, obj in objects.items() if obj is not None}  # a part these flags do not build
         self._policy, self._objects = policy, objects
         evaluating = bool(getattr(args, "eval_only", False))
         if replay is not None and not evaluating:
