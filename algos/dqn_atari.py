@@ -46,7 +46,7 @@ from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayFeed, ReplayPacer
 from shared.precision import autocast, sampler_bf16
 from shared.procs import parent_alive_check
-from shared.replay import ReplayBuffer
+from shared.replay import ReplayBuffer, prefetch_on
 from shared.run import Run
 
 SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own name
@@ -337,6 +337,7 @@ def dqn_update(q_net, target_net, optimizer, buffer: ReplayBuffer, args: Args, b
     distributed.average_gradients(q_net)
     nn.utils.clip_grad_norm_(q_net.parameters(), args.max_grad_norm)
     optimizer.step()
+    buffer.sample_ahead(args.batch_size, beta)  # async on a GPU: the host gathers the next batch while this trains
     if args.prioritized:  # the one copy an update makes: the sum tree lives on the host
         buffer.update_priorities(index, to_host(td.abs()))
     # Detached tensors: read when a row is written (a non-finite one ends the run there), never per update.
@@ -376,7 +377,7 @@ def make_replay(args: Args, run: Run) -> ReplayBuffer:
     return ReplayBuffer(example, args.buffer_size, args.num_envs, discount=args.gamma,
                         n_step_return=args.n_step_return, frame_stack=frame_stack, prioritized=args.prioritized,
                         alpha=args.alpha, beta=args.beta, shared=args.sampler == "async",
-                        seed=distributed.rank_seed(args.seed))
+                        seed=distributed.rank_seed(args.seed), prefetch=prefetch_on(run.device, args.sampler))
 
 
 def act(q_net: QNetwork, device: torch.device, epsilon: float, rng: np.random.Generator, obs: np.ndarray,

@@ -50,7 +50,7 @@ from shared.envs import image_shape, make_envs, observe_only
 from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayFeed, ReplayPacer
 from shared.procs import parent_alive_check
-from shared.replay import SequenceReplayBuffer
+from shared.replay import SequenceReplayBuffer, prefetch_on
 from shared.run import Run
 
 SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own name
@@ -464,6 +464,7 @@ def r2d1_update(net, target_net, optimizer, buffer: SequenceReplayBuffer, args: 
     distributed.average_gradients(net)
     nn.utils.clip_grad_norm_(net.parameters(), args.max_grad_norm)
     optimizer.step()
+    buffer.sample_ahead(args.batch_size, beta)  # async on a GPU: the host gathers the next batch while this trains
     burn, L = args.burn_in_steps, args.sequence_length
     valid = ~np.asarray(batch.final_row)[burn:burn + L]  # [L, B], as r2d1_loss's, known on the host
     # The one copy an update makes: the sum tree lives on the host.
@@ -521,7 +522,7 @@ def make_replay(args: Args, run: Run) -> SequenceReplayBuffer:
                                 n_step_return=args.n_step_return, frame_stack=frame_stack, prioritized=True,
                                 alpha=args.alpha, beta=args.beta, input_priority_shift=sampler_shift,
                                 shared=args.sampler == "async", seed=distributed.rank_seed(args.seed),
-                                unique_frames=True)
+                                unique_frames=True, prefetch=prefetch_on(run.device, args.sampler))
 
 
 class EvalPolicy:

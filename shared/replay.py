@@ -32,6 +32,12 @@ Guarantees
   pickled object, loaded with ``allow_pickle=False``. A loaded buffer samples exactly as the saved one would.
   ``end_episodes()`` then truncates every env's episode at its newest rows, as a time limit would, so rows
   from freshly reset envs can follow.
+- With ``prefetch=True`` (``prefetch_on``: a GPU learner fed by an async sampler), ``sample_ahead`` draws the
+  next batch at once and the next ``sample`` of that size returns it: called between an update's last kernel
+  and its first read on the host, the host gathers the next batch while the device trains on the current one.
+  That batch sees the priorities from before the current update's (stale by one update, in a replay that the
+  sampler changes meanwhile anyway) and the importance exponent ``beta`` of its draw. Without ``prefetch``
+  ``sample_ahead`` does nothing, so serial and parallel runs draw exactly as before.
 - Bad input raises ``ValueError`` naming the argument.
 """
 
@@ -51,12 +57,19 @@ from shared.sync import locked
 if TYPE_CHECKING:
     from shared.sum_tree import SumTree
 
-__all__ = ["ReplayBuffer", "SequenceReplayBuffer", "SampleIndex"]
+__all__ = ["ReplayBuffer", "SequenceReplayBuffer", "SampleIndex", "prefetch_on"]
 
 SampleIndex = namedarraytuple("SampleIndex", ["abs_row", "b"])
 _REQUIRED = ("observation", "action", "reward", "terminated")
 _DERIVED = ("n_step_return", "terminated_n", "truncated_n", "n_taken", "final_row", "episode_start")
 _CURSOR, _MAX_PRIORITY = 0, 1  # slots in the shared float64 state
+
+
+def prefetch_on(device: Any, sampler: str) -> bool:
+    """Whether a learner's replay should draw each next batch during the current update (``sample_ahead``): on a
+    GPU fed by an async sampler, where the host would otherwise gather while the device idles. Serial and
+    parallel runs keep the exact order of draws and updates; on the CPU there is nothing to overlap."""
+    return str(device).startswith("cuda") and sampler == "async"
 
 
 class _Storage:
@@ -296,8 +309,9 @@ class _Base:
     tree: SumTree | None
 
     def _setup(self, shared: bool, mp_context: str, prioritized: bool, alpha: float, beta: float,
-               default_priority: float | None, priority_eps: float, seed: int | None) -> None:
-        self.shared, self.prioritized = shared, prioritized
+               default_priority: float | None, priority_eps: float, seed: int | None, prefetch: bool) -> None:
+        self.shared, self.prioritized, self.prefetch = shared, prioritized, prefetch
+        self._ahead: tuple | None = None  # (batch_size, (batch, index)) drawn by sample_ahead
         self.alpha, self.beta, self.priority_eps = float(alpha), float(beta), float(priority_eps)
         self.default_priority = default_priority
         self._lock = mp.get_context(mp_context).Lock() if shared else contextlib.nullcontext()
@@ -355,7 +369,11 @@ class _Base:
         return (int(self._window[1]) - int(self._window[0])) * self.B
 
     def sample(self, batch_size: int, beta: float | None = None) -> tuple[Any, Any]:
-        """Draw ``batch_size`` indices (with replacement) and return ``(batch, index)``; see the class docstring."""
+        """Draw ``batch_size`` indices (with replacement) and return ``(batch, index)``; see the class docstring.
+        A batch of this size drawn by ``sample_ahead`` is returned instead (see the module docstring)."""
+        if self._ahead is not None and self._ahead[0] == batch_size:
+            drawn, self._ahead = self._ahead[1], None
+            return drawn
         beta = self._beta(beta)
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
@@ -372,6 +390,13 @@ class _Base:
         out["bootstrap_discount"] = (self.storage.discount ** out["n_taken"].astype(np.float64)).astype(np.float32)
         out["is_weights"] = weights
         return self._batch_cls(**out), SampleIndex(abs_idx, b)
+
+    def sample_ahead(self, batch_size: int, beta: float | None = None) -> None:
+        """With ``prefetch``: draw the next batch now, for the next ``sample``; otherwise nothing (see the module
+        docstring)."""
+        if self.prefetch:
+            self._ahead = None
+            self._ahead = (batch_size, self.sample(batch_size, beta))
 
     def _uniform(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         lo, hi = int(self._window[0]), int(self._window[1])
@@ -471,6 +496,7 @@ class _Base:
         first array that is missing or of another shape or dtype."""
         import json
 
+        self._ahead = None  # drawn from the state being replaced
         with np.load(path, allow_pickle=False) as saved, self._locked():
             for name, dst in self.arrays().items():
                 if name not in saved.files:
@@ -485,6 +511,7 @@ class _Base:
     def __getstate__(self):
         d = self.__dict__.copy()
         d["_check"] = None  # a liveness check belongs to the process that set it
+        d["_ahead"] = None  # a batch drawn ahead belongs to the learner
         if not self.shared:
             d["_lock"] = None
         return d
@@ -507,7 +534,7 @@ class ReplayBuffer(_Base):
     def __init__(self, example: Any, size: int, B: int, discount: float = 0.99, n_step_return: int = 1,
                  frame_stack: int = 1, prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
                  default_priority: float | None = None, priority_eps: float = 1e-6, shared: bool = False,
-                 mp_context: str = "spawn", seed: int | None = None):
+                 mp_context: str = "spawn", seed: int | None = None, prefetch: bool = False):
         _check_common(size, B, discount, n_step_return, frame_stack, alpha, beta, priority_eps)
         T = math.ceil(size / B)
         self.history = frame_stack - 1  # rows before a sample that must still hold its data
@@ -516,7 +543,7 @@ class ReplayBuffer(_Base):
         self.storage = _Storage(example, T, B, discount, n_step_return, frame_stack, shared)
         self.T, self.B, self.n_step_return = T, B, n_step_return
         self.tree = _sum_tree(T, B, shared) if prioritized else None
-        self._setup(shared, mp_context, prioritized, alpha, beta, default_priority, priority_eps, seed)
+        self._setup(shared, mp_context, prioritized, alpha, beta, default_priority, priority_eps, seed, prefetch)
         fields = list(self.storage.example._fields) + ["next_observation", *_DERIVED, "bootstrap_discount",
                                                        "is_weights"]
         self._batch_cls = namedarraytuple("ReplayBatch", fields)
@@ -585,7 +612,8 @@ class SequenceReplayBuffer(_Base):
                  discount: float = 0.997, n_step_return: int = 1, frame_stack: int = 1, prioritized: bool = False,
                  alpha: float = 0.6, beta: float = 0.4, default_priority: float | None = None,
                  priority_eps: float = 1e-6, input_priority_shift: int = 0, shared: bool = False,
-                 mp_context: str = "spawn", seed: int | None = None, unique_frames: bool = False):
+                 mp_context: str = "spawn", seed: int | None = None, unique_frames: bool = False,
+                 prefetch: bool = False):
         _check_common(size, B, discount, n_step_return, frame_stack, alpha, beta, priority_eps)
         if sequence_length < 1:
             raise ValueError(f"sequence_length must be positive, got {sequence_length}")
@@ -607,7 +635,7 @@ class SequenceReplayBuffer(_Base):
         self.n_slots = T // I
         self.rnn_state = buffer_from_example(self.storage.example.rnn_state, (self.n_slots, B), shared=shared)
         self.tree = _sum_tree(self.n_slots, B, shared) if prioritized else None
-        self._setup(shared, mp_context, prioritized, alpha, beta, default_priority, priority_eps, seed)
+        self._setup(shared, mp_context, prioritized, alpha, beta, default_priority, priority_eps, seed, prefetch)
         self.unique_frames = unique_frames and frame_stack > 1
         fields = [f for f in self.storage.example._fields if f != "rnn_state"]
         if self.unique_frames:

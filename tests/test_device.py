@@ -279,3 +279,74 @@ def test_an_off_policy_batch_and_its_normaliser_statistics_go_up_in_one_copy(mon
         assert torch.equal(outs[0][k], outs[1][k]), k
     expected = torch.as_tensor((batch.observation - norm.mean) / np.sqrt(norm.var + 1e-8), dtype=torch.float32)
     torch.testing.assert_close(outs[1]["observation"], expected)
+
+
+def _dqn_setup(module, prefetch: bool):
+    """A prioritized replay of random vector transitions for dqn_atari/catdqn_atari, its networks and optimizer."""
+    from shared.replay import ReplayBuffer
+
+    rng = np.random.default_rng(2)
+    ex = module.Step(np.zeros(4, np.float32), np.int64(0), np.float32(0), False, False, False)
+    buf = ReplayBuffer(ex, 200, 2, n_step_return=3, prioritized=True, seed=2, prefetch=prefetch)
+    buf.append(module.Step(rng.random((50, 2, 4), dtype=np.float32), rng.integers(0, 2, (50, 2)),
+                           rng.random((50, 2), dtype=np.float32), rng.random((50, 2)) < 0.1,
+                           np.zeros((50, 2), bool), np.zeros((50, 2), bool)))
+    torch.manual_seed(2)
+    args = module.Args(batch_size=8, prioritized=True)
+    if module.__name__ == "dqn_atari":
+        q, tq = module.QNetwork((4,), 2, True), module.QNetwork((4,), 2, True)
+    else:
+        q, tq = module.make_network(args, (4,), 2), module.make_network(args, (4,), 2)
+    return buf, q, tq, torch.optim.Adam(q.parameters(), lr=1e-3), args
+
+
+class _Spy:
+    """Records a prioritized replay's draws (the sum tree's samples) and priority writes, in order."""
+
+    def __init__(self, buf):
+        self.events, self.tree_sample, self.write = [], buf.tree.sample, buf.update_priorities
+        buf.tree.sample, buf.update_priorities = self.draw, self.written
+
+    def draw(self, *a):
+        out = self.tree_sample(*a)
+        self.events.append(("draw", out[0]))
+        return out
+
+    def written(self, index, priorities):
+        self.events.append(("write", index.abs_row))
+        return self.write(index, priorities)
+
+
+def _three_updates(script: str, prefetch: bool) -> list:
+    """The draws and writes of three updates of ``script`` on a prioritized replay built with ``prefetch``."""
+    sys.path.insert(0, str(ROOT / "algos"))
+    module, cpu = __import__(script), torch.device("cpu")
+    if script == "r2d1_atari":
+        _, buf, net, target, opt, args = _r2d1_setup(0)
+        buf.prefetch = prefetch
+        spy = _Spy(buf)
+        for _ in range(3):
+            module.r2d1_update(net, target, opt, buf, args, 0.5, cpu)
+        return spy.events
+    buf, net, target, opt, args = _dqn_setup(module, prefetch)
+    spy = _Spy(buf)
+    for _ in range(3):
+        if script == "dqn_atari":
+            module.dqn_update(net, target, opt, buf, args, 0.5, cpu)
+        else:
+            module.c51_update(net, target, opt, buf, args, 0.5, cpu, None)
+    return spy.events
+
+
+@pytest.mark.parametrize("script", ["dqn_atari", "catdqn_atari", "r2d1_atari"])
+def test_a_prefetching_learner_draws_the_next_batch_before_it_reads_the_priorities(script):
+    """With prefetch (a GPU learner fed by an async sampler) each update draws the next batch between its last
+    kernel and its priority read, and trains on the batch drawn during the update before; without, one draw
+    then one write per update, as ever."""
+    for prefetch in (False, True):
+        events = _three_updates(script, prefetch)
+        assert "".join(kind[0] for kind, _ in events) == ("ddwdwdw" if prefetch else "dwdwdw")
+        draws = [rows for kind, rows in events if kind == "draw"]
+        writes = [rows for kind, rows in events if kind == "write"]
+        for drawn, written in zip(draws, writes):  # each update trains on (and writes back) the k-th draw
+            np.testing.assert_array_equal(drawn, written)

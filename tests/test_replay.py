@@ -181,6 +181,46 @@ def test_prioritized_weights_updates_and_new_sample_priority():
     assert buf.tree.leaves[t_new % buf.T, 0] == pytest.approx((4.0 + 1e-6) ** 0.5)
 
 
+def test_a_batch_drawn_ahead_is_the_next_one_sampled_and_without_prefetch_nothing_changes(tmp_path):
+    """sample_ahead draws at once (before priorities written after it) and the next sample of that size returns
+    that batch; without prefetch the draws are exactly those of a buffer never asked to draw ahead."""
+    import pickle
+
+    from shared.replay import prefetch_on
+
+    def filled(prefetch):
+        buf = ReplayBuffer(_example(1), 40, 2, prioritized=True, alpha=1.0, seed=3, prefetch=prefetch)
+        buf.append(Stream(2, 1, np.random.default_rng(3), p_end=0.0).chunk(15))
+        return buf
+
+    plain, off = filled(False), filled(False)
+    for i in range(3):
+        off.sample_ahead(6)
+        for buf in (plain, off):  # priorities written in between: seen by the next draw
+            _, every = buf.sample(len(buf))
+            buf.update_priorities(every, np.where(every.abs_row == every.abs_row[i], 1.0, 1e-9))
+        (a, ia), (b, ib) = plain.sample(6), off.sample(6)
+        np.testing.assert_array_equal(ia.abs_row, ib.abs_row)
+        np.testing.assert_array_equal(a.observation, b.observation)
+        assert (ib.abs_row == every.abs_row[i]).all()
+
+    on = filled(True)
+    on.sample_ahead(6, beta=1.0)
+    _, everything = on.sample(len(on))  # another size: a fresh draw, the one drawn ahead stays
+    on.update_priorities(everything, np.where(everything.abs_row == everything.abs_row[0], 1.0, 1e-9))
+    batch, idx = on.sample(6)  # drawn before the priorities above: not all the one favoured row
+    assert (idx.abs_row != everything.abs_row[0]).any()
+    assert on.sample(6)[1].abs_row.tolist() == [everything.abs_row[0]] * 6  # fresh draws see the new priorities
+    on.sample_ahead(6)
+    assert pickle.loads(pickle.dumps(on))._ahead is None  # a sampler process gets no learner's batch
+    on.save(tmp_path / "r.npz")
+    on.load(tmp_path / "r.npz")
+    assert on._ahead is None  # drawn from the state that was replaced
+
+    assert prefetch_on("cuda:1", "async") and not prefetch_on("cuda", "serial")
+    assert not prefetch_on("cuda", "parallel") and not prefetch_on("cpu", "async")
+
+
 def test_final_observation_rows_are_never_sampled():
     buf = ReplayBuffer(_example(1), 60, 3, prioritized=False, seed=1)
     stream = Stream(3, 1, np.random.default_rng(1), p_end=0.45)
