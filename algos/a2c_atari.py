@@ -203,11 +203,11 @@ def rollout_example(obs_space, n_actions: int, T: int, B: int) -> tuple:
 def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device) -> None:
     """Step the envs num_steps times, writing buf [T, B] and the bootstrap observation boot [B]."""
     for t in range(args.num_steps):
-        obs = torch.as_tensor(state.obs, device=device)
+        up = upload({"obs": state.obs, "mask": state.mask}, device)  # one copy: [B, ...], [B, A]
         with autocast(device, args.bf16):
-            logits, value = agent(obs)
+            logits, value = agent(up["obs"])
         if not state.mask.all():  # invalid actions get probability 0 (envs without masks skip this)
-            logits = masked(logits, torch.as_tensor(state.mask, device=device))
+            logits = masked(logits, up["mask"])
         dist = Categorical(logits=logits, validate_args=False)  # validation would wait on a GPU twice a step
         action = dist.sample()
         buf.obs[t], buf.mask[t], buf.final_row[t] = state.obs, state.mask, state.final_row
@@ -377,12 +377,12 @@ class Sampler:
 
 
 def make_learner(args: Args, run: Run) -> tuple[Agent, torch.optim.Optimizer]:
-    """The agent (channels-last for images on a CPU) and its RMSprop optimiser."""
+    """The agent (channels-last for images on a CPU or with --bf16) and its RMSprop optimiser."""
     try:
         agent = Agent(run.obs_space.shape, int(run.act_space.n)).to(run.device)
     except ValueError as e:  # observations the network cannot take
         bad_args(f"--env-id {args.env_id}: {e}")
-    if agent.image and run.device.type == "cpu":
+    if agent.image and (run.device.type == "cpu" or args.bf16):  # NHWC: faster on a CPU, and for bf16 on a GPU
         agent = agent.to(memory_format=torch.channels_last)
     optimizer = torch.optim.RMSprop(agent.parameters(), lr=args.learning_rate, alpha=args.rmsprop_alpha,
                                     eps=args.rmsprop_eps)

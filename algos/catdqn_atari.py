@@ -344,7 +344,7 @@ class EnvStepper:
     def step(self, q_net: QNetwork, eps: np.ndarray, device: torch.device) -> tuple:
         """One step of every env; returns the replay row [1, B] and the episodes that ended [(return, length)]."""
         with autocast(device, self.args.bf16):
-            q = q_net.q_values(torch.as_tensor(self.obs, device=device), self.noise).float()
+            q = q_net.q_values(upload({"obs": self.obs}, device)["obs"], self.noise).float()
         greedy = to_host(q.argmax(dim=1))  # the one copy a step makes: the envs need the actions
         explore = self.rng.random(len(greedy)) < eps
         action = np.where(explore, self.rng.integers(0, q.shape[1], len(greedy)), greedy)
@@ -498,6 +498,8 @@ def make_learner(args: Args, run: Run) -> tuple[QNetwork, QNetwork, torch.optim.
         bad_args(f"--env-id {args.env_id}: {e}")
     target_net = make_network(args, run.obs_space.shape, int(run.act_space.n)).to(run.device)
     target_net.load_state_dict(q_net.state_dict())
+    if q_net.image and run.device.type == "cuda" and args.bf16:  # NHWC: the layout of bf16 tensor-core convolutions
+        q_net, target_net = (net.to(memory_format=torch.channels_last) for net in (q_net, target_net))
     if args.optimizer == "adam":
         optimizer = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=args.adam_epsilon)
     else:

@@ -240,7 +240,7 @@ class EnvStepper:
     def step(self, q_net: QNetwork, eps: np.ndarray, device: torch.device) -> tuple:
         """One step of every env; returns the replay row [1, B] and the episodes that ended [(return, length)]."""
         with autocast(device, self.args.bf16):
-            q = q_net(torch.as_tensor(self.obs, device=device)).float()
+            q = q_net(upload({"obs": self.obs}, device)["obs"]).float()
         greedy = to_host(q.argmax(dim=1))  # the one copy a step makes: the envs need the actions
         explore = self.rng.random(len(greedy)) < eps
         action = np.where(explore, self.rng.integers(0, q.shape[1], len(greedy)), greedy)
@@ -361,6 +361,8 @@ def make_learner(args: Args, run: Run) -> tuple[QNetwork, QNetwork, torch.optim.
         bad_args(f"--env-id {args.env_id}: {e}")
     target_net = QNetwork(run.obs_space.shape, int(run.act_space.n), args.dueling).to(run.device)
     target_net.load_state_dict(q_net.state_dict())
+    if q_net.image and run.device.type == "cuda" and args.bf16:  # NHWC: the layout of bf16 tensor-core convolutions
+        q_net, target_net = (net.to(memory_format=torch.channels_last) for net in (q_net, target_net))
     if args.optimizer == "rmsprop":
         optimizer = torch.optim.RMSprop(q_net.parameters(), lr=args.learning_rate, alpha=0.95, eps=0.01,
                                         centered=True)

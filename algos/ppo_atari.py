@@ -204,11 +204,11 @@ def rollout_example(obs_space, n_actions: int, T: int, B: int) -> tuple:
 def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device) -> None:
     """Step the envs num_steps times, writing buf [T, B] and the bootstrap observation boot [B]."""
     for t in range(args.num_steps):
-        obs = torch.as_tensor(state.obs, device=device)
+        up = upload({"obs": state.obs, "mask": state.mask}, device)  # one copy: [B, ...], [B, A]
         with autocast(device, args.bf16):
-            logits, value = agent(obs)
+            logits, value = agent(up["obs"])
         if not state.mask.all():  # invalid actions get probability 0 (envs without masks skip this)
-            logits = masked(logits, torch.as_tensor(state.mask, device=device))
+            logits = masked(logits, up["mask"])
         dist = Categorical(logits=logits, validate_args=False)  # validation would wait on a GPU twice a step
         action = dist.sample()
         buf.obs[t], buf.mask[t], buf.final_row[t] = state.obs, state.mask, state.final_row
@@ -258,7 +258,7 @@ def ppo_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
     mb_size = max(n // args.num_minibatches, 1)
     stats = {"policy_loss": [], "value_loss": [], "entropy": [], "approx_kl": [], "clipfrac": []}
     for _ in range(args.update_epochs):
-        perm = torch.randperm(n, generator=generator).to(device)
+        perm = upload({"perm": torch.randperm(n, generator=generator).numpy()}, device)["perm"]
         for start in range(0, mb_size * args.num_minibatches, mb_size):  # as many on every rank
             mb = perm[start : start + mb_size]
             with autocast(device, args.bf16):
@@ -403,12 +403,13 @@ def check_args(args: Args) -> None:
 
 
 def make_learner(args: Args, run: Run) -> tuple[Agent, torch.optim.Optimizer, torch.Generator]:
-    """The agent (channels-last for images on a CPU), its optimiser and the generator of the minibatch order."""
+    """The agent (channels-last for images on a CPU or with --bf16), its optimiser and the generator of the
+    minibatch order."""
     try:
         agent = Agent(run.obs_space.shape, int(run.act_space.n)).to(run.device)
     except ValueError as e:  # observations the network cannot take
         bad_args(f"--env-id {args.env_id}: {e}")
-    if agent.image and run.device.type == "cpu":
+    if agent.image and (run.device.type == "cpu" or args.bf16):  # NHWC: faster on a CPU, and for bf16 on a GPU
         agent = agent.to(memory_format=torch.channels_last)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     return agent, optimizer, torch.Generator().manual_seed(args.seed)

@@ -341,10 +341,10 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
     for t in range(args.num_steps):
         buf.obs[t], buf.mask[t] = state.obs, state.mask
         buf.final_row[t], buf.episode_start[t] = state.final_row, state.episode_start
-        obs = torch.as_tensor(state.obs, device=device)[None]  # [1, B, ...]
-        with autocast(device, args.bf16):
-            out, value, state.rnn = agent(obs, state.rnn, torch.as_tensor(state.episode_start, device=device)[None])
-        mask = None if state.mask.all() else torch.as_tensor(state.mask, device=device)  # envs with invalid actions
+        up = upload({"obs": state.obs[None], "start": state.episode_start[None], "mask": state.mask}, device)
+        with autocast(device, args.bf16):  # [1, B, ...] in, one copy up
+            out, value, state.rnn = agent(up["obs"], state.rnn, up["start"])
+        mask = None if state.mask.all() else up["mask"]  # envs with invalid actions
         action, logprob, _ = agent.policy(out[0], mask=mask)
         buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, logprob, value[0])  # one copy
         env_action = buf.action[t]
@@ -596,8 +596,8 @@ def make_agent(args: Args, obs_space: gym.Space, act_space: gym.Space) -> Agent:
 
 
 def make_learner(args: Args, run: Run) -> tuple:
-    """The agent (channels-last for images on a CPU; its observation statistics included), its optimiser, the
-    generator of the minibatch order and the statistics of the discounted return."""
+    """The agent (channels-last for images on a CPU or with --bf16; its observation statistics included), its
+    optimiser, the generator of the minibatch order and the statistics of the discounted return."""
     if not isinstance(run.act_space, (gym.spaces.Discrete, gym.spaces.Box)):
         bad_args(f"--env-id {args.env_id}: {SCRIPT} needs a discrete (Discrete) or continuous (Box) action space, "
                  f"got {run.act_space}")
@@ -607,7 +607,7 @@ def make_learner(args: Args, run: Run) -> tuple:
         agent = make_agent(args, run.obs_space, run.act_space).to(run.device)
     except ValueError as e:  # observations the network cannot take
         bad_args(f"--env-id {args.env_id}{' ' + observe_flag(args) if args.observe_indices else ''}: {e}")
-    if agent.image and run.device.type == "cpu":
+    if agent.image and (run.device.type == "cpu" or args.bf16):  # NHWC: faster on a CPU, and for bf16 on a GPU
         agent = agent.to(memory_format=torch.channels_last)
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
     return_norm = RunningNorm(1, args.normalize_reward).to(run.device)  # statistics of the discounted return

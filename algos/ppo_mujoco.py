@@ -208,7 +208,7 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
     for t in range(args.num_steps):
         buf.obs[t], buf.final_row[t] = flat(state.obs), state.final_row
         with autocast(device, args.bf16):
-            mean, log_std, value = agent(torch.as_tensor(buf.obs[t], device=device))
+            mean, log_std, value = agent(upload({"obs": buf.obs[t]}, device)["obs"])
         action = mean + log_std.exp() * torch.randn_like(mean)
         buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, gaussian(mean, log_std, action)[0], value)
         env_action = buf.action[t].reshape((-1, *state.space.shape))  # [B, A] -> [B, *action shape]
@@ -254,7 +254,7 @@ def ppo_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
     mb_size = max(n // args.num_minibatches, 1)
     stats = {"policy_loss": [], "value_loss": [], "entropy": [], "approx_kl": [], "clipfrac": []}
     for _ in range(args.update_epochs):
-        perm = torch.randperm(n, generator=generator).to(device)
+        perm = upload({"perm": torch.randperm(n, generator=generator).numpy()}, device)["perm"]
         for start in range(0, mb_size * args.num_minibatches, mb_size):  # as many on every rank
             mb = perm[start : start + mb_size]
             with autocast(device, args.bf16):

@@ -291,12 +291,11 @@ class EnvStepper:
     @torch.no_grad()
     def step(self, net: R2D1Net, device: torch.device) -> tuple:
         """One step of every env; returns (chunk or None, priorities or None, episodes [(return, length)])."""
-        keep = torch.as_tensor(~self.episode_start, device=device).float().unsqueeze(-1)
+        up = upload({"obs": self.obs[None], "prev_action": self.prev_action[None],  # [1, B, ...] each, one copy
+                     "prev_reward": self.prev_reward[None], "start": self.episode_start[None]}, device)
+        keep = (~up["start"][0]).float().unsqueeze(-1)
         state = RnnState(self.state.h.to(device) * keep, self.state.c.to(device) * keep)  # before this row
-        obs = torch.as_tensor(self.obs, device=device)[None]
-        q, new_state = net(obs, torch.as_tensor(self.prev_action, device=device)[None],
-                           torch.as_tensor(self.prev_reward, device=device)[None], state,
-                           torch.as_tensor(self.episode_start, device=device)[None])
+        q, new_state = net(up["obs"], up["prev_action"], up["prev_reward"], state, up["start"])
         q = to_host(q[0].float())  # [B, A]
         greedy = q.argmax(1)
         explore = self.rng.random(len(greedy)) < self.eps
@@ -437,15 +436,15 @@ def r2d1_loss(net: R2D1Net, target_net: R2D1Net, b: dict, args: Args) -> tuple:
     return loss, td.detach().abs(), valid
 
 
-def to_tensors(batch, device: torch.device) -> dict:
-    """Replay batch (numpy) -> tensors on the device in one upload; floats as float32. Atari frames travel once
-    each (frames [U, H, W] and frame_index [W, B, C]) and are stacked on the device into observation
-    [W, B, C, H, W]."""
+def to_tensors(batch, device: torch.device, extra: dict | None = None) -> dict:
+    """Replay batch (numpy), and ``extra`` host arrays, -> tensors on the device in one upload; floats as float32.
+    Atari frames travel once each (frames [U, H, W] and frame_index [W, B, C]) and are stacked on the device into
+    observation [W, B, C, H, W]."""
     fields = ["action", "prev_action", "prev_reward", "n_step_return", "terminated_n", "n_taken",
               "bootstrap_discount", "final_row", "episode_start", "is_weights"]
     fields += ["frames", "frame_index"] if "frames" in batch else ["observation"]
-    out = upload({**{k: getattr(batch, k) for k in fields}, "h": batch.init_rnn_state.h, "c": batch.init_rnn_state.c},
-                 device)
+    out = upload({**{k: getattr(batch, k) for k in fields}, "h": batch.init_rnn_state.h, "c": batch.init_rnn_state.c,
+                  **(extra or {})}, device)
     if "frames" in out:
         out["observation"] = out.pop("frames")[out.pop("frame_index")]
     for k in ("prev_reward", "n_step_return", "bootstrap_discount", "is_weights"):
@@ -458,20 +457,21 @@ def to_tensors(batch, device: torch.device) -> dict:
 def r2d1_update(net, target_net, optimizer, buffer: SequenceReplayBuffer, args: Args, beta: float,
                 device: torch.device) -> dict:
     batch, index = buffer.sample(args.batch_size, beta=beta)
-    loss, td, _ = r2d1_loss(net, target_net, to_tensors(batch, device), args)
+    burn, L = args.burn_in_steps, args.sequence_length
+    valid = ~np.asarray(batch.final_row)[burn:burn + L]  # [L, B], as r2d1_loss's, known on the host
+    # The rows of td that are transitions, for a statistic: a boolean mask would wait on a GPU.
+    b = to_tensors(batch, device, {"valid_rows": np.flatnonzero(valid)})
+    loss, td, _ = r2d1_loss(net, target_net, b, args)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     distributed.average_gradients(net)
     nn.utils.clip_grad_norm_(net.parameters(), args.max_grad_norm)
     optimizer.step()
     buffer.sample_ahead(args.batch_size, beta)  # async on a GPU: the host gathers the next batch while this trains
-    burn, L = args.burn_in_steps, args.sequence_length
-    valid = ~np.asarray(batch.final_row)[burn:burn + L]  # [L, B], as r2d1_loss's, known on the host
     # The one copy an update makes: the sum tree lives on the host.
     buffer.update_priorities(index, sequence_priorities(to_host(td), valid, args.eta))
-    rows = torch.as_tensor(np.flatnonzero(valid), device=device)  # a boolean mask would wait on a GPU
     # Detached tensors: read when a row is written (a non-finite one ends the run there), never per update.
-    return {"td_loss": loss.detach(), "td_abs": td.flatten()[rows].mean()}
+    return {"td_loss": loss.detach(), "td_abs": td.flatten()[b["valid_rows"]].mean()}
 
 
 # ---------------------------------------------------------------------------------------------- main

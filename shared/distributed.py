@@ -209,7 +209,8 @@ def moments(x: Any) -> tuple[Any, Any, Any]:
     import torch
 
     x = x.double()
-    s = torch.cat([x.sum(0), torch.tensor([float(len(x))], dtype=torch.float64, device=x.device)])
+    # The count filled on the device: a host number copied up would wait on a GPU.
+    s = torch.cat([x.sum(0), torch.full((1,), float(len(x)), dtype=torch.float64, device=x.device)])
     if in_lockstep():
         import torch.distributed as dist
 

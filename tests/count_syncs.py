@@ -9,12 +9,16 @@ On CUDA, an op that returns a value to Python (``.item()``, ``float(t)``, ``bool
 ``aten._local_scalar_dense``), a data-dependent shape (``nonzero``, a boolean-mask index, ``masked_select``),
 ``torch.equal``, and every copy to the host (``.cpu()``, ``.tolist()``) waits for the device's queue to drain.
 On the CPU nothing waits, but the same ops run: a ``TorchDispatchMode`` sees the aten ones and ``Tensor.cpu``
-and ``Tensor.tolist`` are wrapped. Each is filed under the place that caused it:
+and ``Tensor.tolist`` are wrapped. So are ``torch.as_tensor`` and ``torch.tensor`` given host data (an array, a
+list, a number) and a ``device`` inside the loop (``with run:``): on CUDA each is a pageable copy up, which waits
+too. Each is filed under the place that caused it:
 
 - ``row``: inside what ``shared.run.Run`` does when a row, an evaluation or a checkpoint is due (the statistics
   are read there, once per row), or before the loop starts;
 - ``to_host``: inside ``shared.device.to_host``, the one declared copy a hot loop may make (the actions an env
   needs, the priorities a prioritized replay needs);
+- ``upload``: inside ``shared.device.upload``, the one pinned, non-blocking copy up of a step's or an update's
+  host arrays (on the CPU the same call makes tensors of the arrays);
 - ``optim``: inside ``torch.optim``, which reads its step counters, kept on the host (a CPU tensor also when the
   parameters are on a GPU, unless ``capturable``), so nothing waits there;
 - otherwise ``<function>:<line>`` of the script (or ``shared/<module>:<function>``): a sync in the hot loop.
@@ -55,6 +59,8 @@ def where() -> str:
         if path.parent == ROOT / "shared":
             if name == "to_host":
                 return "to_host"
+            if path.name == "device.py" and name in ("upload", "__call__"):
+                return "upload"
             row = ROW_TIME.get(path.name, ())
             if row is None or name in row:
                 return "row"
@@ -78,6 +84,28 @@ class CountSyncs(TorchDispatchMode):
 def _counted(method):
     def wrapper(self, *args, **kwargs):
         sites[where()] += 1
+        return method(self, *args, **kwargs)
+
+    return wrapper
+
+
+in_loop = False  # inside ``with run:``, where the script's loop runs
+
+
+def _counted_upload(make):
+    """``make`` (torch.as_tensor or torch.tensor), counted when it brings host data to a device in the loop."""
+    def wrapper(data, *args, **kwargs):
+        if in_loop and kwargs.get("device") is not None and not isinstance(data, torch.Tensor):
+            sites[where()] += 1
+        return make(data, *args, **kwargs)
+
+    return wrapper
+
+
+def _loop_flag(method, value: bool):
+    def wrapper(self, *args, **kwargs):
+        global in_loop
+        in_loop = value
         return method(self, *args, **kwargs)
 
     return wrapper
@@ -108,6 +136,10 @@ def main() -> None:
     module = __import__(script)
     torch.Tensor.cpu = _counted(torch.Tensor.cpu)
     torch.Tensor.tolist = _counted(torch.Tensor.tolist)
+    torch.as_tensor, torch.tensor = _counted_upload(torch.as_tensor), _counted_upload(torch.tensor)
+    from shared.run import Run
+
+    Run.__enter__, Run.__exit__ = _loop_flag(Run.__enter__, True), _loop_flag(Run.__exit__, False)
     sys.argv = [f"{script}.py", *flags]
     with contextlib.redirect_stdout(io.StringIO()), CountSyncs():
         code = module.main()
