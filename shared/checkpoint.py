@@ -8,8 +8,10 @@ Guarantees
   reads a checkpoint written on a GPU on a machine without one. The state holds tensors and plain values only.
 - ``restore(resumed, objects, args, script)`` loads each named object's state (``load_state_dict``; a
   ``torch.Generator``'s ``set_state``; a tensor's ``copy_``); a checkpoint whose tensors do not fit exits 2
-  naming the script that wrote it or the flags that differ (``resume_mismatch``). ``state_of(objects)`` is the
-  inverse, for ``save``.
+  naming the script that wrote it or the flags that differ (``resume_mismatch``). A generator saved on another
+  kind of device (a CUDA run's Philox state resumed on a CPU, or the reverse: states of another size) is reseeded
+  from a hash of the saved state, with one warning line: the run goes on, deterministically, with other draws
+  than it would have made. ``state_of(objects)`` is the inverse, for ``save``.
 - ``--save-replay``: ``save_replay`` writes the buffer as plain arrays (``replay.npz``) before the checkpoint
   that records its cursor; ``restore_replay`` restores it only when it is that checkpoint's, ends its episodes
   as a time limit would (the envs start afresh) and says so; a missing or stale replay gives one warning.
@@ -92,7 +94,7 @@ def restore(resumed: dict, objects: dict[str, Any], args: Any, script: str) -> N
     try:
         for name, obj in objects.items():
             if isinstance(obj, torch.Generator):
-                obj.set_state(resumed[name])
+                restore_generator(name, obj, resumed[name])
             elif isinstance(obj, torch.Tensor):
                 with torch.no_grad():
                     obj.copy_(resumed[name])
@@ -100,6 +102,20 @@ def restore(resumed: dict, objects: dict[str, Any], args: Any, script: str) -> N
                 obj.load_state_dict(resumed[name])
     except (RuntimeError, KeyError, ValueError) as e:  # tensors of another shape or another script
         resume_mismatch(resumed, args, script, e)
+
+
+def restore_generator(name: str, generator: Any, state: Any) -> None:
+    """``generator.set_state(state)``, or, for a state saved on another kind of device, a seed from its hash."""
+    import hashlib
+
+    if state.numel() == generator.get_state().numel():
+        generator.set_state(state)
+        return
+    seed = int.from_bytes(hashlib.sha256(state.numpy().tobytes()).digest()[:8], "little")
+    generator.manual_seed(seed)
+    print(f"warning: --resume: the generator {name!r} was saved on another kind of device than "
+          f"{generator.device.type}; reseeded from its state, the run goes on with other random draws",
+          file=sys.stderr, flush=True)
 
 
 def resume_mismatch(resumed: dict, args: Any, script: str, error: Exception) -> NoReturn:

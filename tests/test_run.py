@@ -346,3 +346,23 @@ def test_a_run_that_fails_to_begin_leaves_the_process_group(tmp_path, monkeypatc
     with pytest.raises(SystemExit):
         run.begin(lambda obs, last_reward: 0, Replay())
     assert ended == [True] and capsys.readouterr().err.startswith("error: the replay")
+
+
+def test_a_generator_saved_on_another_kind_of_device_is_reseeded_from_it_with_one_warning(capsys):
+    """A CUDA run's noise generator (a 16-byte Philox state) resumed on a CPU, whose generator keeps a Mersenne
+    Twister state: reseeded from the saved state, the same way every time, and said; the same kind restores
+    exactly, silently."""
+    from shared.checkpoint import restore, state_of
+
+    same = torch.Generator().manual_seed(9)
+    restore(state_of({"noise": torch.Generator().manual_seed(5)}), {"noise": same}, None, "x")
+    assert torch.equal(torch.rand(3, generator=same), torch.rand(3, generator=torch.Generator().manual_seed(5)))
+    assert capsys.readouterr().err == ""
+    philox = torch.tensor([5, 0, 0, 0, 0, 0, 0, 0, 64, 0, 0, 0, 0, 0, 0, 0], dtype=torch.uint8)  # seed, offset
+    a, b, other = torch.Generator(), torch.Generator(), torch.Generator()
+    for g, state in ((a, philox), (b, philox), (other, philox.roll(1))):
+        restore({"noise": state}, {"noise": g}, None, "x")
+    first = torch.rand(4, generator=a)
+    assert torch.equal(first, torch.rand(4, generator=b)) and not torch.equal(first, torch.rand(4, generator=other))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(line.startswith("warning: --resume: the generator 'noise'") for line in err)
