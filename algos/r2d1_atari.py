@@ -277,7 +277,7 @@ class EnvStepper:
         self.final_row = np.zeros(n, bool)  # this row only resets the env (next-step autoreset)
         self.episode_start = np.ones(n, bool)  # this row starts an episode: zero state, previous action and reward
         self.prev_action, self.prev_reward = np.zeros(n, np.int64), np.zeros(n, np.float32)
-        self.state = net.initial_state(n)  # stays on the learner's device between steps
+        self.state = net.initial_state(n, next(net.parameters()).device)  # on the net's device from the start
         self.ep_return, self.ep_length = np.zeros(n), np.zeros(n, np.int64)
         self.rng = np.random.default_rng(seed)
         self.eps = epsilons(n)
@@ -294,7 +294,7 @@ class EnvStepper:
         up = upload({"obs": self.obs[None], "prev_action": self.prev_action[None],  # [1, B, ...] each, one copy
                      "prev_reward": self.prev_reward[None], "start": self.episode_start[None]}, device)
         keep = (~up["start"][0]).float().unsqueeze(-1)
-        state = RnnState(self.state.h.to(device) * keep, self.state.c.to(device) * keep)  # before this row
+        state = RnnState(self.state.h * keep, self.state.c * keep)  # before this row
         q, new_state = net(up["obs"], up["prev_action"], up["prev_reward"], state, up["start"])
         q = to_host(q[0].float())  # [B, A]
         greedy = q.argmax(1)

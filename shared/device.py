@@ -10,7 +10,8 @@ Guarantees
   the tensors share the arrays' memory (no copy). On CUDA the arrays' bytes are packed into a pinned staging
   buffer and sent in one non-blocking copy, the tensors being views of the one device block; two staging buffers
   take turns, and one is refilled only after the event recorded behind its last copy has passed, so the host
-  never overwrites bytes still in flight and does not wait on the device otherwise.
+  never overwrites bytes still in flight: it runs at most two uploads ahead of the device (loops that upload
+  several times between reads, such as PPO's epochs, may wait there; nothing else does).
 Imports nothing from the project.
 """
 

@@ -33,8 +33,9 @@ Guarantees
   ``end_episodes()`` then truncates every env's episode at its newest rows, as a time limit would, so rows
   from freshly reset envs can follow.
 - With ``prefetch=True`` (``prefetch_on``: a GPU learner fed by an async sampler), ``sample_ahead`` draws the
-  next batch at once and the next ``sample`` of that size returns it: called between an update's last kernel
-  and its first read on the host, the host gathers the next batch while the device trains on the current one.
+  next batch at once and the next ``sample`` returns it (one of another size drops it): called between an
+  update's last kernel and its first read on the host, the host gathers the next batch while the device trains
+  on the current one.
   That batch sees the priorities from before the current update's (stale by one update, in a replay that the
   sampler changes meanwhile anyway) and the importance exponent ``beta`` of its draw. Without ``prefetch``
   ``sample_ahead`` does nothing, so serial and parallel runs draw exactly as before.
@@ -370,10 +371,10 @@ class _Base:
 
     def sample(self, batch_size: int, beta: float | None = None) -> tuple[Any, Any]:
         """Draw ``batch_size`` indices (with replacement) and return ``(batch, index)``; see the class docstring.
-        A batch of this size drawn by ``sample_ahead`` is returned instead (see the module docstring)."""
-        if self._ahead is not None and self._ahead[0] == batch_size:
-            drawn, self._ahead = self._ahead[1], None
-            return drawn
+        The batch ``sample_ahead`` drew is returned instead if it has this size (see the module docstring)."""
+        drawn, self._ahead = self._ahead, None
+        if drawn is not None and drawn[0] == batch_size:
+            return drawn[1]
         beta = self._beta(beta)
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")

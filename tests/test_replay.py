@@ -205,12 +205,15 @@ def test_a_batch_drawn_ahead_is_the_next_one_sampled_and_without_prefetch_nothin
         assert (ib.abs_row == every.abs_row[i]).all()
 
     on = filled(True)
+    _, everything = on.sample(len(on))
     on.sample_ahead(6, beta=1.0)
-    _, everything = on.sample(len(on))  # another size: a fresh draw, the one drawn ahead stays
     on.update_priorities(everything, np.where(everything.abs_row == everything.abs_row[0], 1.0, 1e-9))
     batch, idx = on.sample(6)  # drawn before the priorities above: not all the one favoured row
     assert (idx.abs_row != everything.abs_row[0]).any()
     assert on.sample(6)[1].abs_row.tolist() == [everything.abs_row[0]] * 6  # fresh draws see the new priorities
+    on.sample_ahead(6)
+    on.sample(3)  # another size: a fresh draw, and the batch drawn ahead is dropped
+    assert on._ahead is None
     on.sample_ahead(6)
     assert pickle.loads(pickle.dumps(on))._ahead is None  # a sampler process gets no learner's batch
     on.save(tmp_path / "r.npz")
