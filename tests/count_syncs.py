@@ -10,8 +10,9 @@ On CUDA, an op that returns a value to Python (``.item()``, ``float(t)``, ``bool
 ``torch.equal``, and every copy to the host (``.cpu()``, ``.tolist()``) waits for the device's queue to drain.
 On the CPU nothing waits, but the same ops run: a ``TorchDispatchMode`` sees the aten ones and ``Tensor.cpu``
 and ``Tensor.tolist`` are wrapped. So are ``torch.as_tensor`` and ``torch.tensor`` given host data (an array, a
-list, a number) and a ``device`` inside the loop (``with run:``): on CUDA each is a pageable copy up, which waits
-too. Each is filed under the place that caused it:
+list, a number) and a ``device`` inside the loop (``with run:``), and ``Tensor.to``/``Tensor.cuda`` with a device
+there on a tensor that a factory made on the host (no ``device`` given: ``zeros``, ``randperm``, ``from_numpy``,
+...): on CUDA each is a pageable copy up, which waits too. Each is filed under the place that caused it:
 
 - ``row``: inside what ``shared.run.Run`` does when a row, an evaluation or a checkpoint is due (the statistics
   are read there, once per row), or before the loop starts;
@@ -31,6 +32,7 @@ import contextlib
 import io
 import json
 import sys
+import weakref
 from pathlib import Path
 
 import torch
@@ -90,14 +92,36 @@ def _counted(method):
 
 
 in_loop = False  # inside ``with run:``, where the script's loop runs
+host_made: dict = {}  # id -> weak reference of each tensor a factory made on the host (tensors compare by value)
+HOST_FACTORIES = ("zeros", "ones", "empty", "full", "arange", "rand", "randn", "randint", "randperm", "from_numpy",
+                  "as_tensor", "tensor", "zeros_like", "ones_like", "empty_like")
 
 
-def _counted_upload(make):
-    """``make`` (torch.as_tensor or torch.tensor), counted when it brings host data to a device in the loop."""
-    def wrapper(data, *args, **kwargs):
-        if in_loop and kwargs.get("device") is not None and not isinstance(data, torch.Tensor):
+def _counted_factory(make, copies_up: bool):
+    """A torch factory whose results made on the host (no ``device``) are remembered in ``host_made``; with
+    ``copies_up`` (as_tensor, tensor), counted when it brings host data to a device in the loop."""
+    def wrapper(*args, **kwargs):
+        if kwargs.get("device") is None:
+            out = make(*args, **kwargs)
+            if isinstance(out, torch.Tensor):
+                host_made[id(out)] = weakref.ref(out)
+            return out
+        if copies_up and in_loop and args and not isinstance(args[0], torch.Tensor):
             sites[where()] += 1
-        return make(data, *args, **kwargs)
+        return make(*args, **kwargs)
+
+    return wrapper
+
+
+def _counted_move(method):
+    """``Tensor.to``/``Tensor.cuda``, counted when a tensor made on the host goes to a device in the loop."""
+    def wrapper(self, *args, **kwargs):
+        to_device = method.__name__ == "cuda" or "device" in kwargs or any(
+            isinstance(a, (str, torch.device)) for a in args)
+        made = host_made.get(id(self))
+        if in_loop and to_device and made is not None and made() is self:
+            sites[where()] += 1
+        return method(self, *args, **kwargs)
 
     return wrapper
 
@@ -136,7 +160,9 @@ def main() -> None:
     module = __import__(script)
     torch.Tensor.cpu = _counted(torch.Tensor.cpu)
     torch.Tensor.tolist = _counted(torch.Tensor.tolist)
-    torch.as_tensor, torch.tensor = _counted_upload(torch.as_tensor), _counted_upload(torch.tensor)
+    for name in HOST_FACTORIES:
+        setattr(torch, name, _counted_factory(getattr(torch, name), copies_up=name in ("as_tensor", "tensor")))
+    torch.Tensor.to, torch.Tensor.cuda = _counted_move(torch.Tensor.to), _counted_move(torch.Tensor.cuda)
     from shared.run import Run
 
     Run.__enter__, Run.__exit__ = _loop_flag(Run.__enter__, True), _loop_flag(Run.__exit__, False)
