@@ -1,4 +1,5 @@
-"""DQN for Atari and vector-observation envs (double, dueling, n-step, prioritized), serial, parallel and async.
+"""DQN for Atari and vector-observation envs (double, dueling, n-step, prioritized, noisy), serial, parallel and
+async.
 
     python algos/dqn_atari.py                                         # Breakout, double DQN, 1M frame-wise replay
     python algos/dqn_atari.py --sampler async                         # sampler process + learner, shared replay
@@ -7,7 +8,10 @@
 Replay rows follow gymnasium's next-step autoreset (see shared/replay.py): the step that only resets an env is
 never trained on, a time-limit truncation bootstraps from the episode's true final observation, termination
 does not bootstrap. On Atari a lost life is terminal for learning while the game goes on; logged returns are
-whole games, unclipped. Frames are stored once each (1M transitions in about 7.1 GB).
+whole games, unclipped. Frames are stored once each (1M transitions in about 7.1 GB). With --noisy the heads'
+linear layers are factorised noisy layers (Fortunato et al. 2018, NoisyNet-DQN): new noise on every forward pass
+of acting and learning, the target network's too; exploration from the noise alone once learning starts, uniform
+actions before; evaluation with the mean weights.
 
 replay_ratio: samples the learner consumes per sampled env step, so updates per env step = replay_ratio /
 batch_size (DQN paper: 8 = a batch of 32 every 4 steps). Async mode holds it from both sides: the learner never
@@ -92,6 +96,12 @@ class Args(RunArgs):
     """select the bootstrap action with the online network, evaluate it with the target network"""
     dueling: bool = False
     """dueling head: Q = V + A - mean(A), gradient into the torso scaled by 1/sqrt(2)"""
+    noisy: bool = False
+    """noisy nets: the heads' linear layers with factorised Gaussian noise; exploration from the noise alone once
+    learning starts, uniform actions before (the --eps-* flags are ignored), evaluation with the mean weights (and
+    --eval-epsilon)"""
+    noisy_sigma: PositiveFloat = 0.5
+    """noisy nets' sigma_0: the noise scales start at sigma_0 / sqrt(fan-in) (0.5 in the NoisyNet paper)"""
     prioritized: bool = False
     """prioritized replay: priorities |TD error|, importance weights with beta annealed to 1"""
     alpha: Fraction = 0.6
@@ -167,19 +177,51 @@ class ScaleGrad(torch.autograd.Function):
         return grad * ctx.scale, None
 
 
-def float32_out(layers: nn.Sequential, h: torch.Tensor) -> torch.Tensor:
-    """A head's hidden layers under the caller's autocast, its output layer in float32: bfloat16 would round
-    Q-values to steps of 1/16 near 10, the size of the TD errors that remain near convergence."""
-    z = layers[:-1](h)
+class NoisyLinear(nn.Module):
+    """Linear layer with factorised Gaussian noise (Fortunato et al. 2018, eqs. 10-11): y = (w + sigma_w * eps_w) x
+    + b + sigma_b * eps_b with eps_w = f(e_out) f(e_in)^T, eps_b = f(e_out), f(e) = sign(e) sqrt(|e|) and e ~ N(0, 1),
+    q + p draws instead of q p. Drawn anew on every call given a generator, one draw for the whole batch [N, p];
+    without one (evaluation), the mean weights. Initialised as the paper's section 3.2: w, b ~ U(-1/sqrt(p),
+    1/sqrt(p)), sigma = sigma_0 / sqrt(p)."""
+
+    def __init__(self, p: int, q: int, sigma_0: float):
+        super().__init__()
+        bound = p ** -0.5
+        self.weight = nn.Parameter(torch.empty(q, p).uniform_(-bound, bound))
+        self.bias = nn.Parameter(torch.empty(q).uniform_(-bound, bound))
+        self.weight_sigma = nn.Parameter(torch.full((q, p), sigma_0 * bound))
+        self.bias_sigma = nn.Parameter(torch.full((q,), sigma_0 * bound))
+
+    def forward(self, x: torch.Tensor, noise: torch.Generator | None) -> torch.Tensor:
+        y = F.linear(x, self.weight, self.bias)
+        if noise is None:
+            return y
+        p = self.weight.shape[1]
+        e = torch.randn(p + self.weight.shape[0], generator=noise, device=x.device)
+        f = e.sign() * e.abs().sqrt()
+        f_in, f_out = f[:p], f[p:]
+        # sigma_w * (f_out f_in^T) applied to x without forming the [q, p] noise: (sigma_w (f_in * x)) * f_out
+        return y + (F.linear(x * f_in, self.weight_sigma) + self.bias_sigma) * f_out
+
+
+def float32_out(layers: nn.Sequential, h: torch.Tensor, noise: torch.Generator | None = None) -> torch.Tensor:
+    """A head (linear, ReLU, linear): the hidden layer under the caller's autocast, the output layer in float32:
+    bfloat16 would round Q-values to steps of 1/16 near 10, the size of the TD errors that remain near
+    convergence. Noisy layers take the noise generator (None: their mean weights)."""
+    hidden, relu, out = layers
+    z = relu(hidden(h, noise) if isinstance(hidden, NoisyLinear) else hidden(h))
     with torch.autocast(z.device.type, enabled=False):
-        return layers[-1](z.float())
+        z = z.float()
+        return out(z, noise) if isinstance(out, NoisyLinear) else out(z)
 
 
 class QNetwork(nn.Module):
     """Nature CNN for images ([C, H, W] or [H, W, C], at least 36x36; uint8 scaled inside) or a 120-84 MLP
-    torso for vectors; plain or dueling Q head."""
+    torso for vectors; plain or dueling Q head, its linear layers noisy when `noisy_sigma` is given.
+    forward(obs, noise): Q-values [N, A]; noise: the generator of the noisy layers' noise, None for their mean
+    weights."""
 
-    def __init__(self, obs_shape: tuple[int, ...], n_actions: int, dueling: bool):
+    def __init__(self, obs_shape: tuple[int, ...], n_actions: int, dueling: bool, noisy_sigma: float | None = None):
         super().__init__()
         self.image, self.dueling, self.n_actions = len(obs_shape) == 3, dueling, n_actions
         if self.image:
@@ -192,11 +234,15 @@ class QNetwork(nn.Module):
         else:
             self.torso = nn.Sequential(nn.Linear(int(np.prod(obs_shape)), 120), nn.ReLU())
             width, hidden = 120, 84
-        self.q = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, n_actions))
-        if dueling:
-            self.v = nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Linear(hidden, 1))
 
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        def linear(p: int, q: int) -> nn.Module:
+            return nn.Linear(p, q) if noisy_sigma is None else NoisyLinear(p, q, noisy_sigma)
+
+        self.q = nn.Sequential(linear(width, hidden), nn.ReLU(), linear(hidden, n_actions))
+        if dueling:
+            self.v = nn.Sequential(linear(width, hidden), nn.ReLU(), linear(hidden, 1))
+
+    def forward(self, obs: torch.Tensor, noise: torch.Generator | None = None) -> torch.Tensor:
         if self.image:
             x = obs.permute(0, 3, 1, 2) if self.channels_last else obs  # [N, C, H, W]
             x = x.float() / 255.0 if obs.dtype == torch.uint8 else x.float()
@@ -204,10 +250,10 @@ class QNetwork(nn.Module):
             x = obs.float().flatten(1)
         h = self.torso(x)
         if not self.dueling:
-            return float32_out(self.q, h)  # [N, A]
+            return float32_out(self.q, h, noise)  # [N, A]
         h = ScaleGrad.apply(h, 2 ** -0.5)  # two streams feed the torso: keep its gradient scale
-        adv = float32_out(self.q, h)
-        return float32_out(self.v, h) + adv - adv.mean(dim=1, keepdim=True)
+        adv = float32_out(self.q, h, noise)
+        return float32_out(self.v, h, noise) + adv - adv.mean(dim=1, keepdim=True)
 
 
 # ---------------------------------------------------------------------------------------------- sampling
@@ -217,6 +263,9 @@ Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated",
 
 def epsilons(args: Args, global_step: int) -> np.ndarray:
     """Exploration epsilon per env [B]."""
+    if args.noisy:  # the noise explores once learning starts; before, uniform actions fill the replay (an
+        # untrained noisy net tends to repeat one action)
+        return np.full(args.num_envs, 1.0 if global_step < args.min_steps_learn * distributed.world_size() else 0.0)
     if args.vector_epsilon:
         i = np.arange(args.num_envs)
         return 0.4 ** (1 + 7 * i / max(args.num_envs - 1, 1))
@@ -225,10 +274,11 @@ def epsilons(args: Args, global_step: int) -> np.ndarray:
 
 
 class EnvStepper:
-    """Steps the [B] envs one step at a time with an epsilon-greedy policy; keeps per-env episode state."""
+    """Steps the [B] envs one step at a time with an epsilon-greedy policy (in noisy Q-values, drawn anew each
+    step, when `noise` is a generator); keeps per-env episode state."""
 
-    def __init__(self, envs, args: Args, seed: int):
-        self.envs, self.args = envs, args
+    def __init__(self, envs, args: Args, seed: int, noise: torch.Generator | None):
+        self.envs, self.args, self.noise = envs, args, noise
         self.obs, info = envs.reset(seed=seed)
         n = args.num_envs
         self.final_row = np.zeros(n, bool)  # this step only resets the env (next-step autoreset)
@@ -240,7 +290,7 @@ class EnvStepper:
     def step(self, q_net: QNetwork, eps: np.ndarray, device: torch.device) -> tuple:
         """One step of every env; returns the replay row [1, B] and the episodes that ended [(return, length)]."""
         with autocast(device, self.args.bf16):
-            q = q_net(upload({"obs": self.obs}, device)["obs"]).float()
+            q = q_net(upload({"obs": self.obs}, device)["obs"], self.noise).float()
         greedy = to_host(q.argmax(dim=1))  # the one copy a step makes: the envs need the actions
         explore = self.rng.random(len(greedy)) < eps
         action = np.where(explore, self.rng.integers(0, q.shape[1], len(greedy)), greedy)
@@ -270,8 +320,9 @@ def sampler_main(args: Args, buffer: ReplayBuffer, link: AsyncReplay, affinity, 
     envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial",
                      n_threads=len(affinity.worker_cpus[0]))
     step = link.start_step
-    stepper = EnvStepper(envs, args, distributed.env_seed(args.seed + step, args.num_envs))
-    q_net = QNetwork(envs.single_observation_space.shape, envs.single_action_space.n, args.dueling)
+    seed = distributed.env_seed(args.seed + step, args.num_envs)
+    stepper = EnvStepper(envs, args, seed, torch.Generator().manual_seed(seed) if args.noisy else None)
+    q_net = make_network(args, envs.single_observation_space.shape, envs.single_action_space.n)
     try:
         while step < args.total_timesteps:
             check()
@@ -287,7 +338,7 @@ def sampler_main(args: Args, buffer: ReplayBuffer, link: AsyncReplay, affinity, 
 
 
 def make_feed(args: Args, run: Run, buffer: ReplayBuffer, q_net: QNetwork, pacer: ReplayPacer,
-              global_step: int) -> ReplayFeed:
+              global_step: int, noise: torch.Generator | None) -> ReplayFeed:
     """Where the learner's replay rows come from. serial/parallel: this process steps the envs, one [1, B] row
     per collect; async: a sampler process (``sampler_main``) appends to the shared replay, and the learner makes
     one update at a time, publishing its parameters between them."""
@@ -295,20 +346,21 @@ def make_feed(args: Args, run: Run, buffer: ReplayBuffer, q_net: QNetwork, pacer
         return ReplayFeed.from_sampler(run, buffer, q_net, pacer, args.num_envs, global_step, sampler_main,
                                        (args, buffer))
     envs = run.hold(make_envs(args, make_env, args.sampler, len(run.affinity.learner_cpus)))
-    stepper = EnvStepper(envs, args, distributed.env_seed(args.seed + global_step, args.num_envs))
+    stepper = EnvStepper(envs, args, distributed.env_seed(args.seed + global_step, args.num_envs), noise)
     return ReplayFeed.in_process(run, buffer, stepper, args.num_envs, global_step)
 
 
 # ---------------------------------------------------------------------------------------------- loss and update
 
 
-def td_targets(batch, q_net: QNetwork, target_net: QNetwork, double: bool) -> torch.Tensor:
+def td_targets(batch, q_net: QNetwork, target_net: QNetwork, double: bool,
+               noise: torch.Generator | None = None) -> torch.Tensor:
     """n-step targets [N]: return + (1 - terminated_n) * gamma^k * Q_target(s_{t+k}, a*), a* from the online net
-    when double, else the target net's max."""
+    when double, else the target net's max (noisy layers: each network with noise of its own)."""
     with torch.no_grad():
-        q_next_target = target_net(batch["next_observation"])
+        q_next_target = target_net(batch["next_observation"], noise)
         if double:
-            a_star = q_net(batch["next_observation"]).argmax(dim=1, keepdim=True)
+            a_star = q_net(batch["next_observation"], noise).argmax(dim=1, keepdim=True)
         else:
             a_star = q_next_target.argmax(dim=1, keepdim=True)
         q_next = q_next_target.gather(1, a_star).squeeze(1)
@@ -316,7 +368,7 @@ def td_targets(batch, q_net: QNetwork, target_net: QNetwork, double: bool) -> to
 
 
 def dqn_update(q_net, target_net, optimizer, buffer: ReplayBuffer, args: Args, beta: float,
-               device: torch.device) -> dict:
+               device: torch.device, noise: torch.Generator | None = None) -> dict:
     sample, index = buffer.sample(args.batch_size, beta=beta)
     fields = ("observation", "next_observation", "action", "n_step_return", "terminated_n", "bootstrap_discount",
               "is_weights")
@@ -326,9 +378,9 @@ def dqn_update(q_net, target_net, optimizer, buffer: ReplayBuffer, args: Args, b
     # Targets in an autocast region of their own: on torch before 2.6, weights cast under no_grad and reused by
     # the forward with grad in the same region carried no autograd history (pytorch#112583).
     with autocast(device, args.bf16):
-        y = td_targets(batch, q_net, target_net, args.double_dqn).float()
+        y = td_targets(batch, q_net, target_net, args.double_dqn, noise).float()
     with autocast(device, args.bf16):
-        q = q_net(batch["observation"]).float().gather(1, batch["action"].long().unsqueeze(1)).squeeze(1)
+        q = q_net(batch["observation"], noise).float().gather(1, batch["action"].long().unsqueeze(1)).squeeze(1)
     td = y - q
     per_sample = F.smooth_l1_loss(q, y, reduction="none") if args.huber else 0.5 * td**2
     loss = (batch["is_weights"] * per_sample).mean()
@@ -353,13 +405,18 @@ def update_target(q_net: QNetwork, target_net: QNetwork, tau: float) -> None:
 # ---------------------------------------------------------------------------------------------- main
 
 
-def make_learner(args: Args, run: Run) -> tuple[QNetwork, QNetwork, torch.optim.Optimizer]:
-    """The online network, its target copy and the optimiser."""
+def make_network(args: Args, obs_shape: tuple[int, ...], n_actions: int) -> QNetwork:
+    return QNetwork(obs_shape, n_actions, args.dueling, args.noisy_sigma if args.noisy else None)
+
+
+def make_learner(args: Args, run: Run) -> tuple[QNetwork, QNetwork, torch.optim.Optimizer, torch.Generator | None]:
+    """The online network, its target copy, the optimiser and the noisy layers' noise generator (None without
+    --noisy; in the checkpoint, so that a resumed run draws new noise)."""
     try:
-        q_net = QNetwork(run.obs_space.shape, int(run.act_space.n), args.dueling).to(run.device)
+        q_net = make_network(args, run.obs_space.shape, int(run.act_space.n)).to(run.device)
     except ValueError as e:  # observations the network cannot take
         bad_args(f"--env-id {args.env_id}: {e}")
-    target_net = QNetwork(run.obs_space.shape, int(run.act_space.n), args.dueling).to(run.device)
+    target_net = make_network(args, run.obs_space.shape, int(run.act_space.n)).to(run.device)
     target_net.load_state_dict(q_net.state_dict())
     if q_net.image and run.device.type == "cuda" and args.bf16:  # NHWC: the layout of bf16 tensor-core convolutions
         q_net, target_net = (net.to(memory_format=torch.channels_last) for net in (q_net, target_net))
@@ -368,7 +425,10 @@ def make_learner(args: Args, run: Run) -> tuple[QNetwork, QNetwork, torch.optim.
                                         centered=True)
     else:
         optimizer = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=1.5e-4)
-    return q_net, target_net, optimizer
+    # Seeded apart from the weights' initialisation, the same on every rank (and restored to the same state): a
+    # job's update draws one noise for its whole batch, as one process does.
+    noise = torch.Generator(run.device).manual_seed(args.seed + 7_919) if args.noisy else None
+    return q_net, target_net, optimizer, noise
 
 
 def make_replay(args: Args, run: Run) -> ReplayBuffer:
@@ -384,7 +444,7 @@ def make_replay(args: Args, run: Run) -> ReplayBuffer:
 
 def act(q_net: QNetwork, device: torch.device, epsilon: float, rng: np.random.Generator, obs: np.ndarray,
         last_reward: float | None) -> int:
-    """Evaluation policy: epsilon-greedy in the Q-values of one observation."""
+    """Evaluation policy: epsilon-greedy in the Q-values of one observation (noisy layers: their mean weights)."""
     if rng.random() < epsilon:
         return int(rng.integers(q_net.n_actions))
     return int(q_net(torch.as_tensor(obs, device=device)[None]).argmax(1).item())
@@ -393,10 +453,10 @@ def act(q_net: QNetwork, device: torch.device, epsilon: float, rng: np.random.Ge
 def main() -> int:
     args = parse_args(Args, PRESETS, check_replay_sizes)
     run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete)  # device, resume, torchrun, cores, seeds
-    q_net, target_net, optimizer = make_learner(args, run)
+    q_net, target_net, optimizer, noise = make_learner(args, run)
     buffer = make_replay(args, run)
     policy = partial(act, q_net, run.device, args.eval_epsilon, np.random.default_rng(args.seed + 100_000))
-    start = run.begin(policy, buffer, model=q_net, target_model=target_net, optimizer=optimizer)
+    start = run.begin(policy, buffer, model=q_net, target_model=target_net, optimizer=optimizer, noise=noise)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
     global_step, updates = start.global_step, start.updates
@@ -404,13 +464,13 @@ def main() -> int:
                         *start.replay_origin)
     stats, next_target = {"td_loss": None, "q_values": None}, global_step + args.target_update_interval
     with run:
-        feed = make_feed(args, run, buffer, q_net, pacer, global_step)
+        feed = make_feed(args, run, buffer, q_net, pacer, global_step, noise)
         while global_step < args.total_timesteps:
             global_step = feed.collect(global_step, q_net, epsilons(args, global_step), run.device)
             due = pacer.due(global_step, updates)
             for _ in range(feed.updates_now(due)):
                 beta = args.beta + (1.0 - args.beta) * min(global_step / args.total_timesteps, 1.0)
-                stats = dqn_update(q_net, target_net, optimizer, buffer, args, beta, run.device)
+                stats = dqn_update(q_net, target_net, optimizer, buffer, args, beta, run.device, noise)
                 updates += 1
             waits = feed.after_updates(q_net, updates, learned=due > 0)
             if global_step >= next_target:

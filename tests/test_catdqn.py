@@ -1,6 +1,6 @@
-"""algos/catdqn_atari.py: the projection against a per-atom loop, noisy layers against their definition, the
-atari100k preset against the published configuration, learning on CartPole, Atari smoke runs with resume (the
-noise generator's state included), bad arguments."""
+"""algos/catdqn_atari.py: the projection against a per-atom loop, noisy layers against their definition (dqn_atari's
+copy too), the atari100k preset against the published configuration, learning on CartPole, Atari smoke runs with
+resume (the noise generator's state included), bad arguments."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from tests.helpers import ROOT, progress, run
 
 sys.path.insert(0, str(ROOT / "algos"))
 import catdqn_atari
+import dqn_atari
 
 CARTPOLE = ["--preset", "cartpole", "--eval-episodes", "0"]  # the learning test below is the preset's test
 
@@ -109,11 +110,16 @@ def test_bad_arguments_exit_2(bad, words, tmp_path):
 # ---------------------------------------------------------------------------------------------- noisy nets
 
 
-def test_noisy_layer_output_has_the_definitions_mean_and_variance():
+# The layer is in both scripts (each file whole): both copies are checked against the definition.
+BOTH = pytest.mark.parametrize("script", [catdqn_atari, dqn_atari], ids=["catdqn", "dqn"])
+
+
+@BOTH
+def test_noisy_layer_output_has_the_definitions_mean_and_variance(script):
     """y_i = sum_j (w_ij + s_ij f(a_i) f(b_j)) x_j + c_i + t_i f(a_i), f(e) = sign(e) sqrt|e|, a, b ~ N(0, 1):
     E[y] = w x + c, Var[y_i] = E|e| (E|e| sum_j s_ij^2 x_j^2 + t_i^2) with E|e| = sqrt(2 / pi)."""
     torch.manual_seed(0)
-    layer = catdqn_atari.NoisyLinear(5, 3, sigma_0=0.5)
+    layer = script.NoisyLinear(5, 3, sigma_0=0.5)
     with torch.no_grad():  # scales of different sizes, so that a wrong index shows
         layer.weight_sigma.copy_(torch.rand(3, 5) + 0.2)
         layer.bias_sigma.copy_(torch.rand(3) + 0.2)
@@ -131,12 +137,13 @@ def test_noisy_layer_output_has_the_definitions_mean_and_variance():
     assert torch.allclose(y.var(0), var, rtol=0.05), (y.var(0), var)
 
 
-def test_noisy_layer_noise_is_factorised_and_shared_by_the_batch():
+@BOTH
+def test_noisy_layer_noise_is_factorised_and_shared_by_the_batch(script):
     """Probing one call with the unit vectors reads its weight noise: sigma_w * outer(f_out, f_in), rank one, with
     the bias noise f_out as its column factor; every row of the batch sees the same draw."""
     torch.manual_seed(0)
     p, q = 6, 4
-    layer = catdqn_atari.NoisyLinear(p, q, sigma_0=0.5)
+    layer = script.NoisyLinear(p, q, sigma_0=0.5)
     x = torch.cat([torch.zeros(1, p), torch.eye(p), torch.eye(p)])  # [1 + 2p, p]
     with torch.no_grad():
         y = layer(x, torch.Generator().manual_seed(3))

@@ -37,7 +37,7 @@ class Table(torch.nn.Module):
         super().__init__()
         self.table = torch.tensor(table, dtype=torch.float32)
 
-    def forward(self, obs):
+    def forward(self, obs, noise=None):
         return self.table[obs.long().view(-1)]
 
 
@@ -121,6 +121,42 @@ def test_atari_smoke_small_buffer_checkpoint_and_resume(sampler, tmp_path):
     assert [int(r["global_step"]) for r in progress(run_dir)] == [200, 400, 600, 800]
     ckpt2 = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert ckpt2["global_step"] == 800 and ckpt2["updates"] > ckpt["updates"]
+
+
+@pytest.mark.slow  # seeds 1 and 2 reached 475 at 76k and 34k steps (about 100 s on a core of its own)
+def test_noisy_dqn_learns_cartpole(tmp_path):
+    out = run("dqn_atari.py", *CARTPOLE, "--noisy", "--total-timesteps", "100000", "--stop-at-return", "475",
+              "--out-dir", str(tmp_path), "--run-name", "r", timeout=500)
+    assert out.returncode == 0, out.stderr[-3000:]
+    m = re.search(r"mean return of the last 20 episodes ([\d.]+) >= 475.0 at step (\d+)", out.stdout)
+    assert m and int(m.group(2)) <= 100_000, out.stdout[-2000:]
+
+
+def test_noisy_dqn_explores_by_its_noise_and_resumes_with_the_noise_state(tmp_path):
+    """--noisy: noisy heads (online and target), uniform actions until learning starts and epsilon 0 after, new
+    noise each call, evaluation with the mean weights; the noise generator's state is in the checkpoint and a
+    resume continues the run."""
+    net = dqn_atari.QNetwork((4,), 3, dueling=True, noisy_sigma=0.5)
+    assert {n for n, _ in net.named_parameters() if "sigma" in n} == {
+        "q.0.weight_sigma", "q.0.bias_sigma", "q.2.weight_sigma", "q.2.bias_sigma",
+        "v.0.weight_sigma", "v.0.bias_sigma", "v.2.weight_sigma", "v.2.bias_sigma"}
+    obs, gen = torch.randn(2, 4), torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        assert not torch.allclose(net(obs, gen), net(obs, gen)) and torch.equal(net(obs), net(obs, None))
+    args = dqn_atari.Args(noisy=True, num_envs=2, eps_start=0.5, eps_end=0.5, min_steps_learn=100)
+    assert dqn_atari.epsilons(args, 99).tolist() == [1.0, 1.0] and dqn_atari.epsilons(args, 100).tolist() == [0, 0]
+    flags = [*CARTPOLE, "--noisy", "--min-steps-learn", "500", "--log-every", "250", "--out-dir", str(tmp_path),
+             "--run-name", "a"]
+    out = run("dqn_atari.py", *flags, "--total-timesteps", "1000", timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = progress(tmp_path / "a")
+    assert [float(r["epsilon"]) for r in rows] == [1.0, 0.0, 0.0, 0.0] and int(rows[-1]["updates"]) > 0
+    ckpt = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)
+    assert "noise" in ckpt and "q.2.weight_sigma" in ckpt["target_model"]
+    out = run("dqn_atari.py", *flags, "--total-timesteps", "2000", "--resume", str(tmp_path / "a"), timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    steps = [int(r["global_step"]) for r in progress(tmp_path / "a")]
+    assert steps[:4] == [int(r["global_step"]) for r in rows] and len(steps) == 8 and steps[-1] == 2000
 
 
 @pytest.mark.parametrize("bad, words", [
