@@ -67,7 +67,8 @@ def updates(part: int | None) -> dict[str, torch.Tensor]:
                              terminated_n=rng.random(N) < 0.2, bootstrap_discount=np.full(N, 0.99**3),
                              is_weights=rng.uniform(0.5, 1.0, N))
     sample = SimpleNamespace(**{k: _half(v, part) for k, v in vars(sample).items()})
-    buffer = SimpleNamespace(sample=lambda batch_size, beta: (sample, None), update_priorities=lambda *a: None)
+    buffer = SimpleNamespace(sample=lambda batch_size, beta: (sample, None), update_priorities=lambda *a: None,
+                             sample_ahead=lambda *a: None)
     args = dqn_atari.Args(max_grad_norm=1e9, double_dqn=True, prioritized=False)
     dqn_atari.dqn_update(q_net, target, _sgd(q_net), buffer, args, 0.4, torch.device("cpu"))
     out.update({f"dqn.{k}": v.clone() for k, v in q_net.state_dict().items()})
