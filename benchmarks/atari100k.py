@@ -17,9 +17,9 @@ random and human, and the human-normalised scores.
 Published scores. Random and human: the Atari 100k tables rliable and Dopamine use (checked against them).
 DER: van Hasselt et al. (2019), as tabulated in the SPR paper (Schwarzer et al. 2021, table of Atari 100k scores,
 column DER), one mean over their seeds per game; all eight checked against the SPR repository's own copy
-(mila-iqia/spr, analysis/100k_comparison.ipynb, ``der_scores``, with its random and human scores). RoadRunner, Freeway, Krull, Jamesbond and Kangaroo come first:
-there data-efficient Rainbow clearly beats random, so a broken agent shows; on Boxing, Breakout and Pong it does
-not (a check that we are not far above it either).
+(mila-iqia/spr, analysis/100k_comparison.ipynb, ``der_scores``, with its random and human scores).
+RoadRunner, Freeway, Krull, Jamesbond and Kangaroo come first: there data-efficient Rainbow clearly beats random,
+so a broken agent shows; on Boxing, Breakout and Pong it does not (a check that we are not far above it either).
 
 One run is 100k agent steps at one update each: 47 minutes on one core of an AVX2 EPYC, its 100 evaluation
 episodes included (RoadRunner, about 37 steps/s while learning); 8 games x 2 seeds are about 13 core-hours.
