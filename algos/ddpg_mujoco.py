@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from shared import distributed
 from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveFloat, PositiveInt, Range
 from shared.cli import RunArgs, check_replay_sizes, parse_args
-from shared.device import to_host, upload
+from shared.device import to_host
 from shared.envs import make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import ObsNorm, upload_batch
@@ -193,8 +193,7 @@ class EnvStepper:
         if random:
             action = self.rng.uniform(-1.0, 1.0, (self.args.num_envs,) + self.space.shape).astype(np.float32)
         else:
-            up = upload({"obs": np.asarray(self.obs, np.float32), "stats": self.obs_norm.moments()}, device)
-            obs = self.obs_norm.normalize(up["obs"], up["stats"])  # [B, S]; one copy with the statistics
+            obs = upload_batch({"observation": self.obs}, self.obs_norm, device)["observation"]  # [B, S], one copy
             with autocast(device, self.args.bf16):
                 action = to_host(actor(obs).float())  # the one copy a step makes
             noise = self.rng.normal(0.0, self.args.exploration_noise, action.shape)

@@ -15,9 +15,9 @@ Guarantees
   of the module that owns it: into its ``state_dict`` (the checkpoint), to an async sampler's copy, and to every
   rank with torchrun's broadcast. Its ``update(x)`` merges the batches of every rank (``distributed.moments``),
   so all ranks hold the same statistics after each update.
-- ``upload_batch(arrays, obs_norm, device)``: a replay batch (numpy) as float32 tensors on ``device`` in one copy
-  (``shared.device.upload``), ``observation`` and ``next_observation`` normalised with the statistics, which
-  travel in that same copy.
+- ``upload_batch(arrays, obs_norm, device)``: a replay batch, or a step's observations (numpy), as float32
+  tensors on ``device`` in one copy (``shared.device.upload``), ``observation`` and ``next_observation`` (those
+  present) normalised with the statistics, which travel in that same copy.
 """
 
 from __future__ import annotations
@@ -100,7 +100,8 @@ def upload_batch(arrays: dict, obs_norm: ObsNorm, device: torch.device) -> dict:
     out = {k: v.float() for k, v in upload(arrays, device).items()}
     stats = out.pop("obs_stats", None)
     for k in ("observation", "next_observation"):
-        out[k] = obs_norm.normalize(out[k], stats)  # [N, S]
+        if k in out:
+            out[k] = obs_norm.normalize(out[k], stats)  # [N, S]
     return out
 
 

@@ -35,10 +35,9 @@ Guarantees
 - With ``prefetch=True`` (``prefetch_on``: a GPU learner fed by an async sampler), ``sample_ahead`` draws the
   next batch at once and the next ``sample`` returns it (one of another size drops it): called between an
   update's last kernel and its first read on the host, the host gathers the next batch while the device trains
-  on the current one.
-  That batch sees the priorities from before the current update's (stale by one update, in a replay that the
-  sampler changes meanwhile anyway) and the importance exponent ``beta`` of its draw. Without ``prefetch``
-  ``sample_ahead`` does nothing, so serial and parallel runs draw exactly as before.
+  on the current one. That batch sees the priorities from before the current update's (stale by one update, in
+  a replay that the sampler changes meanwhile anyway) and the importance exponent ``beta`` of its draw. Without
+  ``prefetch`` ``sample_ahead`` does nothing, so serial and parallel runs draw exactly as before.
 - Bad input raises ``ValueError`` naming the argument.
 """
 
