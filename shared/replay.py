@@ -394,8 +394,7 @@ class _Base:
     def sample_ahead(self, batch_size: int, beta: float | None = None) -> None:
         """With ``prefetch``: draw the next batch now, for the next ``sample``; otherwise nothing (see the module
         docstring)."""
-        if self.prefetch:
-            self._ahead = None
+        if self.prefetch:  # sample() takes any batch drawn before: this one replaces it
             self._ahead = (batch_size, self.sample(batch_size, beta))
 
     def _uniform(self, n: int) -> tuple[np.ndarray, np.ndarray]:

@@ -104,7 +104,8 @@ def _counted_factory(make, copies_up: bool):
         if kwargs.get("device") is None:
             out = make(*args, **kwargs)
             if isinstance(out, torch.Tensor):
-                host_made[id(out)] = weakref.ref(out)
+                key = id(out)  # the entry leaves with the tensor (its id may then be reused)
+                host_made[key] = weakref.ref(out, lambda _, key=key: host_made.pop(key, None))
             return out
         if copies_up and in_loop and args and not isinstance(args[0], torch.Tensor):
             sites[where()] += 1
