@@ -501,7 +501,8 @@ def make_learner(args: Args, run: Run) -> tuple[QNetwork, QNetwork, torch.optim.
     if q_net.image and run.device.type == "cuda" and args.bf16:  # NHWC: the layout of bf16 tensor-core convolutions
         q_net, target_net = (net.to(memory_format=torch.channels_last) for net in (q_net, target_net))
     if args.optimizer == "adam":
-        optimizer = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=args.adam_epsilon)
+        fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}  # one kernel for all parameters
+        optimizer = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=args.adam_epsilon, **fused)
     else:
         optimizer = torch.optim.RMSprop(q_net.parameters(), lr=args.learning_rate, alpha=0.95, eps=0.01,
                                         centered=True)

@@ -424,7 +424,8 @@ def make_learner(args: Args, run: Run) -> tuple[QNetwork, QNetwork, torch.optim.
         optimizer = torch.optim.RMSprop(q_net.parameters(), lr=args.learning_rate, alpha=0.95, eps=0.01,
                                         centered=True)
     else:
-        optimizer = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=1.5e-4)
+        fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}  # one kernel for all parameters
+        optimizer = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=1.5e-4, **fused)
     # Seeded apart from the weights' initialisation, the same on every rank (and restored to the same state): a
     # job's update draws one noise for its whole batch, as one process does.
     noise = torch.Generator(run.device).manual_seed(args.seed + 7_919) if args.noisy else None

@@ -411,7 +411,8 @@ def make_learner(args: Args, run: Run) -> tuple[Agent, torch.optim.Optimizer, to
         bad_args(f"--env-id {args.env_id}: {e}")
     if agent.image and (run.device.type == "cpu" or args.bf16):  # NHWC: faster on a CPU, and for bf16 on a GPU
         agent = agent.to(memory_format=torch.channels_last)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}  # one kernel for all parameters
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, **fused)
     return agent, optimizer, torch.Generator().manual_seed(args.seed)
 
 

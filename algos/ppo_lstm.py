@@ -609,7 +609,8 @@ def make_learner(args: Args, run: Run) -> tuple:
         bad_args(f"--env-id {args.env_id}{' ' + observe_flag(args) if args.observe_indices else ''}: {e}")
     if agent.image and (run.device.type == "cpu" or args.bf16):  # NHWC: faster on a CPU, and for bf16 on a GPU
         agent = agent.to(memory_format=torch.channels_last)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5)
+    fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}  # one kernel for all parameters
+    optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, **fused)
     return_norm = RunningNorm(1, args.normalize_reward).to(run.device)  # statistics of the discounted return
     return agent, optimizer, torch.Generator().manual_seed(args.seed), return_norm
 

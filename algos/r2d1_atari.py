@@ -503,7 +503,8 @@ def make_learner(args: Args, run: Run) -> tuple[R2D1Net, R2D1Net, torch.optim.Op
         bad_args(f"--env-id {args.env_id}{' ' + observe_flag(args) if args.observe_indices else ''}: {e}")
     target_net = R2D1Net(run.obs_space.shape, n_actions, args.hidden, args.recurrent).to(run.device)
     target_net.load_state_dict(net.state_dict())
-    optimizer = torch.optim.Adam(net.parameters(), lr=args.learning_rate, eps=1e-3)
+    fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}  # one kernel for all parameters
+    optimizer = torch.optim.Adam(net.parameters(), lr=args.learning_rate, eps=1e-3, **fused)
     return net, target_net, optimizer
 
 
