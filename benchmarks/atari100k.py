@@ -109,10 +109,13 @@ def table(root: Path, games: list[str], reps: int) -> str:
         point, ci = report._bootstrap({"ours": x}, funcs, reps=reps, random_state=np.random.RandomState(0))
         d = np.array([der_hns[g] for g in done])
         names = ("mean", "median", "IQM")
-        rows = [f"| {k} | {point['ours'][i]:.3f} [{ci['ours'][0][i]:.3f}, {ci['ours'][1][i]:.3f}] | "
+        # One seed a game: the stratified bootstrap has nothing to resample, so no interval rather than [x, x].
+        band = [f" [{ci['ours'][0][i]:.3f}, {ci['ours'][1][i]:.3f}]" if n > 1 else "" for i in range(3)]
+        rows = [f"| {k} | {point['ours'][i]:.3f}{band[i]} | "
                 f"{[d.mean(), np.median(d), metrics.aggregate_iqm(d[None])][i]:.3f} |" for i, k in enumerate(names)]
-        out += (f"\n\nHuman-normalised over {len(done)} games ({', '.join(done)}), {n} seed(s) each (95% stratified "
-                f"bootstrap intervals, rliable; DER: its published per-game means)\n\n| | ours | DER |\n"
+        out += (f"\n\nHuman-normalised over {len(done)} games ({', '.join(done)}), {n} seed(s) each ("
+                f"{'95% stratified bootstrap intervals, rliable' if n > 1 else 'one seed: no interval'}; DER: its "
+                f"published per-game means)\n\n| | ours | DER |\n"
                 "| --- | --- | --- |\n" + "\n".join(rows))
     return out
 

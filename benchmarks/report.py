@@ -26,9 +26,10 @@ and for each script x variant across the env ids in the file: mean, median, IQM 
 95% intervals (rliable's definitions: mean and median of the per-task means, IQM and optimality gap over every
 run of every task), and the performance profile (fraction of runs above each normalised score, with its band).
 Aggregates need the same number of seeds on every task: the first seeds of each task, as many as the task with
-fewest has (said in the table). Curves: ``benchmarks/plot.py``'s mean and min-max band over seeds, one figure
-per env id. Written to ``--out`` (default ``EXPERIMENT/report``): ``report.md``, ``curves_<env>.png``,
-``aggregates.png``, ``profiles.png``; ``report.md`` is printed too.
+fewest has (said in the table). One seed (per task) has no interval: its cells read ``-``. Curves:
+``benchmarks/plot.py``'s mean and min-max band over seeds, one figure per env id. Written to ``--out`` (default
+``EXPERIMENT/report``): ``report.md``, ``curves_<env>.png``, ``aggregates.png``, ``profiles.png``; ``report.md``
+is printed too.
 """
 
 from __future__ import annotations
@@ -168,13 +169,21 @@ def collect(root: Path, source: str, last: int, include_unfinished: bool) -> lis
 # ---------------------------------------------------------------------------------------------- statistics
 
 
-def _bootstrap(*args, **kwargs):
-    """``rliable.library.get_interval_estimates``, without arch's warning that rliable passes ``random_state``."""
+def _bootstrap(*args, random_state: np.random.RandomState, **kwargs):
+    """``rliable.library.get_interval_estimates``, reproducible for a given ``random_state``: rliable 1.2's
+    stratified bootstrap draws its resamples from numpy's global generator (``np.random.choice``), whatever
+    ``random_state`` it is given, so that generator is seeded from ``random_state`` for the call and restored after
+    it (the caller's global stream is left as it was). Without arch's warning that rliable passes ``random_state``."""
     from rliable import library as rly
 
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="random_state is deprecated", category=FutureWarning)
-        return rly.get_interval_estimates(*args, **kwargs)
+    saved = np.random.get_state()
+    np.random.seed(random_state.randint(2**31))
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="random_state is deprecated", category=FutureWarning)
+            return rly.get_interval_estimates(*args, random_state=random_state, **kwargs)
+    finally:
+        np.random.set_state(saved)
 
 
 def group_stats(scores: np.ndarray, reps: int, seed: int) -> dict[str, float]:
@@ -189,8 +198,10 @@ def group_stats(scores: np.ndarray, reps: int, seed: int) -> dict[str, float]:
             {"g": x}, lambda s: np.array([metrics.aggregate_mean(s), metrics.aggregate_iqm(s)]), reps=reps,
             random_state=np.random.RandomState(seed))
         (out["mean_lo"], out["iqm_lo"]), (out["mean_hi"], out["iqm_hi"]) = cis["g"].tolist()
-    else:  # one seed, or all equal: the interval is the point
+    elif len(x) > 1:  # all equal: every resample is the point
         out.update(mean_lo=out["mean"], mean_hi=out["mean"], iqm_lo=out["iqm"], iqm_hi=out["iqm"])
+    else:  # one seed: nothing to resample, so no interval (a [x, x] would claim a certainty one run cannot give)
+        out.update(mean_lo=math.nan, mean_hi=math.nan, iqm_lo=math.nan, iqm_hi=math.nan)
     return out
 
 
@@ -240,6 +251,10 @@ def aggregates(groups: list[Group], refs: dict[str, tuple[float, float]], reps: 
     profile = lambda s: np.array([np.mean(s > t) for t in taus])  # rliable's score distribution
     profiles, profile_cis = _bootstrap(matrices, profile, reps=max(reps // 4, 200),
                                                        random_state=np.random.RandomState(seed + 1))
+    for algo, (_, n) in notes.items():
+        if n < 2:  # one run per task: the stratified bootstrap can only return the point; say there is no interval
+            cis[algo] = np.full_like(cis[algo], np.nan)
+            profile_cis[algo] = np.full_like(profile_cis[algo], np.nan)
     return points, cis, notes, taus, (profiles, profile_cis), matrices
 
 

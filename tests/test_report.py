@@ -15,6 +15,7 @@ from tests.helpers import ROOT
 
 pytest.importorskip("rliable")
 sys.path.insert(0, str(ROOT / "benchmarks"))
+import atari100k
 import report
 
 EVAL = {1: 10.0, 2: 20.0, 3: 30.0, 4: 100.0}  # ppo_atari on CartPole-v1: eval.json means per seed
@@ -83,8 +84,48 @@ def test_group_statistics_match_hand_computation(experiment):
     s = report.group_stats(a2c.scores, reps=2000, seed=0)
     assert s["iqm"] == pytest.approx(a2c.scores.mean())  # 3 seeds: trim_mean(0.25) cuts none
     assert s["mean_lo"] <= s["mean"] <= s["mean_hi"]
-    one = report.group_stats(np.array([7.0]), reps=100, seed=0)
-    assert one["mean_lo"] == one["mean_hi"] == 7.0 and math.isnan(one["std"])
+    one = report.group_stats(np.array([7.0]), reps=100, seed=0)  # one seed: no interval, not [7, 7]
+    assert one["mean"] == one["iqm"] == 7.0 and math.isnan(one["std"])
+    assert all(math.isnan(one[k]) for k in ("mean_lo", "mean_hi", "iqm_lo", "iqm_hi"))
+    same = report.group_stats(np.array([7.0, 7.0]), reps=100, seed=0)  # seeds that agree: every resample is 7
+    assert same["mean_lo"] == same["mean_hi"] == same["iqm_lo"] == same["iqm_hi"] == 7.0
+
+
+def test_the_bootstrap_is_reproducible_whatever_numpys_global_generator_holds():
+    """rliable draws its resamples from np.random's global generator: the same seed gives the same interval
+    after the global generator moved, and the caller's global stream is left where it was."""
+    x = np.linspace(0.0, 1.0, 10) ** 2  # ten distinct seeds: interval ends differ between unseeded bootstraps
+    np.random.seed(1)
+    first = report.group_stats(x, reps=500, seed=0)
+    np.random.seed(2)
+    expected_next = np.random.rand()
+    np.random.seed(2)
+    assert report.group_stats(x, reps=500, seed=0) == first
+    assert np.random.rand() == expected_next
+    assert report.group_stats(x, reps=500, seed=1) != first
+
+
+def test_one_seed_per_task_gives_aggregates_without_intervals(tmp_path):
+    """A stratified bootstrap over one run per task can only return the point: the report says there is no
+    interval ('-') rather than printing [x, x], and so does benchmarks/atari100k.py's table; two seeds give one."""
+    root = tmp_path / "exp"
+    for env, mean in (("RoadRunnerNoFrameskip-v4", 7845.0), ("FreewayNoFrameskip-v4", 14.8)):
+        fake_run(root, "catdqn_atari", env, "base", 1, [(100, 2, 1.0)], [mean])
+    refs = {"RoadRunnerNoFrameskip-v4": (11.5, 7845.0), "FreewayNoFrameskip-v4": (0.0, 29.6)}
+    groups = report.collect(root, "auto", 100, False)
+    points, cis, notes, taus, (profiles, bands), _ = report.aggregates(groups, refs, reps=200, seed=0)
+    np.testing.assert_allclose(points["catdqn_atari base"], [0.75, 0.75, 0.75, 0.25])  # HNS 1.0 and 0.5
+    assert np.isnan(cis["catdqn_atari base"]).all() and np.isnan(bands["catdqn_atari base"]).all()
+    text = atari100k.table(root, ["RoadRunner", "Freeway"], reps=200)
+    assert "| mean | 0.750 | " in text and "one seed: no interval" in text
+    for env, mean in (("RoadRunnerNoFrameskip-v4", 3934.0), ("FreewayNoFrameskip-v4", 29.6)):
+        fake_run(root, "catdqn_atari", env, "base", 2, [(100, 2, 1.0)], [mean])
+    points, cis, *_ = report.aggregates(report.collect(root, "auto", 100, False), refs, reps=200, seed=0)
+    lo, hi = cis["catdqn_atari base"]
+    assert np.isfinite(lo).all() and np.all(lo <= points["catdqn_atari base"] + 1e-12)
+    assert np.all(points["catdqn_atari base"] <= hi + 1e-12) and lo[0] < hi[0]
+    text = atari100k.table(root, ["RoadRunner", "Freeway"], reps=200)
+    assert "95% stratified bootstrap intervals" in text and "| mean | 0.750 [" in text
 
 
 def test_normalised_aggregates_and_the_written_report(experiment, tmp_path):
