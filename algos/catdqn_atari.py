@@ -10,8 +10,8 @@ distribution r + gamma^k z (no bootstrap after termination) is projected back on
 the cross-entropy to it, which is also the priority in prioritized replay (Rainbow's KL-based priority: the two
 differ by the target's entropy, constant in the parameters). With --noisy the heads' linear layers are factorised
 noisy layers (Fortunato et al. 2018): new noise on every forward pass of acting and learning (the target network's
-too), exploration from the noise alone once learning starts (epsilon-greedy off, as in Rainbow; uniform actions
-before), and evaluation with the mean weights.
+too), exploration from the noise alone once learning starts (epsilon-greedy off, as in Rainbow, unless
+--noisy-epsilon; uniform actions before), and evaluation with the mean weights.
 
 Replay rows follow gymnasium's next-step autoreset (see shared/replay.py): the step that only resets an env is
 never trained on, a time-limit truncation bootstraps from the episode's true final observation, termination
@@ -114,11 +114,14 @@ class Args(RunArgs):
     """dueling head: Q = V + A - mean(A), gradient into the torso scaled by 1/sqrt(2)"""
     noisy: bool = False
     """noisy nets: the heads' linear layers with factorised Gaussian noise; exploration from the noise alone once
-    learning starts, uniform actions before (the --eps-* flags are ignored), evaluation with the mean weights (and
-    --eval-epsilon)"""
+    learning starts, uniform actions before (the --eps-* flags are ignored; --noisy-epsilon adds epsilon beside
+    the noise), evaluation with the mean weights (and --eval-epsilon)"""
     noisy_sigma: PositiveFloat = 0.5
     """noisy nets' sigma_0: the noise scales start at sigma_0 / sqrt(fan-in) (0.5 in the NoisyNet and Rainbow
     papers, 0.1 in data-efficient Rainbow)"""
+    noisy_epsilon: Fraction = 0.0
+    """noisy nets: epsilon-greedy beside the noise once learning starts (0: the noise alone, as Rainbow and the
+    data-efficient Rainbow paper; Dopamine's DER.gin trained with 0.01 until late 2022)"""
     prioritized: bool = False
     """prioritized replay: priorities |TD error|, importance weights with beta annealed to 1"""
     alpha: Fraction = 0.6
@@ -319,7 +322,8 @@ def epsilons(args: Args, global_step: int) -> np.ndarray:
     """Exploration epsilon per env [B]."""
     if args.noisy:  # the noise explores once learning starts (Rainbow acts greedily in the noisy Q-values); before,
         # uniform actions fill the replay, as SPR's DER does: an untrained noisy net repeats one action
-        return np.full(args.num_envs, 1.0 if global_step < args.min_steps_learn * distributed.world_size() else 0.0)
+        learning = global_step >= args.min_steps_learn * distributed.world_size()
+        return np.full(args.num_envs, args.noisy_epsilon if learning else 1.0)
     if args.vector_epsilon:
         i = np.arange(args.num_envs)
         return 0.4 ** (1 + 7 * i / max(args.num_envs - 1, 1))

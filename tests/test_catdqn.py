@@ -178,6 +178,8 @@ def test_noisy_network_draws_anew_each_call_and_evaluates_with_the_mean_weights(
     args = catdqn_atari.Args(noisy=True, num_envs=3, eps_start=0.5, eps_end=0.5, min_steps_learn=100)
     assert np.all(catdqn_atari.epsilons(args, 99) == 1)  # uniform actions fill the replay
     assert np.all(catdqn_atari.epsilons(args, 100) == 0)  # then the noise explores
+    args.noisy_epsilon = 0.01  # Dopamine's DER: epsilon-greedy beside the noise
+    assert np.all(catdqn_atari.epsilons(args, 99) == 1) and np.all(catdqn_atari.epsilons(args, 100) == 0.01)
     loud = catdqn_atari.QNetwork((4, 84, 84), 5, True, torch.linspace(-10, 10, 51), "data-efficient", 50.0)
     rng = np.random.default_rng(0)
     acts = {catdqn_atari.act(loud, torch.device("cpu"), 0.0, rng, obs[0].numpy(), None) for _ in range(20)}
@@ -187,9 +189,9 @@ def test_noisy_network_draws_anew_each_call_and_evaluates_with_the_mean_weights(
 # Data-efficient Rainbow as published: van Hasselt, Hessel and Aslanides (2019), appendix table, and Dopamine's
 # labs/atari_100k/configs/DER.gin (where they agree; the preset's comment says where they differ); the protocol of
 # the Atari 100k benchmark (Kaiser et al. 2019).
-DER = dict(network="data-efficient", noisy=True, noisy_sigma=0.1, dueling=True, double_dqn=True, prioritized=True,
-           n_atoms=51, v_min=-10.0, v_max=10.0, gamma=0.99, n_step_return=20, batch_size=32, learning_rate=1e-4,
-           adam_epsilon=1.5e-4, optimizer="adam", max_grad_norm=10.0, min_steps_learn=1600,
+DER = dict(network="data-efficient", noisy=True, noisy_sigma=0.1, noisy_epsilon=0.0, dueling=True, double_dqn=True,
+           prioritized=True, n_atoms=51, v_min=-10.0, v_max=10.0, gamma=0.99, n_step_return=20, batch_size=32,
+           learning_rate=1e-4, adam_epsilon=1.5e-4, optimizer="adam", max_grad_norm=10.0, min_steps_learn=1600,
            target_update_interval=2000, alpha=0.5, beta=0.4, total_timesteps=100_000, num_envs=1,
            buffer_size=100_000, sticky_actions=0.0, life_loss_terminal=True, clip_rewards=True, noop_max=30,
            eval_episodes=100, eval_epsilon=0.001)
