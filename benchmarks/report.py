@@ -169,11 +169,13 @@ def collect(root: Path, source: str, last: int, include_unfinished: bool) -> lis
 # ---------------------------------------------------------------------------------------------- statistics
 
 
-def _bootstrap(*args, random_state: np.random.RandomState, **kwargs):
+def _bootstrap(score_dict: dict[str, np.ndarray], func, *, random_state: np.random.RandomState, **kwargs):
     """``rliable.library.get_interval_estimates``, reproducible for a given ``random_state``: rliable 1.2's
     stratified bootstrap draws its resamples from numpy's global generator (``np.random.choice``), whatever
     ``random_state`` it is given, so that generator is seeded from ``random_state`` for the call and restored after
-    it (the caller's global stream is left as it was). Without arch's warning that rliable passes ``random_state``."""
+    it (the caller's global stream is left as it was). A key with one run per task gets NaN intervals: the
+    stratified bootstrap can only return the point there, and [x, x] would claim a certainty one run cannot give.
+    Without arch's warning that rliable passes ``random_state``."""
     from rliable import library as rly
 
     saved = np.random.get_state()
@@ -181,9 +183,13 @@ def _bootstrap(*args, random_state: np.random.RandomState, **kwargs):
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="random_state is deprecated", category=FutureWarning)
-            return rly.get_interval_estimates(*args, random_state=random_state, **kwargs)
+            points, cis = rly.get_interval_estimates(score_dict, func, random_state=random_state, **kwargs)
     finally:
         np.random.set_state(saved)
+    for key, scores in score_dict.items():
+        if len(scores) < 2:
+            cis[key] = np.full_like(cis[key], np.nan)
+    return points, cis
 
 
 def group_stats(scores: np.ndarray, reps: int, seed: int) -> dict[str, float]:
@@ -251,10 +257,6 @@ def aggregates(groups: list[Group], refs: dict[str, tuple[float, float]], reps: 
     profile = lambda s: np.array([np.mean(s > t) for t in taus])  # rliable's score distribution
     profiles, profile_cis = _bootstrap(matrices, profile, reps=max(reps // 4, 200),
                                                        random_state=np.random.RandomState(seed + 1))
-    for algo, (_, n) in notes.items():
-        if n < 2:  # one run per task: the stratified bootstrap can only return the point; say there is no interval
-            cis[algo] = np.full_like(cis[algo], np.nan)
-            profile_cis[algo] = np.full_like(profile_cis[algo], np.nan)
     return points, cis, notes, taus, (profiles, profile_cis), matrices
 
 
