@@ -10,8 +10,8 @@ never trained on, a time-limit truncation bootstraps from the episode's true fin
 does not bootstrap. On Atari a lost life is terminal for learning while the game goes on; logged returns are
 whole games, unclipped. Frames are stored once each (1M transitions in about 7.1 GB). With --noisy the heads'
 linear layers are factorised noisy layers (Fortunato et al. 2018, NoisyNet-DQN): new noise on every forward pass
-of acting and learning, the target network's too; exploration from the noise alone once learning starts, uniform
-actions before; evaluation with the mean weights.
+of acting and learning, the target network's too; exploration from the noise alone once learning starts (or with
+--noisy-epsilon), uniform actions before; evaluation with the mean weights.
 
 replay_ratio: samples the learner consumes per sampled env step, so updates per env step = replay_ratio /
 batch_size (DQN paper: 8 = a batch of 32 every 4 steps). Async mode holds it from both sides: the learner never
@@ -98,10 +98,12 @@ class Args(RunArgs):
     """dueling head: Q = V + A - mean(A), gradient into the torso scaled by 1/sqrt(2)"""
     noisy: bool = False
     """noisy nets: the heads' linear layers with factorised Gaussian noise; exploration from the noise alone once
-    learning starts, uniform actions before (the --eps-* flags are ignored), evaluation with the mean weights (and
-    --eval-epsilon)"""
+    learning starts, uniform actions before (the --eps-* flags are ignored; --noisy-epsilon adds epsilon beside
+    the noise), evaluation with the mean weights (and --eval-epsilon)"""
     noisy_sigma: PositiveFloat = 0.5
     """noisy nets' sigma_0: the noise scales start at sigma_0 / sqrt(fan-in) (0.5 in the NoisyNet paper)"""
+    noisy_epsilon: Fraction = 0.0
+    """noisy nets: epsilon-greedy beside the noise once learning starts (0: the noise alone, as NoisyNet-DQN)"""
     prioritized: bool = False
     """prioritized replay: priorities |TD error|, importance weights with beta annealed to 1"""
     alpha: Fraction = 0.6
@@ -265,7 +267,8 @@ def epsilons(args: Args, global_step: int) -> np.ndarray:
     """Exploration epsilon per env [B]."""
     if args.noisy:  # the noise explores once learning starts; before, uniform actions fill the replay (an
         # untrained noisy net tends to repeat one action)
-        return np.full(args.num_envs, 1.0 if global_step < args.min_steps_learn * distributed.world_size() else 0.0)
+        learning = global_step >= args.min_steps_learn * distributed.world_size()
+        return np.full(args.num_envs, args.noisy_epsilon if learning else 1.0)
     if args.vector_epsilon:
         i = np.arange(args.num_envs)
         return 0.4 ** (1 + 7 * i / max(args.num_envs - 1, 1))

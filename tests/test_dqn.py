@@ -145,6 +145,8 @@ def test_noisy_dqn_explores_by_its_noise_and_resumes_with_the_noise_state(tmp_pa
         assert not torch.allclose(net(obs, gen), net(obs, gen)) and torch.equal(net(obs), net(obs, None))
     args = dqn_atari.Args(noisy=True, num_envs=2, eps_start=0.5, eps_end=0.5, min_steps_learn=100)
     assert dqn_atari.epsilons(args, 99).tolist() == [1.0, 1.0] and dqn_atari.epsilons(args, 100).tolist() == [0, 0]
+    args.noisy_epsilon = 0.01  # epsilon-greedy beside the noise, as Dopamine's DER trained
+    assert dqn_atari.epsilons(args, 99).tolist() == [1.0, 1.0] and dqn_atari.epsilons(args, 100).tolist() == [0.01] * 2
     flags = [*CARTPOLE, "--noisy", "--min-steps-learn", "500", "--log-every", "250", "--out-dir", str(tmp_path),
              "--run-name", "a"]
     out = run("dqn_atari.py", *flags, "--total-timesteps", "1000", timeout=300)
