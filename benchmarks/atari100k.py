@@ -109,7 +109,8 @@ def table(root: Path, games: list[str], reps: int) -> str:
         point, ci = report._bootstrap({"ours": x}, funcs, reps=reps, random_state=np.random.RandomState(0))
         d = np.array([der_hns[g] for g in done])
         names = ("mean", "median", "IQM")
-        band = [f" [{ci['ours'][0][i]:.3f}, {ci['ours'][1][i]:.3f}]" if n > 1 else "" for i in range(3)]  # 1: NaN
+        ci_lo, ci_hi = ci["ours"]  # NaN with one seed a game (report._bootstrap): no interval printed
+        band = ["" if np.isnan(ci_lo[i]) else f" [{ci_lo[i]:.3f}, {ci_hi[i]:.3f}]" for i in range(3)]
         rows = [f"| {k} | {point['ours'][i]:.3f}{band[i]} | "
                 f"{[d.mean(), np.median(d), metrics.aggregate_iqm(d[None])][i]:.3f} |" for i, k in enumerate(names)]
         out += (f"\n\nHuman-normalised over {len(done)} games ({', '.join(done)}), {n} seed(s) each ("
