@@ -410,7 +410,8 @@ def main() -> int:
     args = parse_args(Args, PRESETS)  # each field's range is declared on it; no flag relates to another
     run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete,
               iteration_steps=args.num_envs * args.num_steps)  # --log-every counts rollouts
-    agent, optimizer = make_learner(args, run)
+    with run.allocating():  # sizes this machine cannot hold: exit 2
+        agent, optimizer = make_learner(args, run)
     start = run.begin(partial(act, agent, run.device), model=agent, optimizer=optimizer)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()

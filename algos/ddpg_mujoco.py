@@ -340,8 +340,9 @@ def act(actor: Actor, obs_norm: ObsNorm, device: torch.device, space: gym.spaces
 def main() -> int:
     args = parse_args(Args, PRESETS, check_replay_sizes)
     run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Box, bounded=True, stop_window=10)
-    actor, target_actor, critic, target_critic, optimizers, obs_norm = make_learner(args, run)
-    buffer = make_replay(args, run)
+    with run.allocating("buffer_size", "hidden"):  # sizes this machine cannot hold: exit 2
+        actor, target_actor, critic, target_critic, optimizers, obs_norm = make_learner(args, run)
+        buffer = make_replay(args, run)
     start = run.begin(partial(act, actor, obs_norm, run.device, run.act_space), buffer, actor=actor,
                       target_actor=target_actor, critic=critic, target_critic=target_critic,
                       actor_optimizer=optimizers[0], critic_optimizer=optimizers[1], obs_norm=obs_norm)

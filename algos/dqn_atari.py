@@ -457,8 +457,9 @@ def act(q_net: QNetwork, device: torch.device, epsilon: float, rng: np.random.Ge
 def main() -> int:
     args = parse_args(Args, PRESETS, check_replay_sizes)
     run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete)  # device, resume, torchrun, cores, seeds
-    q_net, target_net, optimizer, noise = make_learner(args, run)
-    buffer = make_replay(args, run)
+    with run.allocating("buffer_size"):  # sizes this machine cannot hold: exit 2
+        q_net, target_net, optimizer, noise = make_learner(args, run)
+        buffer = make_replay(args, run)
     policy = partial(act, q_net, run.device, args.eval_epsilon, np.random.default_rng(args.seed + 100_000))
     start = run.begin(policy, buffer, model=q_net, target_model=target_net, optimizer=optimizer, noise=noise)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing

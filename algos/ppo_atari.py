@@ -437,7 +437,8 @@ def main() -> int:
     args = parse_args(Args, PRESETS, check_args)
     run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete,
               iteration_steps=args.num_envs * args.num_steps)  # --log-every counts rollouts
-    agent, optimizer, generator = make_learner(args, run)
+    with run.allocating():  # sizes this machine cannot hold: exit 2
+        agent, optimizer, generator = make_learner(args, run)
     start = run.begin(partial(act, agent, run.device), model=agent, optimizer=optimizer, generator=generator)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()

@@ -433,7 +433,8 @@ def main() -> int:
     args = parse_args(Args, PRESETS, check_args)
     run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Box,
               iteration_steps=args.num_envs * args.num_steps)  # --log-every counts rollouts
-    agent, optimizer, generator, return_norm = make_learner(args, run)
+    with run.allocating("hidden"):  # sizes this machine cannot hold: exit 2
+        agent, optimizer, generator, return_norm = make_learner(args, run)
     start = run.begin(partial(act, agent, run.device, run.act_space), model=agent, optimizer=optimizer,
                       generator=generator, return_norm=return_norm)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing

@@ -549,8 +549,9 @@ class EvalPolicy:
 def main() -> int:
     args = parse_args(Args, PRESETS, check_args)
     run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete)  # device, resume, torchrun, cores, seeds
-    net, target_net, optimizer = make_learner(args, run)
-    buffer = make_replay(args, run)
+    with run.allocating("buffer_size", "hidden"):  # sizes this machine cannot hold: exit 2
+        net, target_net, optimizer = make_learner(args, run)
+        buffer = make_replay(args, run)
     policy = EvalPolicy(net, run.device, args.eval_epsilon, np.random.default_rng(args.seed + 100_000))
     start = run.begin(policy, buffer, model=net, target_model=target_net, optimizer=optimizer)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing

@@ -373,8 +373,9 @@ def act(actor: Actor, obs_norm: ObsNorm, device: torch.device, space: gym.spaces
 def main() -> int:
     args = parse_args(Args, PRESETS, check_replay_sizes)
     run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Box, bounded=True, stop_window=10)
-    actor, critics, target_critics, log_alpha, optimizers, obs_norm = make_learner(args, run)
-    buffer = make_replay(args, run)
+    with run.allocating("buffer_size", "hidden"):  # sizes this machine cannot hold: exit 2
+        actor, critics, target_critics, log_alpha, optimizers, obs_norm = make_learner(args, run)
+        buffer = make_replay(args, run)
     policy = partial(act, actor, obs_norm, run.device, run.act_space)  # for evaluation
     start = run.begin(policy, buffer, actor=actor, critics=critics, target_critics=target_critics,
                       log_alpha=log_alpha, **optimizers, obs_norm=obs_norm)

@@ -9,23 +9,73 @@ Guarantees
   or through a multiprocessing queue, and maps the same pages: writes on either side are seen by the other.
 - Nothing is ever named in ``/dev/shm``: the memory is returned to the system when the last process holding a
   mapping or descriptor exits or drops it, so a crash or SIGKILL cannot leak it.
+- Nothing is allocated that the machine cannot hold: ``zeros`` (and through it ``buffer_from_example``, the
+  replays and the sum tree) first checks the array's bytes against the memory this process may still take
+  (``available_memory``: the smaller of ``MemAvailable`` and the cgroup's limit) and raises ``NotEnoughMemory``
+  with both figures instead. The check comes first because neither refusal is reliable: numpy refuses only what
+  the kernel's overcommit rule refuses, and shared memory is never refused at all (its pages are taken when
+  written, hours later, by which time the kernel's out-of-memory killer ends the run). ``check_fits`` checks a
+  sum of arrays made this way, whose pages are not touched yet.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 import mmap
 import os
 import sys
 import tempfile
 from collections.abc import Sequence
 from multiprocessing import reduction
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from shared.namedarraytuple import map_structure
 
-__all__ = ["SharedArray", "shared_zeros", "buffer_from_example"]
+__all__ = ["NotEnoughMemory", "SharedArray", "available_memory", "buffer_from_example", "check_fits", "shared_zeros",
+           "zeros"]
+
+
+class NotEnoughMemory(MemoryError):
+    """``what`` needs ``needed`` bytes and this process may take only ``available``: refused before allocating."""
+
+    def __init__(self, what: str, needed: int, available: int):
+        self.what, self.needed, self.available = what, needed, available
+        super().__init__(f"{what} needs {needed / 2**30:.1f} GiB, and {available / 2**30:.1f} GiB of memory are "
+                         f"available here")
+
+
+def available_memory() -> int:
+    """Bytes this process may still take: MemAvailable, or less where a cgroup limit is nearer."""
+    free = None
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        with open("/proc/meminfo") as f:
+            free = int(next(ln for ln in f if ln.startswith("MemAvailable:")).split()[1]) * 1024
+    with contextlib.suppress(OSError, ValueError):
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit != "max":
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
+            free = min(free if free is not None else 1 << 62, int(limit) - used)
+    return free if free is not None else 1 << 62
+
+
+def check_fits(nbytes: int, what: str) -> None:
+    """Raise ``NotEnoughMemory`` when ``nbytes`` exceed the memory this process may still take."""
+    free = available_memory()
+    if nbytes > free:
+        raise NotEnoughMemory(what, int(nbytes), free)
+
+
+def zeros(shape: Sequence[int] | int, dtype: Any, shared: bool = False) -> np.ndarray:
+    """A zeroed array, in anonymous shared memory with ``shared``, after ``check_fits`` of its bytes."""
+    shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
+    dtype = np.dtype(dtype)
+    nbytes = math.prod(shape) * dtype.itemsize
+    check_fits(nbytes, f"a {list(shape)} {dtype} array")
+    return shared_zeros(shape, dtype) if shared else np.zeros(shape, dtype)
 
 
 class _Segment:
@@ -119,9 +169,11 @@ def buffer_from_example(example: Any, leading_dims: Sequence[int] | int, shared:
 
     def alloc(x: Any) -> np.ndarray:
         x = _as_numpy(x)
-        shape = leading + x.shape
-        return shared_zeros(shape, x.dtype) if shared else np.zeros(shape, dtype=x.dtype)
+        return zeros(leading + x.shape, x.dtype, shared)
 
+    leaves: list[np.ndarray] = []
+    map_structure(lambda x: leaves.append(_as_numpy(x)), example)
+    check_fits(math.prod(leading) * sum(x.nbytes for x in leaves), f"a structure of {len(leaves)} arrays of {list(leading)} rows")
     return map_structure(alloc, example)
 
 

@@ -11,9 +11,8 @@ Guarantees
   (``check_replay_sizes`` for a transition replay's sizes).
 - ``resolve_device`` turns ``auto|cpu|cuda|cuda:N`` into a device (under torchrun, ``cuda`` is the local rank's
   GPU); a device that does not exist, or one explicit GPU index for several ranks on one machine, exits 2.
-- ``check_memory(nbytes, what)`` exits 2 naming both figures when ``nbytes`` exceed the memory this process
-  may still take (the smaller of ``MemAvailable`` and the cgroup's limit), so a replay too large for the machine
-  is refused at start instead of an out-of-memory kill hours later.
+- Memory: what a run allocates is checked against the memory left where it is allocated (``shared.buffer``),
+  and a size the machine cannot hold ends the run in one line from ``Run.allocating`` (``shared.run``).
 """
 
 from __future__ import annotations
@@ -33,8 +32,7 @@ from typing import Any, NoReturn
 from shared.argtypes import NonNegFloat, NonNegInt, Range
 from shared.precision import cpu_has_bf16
 
-__all__ = ["RunArgs", "bad_args",
-           "check_common", "check_memory", "check_replay_sizes", "parse_args", "resolve_device"]
+__all__ = ["RunArgs", "bad_args", "check_common", "check_replay_sizes", "parse_args", "resolve_device"]
 
 EXIT_BAD_ARGS = 2
 
@@ -249,24 +247,3 @@ def resolve_device(spec: str, bf16: bool = False):
         print(f"warning: --bf16 on {what}: bfloat16 is emulated there, expect it slower than fp32", file=sys.stderr,
               flush=True)
     return device
-
-
-def available_memory() -> int:
-    """Bytes this process may still take: MemAvailable, or less where a cgroup limit is nearer."""
-    free = None
-    with contextlib.suppress(OSError, ValueError, StopIteration):
-        with open("/proc/meminfo") as f:
-            free = int(next(ln for ln in f if ln.startswith("MemAvailable:")).split()[1]) * 1024
-    with contextlib.suppress(OSError, ValueError):
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit != "max":
-            used = int(Path("/sys/fs/cgroup/memory.current").read_text())
-            free = min(free if free is not None else 1 << 62, int(limit) - used)
-    return free if free is not None else 1 << 62
-
-
-def check_memory(nbytes: int, what: str) -> None:
-    """Exit 2 when ``nbytes`` (``what``: e.g. "--buffer-size 1000000") cannot fit in the memory left."""
-    free = available_memory()
-    if nbytes > free:
-        bad_args(f"{what} needs {nbytes / 2**30:.1f} GiB, and {free / 2**30:.1f} GiB of memory are available here")

@@ -38,7 +38,9 @@ Guarantees
   on the current one. That batch sees the priorities from before the current update's (stale by one update, in
   a replay that the sampler changes meanwhile anyway) and the importance exponent ``beta`` of its draw. Without
   ``prefetch`` ``sample_ahead`` does nothing, so serial and parallel runs draw exactly as before.
-- Bad input raises ``ValueError`` naming the argument.
+- Bad input raises ``ValueError`` naming the argument; a size the machine cannot hold raises
+  ``shared.buffer.NotEnoughMemory`` before any of its memory is taken (each array checked before it is made,
+  then all of them together while their pages are still untouched).
 """
 
 from __future__ import annotations
@@ -46,11 +48,12 @@ from __future__ import annotations
 import contextlib
 import math
 import multiprocessing as mp
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from shared.buffer import buffer_from_example, shared_zeros
+from shared.buffer import buffer_from_example, check_fits, shared_zeros, zeros
 from shared.namedarraytuple import is_namedarraytuple, map_structure, namedarraytuple
 from shared.sync import locked
 
@@ -96,7 +99,7 @@ class _Storage:
         stored = self.example._replace(**{f: None for f in skip_fields})
         if frame_stack > 1:
             stored = stored._replace(observation=None)
-        alloc = shared_zeros if shared else (lambda shape, dtype: np.zeros(shape, dtype))
+        alloc = partial(zeros, shared=shared)  # each array checked against the memory left first
         self.data = buffer_from_example(stored, (T, B), shared=shared)
         self.frames = alloc((T, B) + obs.shape[1:], obs.dtype) if frame_stack > 1 else None
         self.n_step_return = alloc((T, B), np.float32)
@@ -318,6 +321,8 @@ class _Base:
         self._window = (shared_zeros if shared else np.zeros)(2, np.int64)  # valid indices [lo, hi), absolute
         self._check = None
         self.rng = np.random.default_rng(seed)
+        # Each array was checked before it was made; all of them together, untouched yet, must fit too.
+        check_fits(self.nbytes, "the replay")
 
     def watch(self, check) -> None:
         """In this process, wait for the shared lock in slices calling ``check()`` (e.g. ``Worker.check``): if the

@@ -4,7 +4,8 @@ A script's ``main`` makes these calls, in this order (``docs/contract.md`` has t
 
     args = parse_args(Args, PRESETS, check_args)              # shared.cli: flags, presets, checks (exit 2)
     run = Run(args, SCRIPT, make_env, action_space=Discrete)  # device, --resume, torchrun, cores, seeds
-    ...networks and optimizers, built as the algorithm needs...
+    with run.allocating("buffer_size", "hidden"):             # what this machine cannot hold: exit 2
+        ...networks, optimizers and the replay, built as the algorithm needs...
     start = run.begin(policy, model=net, optimizer=opt)       # restore or start, the run folder
     if args.eval_only:
         return run.evaluate_only()
@@ -19,11 +20,17 @@ A script's ``main`` makes these calls, in this order (``docs/contract.md`` has t
 
 Guarantees
 - ``Run(...)`` (before anything starts; a problem exits 2 with one line): resolves ``--device``, reads the
-  ``--resume`` checkpoint, probes one env for its spaces and checks the action space, makes SIGINT/SIGTERM
-  raise ``KeyboardInterrupt``, joins the torchrun job (``shared.distributed``), pins this process to its
-  cores (``shared.affinity``: ``run.affinity`` has the sampler's), and seeds numpy and torch with ``--seed``.
-- ``begin(policy, replay=None, **objects)``: a replay whose memory the machine cannot hold exits 2 with both
-  figures; on ``--resume`` each named object (modules, optimizers, generators, tensors, anything with
+  ``--resume`` checkpoint, probes one env for its spaces and checks the action space, refuses an on-policy
+  rollout (``iteration_steps``: ``--num-envs`` x ``--num-steps``) whose observations alone exceed the memory
+  left, makes SIGINT/SIGTERM raise ``KeyboardInterrupt``, joins the torchrun job (``shared.distributed``),
+  pins this process to its cores (``shared.affinity``: ``run.affinity`` has the sampler's), and seeds numpy
+  and torch with ``--seed``. It creates nothing on disk.
+- ``with run.allocating(*flags):`` around the networks and the replay: a size this machine cannot hold (a
+  replay larger than the memory left, checked before it is allocated: ``shared.buffer``; a tensor numpy or
+  torch refuses; CUDA out of memory) exits 2 with one line naming ``flags`` with their values and the figures,
+  and any exit 2 in the block (observations a network cannot take) first leaves the torchrun job.
+- ``begin(policy, replay=None, **objects)``: starts W&B (``--track``; one that cannot start exits 2); on
+  ``--resume`` each named object (modules, optimizers, generators, tensors, anything with
   ``state_dict``; one given as None is left out: a part only some flags build) is loaded from the checkpoint
   (exit 2 if it does not fit), and with ``--save-replay`` the replay too; every rank gets rank 0's parameters
   and then a random stream of its own; the run folder is created (``config.json``, ``progress.csv``,
@@ -50,14 +57,16 @@ Guarantees
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
 import platform
+import re
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -65,8 +74,9 @@ import numpy as np
 
 from shared import checkpoint, distributed, signals, tracking
 from shared.affinity import make_affinity
+from shared.buffer import NotEnoughMemory, available_memory, check_fits
 from shared.checkpoint import Start
-from shared.cli import bad_args, check_memory, resolve_device
+from shared.cli import bad_args, resolve_device
 from shared.envs import close_envs, probe_spaces
 from shared.evaluation import play
 from shared.files import WriteError, write_text
@@ -103,6 +113,22 @@ def _hardware(device: Any) -> dict[str, Any]:
     return out
 
 
+def _refused_allocation(e: BaseException) -> str | None:
+    """What a failed allocation needed and what is left, in words; None for an error that is no allocation's."""
+    if isinstance(e, NotEnoughMemory):
+        return str(e)
+    text = str(e).strip()
+    first = text.splitlines()[0] if text else type(e).__name__
+    if "out of memory" in text.lower():  # CUDA's allocator (torch.OutOfMemoryError), any device's
+        return first[:300]
+    asked = re.search(r"allocate (\d+) bytes", text)  # torch's CPU allocator
+    if isinstance(e, MemoryError) or asked:  # numpy's refusal names its size
+        what = f"{int(asked.group(1)) / 2**30:.1f} GiB in one tensor" if asked else first[:200]
+        return f"the allocation was refused ({what}), and {available_memory() / 2**30:.1f} GiB of memory are " \
+               f"available here"
+    return None
+
+
 class Run:
     """One run; see the module docstring."""
 
@@ -132,12 +158,14 @@ class Run:
                 kind = "discrete (Discrete)" if action_space is gym.spaces.Discrete else \
                     f"{'bounded ' if bounded else ''}continuous (Box)"
                 bad_args(f"--env-id {args.env_id}: {script} needs a {kind} action space, got {self.act_space}")
-        self.tracker = None  # W&B, rank 0 alone: one that cannot start is an exit 2 before anything starts
-        if getattr(args, "track", False) and distributed.is_main():
+        if iteration_steps:  # the rollout's observations alone, before a network or a sampler is made
+            copies = 2 if args.sampler == "async" else 1  # the async double buffer's two slots
+            obs_bytes = int(np.prod(self.obs_space.shape)) * np.dtype(self.obs_space.dtype).itemsize
             try:
-                self.tracker = tracking.start(args, self.path, script)
-            except RuntimeError as e:
-                bad_args(str(e))
+                check_fits(copies * iteration_steps * obs_bytes, f"a rollout of {iteration_steps} steps")
+            except NotEnoughMemory as e:
+                bad_args(f"--num-envs {args.num_envs} x --num-steps {args.num_steps}: {e}")
+        self.tracker = None  # W&B, rank 0 alone, started by begin once the networks and the replay are made
         signals.raise_on_signals()
         distributed.start(self.device)  # under torchrun: join the other ranks (a no-op in one process)
         self.world = distributed.world_size()  # ranks in the job: 1 without torchrun
@@ -159,6 +187,22 @@ class Run:
 
     # ------------------------------------------------------------------------------------------ start
 
+    @contextlib.contextmanager
+    def allocating(self, *flags: str) -> Iterator[None]:
+        """Around the networks and the replay (see the module docstring); ``flags``: the fields that size them."""
+        try:
+            yield
+        except SystemExit:  # a bad argument found while building (observations a network cannot take)
+            distributed.end()
+            raise
+        except (MemoryError, RuntimeError) as e:
+            refused = _refused_allocation(e)
+            if refused is None:
+                raise
+            distributed.end()
+            named = ", ".join(f"--{f.replace('_', '-')} {getattr(self.args, f)}" for f in flags)
+            bad_args(f"{named}: {refused}" if named else refused)
+
     def begin(self, policy: Callable, replay: Any = None, **objects: Any) -> Start:
         """Restore or start (see the module docstring); ``policy(obs, last_reward)`` plays evaluations."""
         try:
@@ -176,8 +220,11 @@ class Run:
         objects = {name: obj for name, obj in objects.items() if obj is not None}  # a part these flags do not build
         self._policy, self._objects = policy, objects
         evaluating = bool(getattr(args, "eval_only", False))
-        if replay is not None and not evaluating:
-            check_memory(replay.nbytes, f"the replay (--buffer-size {args.buffer_size})")
+        if getattr(args, "track", False) and distributed.is_main():  # W&B: one that cannot start is an exit 2
+            try:
+                self.tracker = tracking.start(args, self.path, self.script)
+            except RuntimeError as e:
+                bad_args(str(e))
         if replay is not None and self.device.type == "cuda":
             # A replay script's updates and steps keep their shapes: cuDNN may pick the fastest convolutions once.
             # (On-policy minibatches change size with the valid rows of each rollout, where it would re-benchmark.)

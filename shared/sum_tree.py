@@ -20,10 +20,12 @@ Guarantees
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 from numba import njit
 
-from shared.buffer import shared_zeros
+from shared.buffer import zeros
 
 __all__ = ["SumTree"]
 
@@ -282,7 +284,7 @@ class SumTree:
             sizes[-1] = -(-sizes[-1] // F) * F
             sizes.append(sizes[-1] // F)
         sizes.reverse()  # sizes[0]: the top ... sizes[-1]: the (padded) leaves
-        alloc = shared_zeros if shared else (lambda shape, dtype: np.zeros(shape, dtype))
+        alloc = partial(zeros, shared=shared)  # each array checked against the memory left first
         self._flat = alloc(sum(sizes), np.float64)
         self._pending = alloc((self.T, self.B), np.float64)
         self._meta = alloc(_STARTS + len(sizes) + 1, np.int64)  # holds the window: shared when the tree is

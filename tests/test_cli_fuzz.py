@@ -120,7 +120,7 @@ TINY = {
     "ppo_mujoco": ["--env-id", "Pendulum-v1", "--total-timesteps", "64", "--num-envs", "2", "--num-steps", "16",
                    "--hidden", "8"],
     "ppo_lstm": ["--env-id", "CartPole-v1", "--total-timesteps", "64", "--num-envs", "2", "--num-steps", "16",
-                 "--hidden", "8"],
+                 "--hidden", "8", "--num-minibatches", "1"],  # minibatches split the envs
     "ddpg_mujoco": ["--env-id", "Pendulum-v1", "--total-timesteps", "300", "--replay-ratio", "8",
                     "--buffer-size", "1000",
                     "--min-steps-learn", "100", "--batch-size", "8", "--hidden", "8"],
@@ -155,3 +155,30 @@ def test_hostile_flags_in_a_real_tiny_job_exit_0_or_2(name, tmp_path):
             assert out.stderr.count("\n") == 1 and out.stderr.startswith("error: "), (argv, out.stderr)
 
     job()
+
+
+# A flag that sizes memory, at a size no machine holds: refused in one line with exit 2 before the run folder, W&B
+# or a sampler exist (the replay checked before it is allocated, a network's tensor refused by torch, an on-policy
+# rollout's observations checked in Run); --track shows that W&B never started.
+HUGE = {
+    "ppo_atari": ["--num-steps", str(10**12)],
+    "a2c_atari": ["--num-steps", str(10**12)],
+    "dqn_atari": ["--buffer-size", str(10**13), "--track"],
+    "catdqn_atari": ["--n-atoms", str(10**11)],
+    "r2d1_atari": ["--buffer-size", str(10**13)],
+    "ppo_mujoco": ["--num-steps", str(10**12), "--sampler", "async"],
+    "ppo_lstm": ["--hidden", str(10**9)],
+    "ddpg_mujoco": ["--buffer-size", str(10**13), "--sampler", "async"],
+    "td3_mujoco": ["--hidden", str(10**7)],
+    "sac_mujoco": ["--buffer-size", str(10**13)],
+}
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_a_size_the_machine_cannot_hold_exits_2_in_one_line_before_anything_starts(name, tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    out = run(f"{name}.py", *TINY[name], *HUGE[name], "--out-dir", str(tmp_path), timeout=120)
+    assert out.returncode == 2, out.stderr[-3000:]
+    lines = [ln for ln in out.stderr.splitlines() if not ln.startswith(("A.L.E:", "[Powered by Stella]"))]
+    assert len(lines) == 1 and lines[0].startswith("error: --") and "GiB" in lines[0], out.stderr
+    assert not any(tmp_path.iterdir())  # no run folder, no W&B files

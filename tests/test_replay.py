@@ -470,3 +470,25 @@ def test_sequence_buffer_takes_rnn_state_as_tuples_and_dicts(structure):
                   np.zeros((Tc, B, 3), np.float32))
     with pytest.raises(ValueError, match="rnn_state"):
         buf.append(wrong)
+
+
+@pytest.mark.parametrize("cls", [ReplayBuffer, SequenceReplayBuffer])
+def test_a_replay_the_machine_cannot_hold_is_refused_before_any_of_it_is_allocated(cls, monkeypatch):
+    """Shared memory is never refused when it is made (its pages are taken as rows arrive, and the kernel's
+    out-of-memory killer ends the run then): the replay checks every array before making it, then the sum."""
+    from shared import buffer
+
+    made = []
+    real = buffer.shared_zeros
+    monkeypatch.setattr(buffer, "shared_zeros", lambda shape, dtype: made.append(shape) or real(shape, dtype))
+    monkeypatch.setattr(buffer, "available_memory", lambda: 2**30)
+    frames = RStep(np.zeros((4, 84, 84), np.uint8), np.int64(0), np.float32(0), False, False, np.zeros(2, np.float32))
+    kw = dict(sequence_length=4, rnn_state_interval=4) if cls is SequenceReplayBuffer else {}
+    ex = frames if cls is SequenceReplayBuffer else Step(*tuple(frames)[:5], np.float32(0))
+    with pytest.raises(buffer.NotEnoughMemory) as e:  # 1.05 GiB of frames alone: refused as the first array
+        cls(ex, 160_000, 4, frame_stack=4, shared=True, **kw)
+    assert e.value.needed == 160_000 * 84 * 84 and (40_000, 4, 84, 84) not in made  # the frames never made
+    vec = ex._replace(observation=np.zeros(16, np.float32))  # 64 bytes a row: each array fits, all of them do not
+    with pytest.raises(buffer.NotEnoughMemory, match=r"^the replay needs 1\.[1-9] GiB, and 1\.0 GiB"):
+        cls(vec, 13_000_000, 4, shared=True, **kw)
+    cls(vec, 1_000_000, 4, shared=True, **kw)  # one that fits is made

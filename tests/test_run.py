@@ -36,6 +36,7 @@ class FakeArgs:
     capture_video: bool = False
     stop_at_return: float | None = None
     buffer_size: int = 10
+    track: bool = False
 
 
 def make_env(args, render: bool = False):
@@ -258,21 +259,47 @@ def test_a_wrong_action_space_exits_2_in_one_line(tmp_path, capsys):
                                        "got Discrete(2)\n")
 
 
-class Replay:
-    def __init__(self, nbytes):
-        self.nbytes = nbytes
+def test_sizes_the_machine_cannot_hold_exit_2_in_one_line_naming_the_flags_and_both_figures(tmp_path, monkeypatch,
+                                                                                            capsys):
+    """Run.allocating: the replay's own check (NotEnoughMemory, before allocating), numpy's and torch's refusals;
+    an error that is no allocation's goes through untouched."""
+    from shared import buffer
 
-
-def test_a_replay_larger_than_the_memory_left_exits_2_with_both_figures(tmp_path, monkeypatch, capsys):
-    monkeypatch.setattr(cli, "available_memory", lambda: 3 * 2**30)
+    monkeypatch.setattr(buffer, "available_memory", lambda: 3 * 2**30)
     run = Run(FakeArgs(out_dir=str(tmp_path)), "script", make_env)
-    with pytest.raises(SystemExit) as e:
-        run.begin(lambda obs, last_reward: 0, Replay(10 * 2**30))
+    with pytest.raises(SystemExit) as e, run.allocating("buffer_size"):
+        buffer.zeros((10, 2**30), "uint8", shared=True)  # shared memory is never refused: only the check stops it
     assert e.value.code == 2
-    assert capsys.readouterr().err == ("error: the replay (--buffer-size 10) needs 10.0 GiB, and 3.0 GiB of memory "
-                                       "are available here\n")
-    run.begin(lambda obs, last_reward: 0, Replay(2 * 2**30))  # one that fits starts
-    run.progress.close()
+    assert capsys.readouterr().err == ("error: --buffer-size 10: a [10, 1073741824] uint8 array needs 10.0 GiB, and "
+                                       "3.0 GiB of memory are available here\n")
+    with pytest.raises(SystemExit) as e, run.allocating("buffer_size", "seed"):
+        torch.zeros(2**50, dtype=torch.uint8)  # refused by torch's allocator
+    assert e.value.code == 2
+    assert capsys.readouterr().err.startswith("error: --buffer-size 10, --seed 3: the allocation was refused "
+                                              "(1048576.0 GiB in one tensor), and ")
+    with pytest.raises(ValueError), run.allocating("buffer_size"):
+        raise ValueError("not about memory")
+    with run.allocating("buffer_size"):
+        buffer.zeros((1, 2**20), "uint8", shared=True)  # one that fits is made
+    assert not (tmp_path / "r").exists()  # nothing of the run on disk before begin
+
+
+def test_a_rollout_whose_observations_cannot_fit_exits_2_before_anything_starts(tmp_path, monkeypatch, capsys):
+    from shared import buffer
+
+    monkeypatch.setattr(buffer, "available_memory", lambda: 2**20)
+
+    @dataclass
+    class OnPolicyArgs(FakeArgs):
+        num_envs: int = 8
+        num_steps: int = 8192
+
+    with pytest.raises(SystemExit) as e:  # CartPole: 16 bytes an observation, 65536 steps: 1 MiB
+        Run(OnPolicyArgs(out_dir=str(tmp_path)), "script", make_env, iteration_steps=8 * 8192 + 8)
+    assert e.value.code == 2
+    assert capsys.readouterr().err == ("error: --num-envs 8 x --num-steps 8192: a rollout of 65544 steps needs 0.0 "
+                                       "GiB, and 0.0 GiB of memory are available here\n")
+    Run(OnPolicyArgs(out_dir=str(tmp_path)), "script", make_env, iteration_steps=8 * 8192)  # fits exactly
 
 
 def test_bf16_on_a_cpu_without_it_warns_in_one_line(monkeypatch, capsys):
@@ -337,15 +364,14 @@ def test_a_run_that_fails_to_begin_leaves_the_process_group(tmp_path, monkeypatc
 
     ended = []
     monkeypatch.setattr(distributed, "end", lambda: ended.append(True))
-    monkeypatch.setattr("shared.run.check_memory", lambda nbytes, what: cli.bad_args(f"{what} does not fit"))
-
-    class Replay:
-        nbytes = 1
-
-    run = Run(FakeArgs(out_dir=str(tmp_path)), "script", make_env, action_space=gym.spaces.Discrete)
+    run = Run(FakeArgs(out_dir=str(tmp_path), track=True), "script", make_env, action_space=gym.spaces.Discrete)
+    monkeypatch.setattr("shared.tracking.start", lambda *a: (_ for _ in ()).throw(RuntimeError("W&B is down")))
     with pytest.raises(SystemExit):
-        run.begin(lambda obs, last_reward: 0, Replay())
-    assert ended == [True] and capsys.readouterr().err.startswith("error: the replay")
+        run.begin(lambda obs, last_reward: 0)
+    assert ended == [True] and capsys.readouterr().err == "error: W&B is down\n"
+    with pytest.raises(SystemExit), run.allocating():  # a bad argument found while the networks are made
+        cli.bad_args("observations the network cannot take")
+    assert ended == [True, True]
 
 
 def test_a_generator_saved_on_another_kind_of_device_is_reseeded_from_it_with_one_warning(capsys):
