@@ -3,7 +3,9 @@
 Usage: ``python tests/count_syncs.py SCRIPT [FLAGS...]`` runs ``algos/SCRIPT.py``'s ``main()`` in this process
 and prints one JSON object: ``{"exit": code, "sites": {"where": count}}``. With ``--device cuda`` among the flags
 (a machine with a GPU), CUDA's own sync debugging (``torch.cuda.set_sync_debug_mode("warn")``) reports every
-synchronizing CUDA call as well, filed the same way under ``cuda:<where>``.
+synchronizing CUDA call as well, filed the same way under ``cuda:<where>``: only those inside the loop (``with
+run:``), the window the copies up below are counted in, so that the plain ``.to(device)`` copies that build a
+learner before the loop (``Agent(...).to(run.device)``) are not reported.
 
 On CUDA, an op that returns a value to Python (``.item()``, ``float(t)``, ``bool(t)``, ``if tensor:``: all
 ``aten._local_scalar_dense``), a data-dependent shape (``nonzero``, a boolean-mask index, ``masked_select``),
@@ -137,16 +139,17 @@ def _loop_flag(method, value: bool):
 
 
 def _cuda_warnings() -> None:
-    """File every warning of CUDA's sync debug mode under where it happened."""
+    """File every warning of CUDA's sync debug mode raised inside the loop (``in_loop``, as the copies up are
+    counted) under where it happened; those of the setup before it and of the end after it are dropped."""
     import warnings
 
     shown = warnings.showwarning
 
     def show(message, category, *args, **kwargs):
-        if "synchroniz" in str(message):
-            sites["cuda:" + where()] += 1
-        else:
+        if "synchroniz" not in str(message):
             shown(message, category, *args, **kwargs)
+        elif in_loop:
+            sites["cuda:" + where()] += 1
 
     warnings.showwarning = show
     warnings.simplefilter("always")
