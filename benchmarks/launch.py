@@ -449,6 +449,17 @@ def last_error(path: Path, offset: int = 0) -> str | None:
     return lines[-1] if lines else None
 
 
+def torchrun_signalled(run: Run, attempt: dict) -> bool:
+    """torchrun's last line says a signal ended it (``...SignalException: Process N got signal: 15``)."""
+    try:
+        with open(run.folder / "stderr.log", "rb") as f:
+            f.seek(max(attempt.get("stderr_offset", 0), f.seek(0, 2) - 4096))
+            lines = f.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return False
+    return bool(lines) and re.search(r"SignalException: Process \d+ got signal: \d+$", lines[-1]) is not None
+
+
 def finished(folder: Path, record: dict) -> bool:
     return record.get("state") == "done" and record.get("exit_code") == 0 and (folder / "checkpoint.pt").is_file()
 
@@ -527,12 +538,14 @@ def begin_attempt(run: Run, record: dict, slots: Sequence[Slot] | None, host_inf
 
 
 def end_attempt(run: Run, record: dict, rc: int, signalled: bool) -> str:
-    """Record the exit of the attempt; returns the new state."""
+    """Record the exit of the attempt; returns the new state. A torchrun job that a signal reached without the
+    launcher (SLURM's preemption signals every process of the job) is interrupted too: its ranks checkpointed and
+    exited 130, and torchrun exits 1 with its own SignalException (docs/contract.md)."""
     attempt = record["attempts"][-1]
     error = last_error(run.folder / "stderr.log", attempt.get("stderr_offset", 0))
     if rc == 0:
         state, error = "done", None
-    elif rc == EXIT_INTERRUPTED or signalled:
+    elif rc == EXIT_INTERRUPTED or signalled or (run.nproc > 1 and rc == 1 and torchrun_signalled(run, attempt)):
         state = "interrupted"
     else:
         state = "failed"

@@ -242,6 +242,27 @@ def test_ctrl_c_checkpoints_and_every_rank_exits_130(sampler, tmp_path):
     assert int(progress(tmp_path / "r")[-1]["global_step"]) == state["global_step"]
 
 
+@pytest.mark.parametrize("who", ["torchrun", "every process"])
+def test_sigterm_to_torchrun_checkpoints_and_ends_every_rank_and_torchrun_reports_it_as_documented(who, tmp_path):
+    """What docs/contract.md says a user sees: SIGTERM to torchrun alone (kill, a launcher) or to every process of
+    the job (SLURM's preemption and scancel): torchrun forwards it, the ranks agree on it, rank 0 writes the
+    checkpoint of the last row's step, every rank ends before torchrun's grace period (no SIGKILL), nothing is
+    left; torchrun itself then exits 1 with its own SignalException traceback (torch's code, not the script's)."""
+    proc = launch(torchrun(script("ppo_atari.py"), *PPO_CARTPOLE, "--total-timesteps", "10000000", "--out-dir",
+                           str(tmp_path), "--run-name", "r"))
+    wait_for(lambda: (tmp_path / "r" / "progress.csv").exists() and len(progress(tmp_path / "r")) >= 2, 120,
+             "progress rows")
+    for pid in [proc.pid] if who == "torchrun" else [proc.pid, *mentioning(str(tmp_path))]:
+        os.kill(pid, signal.SIGTERM)
+    rc, out, err = wait(proc, 90, str(tmp_path))
+    assert rc == 1, err[-3000:]
+    assert re.search(r"interrupted at step \d+: writing checkpoint", out), out[-2000:]
+    assert err.strip().splitlines()[-1].endswith(f"SignalException: Process {proc.pid} got signal: 15"), err[-2000:]
+    assert "SIGKILL" not in err and "Traceback" not in err.split("Received 15 death signal")[0], err[-3000:]
+    state = torch.load(tmp_path / "r" / "checkpoint.pt", weights_only=True)
+    assert int(progress(tmp_path / "r")[-1]["global_step"]) == state["global_step"]
+
+
 def test_bad_arguments_exit_2_on_every_rank_before_the_group_starts(tmp_path):
     cmd = torchrun(script("ppo_atari.py"), "--num-envs", "0", "--out-dir", str(tmp_path))
     rc, out, err = wait(launch(cmd), 120, str(tmp_path))

@@ -157,6 +157,23 @@ def test_fresh_start_sets_stale_files_aside_and_status_reads_progress(tmp_path):
     assert cmd[-2:] == ["--resume", str(run.folder)] and attempt["resumed"] and (run.folder / "checkpoint.pt").exists()
 
 
+def test_a_torchrun_job_ended_by_a_signal_the_launcher_did_not_send_is_interrupted_not_failed(tmp_path):
+    """SLURM's preemption SIGTERMs every process of the job: the ranks checkpoint and exit 130, torchrun exits 1
+    with its SignalException (tests/test_distributed.py shows it); the attempt is interrupted, and resumes."""
+    ddp = launch.build_grid(tmp_path, ["ppo_atari"], ["CartPole-v1"], [1], [], [], nproc=2)[0]
+    one = launch.build_grid(tmp_path, ["a2c_atari"], ["CartPole-v1"], [1], [], [])[0]
+    for run in (ddp, one):
+        run.folder.mkdir(parents=True)
+        record = {"attempts": [{"stderr_offset": 0}], "state": "running"}
+        (run.folder / "stderr.log").write_text("W1126 api.py:753] Received 15 death signal, shutting down workers\n"
+                                               "Traceback (most recent call last):\n  ...\ntorch.distributed.elastic."
+                                               "multiprocessing.api.SignalException: Process 10112 got signal: 15\n")
+        assert launch.end_attempt(run, record, 1, signalled=False) == ("interrupted" if run is ddp else "failed")
+    record = {"attempts": [{"stderr_offset": 0}], "state": "running"}
+    (ddp.folder / "stderr.log").write_text("error: rank 1 lost contact with another rank\n")
+    assert launch.end_attempt(ddp, record, 1, signalled=False) == "failed"
+
+
 def test_bad_launcher_arguments_exit_2(tmp_path, capsys):
     assert launch.main([str(tmp_path / "x"), "--scripts", "ppo_atari", "--seeds", "1", "--level", "no-colon"]) == 2
     assert capsys.readouterr().err.startswith("error: --level 1")
