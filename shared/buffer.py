@@ -173,7 +173,8 @@ def buffer_from_example(example: Any, leading_dims: Sequence[int] | int, shared:
 
     leaves: list[np.ndarray] = []
     map_structure(lambda x: leaves.append(_as_numpy(x)), example)
-    check_fits(math.prod(leading) * sum(x.nbytes for x in leaves), f"a structure of {len(leaves)} arrays of {list(leading)} rows")
+    rows = math.prod(leading)
+    check_fits(rows * sum(x.nbytes for x in leaves), f"a structure of {len(leaves)} arrays of {list(leading)} rows")
     return map_structure(alloc, example)
 
 
