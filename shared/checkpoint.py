@@ -20,6 +20,7 @@ Guarantees
 from __future__ import annotations
 
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -65,9 +66,15 @@ def load(path: str | os.PathLike, env_id: str) -> tuple[dict, Path]:
         bad_args(f"--resume {path}: no checkpoint there")
     try:
         state = torch.load(p, map_location="cpu", weights_only=True)
-    except Exception as e:
-        bad_args(f"--resume {path}: cannot read the checkpoint ({type(e).__name__}: {e})")
-    if state["args"]["env_id"] != env_id:
+    except Exception as e:  # torch's weights_only refusal is a page of advice: its reason is the line that counts
+        lines = [ln.strip() for ln in re.sub(r"\x1b\[[0-9;]*m", "", str(e)).splitlines() if ln.strip()] or [""]
+        reason = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("WeightsUnpickler error:")),
+                      lines[0])
+        bad_args(f"--resume {path}: not a checkpoint these scripts wrote ({type(e).__name__}: "
+                 f"{reason.split('. ')[0][:200]})")
+    if not isinstance(state, dict) or not isinstance(state.get("args"), dict) or "global_step" not in state:
+        bad_args(f"--resume {path}: not a checkpoint these scripts wrote (no args and global_step in it)")
+    if state["args"].get("env_id") != env_id:
         bad_args(f"--resume: checkpoint is for {state['args']['env_id']}, not {env_id}")
     return state, p
 

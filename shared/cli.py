@@ -27,7 +27,7 @@ import sys
 import typing
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Annotated, Any, NoReturn
 
 from shared.argtypes import NonNegFloat, NonNegInt, Range
 from shared.precision import cpu_has_bf16
@@ -64,9 +64,11 @@ class RunArgs:
     """global env steps between checkpoints (0: by --checkpoint-minutes only)"""
     checkpoint_minutes: NonNegFloat = 15.0
     """minutes of wall time between checkpoints, so a killed run loses at most this much (0: off)"""
-    eval_episodes: NonNegInt = 10
+    eval_episodes: Annotated[int, Range(ge=0, le=10_000)] = 10
     """episodes played by the evaluation policy (the script's ``act``: greedy or the mean action, or the
-    evaluation epsilon) after training, and at each --eval-every (0: none)"""
+    evaluation epsilon) after training, and at each --eval-every (0: none; at most 10,000). Each one is a whole
+    game in one env, stepped one observation at a time: on Atari up to 27k agent steps (100 episodes of a
+    trained agent take tens of minutes on one core), on MuJoCo 1,000 steps"""
     eval_every: NonNegInt = 0
     """global env steps between evaluations during training, in envs of their own (0: none)"""
     eval_only: bool = False

@@ -46,6 +46,17 @@ def assert_no_leftovers(sid: int, wait: float = 5.0) -> None:
         raise AssertionError(f"processes left behind: {left}")
 
 
+# The names Python's multiprocessing (semaphores, shared_memory), torch (file_system sharing) and numpy's mmap
+# fallbacks give what they put in /dev/shm. Only these are ours to judge: another process on the machine may
+# create or remove anything else there while a test runs.
+OUR_SHM = ("sem.mp-", "psm_", "wnsm_", "torch_", "mp-", "rl-shared")
+
+
+def our_shm() -> set[str]:
+    """The entries of /dev/shm that a run of ours could have left behind (``OUR_SHM``)."""
+    return {n for n in os.listdir("/dev/shm") if n.startswith(OUR_SHM)}
+
+
 def finish(proc: subprocess.Popen, timeout: float = 60) -> str:
     """Wait for a process started with ``start``; returns its stderr. If it does not end in time, kill its whole
     session (so it cannot slow down the tests after it) and fail."""

@@ -75,6 +75,7 @@ def test_eval_only_evaluates_a_checkpoint_and_changes_no_training_record(name, t
     (["--eval-every", "-1"], "--eval-every must be non-negative"),
     (["--eval-every", "100", "--eval-episodes", "0"], "need --eval-episodes of at least 1"),
     (["--eval-only", "--resume", "/no/such/run"], "--resume /no/such/run: no checkpoint there"),
+    (["--eval-episodes", "100000000000"], "--eval-episodes must be in [0, 10000], got 100000000000"),  # not forever
 ])
 def test_bad_evaluation_arguments_exit_2_with_one_line(bad, words, tmp_path):
     out = run("ppo_atari.py", *CARTPOLE_PPO, "--out-dir", str(tmp_path), *bad, timeout=60)

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from shared.buffer import SharedArray, buffer_from_example, shared_zeros
 from shared.namedarraytuple import is_namedarraytuple, map_structure, namedarraytuple
+from tests.helpers import our_shm
 
 Point = namedarraytuple("Point", ["x", "y"])
 Outer = namedarraytuple("Outer", "obs inner extra")
@@ -177,12 +178,12 @@ def _memfd_count():
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
 def test_shared_memory_is_freed_with_its_last_array_and_never_named():
-    before_fds, before_shm = _memfd_count(), set(os.listdir("/dev/shm"))
+    before_fds, before_shm = _memfd_count(), our_shm()
     a = shared_zeros((1000, 100), np.float32)
     view = a[10:20]
     held = _memfd_count()
     assert held > before_fds
-    assert set(os.listdir("/dev/shm")) == before_shm
+    assert our_shm() == before_shm
     del a
     gc.collect()
     assert _memfd_count() == held  # the view still holds it
@@ -208,6 +209,7 @@ SCRIPT = '''
 import multiprocessing as mp, sys
 import numpy as np
 sys.path.insert(0, {root!r})
+from tests.helpers import our_shm
 from shared.namedarraytuple import namedarraytuple
 Transition = namedarraytuple("Transition", ["obs", "reward"])  # defined in a script run as __main__
 

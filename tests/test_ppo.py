@@ -18,6 +18,7 @@ from tests.helpers import (
     assert_no_leftovers,
     finish,
     gae_by_definition,
+    our_shm,
     progress,
     run,
     start,
@@ -144,7 +145,7 @@ def _start(args, tmp_path):
 
 @pytest.mark.parametrize("sampler, sig", [("async", signal.SIGINT), ("serial", signal.SIGTERM)])
 def test_interrupt_writes_checkpoint_and_ends_every_process(sampler, sig, tmp_path):
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = our_shm()
     proc = _start([*CARTPOLE, "--sampler", sampler, "--total-timesteps", "10000000"], tmp_path)
     wait_for_progress_row(tmp_path / "i", proc)
     os.killpg(proc.pid, sig)  # as Ctrl-C does: the whole foreground group gets the signal
@@ -153,7 +154,7 @@ def test_interrupt_writes_checkpoint_and_ends_every_process(sampler, sig, tmp_pa
     assert_no_leftovers(proc.pid)
     ckpt = torch.load(tmp_path / "i" / "checkpoint.pt", weights_only=True)
     assert ckpt["global_step"] >= 256
-    assert set(os.listdir("/dev/shm")) <= shm_before
+    assert our_shm() <= shm_before
 
 
 def test_killed_sampler_ends_the_run_with_exit_1(tmp_path):

@@ -23,6 +23,7 @@ from tests.helpers import (
     assert_no_leftovers,
     finish,
     gae_by_definition,
+    our_shm,
     progress,
     run,
     start,
@@ -206,7 +207,7 @@ def test_bad_arguments_exit_2_with_one_line(bad, words, tmp_path):
 
 @pytest.mark.parametrize("sampler, sig", [("async", signal.SIGINT), ("serial", signal.SIGTERM)])
 def test_interrupt_writes_checkpoint_and_ends_every_process(sampler, sig, tmp_path):
-    shm_before = set(os.listdir("/dev/shm"))
+    shm_before = our_shm()
     proc = start("ppo_mujoco.py", *TINY, "--sampler", sampler, "--total-timesteps", "10000000", "--out-dir",
                  str(tmp_path), "--run-name", "i")
     wait_for_progress_row(tmp_path / "i", proc)
@@ -216,7 +217,7 @@ def test_interrupt_writes_checkpoint_and_ends_every_process(sampler, sig, tmp_pa
     assert_no_leftovers(proc.pid)
     ckpt = torch.load(tmp_path / "i" / "checkpoint.pt", weights_only=True)
     assert ckpt["global_step"] >= 128 and ckpt["model"]["obs_norm.count"] >= 128
-    assert set(os.listdir("/dev/shm")) <= shm_before
+    assert our_shm() <= shm_before
 
 
 def test_killed_sampler_ends_the_run_with_exit_1(tmp_path):

@@ -392,3 +392,21 @@ def test_a_generator_saved_on_another_kind_of_device_is_reseeded_from_it_with_on
     assert torch.equal(first, torch.rand(4, generator=b)) and not torch.equal(first, torch.rand(4, generator=other))
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(line.startswith("warning: --resume: the generator 'noise'") for line in err)
+
+
+def test_resume_from_a_file_that_is_not_our_checkpoint_exits_2_in_one_short_line(tmp_path, capsys):
+    """torch's weights_only refusal is a page of advice (safe globals, trusting the source): one line says why."""
+    from shared import checkpoint
+
+    text, pickled, weights = tmp_path / "a.pt", tmp_path / "b.pt", tmp_path / "c.pt"
+    text.write_text("hello\n")
+    torch.save({"obj": FakeArgs()}, pickled)  # a Python object: weights_only refuses it
+    torch.save({"w": torch.zeros(2)}, weights)  # a state_dict: readable, not a run's checkpoint
+    for f, why in [(text, "(KeyError: 101)"),
+                   (pickled, "(UnpicklingError: Unsupported global: GLOBAL tests.test_run.FakeArgs "),
+                   (weights, "(no args and global_step in it)")]:
+        with pytest.raises(SystemExit) as e:
+            checkpoint.load(f, "CartPole-v1")
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and err.count("\n") == 1 and len(err) < 300, err
+        assert err.startswith(f"error: --resume {f}: not a checkpoint these scripts wrote {why}"), err
