@@ -26,7 +26,7 @@ import mmap
 import os
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from multiprocessing import reduction
 from pathlib import Path
 from typing import Any
@@ -62,11 +62,26 @@ def available_memory() -> int:
     return free if free is not None else 1 << 62
 
 
+_checking = [True]
+
+
 def check_fits(nbytes: int, what: str) -> None:
-    """Raise ``NotEnoughMemory`` when ``nbytes`` exceed the memory this process may still take."""
+    """Raise ``NotEnoughMemory`` when ``nbytes`` exceed the memory this process may still take (not inside
+    ``unchecked``)."""
     free = available_memory()
-    if nbytes > free:
+    if nbytes > free and _checking[-1]:
         raise NotEnoughMemory(what, int(nbytes), free)
+
+
+@contextlib.contextmanager
+def unchecked() -> Iterator[None]:
+    """Arrays made inside are not checked: arrays that will never be written (the replay of an --eval-only run)
+    take no memory, since their pages are taken only when written."""
+    _checking.append(False)
+    try:
+        yield
+    finally:
+        _checking.pop()
 
 
 def zeros(shape: Sequence[int] | int, dtype: Any, shared: bool = False) -> np.ndarray:

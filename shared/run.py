@@ -74,7 +74,7 @@ import numpy as np
 
 from shared import checkpoint, distributed, signals, tracking
 from shared.affinity import make_affinity
-from shared.buffer import NotEnoughMemory, available_memory, check_fits
+from shared.buffer import NotEnoughMemory, available_memory, check_fits, unchecked
 from shared.checkpoint import Start
 from shared.cli import bad_args, resolve_device
 from shared.envs import close_envs, probe_spaces
@@ -189,9 +189,11 @@ class Run:
 
     @contextlib.contextmanager
     def allocating(self, *flags: str) -> Iterator[None]:
-        """Around the networks and the replay (see the module docstring); ``flags``: the fields that size them."""
+        """Around the networks and the replay (see the module docstring); ``flags``: the fields that size them.
+        Under --eval-only the replay is made but never written, so it is not checked."""
         try:
-            yield
+            with unchecked() if getattr(self.args, "eval_only", False) else contextlib.nullcontext():
+                yield
         except SystemExit:  # a bad argument found while building (observations a network cannot take)
             distributed.end()
             raise

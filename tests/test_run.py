@@ -282,6 +282,11 @@ def test_sizes_the_machine_cannot_hold_exit_2_in_one_line_naming_the_flags_and_b
     with run.allocating("buffer_size"):
         buffer.zeros((1, 2**20), "uint8", shared=True)  # one that fits is made
     assert not (tmp_path / "r").exists()  # nothing of the run on disk before begin
+    run.args.eval_only = True  # evaluating a checkpoint: the replay is made but never written, so never refused
+    with run.allocating("buffer_size"):
+        buffer.zeros((10, 2**30), "uint8", shared=True)
+    with pytest.raises(buffer.NotEnoughMemory):  # and the check is back after it
+        buffer.zeros((10, 2**30), "uint8", shared=True)
 
 
 def test_a_rollout_whose_observations_cannot_fit_exits_2_before_anything_starts(tmp_path, monkeypatch, capsys):
