@@ -163,7 +163,11 @@ def reached(out, threshold: float) -> int | None:
     return int(m.group(2)) if m else None
 
 
-@pytest.mark.parametrize("sampler", ["serial", pytest.param("async", marks=pytest.mark.slow)])
+# slow, both modes: the preset is fragile (issue 40, benchmarks/results/README.md: 428.7 [376.3, 477.1] over 10
+# seeds); whether seed 1 reaches 475 depends on the CPU and the thread count (it did not on 2 threads of an AMD EPYC
+# on 2026-11-26). The pendulum test below keeps ppo_lstm's learning in the default tier until the preset is robust.
+@pytest.mark.slow
+@pytest.mark.parametrize("sampler", ["serial", "async"])
 def test_learns_cartpole_without_velocities(sampler, tmp_path):
     """The cartpole preset to a mean of 475 over 20 episodes within its 100k steps (positions only: the velocities
     must be inferred from what the LSTM remembers; with --no-lstm the preset stays at 45, benchmarks/ppo_lstm.py)."""
