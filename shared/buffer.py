@@ -68,8 +68,10 @@ _checking = [True]
 def check_fits(nbytes: int, what: str) -> None:
     """Raise ``NotEnoughMemory`` when ``nbytes`` exceed the memory this process may still take (not inside
     ``unchecked``)."""
+    if not _checking[-1]:
+        return
     free = available_memory()
-    if nbytes > free and _checking[-1]:
+    if nbytes > free:
         raise NotEnoughMemory(what, int(nbytes), free)
 
 
