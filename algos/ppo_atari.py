@@ -117,10 +117,15 @@ PRESETS = {
 
 
 def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
-    """One env: the papers' Atari preprocessing (shared/atari.py) or a plain gym.make; plug your own env in here."""
-    if is_atari(args.env_id):
-        return partial(make_atari_env, args.env_id, args.noop_max, args.sticky_actions, render)
-    return partial(gym.make, args.env_id, render_mode="rgb_array" if render else None)
+    """One env, made in the process that steps it: a wrapper added here reaches every sampling mode
+    (shared/envs.py). Atari ids get the papers' preprocessing (shared/atari.py), other ids a plain gym.make."""
+
+    def thunk() -> gym.Env:
+        if is_atari(args.env_id):
+            return make_atari_env(args.env_id, args.noop_max, args.sticky_actions, render)
+        return gym.make(args.env_id, render_mode="rgb_array" if render else None)
+
+    return thunk
 
 
 # ---------------------------------------------------------------------------------------------- network

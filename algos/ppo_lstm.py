@@ -160,9 +160,9 @@ PRESETS = {
 
 
 def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
-    """One env. Atari ids get the papers' preprocessing (shared/atari.py); any other id is a plain gym.make,
-    optionally with only some observation entries (the memory tasks): the place to plug in your own env (register
-    it at import time so spawned processes know it)."""
+    """One env, made in the process that steps it: a wrapper added here reaches every sampling mode
+    (shared/envs.py). Atari ids get the papers' preprocessing (shared/atari.py), other ids a plain gym.make,
+    optionally observing only some entries (the memory tasks)."""
 
     def thunk() -> gym.Env:
         if is_atari(args.env_id):

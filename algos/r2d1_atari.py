@@ -29,6 +29,7 @@ ratio is the one asked for; learning starts when every rank's replay holds min_s
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -142,10 +143,10 @@ PRESETS = {
 # ---------------------------------------------------------------------------------------------- environments
 
 
-def make_env(args: Args, render: bool = False):
-    """One env. Atari ids get the papers' preprocessing (shared/atari.py); any other id is a plain gym.make,
-    optionally with only some observation entries (the memory task): the place to plug in your own env
-    (register it at import time so spawned processes know it)."""
+def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
+    """One env, made in the process that steps it: a wrapper added here reaches every sampling mode
+    (shared/envs.py). Atari ids get the papers' preprocessing (shared/atari.py), other ids a plain gym.make,
+    optionally observing only some entries (the memory task)."""
 
     def thunk() -> gym.Env:
         if is_atari(args.env_id):

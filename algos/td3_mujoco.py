@@ -124,8 +124,13 @@ PRESETS = {
 
 
 def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
-    """One env, a plain gym.make: plug your own env in here (shared/envs.py says how to register one)."""
-    return partial(gym.make, args.env_id, render_mode="rgb_array" if render else None)
+    """One env, made in the process that steps it: a wrapper added here reaches every sampling mode; plug your
+    own env in here (shared/envs.py says how to register one)."""
+
+    def thunk() -> gym.Env:
+        return gym.make(args.env_id, render_mode="rgb_array" if render else None)
+
+    return thunk
 
 
 def scale_action(action: np.ndarray, space: gym.spaces.Box) -> np.ndarray:

@@ -2,9 +2,11 @@
 
 Guarantees
 - ``make_envs(args, make_env, mode)``: ``args.num_envs`` envs of the script's ``make_env(args)`` in a
-  ``vector_env``; an Atari id in ``parallel`` mode is instead stepped in ale-py's own threads (``n_threads``),
-  with the papers' preprocessing (``args.noop_max``, ``args.sticky_actions``: the script's ``make_env`` is not
-  called there).
+  ``vector_env``, in every mode: a wrapper added there reaches serial, parallel and async sampling. One shortcut,
+  taken only when it steps the same games: an Atari id in ``parallel`` mode whose ``make_env`` gives exactly
+  ``shared.atari.make_atari_env(args.env_id, args.noop_max, args.sticky_actions)`` (same wrappers, same
+  ``EnvSpec``: ids, arguments, wrapper arguments) is stepped in ale-py's own threads (``n_threads``); any other
+  ``make_env`` is stepped as written, in worker processes, and a line says so.
 - ``vector_env(thunks, mode)``: ``serial`` steps the envs in this process (``SyncVectorEnv``); ``parallel``
   steps each in a ``spawn``ed worker process (``AsyncVectorEnv``). Both use next-step autoreset: the step after
   an episode ends only resets that env and returns the first observation of the next episode.
@@ -34,20 +36,37 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from shared.atari import is_atari, make_atari_vector_env
+from shared.atari import is_atari, make_atari_env, make_atari_vector_env
 
 __all__ = ["MIN_IMAGE_SIDE", "action_mask", "close_envs", "image_shape", "make_envs", "observe_only", "probe_spaces",
-           "vector_env"]
+           "standard_atari", "vector_env"]
 
 MIN_IMAGE_SIDE = 36  # the Nature CNN's three convolutions (8/4, 4/2, 3/1) need at least this many pixels a side
 
 
 def make_envs(args: Any, make_env: Callable[..., Callable[[], gym.Env]], mode: str, n_threads: int = 1,
               ) -> gym.vector.VectorEnv:
-    """[B] envs: serial in this process; parallel in ale-py's threads (Atari) or in worker processes."""
+    """[B] envs of ``make_env(args)``: serial in this process; parallel in worker processes, or in ale-py's
+    threads for the unchanged Atari env (see the module docstring)."""
     if mode == "parallel" and is_atari(args.env_id):
-        return make_atari_vector_env(args.env_id, args.num_envs, n_threads, args.noop_max, args.sticky_actions)
+        if standard_atari(args, make_env):
+            return make_atari_vector_env(args.env_id, args.num_envs, n_threads, args.noop_max, args.sticky_actions)
+        print(f"make_env changes the Atari env of shared/atari.py: its {args.num_envs} envs step in worker "
+              "processes, not in ale-py's threads", flush=True)
     return vector_env([make_env(args) for _ in range(args.num_envs)], mode)
+
+
+def standard_atari(args: Any, make_env: Callable[..., Callable[[], gym.Env]]) -> bool:
+    """True when ``make_env(args)`` makes exactly the Atari env that ale-py's vector env reproduces: the same
+    wrapper chain and the same ``EnvSpec`` (a wrapper that records no spec counts as a change)."""
+    mine, standard = make_env(args)(), make_atari_env(args.env_id, args.noop_max, args.sticky_actions)
+    try:
+        return str(mine) == str(standard) and mine.spec == standard.spec
+    except Exception:  # a wrapper whose spec cannot be read: not the standard env
+        return False
+    finally:
+        mine.close()
+        standard.close()
 
 
 def vector_env(thunks: list[Callable[[], gym.Env]], mode: str) -> gym.vector.VectorEnv:

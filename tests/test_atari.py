@@ -4,9 +4,13 @@ registered at import time works in every sampling mode."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
 import sys
 import tempfile
+from dataclasses import replace
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -164,3 +168,89 @@ def test_an_image_env_the_cnn_cannot_take_exits_2_with_one_line(copied_scripts, 
     assert out.returncode == 2, out.stderr[-3000:]
     assert out.stderr.count("\n") == 1 and "at least 36x36" in out.stderr, out.stderr
     assert not any(tmp_path.iterdir())  # nothing started
+
+
+# ---------------------------------------------------------------------------------------------- make_env in every mode
+
+CLIP = 100  # Breakout's frames reach 142 or so: the clip below changes them
+
+
+def _clipped(make_env):
+    """``make_env`` with an observation-clipping wrapper added, as a researcher would."""
+
+    def with_clip(args, render=False):
+        def thunk():
+            env = make_env(args, render)()
+            return gym.wrappers.TransformObservation(env, lambda o: np.minimum(o, CLIP), env.observation_space)
+
+        return thunk
+
+    return with_clip
+
+
+@pytest.mark.parametrize("module", [ppo_atari, dqn_atari, catdqn_atari, r2d1_atari])
+def test_the_unchanged_atari_make_env_keeps_ale_threads_and_a_changed_one_does_not(module):
+    from shared.envs import standard_atari
+
+    args = module.Args(env_id="BreakoutNoFrameskip-v4")
+    assert standard_atari(args, module.make_env)
+    assert not standard_atari(args, _clipped(module.make_env))
+    assert not standard_atari(replace(args, noop_max=3), lambda a, render=False: module.make_env(args))
+
+
+def test_a_wrapper_added_to_make_env_reaches_parallel_sampling():
+    from shared.envs import close_envs, make_envs
+
+    args = ppo_atari.Args(env_id="BreakoutNoFrameskip-v4", num_envs=2)
+    envs = make_envs(args, ppo_atari.make_env, "parallel")
+    try:
+        assert type(envs).__name__ == "AtariVectorEnv"  # the shortcut: the same games in ale-py's threads
+    finally:
+        close_envs(envs)
+    envs = make_envs(args, _clipped(ppo_atari.make_env), "parallel")
+    try:
+        obs, _ = envs.reset(seed=1)
+        for _ in range(20):
+            obs, *_ = envs.step(np.ones(2, np.int64))  # FIRE, then the ball
+            assert obs.max() <= CLIP
+    finally:
+        close_envs(envs)
+
+
+MARKING_WRAPPER = '''
+class Marked(gym.ObservationWrapper):
+    """Clips observations to 100 and leaves a file per process saying it ran and what it clipped."""
+
+    def observation(self, obs):
+        with open(os.path.join(os.environ["MARKS"], str(os.getpid())), "a") as f:
+            f.write(f"{int(obs.max())}\\n")
+        return np.minimum(obs, 100)
+'''
+
+
+@pytest.mark.parametrize("sampler", ["parallel", "async"])
+def test_a_wrapper_added_to_ppo_atari_make_env_reaches_every_sampling_mode(sampler, tmp_path):
+    """The researcher's edit of issue 41: a wrapper in ppo_atari.py's make_env. Under parallel and async Atari
+    sampling it used to be skipped without a word (ale-py's vector env never called make_env)."""
+    folder = Path(tempfile.mkdtemp(prefix="tmp_wrapped_", dir=ROOT))
+    try:
+        src = (ROOT / "algos" / "ppo_atari.py").read_text()
+        atari = "return make_atari_env(args.env_id, args.noop_max, args.sticky_actions, render)"
+        assert src.count(atari) == 1
+        src = src.replace(atari, atari.replace("return ", "return Marked(") + ")", 1)
+        src = src.replace("SCRIPT = Path(__file__).stem", MARKING_WRAPPER + "\n\nSCRIPT = Path(__file__).stem", 1)
+        src = src.replace("import sys\n", "import os\nimport sys\n", 1)
+        (folder / "wrapped_ppo.py").write_text(src)
+        marks = tmp_path / "marks"
+        marks.mkdir()
+        out = subprocess.run([sys.executable, str(folder / "wrapped_ppo.py"), "--env-id", "BreakoutNoFrameskip-v4",
+                              "--sampler", sampler, "--num-envs", "2", "--num-steps", "16", "--total-timesteps",
+                              "64", "--eval-episodes", "0", "--out-dir", str(tmp_path / "runs")],
+                             capture_output=True, text=True, timeout=300, cwd=ROOT,
+                             env={**os.environ, "MARKS": str(marks)})
+        assert out.returncode == 0, out.stderr[-3000:]
+        seen = [int(v) for f in marks.iterdir() for v in f.read_text().split()]
+        assert len(seen) >= 64 and max(seen) > 100  # every step went through the wrapper, which clipped frames
+        assert "worker processes, not in ale-py's threads" in out.stdout  # and the run said why it is slower
+    finally:
+        shutil.rmtree(folder)
