@@ -6,10 +6,10 @@ scores, with human-normalised mean, median and interquartile mean over games and
     python benchmarks/atari100k.py ~/atari100k --report-only                 # the tables from the finished runs
     python benchmarks/atari100k.py ~/atari100k -- --eval-episodes 30         # flags after -- go to every run
 
-Runs go through ``benchmarks/launch.py`` (one folder per game and seed under the root, each pinned to its own
+Runs go through ``experiments/launch.py`` (one folder per game and seed under the root, each pinned to its own
 cores, checkpointed every 15 minutes with its replay, so that running the same command again after an
 interruption resumes them): seed by seed, so that every game has its first seed before any has its second. The
-report is ``benchmarks/report.py``'s with the random and human scores as its reference (``reference.json`` in the
+report is ``experiments/report.py``'s with the random and human scores as its reference (``reference.json`` in the
 root), then a table per game: ours (the mean over seeds of each run's 100 evaluation episodes after training, the
 protocol of the published numbers; see the preset's comment) beside data-efficient Rainbow's published score,
 random and human, and the human-normalised scores.
@@ -28,7 +28,7 @@ episodes included (RoadRunner, about 37 steps/s while learning); 8 games x 2 see
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -53,11 +53,10 @@ FLAGS = "--preset atari100k --save-replay --checkpoint-minutes 15"
 
 
 def _module(name: str):
-    spec = importlib.util.spec_from_file_location(f"benchmarks_{name}", HERE / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    """``experiments/<name>.py`` (the launcher, the report), imported from the repository."""
+    if str(HERE.parent) not in sys.path:
+        sys.path.insert(0, str(HERE.parent))
+    return importlib.import_module(f"experiments.{name}")
 
 
 def env_id(game: str) -> str:

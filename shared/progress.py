@@ -15,6 +15,9 @@ Guarantees
   it, each value becomes its mean over ranks (a value equal on every rank stays as is), and the ranks'
   parameters are checked to be identical (``distributed.check_in_sync``). Rank 0 alone writes.
 - ``recent_mean(n)``: the mean return of the last ``n`` episodes (of every rank), None before ``n`` ended.
+- ``read_rows(path, last_bytes)``: the file read back from outside the run (a launcher's status, a report), each
+  row a dict of column -> cell (``""`` where empty), only complete rows: a row the run is still writing is never
+  returned. With ``last_bytes`` only the file's end is read, so following a long run stays cheap.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from __future__ import annotations
 import collections
 import csv
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +35,7 @@ import numpy as np
 from shared import distributed
 from shared.files import WriteError, reason, write_text
 
-__all__ = ["CHART_KEYS", "COLUMNS", "ProgressLog"]
+__all__ = ["CHART_KEYS", "COLUMNS", "ProgressLog", "read_rows"]
 
 COLUMNS = ["global_step", "wall_time_s", "sps", "episodes", "return_mean"]
 # Scalars that are not losses go under charts/ (CleanRL's tags); everything else under losses/.
@@ -46,6 +50,26 @@ def scalar(v: Any) -> Any:
     if isinstance(v, (list, tuple)):
         return float(np.mean([scalar(x) for x in v])) if v else None
     return v.item() if hasattr(v, "item") else v
+
+
+def read_rows(path: Path, last_bytes: int | None = None) -> list[dict[str, str]]:
+    """The rows of a ``progress.csv`` as dicts of column -> cell, ``""`` where a cell is empty or the row is shorter
+    than the header. Only complete rows: those that end in a line break and start with their integer global step,
+    so reading the file while its run appends to it never returns a row being written. ``last_bytes``: only the
+    rows within the file's last ``last_bytes`` bytes (the first line there may be a row's end: it is left out).
+    Raises ``OSError`` when the file cannot be read."""
+    with open(path, "rb") as f:
+        first = f.readline()
+        end = f.seek(0, os.SEEK_END)
+        start = len(first) if last_bytes is None else max(end - last_bytes, len(first))
+        f.seek(start)
+        lines = f.read().decode(errors="replace").splitlines(keepends=True)
+    header = next(csv.reader([first.decode(errors="replace")]), [])
+    if start > len(first):
+        lines = lines[1:]
+    complete = [ln for ln in lines if ln.endswith(("\n", "\r"))]
+    return [dict(zip(header, row + [""] * (len(header) - len(row))))
+            for row in csv.reader(complete) if row and row[0].isdigit()]
 
 
 def _duration(seconds: float) -> str:

@@ -1,4 +1,4 @@
-"""benchmarks/launch.py: the grid, slots and pinning, Ctrl-C and resuming, failing variants, --dry-run, submitit.
+"""experiments/launch.py: the grid, slots and pinning, Ctrl-C and resuming, failing variants, --dry-run, submitit.
 
 The runs are tiny CartPole runs of algos/ppo_atari.py over slots of one physical core."""
 
@@ -14,13 +14,16 @@ from pathlib import Path
 
 import pytest
 
+from experiments import launch
+from experiments.display import Display
+from experiments.grid import LaunchError, build_grid, load_file, split_flags
+from experiments.records import begin_attempt, end_attempt
+from experiments.slots import child_env, make_slots
+from experiments.status import progress_of
 from shared.affinity import physical_cores, slot_code
 from tests.helpers import ROOT, assert_no_leftovers, progress
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import launch
-
-LAUNCH = str(ROOT / "benchmarks" / "launch.py")
+LAUNCH = str(ROOT / "experiments" / "launch.py")
 TINY = ["--preset", "cartpole", "--eval-episodes", "1"]
 GRID = ["--scripts", "ppo_atari", "--env-ids", "CartPole-v1", "--seeds", "1", "2",
         "--level", "lr1e-3:--learning-rate 1e-3", "lr3e-4:--learning-rate 3e-4"]
@@ -101,9 +104,9 @@ def test_grid_from_file_crosses_levels_and_names_folders(tmp_path):
                    'flags = "--preset cartpole"\n'
                    '[[levels]]\nlr1 = "--learning-rate 1e-3"\nlr2 = "--learning-rate 2e-3"\n'
                    '[[levels]]\nn4 = ["--num-envs", "4"]\nddp = "--num-envs 2 --nproc-per-node 2"\n')
-    data = launch.load_file(cfg)
-    runs = launch.build_grid(tmp_path, data["scripts"], data["env_ids"], data["seeds"],
-                             launch._tokens(data["flags"], ""), data["levels"])
+    data = load_file(cfg)
+    runs = build_grid(tmp_path, data["scripts"], data["env_ids"], data["seeds"], split_flags(data["flags"], ""),
+                      data["levels"])
     assert len(runs) == 2 * 2 * 2 * 2
     assert runs[0].rel == "ppo_atari/CartPole-v1/lr1+n4/seed3"
     ddp = next(r for r in runs if r.rel == "a2c_atari/CartPole-v1/lr2+ddp/seed4")
@@ -113,65 +116,65 @@ def test_grid_from_file_crosses_levels_and_names_folders(tmp_path):
     assert flags[:6] == ["--preset", "cartpole", "--learning-rate", "2e-3", "--num-envs", "2"]
     assert flags[flags.index("--out-dir") + 1] == str(ddp.folder.parent) and flags[-1] == "seed4"
     assert ddp.command(resume=True)[-2:] == ["--resume", str(ddp.folder)]
-    with pytest.raises(launch.LaunchError, match="--seed is set by the launcher"):
-        launch.build_grid(tmp_path, ["ppo_atari"], [], [1], ["--seed", "3"], [])
-    with pytest.raises(launch.LaunchError, match="no script"):
-        launch.build_grid(tmp_path, ["no_such_script"], [], [1], [], [])
+    with pytest.raises(LaunchError, match="--seed is set by the launcher"):
+        build_grid(tmp_path, ["ppo_atari"], [], [1], ["--seed", "3"], [])
+    with pytest.raises(LaunchError, match="no script"):
+        build_grid(tmp_path, ["no_such_script"], [], [1], [], [])
 
 
 def test_slots_keep_hyperthreads_together_and_share_gpus():
     cores = [(0, 4), (1, 5), (2, 6), (3, 7)]  # 4 physical cores, 2 hyperthreads each
-    slots = launch.make_slots(cores, 2)
+    slots = make_slots(cores, 2)
     assert [s.cpus for s in slots] == [(0, 1, 4, 5), (2, 3, 6, 7)] and all(s.cores == 2 for s in slots)
-    assert [s.gpus for s in launch.make_slots(cores, 1, n_gpus=2)] == [("0",), ("1",), ("0",), ("1",)]
-    assert [s.gpus for s in launch.make_slots(cores, 1, n_gpus=2, gpus_per_run=1)] == [("0",), ("1",)]
-    assert len(launch.make_slots(cores, 1, n_gpus=1, runs_per_gpu=3)) == 3
-    hidden = launch.make_slots(cores, 1, n_gpus=2, gpus_per_run=0)
-    env = launch.child_env(hidden[:1], base={})
+    assert [s.gpus for s in make_slots(cores, 1, n_gpus=2)] == [("0",), ("1",), ("0",), ("1",)]
+    assert [s.gpus for s in make_slots(cores, 1, n_gpus=2, gpus_per_run=1)] == [("0",), ("1",)]
+    assert len(make_slots(cores, 1, n_gpus=1, runs_per_gpu=3)) == 3
+    hidden = make_slots(cores, 1, n_gpus=2, gpus_per_run=0)
+    env = child_env(hidden[:1], base={})
     assert env["CUDA_VISIBLE_DEVICES"] == "" and env["OMP_NUM_THREADS"] == "1" and env["MKL_NUM_THREADS"] == "1"
-    assert launch.child_env(launch.make_slots(cores, 2, n_gpus=2)[1:], base={})["CUDA_VISIBLE_DEVICES"] == "1"
-    with pytest.raises(launch.LaunchError):
-        launch.make_slots(cores, 5)
+    assert child_env(make_slots(cores, 2, n_gpus=2)[1:], base={})["CUDA_VISIBLE_DEVICES"] == "1"
+    with pytest.raises(LaunchError):
+        make_slots(cores, 5)
     real = physical_cores()  # on this machine's topology the codes are shared/affinity.py's slot codes
     n = len(real)
-    assert [s.code for s in launch.make_slots(real, 1)] == [slot_code(i, n) for i in range(n)]
+    assert [s.code for s in make_slots(real, 1)] == [slot_code(i, n) for i in range(n)]
 
 
 def test_fresh_start_sets_stale_files_aside_and_status_reads_progress(tmp_path):
-    run = launch.build_grid(tmp_path, ["ppo_atari"], ["CartPole-v1"], [1], ["--total-timesteps", "1000"], [])[0]
+    run = build_grid(tmp_path, ["ppo_atari"], ["CartPole-v1"], [1], ["--total-timesteps", "1000"], [])[0]
     run.folder.mkdir(parents=True)
     (run.folder / "config.json").write_text(json.dumps({"args": {"total_timesteps": 1000}}))
     (run.folder / "progress.csv").write_text("global_step,wall_time_s,sps,episodes,return_mean,loss\n"
                                              "250,1.0,250.0,3,12.5,0.1\r\n500,2.0,100.0,3,,0.1\r\n600,2")
-    p = launch.progress_of(run)  # the last complete row; the latest return; a row being written is skipped
+    p = progress_of(run)  # the last complete row; the latest return; a row being written is skipped
     assert p == {"step": 500, "total": 1000, "return": 12.5, "sps": 100.0}
     records = {run.rel: {"state": "running", "attempts": []}}
-    assert launch.Display([run], records, plain=True, status_every=0).summary_line().endswith("ETA 5s")
+    assert Display([run], records, plain=True, status_every=0).summary_line().endswith("ETA 5s")
     # no checkpoint: the earlier attempt's files move to .stale/1 and the script starts afresh
-    cmd, attempt = launch.begin_attempt(run, {"attempts": []}, None)
+    cmd, attempt = begin_attempt(run, {"attempts": []}, None)
     assert "--resume" not in cmd and not attempt["resumed"]
     assert sorted(p.name for p in (run.folder / ".stale" / "1").iterdir()) == ["config.json", "progress.csv"]
     assert not (run.folder / "progress.csv").exists()
     (run.folder / "checkpoint.pt").write_bytes(b"x")  # a checkpoint: resumed in place
-    cmd, attempt = launch.begin_attempt(run, {"attempts": []}, None)
+    cmd, attempt = begin_attempt(run, {"attempts": []}, None)
     assert cmd[-2:] == ["--resume", str(run.folder)] and attempt["resumed"] and (run.folder / "checkpoint.pt").exists()
 
 
 def test_a_torchrun_job_ended_by_a_signal_the_launcher_did_not_send_is_interrupted_not_failed(tmp_path):
     """SLURM's preemption SIGTERMs every process of the job: the ranks checkpoint and exit 130, torchrun exits 1
     with its SignalException (tests/test_distributed.py shows it); the attempt is interrupted, and resumes."""
-    ddp = launch.build_grid(tmp_path, ["ppo_atari"], ["CartPole-v1"], [1], [], [], nproc=2)[0]
-    one = launch.build_grid(tmp_path, ["a2c_atari"], ["CartPole-v1"], [1], [], [])[0]
+    ddp = build_grid(tmp_path, ["ppo_atari"], ["CartPole-v1"], [1], [], [], nproc=2)[0]
+    one = build_grid(tmp_path, ["a2c_atari"], ["CartPole-v1"], [1], [], [])[0]
     for run in (ddp, one):
         run.folder.mkdir(parents=True)
         record = {"attempts": [{"stderr_offset": 0}], "state": "running"}
         (run.folder / "stderr.log").write_text("W1126 api.py:753] Received 15 death signal, shutting down workers\n"
                                                "Traceback (most recent call last):\n  ...\ntorch.distributed.elastic."
                                                "multiprocessing.api.SignalException: Process 10112 got signal: 15\n")
-        assert launch.end_attempt(run, record, 1, signalled=False) == ("interrupted" if run is ddp else "failed")
+        assert end_attempt(run, record, 1, signalled=False) == ("interrupted" if run is ddp else "failed")
     record = {"attempts": [{"stderr_offset": 0}], "state": "running"}
     (ddp.folder / "stderr.log").write_text("error: rank 1 lost contact with another rank\n")
-    assert launch.end_attempt(ddp, record, 1, signalled=False) == "failed"
+    assert end_attempt(ddp, record, 1, signalled=False) == "failed"
 
 
 def test_bad_launcher_arguments_exit_2(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""benchmarks/report.py against hand computation on a fixed synthetic experiment (fake run folders)."""
+"""experiments/report.py against hand computation on a fixed synthetic experiment (fake run folders)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from tests.helpers import ROOT
 pytest.importorskip("rliable")
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import atari100k
-import report
+
+from experiments import report
 
 EVAL = {1: 10.0, 2: 20.0, 3: 30.0, 4: 100.0}  # ppo_atari on CartPole-v1: eval.json means per seed
 

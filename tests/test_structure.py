@@ -1,5 +1,6 @@
-"""The shape of the code itself: shared/ imports without cycles (lazy imports inside functions included), and
-every flag with a fixed set of values is a Literal (tyro then refuses anything else with exit 2)."""
+"""The shape of the code itself: shared/ and experiments/ import without cycles (lazy imports inside functions
+included), each of their modules says what it guarantees in a docstring, and every flag with a fixed set of values
+is a Literal (tyro then refuses anything else with exit 2)."""
 
 from __future__ import annotations
 
@@ -14,21 +15,21 @@ import pytest
 from tests.helpers import ROOT, run
 
 
-def import_graph(package: Path) -> dict[str, set[str]]:
-    """module -> the project modules it imports anywhere in its file (top level or inside a function)."""
+def import_graph(package: Path, name: str = "shared") -> dict[str, set[str]]:
+    """module -> the modules of the package ``name`` it imports anywhere in its file (top level or inside a
+    function)."""
     graph: dict[str, set[str]] = {}
     for f in sorted(package.glob("*.py")):
-        name = f.stem
         deps = set()
         for node in ast.walk(ast.parse(f.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module:
-                if node.module == "shared":
+                if node.module == name:
                     deps |= {a.name for a in node.names}
-                elif node.module.startswith("shared."):
+                elif node.module.startswith(f"{name}."):
                     deps.add(node.module.split(".")[1])
             elif isinstance(node, ast.Import):
-                deps |= {a.name.split(".")[1] for a in node.names if a.name.startswith("shared.")}
-        graph[name] = deps - {name}
+                deps |= {a.name.split(".")[1] for a in node.names if a.name.startswith(f"{name}.")}
+        graph[f.stem] = deps - {f.stem}
     return graph
 
 
@@ -54,6 +55,20 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 @pytest.mark.unit
 def test_shared_has_no_import_cycle():
     assert find_cycle(import_graph(ROOT / "shared")) is None, find_cycle(import_graph(ROOT / "shared"))
+
+
+@pytest.mark.unit
+def test_experiments_has_no_import_cycle():
+    graph = import_graph(ROOT / "experiments", "experiments")
+    assert graph["launch"] >= {"grid", "local", "slurm"}, graph  # the graph sees this package's imports
+    assert find_cycle(graph) is None, find_cycle(graph)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("package", ["shared", "experiments"])
+def test_every_module_says_what_it_guarantees(package):
+    missing = [f.name for f in sorted((ROOT / package).glob("*.py")) if not ast.get_docstring(ast.parse(f.read_text()))]
+    assert not missing, f"{package}/: modules without a docstring: {missing}"
 
 
 @pytest.mark.unit

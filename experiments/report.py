@@ -2,21 +2,22 @@
 rliable's (Agarwal et al. 2021) stratified-bootstrap confidence intervals, interquartile mean, normalised
 scores, aggregates across tasks and performance profiles.
 
-    python benchmarks/report.py experiments/cartpole                         # report.md + PNGs in .../report
-    python benchmarks/report.py experiments/atari --reference refs.json --out atari-report --last-episodes 100
-    python benchmarks/report.py runs/                                        # any folder of run folders
+    python experiments/report.py runs/cartpole                               # report.md + PNGs in .../report
+    python experiments/report.py runs/atari --reference refs.json --out atari-report --last-episodes 100
+    python experiments/report.py runs/                                       # any folder of run folders
 
 Runs. Every run folder under EXPERIMENT (one with a ``progress.csv`` or ``eval.json``; ``.stale``/``.submitit``
-left out) is grouped by script, env id and variant: from the ``launch.json`` that ``benchmarks/launch.py``
+left out) is grouped by script, env id and variant: from the ``launch.json`` that ``experiments/launch.py``
 writes, else from ``config.json`` (variant ``base``). Runs that the launcher has not finished (``state`` other
 than ``done``) are left out unless ``--include-unfinished``; the tables say how many.
 
 Final return of a run (the table's ``source`` column says which):
 - ``eval``: the mean of ``eval.json``'s returns (the greedy/deterministic policy after training), when present and
   ``--source`` is ``auto`` or ``eval``;
-- ``train``: the mean of the last ``--last-episodes`` training episodes, from ``progress.csv``: its rows'
-  ``return_mean`` weighted by the episodes each row covers (the ``episodes`` column's increase), from the last row
-  back, the earliest row counted for only the episodes still needed.
+- ``train``: the mean of the last ``--last-episodes`` training episodes, from ``progress.csv`` (its complete rows,
+  ``shared.progress.read_rows``): its rows' ``return_mean`` weighted by the episodes each row covers (the
+  ``episodes`` column's increase), from the last row back, the earliest row counted for only the episodes still
+  needed.
 
 Per group: the mean over seeds, the standard deviation (ddof=1), the 95% stratified-bootstrap confidence interval
 of the mean and the interquartile mean (IQM, with its interval), all from rliable (one task: the bootstrap
@@ -35,9 +36,7 @@ is printed too.
 from __future__ import annotations
 
 import argparse
-import csv
 import importlib.util
-import json
 import math
 import re
 import sys
@@ -48,13 +47,22 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
+# Find the repository without an install step, as experiments/launch.py does (see there).
+_HERE = Path(__file__).resolve().parent
+if sys.path and sys.path[0] and Path(sys.path[0]).resolve() == _HERE:
+    del sys.path[0]
+sys.path.insert(0, str(next(p for p in _HERE.parents if (p / "shared" / "__init__.py").exists())))
+
+from experiments import ROOT
+from experiments.records import read_json
+from shared.progress import read_rows
+
 SKIP_DIRS = {".stale", ".submitit", "report"}
 
 
 def _plot_module():
     """``benchmarks/plot.py`` (figure, curve, save, read_run), loaded by path."""
-    spec = importlib.util.spec_from_file_location("benchmarks_plot", HERE / "plot.py")
+    spec = importlib.util.spec_from_file_location("benchmarks_plot", ROOT / "benchmarks" / "plot.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -94,8 +102,7 @@ class Group:
 def train_score(progress: Path, last: int) -> tuple[float | None, int]:
     """Mean of the last ``last`` training episodes from progress.csv rows (each row's return_mean weighted by the
     episodes it covers); returns (score, episodes used)."""
-    with open(progress, newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_rows(progress)
     chunks, prev = [], 0
     for r in rows:
         try:
@@ -117,15 +124,15 @@ def train_score(progress: Path, last: int) -> tuple[float | None, int]:
 
 
 def read_result(folder: Path, source: str, last: int) -> RunResult:
-    launch = _read_json(folder / "launch.json")
-    config = _read_json(folder / "config.json")
+    launch = read_json(folder / "launch.json")
+    config = read_json(folder / "config.json")
     args = config.get("args", {})
     script = launch.get("script") or config.get("script") or folder.name
     env_id = launch.get("env_id") or args.get("env_id") or "?"
     variant = (launch.get("variant") or {}).get("name") or "base"
     seed = launch.get("seed", args.get("seed"))
     res = RunResult(folder, script, env_id, variant, seed, launch.get("state"))
-    ev = _read_json(folder / "eval.json")
+    ev = read_json(folder / "eval.json")
     if source in ("auto", "eval") and ev.get("returns"):
         res.score, res.source, res.episodes = float(np.mean(ev["returns"])), "eval", len(ev["returns"])
     elif source in ("auto", "train") and (folder / "progress.csv").is_file():
@@ -133,14 +140,6 @@ def read_result(folder: Path, source: str, last: int) -> RunResult:
         if score is not None:
             res.score, res.source, res.episodes = score, "train", n
     return res
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-        return data if isinstance(data, dict) else {}
-    except (OSError, ValueError):
-        return {}
 
 
 def find_runs(root: Path) -> list[Path]:
@@ -212,7 +211,7 @@ def group_stats(scores: np.ndarray, reps: int, seed: int) -> dict[str, float]:
 
 
 def load_reference(path: Path) -> dict[str, tuple[float, float]]:
-    data = _read_json(path)
+    data = read_json(path)
     if not data:
         raise ValueError(f"--reference {path}: expected a JSON object of env id -> {{random, human}}")
     refs = {}
@@ -392,7 +391,7 @@ def _curves(out: Path, groups: list[Group]) -> list[tuple[str, str]]:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("experiment", type=Path, help="an experiment root (benchmarks/launch.py) or any folder of runs")
+    p.add_argument("experiment", type=Path, help="an experiment root (experiments/launch.py) or any folder of runs")
     p.add_argument("--out", type=Path, default=None, help="folder for report.md and PNGs (default EXPERIMENT/report)")
     p.add_argument("--source", choices=["auto", "eval", "train"], default="auto",
                    help="final return from eval.json (auto: where present) or the last training episodes")

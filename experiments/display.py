@@ -1,0 +1,126 @@
+"""The live view of an experiment while it runs: one table refreshed in place on a terminal, plain lines otherwise.
+
+Guarantees
+- On a terminal (and rich installed, not ``--plain``): one table (rich) refreshed in place at most once a
+  second, each run's state, CPUs while running, step of total, latest return, SPS and ETA (from its progress.csv
+  and config.json: ``experiments/status.py``), and the experiment's ETA in its title. No refresh thread: forking
+  the runs' children stays safe.
+- Otherwise plain lines: one per note (state changes, timestamped) and a summary every ``status_every`` seconds.
+- The experiment's ETA: the steps left over the runs not done or failed, at the summed SPS of the running ones;
+  a queued run's total comes from its flags, else from a sibling of the same variant; ``-`` when some run's
+  total is unknown, or steps are left and no running run reports its SPS yet.
+"""
+
+from __future__ import annotations
+
+import time
+
+from experiments.grid import Trial
+from experiments.records import STATES
+from experiments.status import fmt_duration, fmt_steps, progress_of
+
+__all__ = ["Display"]
+
+
+class Display:
+    """A rich table refreshed in place on a terminal; plain lines otherwise."""
+
+    def __init__(self, runs: list[Trial], records: dict[str, dict], plain: bool, status_every: float):
+        self.runs, self.records, self.status_every = runs, records, status_every
+        self.live = None
+        self._last_summary = time.time()
+        self._last_refresh = 0.0
+        if not plain:
+            try:
+                from rich.console import Console
+                from rich.live import Live
+
+                self.console = Console()
+                if self.console.is_terminal:
+                    # auto_refresh=False: no refresh thread, so forking children stays safe
+                    self.live = Live(console=self.console, auto_refresh=False, transient=False)
+                    self.live.start()
+            except ImportError:
+                self.live = None
+
+    def note(self, line: str) -> None:
+        stamp = time.strftime("%H:%M:%S")
+        if self.live is not None:
+            self.live.console.print(f"{stamp} {line}", markup=False, highlight=False)
+        else:
+            print(f"{stamp} {line}", flush=True)
+
+    def stats(self) -> tuple[dict[str, dict], str, dict[str, int]]:
+        prog = {r.rel: progress_of(r) for r in self.runs if self.records[r.rel]["state"] in
+                ("running", "done", "interrupted", "failed", "submitted")}
+        totals = {}
+        for r in self.runs:  # a queued run's total: its flags, else a sibling's config (same flags but the seed)
+            p = prog.get(r.rel) or {}
+            totals[r.rel] = p.get("total") or r.total_from_flags()
+        by_variant: dict[tuple, int] = {}
+        for r in self.runs:
+            if totals[r.rel]:
+                by_variant.setdefault((r.script, r.env_id, r.variant_name), totals[r.rel])
+        remaining, sps, unknown = 0.0, 0.0, False
+        for r in self.runs:
+            state = self.records[r.rel]["state"]
+            if state in ("done", "failed"):
+                continue
+            total = totals[r.rel] or by_variant.get((r.script, r.env_id, r.variant_name))
+            step = (prog.get(r.rel) or {}).get("step") or 0
+            if total is None:
+                unknown = True
+                continue
+            remaining += max(total - step, 0)
+            if state == "running":
+                sps += (prog.get(r.rel) or {}).get("sps") or 0.0
+        eta = "-" if unknown or (remaining and not sps) else fmt_duration(remaining / sps if sps else 0)
+        counts = {s: sum(self.records[r.rel]["state"] == s for r in self.runs) for s in STATES}
+        return prog, eta, counts
+
+    def summary_line(self) -> str:
+        _, eta, counts = self.stats()
+        return (f"{counts['done']}/{len(self.runs)} done, {counts['running']} running, {counts['queued']} queued, "
+                f"{counts['failed']} failed, {counts['interrupted']} interrupted; ETA {eta}")
+
+    def table(self):
+        from rich.table import Table
+
+        prog, eta, counts = self.stats()
+        t = Table(title=f"{len(self.runs)} runs: {counts['done']} done, {counts['running']} running, "
+                        f"{counts['queued']} queued, {counts['failed']} failed   experiment ETA {eta}",
+                  title_justify="left")
+        for c in ("run", "state", "cpus", "step", "return", "SPS", "ETA"):
+            t.add_column(c, justify="left" if c in ("run", "state", "cpus") else "right",
+                         overflow="fold" if c == "run" else "ellipsis")
+        colour = {"running": "cyan", "done": "green", "failed": "red", "interrupted": "yellow"}
+        for r in self.runs:
+            rec = self.records[r.rel]
+            p = prog.get(r.rel) or {}
+            att = rec["attempts"][-1] if rec.get("attempts") else {}
+            cpus = ",".join(map(str, att.get("cpus", []))) if rec["state"] == "running" else ""
+            ret = f"{p['return']:.1f}" if p.get("return") is not None else "-"
+            sps = f"{p['sps']:.0f}" if p.get("sps") else "-"
+            run_eta = (fmt_duration((p["total"] - p["step"]) / p["sps"]) if rec["state"] == "running" and p.get("sps")
+                       and p.get("total") and p.get("step") is not None else "-")
+            state = rec["state"] + (f" ({rec['exit_code']})" if rec["state"] == "failed" else "")
+            t.add_row(r.rel, f"[{colour.get(rec['state'], 'white')}]{state}[/]", cpus,
+                      f"{fmt_steps(p.get('step'))}/{fmt_steps(p.get('total') or r.total_from_flags())}", ret, sps,
+                      run_eta)
+        return t
+
+    def tick(self, force: bool = False) -> None:
+        now = time.time()
+        if self.live is not None:
+            if force or now - self._last_refresh >= 1.0:
+                self.live.update(self.table(), refresh=True)
+                self._last_refresh = now
+        elif self.status_every > 0 and now - self._last_summary >= self.status_every:
+            self.note(self.summary_line())
+            self._last_summary = now
+
+    def close(self) -> None:
+        if self.live is not None:
+            self.live.update(self.table(), refresh=True)
+            self.live.stop()
+            self.live = None

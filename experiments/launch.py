@@ -1,0 +1,352 @@
+"""Run an experiment: a grid of scripts x env ids x seeds x variants, each run pinned to its own cores, resumable.
+
+An experiment is every combination of ``--scripts``, ``--env-ids``, ``--seeds`` and one variant of each level
+(rlpyt's ``VariantLevel``: a level lists complete flag sets, each with a name; levels are crossed, so two levels
+of 2 and 3 variants make 6). Every run gets its own folder under the experiment root,
+``{root}/{script}/{env id}/{variant names joined by +}/seed{N}``, passed to the script as ``--out-dir`` and
+``--run-name``, so the script's run folder (config.json, progress.csv, checkpoint.pt, eval.json) is that
+folder. Beside the script's files the launcher writes ``launch.json`` (the exact command of every attempt, the
+variant, the git commit, the package versions, the cores and GPUs, the state, the exit code and the last
+``error:`` line) and the run's ``stdout.log``/``stderr.log``. The root holds ``experiment.json`` (the grid and
+every launch of it) and ``status.json`` (every run's state: queued, running, done, failed, interrupted).
+
+Usage
+-----
+
+    # 2 variants x 2 seeds of PPO on CartPole, one physical core per run (flags after -- go to every run)
+    python experiments/launch.py runs/cartpole --scripts ppo_atari --env-ids CartPole-v1 --seeds 1 2 \\
+        --level "lr1e-3:--learning-rate 1e-3" "lr3e-4:--learning-rate 3e-4" \\
+        --cores-per-run 1 -- --preset cartpole --total-timesteps 50000
+    python experiments/launch.py runs/cartpole ... --dry-run      # every run, its command and resources
+    python experiments/launch.py --config cartpole.toml          # the same grid from a file
+    python experiments/launch.py runs/cartpole --status          # the states, from the files
+    # again after Ctrl-C, a crash or a reboot: finished runs are skipped, interrupted ones resumed
+    python experiments/launch.py --config cartpole.toml [--retry-failed]
+    python experiments/launch.py runs/cartpole                   # the root alone: its last launch's grid
+    taskset -c 0-7 python experiments/launch.py ... --cores-per-run 2   # 4 slots on the first 8 CPUs
+    # a SLURM job array through submitit (each run requeued after a timeout or preemption resumes)
+    python experiments/launch.py --config exp.toml --slurm --partition gpu --time 240 --gpus-per-run 1
+    python experiments/report.py runs/cartpole                   # tables and figures of the results
+
+The file form (TOML, or JSON with the same keys; the command line overrides ``root``, ``scripts``,
+``env_ids`` and ``seeds``, and adds its flags and levels after the file's)::
+
+    root = "runs/cartpole"                 # relative to the current directory
+    scripts = ["ppo_atari", "a2c_atari"]   # algos/<name>.py, or a path to a script
+    env_ids = ["CartPole-v1"]              # left out: the script's (or the preset's) env
+    seeds = [1, 2, 3]
+    flags = "--preset cartpole --total-timesteps 50000"    # every run (a string, or a list of tokens)
+
+    [[levels]]                             # one table per level: variant name = its flags
+    lr1e-3 = "--learning-rate 1e-3"
+    lr3e-4 = "--learning-rate 3e-4"
+
+    [[levels]]
+    envs4 = "--num-envs 4"
+    envs8 = "--num-envs 8"
+
+What each part does, each guaranteed in its module's docstring (this package's ``__init__.py`` lists them):
+
+- Resources (``slots.py``, ``process.py``): the physical cores this process may use (start the launcher under
+  ``taskset`` to give it fewer) are cut into slots of ``--cores-per-run`` cores, hyperthread siblings together.
+  Each run is pinned to its slot's CPUs with ``OMP_NUM_THREADS`` and ``MKL_NUM_THREADS`` set to the slot's core
+  count; GPUs are spread over the slots (``--gpus-per-run G``: G of its own, ``--runs-per-gpu K``: at most K runs
+  on one, ``--gpus-per-run 0``: hidden). A torchrun run (``--nproc-per-node N`` among a variant's flags, or the
+  launcher option for every run) takes N slots and runs under ``python -m torch.distributed.run --standalone
+  --nproc-per-node N``. Runs wait in a queue and start as slots free.
+- Durability (``records.py``): running the same command again skips the runs that finished (exit 0 and a
+  ``checkpoint.pt``), resumes the interrupted ones with ``--resume <run folder>`` where a checkpoint exists (a
+  run that never wrote one starts afresh; the files it left move to ``.stale/``), and reruns failed runs (exit
+  1 or 2) only with ``--retry-failed``.
+- Supervision (``local.py``): Ctrl-C or SIGTERM: every running script gets SIGTERM (it writes a checkpoint and
+  exits 130), the launcher waits up to ``--stop-timeout`` seconds, then SIGKILLs what is left of each run's
+  session, and exits 130 (a second Ctrl-C stops waiting). A failing run does not stop the others.
+- Status (``display.py``, ``status.py``): on a terminal, one table refreshed in place (rich): each run's state,
+  step of total, latest return, SPS and ETA, and the experiment's ETA. Otherwise plain lines: one per state
+  change and a summary every ``--status-every`` seconds.
+- Clusters (``slurm.py``): ``--slurm`` submits the runs as job arrays through submitit (one array per resource
+  shape) with ``--partition``, ``--time`` (minutes), ``--gpus-per-run``, ``--cores-per-run``, ``--mem-gb``,
+  ``--array-parallelism`` and ``--slurm-param KEY=VALUE``; a job requeued after a timeout or a preemption
+  resumes its run. ``--cluster local`` runs the same jobs on this machine (for testing) and waits for them; with
+  SLURM ``--wait`` waits and summarises.
+
+Exit status: 0 when every run of the grid is done; 1 otherwise (the summary names each failed run with the last
+``error:`` line of its stderr); 130 after Ctrl-C or SIGTERM; 2 for bad launcher arguments or an unusable
+experiment, with one ``error:`` line. ``--slurm`` without waiting: 0 once the jobs are submitted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import os
+import shlex
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+# Find the repository without an install step, as the scripts in algos/ do. Run as a script, Python puts this
+# file's folder first on sys.path: it gives way to the repository, so these modules are imported once, as
+# experiments.*, and none of them stands in for an installed module of the same name.
+_HERE = Path(__file__).resolve().parent
+if sys.path and sys.path[0] and Path(sys.path[0]).resolve() == _HERE:
+    del sys.path[0]
+sys.path.insert(0, str(next(p for p in _HERE.parents if (p / "shared" / "__init__.py").exists())))
+
+from experiments.display import Display
+from experiments.grid import LaunchError, Trial, build_grid, load_file, parse_level, split_flags
+from experiments.local import Launcher
+from experiments.process import pid_runs
+from experiments.records import (
+    EXIT_INTERRUPTED,
+    STATES,
+    finished,
+    git_info,
+    new_record,
+    now,
+    package_versions,
+    read_json,
+    write_json,
+)
+from experiments.slots import Slot, gpu_count, make_slots
+from experiments.slurm import slurm_alive, submit
+from experiments.status import fmt_steps, progress_of, write_status
+from shared.affinity import physical_cores
+
+__all__ = ["launch", "main", "parser"]
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Flags after `--` go to every run (so do --flags). See the module docstring for the file form.")
+    p.add_argument("root", nargs="?", help="experiment root (or `root` in the --config file)")
+    p.add_argument("--config", type=Path, help="the grid in a TOML or JSON file")
+    p.add_argument("--scripts", nargs="+", help="algos/ names (ppo_atari) or paths")
+    p.add_argument("--env-ids", nargs="+", help="gymnasium ids (left out: the script's default)")
+    p.add_argument("--seeds", nargs="+", type=int)
+    p.add_argument("--flags", default="", help="flags for every run, one string")
+    p.add_argument("--level", action="append", nargs="+", default=[], metavar="NAME:FLAGS",
+                   help="one level of variants, each NAME:FLAGS; repeat for more levels (they are crossed)")
+    p.add_argument("--cores-per-run", type=int, default=1, help="physical cores per slot (default 1)")
+    p.add_argument("--gpus-per-run", type=int, default=None, help="GPUs of its own per run (0: hide the GPUs)")
+    p.add_argument("--runs-per-gpu", type=int, default=None, help="at most this many runs share one GPU")
+    p.add_argument("--nproc-per-node", type=int, default=1, help="torchrun processes per run (slots it takes)")
+    p.add_argument("--retry-failed", action="store_true", help="rerun runs that failed (exit 1 or 2) before")
+    p.add_argument("--dry-run", action="store_true", help="print every run, its command and resources; change nothing")
+    p.add_argument("--status", action="store_true", help="print the runs' states from the files and exit")
+    p.add_argument("--stop-timeout", type=float, default=120.0,
+                   help="seconds to wait for the runs to checkpoint after Ctrl-C/SIGTERM before SIGKILL")
+    p.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
+    p.add_argument("--status-every", type=float, default=30.0, help="seconds between summary lines (plain output)")
+    s = p.add_argument_group("clusters (submitit)")
+    s.add_argument("--slurm", action="store_true", help="submit the runs as SLURM job arrays through submitit")
+    s.add_argument("--cluster", choices=["auto", "slurm", "local"], default="auto",
+                   help="submitit's executor: auto (SLURM where sbatch exists), slurm, or local (testing)")
+    s.add_argument("--partition", default=None)
+    s.add_argument("--time", type=int, default=60, help="minutes per job (the script is requeued after)")
+    s.add_argument("--mem-gb", type=float, default=None)
+    s.add_argument("--array-parallelism", type=int, default=256, help="most jobs of an array running at once")
+    s.add_argument("--slurm-param", action="append", default=[], metavar="KEY=VALUE",
+                   help="any other sbatch option (e.g. account=abc)")
+    s.add_argument("--wait", action="store_true", help="with --slurm: wait for the jobs and summarise")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    tail: list[str] = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, tail = argv[:i], argv[i + 1 :]
+    a = parser().parse_args(argv)
+    try:
+        return launch(a, tail)
+    except LaunchError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+
+
+def check_options(a: argparse.Namespace) -> None:
+    for n, v in (("--nproc-per-node", a.nproc_per_node), ("--stop-timeout", a.stop_timeout)):
+        if v is not None and v < (1 if n == "--nproc-per-node" else 0):
+            raise LaunchError(f"{n} must be {'at least 1' if n == '--nproc-per-node' else 'non-negative'}, got {v}")
+    if any(v is not None and v < 0 for v in (a.gpus_per_run,)) or (a.runs_per_gpu is not None and a.runs_per_gpu < 1):
+        raise LaunchError("--gpus-per-run must be non-negative and --runs-per-gpu at least 1")
+    if a.gpus_per_run is not None and a.runs_per_gpu is not None:
+        raise LaunchError("give --gpus-per-run or --runs-per-gpu, not both")
+    for kv in a.slurm_param:
+        if "=" not in kv:
+            raise LaunchError(f"--slurm-param {kv!r} is not KEY=VALUE")
+
+
+def read_records(runs: list[Trial]) -> dict[str, dict]:
+    """Each run's launch.json as the last launch left it (a fresh record where there is none or it is unusable)."""
+    records = {}
+    for r in runs:
+        rec = read_json(r.folder / "launch.json")
+        if rec.get("state") not in STATES:
+            rec = {}
+        records[r.rel] = rec or {"state": "queued", "attempts": []}
+        records[r.rel].setdefault("attempts", [])
+    return records
+
+
+def print_status(runs: list[Trial], records: dict[str, dict]) -> None:
+    display = Display(runs, records, plain=True, status_every=0)
+    for r in runs:
+        rec, p = records[r.rel], progress_of(r)
+        ret = f"{p['return']:.1f}" if p.get("return") is not None else "-"
+        print(f"{rec['state']:<11} {r.rel}  step {fmt_steps(p.get('step'))}/{fmt_steps(p.get('total'))}  return "
+              f"{ret}" + (f"  {rec.get('error')}" if rec["state"] == "failed" else ""))
+    print(display.summary_line())
+
+
+def plan(a: argparse.Namespace, root: Path, runs: list[Trial], records: dict[str, dict]
+         ) -> tuple[list[Trial], list[Trial], dict[str, str]]:
+    """What each run needs now: (to run, skipped as failed, the action of each run by its folder)."""
+    todo, skipped_failed, actions = [], [], {}
+    for r in runs:
+        rec = records[r.rel]
+        if finished(r.folder, rec):
+            actions[r.rel] = "skip (done)"
+            continue
+        if rec.get("state") == "failed" and not a.retry_failed:
+            actions[r.rel] = f"skip (failed, exit {rec.get('exit_code')}; --retry-failed reruns it)"
+            skipped_failed.append(r)
+            continue
+        if rec.get("state") == "running" and pid_runs(rec.get("pid"), r.folder):
+            raise LaunchError(f"{r.rel} is still running (pid {rec['pid']}), from an earlier launcher: end it first")
+        if a.slurm and rec.get("state") in ("submitted", "running"):
+            job = read_json(root / "slurm_jobs.json").get(r.rel, {})
+            if job.get("cluster") == "slurm" and slurm_alive(job.get("job_id")):
+                actions[r.rel] = f"skip (job {job['job_id']} is queued or running)"
+                continue
+        actions[r.rel] = "resume" if (r.folder / "checkpoint.pt").is_file() else "start"
+        todo.append(r)
+    return todo, skipped_failed, actions
+
+
+def print_dry_run(a: argparse.Namespace, runs: list[Trial], todo: list[Trial], slots: list[Slot],
+                  actions: dict[str, str]) -> None:
+    if slots:
+        print(f"{len(slots)} slot(s) of {a.cores_per_run} physical core(s):")
+        for s in slots:
+            gpu = f"  CUDA_VISIBLE_DEVICES={','.join(s.gpus)}" if s.gpus or s.hide_gpus else ""
+            print(f"  slot {s.index}: cpus {','.join(map(str, s.cpus))}  OMP_NUM_THREADS={s.cores}  affinity "
+                  f"{s.code}{gpu}")
+    else:
+        print(f"SLURM ({a.cluster}): {a.cores_per_run} core(s) and {a.gpus_per_run or 0} GPU(s) per process, "
+              f"{a.time} min per job, partition {a.partition or '(default)'}")
+    for r in runs:
+        res = f"{r.nproc} slot(s)" + (f" (torchrun, {r.nproc} processes)" if r.nproc > 1 else "")
+        print(f"{actions[r.rel]:<8} {r.rel}  [{res}]\n    {shlex.join(r.command(actions[r.rel] == 'resume'))}")
+    print(f"{len(runs)} runs: {len(todo)} to run, {len(runs) - len(todo)} skipped")
+
+
+def summarise(runs: list[Trial], records: dict[str, dict], skipped_failed: list[Trial]) -> int:
+    counts = {s: sum(records[r.rel]["state"] == s for r in runs) for s in STATES}
+    print(f"{len(runs)} runs: " + ", ".join(f"{n} {s}" for s, n in counts.items() if n))
+    for r in runs:
+        rec = records[r.rel]
+        if rec["state"] == "failed":
+            again = " (not rerun: --retry-failed reruns it)" if r in skipped_failed else ""
+            code = f"exit {rec['exit_code']}" if rec.get("exit_code") is not None else "no exit code"
+            print(f"  failed {r.rel}: {code}: {rec.get('error') or '-'}{again}")
+        elif rec["state"] not in ("done",):
+            print(f"  {rec['state']} {r.rel}" + (f" (exit {rec['exit_code']})" if rec.get("exit_code") else ""))
+    return 1 if counts["done"] < len(runs) else 0
+
+
+def launch(a: argparse.Namespace, tail: list[str]) -> int:
+    data = load_file(a.config) if a.config else {"levels": []}
+    root_s = a.root or data.get("root")
+    if not root_s:
+        raise LaunchError("no experiment root: give it first (or `root` in the --config file)")
+    root = Path(root_s).resolve()
+    check_options(a)
+    if not a.config and not a.scripts and (root / "experiment.json").is_file():
+        # Only the root: the grid of the experiment's last launch (its flags and levels are complete flag lists).
+        saved = read_json(root / "experiment.json").get("grid", {})
+        data = {**saved, "levels": [[(n, list(f)) for n, f in lv] for lv in saved.get("levels", [])]}
+        a.nproc_per_node = saved.get("nproc_per_node", a.nproc_per_node)
+    levels = list(data.get("levels", [])) + [parse_level(lv, f"--level {i + 1}") for i, lv in enumerate(a.level)]
+    common = split_flags(data.get("flags"), "--config flags") + split_flags(a.flags, "--flags") + tail
+    seeds = a.seeds if a.seeds is not None else data.get("seeds", [])
+    if not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
+        raise LaunchError(f"seeds must be integers, got {seeds!r}")
+    scripts, env_ids = a.scripts or data.get("scripts", []), a.env_ids or data.get("env_ids", [])
+    runs = build_grid(root, scripts, env_ids, seeds, common, levels, a.nproc_per_node)
+    grid = {"scripts": [r.script_path for r in {r.script: r for r in runs}.values()], "env_ids": list(env_ids),
+            "seeds": list(seeds), "flags": common, "levels": [[[n, list(f)] for n, f in lv] for lv in levels],
+            "nproc_per_node": a.nproc_per_node}
+    records = read_records(runs)
+
+    if a.status:
+        print_status(runs, records)
+        return 0
+
+    todo, skipped_failed, actions = plan(a, root, runs, records)
+    slots: list[Slot] = []
+    if not a.slurm:
+        n_gpus = gpu_count() if a.gpus_per_run != 0 else 0
+        slots = make_slots(physical_cores(), a.cores_per_run, n_gpus, a.gpus_per_run, a.runs_per_gpu)
+        too_big = [r for r in runs if r.nproc > len(slots)]
+        if too_big:
+            raise LaunchError(f"{too_big[0].rel} needs {too_big[0].nproc} slots (--nproc-per-node); this machine has "
+                              f"{len(slots)} of {a.cores_per_run} core(s)")
+
+    if a.dry_run:
+        print_dry_run(a, runs, todo, slots, actions)
+        return 0
+
+    root.mkdir(parents=True, exist_ok=True)
+    lock = open(root / ".launch.lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        raise LaunchError(f"another launcher is running the experiment in {root}") from None
+    meta = {"git": git_info(), "versions": package_versions()}
+    experiment = read_json(root / "experiment.json")
+    experiment.update(root=str(root), grid=grid, runs=[r.rel for r in runs])
+    experiment.setdefault("launches", []).append({"time": now(), "argv": sys.argv, "cwd": os.getcwd(), **meta})
+    write_json(root / "experiment.json", experiment)
+    for r in runs:
+        base = new_record(r, meta)
+        rec = records[r.rel]
+        if rec.get("command") is None and not rec.get("attempts"):
+            records[r.rel] = base
+        else:
+            records[r.rel] = {**rec, **{k: v for k, v in base.items() if k not in
+                                        ("state", "exit_code", "error", "command", "attempts")}}
+        if r in todo:
+            records[r.rel]["state"] = "queued"
+        r.folder.mkdir(parents=True, exist_ok=True)
+        write_json(r.folder / "launch.json", records[r.rel])
+    write_status(runs, records)
+
+    display = Display(runs, records, plain=a.plain or not sys.stdout.isatty(), status_every=a.status_every)
+    skipped = len(runs) - len(todo)
+    display.note(f"{len(runs)} runs: {len(todo)} to run" + (f", {skipped} skipped" if skipped else "") +
+                 (f" on {len(slots)} slot(s) of {a.cores_per_run} core(s)" if slots else ""))
+    try:
+        if a.slurm:
+            code = submit(a, todo, runs, records, display, lambda r: write_json(r.folder / "launch.json",
+                                                                                 records[r.rel]))
+            display.close()
+            if code >= 0:
+                if code == EXIT_INTERRUPTED:
+                    summarise(runs, records, skipped_failed)
+                return code
+            return summarise(runs, records, skipped_failed)
+        launcher = Launcher(runs, records, slots, display, a.stop_timeout, meta)
+        completed = launcher.run_all(todo)
+    finally:
+        display.close()
+        write_status(runs, records)
+    code = summarise(runs, records, skipped_failed)
+    return code if completed else EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

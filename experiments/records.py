@@ -1,0 +1,181 @@
+"""Each run's record, ``launch.json`` in its folder: every attempt, its state and why it ended, so that running
+the same command again carries on where the last one stopped.
+
+Guarantees
+- ``launch.json`` holds the run's grid cell (script, env id, seed, variant, common flags, torchrun processes), the
+  git commit and package versions of the launch, the state (``STATES``: queued, submitted, running, done,
+  failed, interrupted), the exit code, the last ``error:`` line of its stderr and every attempt (its exact
+  command, resumed or not, host, cores, GPUs, slots and affinity codes, start and end, exit code). Every write
+  of it (and of the root's ``experiment.json`` and ``status.json``) is atomic (``shared/files.py``): a crash
+  leaves the previous version, never a broken file.
+- A run is finished when its record says done with exit 0 and its ``checkpoint.pt`` exists; the launcher skips
+  it. Any other run is started again: resumed with ``--resume <run folder>`` where a checkpoint exists, else
+  afresh, the files an earlier attempt left (its progress.csv, which the script would append to) moved to
+  ``.stale/N`` first (``launch.json`` and the logs stay).
+- An attempt's end (``end_attempt``): exit 0 is done; exit 130, a signal the launcher sent, or a torchrun job that
+  a signal reached without the launcher (SLURM's preemption signals every process of the job: its ranks
+  checkpoint and exit 130, torchrun exits 1 with its own ``SignalException``, docs/contract.md) is interrupted;
+  anything else is failed, with the last ``error:`` line of the attempt's stderr (or what killed it).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+import shlex
+import signal
+import socket
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from experiments import ROOT
+from experiments.grid import Trial
+from experiments.slots import Slot
+from shared.files import write_text
+
+__all__ = ["EXIT_INTERRUPTED", "STATES", "begin_attempt", "end_attempt", "finished", "git_info", "new_record",
+           "now", "package_versions", "read_json", "write_json"]
+
+EXIT_INTERRUPTED = 130
+STATES = ("queued", "submitted", "running", "done", "failed", "interrupted")
+KEEP_ON_FRESH = {"launch.json", "stdout.log", "stderr.log", ".stale"}  # what a fresh start leaves in place
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Atomically (``shared.files``: a temporary file renamed over it); a failure raises ``WriteError``."""
+    write_text(path, lambda f: f.write(json.dumps(obj, indent=2, default=str) + "\n"))
+
+
+def read_json(path: Path) -> dict:
+    """The JSON object in ``path``; ``{}`` when it is missing, unreadable or not an object."""
+    try:
+        data = json.loads(path.read_text())
+        return data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def now() -> str:
+    return datetime.datetime.now().isoformat(timespec="seconds")
+
+
+def git_info() -> dict:
+    def git(*a: str) -> str:
+        try:
+            return subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True, text=True, timeout=30).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return ""
+
+    return {"commit": git("rev-parse", "HEAD").strip() or None,
+            "dirty": bool(git("status", "--porcelain", "--untracked-files=no").strip())}
+
+
+def package_versions() -> dict[str, str]:
+    import importlib.metadata as md
+    import platform
+
+    out = {"python": platform.python_version()}
+    for d in md.distributions():
+        name = d.metadata["Name"]
+        if name:
+            out[name.lower()] = d.version
+    return dict(sorted(out.items()))
+
+
+def last_error(path: Path, offset: int = 0) -> str | None:
+    """The last line starting with ``error:`` in ``path`` from ``offset`` on."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            text = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip().startswith("error:")]
+    return lines[-1] if lines else None
+
+
+def torchrun_signalled(run: Trial, attempt: dict) -> bool:
+    """torchrun's last line says a signal ended it (``...SignalException: Process N got signal: 15``)."""
+    try:
+        with open(run.folder / "stderr.log", "rb") as f:
+            f.seek(max(attempt.get("stderr_offset", 0), f.seek(0, 2) - 4096))
+            lines = f.read().decode(errors="replace").strip().splitlines()
+    except OSError:
+        return False
+    return bool(lines) and re.search(r"SignalException: Process \d+ got signal: \d+$", lines[-1]) is not None
+
+
+def finished(folder: Path, record: dict) -> bool:
+    return record.get("state") == "done" and record.get("exit_code") == 0 and (folder / "checkpoint.pt").is_file()
+
+
+def set_aside(folder: Path) -> list[str]:
+    """A run starting afresh in a folder an earlier attempt wrote without a checkpoint: that attempt's files move
+    to ``.stale/N`` (the script would otherwise append to its progress.csv)."""
+    leftovers = [p for p in folder.iterdir() if p.name not in KEEP_ON_FRESH] if folder.is_dir() else []
+    if not leftovers:
+        return []
+    stale = folder / ".stale"
+    n = 1 + max((int(p.name) for p in stale.iterdir() if p.name.isdigit()), default=0) if stale.is_dir() else 1
+    dest = stale / str(n)
+    dest.mkdir(parents=True)
+    for p in leftovers:
+        p.replace(dest / p.name)
+    return [p.name for p in leftovers]
+
+
+def new_record(run: Trial, meta: dict) -> dict:
+    return {"run": run.rel, "script": run.script, "script_path": run.script_path, "env_id": run.env_id,
+            "seed": run.seed, "variant": {"name": run.variant_name,
+                                          "levels": [{"name": n, "flags": list(f)} for n, f in run.variant]},
+            "common_flags": list(run.common), "nproc_per_node": run.nproc, "state": "queued", "exit_code": None,
+            "error": None, "command": None, "attempts": [], **meta}
+
+
+def begin_attempt(run: Trial, record: dict, slots: Sequence[Slot] | None, host_info: dict | None = None
+                  ) -> tuple[list[str], dict]:
+    """Decide resume or fresh start, set aside stale files, open the log files; returns (command, attempt)."""
+    folder = run.folder
+    folder.mkdir(parents=True, exist_ok=True)
+    resume = (folder / "checkpoint.pt").is_file()
+    moved = [] if resume else set_aside(folder)
+    cmd = run.command(resume)
+    attempt = {"command": cmd, "command_line": shlex.join(cmd), "resumed": resume, "started": now(),
+               "host": socket.gethostname(), "git": record.get("git"),
+               **({"cpus": [c for s in slots for c in s.cpus], "gpus": [g for s in slots for g in s.gpus],
+                   "threads": slots[0].cores, "slots": [s.index for s in slots], "affinity": [s.code for s in slots]}
+                  if slots else {}),
+               **(host_info or {})}
+    if moved:
+        attempt["set_aside"] = moved
+    for name in ("stdout.log", "stderr.log"):
+        with open(folder / name, "a") as f:
+            f.write(f"=== launch {attempt['started']}: {shlex.join(cmd)}\n")
+    attempt["stderr_offset"] = (folder / "stderr.log").stat().st_size
+    record.update(state="running", command=cmd, exit_code=None, error=None)
+    record["attempts"].append(attempt)
+    return cmd, attempt
+
+
+def end_attempt(run: Trial, record: dict, rc: int, signalled: bool) -> str:
+    """Record the exit of the attempt; returns the new state. A torchrun job that a signal reached without the
+    launcher (SLURM's preemption signals every process of the job) is interrupted too: its ranks checkpointed and
+    exited 130, and torchrun exits 1 with its own SignalException (docs/contract.md)."""
+    attempt = record["attempts"][-1]
+    error = last_error(run.folder / "stderr.log", attempt.get("stderr_offset", 0))
+    if rc == 0:
+        state, error = "done", None
+    elif rc == EXIT_INTERRUPTED or signalled or (run.nproc > 1 and rc == 1 and torchrun_signalled(run, attempt)):
+        state = "interrupted"
+    else:
+        state = "failed"
+        if rc < 0 and not error:
+            error = f"error: killed by {signal.Signals(-rc).name}"
+        elif not error:
+            error = f"error: exit {rc} without an error: line (see {run.rel}/stderr.log)"
+    attempt.update(ended=now(), exit_code=rc)
+    record.update(state=state, exit_code=rc, error=error, pid=None)
+    return state
