@@ -461,7 +461,8 @@ def act(q_net: QNetwork, device: torch.device, epsilon: float, rng: np.random.Ge
 
 def main() -> int:
     args = parse_args(Args, PRESETS, check_replay_sizes)
-    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete)  # device, resume, torchrun, cores, seeds
+    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete)  # checks: device, --resume, spaces (exit 2)
+    run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating("buffer_size"):  # sizes this machine cannot hold: exit 2
         q_net, target_net, optimizer, noise = make_learner(args, run)
         buffer = make_replay(args, run)
@@ -488,7 +489,7 @@ def main() -> int:
                 next_target += args.target_update_interval
             epsilon = float(epsilons(args, global_step).mean())
             if run.periodic(global_step, epsilon=epsilon, **stats, updates=updates, **waits):
-                break  # --stop-at-return reached
+                break  # --stop-at-return reached, or a signal: finish ends as Ctrl-C does
         run.finish(global_step)  # the last row, checkpoint and evaluation
     return run.exit_code
 

@@ -442,6 +442,7 @@ def main() -> int:
     args = parse_args(Args, PRESETS, check_args)
     run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete,
               iteration_steps=args.num_envs * args.num_steps)  # --log-every counts rollouts
+    run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating():  # sizes this machine cannot hold: exit 2
         agent, optimizer, generator = make_learner(args, run)
     start = run.begin(partial(act, agent, run.device), model=agent, optimizer=optimizer, generator=generator)
@@ -458,7 +459,7 @@ def main() -> int:
             stats = learn_from(agent, optimizer, buf, boot, args, run.device, generator)
             sampler.release(agent, it)  # async: rollout it + 2 is sampled with the new parameters
             if run.periodic(global_step, learning_rate=lr, **stats):
-                break  # --stop-at-return reached
+                break  # --stop-at-return reached, or a signal: finish ends as Ctrl-C does
         run.finish(global_step)  # the last row, checkpoint and evaluation
     return run.exit_code
 

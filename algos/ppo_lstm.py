@@ -646,6 +646,7 @@ class EvalPolicy:
 def main() -> int:
     args = parse_args(Args, PRESETS, check_args)
     run = Run(args, SCRIPT, make_env, iteration_steps=args.num_envs * args.num_steps)  # --log-every: rollouts
+    run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating("hidden"):  # sizes this machine cannot hold: exit 2
         agent, optimizer, generator, return_norm = make_learner(args, run)
     start = run.begin(EvalPolicy(agent, run.device, run.act_space), model=agent, optimizer=optimizer,
@@ -663,7 +664,7 @@ def main() -> int:
             stats = learn_from(agent, return_norm, optimizer, buf, boot, args, run.device, generator)
             sampler.release(agent, it)  # async: rollout it + 2 is sampled with the new parameters
             if run.periodic(global_step, learning_rate=lr, **stats):
-                break  # --stop-at-return reached
+                break  # --stop-at-return reached, or a signal: finish ends as Ctrl-C does
         run.finish(global_step)  # the last row, checkpoint and evaluation
     return run.exit_code
 

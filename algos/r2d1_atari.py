@@ -549,7 +549,8 @@ class EvalPolicy:
 
 def main() -> int:
     args = parse_args(Args, PRESETS, check_args)
-    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete)  # device, resume, torchrun, cores, seeds
+    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete)  # checks: device, --resume, spaces (exit 2)
+    run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating("buffer_size", "hidden"):  # sizes this machine cannot hold: exit 2
         net, target_net, optimizer = make_learner(args, run)
         buffer = make_replay(args, run)
@@ -574,7 +575,7 @@ def main() -> int:
                     target_net.load_state_dict(net.state_dict())
             waits = feed.after_updates(net, updates, learned=due > 0)
             if run.periodic(global_step, **stats, updates=updates, **waits):
-                break  # --stop-at-return reached
+                break  # --stop-at-return reached, or a signal: finish ends as Ctrl-C does
         run.finish(global_step)  # the last row, checkpoint and evaluation
     return run.exit_code
 

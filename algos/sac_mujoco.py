@@ -378,6 +378,7 @@ def act(actor: Actor, obs_norm: ObsNorm, device: torch.device, space: gym.spaces
 def main() -> int:
     args = parse_args(Args, PRESETS, check_replay_sizes)
     run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Box, bounded=True, stop_window=10)
+    run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating("buffer_size", "hidden"):  # sizes this machine cannot hold: exit 2
         actor, critics, target_critics, log_alpha, optimizers, obs_norm = make_learner(args, run)
         buffer = make_replay(args, run)
@@ -401,7 +402,7 @@ def main() -> int:
                 updates += 1
             waits = feed.after_updates(actor, updates, learned=due > 0)
             if run.periodic(global_step, **stats, updates=updates, **waits):
-                break  # --stop-at-return reached
+                break  # --stop-at-return reached, or a signal: finish ends as Ctrl-C does
         run.finish(global_step)  # the last row, checkpoint and evaluation
     return run.exit_code
 

@@ -3,7 +3,8 @@
 A script's ``main`` makes these calls, in this order (``docs/contract.md`` has the whole contract)::
 
     args = parse_args(Args, PRESETS, check_args)              # shared.cli: flags, presets, checks (exit 2)
-    run = Run(args, SCRIPT, make_env, action_space=Discrete)  # device, --resume, torchrun, cores, seeds
+    run = Run(args, SCRIPT, make_env, action_space=Discrete)  # checks: device, --resume, spaces (exit 2)
+    run.setup()                                               # TF32, signals, torchrun, cores, seeds
     with run.allocating("buffer_size", "hidden"):             # what this machine cannot hold: exit 2
         ...networks, optimizers and the replay, built as the algorithm needs...
     start = run.begin(policy, model=net, optimizer=opt)       # restore or start, the run folder
@@ -19,12 +20,14 @@ A script's ``main`` makes these calls, in this order (``docs/contract.md`` has t
     return run.exit_code
 
 Guarantees
-- ``Run(...)`` (before anything starts; a problem exits 2 with one line): resolves ``--device``, reads the
-  ``--resume`` checkpoint, probes one env for its spaces and checks the action space, refuses an on-policy
-  rollout (``iteration_steps``: ``--num-envs`` x ``--num-steps``) whose observations alone exceed the memory
-  left, makes SIGINT/SIGTERM raise ``KeyboardInterrupt``, joins the torchrun job (``shared.distributed``),
-  pins this process to its cores (``shared.affinity``: ``run.affinity`` has the sampler's), and seeds numpy
-  and torch with ``--seed``. It creates nothing on disk.
+- ``Run(...)`` only checks (before anything starts; a problem exits 2 with one line): resolves ``--device``,
+  reads the ``--resume`` checkpoint, probes one env for its spaces and checks the action space, refuses an
+  on-policy rollout (``iteration_steps``: ``--num-envs`` x ``--num-steps``) whose observations alone exceed the
+  memory left. It creates nothing on disk and changes no global state.
+- ``run.setup()`` is the one call that changes this process's global state: TF32 on a GPU, SIGINT/SIGTERM
+  raise ``KeyboardInterrupt``, the torchrun job joined (``shared.distributed``), this process pinned to its
+  cores (``shared.affinity``: ``run.affinity`` has the sampler's), numpy and torch seeded with ``--seed``.
+  ``allocating`` and ``begin`` refuse to run before it.
 - ``with run.allocating(*flags):`` around the networks and the replay: a size this machine cannot hold (a
   replay larger than the memory left, checked before it is allocated: ``shared.buffer``; a tensor numpy or
   torch refuses; CUDA out of memory) exits 2 with one line naming ``flags`` with their values and the figures,
@@ -38,13 +41,15 @@ Guarantees
 - ``periodic(global_step, **values)``, once per loop iteration: an evaluation every ``--eval-every`` steps (its
   mean goes into the next row as ``eval_return``), a progress row every ``--log-every`` steps (rollouts for an
   on-policy script, which gives ``iteration_steps``), a checkpoint every ``--checkpoint-every`` steps and every
-  ``--checkpoint-minutes`` of wall time; it returns True when the mean return of the last ``stop_window``
-  episodes reached ``--stop-at-return``. ``values`` are the row's columns (numbers, 0-d tensors or lists of
+  ``--checkpoint-minutes`` of wall time; it returns True when the loop should stop: the mean return of the last
+  ``stop_window`` episodes reached ``--stop-at-return``, or the job's ranks agreed to stop for a signal (then
+  ``finish`` writes the last row and the checkpoint and sets exit code 130, as Ctrl-C does). It never raises for
+  a signal. ``values`` are the row's columns (numbers, 0-d tensors or lists of
   them, averaged; read only when a row or a checkpoint is written, so a GPU never waits for them in the loop;
   one that is not finite there ends the run with ``FloatingPointError`` and no checkpoint is written over the
   last good one); ``updates``, when given, is also the count the checkpoint keeps. In a torchrun job
-  every rank calls it every iteration: it is where the ranks agree to stop together, and a signal any rank got
-  raises ``KeyboardInterrupt`` on every rank here, at the same iteration.
+  every rank calls it every iteration: it is where the ranks agree to stop together, for a threshold or for a
+  signal any rank got, at the same iteration.
 - ``with run:`` ends the run cleanly however it ends: Ctrl-C or SIGTERM writes a last row and the checkpoint,
   exit code 130; a sampler process or env worker that failed or was killed writes the learner's checkpoint,
   then one ``error:`` line and exit code 1; a lost torchrun peer, a file that cannot be written (disk full) or
@@ -135,14 +140,9 @@ class Run:
     def __init__(self, args: Any, script: str, make_env: Callable, action_space: type | None = None,
                  bounded: bool = False, stop_window: int = 20, iteration_steps: int | None = None):
         import gymnasium as gym
-        import torch
 
         self.args, self.script, self.make_env, self.stop_window = args, script, make_env, stop_window
         self.device = resolve_device(args.device, getattr(args, "bf16", False))
-        if self.device.type == "cuda":
-            # Chosen, not inherited: torch's defaults let convolutions use TF32 but not matmuls, so an "fp32" run
-            # would be half TF32. Both may (tensor cores on Ampere and later); config.json records it.
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
         self.resumed, ckpt_file = checkpoint.load(args.resume, args.env_id) if args.resume else (None, None)
         self.path = ckpt_file.parent if ckpt_file is not None else \
             Path(args.out_dir) / (args.run_name or f"{args.env_id}__{script}__{args.seed}__{int(time.time())}")
@@ -166,14 +166,9 @@ class Run:
             except NotEnoughMemory as e:
                 bad_args(f"--num-envs {args.num_envs} x --num-steps {args.num_steps}: {e}")
         self.tracker = None  # W&B, rank 0 alone, started by begin once the networks and the replay are made
-        signals.raise_on_signals()
-        distributed.start(self.device)  # under torchrun: join the other ranks (a no-op in one process)
-        self.world = distributed.world_size()  # ranks in the job: 1 without torchrun
-        self.affinity = make_affinity(args.sampler, gpu_learner=self.device.type == "cuda")
-        self.affinity.apply_learner()
-        np.random.seed(args.seed)
-        torch.manual_seed(args.seed)
-        self.writes = distributed.is_main()  # rank 0 alone writes the run folder
+        self.world = 1  # ranks in the job, known once setup() has joined it
+        self.affinity: Any = None  # this process's cores and its sampler's, set by setup()
+        self.writes = True  # rank 0 alone writes the run folder
         self.exit_code = 0
         self.global_step, self.updates = 0, 0
         self._iterations = iteration_steps is not None
@@ -183,14 +178,39 @@ class Run:
         self._held: list[Any] = []
         self._values: dict[str, Any] = {}
         self._eval_return: float | None = None
+        self._interrupted = False  # the ranks agreed to stop for a signal (periodic), or one came at the end
         self.progress: ProgressLog | None = None
 
     # ------------------------------------------------------------------------------------------ start
+
+    def setup(self) -> Run:
+        """This process's global state, set here and nowhere else: TF32 on a GPU, SIGINT/SIGTERM raise
+        ``KeyboardInterrupt``, the torchrun job joined, this process pinned to its cores, numpy and torch seeded."""
+        import torch
+
+        if self.device.type == "cuda":
+            # Chosen, not inherited: torch's defaults let convolutions use TF32 but not matmuls, so an "fp32" run
+            # would be half TF32. Both may (tensor cores on Ampere and later); config.json records it.
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        signals.raise_on_signals()
+        distributed.start(self.device)  # under torchrun: join the other ranks (a no-op in one process)
+        self.world = distributed.world_size()
+        self.affinity = make_affinity(self.args.sampler, gpu_learner=self.device.type == "cuda")
+        self.affinity.apply_learner()
+        np.random.seed(self.args.seed)
+        torch.manual_seed(self.args.seed)
+        self.writes = distributed.is_main()
+        return self
+
+    def _check_setup(self) -> None:
+        if self.affinity is None:
+            raise RuntimeError("call run.setup() after Run(...): the process is not set up (seeds, signals, cores)")
 
     @contextlib.contextmanager
     def allocating(self, *flags: str) -> Iterator[None]:
         """Around the networks and the replay (see the module docstring); ``flags``: the fields that size them.
         Under --eval-only the replay is made but never written, so it is not checked."""
+        self._check_setup()
         try:
             with unchecked() if getattr(self.args, "eval_only", False) else contextlib.nullcontext():
                 yield
@@ -207,6 +227,7 @@ class Run:
 
     def begin(self, policy: Callable, replay: Any = None, **objects: Any) -> Start:
         """Restore or start (see the module docstring); ``policy(obs, last_reward)`` plays evaluations."""
+        self._check_setup()
         try:
             return self._begin(policy, replay, **objects)
         except BaseException as e:  # an exit 2, or a peer lost while sharing: leave the process group here too,
@@ -326,9 +347,10 @@ class Run:
         mean = self.progress.recent_mean(self.stop_window) if threshold is not None else None
         # One agreement for both: the ranks leave the loop at the same iteration, for a threshold or a signal.
         reached, interrupted = distributed.any_rank(mean is not None and mean >= threshold, signals.signalled())
-        if interrupted:
+        if interrupted:  # every rank stops here; ``finish`` ends the run as Ctrl-C does
             signals.clear()
-            raise KeyboardInterrupt("a rank of the job was interrupted")
+            self._interrupted = True
+            return True
         if reached:
             self._say(f"mean return of the last {self.stop_window} episodes {mean:.1f} >= {threshold} at step "
                       f"{global_step}: stopping")
@@ -337,10 +359,15 @@ class Run:
     # ------------------------------------------------------------------------------------------ the end
 
     def finish(self, global_step: int) -> None:
-        """After the loop: the last row (unless it is there), the checkpoint, and the final evaluation."""
+        """After the loop: the last row (unless it is there), the checkpoint, and the final evaluation; a run
+        that stopped for a signal (``periodic``, or one during the last iteration) ends as Ctrl-C does."""
         self.global_step = global_step
+        if self._interrupted:
+            self._say(f"interrupted at step {global_step}: writing checkpoint")
         self._last_row()
-        if self.args.eval_episodes:
+        if self._interrupted:
+            self.exit_code = EXIT_INTERRUPTED
+        elif self.args.eval_episodes:
             self._evaluate(global_step, video=self.args.capture_video)
 
     def _last_row(self) -> None:
@@ -351,7 +378,7 @@ class Run:
         distributed.end()
         if signals.signalled():
             signals.clear()
-            raise KeyboardInterrupt("signal during the last iteration")
+            self._interrupted = True
         self.save()
 
     def save(self) -> None:

@@ -44,7 +44,7 @@ def make_env(args, render: bool = False):
 
 
 def new_run(tmp_path, **kw) -> tuple[Run, torch.nn.Module]:
-    run = Run(FakeArgs(out_dir=str(tmp_path), **kw), "script", make_env, action_space=gym.spaces.Discrete)
+    run = Run(FakeArgs(out_dir=str(tmp_path), **kw), "script", make_env, action_space=gym.spaces.Discrete).setup()
     model = torch.nn.Linear(2, 2)
     run.begin(lambda obs, last_reward: 0, model=model)
     return run, model
@@ -105,7 +105,7 @@ def test_periodic_writes_rows_when_due_and_finish_writes_the_last_step_once(tmp_
 
 
 def test_on_policy_rows_count_iterations(tmp_path):
-    run = Run(FakeArgs(out_dir=str(tmp_path), log_every=2), "script", make_env, iteration_steps=32)
+    run = Run(FakeArgs(out_dir=str(tmp_path), log_every=2), "script", make_env, iteration_steps=32).setup()
     run.begin(lambda obs, last_reward: 0)
     with run:
         for it in range(1, 6):
@@ -117,7 +117,7 @@ def test_on_policy_rows_count_iterations(tmp_path):
 
 def test_on_policy_rows_stay_on_multiples_of_log_every_after_a_resume(tmp_path):
     def first_run(**kw):
-        run = Run(FakeArgs(out_dir=str(tmp_path), log_every=3, **kw), "script", make_env, iteration_steps=32)
+        run = Run(FakeArgs(out_dir=str(tmp_path), log_every=3, **kw), "script", make_env, iteration_steps=32).setup()
         start = run.begin(lambda obs, last_reward: 0)
         return run, start
 
@@ -169,7 +169,7 @@ def test_checkpoints_come_every_n_minutes_of_wall_time(tmp_path, monkeypatch):
 
 
 def test_the_stop_rule_needs_n_episodes_at_or_above_the_threshold(tmp_path, capsys):
-    run = Run(FakeArgs(out_dir=str(tmp_path), stop_at_return=11.5), "script", make_env, stop_window=2)
+    run = Run(FakeArgs(out_dir=str(tmp_path), stop_at_return=11.5), "script", make_env, stop_window=2).setup()
     run.begin(lambda obs, last_reward: 0)
     with run:
         for r in [1.0, 9.0, 11.0]:
@@ -197,7 +197,7 @@ def test_evaluations_go_into_the_next_row_and_eval_json(tmp_path):
         calls.append(last_reward)
         return 0
 
-    run = Run(FakeArgs(out_dir=str(tmp_path), eval_every=100, eval_episodes=3), "script", make_env)
+    run = Run(FakeArgs(out_dir=str(tmp_path), eval_every=100, eval_episodes=3), "script", make_env).setup()
     run.begin(act)
     with run:
         run.periodic(100)
@@ -266,7 +266,7 @@ def test_sizes_the_machine_cannot_hold_exit_2_in_one_line_naming_the_flags_and_b
     from shared import buffer
 
     monkeypatch.setattr(buffer, "available_memory", lambda: 3 * 2**30)
-    run = Run(FakeArgs(out_dir=str(tmp_path)), "script", make_env)
+    run = Run(FakeArgs(out_dir=str(tmp_path)), "script", make_env).setup()
     with pytest.raises(SystemExit) as e, run.allocating("buffer_size"):
         buffer.zeros((10, 2**30), "uint8", shared=True)  # shared memory is never refused: only the check stops it
     assert e.value.code == 2
@@ -369,7 +369,7 @@ def test_a_run_that_fails_to_begin_leaves_the_process_group(tmp_path, monkeypatc
 
     ended = []
     monkeypatch.setattr(distributed, "end", lambda: ended.append(True))
-    run = Run(FakeArgs(out_dir=str(tmp_path), track=True), "script", make_env, action_space=gym.spaces.Discrete)
+    run = Run(FakeArgs(out_dir=str(tmp_path), track=True), "script", make_env, action_space=gym.spaces.Discrete).setup()
     monkeypatch.setattr("shared.tracking.start", lambda *a: (_ for _ in ()).throw(RuntimeError("W&B is down")))
     with pytest.raises(SystemExit):
         run.begin(lambda obs, last_reward: 0)
@@ -415,3 +415,55 @@ def test_resume_from_a_file_that_is_not_our_checkpoint_exits_2_in_one_short_line
         err = capsys.readouterr().err
         assert e.value.code == 2 and err.count("\n") == 1 and len(err) < 300, err
         assert err.startswith(f"error: --resume {f}: not a checkpoint these scripts wrote {why}"), err
+
+
+def test_run_only_checks_and_setup_is_the_one_call_that_changes_the_process(tmp_path):
+    import signal
+
+    from shared import signals
+
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    torch.manual_seed(123)
+    before = torch.rand(1)
+    torch.manual_seed(123)
+    run = Run(FakeArgs(out_dir=str(tmp_path)), "script", make_env, action_space=gym.spaces.Discrete)
+    assert torch.equal(torch.rand(1), before)  # not seeded
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # no handler installed
+    assert run.affinity is None and not any(tmp_path.iterdir())
+    with pytest.raises(RuntimeError, match="run.setup"):
+        run.begin(lambda obs, last_reward: 0)
+    with pytest.raises(RuntimeError, match="run.setup"), run.allocating():
+        pass
+    run.setup()
+    torch.manual_seed(FakeArgs.seed)
+    seeded = torch.rand(1)
+    run.setup()
+    assert torch.equal(torch.rand(1), seeded)  # seeded with --seed
+    assert signal.getsignal(signal.SIGTERM) is signals._raise and run.affinity is not None
+    signals.raise_on_signals()
+
+
+def test_a_signal_the_ranks_agree_on_is_a_decision_of_periodic_not_an_exception(tmp_path, capsys):
+    """Under torchrun, SIGTERM only sets a flag; periodic returns True (stop) and finish ends the run as Ctrl-C
+    does: the last row, the checkpoint, exit code 130, no final evaluation."""
+    import signal
+
+    from shared import signals
+
+    run, _ = new_run(tmp_path, eval_episodes=2)
+    signals.flag_on_signals()  # what shared.distributed.start does under torchrun
+    decisions = []
+    try:
+        with run:
+            decisions.append(run.periodic(10, loss=1.0))
+            signal.raise_signal(signal.SIGTERM)
+            decisions.append(run.periodic(20, loss=1.0))  # no KeyboardInterrupt: a decision
+            run.finish(20)
+    finally:
+        signals.raise_on_signals()
+    assert decisions == [False, True]
+    assert run.exit_code == EXIT_INTERRUPTED
+    assert torch.load(run.path / "checkpoint.pt", weights_only=True)["global_step"] == 20
+    assert rows(run.path)[1][-1]["global_step"] == "20"
+    assert not (run.path / "eval.json").exists()
+    assert "interrupted at step 20: writing checkpoint" in capsys.readouterr().out
