@@ -47,7 +47,7 @@ from shared.cli import RunArgs, bad_args, check_replay_sizes, parse_args
 from shared.device import to_host, upload
 from shared.envs import image_shape, make_envs
 from shared.namedarraytuple import namedarraytuple
-from shared.pacing import AsyncReplay, ReplayFeed, ReplayPacer
+from shared.pacing import AsyncReplay, ReplayPacer
 from shared.precision import autocast, sampler_bf16
 from shared.procs import parent_alive_check
 from shared.replay import ReplayBuffer, prefetch_on
@@ -319,45 +319,6 @@ class EnvStepper:
         return row, episodes
 
 
-def sampler_main(args: Args, buffer: ReplayBuffer, link: AsyncReplay, affinity, parent_pid: int, stop) -> None:
-    """Async sampler process: steps the envs and appends to the shared replay with the newest parameters the
-    learner published; waits while it is more than max_lag_steps ahead of what the learner's updates cover."""
-    affinity.apply_worker(0)
-    args = replace(args, bf16=sampler_bf16(args.bf16))  # it acts on this CPU: no emulated bf16 here
-    check = parent_alive_check(stop, parent_pid)
-    envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial",
-                     n_threads=len(affinity.worker_cpus[0]))
-    step = link.start_step
-    seed = distributed.env_seed(args.seed + step, args.num_envs)
-    stepper = EnvStepper(envs, args, seed, torch.Generator().manual_seed(seed) if args.noisy else None)
-    q_net = make_network(args, envs.single_observation_space.shape, envs.single_action_space.n)
-    try:
-        while step < args.total_timesteps:
-            check()
-            if link.sampler_wait(step, args.max_lag_steps):
-                continue
-            link.pull(q_net)
-            row, episodes = stepper.step(q_net, epsilons(args, step), torch.device("cpu"))
-            buffer.append(row)
-            step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
-            link.report(episodes, step)
-    finally:
-        envs.close()
-
-
-def make_feed(args: Args, run: Run, buffer: ReplayBuffer, q_net: QNetwork, pacer: ReplayPacer,
-              global_step: int, noise: torch.Generator | None) -> ReplayFeed:
-    """Where the learner's replay rows come from. serial/parallel: this process steps the envs, one [1, B] row
-    per collect; async: a sampler process (``sampler_main``) appends to the shared replay, and the learner makes
-    one update at a time, publishing its parameters between them."""
-    if args.sampler == "async":
-        return ReplayFeed.from_sampler(run, buffer, q_net, pacer, args.num_envs, global_step, sampler_main,
-                                       (args, buffer))
-    envs = run.hold(make_envs(args, make_env, args.sampler, len(run.affinity.learner_cpus)))
-    stepper = EnvStepper(envs, args, distributed.env_seed(args.seed + global_step, args.num_envs), noise)
-    return ReplayFeed.in_process(run, buffer, stepper, args.num_envs, global_step)
-
-
 # ---------------------------------------------------------------------------------------------- loss and update
 
 
@@ -473,17 +434,28 @@ def main() -> int:
     global_step, updates = start.global_step, start.updates
     pacer = ReplayPacer(args.replay_ratio / (args.batch_size * run.world), args.min_steps_learn * run.world,
                         *start.replay_origin)
-    stats, next_target = {"td_loss": None, "q_values": None}, global_step + args.target_update_interval
+    stats, waits = {"td_loss": None, "q_values": None}, {}
+    next_target = global_step + args.target_update_interval
     with run:
-        feed = make_feed(args, run, buffer, q_net, pacer, global_step, noise)
+        if args.sampler != "async":  # this process steps the envs: in turn (serial), or in threads or processes
+            envs = run.hold(make_envs(args, make_env, args.sampler, len(run.affinity.learner_cpus)))
+            stepper = EnvStepper(envs, args, distributed.env_seed(args.seed + global_step, args.num_envs), noise)
+        else:  # a sampler process fills the shared replay (the last section of this file)
+            sampler = AsyncReplay.start(run, buffer, q_net, pacer, global_step, sampler_main, (args, buffer))
         while global_step < args.total_timesteps:
-            global_step = feed.collect(global_step, q_net, epsilons(args, global_step), run.device)
-            due = pacer.due(global_step, updates)
-            for _ in range(feed.updates_now(due)):
+            if args.sampler != "async":  # one step of every env, into the replay
+                row, episodes = stepper.step(q_net, epsilons(args, global_step), run.device)
+                buffer.append(row)
+                global_step += args.num_envs * run.world  # the job's env steps: every rank steps as many
+                for ret, length in episodes:
+                    run.episode(ret, length, global_step)
+            else:  # the rows the sampler appended meanwhile; q_net is published to it when due
+                global_step = sampler.poll(run, q_net, updates)
+                waits = sampler.waits()
+            for _ in range(pacer.due(global_step, updates)):  # replay_ratio samples per env step
                 beta = args.beta + (1.0 - args.beta) * min(global_step / args.total_timesteps, 1.0)
                 stats = dqn_update(q_net, target_net, optimizer, buffer, args, beta, run.device, noise)
                 updates += 1
-            waits = feed.after_updates(q_net, updates, learned=due > 0)
             if global_step >= next_target:
                 update_target(q_net, target_net, args.tau)
                 next_target += args.target_update_interval
@@ -492,6 +464,36 @@ def main() -> int:
                 break  # --stop-at-return reached, or a signal: finish ends as Ctrl-C does
         run.finish(global_step)  # the last row, checkpoint and evaluation
     return run.exit_code
+
+
+# ---------------------------------------------------------------------------------------------- async sampling
+# Only --sampler async runs what follows: a sampler process stepping the envs into the shared replay.
+
+
+def sampler_main(args: Args, buffer: ReplayBuffer, link: AsyncReplay, affinity, parent_pid: int, stop) -> None:
+    """Async sampler process: steps the envs and appends to the shared replay with the newest parameters the
+    learner published; waits while it is more than max_lag_steps ahead of what the learner's updates cover."""
+    affinity.apply_worker(0)
+    args = replace(args, bf16=sampler_bf16(args.bf16))  # it acts on this CPU: no emulated bf16 here
+    check = parent_alive_check(stop, parent_pid)
+    envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial",
+                     n_threads=len(affinity.worker_cpus[0]))
+    step = link.start_step
+    seed = distributed.env_seed(args.seed + step, args.num_envs)
+    stepper = EnvStepper(envs, args, seed, torch.Generator().manual_seed(seed) if args.noisy else None)
+    q_net = make_network(args, envs.single_observation_space.shape, envs.single_action_space.n)
+    try:
+        while step < args.total_timesteps:
+            check()
+            if link.sampler_wait(step, args.max_lag_steps):
+                continue
+            link.pull(q_net)
+            row, episodes = stepper.step(q_net, epsilons(args, step), torch.device("cpu"))
+            buffer.append(row)
+            step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
+            link.report(episodes, step)
+    finally:
+        envs.close()
 
 
 if __name__ == "__main__":

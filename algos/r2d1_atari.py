@@ -49,7 +49,7 @@ from shared.cli import RunArgs, bad_args, parse_args
 from shared.device import to_host, upload
 from shared.envs import image_shape, make_envs, observe_only
 from shared.namedarraytuple import namedarraytuple
-from shared.pacing import AsyncReplay, ReplayFeed, ReplayPacer
+from shared.pacing import AsyncReplay, ReplayPacer
 from shared.procs import parent_alive_check
 from shared.replay import SequenceReplayBuffer, prefetch_on
 from shared.run import Run
@@ -357,48 +357,6 @@ class EnvStepper:
         return sequence_priorities(td, ~final_row[a.burn_in_steps:L], a.eta)[None]
 
 
-def sampler_main(args: Args, buffer: SequenceReplayBuffer, link: AsyncReplay, affinity, parent_pid: int,
-                 stop) -> None:
-    """Async sampler process: steps the envs and appends chunks to the shared replay with the newest parameters
-    the learner published; waits while it is more than max_lag_steps ahead of the learner's updates."""
-    affinity.apply_worker(0)
-    check = parent_alive_check(stop, parent_pid)
-    envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial",
-                     n_threads=len(affinity.worker_cpus[0]))
-    net = R2D1Net(envs.single_observation_space.shape, envs.single_action_space.n, args.hidden, args.recurrent)
-    step = link.start_step
-    stepper = EnvStepper(envs, args, net, distributed.env_seed(args.seed + step, args.num_envs))
-    try:
-        while step < args.total_timesteps:
-            check()
-            if link.sampler_wait(step, args.max_lag_steps, chunk_steps=args.num_envs * args.rnn_state_interval):
-                continue
-            link.pull(net)
-            chunk, priorities, episodes = stepper.step(net, torch.device("cpu"))
-            if chunk is not None:
-                buffer.append(chunk, priorities)
-            step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
-            link.report(episodes, step)
-        rest = stepper.flush()  # the last, partial chunk (no input priorities: its sequences get the default)
-        if rest is not None:
-            buffer.append(rest)
-    finally:
-        envs.close()
-
-
-def make_feed(args: Args, run: Run, buffer: SequenceReplayBuffer, net: R2D1Net, pacer: ReplayPacer,
-              global_step: int) -> ReplayFeed:
-    """Where the learner's sequences come from. serial/parallel: this process steps the envs and appends a chunk
-    of rnn_state_interval rows [I, B] when complete; async: a sampler process (``sampler_main``) appends chunks to
-    the shared replay, and the learner makes one update at a time, publishing its parameters between them."""
-    if args.sampler == "async":
-        return ReplayFeed.from_sampler(run, buffer, net, pacer, args.num_envs, global_step, sampler_main,
-                                       (args, buffer))
-    envs = run.hold(make_envs(args, make_env, args.sampler, len(run.affinity.learner_cpus)))
-    stepper = EnvStepper(envs, args, net, distributed.env_seed(args.seed + global_step, args.num_envs))
-    return ReplayFeed.in_process(run, buffer, stepper, args.num_envs, global_step)
-
-
 # ---------------------------------------------------------------------------------------------- loss and update
 
 
@@ -561,23 +519,71 @@ def main() -> int:
     global_step, updates = start.global_step, start.updates
     pacer = ReplayPacer(args.replay_ratio / (args.batch_size * args.sequence_length * run.world),
                         args.min_steps_learn * run.world, *start.replay_origin)
-    stats = {"td_loss": None, "td_abs": None}
+    stats, waits = {"td_loss": None, "td_abs": None}, {}
     with run:
-        feed = make_feed(args, run, buffer, net, pacer, global_step)
+        if args.sampler != "async":  # this process steps the envs: in turn (serial), or in threads or processes
+            envs = run.hold(make_envs(args, make_env, args.sampler, len(run.affinity.learner_cpus)))
+            stepper = EnvStepper(envs, args, net, distributed.env_seed(args.seed + global_step, args.num_envs))
+        else:  # a sampler process fills the shared replay (the last section of this file)
+            sampler = AsyncReplay.start(run, buffer, net, pacer, global_step, sampler_main, (args, buffer))
+        step0, rows0 = global_step, buffer.cursor  # where this process starts (rows0: a restored replay's)
+        in_replay = global_step  # the job's env steps whose rows are in the replay: behind while a chunk fills
         while global_step < args.total_timesteps:
-            global_step = feed.collect(global_step, net, run.device)
-            due = pacer.due(feed.in_replay, updates) if len(buffer) >= args.batch_size else 0
-            for _ in range(feed.updates_now(due)):
-                beta = args.beta + (1.0 - args.beta) * min(feed.in_replay / args.total_timesteps, 1.0)
+            if args.sampler != "async":  # one step of every env; every rnn_state_interval steps a chunk [I, B]
+                chunk, priorities, episodes = stepper.step(net, run.device)
+                if chunk is not None:
+                    buffer.append(chunk, priorities)
+                global_step += args.num_envs * run.world  # the job's env steps: every rank steps as many
+                for ret, length in episodes:
+                    run.episode(ret, length, global_step)
+                in_replay = step0 + (buffer.cursor - rows0) * args.num_envs * run.world
+            else:  # the chunks the sampler appended meanwhile; net is published to it when due
+                global_step = in_replay = sampler.poll(run, net, updates)
+                waits = sampler.waits()
+            due = pacer.due(in_replay, updates) if len(buffer) >= args.batch_size else 0
+            for _ in range(due):  # replay_ratio samples per env step
+                beta = args.beta + (1.0 - args.beta) * min(in_replay / args.total_timesteps, 1.0)
                 stats = r2d1_update(net, target_net, optimizer, buffer, args, beta, run.device)
                 updates += 1
                 if updates % args.target_update_interval == 0:
                     target_net.load_state_dict(net.state_dict())
-            waits = feed.after_updates(net, updates, learned=due > 0)
             if run.periodic(global_step, **stats, updates=updates, **waits):
                 break  # --stop-at-return reached, or a signal: finish ends as Ctrl-C does
         run.finish(global_step)  # the last row, checkpoint and evaluation
     return run.exit_code
+
+
+# ---------------------------------------------------------------------------------------------- async sampling
+# Only --sampler async runs what follows: a sampler process stepping the envs into the shared replay.
+
+
+def sampler_main(args: Args, buffer: SequenceReplayBuffer, link: AsyncReplay, affinity, parent_pid: int,
+                 stop) -> None:
+    """Async sampler process: steps the envs and appends chunks to the shared replay with the newest parameters
+    the learner published; waits while it is more than max_lag_steps ahead of the learner's updates."""
+    affinity.apply_worker(0)
+    check = parent_alive_check(stop, parent_pid)
+    envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial",
+                     n_threads=len(affinity.worker_cpus[0]))
+    net = R2D1Net(envs.single_observation_space.shape, envs.single_action_space.n, args.hidden, args.recurrent)
+    step = link.start_step
+    stepper = EnvStepper(envs, args, net, distributed.env_seed(args.seed + step, args.num_envs))
+    try:
+        while step < args.total_timesteps:
+            check()
+            if link.sampler_wait(step, args.max_lag_steps, chunk_steps=args.num_envs * args.rnn_state_interval):
+                continue
+            link.pull(net)
+            chunk, priorities, episodes = stepper.step(net, torch.device("cpu"))
+            if chunk is not None:
+                buffer.append(chunk, priorities)
+            step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
+            link.report(episodes, step)
+        rest = stepper.flush()  # the last, partial chunk (no input priorities: its sequences get the default)
+        if rest is not None:
+            buffer.append(rest)
+    finally:
+        envs.close()
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ from shared.device import to_host
 from shared.envs import make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import ObsNorm, upload_batch
-from shared.pacing import AsyncReplay, ReplayFeed, ReplayPacer
+from shared.pacing import AsyncReplay, ReplayPacer
 from shared.precision import autocast, sampler_bf16
 from shared.procs import parent_alive_check
 from shared.replay import ReplayBuffer
@@ -232,47 +232,6 @@ class EnvStepper:
         return row, episodes
 
 
-def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: AsyncReplay, affinity, parent_pid: int,
-                 stop) -> None:
-    """Async sampler process: steps the envs and appends to the shared replay with the newest actor the learner
-    published; waits while it is more than max_lag_steps ahead of what the learner's updates cover."""
-    affinity.apply_worker(0)
-    args = replace(args, bf16=sampler_bf16(args.bf16))  # it acts on this CPU: no emulated bf16 here
-    torch.set_num_threads(1)
-    check = parent_alive_check(stop, parent_pid)
-    envs = make_envs(args, make_env, "serial")
-    step = link.start_step
-    stepper = EnvStepper(envs, args, obs_norm, distributed.env_seed(args.seed + step, args.num_envs))
-    actor = Actor(int(np.prod(envs.single_observation_space.shape)), int(np.prod(stepper.space.shape)), args.hidden)
-    torch.manual_seed(distributed.rank_seed(args.seed + 1))  # the policy's noise: a stream of each rank's own
-    try:
-        while step < args.total_timesteps:
-            check()
-            if link.sampler_wait(step, args.max_lag_steps):
-                continue
-            link.pull(actor)
-            warmup = step < link.pacer.start_step + link.pacer.min_steps_learn  # uniformly random actions
-            row, episodes = stepper.step(actor, warmup, torch.device("cpu"))
-            buffer.append(row)
-            step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
-            link.report(episodes, step)
-    finally:
-        envs.close()
-
-
-def make_feed(args: Args, run: Run, buffer: ReplayBuffer, obs_norm: ObsNorm, actor: Actor, pacer: ReplayPacer,
-              global_step: int) -> ReplayFeed:
-    """Where the learner's replay rows come from. serial/parallel: this process steps the envs, one [1, B] row
-    per collect (uniformly random actions until learning starts); async: a sampler process (``sampler_main``)
-    appends to the shared replay, and the learner makes one update at a time, publishing its actor between them."""
-    if args.sampler == "async":
-        return ReplayFeed.from_sampler(run, buffer, actor, pacer, args.num_envs, global_step, sampler_main,
-                                       (args, buffer, obs_norm))
-    envs = run.hold(make_envs(args, make_env, args.sampler))
-    stepper = EnvStepper(envs, args, obs_norm, distributed.env_seed(args.seed + global_step, args.num_envs))
-    return ReplayFeed.in_process(run, buffer, stepper, args.num_envs, global_step)
-
-
 # ---------------------------------------------------------------------------------------------- loss and update
 
 
@@ -387,24 +346,67 @@ def main() -> int:
                       log_alpha=log_alpha, **optimizers, obs_norm=obs_norm)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
-    global_step, updates, stats = start.global_step, start.updates, {}
+    global_step, updates = start.global_step, start.updates
+    stats, waits = {}, {}
     pacer = ReplayPacer(args.replay_ratio / (args.batch_size * run.world), args.min_steps_learn * run.world,
                         *start.replay_origin)
     with run:
-        feed = make_feed(args, run, buffer, obs_norm, actor, pacer, global_step)
+        if args.sampler != "async":  # this process steps the envs: in turn (serial), or in threads or processes
+            envs = run.hold(make_envs(args, make_env, args.sampler))
+            stepper = EnvStepper(envs, args, obs_norm, distributed.env_seed(args.seed + global_step, args.num_envs))
+        else:  # a sampler process fills the shared replay (the last section of this file)
+            sampler = AsyncReplay.start(run, buffer, actor, pacer, global_step, sampler_main, (args, buffer, obs_norm))
         while global_step < args.total_timesteps:
-            global_step = feed.collect(global_step, actor, pacer.warming_up(global_step), run.device)
-            due = pacer.due(global_step, updates)
-            for _ in range(feed.updates_now(due)):
+            if args.sampler != "async":  # one step of every env, into the replay
+                row, episodes = stepper.step(actor, pacer.warming_up(global_step), run.device)
+                buffer.append(row)
+                global_step += args.num_envs * run.world  # the job's env steps: every rank steps as many
+                for ret, length in episodes:
+                    run.episode(ret, length, global_step)
+            else:  # the rows the sampler appended meanwhile; actor is published to it when due
+                global_step = sampler.poll(run, actor, updates)
+                waits = sampler.waits()
+            for _ in range(pacer.due(global_step, updates)):  # replay_ratio samples per env step
                 batch, _ = buffer.sample(args.batch_size)  # [N, ...]
                 stats = sac_update(actor, critics, target_critics, log_alpha, optimizers, batch, obs_norm, args,
                                    run.device)
                 updates += 1
-            waits = feed.after_updates(actor, updates, learned=due > 0)
             if run.periodic(global_step, **stats, updates=updates, **waits):
                 break  # --stop-at-return reached, or a signal: finish ends as Ctrl-C does
         run.finish(global_step)  # the last row, checkpoint and evaluation
     return run.exit_code
+
+
+# ---------------------------------------------------------------------------------------------- async sampling
+# Only --sampler async runs what follows: a sampler process stepping the envs into the shared replay.
+
+
+def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: AsyncReplay, affinity, parent_pid: int,
+                 stop) -> None:
+    """Async sampler process: steps the envs and appends to the shared replay with the newest actor the learner
+    published; waits while it is more than max_lag_steps ahead of what the learner's updates cover."""
+    affinity.apply_worker(0)
+    args = replace(args, bf16=sampler_bf16(args.bf16))  # it acts on this CPU: no emulated bf16 here
+    torch.set_num_threads(1)
+    check = parent_alive_check(stop, parent_pid)
+    envs = make_envs(args, make_env, "serial")
+    step = link.start_step
+    stepper = EnvStepper(envs, args, obs_norm, distributed.env_seed(args.seed + step, args.num_envs))
+    actor = Actor(int(np.prod(envs.single_observation_space.shape)), int(np.prod(stepper.space.shape)), args.hidden)
+    torch.manual_seed(distributed.rank_seed(args.seed + 1))  # the policy's noise: a stream of each rank's own
+    try:
+        while step < args.total_timesteps:
+            check()
+            if link.sampler_wait(step, args.max_lag_steps):
+                continue
+            link.pull(actor)
+            warmup = step < link.pacer.start_step + link.pacer.min_steps_learn  # uniformly random actions
+            row, episodes = stepper.step(actor, warmup, torch.device("cpu"))
+            buffer.append(row)
+            step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
+            link.report(episodes, step)
+    finally:
+        envs.close()
 
 
 if __name__ == "__main__":

@@ -2,18 +2,16 @@
 
 Guarantees
 - ``ReplayPacer`` is the replay ratio of every replay script, in every mode: how many updates are due once so
-  many env steps are sampled. ``AsyncReplay`` is the link between an async replay sampler process and its
-  learner, written once: the learner publishes parameters every ``PUBLISH_EVERY`` updates and whenever it has
-  to wait (so a sampler waiting on it always sees its newest update count: no deadlock), sleeps ``WAIT_S`` and
-  counts the time when the replay ratio is reached (``wait_s``: the sampler is the bottleneck); the sampler
-  waits while it is more than ``max_lag_steps`` ahead of what the learner's updates cover and counts that
-  (``sampler_wait_s``: the learner is the bottleneck), pulls each newly published version, and reports finished
-  episodes with their global step.
-- ``ReplayFeed`` is where a replay learner's rows come from, the same in every replay script and mode: in this
-  process through the script's env stepper (serial, parallel), or from the script's sampler process through an
-  ``AsyncReplay`` (async, one update at a time with the parameters published between them). Either way
-  ``collect`` returns the global step, records every finished episode in the run, and keeps ``in_replay``: the
-  global steps whose rows are in the replay (behind the global step while a sequence chunk fills).
+  many env steps are sampled. In serial and parallel mode the script's own loop steps its envs into the replay;
+  only the async link is here.
+- ``AsyncReplay`` is the link between an async replay sampler process and its learner, written once.
+  ``AsyncReplay.start`` starts the script's sampler process (held by the run) appending to the shared replay.
+  The learner's ``poll(run, module, updates)`` returns the global steps in the replay, records the episodes the
+  sampler finished, publishes the parameters every ``PUBLISH_EVERY`` updates and whenever it has nothing to do
+  (so a sampler waiting on it always sees its newest update count: no deadlock), and then sleeps ``WAIT_S`` and
+  counts the time (``wait_s``: the sampler is the bottleneck). The sampler waits while it is more than
+  ``max_lag_steps`` ahead of what the published updates cover and counts that (``sampler_wait_s``: the learner
+  is the bottleneck), pulls each newly published version, and reports finished episodes with their global step.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ from shared import distributed
 from shared.buffer import shared_zeros
 from shared.procs import CTX, SharedParameters, Worker
 
-__all__ = ["AsyncReplay", "ReplayFeed", "ReplayPacer", "sampler_ahead"]
+__all__ = ["AsyncReplay", "ReplayPacer", "sampler_ahead"]
 
 
 def sampler_ahead(step: int, version: int, start_step: int, start_updates: int, min_steps_learn: int,
@@ -72,11 +70,10 @@ class ReplayPacer:
 class AsyncReplay:
     """The link between an async replay sampler process and its learner; see the module docstring.
 
-    Learner: ``link = AsyncReplay(module, pacer, num_envs, start_step)``, start the sampler with ``link``
-    among its arguments, then ``link.attach(worker, buffer)``; in the loop ``global_step = link.poll(run)``,
-    at most one update, then ``link.after_updates(module, updates, learned)``; log ``**link.waits()``.
-    Sampler: ``if link.sampler_wait(step, max_lag_steps): continue``, ``link.pull(module)``, step and append,
-    ``link.report(episodes, step)``.
+    Learner: ``link = AsyncReplay.start(run, buffer, module, pacer, global_step, sampler_main, sampler_args)``;
+    in the loop ``global_step = link.poll(run, module, updates)``, then the updates due; log ``**link.waits()``.
+    Sampler (``sampler_main(*sampler_args, link, affinity, parent_pid, stop)``): ``if link.sampler_wait(step,
+    max_lag_steps): continue``, ``link.pull(module)``, step and append, ``link.report(episodes, step)``.
     """
 
     PUBLISH_EVERY = 10  # learner updates between parameter copies (each copies the whole network)
@@ -102,6 +99,16 @@ class AsyncReplay:
         return state
 
     # learner side
+    @classmethod
+    def start(cls, run: Any, buffer: Any, module: Any, pacer: ReplayPacer, global_step: int,
+              sampler_main: Callable[..., None], sampler_args: tuple) -> AsyncReplay:
+        """Start ``sampler_main(*sampler_args, link, affinity, parent_pid, stop)`` in a process held by ``run``,
+        appending ``args.num_envs`` envs' rows to the shared ``buffer`` with the newest parameters of ``module``."""
+        link = cls(module, pacer, run.args.num_envs, global_step)
+        worker = run.hold(Worker(sampler_main, (*sampler_args, link, run.affinity, os.getpid()), name="sampler"))
+        link.attach(worker, buffer)
+        return link
+
     def attach(self, worker: Worker, buffer: Any) -> None:
         """The sampler ``worker`` appends to ``buffer`` (whose ``cursor`` counts its rows)."""
         self._worker, self._buffer = worker, buffer
@@ -111,26 +118,25 @@ class AsyncReplay:
     def alive(self) -> None:
         self._worker.check(allow_finished=True)
 
-    def poll(self, run: Any) -> int:
-        """Raise if the sampler failed; record the episodes it finished in ``run``; return the global env
-        steps in the replay (in a torchrun job: the world size times the slowest rank's steps)."""
+    def poll(self, run: Any, module: Any, updates: int) -> int:
+        """Raise if the sampler failed; record the episodes it finished in ``run``; publish ``module`` when due
+        (every PUBLISH_EVERY updates, or when no update is due) and wait a little when no update is due; return
+        the global env steps in the replay (in a torchrun job: the world size times the slowest rank's steps)."""
         self.alive()
         while not self.episodes.empty():
             run.episode(*self.episodes.get())
         # torchrun: counted as global steps (every rank's sampler steps as many), and the slowest rank's count,
         # so that every rank finds the same number of updates due.
         steps = (self._buffer.cursor - self._rows0) * self.num_envs * distributed.world_size()
-        return self.start_step + distributed.min_over_ranks(steps)
-
-    def after_updates(self, module: Any, updates: int, learned: bool) -> None:
-        """Publish when due (every PUBLISH_EVERY updates, or whenever the learner has nothing to do); wait
-        a little when the learner has nothing to do."""
-        if updates >= self.params.version + self.PUBLISH_EVERY or (not learned and updates > self.params.version):
+        global_step = self.start_step + distributed.min_over_ranks(steps)
+        idle = self.pacer.due(global_step, updates) == 0
+        if updates >= self.params.version + self.PUBLISH_EVERY or (idle and updates > self.params.version):
             self.params.publish(module, version=updates, check=self.alive)
-        if not learned:
+        if idle:
             t0 = time.perf_counter()
             time.sleep(self.WAIT_S)
             self.wait_s += time.perf_counter() - t0
+        return global_step
 
     def waits(self) -> dict[str, float]:
         """Seconds the learner waited for the sampler and the sampler for the learner, for the progress row."""
@@ -154,60 +160,3 @@ class AsyncReplay:
     def report(self, episodes: list[tuple[float, int]], step: int) -> None:
         for ret, length in episodes:
             self.episodes.put((ret, length, step))
-
-
-class ReplayFeed:
-    """Where a replay learner's rows come from; see the module docstring. Make it inside ``with run:`` (it starts
-    envs or a process, which the run must stop), with ``in_process`` or ``from_sampler``; then, in the loop,
-    ``global_step = feed.collect(global_step, *step_args)``, ``feed.updates_now(due)`` updates, and
-    ``waits = feed.after_updates(module, updates, learned)`` for the progress row."""
-
-    def __init__(self, run: Any, buffer: Any, num_envs: int, global_step: int, stepper: Any = None,
-                 link: AsyncReplay | None = None):
-        self.run, self.buffer, self.stepper, self.link = run, buffer, stepper, link
-        self.steps_per_row = num_envs * run.world  # global steps per replay row: every rank steps as many envs
-        self.start_step, self.start_rows = global_step, buffer.cursor  # rows a restored replay already held
-        self.in_replay = global_step
-
-    @classmethod
-    def in_process(cls, run: Any, buffer: Any, stepper: Any, num_envs: int, global_step: int) -> ReplayFeed:
-        """serial/parallel: ``collect(global_step, *step_args)`` calls ``stepper.step(*step_args)``, which steps
-        every env once and returns the arguments of ``buffer.append`` (the first ``None`` while nothing is ready
-        to append) followed by the episodes it finished, ``[(return, length)]``."""
-        return cls(run, buffer, num_envs, global_step, stepper=stepper)
-
-    @classmethod
-    def from_sampler(cls, run: Any, buffer: Any, module: Any, pacer: ReplayPacer, num_envs: int, global_step: int,
-                     sampler_main: Callable[..., None], sampler_args: tuple) -> ReplayFeed:
-        """async: starts ``sampler_main(*sampler_args, link, affinity, parent_pid, stop)`` in a process of its own
-        (held by ``run``), which appends to the shared ``buffer`` with the newest parameters of ``module``."""
-        link = AsyncReplay(module, pacer, num_envs, global_step)
-        worker = run.hold(Worker(sampler_main, (*sampler_args, link, run.affinity, os.getpid()), name="sampler"))
-        link.attach(worker, buffer)
-        return cls(run, buffer, num_envs, global_step, link=link)
-
-    def collect(self, global_step: int, *step_args: Any) -> int:
-        """New rows in the replay; returns the global step (every rank's env steps)."""
-        if self.link is not None:
-            self.in_replay = self.link.poll(self.run)
-            return self.in_replay
-        *append_args, episodes = self.stepper.step(*step_args)
-        if append_args[0] is not None:
-            self.buffer.append(*append_args)
-        global_step += self.steps_per_row
-        for ret, length in episodes:
-            self.run.episode(ret, length, global_step)
-        self.in_replay = self.start_step + (self.buffer.cursor - self.start_rows) * self.steps_per_row
-        return global_step
-
-    def updates_now(self, due: int) -> int:
-        """How many of the ``due`` updates to make before collecting again: all of them in this process; one at a
-        time with a sampler process, so that its parameters are published between them."""
-        return due if self.link is None else min(due, 1)
-
-    def after_updates(self, module: Any, updates: int, learned: bool) -> dict[str, float]:
-        """async: publish ``module`` when due; returns the waits for the progress row (``{}`` in this process)."""
-        if self.link is None:
-            return {}
-        self.link.after_updates(module, updates, learned)
-        return self.link.waits()

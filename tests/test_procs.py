@@ -174,29 +174,37 @@ def test_pacer_keeps_the_replay_ratio_and_never_deadlocks_the_sampler(ups, min_s
         assert not pacer.sampler_ahead(sampled, updates, lag, chunk * envs)
 
 
-def test_async_replay_publishes_every_n_updates_and_whenever_the_learner_waits():
+def test_async_replay_poll_publishes_every_n_updates_and_whenever_no_update_is_due():
     import torch
 
     from shared.pacing import AsyncReplay, ReplayPacer
 
+    class Alive:
+        def check(self, allow_finished=False):
+            pass
+
     module = torch.nn.Linear(2, 2)
-    link = AsyncReplay(module, ReplayPacer(1.0, 0, 0, 5), num_envs=1)
+    link = AsyncReplay(module, ReplayPacer(1.0, 0, 0, 5), num_envs=1)  # one update per step, from 5 updates
+    buffer = _Buffer()
+    buffer.watch = lambda check: None
+    link.attach(Alive(), buffer)
     assert link.params.version == 5
+    buffer.cursor = 20  # the sampler appended 20 rows: 20 updates due in all
     for updates in range(6, 15):  # learning, fewer than PUBLISH_EVERY updates since the last publish
-        link.after_updates(module, updates, learned=True)
+        assert link.poll(_FakeRun(), module, updates) == 20
     assert link.params.version == 5 and link.wait_s == 0.0
-    link.after_updates(module, 15, learned=True)
+    link.poll(_FakeRun(), module, 15)
     assert link.params.version == 15
     with torch.no_grad():
         module.weight.fill_(3.0)
-    link.after_updates(module, 16, learned=False)  # waiting: publish what it has, then sleep
-    assert link.params.version == 16 and link.wait_s > 0
+    link.poll(_FakeRun(), module, 25)  # all 20 done, none due: publish what it has, then sleep
+    assert link.params.version == 25 and link.wait_s > 0
     copy = torch.nn.Linear(2, 2)
     link.pull(copy)
     assert torch.equal(copy.weight, module.weight)
     waited = link.wait_s
-    link.after_updates(module, 16, learned=False)  # nothing new: no publish, one more wait
-    assert link.params.version == 16 and link.wait_s > waited
+    link.poll(_FakeRun(), module, 25)  # nothing new: no publish, one more wait
+    assert link.params.version == 25 and link.wait_s > waited
     assert set(link.waits()) == {"wait_s", "sampler_wait_s"}
 
 
@@ -210,21 +218,6 @@ class _FakeRun:
         self.episodes.append((ret, length, step))
 
 
-class _ChunkStepper:
-    """Steps [B] envs; a chunk of ``rows`` rows is ready every ``rows`` steps (R2D1's sequences), and one
-    episode ends on the 5th step."""
-
-    def __init__(self, rows):
-        self.rows, self.t = rows, 0
-
-    def step(self, tag):
-        self.t += 1
-        episodes = [(1.5, 5)] if self.t == 5 else []
-        if self.t % self.rows:
-            return None, None, episodes
-        return f"{tag}{self.t}", [0.5] * self.rows, episodes
-
-
 class _Buffer:
     def __init__(self, cursor=0):
         self.cursor, self.appended = cursor, []
@@ -232,33 +225,3 @@ class _Buffer:
     def append(self, samples, priorities=None):
         self.appended.append((samples, priorities))
         self.cursor += len(priorities) if priorities is not None else 1
-
-
-def test_replay_feed_counts_global_steps_and_the_steps_in_the_replay():
-    """In this process: every collect is num_envs x world global steps; ``in_replay`` counts only the rows
-    appended (whole chunks), from where a resumed run (and a restored replay's cursor) started; episodes are
-    recorded at the step they ended."""
-    from shared.pacing import ReplayFeed
-
-    run, buffer = _FakeRun(), _Buffer(cursor=100)  # a restored replay already held 100 rows
-    feed = ReplayFeed.in_process(run, buffer, _ChunkStepper(rows=4), num_envs=3, global_step=600)
-    step = 600
-    for t in range(1, 10):
-        step = feed.collect(step, "c")
-        assert step == 600 + t * 3 * 2
-        assert feed.in_replay == 600 + (t // 4) * 4 * 3 * 2  # behind while a chunk fills
-    assert buffer.appended == [("c4", [0.5] * 4), ("c8", [0.5] * 4)]
-    assert run.episodes == [(1.5, 5, 600 + 5 * 6)]
-    assert feed.updates_now(7) == 7 and feed.after_updates(None, 3, learned=True) == {}
-
-
-def test_replay_feed_appends_rows_that_come_without_priorities():
-    from shared.pacing import ReplayFeed
-
-    class RowStepper:
-        def step(self, eps):
-            return {"eps": eps}, []
-
-    buffer = _Buffer()
-    feed = ReplayFeed.in_process(_FakeRun(), buffer, RowStepper(), num_envs=1, global_step=0)
-    assert feed.collect(0, 0.1) == 2 and feed.in_replay == 2 and buffer.appended == [({"eps": 0.1}, None)]
