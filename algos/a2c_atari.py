@@ -316,28 +316,6 @@ def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.dev
 # ---------------------------------------------------------------------------------------------- sampler
 
 
-def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, last: int, affinity, parent_pid: int,
-                 stop) -> None:
-    """Async sampler process: rollout k goes to slot k % 2, collected with the parameters the learner left in that
-    slot when it released rollout k - 2 (update k - 1): exactly one update behind the learner."""
-    affinity.apply_worker(0)
-    args = replace(args, bf16=sampler_bf16(args.bf16))  # it acts on this CPU: no emulated bf16 here
-    check = parent_alive_check(stop, parent_pid)
-    envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial",
-                     n_threads=len(affinity.worker_cpus[0]))
-    state = EnvState(envs, distributed.env_seed(args.seed, args.num_envs))
-    agent = Agent(envs.single_observation_space.shape, envs.single_action_space.n)
-    torch.manual_seed(distributed.rank_seed(args.seed + 1))
-    device = torch.device("cpu")
-    try:
-        for k in range(first, last):
-            buf = buffers.writer_acquire(k, check, module=agent)
-            collect(envs, agent, state, buf, boots[k % 2], args, device)
-            buffers.writer_release(k)
-    finally:
-        envs.close()
-
-
 class Sampler:
     """Where the learner's rollouts come from. serial/parallel: this process steps the envs with the current
     parameters; async: a sampler process (``sampler_main``) collects rollout k + 1 into the other slot of a double
@@ -435,6 +413,32 @@ def main() -> int:
                 break  # --stop-at-return reached, or a signal: finish ends as Ctrl-C does
         run.finish(global_step)  # the last row, checkpoint and evaluation
     return run.exit_code
+
+
+# ---------------------------------------------------------------------------------------------- async sampling
+# Only --sampler async runs this: a sampler process collecting rollouts into the double buffer.
+
+
+def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, last: int, affinity, parent_pid: int,
+                 stop) -> None:
+    """Async sampler process: rollout k goes to slot k % 2, collected with the parameters the learner left in that
+    slot when it released rollout k - 2 (update k - 1): exactly one update behind the learner."""
+    affinity.apply_worker(0)
+    args = replace(args, bf16=sampler_bf16(args.bf16))  # it acts on this CPU: no emulated bf16 here
+    check = parent_alive_check(stop, parent_pid)
+    envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial",
+                     n_threads=len(affinity.worker_cpus[0]))
+    state = EnvState(envs, distributed.env_seed(args.seed, args.num_envs))
+    agent = Agent(envs.single_observation_space.shape, envs.single_action_space.n)
+    torch.manual_seed(distributed.rank_seed(args.seed + 1))
+    device = torch.device("cpu")
+    try:
+        for k in range(first, last):
+            buf = buffers.writer_acquire(k, check, module=agent)
+            collect(envs, agent, state, buf, boots[k % 2], args, device)
+            buffers.writer_release(k)
+    finally:
+        envs.close()
 
 
 if __name__ == "__main__":

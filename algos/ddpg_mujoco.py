@@ -346,7 +346,7 @@ def main() -> int:
 
 
 # ---------------------------------------------------------------------------------------------- async sampling
-# Only --sampler async runs what follows: a sampler process stepping the envs into the shared replay.
+# Only --sampler async runs this: a sampler process stepping the envs into the shared replay.
 
 
 def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: AsyncReplay, affinity, parent_pid: int,

@@ -340,30 +340,6 @@ def learn_from(agent: Agent, return_norm: RunningNorm, optimizer, buf, boot, arg
 # ---------------------------------------------------------------------------------------------- async sampler
 
 
-def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, last: int, affinity, parent_pid: int,
-                 stop) -> None:
-    """Sampler process: rollout k goes to slot k % 2, collected with the parameters (observation statistics
-    included) the learner left in that slot when it released rollout k - 2 (update k - 1): exactly one update
-    behind the learner."""
-    affinity.apply_worker(0)
-    args = replace(args, bf16=sampler_bf16(args.bf16))  # it acts on this CPU: no emulated bf16 here
-    torch.set_num_threads(1)
-    check = parent_alive_check(stop, parent_pid)
-    envs = make_envs(args, make_env, "serial")
-    state = EnvState(envs, distributed.env_seed(args.seed + first, args.num_envs))
-    obs_dim, act_dim = int(np.prod(envs.single_observation_space.shape)), int(np.prod(state.space.shape))
-    agent = Agent(obs_dim, act_dim, args.hidden, args.init_log_std, args.normalize_obs)
-    torch.manual_seed(distributed.rank_seed(args.seed + 1))  # the policy's noise: a stream of each rank's own
-    device = torch.device("cpu")
-    try:
-        for k in range(first, last):
-            buf = buffers.writer_acquire(k, check, module=agent)
-            collect(envs, agent, state, buf, boots[k % 2], args, device)
-            buffers.writer_release(k)
-    finally:
-        envs.close()
-
-
 class Sampler:
     """Where the rollouts come from. serial/parallel: this process collects each with the current parameters;
     async: a sampler process (``sampler_main``) collects rollout k + 1 while the learner trains on rollout k, in
@@ -462,6 +438,34 @@ def main() -> int:
                 break  # --stop-at-return reached, or a signal: finish ends as Ctrl-C does
         run.finish(global_step)  # the last row, checkpoint and evaluation
     return run.exit_code
+
+
+# ---------------------------------------------------------------------------------------------- async sampling
+# Only --sampler async runs this: a sampler process collecting rollouts into the double buffer.
+
+
+def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, last: int, affinity, parent_pid: int,
+                 stop) -> None:
+    """Sampler process: rollout k goes to slot k % 2, collected with the parameters (observation statistics
+    included) the learner left in that slot when it released rollout k - 2 (update k - 1): exactly one update
+    behind the learner."""
+    affinity.apply_worker(0)
+    args = replace(args, bf16=sampler_bf16(args.bf16))  # it acts on this CPU: no emulated bf16 here
+    torch.set_num_threads(1)
+    check = parent_alive_check(stop, parent_pid)
+    envs = make_envs(args, make_env, "serial")
+    state = EnvState(envs, distributed.env_seed(args.seed + first, args.num_envs))
+    obs_dim, act_dim = int(np.prod(envs.single_observation_space.shape)), int(np.prod(state.space.shape))
+    agent = Agent(obs_dim, act_dim, args.hidden, args.init_log_std, args.normalize_obs)
+    torch.manual_seed(distributed.rank_seed(args.seed + 1))  # the policy's noise: a stream of each rank's own
+    device = torch.device("cpu")
+    try:
+        for k in range(first, last):
+            buf = buffers.writer_acquire(k, check, module=agent)
+            collect(envs, agent, state, buf, boots[k % 2], args, device)
+            buffers.writer_release(k)
+    finally:
+        envs.close()
 
 
 if __name__ == "__main__":
