@@ -25,6 +25,12 @@ sampler, which picks up the newest parameters between its steps, waits when it i
 steps ahead of what the learner's updates cover (`sampler_wait_s`, the learner is the bottleneck). Under
 torchrun steps are the job's (every rank's): each update takes batch_size samples on every rank, so the job's
 replay ratio is the one asked for; learning starts when every rank's replay holds min_steps_learn.
+
+Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the network in
+QNetwork and make_network: any nn.Module with forward(obs, noise) -> log-probabilities [N, A, n_atoms],
+q_values(obs, noise) -> their means [N, A] and a `support` tensor [n_atoms] (obs [N, ...] as the env gives them;
+noise: None or the noisy layers' torch.Generator); the loss in c51_update, whose returned dict is the row's
+logged statistics (a new key is a new progress.csv column); the schedule in main.
 """
 
 from __future__ import annotations
@@ -468,7 +474,8 @@ def make_learner(args: Args, run: Run) -> tuple[QNetwork, QNetwork, torch.optim.
         bad_args(f"--env-id {args.env_id}: {e}")
     target_net = make_network(args, run.obs_space.shape, int(run.act_space.n)).to(run.device)
     target_net.load_state_dict(q_net.state_dict())
-    if q_net.image and run.device.type == "cuda" and args.bf16:  # NHWC: the layout of bf16 tensor-core convolutions
+    images = len(run.obs_space.shape) == 3
+    if images and run.device.type == "cuda" and args.bf16:  # NHWC: the layout of bf16 tensor-core convolutions
         q_net, target_net = (net.to(memory_format=torch.channels_last) for net in (q_net, target_net))
     if args.optimizer == "adam":
         fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}  # one kernel for all parameters
@@ -496,9 +503,10 @@ def make_replay(args: Args, run: Run) -> ReplayBuffer:
 def act(q_net: QNetwork, device: torch.device, epsilon: float, rng: np.random.Generator, obs: np.ndarray,
         last_reward: float | None) -> int:
     """Evaluation policy: epsilon-greedy in the Q-values of one observation (noisy layers: their mean weights)."""
+    q = q_net.q_values(torch.as_tensor(obs, device=device)[None])  # [1, A]
     if rng.random() < epsilon:
-        return int(rng.integers(q_net.n_actions))
-    return int(q_net.q_values(torch.as_tensor(obs, device=device)[None]).argmax(1).item())
+        return int(rng.integers(q.shape[1]))
+    return int(q.argmax(1).item())
 
 
 def main() -> int:

@@ -23,6 +23,11 @@ AsyncReplay): the learner never runs ahead of it (`wait_s`), the sampler waits w
 max_lag_steps env steps ahead of what the learner's updates cover (`sampler_wait_s`). Under torchrun steps are
 the job's (every rank's): each update takes batch_size samples on every rank, so the job's replay ratio is the one
 asked for; learning starts when every rank's replay holds min_steps_learn.
+
+Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the networks in
+Actor (forward(obs) -> action [N, A] in [-1, 1]) and Critics (forward(obs, action) -> Q-values [K, N], K = 1 here); the
+losses in ddpg_update, whose returned dict is the row's logged statistics (a new key is a new progress.csv
+column); the schedule in main.
 """
 
 from __future__ import annotations

@@ -11,6 +11,11 @@ final one, whose value is the bootstrap target when the episode was truncated by
 bootstraps nothing.
 On Atari a lost life ends the *training* episode (no bootstrap across it) while the game goes on, so logged
 returns are whole games, unclipped.
+
+Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the network in
+Agent: any nn.Module whose forward(obs) takes observations [N, ...] as the env gives them (uint8 frames too) and
+returns logits [N, A] and values [N]; the loss in ppo_update, where each stats[...] list becomes a logged column
+(averaged over the minibatches: a new key is a new progress.csv column); the schedule in main.
 """
 
 from __future__ import annotations
@@ -392,7 +397,8 @@ def make_learner(args: Args, run: Run) -> tuple[Agent, torch.optim.Optimizer, to
         agent = Agent(run.obs_space.shape, int(run.act_space.n)).to(run.device)
     except ValueError as e:  # observations the network cannot take
         bad_args(f"--env-id {args.env_id}: {e}")
-    if agent.image and (run.device.type == "cpu" or args.bf16):  # NHWC: faster on a CPU, and for bf16 on a GPU
+    images = len(run.obs_space.shape) == 3
+    if images and (run.device.type == "cpu" or args.bf16):  # NHWC: faster on a CPU, and for bf16 on a GPU
         agent = agent.to(memory_format=torch.channels_last)
     fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}  # one kernel for all parameters
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, **fused)

@@ -25,6 +25,12 @@ limit; termination bootstraps nothing. The row after a final row starts an episo
 On Atari a lost life ends the *training* episode (no bootstrap across it) but neither the game nor the LSTM's memory.
 Observations and rewards can be normalised as ppo_mujoco.py does (--normalize-obs, --normalize-reward: on in the
 pendulum preset), and invalid-action masks (``info["action_mask"]``) are respected as in ppo_atari.py.
+
+Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the network in
+Agent: forward(obs, state, episode_start) over sequences [T, B, ...] returns the policy's outputs, values
+[T, B] and the state after the last row, policy(out, action, mask) the action (sampled when not given), its
+log-probability and the entropy, initial_state(B) the zero state; the loss in ppo_update, where each stats[...]
+list becomes a logged column; the schedule in main.
 """
 
 from __future__ import annotations
@@ -584,7 +590,8 @@ def make_learner(args: Args, run: Run) -> tuple:
         agent = make_agent(args, run.obs_space, run.act_space).to(run.device)
     except ValueError as e:  # observations the network cannot take
         bad_args(f"--env-id {args.env_id}{' ' + observe_flag(args) if args.observe_indices else ''}: {e}")
-    if agent.image and (run.device.type == "cpu" or args.bf16):  # NHWC: faster on a CPU, and for bf16 on a GPU
+    images = len(run.obs_space.shape) == 3
+    if images and (run.device.type == "cpu" or args.bf16):  # NHWC: faster on a CPU, and for bf16 on a GPU
         agent = agent.to(memory_format=torch.channels_last)
     fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}  # one kernel for all parameters
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, **fused)

@@ -21,6 +21,11 @@ Episode boundaries: envs autoreset on the step after an episode ends (gymnasium'
 resets the env: its row is masked out of every loss, and its observation is the episode's final one, whose value
 is the bootstrap target when the episode was truncated by the time limit (every MuJoCo v5 episode ends at 1000
 steps); termination bootstraps nothing.
+
+Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the network in
+Agent: forward(obs) takes raw observations [N, S] and returns the Gaussian mean [N, A], its log-std [N, A] and
+values [N], with `obs_norm` (the observation statistics) and `log_std` beside; the loss in ppo_update, where
+each stats[...] list becomes a logged column (a new key is a new progress.csv column); the schedule in main.
 """
 
 from __future__ import annotations

@@ -24,6 +24,12 @@ per env step = replay_ratio / (batch_size * sequence_length), as in rlpyt. Async
 more than max_lag_steps env steps ahead of what the learner's updates cover (`sampler_wait_s`). Under torchrun
 steps are the job's (every rank's): each update takes batch_size sequences on every rank, so the job's replay
 ratio is the one asked for; learning starts when every rank's replay holds min_steps_learn.
+
+Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the network in
+R2D1Net: forward(obs, prev_action, prev_reward, state, episode_start) over sequences [T, B, ...] returns
+Q-values [T, B, A] and the state after the last row, initial_state(B) the zero state, n_actions the action
+count; the loss in r2d1_loss (r2d1_update returns the row's logged statistics: a new key is a new column); the
+schedule in main.
 """
 
 from __future__ import annotations

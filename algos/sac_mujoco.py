@@ -21,6 +21,11 @@ replay_ratio: samples the learner consumes per sampled env step, so updates per 
 batch_size (256 / 256: the paper's one update per step). Async mode holds it from both sides
 (shared/pacing.py, AsyncReplay): the learner never runs ahead of it (`wait_s`), the sampler waits when it is more than
 max_lag_steps env steps ahead of what the learner's updates cover (`sampler_wait_s`).
+
+Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the networks in
+Actor (forward(obs, deterministic) -> action in [-1, 1] and its log-probability) and Critics (forward(obs,
+action) -> Q-values [K, N] of the K critics); the losses in sac_update, whose returned dict is the row's logged
+statistics (a new key is a new progress.csv column); the schedule in main.
 """
 
 from __future__ import annotations

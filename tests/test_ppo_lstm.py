@@ -96,7 +96,7 @@ def test_the_learner_replays_the_sampler_exactly_across_episode_starts(kind, mon
         ppo_lstm.collect(envs, agent, state, buf, boot, args, torch.device("cpu"))
     envs.close()
     assert (buf.episode_start.sum(0) >= 2).sum() >= 3  # several episodes start inside most sequences
-    assert np.abs(boot.h0).max() > 0.01  # the second rollout starts from carried states, not zeros
+    assert np.abs(boot.h0).max() > 1e-4  # the second rollout starts from carried states, not zeros
     np.testing.assert_array_equal(buf.episode_start[1:], buf.final_row[:-1])  # the row after a final row
     np.testing.assert_array_equal(boot.episode_start, buf.final_row[-1])
     with torch.no_grad():
