@@ -114,7 +114,9 @@ def test_atari_smoke_small_buffer_checkpoint_and_resume(sampler, tmp_path):
     assert [int(r["global_step"]) for r in rows] == [200, 400]
     assert int(rows[-1]["updates"]) > 0
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
-    dqn_atari.QNetwork((4, 84, 84), 4, dueling=False).load_state_dict(ckpt["model"])
+    net = dqn_atari.make_network(dqn_atari.Args(), (4, 84, 84), 4)  # whatever network the script makes
+    net.load_state_dict(ckpt["model"])
+    assert net(torch.zeros(2, 4, 84, 84, dtype=torch.uint8)).shape == (2, 4)  # Q-values [N, A], as documented
     assert ckpt["global_step"] == 400
     out = run("dqn_atari.py", *common, "--total-timesteps", "800", "--resume", str(run_dir), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
