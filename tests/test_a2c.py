@@ -57,7 +57,8 @@ def test_importance_weight_is_one_on_policy_and_truncated_off_policy():
 
 # Atari parallel sampling (ale-py's vector env) is tested frame for frame in test_atari.py and here with the slow
 # tests, for CI's 30 minutes.
-@pytest.mark.parametrize("sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow), "async"])
+@pytest.mark.parametrize("sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow),
+                                     pytest.param("async", marks=pytest.mark.slow)])
 def test_atari_smoke_checkpoint_and_resume(sampler, tmp_path):
     common = ["--num-envs", "4", "--num-steps", "5", "--log-every", "2", "--eval-episodes", "0",
               "--sampler", sampler]

@@ -66,6 +66,9 @@ def test_terminal_target_puts_all_mass_at_the_return():
     assert m[0, 3].item() == pytest.approx(1.0)
 
 
+# With the slow tests, for CI's 30 minutes (C51 CartPole is re-measured by benchmarks/recheck.py: 500.0 over 3 seeds);
+# the distributional loss and projection are checked against a reference in CI.
+@pytest.mark.slow
 @pytest.mark.parametrize("noisy", [[], ["--noisy"]], ids=["epsilon-greedy", "noisy"])
 def test_c51_learns_cartpole_serial(noisy, tmp_path):
     out = run("catdqn_atari.py", *CARTPOLE, *noisy, "--total-timesteps", "100000", "--stop-at-return", "475",
@@ -210,7 +213,8 @@ PRESET_SMOKE = ["--preset", "atari100k", "--env-id", "PongNoFrameskip-v4", "--mi
                 "100"]
 
 
-@pytest.mark.parametrize("sampler", ["serial", "parallel", "async"])
+@pytest.mark.parametrize("sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow),
+                                     pytest.param("async", marks=pytest.mark.slow)])
 def test_atari100k_preset_smoke(sampler, tmp_path):
     out = run("catdqn_atari.py", *PRESET_SMOKE, "--sampler", sampler, "--total-timesteps", "300", "--out-dir",
               str(tmp_path), "--run-name", "a", timeout=300)

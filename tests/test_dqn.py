@@ -102,7 +102,8 @@ def test_dueling_head_scales_the_torso_gradient():
 
 # Atari parallel sampling (ale-py's vector env) is tested frame for frame in test_atari.py and here with the slow
 # tests, for CI's 30 minutes.
-@pytest.mark.parametrize("sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow), "async"])
+@pytest.mark.parametrize("sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow),
+                                     pytest.param("async", marks=pytest.mark.slow)])
 def test_atari_smoke_small_buffer_checkpoint_and_resume(sampler, tmp_path):
     common = ["--num-envs", "4", "--buffer-size", "2000", "--min-steps-learn", "200", "--log-every", "200",
               "--eval-episodes", "0", "--sampler", sampler, "--prioritized", "--n-step-return", "3"]

@@ -31,7 +31,8 @@ SCRIPTS = {"ppo_atari.py": (CARTPOLE_PPO, 256), "ppo_mujoco.py": (PPO_PENDULUM, 
            "ddpg_mujoco.py": (PENDULUM, 100)}
 
 
-@pytest.mark.parametrize("name", ["ppo_atari.py", "dqn_atari.py", "ppo_mujoco.py", "ppo_lstm.py",
+@pytest.mark.parametrize("name", ["ppo_atari.py", "dqn_atari.py", pytest.param("ppo_mujoco.py", marks=pytest.mark.slow),
+                                  pytest.param("ppo_lstm.py", marks=pytest.mark.slow),
                                   pytest.param("sac_mujoco.py", marks=pytest.mark.slow),
                                   pytest.param("r2d1_atari.py", marks=pytest.mark.slow)])
 def test_evaluating_during_training_changes_nothing_in_the_training_run(name, tmp_path):

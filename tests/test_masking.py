@@ -26,7 +26,8 @@ FLAGS = {"ppo_atari.py": ["--num-envs", "4", "--num-steps", "64", "--learning-ra
                           "--learning-rate", "3e-3"]}
 
 
-@pytest.mark.parametrize("name, sampler", [("ppo_atari.py", "serial"), ("ppo_atari.py", "async"),
+@pytest.mark.parametrize("name, sampler", [("ppo_atari.py", "serial"),
+                                           pytest.param("ppo_atari.py", "async", marks=pytest.mark.slow),
                                            ("a2c_atari.py", "serial")])
 def test_the_masked_policy_never_takes_a_masked_action_and_learns_the_best_valid_one(name, sampler, tmp_path):
     """A masked action would pay most (10, against 1): the env raises if one is ever taken (in training or in

@@ -85,7 +85,7 @@ def test_ppo_learns_cartpole_in_every_mode(sampler, tmp_path):
 # ---------------------------------------------------------------------------------------------- Atari
 
 
-@pytest.mark.parametrize("sampler", ["serial", "parallel", "async"])
+@pytest.mark.parametrize("sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow), "async"])
 def test_atari_smoke_checkpoint_and_resume(sampler, tmp_path):
     out = run("ppo_atari.py", *ATARI_SMOKE, "--sampler", sampler, "--out-dir", str(tmp_path), "--run-name", "a",
               timeout=300)

@@ -205,7 +205,8 @@ def test_the_masked_policy_never_takes_a_masked_action_and_learns_the_best_valid
 # ---------------------------------------------------------------------------------------------- runs
 
 
-@pytest.mark.parametrize("sampler", ["serial", "parallel", "async"])
+@pytest.mark.parametrize("sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow),
+                                     pytest.param("async", marks=pytest.mark.slow)])
 def test_atari_smoke_checkpoint_and_resume(sampler, tmp_path):
     out = run("ppo_lstm.py", *ATARI_SMOKE, "--sampler", sampler, "--out-dir", str(tmp_path), "--run-name", "a",
               timeout=300)
@@ -222,7 +223,7 @@ def test_atari_smoke_checkpoint_and_resume(sampler, tmp_path):
     assert [int(r["global_step"]) for r in progress(run_dir)] == [64, 128, 192, 256, 320, 384]
 
 
-@pytest.mark.parametrize("sampler", ["serial", "async"])
+@pytest.mark.parametrize("sampler", ["serial", pytest.param("async", marks=pytest.mark.slow)])
 def test_continuous_checkpoint_resume_and_eval_only_carry_the_normalisers(sampler, tmp_path):
     flags = [*PENDULUM, "--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2",
              "--sampler", sampler, "--out-dir", str(tmp_path), "--run-name", "r"]
@@ -243,6 +244,7 @@ def test_continuous_checkpoint_resume_and_eval_only_carry_the_normalisers(sample
     assert ev["global_step"] == 512 and len(ev["returns"]) == 2
 
 
+@pytest.mark.slow
 def test_parallel_sampling_trains_exactly_as_serial_sampling(tmp_path):
     for sampler in ("serial", "parallel"):
         out = run("ppo_lstm.py", *TINY, "--sampler", sampler, "--total-timesteps", "512", "--out-dir", str(tmp_path),

@@ -126,7 +126,8 @@ def test_truncation_bootstraps_from_the_final_observation_and_termination_does_n
 
 # Parallel (45-60 s here: 8 env processes on 2 cores) with the slow tests, for CI's 30 minutes; the test after this
 # one shows in CI that parallel sampling trains exactly as serial sampling does.
-@pytest.mark.parametrize("sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow), "async"])
+@pytest.mark.parametrize("sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow),
+                                     pytest.param("async", marks=pytest.mark.slow)])
 def test_learns_inverted_pendulum_in_every_mode(sampler, tmp_path):
     out = run("ppo_mujoco.py", "--preset", "pendulum", "--sampler", sampler, "--stop-at-return", "500",
               "--eval-episodes", "5", "--out-dir", str(tmp_path), "--run-name", "r", timeout=500)
@@ -150,7 +151,7 @@ def test_parallel_sampling_trains_exactly_as_serial_sampling(tmp_path):
 # ---------------------------------------------------------------------------------------------- runs
 
 
-@pytest.mark.parametrize("sampler", ["serial", "async"])
+@pytest.mark.parametrize("sampler", ["serial", pytest.param("async", marks=pytest.mark.slow)])
 def test_checkpoint_and_resume_carry_the_normalisers(sampler, tmp_path):
     flags = [*TINY, "--normalize-reward", "--sampler", sampler, "--out-dir", str(tmp_path), "--run-name", "r"]
     out = run("ppo_mujoco.py", *flags, "--total-timesteps", "256", timeout=300)

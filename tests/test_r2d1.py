@@ -243,7 +243,8 @@ def test_lstm_beats_its_feed_forward_ablation_on_the_memory_task(tmp_path):
 
 # Atari parallel sampling (ale-py's vector env) is tested frame for frame in test_atari.py and here with the slow
 # tests, for CI's 30 minutes.
-@pytest.mark.parametrize("sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow), "async"])
+@pytest.mark.parametrize("sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow),
+                                     pytest.param("async", marks=pytest.mark.slow)])
 def test_atari_smoke_checkpoint_and_resume(sampler, tmp_path):
     common = ["--num-envs", "2", "--buffer-size", "2000", "--min-steps-learn", "200", "--log-every", "200",
               "--eval-episodes", "0", "--sampler", sampler, "--batch-size", "4", "--sequence-length", "8",
@@ -294,6 +295,7 @@ def test_killed_async_sampler_ends_the_run(tmp_path):
                                                          "10000000", "--log-every", "500"], tmp_path / "k")
 
 
+@pytest.mark.slow
 def test_ctrl_c_writes_a_checkpoint_and_exits_130(tmp_path):
     proc = start("r2d1_atari.py", *MEMORY_TASK, "--sampler", "parallel", "--total-timesteps", "10000000",
                  "--log-every", "500", "--out-dir", str(tmp_path), "--run-name", "c")

@@ -94,6 +94,7 @@ def test_a_tracked_run_logs_its_rows_and_config_and_a_resume_continues_the_same_
     assert min(steps) > 2048 and max(steps) == 4096  # the step axis goes on increasing
 
 
+@pytest.mark.slow  # for CI's 30 minutes; a one-process tracked run and its resume stay in CI
 def test_a_two_rank_job_makes_exactly_one_wandb_run(tmp_path):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
            str(ROOT / "algos" / "ppo_atari.py"), *CARTPOLE, "--total-timesteps", "2048", "--num-envs", "2",
