@@ -1,25 +1,30 @@
-"""A2C (synchronous advantage actor-critic) for Atari and vector-observation envs: serial, parallel, async.
+"""A2C (synchronous advantage actor-critic) for Atari and vector envs: serial, parallel, async.
 
-    python algos/a2c_atari.py                                        # Breakout, 16 envs x 5 steps, serial
-    python algos/a2c_atari.py --sampler parallel                     # ale-py's threaded vector env
-    python algos/a2c_atari.py --env-id CartPole-v1 --num-envs 8      # MLP torso, trains in seconds
+    # Breakout, 16 envs x 5 steps, serial
+    python algos/a2c_atari.py
+    # ale-py's threaded vector env
+    python algos/a2c_atari.py --sampler parallel
+    # MLP torso, trains in seconds
+    python algos/a2c_atari.py --env-id CartPole-v1 --num-envs 8
 
-One gradient step per rollout on n-step (or GAE) returns. Async mode: the sampler collects rollout k+1 while the
-learner trains on rollout k, so each rollout was sampled by the policy one update older (the double buffer
-bounds the lag at exactly one update). A2C has no ratio of its own, so the policy gradient is corrected with a
-truncated importance weight min(pi / mu, 1) (V-trace's rho-bar = 1); in serial and parallel mode it is 1.
+One gradient step per rollout on n-step (or GAE) returns. Async mode: the sampler collects
+rollout k+1 while the learner trains on rollout k, so each rollout was sampled by the policy one
+update older (the double buffer bounds the lag at exactly one update). A2C has no ratio of its
+own, so the policy gradient is corrected with a truncated importance weight min(pi / mu, 1)
+(V-trace's rho-bar = 1); in serial and parallel mode it is 1.
 
-Episode boundaries: envs autoreset on the step after an episode ends (gymnasium's next-step mode). That step
-only resets the env: its row (the final row) is masked out of every loss, and its observation is the episode's
-final one, whose value is the bootstrap target when the episode was truncated by the time limit; termination
-bootstraps nothing.
-On Atari a lost life ends the *training* episode (no bootstrap across it) while the game goes on, so logged
-returns are whole games, unclipped.
+Episode boundaries: envs autoreset on the step after an episode ends (gymnasium's next-step
+mode). That step only resets the env: its row (the final row) is masked out of every loss, and
+its observation is the episode's final one, whose value is the bootstrap target when the episode
+was truncated by the time limit; termination bootstraps nothing.
+On Atari a lost life ends the *training* episode (no bootstrap across it) while the game goes on,
+so logged returns are whole games, unclipped.
 
-Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the network in
-Agent: any nn.Module whose forward(obs) takes observations [N, ...] as the env gives them (uint8 frames too) and
-returns logits [N, A] and values [N]; the loss in a2c_update, whose returned dict is the row's logged statistics
-(a new key is a new progress.csv column); the schedule in main.
+Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the
+network in Agent: any nn.Module whose forward(obs) takes observations [N, ...] as the env gives
+them (uint8 frames too) and returns logits [N, A] and values [N]; the loss in a2c_update, whose
+returned dict is the row's logged statistics (a new key is a new progress.csv column); the
+schedule in main.
 """
 
 from __future__ import annotations
@@ -33,7 +38,8 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 # Find shared/ without an install step, from algos/ or from a copy anywhere in the repository.
-sys.path.insert(0, str(next(p for p in Path(__file__).resolve().parents if (p / "shared" / "__init__.py").exists())))
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "shared" / "__init__.py").exists())
+sys.path.insert(0, str(ROOT))
 
 import gymnasium as gym
 import numpy as np
@@ -58,20 +64,22 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 
 @dataclass
 class Args(RunArgs):
-    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
-    # experiment
+    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the
+    # same everywhere experiment
     preset: Literal["atari", "cartpole"] = "atari"
-    """named settings to start from (atari: the A2C paper's Atari settings; cartpole: tuned for CartPole-v1); flags
-    given override them"""
+    """named settings to start from (atari: the A2C paper's Atari settings; cartpole: tuned for
+    CartPole-v1); flags given override them"""
     env_id: str = "BreakoutNoFrameskip-v4"
-    """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations (MLP)"""
+    """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations
+    (MLP)"""
     total_timesteps: PositiveInt = 10_000_000
     """agent steps summed over all envs (Atari: 4 emulator frames each)"""
     log_every: PositiveInt = 100
     """rollouts between progress rows"""
     # algorithm
     num_envs: PositiveInt = 16
-    """environments stepped together on each rank (torchrun); the job's batch is ranks x num_envs x num_steps"""
+    """environments stepped together on each rank (torchrun); the job's batch is ranks x num_envs x
+    num_steps"""
     num_steps: PositiveInt = 5
     """steps per env in each rollout"""
     learning_rate: Annotated[float, Range(gt=0, lt=1)] = 7e-4
@@ -98,31 +106,46 @@ class Args(RunArgs):
     noop_max: NonNegInt = 30
     """Atari: up to this many random no-ops at reset (paper convention 30)"""
     sticky_actions: Annotated[float, Range(ge=0, lt=1)] = 0.0
-    """Atari: probability of repeating the previous action (0: paper convention, no sticky actions)"""
+    """Atari: probability of repeating the previous action (0: paper convention, no sticky
+    actions)"""
     clip_rewards: bool = True
     """Atari: train on the sign of the reward (logged returns stay unclipped)"""
     life_loss_terminal: bool = True
     """Atari: a lost life ends the training episode for bootstrapping (the game itself goes on)"""
     # infrastructure
     sampler: Literal["serial", "parallel", "async"] = "serial"
-    """serial (one process), parallel (ale-py threads / gymnasium AsyncVectorEnv) or async (sampler process
-    collects rollout k+1 with the parameters of update k-1 while the learner trains on rollout k)"""
+    """serial (one process), parallel (ale-py threads / gymnasium AsyncVectorEnv) or async (sampler
+    process collects rollout k+1 with the parameters of update k-1 while the learner trains on
+    rollout k)"""
 
 
-# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps its default.
+# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps
+# its default.
 PRESETS = {
     "atari": Args(),
-    # Ours, from rl-baselines3-zoo's a2c.yml CartPole-v1 (8 envs, no entropy bonus) with GAE and a larger step.
-    "cartpole": Args(preset="cartpole", env_id="CartPole-v1", total_timesteps=150_000, num_envs=8, num_steps=8,
-                     ent_coef=0.0, gamma=0.98, gae_lambda=0.9, learning_rate=2e-3, norm_adv=True),
+    # Ours, from rl-baselines3-zoo's a2c.yml CartPole-v1 (8 envs, no entropy bonus) with GAE and a
+    # larger step.
+    "cartpole": Args(
+        preset="cartpole",
+        env_id="CartPole-v1",
+        total_timesteps=150_000,
+        num_envs=8,
+        num_steps=8,
+        ent_coef=0.0,
+        gamma=0.98,
+        gae_lambda=0.9,
+        learning_rate=2e-3,
+        norm_adv=True,
+    ),
 }
 
-# ---------------------------------------------------------------------------------------------- environments
+# ------------------------------------------------------------------------------------- environments
 
 
 def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
     """One env, made in the process that steps it: a wrapper added here reaches every sampling mode
-    (shared/envs.py). Atari ids get the papers' preprocessing (shared/atari.py), other ids a plain gym.make."""
+    (shared/envs.py). Atari ids get the papers' preprocessing (shared/atari.py), other ids a
+    plain gym.make."""
 
     def thunk() -> gym.Env:
         if is_atari(args.env_id):
@@ -132,7 +155,7 @@ def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
     return thunk
 
 
-# ---------------------------------------------------------------------------------------------- network
+# ------------------------------------------------------------------------------------------ network
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias: float = 0.0) -> nn.Module:
@@ -142,25 +165,35 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias: float = 0.0) -> 
 
 
 class Agent(nn.Module):
-    """Nature CNN for images ([C, H, W] or [H, W, C], at least 36x36 pixels; uint8 scaled to [0, 1] inside) or a
-    64x64 tanh MLP for vectors, with policy and value heads."""
+    """Nature CNN for images ([C, H, W] or [H, W, C], at least 36x36 pixels; uint8 scaled to [0, 1]
+    inside) or a 64x64 tanh MLP for vectors, with policy and value heads."""
 
     def __init__(self, obs_shape: tuple[int, ...], n_actions: int):
         super().__init__()
         self.image = len(obs_shape) == 3
         if self.image:
-            c, h, w = image_shape(obs_shape)  # ValueError with the reason when the CNN cannot take the images
+            # ValueError with the reason when the CNN cannot take the images
+            c, h, w = image_shape(obs_shape)
             self.channels_last = tuple(obs_shape) != (c, h, w)
             conv = nn.Sequential(
-                layer_init(nn.Conv2d(c, 32, 8, stride=4)), nn.ReLU(),
-                layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-                layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten())
+                layer_init(nn.Conv2d(c, 32, 8, stride=4)),
+                nn.ReLU(),
+                layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+                nn.ReLU(),
+                layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+                nn.ReLU(),
+                nn.Flatten(),
+            )
             n_flat = conv(torch.zeros(1, c, h, w)).shape[1]  # 64 * 7 * 7 for 84x84 frames
             self.torso = nn.Sequential(*conv, layer_init(nn.Linear(n_flat, 512)), nn.ReLU())
             width = 512
         else:
-            self.torso = nn.Sequential(layer_init(nn.Linear(int(np.prod(obs_shape)), 64)), nn.Tanh(),
-                                       layer_init(nn.Linear(64, 64)), nn.Tanh())
+            self.torso = nn.Sequential(
+                layer_init(nn.Linear(int(np.prod(obs_shape)), 64)),
+                nn.Tanh(),
+                layer_init(nn.Linear(64, 64)),
+                nn.Tanh(),
+            )
             width = 64
         self.actor = layer_init(nn.Linear(width, n_actions), std=0.01)
         self.critic = layer_init(nn.Linear(width, 1), std=1.0)
@@ -176,41 +209,71 @@ class Agent(nn.Module):
 
 
 def masked(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``logits`` [N, A] with the actions ``mask`` [N, A] forbids at the lowest float: probability 0 when sampling,
-    in the log-probabilities and ratios, and no term in the entropy (0 * logit)."""
+    """``logits`` [N, A] with the actions ``mask`` [N, A] forbids at the lowest float: probability 0
+    when sampling, in the log-probabilities and ratios, and no term in the entropy (0 * logit)."""
     return logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
 
 
-# ---------------------------------------------------------------------------------------------- sampling
+# ----------------------------------------------------------------------------------------- sampling
 
-Rollout = namedarraytuple("Rollout", ["obs", "mask", "action", "logprob", "value", "reward", "terminated",
-                                      "episode_end",
-                                      "final_row", "ep_return", "ep_length"])  # ep_*: totals where episode_end
+Rollout = namedarraytuple(
+    "Rollout",
+    [
+        "obs",
+        "mask",
+        "action",
+        "logprob",
+        "value",
+        "reward",
+        "terminated",
+        "episode_end",
+        # ep_*: totals where episode_end
+        "final_row",
+        "ep_return",
+        "ep_length",
+    ],
+)
 Bootstrap = namedarraytuple("Bootstrap", ["obs", "final_row"])
 
 
 class EnvState:
-    """What a sampler carries between rollouts, per env: current observation, final_row flag, lives, episode
-    sums."""
+    """What a sampler carries between rollouts, per env: current observation, final_row flag, lives,
+    episode sums."""
 
     def __init__(self, envs, seed: int):
         self.obs, info = envs.reset(seed=seed)
         n = len(self.obs)
-        self.final_row = np.zeros(n, bool)  # True: this step only resets the env (next-step autoreset)
-        self.mask = action_mask(info, self.final_row, envs.single_action_space.n)  # [B, A]: all True without one
+        # True: this step only resets the env (next-step autoreset)
+        self.final_row = np.zeros(n, bool)
+        # [B, A]: all True without one
+        self.mask = action_mask(info, self.final_row, envs.single_action_space.n)
         self.lives = np.asarray(info.get("lives", np.zeros(n)), np.int64)
         self.ep_return = np.zeros(n, np.float64)
         self.ep_length = np.zeros(n, np.int64)
 
 
 def rollout_example(obs_space, n_actions: int, T: int, B: int) -> tuple:
-    one = Rollout(np.zeros(obs_space.shape, obs_space.dtype), np.ones(n_actions, bool), np.int64(0), np.float32(0),
-                  np.float32(0), np.float32(0), False, False, False, np.float64(0), np.int64(0))
-    return one, Bootstrap(np.zeros((B,) + obs_space.shape, obs_space.dtype), np.zeros(B, bool))  # [T,B] and [B]
+    one = Rollout(
+        np.zeros(obs_space.shape, obs_space.dtype),
+        np.ones(n_actions, bool),
+        np.int64(0),
+        np.float32(0),
+        np.float32(0),
+        np.float32(0),
+        False,
+        False,
+        False,
+        np.float64(0),
+        np.int64(0),
+    )
+    # [T,B] and [B]
+    return one, Bootstrap(np.zeros((B,) + obs_space.shape, obs_space.dtype), np.zeros(B, bool))
 
 
 @torch.no_grad()
-def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device) -> None:
+def collect(
+    envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device
+) -> None:
     """Step the envs num_steps times, writing buf [T, B] and the bootstrap observation boot [B]."""
     for t in range(args.num_steps):
         up = upload({"obs": state.obs, "mask": state.mask}, device)  # one copy: [B, ...], [B, A]
@@ -218,10 +281,14 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
             logits, value = agent(up["obs"])
         if not state.mask.all():  # invalid actions get probability 0 (envs without masks skip this)
             logits = masked(logits, up["mask"])
-        dist = Categorical(logits=logits, validate_args=False)  # validation would wait on a GPU twice a step
+        # validation would wait on a GPU twice a step
+        dist = Categorical(logits=logits, validate_args=False)
         action = dist.sample()
-        buf.obs[t], buf.mask[t], buf.final_row[t] = state.obs, state.mask, state.final_row
-        buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, dist.log_prob(action), value)  # one copy
+        buf.obs[t] = state.obs
+        buf.mask[t] = state.mask
+        buf.final_row[t] = state.final_row
+        # one copy
+        buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, dist.log_prob(action), value)
         next_obs, reward, term, trunc, info = envs.step(buf.action[t])
         lives = np.asarray(info.get("lives", state.lives), np.int64)
         life_lost = (lives < state.lives) & ~state.final_row
@@ -234,19 +301,23 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
         buf.ep_return[t], buf.ep_length[t] = state.ep_return, state.ep_length
         state.ep_return[buf.episode_end[t]] = 0.0
         state.ep_length[buf.episode_end[t]] = 0
-        state.obs, state.final_row, state.lives = next_obs, term | trunc, lives
+        state.obs = next_obs
+        state.final_row = term | trunc
+        state.lives = lives
         state.mask = action_mask(info, state.final_row, logits.shape[-1])  # for next_obs
     boot.obs[:], boot.final_row[:] = state.obs, state.final_row
 
 
-# ---------------------------------------------------------------------------------------------- loss and update
+# ---------------------------------------------------------------------------------- loss and update
 
 
-def compute_gae(reward, value, next_value, terminated, episode_end, final_row, gamma: float, lam: float):
-    """Advantages and returns, [T, B] numpy, on the host (a loop over T of [B] operations: on a GPU, the same loop
-    would be T x 7 tiny kernel launches). Final rows get 0 (they are masked out); `terminated` stops
-    bootstrapping, `episode_end` or `terminated` stops the trace; a truncated row bootstraps from the next row's
-    value, which is the value of the episode's final observation."""
+def compute_gae(
+    reward, value, next_value, terminated, episode_end, final_row, gamma: float, lam: float
+):
+    """Advantages and returns, [T, B] numpy, on the host (on a GPU this loop over T would be T x 7
+    tiny kernel launches). Final rows get 0 (they are masked out). `terminated` stops
+    bootstrapping; `episode_end` or `terminated` stops the trace; a truncated row bootstraps from
+    the next row's value, the value of the episode's final observation."""
     T = reward.shape[0]
     next_values = np.concatenate([value[1:], next_value[None]])  # [T, B]: V(s_{t+1})
     delta = reward + gamma * next_values * (1.0 - terminated) - value
@@ -261,17 +332,21 @@ def compute_gae(reward, value, next_value, terminated, episode_end, final_row, g
 
 
 def a2c_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.device) -> dict:
-    """One gradient step: policy gradient weighted by the (truncated) importance weight, value and entropy."""
+    """One gradient step: policy gradient weighted by the (truncated) importance weight, value and
+    entropy."""
     with autocast(device, args.bf16):
         logits, value = agent(data["obs"])
     if "mask" in data:
         logits = masked(logits, data["mask"])
     dist = Categorical(logits=logits, validate_args=False)
     logprob = dist.log_prob(data["action"])
-    # 1 unless the sampler lagged (async); exactly 1 otherwise, where another batch shape (or TF32, bf16 on a
-    # GPU) could make the recomputed log-probability differ in its last bits
-    rho = (logprob.detach() - data["logprob"]).exp().clamp(max=1.0) if args.sampler == "async" else \
-        torch.ones_like(logprob)
+    # 1 unless the sampler lagged (async); exactly 1 otherwise, where another batch shape (or TF32,
+    # bf16 on a GPU) could make the recomputed log-probability differ in its last bits
+    rho = (
+        (logprob.detach() - data["logprob"]).exp().clamp(max=1.0)
+        if args.sampler == "async"
+        else torch.ones_like(logprob)
+    )
     adv = data["adv"]
     if args.norm_adv:
         adv = (adv - adv.mean()) / (adv.std() + 1e-8)
@@ -284,33 +359,63 @@ def a2c_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
     distributed.average_gradients(agent)
     grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
     optimizer.step()
-    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per update.
-    return {"policy_loss": pg_loss.detach(), "value_loss": v_loss.detach(), "entropy": entropy.detach(),
-            "grad_norm": grad_norm, "rho_mean": rho.mean()}
+    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per
+    # update.
+    return {
+        "policy_loss": pg_loss.detach(),
+        "value_loss": v_loss.detach(),
+        "entropy": entropy.detach(),
+        "grad_norm": grad_norm,
+        "rho_mean": rho.mean(),
+    }
 
 
 def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.device) -> dict:
-    """Returns with the learner's current critic, then the A2C step; buf is [T, B] numpy (possibly shared)."""
+    """Returns with the learner's current critic, then the A2C step; buf is [T, B] numpy (possibly
+    shared)."""
     T, B = args.num_steps, args.num_envs
     # The rollout's observations (and masks, where the envs give them): one copy to a GPU.
-    up = upload({"obs": buf.obs, "boot_obs": boot.obs, **({} if np.all(buf.mask) else {"mask": buf.mask})}, device)
+    up = upload(
+        {"obs": buf.obs, "boot_obs": boot.obs, **({} if np.all(buf.mask) else {"mask": buf.mask})},
+        device,
+    )
     obs = up["obs"]
     if args.sampler == "async":
-        # The rollout was sampled with the previous parameters: recompute values with the current critic.
+        # The rollout was sampled with the previous parameters: recompute values with the current
+        # critic.
         with torch.no_grad(), autocast(device, args.bf16):
             _, values = agent(torch.cat([obs.flatten(0, 1), up["boot_obs"]]))
         values = to_host(values.float())  # GAE runs on the host
         value, next_value = values[: T * B].reshape(T, B), values[T * B :]
     else:
-        # Sampled with the current parameters: the rollout's values are the critic's; only the bootstrap is new.
+        # Sampled with the current parameters: the rollout's values are the critic's; only the
+        # bootstrap is new.
         with torch.no_grad(), autocast(device, args.bf16):
             _, next_value = agent(up["boot_obs"])
-        value, next_value = np.asarray(buf.value, np.float32), to_host(next_value.float())  # GAE: on the host
+        # GAE: on the host
+        value, next_value = np.asarray(buf.value, np.float32), to_host(next_value.float())
     fl = lambda x: np.asarray(x, np.float32)
-    adv, ret = compute_gae(fl(buf.reward), value, next_value, fl(buf.terminated), fl(buf.episode_end),
-                           fl(buf.final_row), args.gamma, args.gae_lambda)
-    t = upload({"action": buf.action, "logprob": buf.logprob, "adv": adv, "ret": ret,  # [T, B] each
-                "valid": np.flatnonzero(~np.asarray(buf.final_row).reshape(-1))}, device)  # one copy
+    adv, ret = compute_gae(
+        fl(buf.reward),
+        value,
+        next_value,
+        fl(buf.terminated),
+        fl(buf.episode_end),
+        fl(buf.final_row),
+        args.gamma,
+        args.gae_lambda,
+    )
+    t = upload(
+        {
+            "action": buf.action,
+            "logprob": buf.logprob,
+            "adv": adv,
+            "ret": ret,  # [T, B] each
+            # one copy
+            "valid": np.flatnonzero(~np.asarray(buf.final_row).reshape(-1)),
+        },
+        device,
+    )
     valid = t.pop("valid")  # [N] of T*B: never train on final rows
     data = {"obs": obs.flatten(0, 1)[valid], **{k: v.flatten()[valid] for k, v in t.items()}}
     if "mask" in up:
@@ -318,50 +423,63 @@ def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.dev
     return a2c_update(agent, optimizer, data, args, device)
 
 
-# ---------------------------------------------------------------------------------------------- sampler
+# ------------------------------------------------------------------------------------------ sampler
 
 
 class Sampler:
-    """Where the learner's rollouts come from. serial/parallel: this process steps the envs with the current
-    parameters; async: a sampler process (``sampler_main``) collects rollout k + 1 into the other slot of a double
-    buffer, with the parameters of update k - 1, while the learner trains on rollout k."""
+    """Where the learner's rollouts come from. serial/parallel: this process steps the envs with the
+    current parameters; async: a sampler process (``sampler_main``) collects rollout k + 1 into
+    the other slot of a double buffer, with the parameters of update k - 1, while the learner
+    trains on rollout k."""
 
     def __init__(self, args: Args, run: Run, agent: Agent, first: int, last: int):
         self.args, self.run = args, run
-        example, boot_example = rollout_example(run.obs_space, run.act_space.n, args.num_steps, args.num_envs)
+        example, boot_example = rollout_example(
+            run.obs_space, run.act_space.n, args.num_steps, args.num_envs
+        )
         if args.sampler == "async":
             self.buffers = DoubleBuffer(example, (args.num_steps, args.num_envs), module=agent)
             self.boots = [buffer_from_example(boot_example, (), shared=True) for _ in range(2)]
-            self.worker = run.hold(Worker(sampler_main, (args, self.buffers, self.boots, first, last, run.affinity,
-                                                         os.getpid()), name="sampler"))
+            self.worker = run.hold(
+                Worker(
+                    sampler_main,
+                    (args, self.buffers, self.boots, first, last, run.affinity, os.getpid()),
+                    name="sampler",
+                )
+            )
         else:
             self.buffers = None
-            self.envs = run.hold(make_envs(args, make_env, args.sampler, n_threads=len(run.affinity.learner_cpus)))
+            self.envs = run.hold(
+                make_envs(args, make_env, args.sampler, n_threads=len(run.affinity.learner_cpus))
+            )
             # A resumed run starts fresh episodes; every env of every rank has a seed of its own.
             self.state = EnvState(self.envs, distributed.env_seed(args.seed + first, args.num_envs))
             self.buf = buffer_from_example(example, (args.num_steps, args.num_envs))  # [T, B]
             self.boot = buffer_from_example(boot_example, ())  # [B]
 
     def collect(self, agent: Agent, it: int, global_step: int) -> tuple[int, Rollout, Bootstrap]:
-        """Rollout ``it`` [T, B] and its bootstrap [B], the episodes that ended in it recorded; returns the global
-        step after it (every rank's env steps) and the rollout."""
-        if self.buffers is not None:  # sampled by the other process with the parameters of update it - 1
+        """Rollout ``it`` [T, B] and its bootstrap [B], the episodes that ended in it recorded;
+        returns the global step after it (every rank's env steps) and the rollout."""
+        # sampled by the other process with the parameters of update it - 1
+        if self.buffers is not None:
             buf, boot = self.buffers.reader_acquire(it, self.worker.check), self.boots[it % 2]
         else:
             buf, boot = self.buf, self.boot
             collect(self.envs, agent, self.state, buf, boot, self.args, self.run.device)
-        global_step += self.args.num_envs * self.args.num_steps * self.run.world  # every rank stepped as many
+        # every rank stepped as many
+        global_step += self.args.num_envs * self.args.num_steps * self.run.world
         for ret, length in zip(buf.ep_return[buf.episode_end], buf.ep_length[buf.episode_end]):
             self.run.episode(float(ret), int(length), global_step)
         return global_step, buf, boot
 
     def release(self, agent: Agent, it: int) -> None:
-        """async: the slot goes back with the new parameters, which rollout it + 2 is collected with."""
+        """async: the slot goes back with the new parameters, which rollout it + 2 is collected
+        with."""
         if self.buffers is not None:
             self.buffers.reader_release(it, module=agent, version=it + 1)
 
 
-# ---------------------------------------------------------------------------------------------- main
+# --------------------------------------------------------------------------------------------- main
 
 
 def make_learner(args: Args, run: Run) -> tuple[Agent, torch.optim.Optimizer]:
@@ -371,24 +489,31 @@ def make_learner(args: Args, run: Run) -> tuple[Agent, torch.optim.Optimizer]:
     except ValueError as e:  # observations the network cannot take
         bad_args(f"--env-id {args.env_id}: {e}")
     images = len(run.obs_space.shape) == 3
-    if images and (run.device.type == "cpu" or args.bf16):  # NHWC: faster on a CPU, and for bf16 on a GPU
+    # NHWC: faster on a CPU, and for bf16 on a GPU
+    if images and (run.device.type == "cpu" or args.bf16):
         agent = agent.to(memory_format=torch.channels_last)
-    optimizer = torch.optim.RMSprop(agent.parameters(), lr=args.learning_rate, alpha=args.rmsprop_alpha,
-                                    eps=args.rmsprop_eps)
+    optimizer = torch.optim.RMSprop(
+        agent.parameters(), lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps
+    )
     return agent, optimizer
 
 
-def set_learning_rate(optimizer: torch.optim.Optimizer, args: Args, it: int, num_iterations: int) -> float:
-    """The learning rate of iteration ``it`` (annealed linearly to 0 with --anneal-lr), set; returns it."""
+def set_learning_rate(
+    optimizer: torch.optim.Optimizer, args: Args, it: int, num_iterations: int
+) -> float:
+    """The learning rate of iteration ``it`` (annealed linearly to 0 with --anneal-lr), set; returns
+    it."""
     lr = args.learning_rate * (1.0 - it / num_iterations) if args.anneal_lr else args.learning_rate
     for group in optimizer.param_groups:
         group["lr"] = lr
     return lr
 
 
-def act(agent: Agent, device: torch.device, obs: np.ndarray, last_reward: float | None, mask=None) -> int:
-    """Evaluation policy: an action sampled from the policy for one observation (among the valid actions
-    ``mask`` [A] where the env gives one)."""
+def act(
+    agent: Agent, device: torch.device, obs: np.ndarray, last_reward: float | None, mask=None
+) -> int:
+    """Evaluation policy: an action sampled from the policy for one observation (among the valid
+    actions ``mask`` [A] where the env gives one)."""
     logits, _ = agent(torch.as_tensor(obs, device=device)[None])
     if mask is not None:
         logits = masked(logits, torch.as_tensor(np.asarray(mask, bool), device=device)[None])
@@ -396,9 +521,16 @@ def act(agent: Agent, device: torch.device, obs: np.ndarray, last_reward: float 
 
 
 def main() -> int:
-    args = parse_args(Args, PRESETS)  # each field's range is declared on it; no flag relates to another
-    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete,
-              iteration_steps=args.num_envs * args.num_steps)  # --log-every counts rollouts
+    # each field's range is declared on it; no flag relates to another
+    args = parse_args(Args, PRESETS)
+    # --log-every counts rollouts
+    run = Run(
+        args,
+        SCRIPT,
+        make_env,
+        action_space=gym.spaces.Discrete,
+        iteration_steps=args.num_envs * args.num_steps,
+    )
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating():  # sizes this machine cannot hold: exit 2
         agent, optimizer = make_learner(args, run)
@@ -421,19 +553,32 @@ def main() -> int:
     return run.exit_code
 
 
-# ---------------------------------------------------------------------------------------------- async sampling
+# ----------------------------------------------------------------------------------- async sampling
 # Only --sampler async runs this: a sampler process collecting rollouts into the double buffer.
 
 
-def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, last: int, affinity, parent_pid: int,
-                 stop) -> None:
-    """Async sampler process: rollout k goes to slot k % 2, collected with the parameters the learner left in that
-    slot when it released rollout k - 2 (update k - 1): exactly one update behind the learner."""
+def sampler_main(
+    args: Args,
+    buffers: DoubleBuffer,
+    boots: list,
+    first: int,
+    last: int,
+    affinity,
+    parent_pid: int,
+    stop,
+) -> None:
+    """Async sampler process: rollout k goes to slot k % 2, collected with the parameters the
+    learner left in that slot when it released rollout k - 2 (update k - 1): exactly one update
+    behind the learner."""
     affinity.apply_worker(0)
     args = replace(args, bf16=sampler_bf16(args.bf16))  # it acts on this CPU: no emulated bf16 here
     check = parent_alive_check(stop, parent_pid)
-    envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial",
-                     n_threads=len(affinity.worker_cpus[0]))
+    envs = make_envs(
+        args,
+        make_env,
+        "parallel" if is_atari(args.env_id) else "serial",
+        n_threads=len(affinity.worker_cpus[0]),
+    )
     state = EnvState(envs, distributed.env_seed(args.seed, args.num_envs))
     agent = Agent(envs.single_observation_space.shape, envs.single_action_space.n)
     torch.manual_seed(distributed.rank_seed(args.seed + 1))

@@ -1,36 +1,43 @@
 """Categorical DQN (C51) for Atari and vector-observation envs, serial, parallel and async sampling.
 
-    python algos/catdqn_atari.py                                      # Breakout, C51, 1M frame-wise replay
-    python algos/catdqn_atari.py --double-dqn --dueling --n-step-return 3 --prioritized --noisy  # Rainbow
-    python algos/catdqn_atari.py --preset atari100k --env-id PongNoFrameskip-v4   # data-efficient Rainbow, Atari 100k
+    # Breakout, C51, 1M frame-wise replay
+    python algos/catdqn_atari.py
+    # Rainbow
+    python algos/catdqn_atari.py --double-dqn --dueling --n-step-return 3 --prioritized --noisy
+    # data-efficient Rainbow, Atari 100k
+    python algos/catdqn_atari.py --preset atari100k --env-id PongNoFrameskip-v4
     python algos/catdqn_atari.py --env-id CartPole-v1 --v-min 0 --v-max 100 ...
 
-The network outputs a distribution over n_atoms returns between v_min and v_max per action; the target
-distribution r + gamma^k z (no bootstrap after termination) is projected back onto the support and the loss is
-the cross-entropy to it, which is also the priority in prioritized replay (Rainbow's KL-based priority: the two
-differ by the target's entropy, constant in the parameters). With --noisy the heads' linear layers are factorised
-noisy layers (Fortunato et al. 2018): new noise on every forward pass of acting and learning (the target network's
-too), exploration from the noise alone once learning starts (epsilon-greedy off, as in Rainbow, unless
+The network outputs a distribution over n_atoms returns between v_min and v_max per action; the
+target distribution r + gamma^k z (no bootstrap after termination) is projected back onto the
+support and the loss is the cross-entropy to it, which is also the priority in prioritized replay
+(Rainbow's KL-based priority: the two differ by the target's entropy, constant in the
+parameters). With --noisy the heads' linear layers are factorised noisy layers (Fortunato et al.
+2018): new noise on every forward pass of acting and learning (the target network's too),
+exploration from the noise alone once learning starts (epsilon-greedy off, as in Rainbow, unless
 --noisy-epsilon; uniform actions before), and evaluation with the mean weights.
 
-Replay rows follow gymnasium's next-step autoreset (see shared/replay.py): the step that only resets an env is
-never trained on, a time-limit truncation bootstraps from the episode's true final observation, termination
-does not bootstrap. On Atari a lost life is terminal for learning while the game goes on; logged returns are
-whole games, unclipped. Frames are stored once each (1M transitions in about 7.1 GB).
+Replay rows follow gymnasium's next-step autoreset (see shared/replay.py): the step that only
+resets an env is never trained on, a time-limit truncation bootstraps from the episode's true
+final observation, termination does not bootstrap. On Atari a lost life is terminal for learning
+while the game goes on; logged returns are whole games, unclipped. Frames are stored once each
+(1M transitions in about 7.1 GB).
 
-replay_ratio: samples the learner consumes per sampled env step, so updates per env step = replay_ratio /
-batch_size (DQN paper: 8 = a batch of 32 every 4 steps). Async mode holds it from both sides: the learner never
-runs ahead of it and logs how long it waited for the sampler (`wait_s`, the sampler is the bottleneck); the
-sampler, which picks up the newest parameters between its steps, waits when it is more than max_lag_steps env
-steps ahead of what the learner's updates cover (`sampler_wait_s`, the learner is the bottleneck). Under
-torchrun steps are the job's (every rank's): each update takes batch_size samples on every rank, so the job's
-replay ratio is the one asked for; learning starts when every rank's replay holds min_steps_learn.
+replay_ratio: samples the learner consumes per sampled env step, so updates per env step =
+replay_ratio / batch_size (DQN paper: 8 = a batch of 32 every 4 steps). Async mode holds it from
+both sides: the learner never runs ahead of it and logs how long it waited for the sampler
+(`wait_s`, the sampler is the bottleneck); the sampler, which picks up the newest parameters
+between its steps, waits when it is more than max_lag_steps env steps ahead of what the learner's
+updates cover (`sampler_wait_s`, the learner is the bottleneck). Under torchrun steps are the
+job's (every rank's): each update takes batch_size samples on every rank, so the job's replay
+ratio is the one asked for; learning starts when every rank's replay holds min_steps_learn.
 
-Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the network in
-QNetwork and make_network: any nn.Module with forward(obs, noise) -> log-probabilities [N, A, n_atoms],
-q_values(obs, noise) -> their means [N, A] and a `support` tensor [n_atoms] (obs [N, ...] as the env gives them;
-noise: None or the noisy layers' torch.Generator); the loss in c51_update, whose returned dict is the row's
-logged statistics (a new key is a new progress.csv column); the schedule in main.
+Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the
+network in QNetwork and make_network: any nn.Module with forward(obs, noise) -> log-probabilities
+[N, A, n_atoms], q_values(obs, noise) -> their means [N, A] and a `support` tensor [n_atoms] (obs
+[N, ...] as the env gives them; noise: None or the noisy layers' torch.Generator); the loss in
+c51_update, whose returned dict is the row's logged statistics (a new key is a new progress.csv
+column); the schedule in main.
 """
 
 from __future__ import annotations
@@ -43,7 +50,8 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 # Find shared/ without an install step, from algos/ or from a copy anywhere in the repository.
-sys.path.insert(0, str(next(p for p in Path(__file__).resolve().parents if (p / "shared" / "__init__.py").exists())))
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "shared" / "__init__.py").exists())
+sys.path.insert(0, str(ROOT))
 
 import gymnasium as gym
 import numpy as np
@@ -69,19 +77,22 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 
 @dataclass
 class Args(RunArgs):
-    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
-    # experiment
+    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the
+    # same everywhere experiment
     preset: Literal["atari", "atari100k", "cartpole"] = "atari"
-    """named settings to start from (atari: the C51 paper's Atari settings; atari100k: data-efficient Rainbow on the
-    Atari 100k benchmark; cartpole: tuned for CartPole-v1); flags given override them"""
+    """named settings to start from (atari: the C51 paper's Atari settings; atari100k:
+    data-efficient Rainbow on the Atari 100k benchmark; cartpole: tuned for CartPole-v1); flags
+    given override them"""
     env_id: str = "BreakoutNoFrameskip-v4"
-    """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations (MLP)"""
+    """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations
+    (MLP)"""
     total_timesteps: PositiveInt = 10_000_000
     """agent steps summed over all envs (Atari: 4 emulator frames each)"""
     log_every: PositiveInt = 10_000
     """env steps between progress rows"""
     save_replay: bool = False
-    """each checkpoint also writes the replay (replay.npz, plain arrays); --resume then continues with it"""
+    """each checkpoint also writes the replay (replay.npz, plain arrays); --resume then continues
+    with it"""
     eval_epsilon: Fraction = 0.001
     """epsilon of the evaluation episodes"""
     # algorithm
@@ -102,8 +113,9 @@ class Args(RunArgs):
     adam_epsilon: PositiveFloat = 0.01 / 32
     """Adam's epsilon (C51 paper: 0.01 / batch size 32)"""
     network: Literal["nature", "data-efficient"] = "nature"
-    """image torso and head width: nature (three convolutions, 512 hidden units) or data-efficient (two 5x5
-    stride-5 convolutions, 256 hidden units; van Hasselt et al. 2019); vector observations get a 120-84 MLP"""
+    """image torso and head width: nature (three convolutions, 512 hidden units) or data-efficient
+    (two 5x5 stride-5 convolutions, 256 hidden units; van Hasselt et al. 2019); vector
+    observations get a 120-84 MLP"""
     n_atoms: Annotated[int, Range(ge=2)] = 51
     """atoms of the return distribution's support"""
     v_min: float = -10.0
@@ -115,19 +127,22 @@ class Args(RunArgs):
     n_step_return: PositiveInt = 1
     """steps summed before bootstrapping"""
     double_dqn: bool = False
-    """select the bootstrap action with the online network's mean Q, take the target network's distribution"""
+    """select the bootstrap action with the online network's mean Q, take the target network's
+    distribution"""
     dueling: bool = False
     """dueling head: Q = V + A - mean(A), gradient into the torso scaled by 1/sqrt(2)"""
     noisy: bool = False
-    """noisy nets: the heads' linear layers with factorised Gaussian noise; exploration from the noise alone once
-    learning starts, uniform actions before (the --eps-* flags are ignored; --noisy-epsilon adds epsilon beside
-    the noise), evaluation with the mean weights (and --eval-epsilon)"""
+    """noisy nets: the heads' linear layers with factorised Gaussian noise; exploration from the
+    noise alone once learning starts, uniform actions before (the --eps-* flags are ignored;
+    --noisy-epsilon adds epsilon beside the noise), evaluation with the mean weights (and
+    --eval-epsilon)"""
     noisy_sigma: PositiveFloat = 0.5
-    """noisy nets' sigma_0: the noise scales start at sigma_0 / sqrt(fan-in) (0.5 in the NoisyNet and Rainbow
-    papers, 0.1 in data-efficient Rainbow)"""
+    """noisy nets' sigma_0: the noise scales start at sigma_0 / sqrt(fan-in) (0.5 in the NoisyNet
+    and Rainbow papers, 0.1 in data-efficient Rainbow)"""
     noisy_epsilon: Fraction = 0.0
-    """noisy nets: epsilon-greedy beside the noise once learning starts (0: the noise alone, as Rainbow and the
-    data-efficient Rainbow paper; Dopamine's DER.gin trained with 0.01 until late 2022)"""
+    """noisy nets: epsilon-greedy beside the noise once learning starts (0: the noise alone, as
+    Rainbow and the data-efficient Rainbow paper; Dopamine's DER.gin trained with 0.01 until late
+    2022)"""
     prioritized: bool = False
     """prioritized replay: priorities |TD error|, importance weights with beta annealed to 1"""
     alpha: Fraction = 0.6
@@ -137,7 +152,8 @@ class Args(RunArgs):
     target_update_interval: PositiveInt = 10_000
     """env steps between target-network updates"""
     tau: Annotated[float, Range(gt=0, le=1)] = 1.0
-    """target update: 1 copies the online network (hard); below 1 moves a fraction tau of the way (soft)"""
+    """target update: 1 copies the online network (hard); below 1 moves a fraction tau of the way
+    (soft)"""
     eps_start: Fraction = 1.0
     """exploration epsilon at the start"""
     eps_end: Fraction = 0.01
@@ -152,59 +168,106 @@ class Args(RunArgs):
     noop_max: NonNegInt = 30
     """Atari: up to this many random no-ops at reset (paper convention 30)"""
     sticky_actions: Fraction = 0.0
-    """Atari: probability of repeating the previous action (0: paper convention, no sticky actions)"""
+    """Atari: probability of repeating the previous action (0: paper convention, no sticky
+    actions)"""
     clip_rewards: bool = True
     """Atari: train on the sign of the reward (logged returns stay unclipped)"""
     life_loss_terminal: bool = True
     """Atari: a lost life ends the training episode for bootstrapping (the game itself goes on)"""
     # infrastructure
     sampler: Literal["serial", "parallel", "async"] = "serial"
-    """serial, parallel (ale-py threads / AsyncVectorEnv) or async (sampler process appending to a shared replay
-    while the learner trains)"""
+    """serial, parallel (ale-py threads / AsyncVectorEnv) or async (sampler process appending to a
+    shared replay while the learner trains)"""
     max_lag_steps: NonNegInt = 1_000
-    """async: the sampler waits when it is this many env steps ahead of the learner's updates (0: never waits)"""
+    """async: the sampler waits when it is this many env steps ahead of the learner's updates (0:
+    never waits)"""
 
 
-# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps its default.
+# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps
+# its default.
 PRESETS = {
     "atari": Args(),
     # Ours, as dqn_atari.py's cartpole preset, with the value support over CartPole's returns.
-    # Data-efficient Rainbow (van Hasselt, Hessel and Aslanides 2019, "When to use parametric models in
-    # reinforcement learning?", appendix table), as Dopamine's labs/atari_100k/configs/DER.gin reproduces it:
-    # Rainbow (C51, double, dueling, noisy, prioritized, n-step) with one update of 32 per agent step, learning
-    # from 1,600 steps, a target copy every 2,000 updates, Adam 1e-4 / eps 1.5e-4, a 10 clip, 51 atoms on
-    # [-10, 10], priority exponent 0.5 and importance exponent 0.4 -> 1, noisy sigma_0 0.1, the smaller torso (two
-    # 5x5 stride-5 convolutions, 256 hidden units), a replay holding all 100k steps ("unbounded"), n-step 20.
-    # Where Dopamine's DER.gin differs from the paper: n-step 10 (SPR's choice), the Nature torso (padded 'SAME')
-    # with one 512-unit hidden layer shared by both streams, importance exponent fixed at 0.5, training epsilon
-    # beside the noise (0.01; 0 since late 2022). Before learning starts, uniform actions (SPR's; Dopamine acts with
-    # the untrained noisy net, which repeats one action). Not done here: Dopamine and SPR clear the frame stack at
-    # a lost life.
-    # Protocol of the published Atari 100k scores (Kaiser et al. 2019; Dopamine, SPR): 100k agent steps (400k
-    # frames, action repeat 4, one env), no sticky actions, episodes cut at 108k frames (27k agent steps), a lost
-    # life terminal for learning (whole games scored), rewards clipped to their sign for training, up to 30 no-op
-    # frames at reset (Dopamine: up to 30 no-op agent steps), the score the mean of 100 evaluation episodes after
-    # training, played with the mean weights and epsilon 0.001 (Dopamine's evaluation).
-    "atari100k": Args(preset="atari100k", total_timesteps=100_000, num_envs=1, buffer_size=100_000, batch_size=32,
-                      replay_ratio=32, min_steps_learn=1600, learning_rate=1e-4, adam_epsilon=1.5e-4,
-                      network="data-efficient", noisy=True, noisy_sigma=0.1, dueling=True, double_dqn=True,
-                      prioritized=True, alpha=0.5, beta=0.4, n_step_return=20, target_update_interval=2000,
-                      n_atoms=51, v_min=-10.0, v_max=10.0, gamma=0.99, max_grad_norm=10.0, noop_max=30,
-                      sticky_actions=0.0, life_loss_terminal=True, clip_rewards=True, eval_episodes=100,
-                      eval_epsilon=0.001, log_every=1000),
+    # Data-efficient Rainbow (van Hasselt, Hessel and Aslanides 2019, "When to use parametric models
+    # in reinforcement learning?", appendix table), as Dopamine's labs/atari_100k/configs/DER.gin
+    # reproduces it: Rainbow (C51, double, dueling, noisy, prioritized, n-step) with one update of
+    # 32 per agent step, learning from 1,600 steps, a target copy every 2,000 updates, Adam 1e-4 /
+    # eps 1.5e-4, a 10 clip, 51 atoms on [-10, 10], priority exponent 0.5 and importance exponent
+    # 0.4 -> 1, noisy sigma_0 0.1, the smaller torso (two 5x5 stride-5 convolutions, 256 hidden
+    # units), a replay holding all 100k steps ("unbounded"), n-step 20. Where Dopamine's DER.gin
+    # differs from the paper: n-step 10 (SPR's choice), the Nature torso (padded 'SAME') with one
+    # 512-unit hidden layer shared by both streams, importance exponent fixed at 0.5, training
+    # epsilon beside the noise (0.01; 0 since late 2022). Before learning starts, uniform actions
+    # (SPR's; Dopamine acts with the untrained noisy net, which repeats one action). Not done here:
+    # Dopamine and SPR clear the frame stack at a lost life.
+    # Protocol of the published Atari 100k scores (Kaiser et al. 2019; Dopamine, SPR): 100k agent
+    # steps (400k frames, action repeat 4, one env), no sticky actions, episodes cut at 108k frames
+    # (27k agent steps), a lost life terminal for learning (whole games scored), rewards clipped to
+    # their sign for training, up to 30 no-op frames at reset (Dopamine: up to 30 no-op agent
+    # steps), the score the mean of 100 evaluation episodes after training, played with the mean
+    # weights and epsilon 0.001 (Dopamine's evaluation).
+    "atari100k": Args(
+        preset="atari100k",
+        total_timesteps=100_000,
+        num_envs=1,
+        buffer_size=100_000,
+        batch_size=32,
+        replay_ratio=32,
+        min_steps_learn=1600,
+        learning_rate=1e-4,
+        adam_epsilon=1.5e-4,
+        network="data-efficient",
+        noisy=True,
+        noisy_sigma=0.1,
+        dueling=True,
+        double_dqn=True,
+        prioritized=True,
+        alpha=0.5,
+        beta=0.4,
+        n_step_return=20,
+        target_update_interval=2000,
+        n_atoms=51,
+        v_min=-10.0,
+        v_max=10.0,
+        gamma=0.99,
+        max_grad_norm=10.0,
+        noop_max=30,
+        sticky_actions=0.0,
+        life_loss_terminal=True,
+        clip_rewards=True,
+        eval_episodes=100,
+        eval_epsilon=0.001,
+        log_every=1000,
+    ),
     # Ours, as dqn_atari.py's cartpole preset, with the value support over CartPole's returns.
-    "cartpole": Args(preset="cartpole", env_id="CartPole-v1", total_timesteps=100_000, num_envs=4,
-                     buffer_size=50_000, min_steps_learn=1000, batch_size=64, eps_decay_steps=20_000, eps_end=0.02,
-                     n_step_return=3, replay_ratio=16, learning_rate=1e-3, adam_epsilon=0.01 / 64, dueling=True,
-                     target_update_interval=250, v_min=0.0, v_max=100.0),
+    "cartpole": Args(
+        preset="cartpole",
+        env_id="CartPole-v1",
+        total_timesteps=100_000,
+        num_envs=4,
+        buffer_size=50_000,
+        min_steps_learn=1000,
+        batch_size=64,
+        eps_decay_steps=20_000,
+        eps_end=0.02,
+        n_step_return=3,
+        replay_ratio=16,
+        learning_rate=1e-3,
+        adam_epsilon=0.01 / 64,
+        dueling=True,
+        target_update_interval=250,
+        v_min=0.0,
+        v_max=100.0,
+    ),
 }
 
-# ---------------------------------------------------------------------------------------------- environments
+# ------------------------------------------------------------------------------------- environments
 
 
 def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
     """One env, made in the process that steps it: a wrapper added here reaches every sampling mode
-    (shared/envs.py). Atari ids get the papers' preprocessing (shared/atari.py), other ids a plain gym.make."""
+    (shared/envs.py). Atari ids get the papers' preprocessing (shared/atari.py), other ids a
+    plain gym.make."""
 
     def thunk() -> gym.Env:
         if is_atari(args.env_id):
@@ -214,11 +277,12 @@ def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
     return thunk
 
 
-# ---------------------------------------------------------------------------------------------- network
+# ------------------------------------------------------------------------------------------ network
 
 
 class ScaleGrad(torch.autograd.Function):
-    """Identity forward; multiplies the gradient by `scale` backward (rlpyt's dueling torso scaling)."""
+    """Identity forward; multiplies the gradient by `scale` backward (rlpyt's dueling torso
+    scaling)."""
 
     @staticmethod
     def forward(ctx, x, scale):
@@ -231,15 +295,18 @@ class ScaleGrad(torch.autograd.Function):
 
 
 class NoisyLinear(nn.Module):
-    """Linear layer with factorised Gaussian noise (Fortunato et al. 2018, eqs. 10-11): y = (w + sigma_w * eps_w) x
-    + b + sigma_b * eps_b with eps_w = f(e_out) f(e_in)^T, eps_b = f(e_out), f(e) = sign(e) sqrt(|e|) and e ~ N(0, 1),
-    q + p draws instead of q p. Drawn anew on every call given a generator, one draw for the whole batch [N, p];
-    without one (evaluation), the mean weights. Initialised as the paper's section 3.2: w, b ~ U(-1/sqrt(p),
-    1/sqrt(p)), sigma = sigma_0 / sqrt(p)."""
+    """Linear layer with factorised Gaussian noise (Fortunato et al. 2018, eqs. 10-11), drawn anew
+    on every call given a generator (one draw for the whole batch [N, p]); without one
+    (evaluation), the mean weights."""
+
+    # y = (w + sigma_w * eps_w) x + b + sigma_b * eps_b with eps_w = f(e_out) f(e_in)^T,
+    # eps_b = f(e_out), f(e) = sign(e) sqrt(|e|), e ~ N(0, 1): q + p draws instead of q p.
+    # Initialised as in the paper's section 3.2: w, b ~ U(-1/sqrt(p), 1/sqrt(p)),
+    # sigma = sigma_0 / sqrt(p).
 
     def __init__(self, p: int, q: int, sigma_0: float):
         super().__init__()
-        bound = p ** -0.5
+        bound = p**-0.5
         self.weight = nn.Parameter(torch.empty(q, p).uniform_(-bound, bound))
         self.bias = nn.Parameter(torch.empty(q).uniform_(-bound, bound))
         self.weight_sigma = nn.Parameter(torch.full((q, p), sigma_0 * bound))
@@ -253,14 +320,18 @@ class NoisyLinear(nn.Module):
         e = torch.randn(p + self.weight.shape[0], generator=noise, device=x.device)
         f = e.sign() * e.abs().sqrt()
         f_in, f_out = f[:p], f[p:]
-        # sigma_w * (f_out f_in^T) applied to x without forming the [q, p] noise: (sigma_w (f_in * x)) * f_out
+        # sigma_w * (f_out f_in^T) applied to x without forming the [q, p] noise: (sigma_w (f_in *
+        # x)) * f_out
         return y + (F.linear(x * f_in, self.weight_sigma) + self.bias_sigma) * f_out
 
 
-def float32_out(layers: nn.Sequential, h: torch.Tensor, noise: torch.Generator | None = None) -> torch.Tensor:
-    """A head (linear, ReLU, linear): the hidden layer under the caller's autocast, the output layer in float32:
-    bfloat16 would round Q-values to steps of 1/16 near 10, the size of the TD errors that remain near
-    convergence. Noisy layers take the noise generator (None: their mean weights)."""
+def float32_out(
+    layers: nn.Sequential, h: torch.Tensor, noise: torch.Generator | None = None
+) -> torch.Tensor:
+    """A head (linear, ReLU, linear): the hidden layer under the caller's autocast, the output layer
+    in float32: bfloat16 would round Q-values to steps of 1/16 near 10, the size of the TD errors
+    that remain near convergence. Noisy layers take the noise generator (None: their mean
+    weights)."""
     hidden, relu, out = layers
     z = relu(hidden(h, noise) if isinstance(hidden, NoisyLinear) else hidden(h))
     with torch.autocast(z.device.type, enabled=False):
@@ -269,32 +340,52 @@ def float32_out(layers: nn.Sequential, h: torch.Tensor, noise: torch.Generator |
 
 
 class QNetwork(nn.Module):
-    """A torso for images ([C, H, W] or [H, W, C], at least 36x36, uint8 scaled inside; `network`: the Nature CNN
-    or the data-efficient one) or a 120-84 MLP torso for vectors; a categorical head, plain or
-    dueling, its linear layers noisy when `noisy_sigma` is given.
+    """Image torso (Nature CNN or the data-efficient one) or a 120-84 MLP for vectors, then a
+    categorical head, plain or dueling, noisy when `noisy_sigma` is given. forward(obs, noise)
+    returns log-probabilities [N, A, n_atoms] (noise: the noisy layers' generator, None for their
+    mean weights); q_values() their means under the support [N, A]."""
 
-    forward(obs, noise) returns log-probabilities [N, A, n_atoms]; q_values() their means under the support [N, A].
-    noise: the generator of the noisy layers' noise, None for their mean weights."""
-
-    def __init__(self, obs_shape: tuple[int, ...], n_actions: int, dueling: bool, support: torch.Tensor,
-                 network: str = "nature", noisy_sigma: float | None = None):
+    def __init__(
+        self,
+        obs_shape: tuple[int, ...],
+        n_actions: int,
+        dueling: bool,
+        support: torch.Tensor,
+        network: str = "nature",
+        noisy_sigma: float | None = None,
+    ):
         super().__init__()
-        self.image, self.dueling, self.n_actions = len(obs_shape) == 3, dueling, n_actions
+        self.image = len(obs_shape) == 3
+        self.dueling = dueling
+        self.n_actions = n_actions
         self.register_buffer("support", support)
         K = len(support)
         if self.image:
-            c, h, w = image_shape(obs_shape)  # ValueError with the reason when the CNN cannot take the images
+            # ValueError with the reason when the CNN cannot take the images
+            c, h, w = image_shape(obs_shape)
             self.channels_last = tuple(obs_shape) != (c, h, w)
             if network == "nature":
                 self.torso = nn.Sequential(
-                    nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-                    nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
+                    nn.Conv2d(c, 32, 8, stride=4),
+                    nn.ReLU(),
+                    nn.Conv2d(32, 64, 4, stride=2),
+                    nn.ReLU(),
+                    nn.Conv2d(64, 64, 3, stride=1),
+                    nn.ReLU(),
+                    nn.Flatten(),
+                )
                 hidden = 512
             else:  # data-efficient: 64 * 3 * 3 features for 84x84 frames
-                self.torso = nn.Sequential(nn.Conv2d(c, 32, 5, stride=5), nn.ReLU(), nn.Conv2d(32, 64, 5, stride=5),
-                                           nn.ReLU(), nn.Flatten())
+                self.torso = nn.Sequential(
+                    nn.Conv2d(c, 32, 5, stride=5),
+                    nn.ReLU(),
+                    nn.Conv2d(32, 64, 5, stride=5),
+                    nn.ReLU(),
+                    nn.Flatten(),
+                )
                 hidden = 256
-            width = self.torso(torch.zeros(1, c, h, w)).shape[1]  # 64 * 7 * 7 for 84x84 frames in the Nature CNN
+            # 64 * 7 * 7 for 84x84 frames in the Nature CNN
+            width = self.torso(torch.zeros(1, c, h, w)).shape[1]
         else:
             self.torso = nn.Sequential(nn.Linear(int(np.prod(obs_shape)), 120), nn.ReLU())
             width, hidden = 120, 84
@@ -314,25 +405,35 @@ class QNetwork(nn.Module):
             x = obs.float().flatten(1)
         h = self.torso(x)
         if self.dueling:
-            h = ScaleGrad.apply(h, 2 ** -0.5)  # two streams feed the torso: keep its gradient scale
-        logits = float32_out(self.q, h, noise).view(-1, self.n_actions, len(self.support))  # [N, A, K]
+            h = ScaleGrad.apply(h, 2**-0.5)  # two streams feed the torso: keep its gradient scale
+        # [N, A, K]
+        logits = float32_out(self.q, h, noise).view(-1, self.n_actions, len(self.support))
         if self.dueling:
-            logits = float32_out(self.v, h, noise).unsqueeze(1) + logits - logits.mean(dim=1, keepdim=True)
-        return logits.float().log_softmax(dim=-1)  # float32 whatever the autocast: the projection needs it
+            logits = (
+                float32_out(self.v, h, noise).unsqueeze(1)
+                + logits
+                - logits.mean(dim=1, keepdim=True)
+            )
+        # float32 whatever the autocast: the projection needs it
+        return logits.float().log_softmax(dim=-1)
 
     def q_values(self, obs: torch.Tensor, noise: torch.Generator | None = None) -> torch.Tensor:
         return (self.forward(obs, noise).exp() * self.support).sum(-1)  # [N, A]
 
 
-# ---------------------------------------------------------------------------------------------- sampling
+# ----------------------------------------------------------------------------------------- sampling
 
-Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated", "truncated", "episode_end"])
+Step = namedarraytuple(
+    "Step", ["observation", "action", "reward", "terminated", "truncated", "episode_end"]
+)
 
 
 def epsilons(args: Args, global_step: int) -> np.ndarray:
     """Exploration epsilon per env [B]."""
-    if args.noisy:  # the noise explores once learning starts (Rainbow acts greedily in the noisy Q-values); before,
-        # uniform actions fill the replay, as SPR's DER does: an untrained noisy net repeats one action
+    # the noise explores once learning starts (Rainbow acts greedily in the noisy Q-values); before,
+    if args.noisy:
+        # uniform actions fill the replay, as SPR's DER does: an untrained noisy net repeats one
+        # action
         learning = global_step >= args.min_steps_learn * distributed.world_size()
         return np.full(args.num_envs, args.noisy_epsilon if learning else 1.0)
     if args.vector_epsilon:
@@ -343,11 +444,13 @@ def epsilons(args: Args, global_step: int) -> np.ndarray:
 
 
 class EnvStepper:
-    """Steps the [B] envs one step at a time with an epsilon-greedy policy (in noisy Q-values, drawn anew each
-    step, when `noise` is a generator); keeps per-env episode state."""
+    """Steps the [B] envs one step at a time with an epsilon-greedy policy (in noisy Q-values, drawn
+    anew each step, when `noise` is a generator); keeps per-env episode state."""
 
     def __init__(self, envs, args: Args, seed: int, noise: torch.Generator | None):
-        self.envs, self.args, self.noise = envs, args, noise
+        self.envs = envs
+        self.args = args
+        self.noise = noise
         self.obs, info = envs.reset(seed=seed)
         n = args.num_envs
         self.final_row = np.zeros(n, bool)  # this step only resets the env (next-step autoreset)
@@ -357,7 +460,8 @@ class EnvStepper:
 
     @torch.no_grad()
     def step(self, q_net: QNetwork, eps: np.ndarray, device: torch.device) -> tuple:
-        """One step of every env; returns the replay row [1, B] and the episodes that ended [(return, length)]."""
+        """One step of every env; returns the replay row [1, B] and the episodes that ended
+        [(return, length)]."""
         with autocast(device, self.args.bf16):
             q = q_net.q_values(upload({"obs": self.obs}, device)["obs"], self.noise).float()
         greedy = to_host(q.argmax(dim=1))  # the one copy a step makes: the envs need the actions
@@ -369,27 +473,39 @@ class EnvStepper:
         raw = np.where(self.final_row, 0.0, reward)
         train_r = np.sign(raw) if (self.args.clip_rewards and is_atari(self.args.env_id)) else raw
         terminated = term | (life_lost & self.args.life_loss_terminal)
-        row = Step(self.obs[None], action[None], train_r[None].astype(np.float32), terminated[None], trunc[None],
-                   (term | trunc)[None])
+        row = Step(
+            self.obs[None],
+            action[None],
+            train_r[None].astype(np.float32),
+            terminated[None],
+            trunc[None],
+            (term | trunc)[None],
+        )
         self.ep_return += raw
         self.ep_length += ~self.final_row
         episode_end = term | trunc
-        episodes = list(zip(self.ep_return[episode_end].tolist(), self.ep_length[episode_end].tolist()))
+        episodes = list(
+            zip(self.ep_return[episode_end].tolist(), self.ep_length[episode_end].tolist())
+        )
         self.ep_return[episode_end], self.ep_length[episode_end] = 0.0, 0
-        self.obs, self.final_row, self.lives = next_obs, episode_end, lives
+        self.obs = next_obs
+        self.final_row = episode_end
+        self.lives = lives
         return row, episodes
 
 
-# ---------------------------------------------------------------------------------------------- loss and update
+# ---------------------------------------------------------------------------------- loss and update
 
 
-def project(next_probs: torch.Tensor, returns: torch.Tensor, discounts: torch.Tensor,
-            support: torch.Tensor) -> torch.Tensor:
-    """Project r + discount * z (each atom z carrying next_probs) onto the support: [N, K] -> [N, K].
-
-    Each shifted atom's mass is split between its two neighbouring support atoms in proportion to closeness
-    (all of it to one atom when it lands exactly on it); atoms beyond the ends go to the ends."""
-    v_min, v_max, K = support[0], support[-1], len(support)
+def project(
+    next_probs: torch.Tensor, returns: torch.Tensor, discounts: torch.Tensor, support: torch.Tensor
+) -> torch.Tensor:
+    """Project r + discount * z (each atom z carrying next_probs) onto the support [N, K].
+    Each shifted atom's mass is split between its two neighbouring atoms in proportion to
+    closeness (all of it to one atom when it lands on it); atoms beyond the ends go to the ends."""
+    v_min = support[0]
+    v_max = support[-1]
+    K = len(support)
     dz = (v_max - v_min) / (K - 1)
     tz = (returns[:, None] + discounts[:, None] * support[None, :]).clamp(v_min, v_max)  # [N, K]
     b = (tz - v_min) / dz
@@ -400,29 +516,50 @@ def project(next_probs: torch.Tensor, returns: torch.Tensor, discounts: torch.Te
     return m
 
 
-def target_distribution(batch, q_net: QNetwork, target_net: QNetwork, double: bool,
-                        noise: torch.Generator | None) -> torch.Tensor:
-    """Projected target [N, K]: the target net's distribution at s_{t+k} for a* (the online net's greedy action
-    when double, else the target net's), shifted by the n-step return and gamma^k (0 after termination)."""
+def target_distribution(
+    batch, q_net: QNetwork, target_net: QNetwork, double: bool, noise: torch.Generator | None
+) -> torch.Tensor:
+    """Projected target [N, K]: the target net's distribution at s_{t+k} for a* (the online net's
+    greedy action when double, else the target net's), shifted by the n-step return and gamma^k
+    (0 after termination)."""
     with torch.no_grad():
         next_logp = target_net(batch["next_observation"], noise)  # [N, A, K]
         next_q = (next_logp.exp() * target_net.support).sum(-1)
-        a_star = (q_net.q_values(batch["next_observation"], noise) if double else next_q).argmax(dim=1)
-        next_probs = next_logp[torch.arange(len(a_star), device=a_star.device), a_star].exp()  # [N, K]
+        a_star = (q_net.q_values(batch["next_observation"], noise) if double else next_q).argmax(
+            dim=1
+        )
+        # [N, K]
+        next_probs = next_logp[torch.arange(len(a_star), device=a_star.device), a_star].exp()
         discounts = (1.0 - batch["terminated_n"]) * batch["bootstrap_discount"]
         return project(next_probs, batch["n_step_return"], discounts, target_net.support)
 
 
-def c51_update(q_net, target_net, optimizer, buffer: ReplayBuffer, args: Args, beta: float,
-               device: torch.device, noise: torch.Generator | None) -> dict:
+def c51_update(
+    q_net,
+    target_net,
+    optimizer,
+    buffer: ReplayBuffer,
+    args: Args,
+    beta: float,
+    device: torch.device,
+    noise: torch.Generator | None,
+) -> dict:
     sample, index = buffer.sample(args.batch_size, beta=beta)
-    fields = ("observation", "next_observation", "action", "n_step_return", "terminated_n", "bootstrap_discount",
-              "is_weights")
+    fields = (
+        "observation",
+        "next_observation",
+        "action",
+        "n_step_return",
+        "terminated_n",
+        "bootstrap_discount",
+        "is_weights",
+    )
     batch = upload({k: getattr(sample, k) for k in fields}, device)  # one copy to a GPU
     for k in ("n_step_return", "terminated_n", "bootstrap_discount", "is_weights"):
         batch[k] = batch[k].float()
-    # Targets in an autocast region of their own: on torch before 2.6, weights cast under no_grad and reused by
-    # the forward with grad in the same region carried no autograd history (pytorch#112583).
+    # Targets in an autocast region of their own: on torch before 2.6, weights cast under no_grad
+    # and reused by the forward with grad in the same region carried no autograd history
+    # (pytorch#112583).
     with autocast(device, args.bf16):
         m = target_distribution(batch, q_net, target_net, args.double_dqn, noise).float()
     rows = torch.arange(args.batch_size, device=device)
@@ -435,11 +572,13 @@ def c51_update(q_net, target_net, optimizer, buffer: ReplayBuffer, args: Args, b
     distributed.average_gradients(q_net)
     nn.utils.clip_grad_norm_(q_net.parameters(), args.max_grad_norm)
     optimizer.step()
-    buffer.sample_ahead(args.batch_size, beta)  # async on a GPU: the host gathers the next batch while this trains
+    # async on a GPU: the host gathers the next batch while this trains
+    buffer.sample_ahead(args.batch_size, beta)
     if args.prioritized:  # the one copy an update makes: the sum tree lives on the host
         buffer.update_priorities(index, to_host(cross_entropy))
     q = (logp.detach().exp() * q_net.support).sum(-1)
-    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per update.
+    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per
+    # update.
     return {"td_loss": loss.detach(), "q_values": q.mean()}
 
 
@@ -449,11 +588,12 @@ def update_target(q_net: QNetwork, target_net: QNetwork, tau: float) -> None:
         tp.lerp_(p, tau)
 
 
-# ---------------------------------------------------------------------------------------------- main
+# --------------------------------------------------------------------------------------------- main
 
 
 def check_args(args: Args) -> None:
-    """What relates the flags to each other (each field's own range is declared on it): exit 2, one line."""
+    """What relates the flags to each other (each field's own range is declared on it): exit 2, one
+    line."""
     if not args.v_min < args.v_max:
         bad_args(f"--v-min {args.v_min} must be below --v-max {args.v_max}")
     check_replay_sizes(args)
@@ -461,13 +601,21 @@ def check_args(args: Args) -> None:
 
 def make_network(args: Args, obs_shape: tuple[int, ...], n_actions: int) -> QNetwork:
     support = torch.linspace(args.v_min, args.v_max, args.n_atoms)
-    return QNetwork(obs_shape, n_actions, args.dueling, support, args.network,
-                    args.noisy_sigma if args.noisy else None)
+    return QNetwork(
+        obs_shape,
+        n_actions,
+        args.dueling,
+        support,
+        args.network,
+        args.noisy_sigma if args.noisy else None,
+    )
 
 
-def make_learner(args: Args, run: Run) -> tuple[QNetwork, QNetwork, torch.optim.Optimizer, torch.Generator | None]:
-    """The online network, its target copy, the optimiser and the noisy layers' noise generator (None without
-    --noisy; in the checkpoint, so that a resumed run draws new noise)."""
+def make_learner(
+    args: Args, run: Run
+) -> tuple[QNetwork, QNetwork, torch.optim.Optimizer, torch.Generator | None]:
+    """The online network, its target copy, the optimiser and the noisy layers' noise generator
+    (None without --noisy; in the checkpoint, so that a resumed run draws new noise)."""
     try:
         q_net = make_network(args, run.obs_space.shape, int(run.act_space.n)).to(run.device)
     except ValueError as e:  # observations the network cannot take
@@ -475,16 +623,23 @@ def make_learner(args: Args, run: Run) -> tuple[QNetwork, QNetwork, torch.optim.
     target_net = make_network(args, run.obs_space.shape, int(run.act_space.n)).to(run.device)
     target_net.load_state_dict(q_net.state_dict())
     images = len(run.obs_space.shape) == 3
-    if images and run.device.type == "cuda" and args.bf16:  # NHWC: the layout of bf16 tensor-core convolutions
-        q_net, target_net = (net.to(memory_format=torch.channels_last) for net in (q_net, target_net))
+    # NHWC: the layout of bf16 tensor-core convolutions
+    if images and run.device.type == "cuda" and args.bf16:
+        q_net, target_net = (
+            net.to(memory_format=torch.channels_last) for net in (q_net, target_net)
+        )
     if args.optimizer == "adam":
-        fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}  # one kernel for all parameters
-        optimizer = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=args.adam_epsilon, **fused)
+        # one kernel for all parameters
+        fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}
+        optimizer = torch.optim.Adam(
+            q_net.parameters(), lr=args.learning_rate, eps=args.adam_epsilon, **fused
+        )
     else:
-        optimizer = torch.optim.RMSprop(q_net.parameters(), lr=args.learning_rate, alpha=0.95, eps=0.01,
-                                        centered=True)
-    # Seeded apart from the weights' initialisation, the same on every rank (and restored to the same state): a
-    # job's update draws one noise for its whole batch, as one process does.
+        optimizer = torch.optim.RMSprop(
+            q_net.parameters(), lr=args.learning_rate, alpha=0.95, eps=0.01, centered=True
+        )
+    # Seeded apart from the weights' initialisation, the same on every rank (and restored to the
+    # same state): a job's update draws one noise for its whole batch, as one process does.
     noise = torch.Generator(run.device).manual_seed(args.seed + 7_919) if args.noisy else None
     return q_net, target_net, optimizer, noise
 
@@ -494,15 +649,32 @@ def make_replay(args: Args, run: Run) -> ReplayBuffer:
     obs = run.obs_space
     frame_stack = obs.shape[0] if is_atari(args.env_id) else 1
     example = Step(np.zeros(obs.shape, obs.dtype), np.int64(0), np.float32(0), False, False, False)
-    return ReplayBuffer(example, args.buffer_size, args.num_envs, discount=args.gamma,
-                        n_step_return=args.n_step_return, frame_stack=frame_stack, prioritized=args.prioritized,
-                        alpha=args.alpha, beta=args.beta, shared=args.sampler == "async",
-                        seed=distributed.rank_seed(args.seed), prefetch=prefetch_on(run.device, args.sampler))
+    return ReplayBuffer(
+        example,
+        args.buffer_size,
+        args.num_envs,
+        discount=args.gamma,
+        n_step_return=args.n_step_return,
+        frame_stack=frame_stack,
+        prioritized=args.prioritized,
+        alpha=args.alpha,
+        beta=args.beta,
+        shared=args.sampler == "async",
+        seed=distributed.rank_seed(args.seed),
+        prefetch=prefetch_on(run.device, args.sampler),
+    )
 
 
-def act(q_net: QNetwork, device: torch.device, epsilon: float, rng: np.random.Generator, obs: np.ndarray,
-        last_reward: float | None) -> int:
-    """Evaluation policy: epsilon-greedy in the Q-values of one observation (noisy layers: their mean weights)."""
+def act(
+    q_net: QNetwork,
+    device: torch.device,
+    epsilon: float,
+    rng: np.random.Generator,
+    obs: np.ndarray,
+    last_reward: float | None,
+) -> int:
+    """Evaluation policy: epsilon-greedy in the Q-values of one observation (noisy layers: their
+    mean weights)."""
     q = q_net.q_values(torch.as_tensor(obs, device=device)[None])  # [1, A]
     if rng.random() < epsilon:
         return int(rng.integers(q.shape[1]))
@@ -511,31 +683,45 @@ def act(q_net: QNetwork, device: torch.device, epsilon: float, rng: np.random.Ge
 
 def main() -> int:
     args = parse_args(Args, PRESETS, check_args)
-    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete)  # checks: device, --resume, spaces (exit 2)
+    # checks: device, --resume, spaces (exit 2)
+    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete)
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating("buffer_size", "n_atoms"):  # sizes this machine cannot hold: exit 2
         q_net, target_net, optimizer, noise = make_learner(args, run)
         buffer = make_replay(args, run)
-    policy = partial(act, q_net, run.device, args.eval_epsilon, np.random.default_rng(args.seed + 100_000))
-    start = run.begin(policy, buffer, model=q_net, target_model=target_net, optimizer=optimizer, noise=noise)
+    policy = partial(
+        act, q_net, run.device, args.eval_epsilon, np.random.default_rng(args.seed + 100_000)
+    )
+    start = run.begin(
+        policy, buffer, model=q_net, target_model=target_net, optimizer=optimizer, noise=noise
+    )
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
     global_step, updates = start.global_step, start.updates
-    pacer = ReplayPacer(args.replay_ratio / (args.batch_size * run.world), args.min_steps_learn * run.world,
-                        *start.replay_origin)
+    pacer = ReplayPacer(
+        args.replay_ratio / (args.batch_size * run.world),
+        args.min_steps_learn * run.world,
+        *start.replay_origin,
+    )
     stats, waits = {"td_loss": None, "q_values": None}, {}
     next_target = global_step + args.target_update_interval
     with run:
-        if args.sampler != "async":  # this process steps the envs: in turn (serial), or in threads or processes
+        # this process steps the envs: in turn (serial), or in threads or processes
+        if args.sampler != "async":
             envs = run.hold(make_envs(args, make_env, args.sampler, len(run.affinity.learner_cpus)))
-            stepper = EnvStepper(envs, args, distributed.env_seed(args.seed + global_step, args.num_envs), noise)
+            stepper = EnvStepper(
+                envs, args, distributed.env_seed(args.seed + global_step, args.num_envs), noise
+            )
         else:  # a sampler process fills the shared replay (the last section of this file)
-            sampler = AsyncReplay.start(run, buffer, q_net, pacer, global_step, sampler_main, (args, buffer))
+            sampler = AsyncReplay.start(
+                run, buffer, q_net, pacer, global_step, sampler_main, (args, buffer)
+            )
         while global_step < args.total_timesteps:
             if args.sampler != "async":  # one step of every env, into the replay
                 row, episodes = stepper.step(q_net, epsilons(args, global_step), run.device)
                 buffer.append(row)
-                global_step += args.num_envs * run.world  # the job's env steps: every rank steps as many
+                # the job's env steps: every rank steps as many
+                global_step += args.num_envs * run.world
                 for ret, length in episodes:
                     run.episode(ret, length, global_step)
             else:  # the rows the sampler appended meanwhile; q_net is published to it when due
@@ -543,7 +729,9 @@ def main() -> int:
                 waits = sampler.waits()
             for _ in range(pacer.due(global_step, updates)):  # replay_ratio samples per env step
                 beta = args.beta + (1.0 - args.beta) * min(global_step / args.total_timesteps, 1.0)
-                stats = c51_update(q_net, target_net, optimizer, buffer, args, beta, run.device, noise)
+                stats = c51_update(
+                    q_net, target_net, optimizer, buffer, args, beta, run.device, noise
+                )
                 updates += 1
             if global_step >= next_target:
                 update_target(q_net, target_net, args.tau)
@@ -555,21 +743,30 @@ def main() -> int:
     return run.exit_code
 
 
-# ---------------------------------------------------------------------------------------------- async sampling
+# ----------------------------------------------------------------------------------- async sampling
 # Only --sampler async runs this: a sampler process stepping the envs into the shared replay.
 
 
-def sampler_main(args: Args, buffer: ReplayBuffer, link: AsyncReplay, affinity, parent_pid: int, stop) -> None:
-    """Async sampler process: steps the envs and appends to the shared replay with the newest parameters the
-    learner published; waits while it is more than max_lag_steps ahead of what the learner's updates cover."""
+def sampler_main(
+    args: Args, buffer: ReplayBuffer, link: AsyncReplay, affinity, parent_pid: int, stop
+) -> None:
+    """Async sampler process: steps the envs and appends to the shared replay with the newest
+    parameters the learner published; waits while it is more than max_lag_steps ahead of what the
+    learner's updates cover."""
     affinity.apply_worker(0)
     args = replace(args, bf16=sampler_bf16(args.bf16))  # it acts on this CPU: no emulated bf16 here
     check = parent_alive_check(stop, parent_pid)
-    envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial",
-                     n_threads=len(affinity.worker_cpus[0]))
+    envs = make_envs(
+        args,
+        make_env,
+        "parallel" if is_atari(args.env_id) else "serial",
+        n_threads=len(affinity.worker_cpus[0]),
+    )
     step = link.start_step
     seed = distributed.env_seed(args.seed + step, args.num_envs)
-    stepper = EnvStepper(envs, args, seed, torch.Generator().manual_seed(seed) if args.noisy else None)
+    stepper = EnvStepper(
+        envs, args, seed, torch.Generator().manual_seed(seed) if args.noisy else None
+    )
     q_net = make_network(args, envs.single_observation_space.shape, envs.single_action_space.n)
     try:
         while step < args.total_timesteps:
@@ -579,7 +776,8 @@ def sampler_main(args: Args, buffer: ReplayBuffer, link: AsyncReplay, affinity, 
             link.pull(q_net)
             row, episodes = stepper.step(q_net, epsilons(args, step), torch.device("cpu"))
             buffer.append(row)
-            step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
+            # counted as global steps, like the learner's
+            step += args.num_envs * distributed.world_size()
             link.report(episodes, step)
     finally:
         envs.close()

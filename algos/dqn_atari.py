@@ -1,31 +1,35 @@
-"""DQN for Atari and vector-observation envs (double, dueling, n-step, prioritized, noisy), serial, parallel and
-async.
+"""DQN (double, dueling, n-step, prioritized, noisy) for Atari and vector envs, every sampler.
 
-    python algos/dqn_atari.py                                         # Breakout, double DQN, 1M frame-wise replay
-    python algos/dqn_atari.py --sampler async                         # sampler process + learner, shared replay
+    # Breakout, double DQN, 1M frame-wise replay
+    python algos/dqn_atari.py
+    # sampler process + learner, shared replay
+    python algos/dqn_atari.py --sampler async
     python algos/dqn_atari.py --env-id CartPole-v1 --buffer-size 50000 --min-steps-learn 1000 ...
 
-Replay rows follow gymnasium's next-step autoreset (see shared/replay.py): the step that only resets an env is
-never trained on, a time-limit truncation bootstraps from the episode's true final observation, termination
-does not bootstrap. On Atari a lost life is terminal for learning while the game goes on; logged returns are
-whole games, unclipped. Frames are stored once each (1M transitions in about 7.1 GB). With --noisy the heads'
-linear layers are factorised noisy layers (Fortunato et al. 2018, NoisyNet-DQN): new noise on every forward pass
-of acting and learning, the target network's too; exploration from the noise alone once learning starts (or with
---noisy-epsilon), uniform actions before; evaluation with the mean weights.
+Replay rows follow gymnasium's next-step autoreset (see shared/replay.py): the step that only
+resets an env is never trained on, a time-limit truncation bootstraps from the episode's true
+final observation, termination does not bootstrap. On Atari a lost life is terminal for learning
+while the game goes on; logged returns are whole games, unclipped. Frames are stored once each
+(1M transitions in about 7.1 GB). With --noisy the heads' linear layers are factorised noisy
+layers (Fortunato et al. 2018, NoisyNet-DQN): new noise on every forward pass of acting and
+learning, the target network's too; exploration from the noise alone once learning starts (or
+with --noisy-epsilon), uniform actions before; evaluation with the mean weights.
 
-replay_ratio: samples the learner consumes per sampled env step, so updates per env step = replay_ratio /
-batch_size (DQN paper: 8 = a batch of 32 every 4 steps). Async mode holds it from both sides: the learner never
-runs ahead of it and logs how long it waited for the sampler (`wait_s`, the sampler is the bottleneck); the
-sampler, which picks up the newest parameters between its steps, waits when it is more than max_lag_steps env
-steps ahead of what the learner's updates cover (`sampler_wait_s`, the learner is the bottleneck). Under
-torchrun steps are the job's (every rank's): each update takes batch_size samples on every rank, so the job's
-replay ratio is the one asked for; learning starts when every rank's replay holds min_steps_learn.
+replay_ratio: samples the learner consumes per sampled env step, so updates per env step =
+replay_ratio / batch_size (DQN paper: 8 = a batch of 32 every 4 steps). Async mode holds it from
+both sides: the learner never runs ahead of it and logs how long it waited for the sampler
+(`wait_s`, the sampler is the bottleneck); the sampler, which picks up the newest parameters
+between its steps, waits when it is more than max_lag_steps env steps ahead of what the learner's
+updates cover (`sampler_wait_s`, the learner is the bottleneck). Under torchrun steps are the
+job's (every rank's): each update takes batch_size samples on every rank, so the job's replay
+ratio is the one asked for; learning starts when every rank's replay holds min_steps_learn.
 
-Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the network in
-QNetwork and make_network: any nn.Module whose forward(obs, noise) takes observations [N, ...] as the env gives
-them (uint8 frames too) and returns Q-values [N, A] (noise: None or the noisy layers' torch.Generator; ignore it
-if the network has none); the loss in dqn_update, whose returned dict is the row's logged statistics (a new key
-is a new progress.csv column); the schedule (replay ratio, target updates) in main.
+Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the
+network in QNetwork and make_network: any nn.Module whose forward(obs, noise) takes observations
+[N, ...] as the env gives them (uint8 frames too) and returns Q-values [N, A] (noise: None or the
+noisy layers' torch.Generator; ignore it if the network has none); the loss in dqn_update, whose
+returned dict is the row's logged statistics (a new key is a new progress.csv column); the
+schedule (replay ratio, target updates) in main.
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 # Find shared/ without an install step, from algos/ or from a copy anywhere in the repository.
-sys.path.insert(0, str(next(p for p in Path(__file__).resolve().parents if (p / "shared" / "__init__.py").exists())))
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "shared" / "__init__.py").exists())
+sys.path.insert(0, str(ROOT))
 
 import gymnasium as gym
 import numpy as np
@@ -64,19 +69,21 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 
 @dataclass
 class Args(RunArgs):
-    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
-    # experiment
+    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the
+    # same everywhere experiment
     preset: Literal["atari", "cartpole"] = "atari"
-    """named settings to start from (atari: the Nature DQN settings; cartpole: tuned for CartPole-v1); flags given
-    override them"""
+    """named settings to start from (atari: the Nature DQN settings; cartpole: tuned for
+    CartPole-v1); flags given override them"""
     env_id: str = "BreakoutNoFrameskip-v4"
-    """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations (MLP)"""
+    """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations
+    (MLP)"""
     total_timesteps: PositiveInt = 10_000_000
     """agent steps summed over all envs (Atari: 4 emulator frames each)"""
     log_every: PositiveInt = 10_000
     """env steps between progress rows"""
     save_replay: bool = False
-    """each checkpoint also writes the replay (replay.npz, plain arrays); --resume then continues with it"""
+    """each checkpoint also writes the replay (replay.npz, plain arrays); --resume then continues
+    with it"""
     eval_epsilon: Fraction = 0.05
     """epsilon of the evaluation episodes"""
     # algorithm
@@ -103,13 +110,16 @@ class Args(RunArgs):
     dueling: bool = False
     """dueling head: Q = V + A - mean(A), gradient into the torso scaled by 1/sqrt(2)"""
     noisy: bool = False
-    """noisy nets: the heads' linear layers with factorised Gaussian noise; exploration from the noise alone once
-    learning starts, uniform actions before (the --eps-* flags are ignored; --noisy-epsilon adds epsilon beside
-    the noise), evaluation with the mean weights (and --eval-epsilon)"""
+    """noisy nets: the heads' linear layers with factorised Gaussian noise; exploration from the
+    noise alone once learning starts, uniform actions before (the --eps-* flags are ignored;
+    --noisy-epsilon adds epsilon beside the noise), evaluation with the mean weights (and
+    --eval-epsilon)"""
     noisy_sigma: PositiveFloat = 0.5
-    """noisy nets' sigma_0: the noise scales start at sigma_0 / sqrt(fan-in) (0.5 in the NoisyNet paper)"""
+    """noisy nets' sigma_0: the noise scales start at sigma_0 / sqrt(fan-in) (0.5 in the NoisyNet
+    paper)"""
     noisy_epsilon: Fraction = 0.0
-    """noisy nets: epsilon-greedy beside the noise once learning starts (0: the noise alone, as NoisyNet-DQN)"""
+    """noisy nets: epsilon-greedy beside the noise once learning starts (0: the noise alone, as
+    NoisyNet-DQN)"""
     prioritized: bool = False
     """prioritized replay: priorities |TD error|, importance weights with beta annealed to 1"""
     alpha: Fraction = 0.6
@@ -121,7 +131,8 @@ class Args(RunArgs):
     target_update_interval: PositiveInt = 10_000
     """env steps between target-network updates"""
     tau: Annotated[float, Range(gt=0, le=1)] = 1.0
-    """target update: 1 copies the online network (hard); below 1 moves a fraction tau of the way (soft)"""
+    """target update: 1 copies the online network (hard); below 1 moves a fraction tau of the way
+    (soft)"""
     eps_start: Fraction = 1.0
     """exploration epsilon at the start"""
     eps_end: Fraction = 0.1
@@ -136,35 +147,53 @@ class Args(RunArgs):
     noop_max: NonNegInt = 30
     """Atari: up to this many random no-ops at reset (paper convention 30)"""
     sticky_actions: Fraction = 0.0
-    """Atari: probability of repeating the previous action (0: paper convention, no sticky actions)"""
+    """Atari: probability of repeating the previous action (0: paper convention, no sticky
+    actions)"""
     clip_rewards: bool = True
     """Atari: train on the sign of the reward (logged returns stay unclipped)"""
     life_loss_terminal: bool = True
     """Atari: a lost life ends the training episode for bootstrapping (the game itself goes on)"""
     # infrastructure
     sampler: Literal["serial", "parallel", "async"] = "serial"
-    """serial, parallel (ale-py threads / AsyncVectorEnv) or async (sampler process appending to a shared replay
-    while the learner trains)"""
+    """serial, parallel (ale-py threads / AsyncVectorEnv) or async (sampler process appending to a
+    shared replay while the learner trains)"""
     max_lag_steps: NonNegInt = 1_000
-    """async: the sampler waits when it is this many env steps ahead of the learner's updates (0: never waits)"""
+    """async: the sampler waits when it is this many env steps ahead of the learner's updates (0:
+    never waits)"""
 
 
-# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps its default.
+# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps
+# its default.
 PRESETS = {
     "atari": Args(),
-    # Ours, from rl-baselines3-zoo's dqn.yml CartPole-v1 (batch 64, 1000 steps before learning, eps to 0.02).
-    "cartpole": Args(preset="cartpole", env_id="CartPole-v1", total_timesteps=100_000, num_envs=4,
-                     buffer_size=50_000, min_steps_learn=1000, batch_size=64, optimizer="adam",
-                     eps_decay_steps=20_000, eps_end=0.02, n_step_return=3, replay_ratio=16, learning_rate=1e-3,
-                     dueling=True, target_update_interval=250),
+    # Ours, from rl-baselines3-zoo's dqn.yml CartPole-v1 (batch 64, 1000 steps before learning, eps
+    # to 0.02).
+    "cartpole": Args(
+        preset="cartpole",
+        env_id="CartPole-v1",
+        total_timesteps=100_000,
+        num_envs=4,
+        buffer_size=50_000,
+        min_steps_learn=1000,
+        batch_size=64,
+        optimizer="adam",
+        eps_decay_steps=20_000,
+        eps_end=0.02,
+        n_step_return=3,
+        replay_ratio=16,
+        learning_rate=1e-3,
+        dueling=True,
+        target_update_interval=250,
+    ),
 }
 
-# ---------------------------------------------------------------------------------------------- environments
+# ------------------------------------------------------------------------------------- environments
 
 
 def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
     """One env, made in the process that steps it: a wrapper added here reaches every sampling mode
-    (shared/envs.py). Atari ids get the papers' preprocessing (shared/atari.py), other ids a plain gym.make."""
+    (shared/envs.py). Atari ids get the papers' preprocessing (shared/atari.py), other ids a
+    plain gym.make."""
 
     def thunk() -> gym.Env:
         if is_atari(args.env_id):
@@ -174,11 +203,12 @@ def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
     return thunk
 
 
-# ---------------------------------------------------------------------------------------------- network
+# ------------------------------------------------------------------------------------------ network
 
 
 class ScaleGrad(torch.autograd.Function):
-    """Identity forward; multiplies the gradient by `scale` backward (rlpyt's dueling torso scaling)."""
+    """Identity forward; multiplies the gradient by `scale` backward (rlpyt's dueling torso
+    scaling)."""
 
     @staticmethod
     def forward(ctx, x, scale):
@@ -191,15 +221,18 @@ class ScaleGrad(torch.autograd.Function):
 
 
 class NoisyLinear(nn.Module):
-    """Linear layer with factorised Gaussian noise (Fortunato et al. 2018, eqs. 10-11): y = (w + sigma_w * eps_w) x
-    + b + sigma_b * eps_b with eps_w = f(e_out) f(e_in)^T, eps_b = f(e_out), f(e) = sign(e) sqrt(|e|) and e ~ N(0, 1),
-    q + p draws instead of q p. Drawn anew on every call given a generator, one draw for the whole batch [N, p];
-    without one (evaluation), the mean weights. Initialised as the paper's section 3.2: w, b ~ U(-1/sqrt(p),
-    1/sqrt(p)), sigma = sigma_0 / sqrt(p)."""
+    """Linear layer with factorised Gaussian noise (Fortunato et al. 2018, eqs. 10-11), drawn anew
+    on every call given a generator (one draw for the whole batch [N, p]); without one
+    (evaluation), the mean weights."""
+
+    # y = (w + sigma_w * eps_w) x + b + sigma_b * eps_b with eps_w = f(e_out) f(e_in)^T,
+    # eps_b = f(e_out), f(e) = sign(e) sqrt(|e|), e ~ N(0, 1): q + p draws instead of q p.
+    # Initialised as in the paper's section 3.2: w, b ~ U(-1/sqrt(p), 1/sqrt(p)),
+    # sigma = sigma_0 / sqrt(p).
 
     def __init__(self, p: int, q: int, sigma_0: float):
         super().__init__()
-        bound = p ** -0.5
+        bound = p**-0.5
         self.weight = nn.Parameter(torch.empty(q, p).uniform_(-bound, bound))
         self.bias = nn.Parameter(torch.empty(q).uniform_(-bound, bound))
         self.weight_sigma = nn.Parameter(torch.full((q, p), sigma_0 * bound))
@@ -213,14 +246,18 @@ class NoisyLinear(nn.Module):
         e = torch.randn(p + self.weight.shape[0], generator=noise, device=x.device)
         f = e.sign() * e.abs().sqrt()
         f_in, f_out = f[:p], f[p:]
-        # sigma_w * (f_out f_in^T) applied to x without forming the [q, p] noise: (sigma_w (f_in * x)) * f_out
+        # sigma_w * (f_out f_in^T) applied to x without forming the [q, p] noise: (sigma_w (f_in *
+        # x)) * f_out
         return y + (F.linear(x * f_in, self.weight_sigma) + self.bias_sigma) * f_out
 
 
-def float32_out(layers: nn.Sequential, h: torch.Tensor, noise: torch.Generator | None = None) -> torch.Tensor:
-    """A head (linear, ReLU, linear): the hidden layer under the caller's autocast, the output layer in float32:
-    bfloat16 would round Q-values to steps of 1/16 near 10, the size of the TD errors that remain near
-    convergence. Noisy layers take the noise generator (None: their mean weights)."""
+def float32_out(
+    layers: nn.Sequential, h: torch.Tensor, noise: torch.Generator | None = None
+) -> torch.Tensor:
+    """A head (linear, ReLU, linear): the hidden layer under the caller's autocast, the output layer
+    in float32: bfloat16 would round Q-values to steps of 1/16 near 10, the size of the TD errors
+    that remain near convergence. Noisy layers take the noise generator (None: their mean
+    weights)."""
     hidden, relu, out = layers
     z = relu(hidden(h, noise) if isinstance(hidden, NoisyLinear) else hidden(h))
     with torch.autocast(z.device.type, enabled=False):
@@ -229,21 +266,37 @@ def float32_out(layers: nn.Sequential, h: torch.Tensor, noise: torch.Generator |
 
 
 class QNetwork(nn.Module):
-    """Nature CNN for images ([C, H, W] or [H, W, C], at least 36x36; uint8 scaled inside) or a 120-84 MLP
-    torso for vectors; plain or dueling Q head, its linear layers noisy when `noisy_sigma` is given.
-    forward(obs, noise): Q-values [N, A]; noise: the generator of the noisy layers' noise, None for their mean
-    weights."""
+    """Nature CNN for images ([C, H, W] or [H, W, C], at least 36x36; uint8 scaled inside) or a
+    120-84 MLP torso for vectors; plain or dueling Q head, its linear layers noisy when
+    `noisy_sigma` is given. forward(obs, noise): Q-values [N, A]; noise: the generator of the
+    noisy layers' noise, None for their mean weights."""
 
-    def __init__(self, obs_shape: tuple[int, ...], n_actions: int, dueling: bool, noisy_sigma: float | None = None):
+    def __init__(
+        self,
+        obs_shape: tuple[int, ...],
+        n_actions: int,
+        dueling: bool,
+        noisy_sigma: float | None = None,
+    ):
         super().__init__()
-        self.image, self.dueling, self.n_actions = len(obs_shape) == 3, dueling, n_actions
+        self.image = len(obs_shape) == 3
+        self.dueling = dueling
+        self.n_actions = n_actions
         if self.image:
-            c, h, w = image_shape(obs_shape)  # ValueError with the reason when the CNN cannot take the images
+            # ValueError with the reason when the CNN cannot take the images
+            c, h, w = image_shape(obs_shape)
             self.channels_last = tuple(obs_shape) != (c, h, w)
             self.torso = nn.Sequential(
-                nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-                nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
-            width, hidden = self.torso(torch.zeros(1, c, h, w)).shape[1], 512  # 64 * 7 * 7 for 84x84 frames
+                nn.Conv2d(c, 32, 8, stride=4),
+                nn.ReLU(),
+                nn.Conv2d(32, 64, 4, stride=2),
+                nn.ReLU(),
+                nn.Conv2d(64, 64, 3, stride=1),
+                nn.ReLU(),
+                nn.Flatten(),
+            )
+            # 64 * 7 * 7 for 84x84 frames
+            width, hidden = self.torso(torch.zeros(1, c, h, w)).shape[1], 512
         else:
             self.torso = nn.Sequential(nn.Linear(int(np.prod(obs_shape)), 120), nn.ReLU())
             width, hidden = 120, 84
@@ -264,19 +317,22 @@ class QNetwork(nn.Module):
         h = self.torso(x)
         if not self.dueling:
             return float32_out(self.q, h, noise)  # [N, A]
-        h = ScaleGrad.apply(h, 2 ** -0.5)  # two streams feed the torso: keep its gradient scale
+        h = ScaleGrad.apply(h, 2**-0.5)  # two streams feed the torso: keep its gradient scale
         adv = float32_out(self.q, h, noise)
         return float32_out(self.v, h, noise) + adv - adv.mean(dim=1, keepdim=True)
 
 
-# ---------------------------------------------------------------------------------------------- sampling
+# ----------------------------------------------------------------------------------------- sampling
 
-Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated", "truncated", "episode_end"])
+Step = namedarraytuple(
+    "Step", ["observation", "action", "reward", "terminated", "truncated", "episode_end"]
+)
 
 
 def epsilons(args: Args, global_step: int) -> np.ndarray:
     """Exploration epsilon per env [B]."""
-    if args.noisy:  # the noise explores once learning starts; before, uniform actions fill the replay (an
+    # the noise explores once learning starts; before, uniform actions fill the replay (an
+    if args.noisy:
         # untrained noisy net tends to repeat one action)
         learning = global_step >= args.min_steps_learn * distributed.world_size()
         return np.full(args.num_envs, args.noisy_epsilon if learning else 1.0)
@@ -288,11 +344,13 @@ def epsilons(args: Args, global_step: int) -> np.ndarray:
 
 
 class EnvStepper:
-    """Steps the [B] envs one step at a time with an epsilon-greedy policy (in noisy Q-values, drawn anew each
-    step, when `noise` is a generator); keeps per-env episode state."""
+    """Steps the [B] envs one step at a time with an epsilon-greedy policy (in noisy Q-values, drawn
+    anew each step, when `noise` is a generator); keeps per-env episode state."""
 
     def __init__(self, envs, args: Args, seed: int, noise: torch.Generator | None):
-        self.envs, self.args, self.noise = envs, args, noise
+        self.envs = envs
+        self.args = args
+        self.noise = noise
         self.obs, info = envs.reset(seed=seed)
         n = args.num_envs
         self.final_row = np.zeros(n, bool)  # this step only resets the env (next-step autoreset)
@@ -302,7 +360,8 @@ class EnvStepper:
 
     @torch.no_grad()
     def step(self, q_net: QNetwork, eps: np.ndarray, device: torch.device) -> tuple:
-        """One step of every env; returns the replay row [1, B] and the episodes that ended [(return, length)]."""
+        """One step of every env; returns the replay row [1, B] and the episodes that ended
+        [(return, length)]."""
         with autocast(device, self.args.bf16):
             q = q_net(upload({"obs": self.obs}, device)["obs"], self.noise).float()
         greedy = to_host(q.argmax(dim=1))  # the one copy a step makes: the envs need the actions
@@ -314,24 +373,36 @@ class EnvStepper:
         raw = np.where(self.final_row, 0.0, reward)
         train_r = np.sign(raw) if (self.args.clip_rewards and is_atari(self.args.env_id)) else raw
         terminated = term | (life_lost & self.args.life_loss_terminal)
-        row = Step(self.obs[None], action[None], train_r[None].astype(np.float32), terminated[None], trunc[None],
-                   (term | trunc)[None])
+        row = Step(
+            self.obs[None],
+            action[None],
+            train_r[None].astype(np.float32),
+            terminated[None],
+            trunc[None],
+            (term | trunc)[None],
+        )
         self.ep_return += raw
         self.ep_length += ~self.final_row
         episode_end = term | trunc
-        episodes = list(zip(self.ep_return[episode_end].tolist(), self.ep_length[episode_end].tolist()))
+        episodes = list(
+            zip(self.ep_return[episode_end].tolist(), self.ep_length[episode_end].tolist())
+        )
         self.ep_return[episode_end], self.ep_length[episode_end] = 0.0, 0
-        self.obs, self.final_row, self.lives = next_obs, episode_end, lives
+        self.obs = next_obs
+        self.final_row = episode_end
+        self.lives = lives
         return row, episodes
 
 
-# ---------------------------------------------------------------------------------------------- loss and update
+# ---------------------------------------------------------------------------------- loss and update
 
 
-def td_targets(batch, q_net: QNetwork, target_net: QNetwork, double: bool,
-               noise: torch.Generator | None = None) -> torch.Tensor:
-    """n-step targets [N]: return + (1 - terminated_n) * gamma^k * Q_target(s_{t+k}, a*), a* from the online net
-    when double, else the target net's max (noisy layers: each network with noise of its own)."""
+def td_targets(
+    batch, q_net: QNetwork, target_net: QNetwork, double: bool, noise: torch.Generator | None = None
+) -> torch.Tensor:
+    """n-step targets [N]: return + (1 - terminated_n) * gamma^k * Q_target(s_{t+k}, a*), a* from
+    the online net when double, else the target net's max (noisy layers: each network with noise
+    of its own)."""
     with torch.no_grad():
         q_next_target = target_net(batch["next_observation"], noise)
         if double:
@@ -339,23 +410,47 @@ def td_targets(batch, q_net: QNetwork, target_net: QNetwork, double: bool,
         else:
             a_star = q_next_target.argmax(dim=1, keepdim=True)
         q_next = q_next_target.gather(1, a_star).squeeze(1)
-        return batch["n_step_return"] + (1.0 - batch["terminated_n"]) * batch["bootstrap_discount"] * q_next
+        return (
+            batch["n_step_return"]
+            + (1.0 - batch["terminated_n"]) * batch["bootstrap_discount"] * q_next
+        )
 
 
-def dqn_update(q_net, target_net, optimizer, buffer: ReplayBuffer, args: Args, beta: float,
-               device: torch.device, noise: torch.Generator | None = None) -> dict:
+def dqn_update(
+    q_net,
+    target_net,
+    optimizer,
+    buffer: ReplayBuffer,
+    args: Args,
+    beta: float,
+    device: torch.device,
+    noise: torch.Generator | None = None,
+) -> dict:
     sample, index = buffer.sample(args.batch_size, beta=beta)
-    fields = ("observation", "next_observation", "action", "n_step_return", "terminated_n", "bootstrap_discount",
-              "is_weights")
+    fields = (
+        "observation",
+        "next_observation",
+        "action",
+        "n_step_return",
+        "terminated_n",
+        "bootstrap_discount",
+        "is_weights",
+    )
     batch = upload({k: getattr(sample, k) for k in fields}, device)  # one copy to a GPU
     for k in ("n_step_return", "terminated_n", "bootstrap_discount", "is_weights"):
         batch[k] = batch[k].float()
-    # Targets in an autocast region of their own: on torch before 2.6, weights cast under no_grad and reused by
-    # the forward with grad in the same region carried no autograd history (pytorch#112583).
+    # Targets in an autocast region of their own: on torch before 2.6, weights cast under no_grad
+    # and reused by the forward with grad in the same region carried no autograd history
+    # (pytorch#112583).
     with autocast(device, args.bf16):
         y = td_targets(batch, q_net, target_net, args.double_dqn, noise).float()
     with autocast(device, args.bf16):
-        q = q_net(batch["observation"], noise).float().gather(1, batch["action"].long().unsqueeze(1)).squeeze(1)
+        q = (
+            q_net(batch["observation"], noise)
+            .float()
+            .gather(1, batch["action"].long().unsqueeze(1))
+            .squeeze(1)
+        )
     td = y - q
     per_sample = F.smooth_l1_loss(q, y, reduction="none") if args.huber else 0.5 * td**2
     loss = (batch["is_weights"] * per_sample).mean()
@@ -364,10 +459,12 @@ def dqn_update(q_net, target_net, optimizer, buffer: ReplayBuffer, args: Args, b
     distributed.average_gradients(q_net)
     nn.utils.clip_grad_norm_(q_net.parameters(), args.max_grad_norm)
     optimizer.step()
-    buffer.sample_ahead(args.batch_size, beta)  # async on a GPU: the host gathers the next batch while this trains
+    # async on a GPU: the host gathers the next batch while this trains
+    buffer.sample_ahead(args.batch_size, beta)
     if args.prioritized:  # the one copy an update makes: the sum tree lives on the host
         buffer.update_priorities(index, to_host(td.abs()))
-    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per update.
+    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per
+    # update.
     return {"td_loss": loss.detach(), "q_values": q.detach().mean()}
 
 
@@ -377,16 +474,18 @@ def update_target(q_net: QNetwork, target_net: QNetwork, tau: float) -> None:
         tp.lerp_(p, tau)
 
 
-# ---------------------------------------------------------------------------------------------- main
+# --------------------------------------------------------------------------------------------- main
 
 
 def make_network(args: Args, obs_shape: tuple[int, ...], n_actions: int) -> QNetwork:
     return QNetwork(obs_shape, n_actions, args.dueling, args.noisy_sigma if args.noisy else None)
 
 
-def make_learner(args: Args, run: Run) -> tuple[QNetwork, QNetwork, torch.optim.Optimizer, torch.Generator | None]:
-    """The online network, its target copy, the optimiser and the noisy layers' noise generator (None without
-    --noisy; in the checkpoint, so that a resumed run draws new noise)."""
+def make_learner(
+    args: Args, run: Run
+) -> tuple[QNetwork, QNetwork, torch.optim.Optimizer, torch.Generator | None]:
+    """The online network, its target copy, the optimiser and the noisy layers' noise generator
+    (None without --noisy; in the checkpoint, so that a resumed run draws new noise)."""
     try:
         q_net = make_network(args, run.obs_space.shape, int(run.act_space.n)).to(run.device)
     except ValueError as e:  # observations the network cannot take
@@ -394,16 +493,21 @@ def make_learner(args: Args, run: Run) -> tuple[QNetwork, QNetwork, torch.optim.
     target_net = make_network(args, run.obs_space.shape, int(run.act_space.n)).to(run.device)
     target_net.load_state_dict(q_net.state_dict())
     images = len(run.obs_space.shape) == 3
-    if images and run.device.type == "cuda" and args.bf16:  # NHWC: the layout of bf16 tensor-core convolutions
-        q_net, target_net = (net.to(memory_format=torch.channels_last) for net in (q_net, target_net))
+    # NHWC: the layout of bf16 tensor-core convolutions
+    if images and run.device.type == "cuda" and args.bf16:
+        q_net, target_net = (
+            net.to(memory_format=torch.channels_last) for net in (q_net, target_net)
+        )
     if args.optimizer == "rmsprop":
-        optimizer = torch.optim.RMSprop(q_net.parameters(), lr=args.learning_rate, alpha=0.95, eps=0.01,
-                                        centered=True)
+        optimizer = torch.optim.RMSprop(
+            q_net.parameters(), lr=args.learning_rate, alpha=0.95, eps=0.01, centered=True
+        )
     else:
-        fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}  # one kernel for all parameters
+        # one kernel for all parameters
+        fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}
         optimizer = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=1.5e-4, **fused)
-    # Seeded apart from the weights' initialisation, the same on every rank (and restored to the same state): a
-    # job's update draws one noise for its whole batch, as one process does.
+    # Seeded apart from the weights' initialisation, the same on every rank (and restored to the
+    # same state): a job's update draws one noise for its whole batch, as one process does.
     noise = torch.Generator(run.device).manual_seed(args.seed + 7_919) if args.noisy else None
     return q_net, target_net, optimizer, noise
 
@@ -413,15 +517,32 @@ def make_replay(args: Args, run: Run) -> ReplayBuffer:
     obs = run.obs_space
     frame_stack = obs.shape[0] if is_atari(args.env_id) else 1
     example = Step(np.zeros(obs.shape, obs.dtype), np.int64(0), np.float32(0), False, False, False)
-    return ReplayBuffer(example, args.buffer_size, args.num_envs, discount=args.gamma,
-                        n_step_return=args.n_step_return, frame_stack=frame_stack, prioritized=args.prioritized,
-                        alpha=args.alpha, beta=args.beta, shared=args.sampler == "async",
-                        seed=distributed.rank_seed(args.seed), prefetch=prefetch_on(run.device, args.sampler))
+    return ReplayBuffer(
+        example,
+        args.buffer_size,
+        args.num_envs,
+        discount=args.gamma,
+        n_step_return=args.n_step_return,
+        frame_stack=frame_stack,
+        prioritized=args.prioritized,
+        alpha=args.alpha,
+        beta=args.beta,
+        shared=args.sampler == "async",
+        seed=distributed.rank_seed(args.seed),
+        prefetch=prefetch_on(run.device, args.sampler),
+    )
 
 
-def act(q_net: QNetwork, device: torch.device, epsilon: float, rng: np.random.Generator, obs: np.ndarray,
-        last_reward: float | None) -> int:
-    """Evaluation policy: epsilon-greedy in the Q-values of one observation (noisy layers: their mean weights)."""
+def act(
+    q_net: QNetwork,
+    device: torch.device,
+    epsilon: float,
+    rng: np.random.Generator,
+    obs: np.ndarray,
+    last_reward: float | None,
+) -> int:
+    """Evaluation policy: epsilon-greedy in the Q-values of one observation (noisy layers: their
+    mean weights)."""
     q = q_net(torch.as_tensor(obs, device=device)[None])  # [1, A]
     if rng.random() < epsilon:
         return int(rng.integers(q.shape[1]))
@@ -430,31 +551,45 @@ def act(q_net: QNetwork, device: torch.device, epsilon: float, rng: np.random.Ge
 
 def main() -> int:
     args = parse_args(Args, PRESETS, check_replay_sizes)
-    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete)  # checks: device, --resume, spaces (exit 2)
+    # checks: device, --resume, spaces (exit 2)
+    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete)
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating("buffer_size"):  # sizes this machine cannot hold: exit 2
         q_net, target_net, optimizer, noise = make_learner(args, run)
         buffer = make_replay(args, run)
-    policy = partial(act, q_net, run.device, args.eval_epsilon, np.random.default_rng(args.seed + 100_000))
-    start = run.begin(policy, buffer, model=q_net, target_model=target_net, optimizer=optimizer, noise=noise)
+    policy = partial(
+        act, q_net, run.device, args.eval_epsilon, np.random.default_rng(args.seed + 100_000)
+    )
+    start = run.begin(
+        policy, buffer, model=q_net, target_model=target_net, optimizer=optimizer, noise=noise
+    )
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
     global_step, updates = start.global_step, start.updates
-    pacer = ReplayPacer(args.replay_ratio / (args.batch_size * run.world), args.min_steps_learn * run.world,
-                        *start.replay_origin)
+    pacer = ReplayPacer(
+        args.replay_ratio / (args.batch_size * run.world),
+        args.min_steps_learn * run.world,
+        *start.replay_origin,
+    )
     stats, waits = {"td_loss": None, "q_values": None}, {}
     next_target = global_step + args.target_update_interval
     with run:
-        if args.sampler != "async":  # this process steps the envs: in turn (serial), or in threads or processes
+        # this process steps the envs: in turn (serial), or in threads or processes
+        if args.sampler != "async":
             envs = run.hold(make_envs(args, make_env, args.sampler, len(run.affinity.learner_cpus)))
-            stepper = EnvStepper(envs, args, distributed.env_seed(args.seed + global_step, args.num_envs), noise)
+            stepper = EnvStepper(
+                envs, args, distributed.env_seed(args.seed + global_step, args.num_envs), noise
+            )
         else:  # a sampler process fills the shared replay (the last section of this file)
-            sampler = AsyncReplay.start(run, buffer, q_net, pacer, global_step, sampler_main, (args, buffer))
+            sampler = AsyncReplay.start(
+                run, buffer, q_net, pacer, global_step, sampler_main, (args, buffer)
+            )
         while global_step < args.total_timesteps:
             if args.sampler != "async":  # one step of every env, into the replay
                 row, episodes = stepper.step(q_net, epsilons(args, global_step), run.device)
                 buffer.append(row)
-                global_step += args.num_envs * run.world  # the job's env steps: every rank steps as many
+                # the job's env steps: every rank steps as many
+                global_step += args.num_envs * run.world
                 for ret, length in episodes:
                     run.episode(ret, length, global_step)
             else:  # the rows the sampler appended meanwhile; q_net is published to it when due
@@ -462,7 +597,9 @@ def main() -> int:
                 waits = sampler.waits()
             for _ in range(pacer.due(global_step, updates)):  # replay_ratio samples per env step
                 beta = args.beta + (1.0 - args.beta) * min(global_step / args.total_timesteps, 1.0)
-                stats = dqn_update(q_net, target_net, optimizer, buffer, args, beta, run.device, noise)
+                stats = dqn_update(
+                    q_net, target_net, optimizer, buffer, args, beta, run.device, noise
+                )
                 updates += 1
             if global_step >= next_target:
                 update_target(q_net, target_net, args.tau)
@@ -474,21 +611,30 @@ def main() -> int:
     return run.exit_code
 
 
-# ---------------------------------------------------------------------------------------------- async sampling
+# ----------------------------------------------------------------------------------- async sampling
 # Only --sampler async runs this: a sampler process stepping the envs into the shared replay.
 
 
-def sampler_main(args: Args, buffer: ReplayBuffer, link: AsyncReplay, affinity, parent_pid: int, stop) -> None:
-    """Async sampler process: steps the envs and appends to the shared replay with the newest parameters the
-    learner published; waits while it is more than max_lag_steps ahead of what the learner's updates cover."""
+def sampler_main(
+    args: Args, buffer: ReplayBuffer, link: AsyncReplay, affinity, parent_pid: int, stop
+) -> None:
+    """Async sampler process: steps the envs and appends to the shared replay with the newest
+    parameters the learner published; waits while it is more than max_lag_steps ahead of what the
+    learner's updates cover."""
     affinity.apply_worker(0)
     args = replace(args, bf16=sampler_bf16(args.bf16))  # it acts on this CPU: no emulated bf16 here
     check = parent_alive_check(stop, parent_pid)
-    envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial",
-                     n_threads=len(affinity.worker_cpus[0]))
+    envs = make_envs(
+        args,
+        make_env,
+        "parallel" if is_atari(args.env_id) else "serial",
+        n_threads=len(affinity.worker_cpus[0]),
+    )
     step = link.start_step
     seed = distributed.env_seed(args.seed + step, args.num_envs)
-    stepper = EnvStepper(envs, args, seed, torch.Generator().manual_seed(seed) if args.noisy else None)
+    stepper = EnvStepper(
+        envs, args, seed, torch.Generator().manual_seed(seed) if args.noisy else None
+    )
     q_net = make_network(args, envs.single_observation_space.shape, envs.single_action_space.n)
     try:
         while step < args.total_timesteps:
@@ -498,7 +644,8 @@ def sampler_main(args: Args, buffer: ReplayBuffer, link: AsyncReplay, affinity, 
             link.pull(q_net)
             row, episodes = stepper.step(q_net, epsilons(args, step), torch.device("cpu"))
             buffer.append(row)
-            step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
+            # counted as global steps, like the learner's
+            step += args.num_envs * distributed.world_size()
             link.report(episodes, step)
     finally:
         envs.close()

@@ -1,36 +1,46 @@
-"""Recurrent PPO: an LSTM policy (clipped objective, GAE) for partially observed tasks, discrete or continuous
-actions, with serial, parallel and async sampling.
+"""Recurrent PPO: an LSTM policy for partially observed tasks; serial, parallel and async sampling.
 
-    python algos/ppo_lstm.py --num-envs 8                            # Breakout, Nature CNN -> LSTM
-    python algos/ppo_lstm.py --preset cartpole                       # CartPole-v1 without velocities
-    python algos/ppo_lstm.py --preset pendulum                       # Pendulum-v1 without angular velocity
-    python algos/ppo_lstm.py --preset cartpole --no-lstm             # the same without memory (the ablation)
-    torchrun --standalone --nproc-per-node 2 algos/ppo_lstm.py       # 2 ranks, gradients averaged
+The clipped objective and GAE, discrete or continuous actions.
 
-One file for both kinds of action: they differ in the head (logits or a Gaussian mean with a state-independent
-log-std, as ppo_atari.py and ppo_mujoco.py) and in three lines of sampling; what makes this script what it is, the
-recurrent state through the rollout, the stored states and the whole-sequence minibatches, is the same for both.
+    # Breakout, Nature CNN -> LSTM
+    python algos/ppo_lstm.py --num-envs 8
+    # CartPole-v1 without velocities
+    python algos/ppo_lstm.py --preset cartpole
+    # Pendulum-v1 without angular velocity
+    python algos/ppo_lstm.py --preset pendulum
+    # the same without memory (the ablation)
+    python algos/ppo_lstm.py --preset cartpole --no-lstm
+    # 2 ranks, gradients averaged
+    torchrun --standalone --nproc-per-node 2 algos/ppo_lstm.py
 
-The network: torso (Nature CNN for images, a 64x64 tanh MLP for vectors) -> LSTM -> policy and value heads.
-The sampler carries each env's LSTM state from step to step and from rollout to rollout, and the rollout stores
-the state every env held at its first row. The learner replays the LSTM exactly as the sampler ran it: from those
-states, over whole env sequences (minibatches split the envs, never time), the state zeroed at each row where an
-episode starts. Its first forward pass therefore gives the sampler's log-probabilities and values (PPO's first
-ratio is 1).
+One file for both kinds of action: they differ in the head (logits or a Gaussian mean with a
+state-independent log-std, as ppo_atari.py and ppo_mujoco.py) and in three lines of sampling;
+what makes this script what it is, the recurrent state through the rollout, the stored states and
+the whole-sequence minibatches, is the same for both.
 
-Episode boundaries: envs autoreset on the step after an episode ends (gymnasium's next-step mode). That step
-(the final row) only resets the env: it is masked out of every loss, and its observation is the episode's final
-one, seen with the episode's state, whose value is the bootstrap target when the episode was truncated by the time
-limit; termination bootstraps nothing. The row after a final row starts an episode: the state is zeroed there.
-On Atari a lost life ends the *training* episode (no bootstrap across it) but neither the game nor the LSTM's memory.
-Observations and rewards can be normalised as ppo_mujoco.py does (--normalize-obs, --normalize-reward: on in the
-pendulum preset), and invalid-action masks (``info["action_mask"]``) are respected as in ppo_atari.py.
+The network: torso (Nature CNN for images, a 64x64 tanh MLP for vectors) -> LSTM -> policy and
+value heads. The sampler carries each env's LSTM state from step to step and from rollout to
+rollout, and the rollout stores the state every env held at its first row. The learner replays
+the LSTM exactly as the sampler ran it: from those states, over whole env sequences (minibatches
+split the envs, never time), the state zeroed at each row where an episode starts. Its first
+forward pass therefore gives the sampler's log-probabilities and values (PPO's first ratio is 1).
 
-Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the network in
-Agent: forward(obs, state, episode_start) over sequences [T, B, ...] returns the policy's outputs, values
-[T, B] and the state after the last row, policy(out, action, mask) the action (sampled when not given), its
-log-probability and the entropy, initial_state(B) the zero state; the loss in ppo_update, where each stats[...]
-list becomes a logged column; the schedule in main.
+Episode boundaries: envs autoreset on the step after an episode ends (gymnasium's next-step
+mode). That step (the final row) only resets the env: it is masked out of every loss, and its
+observation is the episode's final one, seen with the episode's state, whose value is the
+bootstrap target when the episode was truncated by the time limit; termination bootstraps
+nothing. The row after a final row starts an episode: the state is zeroed there. On Atari a lost
+life ends the *training* episode (no bootstrap across it) but neither the game nor the LSTM's
+memory. Observations and rewards can be normalised as ppo_mujoco.py does (--normalize-obs,
+--normalize-reward: on in the pendulum preset), and invalid-action masks
+(``info["action_mask"]``) are respected as in ppo_atari.py.
+
+Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the
+network in Agent: forward(obs, state, episode_start) over sequences [T, B, ...] returns the
+policy's outputs, values [T, B] and the state after the last row, policy(out, action, mask) the
+action (sampled when not given), its log-probability and the entropy, initial_state(B) the zero
+state; the loss in ppo_update, where each stats[...] list becomes a logged column; the schedule
+in main.
 """
 
 from __future__ import annotations
@@ -44,7 +54,8 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 # Find shared/ without an install step, from algos/ or from a copy anywhere in the repository.
-sys.path.insert(0, str(next(p for p in Path(__file__).resolve().parents if (p / "shared" / "__init__.py").exists())))
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "shared" / "__init__.py").exists())
+sys.path.insert(0, str(ROOT))
 
 import gymnasium as gym
 import numpy as np
@@ -70,22 +81,23 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 
 @dataclass
 class Args(RunArgs):
-    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
-    # experiment
+    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the
+    # same everywhere experiment
     preset: Literal["atari", "cartpole", "pendulum"] = "atari"
-    """named settings to start from (atari: CleanRL's ppo_atari_lstm settings; cartpole: CartPole-v1 without its
-    velocities, pendulum: Pendulum-v1 without its angular velocity, both with rl-baselines3-zoo's RecurrentPPO
-    settings); flags given override them"""
+    """named settings to start from (atari: CleanRL's ppo_atari_lstm settings; cartpole: CartPole-v1
+    without its velocities, pendulum: Pendulum-v1 without its angular velocity, both with
+    rl-baselines3-zoo's RecurrentPPO settings); flags given override them"""
     env_id: str = "BreakoutNoFrameskip-v4"
-    """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations (MLP), with
-    discrete (Discrete) or continuous (Box) actions"""
+    """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations
+    (MLP), with discrete (Discrete) or continuous (Box) actions"""
     total_timesteps: PositiveInt = 10_000_000
     """agent steps summed over all envs (Atari: 4 emulator frames each)"""
     log_every: PositiveInt = 1
     """rollouts between progress rows"""
     # algorithm
     num_envs: PositiveInt = 8
-    """environments stepped together on each rank (torchrun); the job's batch is ranks x num_envs x num_steps"""
+    """environments stepped together on each rank (torchrun); the job's batch is ranks x num_envs x
+    num_steps"""
     num_steps: PositiveInt = 128
     """steps per env in each rollout: the length of every sequence the learner replays"""
     learning_rate: Annotated[float, Range(gt=0, lt=1)] = 2.5e-4
@@ -115,60 +127,99 @@ class Args(RunArgs):
     hidden: PositiveInt = 128
     """units of the LSTM (its input: the torso's 512 features for images, 64 for vectors)"""
     lstm: bool = True
-    """use the LSTM; --no-lstm puts a feed-forward layer of the same width in its place (the ablation)"""
+    """use the LSTM; --no-lstm puts a feed-forward layer of the same width in its place (the
+    ablation)"""
     init_log_std: Annotated[float, Range(ge=-20, le=5)] = 0.0
     """continuous actions: initial log standard deviation of every action dimension"""
     normalize_obs: bool = False
-    """vector observations: normalise them by running mean and variance (in the checkpoint, frozen in evaluation)"""
+    """vector observations: normalise them by running mean and variance (in the checkpoint, frozen
+    in evaluation)"""
     normalize_reward: bool = False
     """divide rewards by the running standard deviation of the discounted return"""
     # environment
     observe_indices: tuple[int, ...] = ()
-    """vector observations: keep only these components (0 2 on CartPole: positions without velocities)"""
+    """vector observations: keep only these components (0 2 on CartPole: positions without
+    velocities)"""
     noop_max: NonNegInt = 30
     """Atari: up to this many random no-ops at reset (paper convention 30)"""
     sticky_actions: Annotated[float, Range(ge=0, lt=1)] = 0.0
-    """Atari: probability of repeating the previous action (0: paper convention, no sticky actions)"""
+    """Atari: probability of repeating the previous action (0: paper convention, no sticky
+    actions)"""
     clip_rewards: bool = True
     """Atari: train on the sign of the reward (logged returns stay unclipped)"""
     life_loss_terminal: bool = True
     """Atari: a lost life ends the training episode for bootstrapping (the game itself goes on)"""
     # infrastructure
     sampler: Literal["serial", "parallel", "async"] = "serial"
-    """serial (one process), parallel (ale-py threads / gymnasium AsyncVectorEnv) or async (sampler process
-    collects rollout k+1 with the parameters of update k-1 while the learner trains on rollout k)"""
+    """serial (one process), parallel (ale-py threads / gymnasium AsyncVectorEnv) or async (sampler
+    process collects rollout k+1 with the parameters of update k-1 while the learner trains on
+    rollout k)"""
 
 
-# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps its default.
+# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps
+# its default.
 PRESETS = {
-    # CleanRL's ppo_atari_lstm.py (its LSTM of 128 units, PPO's Atari settings); 4 stacked frames as everywhere here.
+    # CleanRL's ppo_atari_lstm.py (its LSTM of 128 units, PPO's Atari settings); 4 stacked frames as
+    # everywhere here.
     "atari": Args(),
-    # rl-baselines3-zoo, hyperparams/ppo_lstm.yml (RecurrentPPO), CartPoleNoVel-v1: 8 envs x 32 steps, batch 256 in
-    # one minibatch, 20 epochs, lr 1e-3 annealed (its clip range is annealed too; here it stays 0.2), gamma 0.98,
-    # lambda 0.8, no entropy bonus; observations and rewards normalised, as the zoo's published agent
-    # (sb3/ppo_lstm-CartPoleNoVel-v1: normalize True). Ours: an LSTM of 64 units (the zoo's default is 256).
-    "cartpole": Args(preset="cartpole", env_id="CartPole-v1", observe_indices=(0, 2), total_timesteps=100_000,
-                     num_envs=8, num_steps=32, num_minibatches=1, update_epochs=20, gae_lambda=0.8, gamma=0.98,
-                     ent_coef=0.0, learning_rate=1e-3, clip_coef=0.2, clip_vloss=False, hidden=64,
-                     normalize_obs=True, normalize_reward=True),
-    # rl-baselines3-zoo, hyperparams/ppo_lstm.yml, PendulumNoVel-v1: 4096 steps a rollout, 10 epochs, lr 1e-3
-    # constant, gamma 0.9, lambda 0.95, clip 0.2, no entropy bonus. Not the zoo's: its gSDE exploration (a
-    # state-independent log-std here, with which its 100k steps reach about -450: 200k here), its 4 envs x 1024 steps
-    # in minibatches of 128 steps (whole sequences here: 16 envs x 256 steps, minibatches of 2 envs); observations
-    # and rewards normalised as ppo_mujoco.py.
-    "pendulum": Args(preset="pendulum", env_id="Pendulum-v1", observe_indices=(0, 1), total_timesteps=200_000,
-                     num_envs=16, num_steps=256, num_minibatches=8, update_epochs=10, gamma=0.9, gae_lambda=0.95,
-                     ent_coef=0.0, learning_rate=1e-3, anneal_lr=False, clip_coef=0.2, hidden=64,
-                     normalize_obs=True, normalize_reward=True),
+    # rl-baselines3-zoo, hyperparams/ppo_lstm.yml (RecurrentPPO), CartPoleNoVel-v1: 8 envs x 32
+    # steps, batch 256 in one minibatch, 20 epochs, lr 1e-3 annealed (its clip range is annealed
+    # too; here it stays 0.2), gamma 0.98, lambda 0.8, no entropy bonus; observations and rewards
+    # normalised, as the zoo's published agent (sb3/ppo_lstm-CartPoleNoVel-v1: normalize True).
+    # Ours: an LSTM of 64 units (the zoo's default is 256).
+    "cartpole": Args(
+        preset="cartpole",
+        env_id="CartPole-v1",
+        observe_indices=(0, 2),
+        total_timesteps=100_000,
+        num_envs=8,
+        num_steps=32,
+        num_minibatches=1,
+        update_epochs=20,
+        gae_lambda=0.8,
+        gamma=0.98,
+        ent_coef=0.0,
+        learning_rate=1e-3,
+        clip_coef=0.2,
+        clip_vloss=False,
+        hidden=64,
+        normalize_obs=True,
+        normalize_reward=True,
+    ),
+    # rl-baselines3-zoo, hyperparams/ppo_lstm.yml, PendulumNoVel-v1: 4096 steps a rollout, 10
+    # epochs, lr 1e-3 constant, gamma 0.9, lambda 0.95, clip 0.2, no entropy bonus. Not the zoo's:
+    # its gSDE exploration (a state-independent log-std here, with which its 100k steps reach about
+    # -450: 200k here), its 4 envs x 1024 steps in minibatches of 128 steps (whole sequences here:
+    # 16 envs x 256 steps, minibatches of 2 envs); observations and rewards normalised as
+    # ppo_mujoco.py.
+    "pendulum": Args(
+        preset="pendulum",
+        env_id="Pendulum-v1",
+        observe_indices=(0, 1),
+        total_timesteps=200_000,
+        num_envs=16,
+        num_steps=256,
+        num_minibatches=8,
+        update_epochs=10,
+        gamma=0.9,
+        gae_lambda=0.95,
+        ent_coef=0.0,
+        learning_rate=1e-3,
+        anneal_lr=False,
+        clip_coef=0.2,
+        hidden=64,
+        normalize_obs=True,
+        normalize_reward=True,
+    ),
 }
 
-# ---------------------------------------------------------------------------------------------- environments
+# ------------------------------------------------------------------------------------- environments
 
 
 def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
     """One env, made in the process that steps it: a wrapper added here reaches every sampling mode
-    (shared/envs.py). Atari ids get the papers' preprocessing (shared/atari.py), other ids a plain gym.make,
-    optionally observing only some entries (the memory tasks)."""
+    (shared/envs.py). Atari ids get the papers' preprocessing (shared/atari.py), other ids a
+    plain gym.make, optionally observing only some entries (the memory tasks)."""
 
     def thunk() -> gym.Env:
         if is_atari(args.env_id):
@@ -183,7 +234,7 @@ def observe_flag(args: Args) -> str:
     return "--observe-indices " + " ".join(map(str, args.observe_indices))
 
 
-# ---------------------------------------------------------------------------------------------- network
+# ------------------------------------------------------------------------------------------ network
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias: float = 0.0) -> nn.Module:
@@ -193,15 +244,17 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias: float = 0.0) -> 
 
 
 def masked(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``logits`` [N, A] with the actions ``mask`` [N, A] forbids at the lowest float: probability 0 when sampling,
-    in the log-probabilities and ratios, and no term in the entropy (0 * logit)."""
+    """``logits`` [N, A] with the actions ``mask`` [N, A] forbids at the lowest float: probability 0
+    when sampling, in the log-probabilities and ratios, and no term in the entropy (0 * logit)."""
     return logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
 
 
-def gaussian(mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-density of action [N, A] under the diagonal Gaussian N(mean, exp(log_std)^2), and its entropy, [N]:
-    log p = sum_i -(a_i - mu_i)^2 / (2 sigma_i^2) - log sigma_i - log(2 pi) / 2
-    H = sum_i log sigma_i + (1 + log 2 pi) / 2"""
+def gaussian(
+    mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-density of action [N, A] under the diagonal Gaussian N(mean, exp(log_std)^2), and its
+    entropy, [N]: log p = sum_i -(a_i - mu_i)^2 / (2 sigma_i^2) - log sigma_i - log(2 pi) / 2 H =
+    sum_i log sigma_i + (1 + log 2 pi) / 2"""
     z = (action - mean) * torch.exp(-log_std)
     log_prob = (-0.5 * z**2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
     entropy = (log_std + 0.5 * (1.0 + math.log(2 * math.pi))).sum(-1).expand_as(log_prob)
@@ -212,38 +265,56 @@ RnnState = namedarraytuple("RnnState", ["h", "c"])  # each [B, hidden]
 
 
 class Agent(nn.Module):
-    """torso (Nature CNN for images, [C, H, W] or [H, W, C], uint8 scaled to [0, 1] inside; a 64x64 tanh MLP for
-    vectors, normalised first with --normalize-obs) -> LSTM -> policy head (logits, or a Gaussian mean with one
-    log-std parameter per action dimension) and value head.
+    """torso (Nature CNN for images, uint8 scaled inside; 64x64 tanh MLP for vectors) -> LSTM ->
+    policy head (logits, or a Gaussian mean and one log-std per action dimension) and value head.
+    forward takes sequences [T, B, ...], the state at their first row and an episode_start mask
+    [T, B]: where it is set, the state is zeroed before that row (an episode starts there)."""
 
-    forward takes sequences [T, B, ...], the state at their first row and an episode_start mask [T, B]: where it is
-    set, the state is zeroed before that row (an episode starts there)."""
-
-    def __init__(self, obs_shape: tuple[int, ...], action_space: gym.Space, hidden: int, lstm: bool = True,
-                 init_log_std: float = 0.0, normalize_obs: bool = False):
+    def __init__(
+        self,
+        obs_shape: tuple[int, ...],
+        action_space: gym.Space,
+        hidden: int,
+        lstm: bool = True,
+        init_log_std: float = 0.0,
+        normalize_obs: bool = False,
+    ):
         super().__init__()
-        self.image, self.hidden, self.recurrent = len(obs_shape) == 3, hidden, lstm
+        self.image = len(obs_shape) == 3
+        self.hidden = hidden
+        self.recurrent = lstm
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         n_out = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
         if self.image:
-            c, h, w = image_shape(obs_shape)  # ValueError with the reason when the CNN cannot take the images
+            # ValueError with the reason when the CNN cannot take the images
+            c, h, w = image_shape(obs_shape)
             self.channels_last = tuple(obs_shape) != (c, h, w)
             conv = nn.Sequential(
-                layer_init(nn.Conv2d(c, 32, 8, stride=4)), nn.ReLU(),
-                layer_init(nn.Conv2d(32, 64, 4, stride=2)), nn.ReLU(),
-                layer_init(nn.Conv2d(64, 64, 3, stride=1)), nn.ReLU(), nn.Flatten())
+                layer_init(nn.Conv2d(c, 32, 8, stride=4)),
+                nn.ReLU(),
+                layer_init(nn.Conv2d(32, 64, 4, stride=2)),
+                nn.ReLU(),
+                layer_init(nn.Conv2d(64, 64, 3, stride=1)),
+                nn.ReLU(),
+                nn.Flatten(),
+            )
             n_flat = conv(torch.zeros(1, c, h, w)).shape[1]  # 64 * 7 * 7 for 84x84 frames
             self.torso = nn.Sequential(*conv, layer_init(nn.Linear(n_flat, 512)), nn.ReLU())
             width = 512
         else:
             obs_dim = int(np.prod(obs_shape))
-            self.torso = nn.Sequential(layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(),
-                                       layer_init(nn.Linear(64, 64)), nn.Tanh())
+            self.torso = nn.Sequential(
+                layer_init(nn.Linear(obs_dim, 64)),
+                nn.Tanh(),
+                layer_init(nn.Linear(64, 64)),
+                nn.Tanh(),
+            )
             width = 64
         self.obs_norm = RunningNorm(1 if self.image else obs_dim, normalize_obs and not self.image)
         if lstm:
             self.core = nn.LSTM(width, hidden)
-            for name, p in self.core.named_parameters():  # as CleanRL's ppo_atari_lstm: orthogonal, zero biases
+            # as CleanRL's ppo_atari_lstm: orthogonal, zero biases
+            for name, p in self.core.named_parameters():
                 nn.init.constant_(p, 0.0) if "bias" in name else nn.init.orthogonal_(p, 1.0)
         else:
             self.core = nn.Sequential(layer_init(nn.Linear(width, hidden)), nn.Tanh())
@@ -256,11 +327,17 @@ class Agent(nn.Module):
         z = torch.zeros(batch, self.hidden, device=device)
         return RnnState(z, z.clone())
 
-    def forward(self, obs: torch.Tensor, state: RnnState, episode_start: torch.Tensor,
-                start_rows: np.ndarray | None = None) -> tuple[torch.Tensor, torch.Tensor, RnnState]:
-        """obs [T, B, ...] -> logits or mean [T, B, A], value [T, B], and the state after the last row.
-        ``start_rows`` [T] (host): whether any of the B sequences starts an episode at each row; the learner knows
-        it from the rollout, and without it it is read from ``episode_start`` (a wait on a GPU)."""
+    def forward(
+        self,
+        obs: torch.Tensor,
+        state: RnnState,
+        episode_start: torch.Tensor,
+        start_rows: np.ndarray | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, RnnState]:
+        """obs [T, B, ...] -> logits or mean [T, B, A], value [T, B], and the state after the last
+        row. ``start_rows`` [T] (host): whether any of the B sequences starts an episode at each
+        row; the learner knows it from the rollout, and without it it is read from
+        ``episode_start`` (a wait on a GPU)."""
         T, B = episode_start.shape
         x = obs.flatten(0, 1)  # [T*B, ...]
         if self.image:
@@ -270,58 +347,92 @@ class Agent(nn.Module):
             x = self.obs_norm(x.float().flatten(1))
         x = self.torso(x).view(T, B, -1)
         if self.recurrent:
-            # The fused LSTM over each stretch of rows in which no sequence starts an episode; at a stretch's first
-            # row the state is zeroed where one starts. Sampling steps are one stretch of one row.
+            # The fused LSTM over each stretch of rows in which no sequence starts an episode; at a
+            # stretch's first row the state is zeroed where one starts. Sampling steps are one
+            # stretch of one row.
             keep = (~episode_start).float().unsqueeze(-1)  # [T, B, 1]
             if start_rows is None:
                 start_rows = episode_start.any(1).cpu().numpy() if T > 1 else np.zeros(1, bool)
             bounds = [0, *(np.flatnonzero(np.asarray(start_rows)[1:]) + 1).tolist(), T]
-            out, hs, cs = [], state.h[None], state.c[None]
+            out = []
+            hs = state.h[None]
+            cs = state.c[None]
             for t0, t1 in zip(bounds[:-1], bounds[1:]):
                 o, (hs, cs) = self.core(x[t0:t1], (hs * keep[t0], cs * keep[t0]))
                 out.append(o)
-            x, state = torch.cat(out) if len(out) > 1 else out[0], RnnState(hs[0].float(), cs[0].float())
+            x, state = (
+                torch.cat(out) if len(out) > 1 else out[0],
+                RnnState(hs[0].float(), cs[0].float()),
+            )
         else:
             x = self.core(x)
         return self.actor(x).float(), self.critic(x).float().squeeze(-1), state
 
-    def policy(self, out: torch.Tensor, action: torch.Tensor | None = None, mask: torch.Tensor | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The action (sampled when not given), its log-probability and the entropy, from the policy head's
-        output [N, A] (logits, masked where ``mask`` [N, A] forbids; or the Gaussian's mean)."""
+    def policy(
+        self,
+        out: torch.Tensor,
+        action: torch.Tensor | None = None,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The action (sampled when not given), its log-probability and the entropy, from the policy
+        head's output [N, A] (logits, masked where ``mask`` [N, A] forbids; or the Gaussian's
+        mean)."""
         if self.discrete:
-            dist = Categorical(logits=out if mask is None else masked(out, mask), validate_args=False)
-            action = dist.sample() if action is None else action  # (validation would wait on a GPU twice a step)
+            dist = Categorical(
+                logits=out if mask is None else masked(out, mask), validate_args=False
+            )
+            # (validation would wait on a GPU twice a step)
+            action = dist.sample() if action is None else action
             return action, dist.log_prob(action), dist.entropy()
         log_std = self.log_std.expand_as(out)
         action = out + log_std.exp() * torch.randn_like(out) if action is None else action
         return (action, *gaussian(out, log_std, action))
 
 
-# ---------------------------------------------------------------------------------------------- sampling
+# ----------------------------------------------------------------------------------------- sampling
 
-# final_row: the step only resets its env; episode_start: the state is zeroed before this row; ep_*: totals where
-# episode_end; discounted: the discounted return so far (whose statistics scale the rewards)
-Rollout = namedarraytuple("Rollout", ["obs", "mask", "action", "logprob", "value", "reward", "discounted",
-                                      "terminated", "episode_end", "final_row", "episode_start", "ep_return",
-                                      "ep_length"])
-# Either edge of a rollout, [B]: the state at its first row (h0, c0), the row after its last (obs, episode_start)
-# and the state that row continues from (h, c).
+# final_row: the step only resets its env; episode_start: the state is zeroed before this row; ep_*:
+# totals where episode_end; discounted: the discounted return so far (whose statistics scale the
+# rewards)
+Rollout = namedarraytuple(
+    "Rollout",
+    [
+        "obs",
+        "mask",
+        "action",
+        "logprob",
+        "value",
+        "reward",
+        "discounted",
+        "terminated",
+        "episode_end",
+        "final_row",
+        "episode_start",
+        "ep_return",
+        "ep_length",
+    ],
+)
+# Either edge of a rollout, [B]: the state at its first row (h0, c0), the row after its last (obs,
+# episode_start) and the state that row continues from (h, c).
 Bootstrap = namedarraytuple("Bootstrap", ["h0", "c0", "obs", "episode_start", "h", "c"])
 
 
 class EnvState:
-    """What a sampler carries between rollouts, per env: current observation, final-row and episode-start flags,
-    valid actions, the LSTM state (on the sampler's device), lives, episode sums and the discounted return."""
+    """What a sampler carries between rollouts, per env: current observation, final-row and
+    episode-start flags, valid actions, the LSTM state (on the sampler's device), lives, episode
+    sums and the discounted return."""
 
     def __init__(self, envs, seed: int, agent: Agent, device: torch.device):
         self.obs, info = envs.reset(seed=seed)
         n = len(self.obs)
-        self.final_row = np.zeros(n, bool)  # True: this step only resets the env (next-step autoreset)
-        self.episode_start = np.ones(n, bool)  # True: the row after a final row (and the first): a zero state
+        # True: this step only resets the env (next-step autoreset)
+        self.final_row = np.zeros(n, bool)
+        # True: the row after a final row (and the first): a zero state
+        self.episode_start = np.ones(n, bool)
         self.space = envs.single_action_space
         n_actions = int(self.space.n) if agent.discrete else 1
-        self.mask = action_mask(info, self.final_row, n_actions)  # [B, A]: all True without one (continuous: A = 1)
+        # [B, A]: all True without one (continuous: A = 1)
+        self.mask = action_mask(info, self.final_row, n_actions)
         self.rnn = agent.initial_state(n, device)
         self.lives = np.asarray(info.get("lives", np.zeros(n)), np.int64)
         self.ep_return = np.zeros(n, np.float64)
@@ -332,22 +443,41 @@ class EnvState:
 def rollout_example(obs_space, act_space, hidden: int, B: int) -> tuple:
     discrete = isinstance(act_space, gym.spaces.Discrete)
     action = np.int64(0) if discrete else np.zeros(int(np.prod(act_space.shape)), np.float32)
-    one = Rollout(np.zeros(obs_space.shape, obs_space.dtype), np.ones(int(act_space.n) if discrete else 1, bool),
-                  action, np.float32(0), np.float32(0), np.float32(0), np.float32(0), False, False, False, False,
-                  np.float64(0), np.int64(0))
+    one = Rollout(
+        np.zeros(obs_space.shape, obs_space.dtype),
+        np.ones(int(act_space.n) if discrete else 1, bool),
+        action,
+        np.float32(0),
+        np.float32(0),
+        np.float32(0),
+        np.float32(0),
+        False,
+        False,
+        False,
+        False,
+        np.float64(0),
+        np.int64(0),
+    )
     z = np.zeros((B, hidden), np.float32)
-    boot = Bootstrap(z, z, np.zeros((B,) + obs_space.shape, obs_space.dtype), np.zeros(B, bool), z, z)
+    boot = Bootstrap(
+        z, z, np.zeros((B,) + obs_space.shape, obs_space.dtype), np.zeros(B, bool), z, z
+    )
     return one, boot  # [T, B] and [B]
 
 
 @torch.no_grad()
-def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device) -> None:
+def collect(
+    envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device
+) -> None:
     """Step the envs num_steps times, writing buf [T, B] and the rollout's edges boot [B]."""
-    boot.h0[:], boot.c0[:] = to_host(state.rnn.h, state.rnn.c)  # the state each env's first row continues from
+    # the state each env's first row continues from
+    boot.h0[:], boot.c0[:] = to_host(state.rnn.h, state.rnn.c)
     for t in range(args.num_steps):
         buf.obs[t], buf.mask[t] = state.obs, state.mask
         buf.final_row[t], buf.episode_start[t] = state.final_row, state.episode_start
-        up = upload({"obs": state.obs[None], "start": state.episode_start[None], "mask": state.mask}, device)
+        up = upload(
+            {"obs": state.obs[None], "start": state.episode_start[None], "mask": state.mask}, device
+        )
         with autocast(device, args.bf16):  # [1, B, ...] in, one copy up
             out, value, state.rnn = agent(up["obs"], state.rnn, up["start"])
         mask = None if state.mask.all() else up["mask"]  # envs with invalid actions
@@ -355,14 +485,17 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
         buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, logprob, value[0])  # one copy
         env_action = buf.action[t]
         if not agent.discrete:  # sampled unbounded, trained on as sampled, clipped for the env only
-            env_action = np.clip(env_action.reshape((-1, *state.space.shape)), state.space.low, state.space.high)
+            env_action = np.clip(
+                env_action.reshape((-1, *state.space.shape)), state.space.low, state.space.high
+            )
         next_obs, reward, term, trunc, info = envs.step(env_action)
         lives = np.asarray(info.get("lives", state.lives), np.int64)
         life_lost = (lives < state.lives) & ~state.final_row
         raw = np.where(state.final_row, 0.0, reward)  # a final row's reward belongs to no episode
         train_r = np.sign(raw) if (args.clip_rewards and is_atari(args.env_id)) else raw
         buf.reward[t] = train_r
-        # of the rewards trained on (clipped on Atari): their scale is what --normalize-reward divides out
+        # of the rewards trained on (clipped on Atari): their scale is what --normalize-reward
+        # divides out
         state.discounted = np.where(state.final_row, 0.0, state.discounted * args.gamma + train_r)
         buf.discounted[t] = state.discounted
         buf.terminated[t] = term | (life_lost & args.life_loss_terminal)
@@ -380,14 +513,16 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
     boot.h[:], boot.c[:] = to_host(state.rnn.h, state.rnn.c)
 
 
-# ---------------------------------------------------------------------------------------------- loss and update
+# ---------------------------------------------------------------------------------- loss and update
 
 
-def compute_gae(reward, value, next_value, terminated, episode_end, final_row, gamma: float, lam: float):
-    """Advantages and returns, [T, B] numpy, on the host (a loop over T of [B] operations: on a GPU, the same loop
-    would be T x 7 tiny kernel launches). Final rows get 0 (they are masked out); `terminated` stops
-    bootstrapping, `episode_end` or `terminated` stops the trace; a truncated row bootstraps from the next row's
-    value, which is the value of the episode's final observation."""
+def compute_gae(
+    reward, value, next_value, terminated, episode_end, final_row, gamma: float, lam: float
+):
+    """Advantages and returns, [T, B] numpy, on the host (on a GPU this loop over T would be T x 7
+    tiny kernel launches). Final rows get 0 (they are masked out). `terminated` stops
+    bootstrapping; `episode_end` or `terminated` stops the trace; a truncated row bootstraps from
+    the next row's value, the value of the episode's final observation."""
     T = reward.shape[0]
     next_values = np.concatenate([value[1:], next_value[None]])  # [T, B]: V(s_{t+1})
     delta = reward + gamma * next_values * (1.0 - terminated) - value
@@ -401,41 +536,70 @@ def compute_gae(reward, value, next_value, terminated, episode_end, final_row, g
     return adv, adv + value
 
 
-def minibatches(episode_start: np.ndarray, final_row: np.ndarray, args: Args, generator: torch.Generator):
-    """Each epoch's minibatches: ``envs`` (num_envs / num_minibatches of them, in a random order), the rows [T] at
-    which any of them starts an episode (the LSTM's stretches) and ``valid``, the rows of the flattened [T, n]
-    block that are not final rows (the loss's rows); all from the host's copy of the rollout."""
+def minibatches(
+    episode_start: np.ndarray, final_row: np.ndarray, args: Args, generator: torch.Generator
+):
+    """Each epoch's minibatches: ``envs`` (num_envs / num_minibatches of them, in a random order),
+    the rows [T] at which any of them starts an episode (the LSTM's stretches) and ``valid``, the
+    rows of the flattened [T, n] block that are not final rows (the loss's rows); all from the
+    host's copy of the rollout."""
     n = args.num_envs // args.num_minibatches
     for _ in range(args.update_epochs):
         perm = torch.randperm(args.num_envs, generator=generator).numpy()
         for start in range(0, args.num_envs, n):
             envs = np.sort(perm[start : start + n])
-            yield envs, episode_start[:, envs].any(1), np.flatnonzero(~final_row[:, envs].reshape(-1))
+            yield (
+                envs,
+                episode_start[:, envs].any(1),
+                np.flatnonzero(~final_row[:, envs].reshape(-1)),
+            )
 
 
-def replay(agent: Agent, data: dict, envs: np.ndarray, start_rows: np.ndarray, valid: np.ndarray, args: Args,
-           device: torch.device) -> tuple:
-    """The LSTM run again over the sequences of ``envs`` from their stored states, as the sampler ran it: the
-    log-probabilities of the rollout's actions, the entropies and the values at the ``valid`` rows [N], and
-    ``rows``, which takes the same rows of any rollout tensor [T, B, ...]."""
+def replay(
+    agent: Agent,
+    data: dict,
+    envs: np.ndarray,
+    start_rows: np.ndarray,
+    valid: np.ndarray,
+    args: Args,
+    device: torch.device,
+) -> tuple:
+    """The LSTM run again over the sequences of ``envs`` from their stored states, as the sampler
+    ran it: the log-probabilities of the rollout's actions, the entropies and the values at the
+    ``valid`` rows [N], and ``rows``, which takes the same rows of any rollout tensor [T, B,
+    ...]."""
     idx = upload({"envs": envs, "valid": valid}, device)  # one copy
     env, valid = idx["envs"], idx["valid"]
     with autocast(device, args.bf16):
-        out, value, _ = agent(data["obs"][:, env], RnnState(data["h0"][env], data["c0"][env]),
-                              data["episode_start"][:, env], start_rows)
-    rows = lambda x: x[:, env].flatten(0, 1)[valid]  # [T, B, ...] -> [N, ...]: the minibatch's valid rows
+        out, value, _ = agent(
+            data["obs"][:, env],
+            RnnState(data["h0"][env], data["c0"][env]),
+            data["episode_start"][:, env],
+            start_rows,
+        )
+    # [T, B, ...] -> [N, ...]: the minibatch's valid rows
+    rows = lambda x: x[:, env].flatten(0, 1)[valid]
     mask = rows(data["mask"]) if "mask" in data else None
     _, logprob, entropy = agent.policy(out.flatten(0, 1)[valid], rows(data["action"]), mask)
     return rows, logprob, entropy, value.flatten()[valid]
 
 
-def ppo_update(agent: Agent, optimizer, data: dict, host: dict, args: Args, device: torch.device,
-               generator: torch.Generator) -> dict:
-    """Several epochs of clipped-PPO steps, each on whole env sequences [T, n] replayed from their stored states;
-    the loss runs over their valid rows (not final rows). ``data``: the rollout's tensors [T, B, ...] on the
-    device; ``host``: its episode_start and final_row [T, B] in numpy."""
+def ppo_update(
+    agent: Agent,
+    optimizer,
+    data: dict,
+    host: dict,
+    args: Args,
+    device: torch.device,
+    generator: torch.Generator,
+) -> dict:
+    """Several epochs of clipped-PPO steps, each on whole env sequences [T, n] replayed from their
+    stored states; the loss runs over their valid rows (not final rows). ``data``: the rollout's
+    tensors [T, B, ...] on the device; ``host``: its episode_start and final_row [T, B] in numpy."""
     stats = {"policy_loss": [], "value_loss": [], "entropy": [], "approx_kl": [], "clipfrac": []}
-    for envs, start_rows, valid in minibatches(host["episode_start"], host["final_row"], args, generator):
+    for envs, start_rows, valid in minibatches(
+        host["episode_start"], host["final_row"], args, generator
+    ):
         rows, logprob, entropy, value = replay(agent, data, envs, start_rows, valid, args, device)
         logratio = logprob - rows(data["logprob"])
         ratio = logratio.exp()
@@ -443,7 +607,9 @@ def ppo_update(agent: Agent, optimizer, data: dict, host: dict, args: Args, devi
         if args.norm_adv:  # over the minibatches of every rank: their gradients are averaged
             mean, std = distributed.mean_std(adv)
             adv = (adv - mean) / (std + 1e-8)
-        pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
+        pg_loss = torch.max(
+            -adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
+        ).mean()
         ret, old_v = rows(data["ret"]), rows(data["value"])
         if args.clip_vloss:
             v_clipped = old_v + (value - old_v).clamp(-args.clip_coef, args.clip_coef)
@@ -457,8 +623,8 @@ def ppo_update(agent: Agent, optimizer, data: dict, host: dict, args: Args, devi
         distributed.average_gradients(agent)
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizer.step()
-        # Detached tensors, averaged when a row is written (a non-finite one ends the run there): no wait on a GPU
-        # per minibatch.
+        # Detached tensors, averaged when a row is written (a non-finite one ends the run there): no
+        # wait on a GPU per minibatch.
         with torch.no_grad():
             stats["approx_kl"].append(((ratio - 1) - logratio).mean())
             stats["clipfrac"].append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
@@ -470,43 +636,83 @@ def ppo_update(agent: Agent, optimizer, data: dict, host: dict, args: Args, devi
     return stats
 
 
-def learn_from(agent: Agent, return_norm: RunningNorm, optimizer, buf, boot, args: Args, device: torch.device,
-               generator) -> dict:
-    """Rewards scaled (--normalize-reward), GAE with the learner's current critic, the PPO update, then the
-    observation statistics take the rollout; buf [T, B] and boot [B] are numpy (possibly shared)."""
+def learn_from(
+    agent: Agent,
+    return_norm: RunningNorm,
+    optimizer,
+    buf,
+    boot,
+    args: Args,
+    device: torch.device,
+    generator,
+) -> dict:
+    """Rewards scaled (--normalize-reward), GAE with the learner's current critic, the PPO update,
+    then the observation statistics take the rollout; buf [T, B] and boot [B] are numpy (possibly
+    shared)."""
     T = args.num_steps
     # The rollout in one copy to a GPU: [T, B, ...] each, and the edges [B, ...].
-    up = upload({"obs": buf.obs, "episode_start": buf.episode_start, "action": buf.action, "logprob": buf.logprob,
-                 "value": buf.value, "discounted": buf.discounted, "h0": boot.h0, "c0": boot.c0,
-                 "boot_obs": boot.obs, "boot_start": boot.episode_start, "h": boot.h, "c": boot.c,
-                 "valid": np.flatnonzero(~np.asarray(buf.final_row).reshape(-1)),  # [N] of T*B: not final rows
-                 **({} if np.all(buf.mask) else {"mask": buf.mask})}, device)
-    start_rows = np.asarray(buf.episode_start).any(1)  # [T] on the host: where the LSTM's stretches end
+    up = upload(
+        {
+            "obs": buf.obs,
+            "episode_start": buf.episode_start,
+            "action": buf.action,
+            "logprob": buf.logprob,
+            "value": buf.value,
+            "discounted": buf.discounted,
+            "h0": boot.h0,
+            "c0": boot.c0,
+            "boot_obs": boot.obs,
+            "boot_start": boot.episode_start,
+            "h": boot.h,
+            "c": boot.c,
+            # [N] of T*B: not final rows
+            "valid": np.flatnonzero(~np.asarray(buf.final_row).reshape(-1)),
+            **({} if np.all(buf.mask) else {"mask": buf.mask}),
+        },
+        device,
+    )
+    # [T] on the host: where the LSTM's stretches end
+    start_rows = np.asarray(buf.episode_start).any(1)
     if args.sampler == "async":
-        # Sampled with the previous parameters: the values again with the current critic, from the stored states,
-        # over the rollout and the row after it.
+        # Sampled with the previous parameters: the values again with the current critic, from the
+        # stored states, over the rollout and the row after it.
         with torch.no_grad(), autocast(device, args.bf16):
-            _, value, _ = agent(torch.cat([up["obs"], up["boot_obs"][None]]), RnnState(up["h0"], up["c0"]),
-                                torch.cat([up["episode_start"], up["boot_start"][None]]),
-                                np.append(start_rows, np.any(boot.episode_start)))
+            _, value, _ = agent(
+                torch.cat([up["obs"], up["boot_obs"][None]]),
+                RnnState(up["h0"], up["c0"]),
+                torch.cat([up["episode_start"], up["boot_start"][None]]),
+                np.append(start_rows, np.any(boot.episode_start)),
+            )
         value, next_value = value[:T], value[T]
     else:
-        # Sampled with the current parameters: the rollout's values are the critic's; only the bootstrap is new,
-        # one step from the state the sampler ended with.
+        # Sampled with the current parameters: the rollout's values are the critic's; only the
+        # bootstrap is new, one step from the state the sampler ended with.
         with torch.no_grad(), autocast(device, args.bf16):
-            _, next_value, _ = agent(up["boot_obs"][None], RnnState(up["h"], up["c"]), up["boot_start"][None])
+            _, next_value, _ = agent(
+                up["boot_obs"][None], RnnState(up["h"], up["c"]), up["boot_start"][None]
+            )
         value, next_value = up["value"], next_value[0]
-    # Reward scaling: the std of every discounted return so far (this rollout's of every rank included).
+    # Reward scaling: the std of every discounted return so far (this rollout's of every rank
+    # included).
     return_norm.update(up.pop("discounted").flatten()[up.pop("valid")][:, None])
-    # GAE runs on the host (T small steps): the values and the return variance come over in one copy.
+    # GAE runs on the host (T small steps): the values and the return variance come over in one
+    # copy.
     value_h, next_value_h, return_var = to_host(value, next_value, return_norm.var)
     fl = lambda x: np.asarray(x, np.float32)
     reward = fl(buf.reward)
     if return_norm.enabled:
         scale = np.sqrt(float(return_var[0]) + 1e-8)
         reward = np.clip(reward / scale, -return_norm.clip, return_norm.clip).astype(np.float32)
-    adv, ret = compute_gae(reward, value_h, next_value_h, fl(buf.terminated), fl(buf.episode_end),
-                           fl(buf.final_row), args.gamma, args.gae_lambda)
+    adv, ret = compute_gae(
+        reward,
+        value_h,
+        next_value_h,
+        fl(buf.terminated),
+        fl(buf.episode_end),
+        fl(buf.final_row),
+        args.gamma,
+        args.gae_lambda,
+    )
     gae = upload({"adv": adv, "ret": ret}, device)  # [T, B] each
     data = {**up, "value": value, **gae}
     host = {"episode_start": np.asarray(buf.episode_start), "final_row": np.asarray(buf.final_row)}
@@ -516,58 +722,76 @@ def learn_from(agent: Agent, return_norm: RunningNorm, optimizer, buf, boot, arg
     return stats
 
 
-# ---------------------------------------------------------------------------------------------- sampler
+# ------------------------------------------------------------------------------------------ sampler
 
 
 class Sampler:
-    """Where the learner's rollouts come from. serial/parallel: this process steps the envs with the current
-    parameters; async: a sampler process (``sampler_main``) collects rollout k + 1 into the other slot of a double
-    buffer, with the parameters of update k - 1, while the learner trains on rollout k."""
+    """Where the learner's rollouts come from. serial/parallel: this process steps the envs with the
+    current parameters; async: a sampler process (``sampler_main``) collects rollout k + 1 into
+    the other slot of a double buffer, with the parameters of update k - 1, while the learner
+    trains on rollout k."""
 
     def __init__(self, args: Args, run: Run, agent: Agent, first: int, last: int):
         self.args, self.run = args, run
-        example, boot_example = rollout_example(run.obs_space, run.act_space, args.hidden, args.num_envs)
+        example, boot_example = rollout_example(
+            run.obs_space, run.act_space, args.hidden, args.num_envs
+        )
         if args.sampler == "async":
             self.buffers = DoubleBuffer(example, (args.num_steps, args.num_envs), module=agent)
             self.boots = [buffer_from_example(boot_example, (), shared=True) for _ in range(2)]
-            self.worker = run.hold(Worker(sampler_main, (args, self.buffers, self.boots, first, last, run.affinity,
-                                                         os.getpid()), name="sampler"))
+            self.worker = run.hold(
+                Worker(
+                    sampler_main,
+                    (args, self.buffers, self.boots, first, last, run.affinity, os.getpid()),
+                    name="sampler",
+                )
+            )
         else:
             self.buffers = None
-            self.envs = run.hold(make_envs(args, make_env, args.sampler, n_threads=len(run.affinity.learner_cpus)))
-            # A resumed run starts fresh episodes (and states); every env of every rank has a seed of its own.
-            self.state = EnvState(self.envs, distributed.env_seed(args.seed + first, args.num_envs), agent,
-                                  run.device)
+            self.envs = run.hold(
+                make_envs(args, make_env, args.sampler, n_threads=len(run.affinity.learner_cpus))
+            )
+            # A resumed run starts fresh episodes (and states); every env of every rank has a seed
+            # of its own.
+            self.state = EnvState(
+                self.envs, distributed.env_seed(args.seed + first, args.num_envs), agent, run.device
+            )
             self.buf = buffer_from_example(example, (args.num_steps, args.num_envs))  # [T, B]
             self.boot = buffer_from_example(boot_example, ())  # [B]
 
     def collect(self, agent: Agent, it: int, global_step: int) -> tuple[int, Rollout, Bootstrap]:
-        """Rollout ``it`` [T, B] and its edges [B], the episodes that ended in it recorded; returns the global step
-        after it (every rank's env steps) and the rollout."""
-        if self.buffers is not None:  # sampled by the other process with the parameters of update it - 1
+        """Rollout ``it`` [T, B] and its edges [B], the episodes that ended in it recorded; returns
+        the global step after it (every rank's env steps) and the rollout."""
+        # sampled by the other process with the parameters of update it - 1
+        if self.buffers is not None:
             buf, boot = self.buffers.reader_acquire(it, self.worker.check), self.boots[it % 2]
         else:
             buf, boot = self.buf, self.boot
             collect(self.envs, agent, self.state, buf, boot, self.args, self.run.device)
-        global_step += self.args.num_envs * self.args.num_steps * self.run.world  # every rank stepped as many
+        # every rank stepped as many
+        global_step += self.args.num_envs * self.args.num_steps * self.run.world
         for ret, length in zip(buf.ep_return[buf.episode_end], buf.ep_length[buf.episode_end]):
             self.run.episode(float(ret), int(length), global_step)
         return global_step, buf, boot
 
     def release(self, agent: Agent, it: int) -> None:
-        """async: the slot goes back with the new parameters, which rollout it + 2 is collected with."""
+        """async: the slot goes back with the new parameters, which rollout it + 2 is collected
+        with."""
         if self.buffers is not None:
             self.buffers.reader_release(it, module=agent, version=it + 1)
 
 
-# ---------------------------------------------------------------------------------------------- main
+# --------------------------------------------------------------------------------------------- main
 
 
 def check_args(args: Args) -> None:
-    """What relates the flags to each other (each field's own range is declared on it): exit 2, one line."""
+    """What relates the flags to each other (each field's own range is declared on it): exit 2, one
+    line."""
     if args.num_envs % args.num_minibatches:
-        bad_args(f"--num-minibatches {args.num_minibatches} does not divide --num-envs {args.num_envs} "
-                 f"(minibatches are whole env sequences)")
+        bad_args(
+            f"--num-minibatches {args.num_minibatches} does not divide --num-envs {args.num_envs} "
+            f"(minibatches are whole env sequences)"
+        )
     if args.observe_indices and is_atari(args.env_id):
         bad_args("--observe-indices applies to vector observations, not Atari frames")
     if args.normalize_obs and is_atari(args.env_id):
@@ -575,32 +799,45 @@ def check_args(args: Args) -> None:
 
 
 def make_agent(args: Args, obs_space: gym.Space, act_space: gym.Space) -> Agent:
-    return Agent(obs_space.shape, act_space, args.hidden, args.lstm, args.init_log_std, args.normalize_obs)
+    return Agent(
+        obs_space.shape, act_space, args.hidden, args.lstm, args.init_log_std, args.normalize_obs
+    )
 
 
 def make_learner(args: Args, run: Run) -> tuple:
-    """The agent (channels-last for images on a CPU or with --bf16; its observation statistics included), its
-    optimiser, the generator of the minibatch order and the statistics of the discounted return."""
+    """The agent (channels-last for images on a CPU or with --bf16; its observation statistics
+    included), its optimiser, the generator of the minibatch order and the statistics of the
+    discounted return."""
     if not isinstance(run.act_space, (gym.spaces.Discrete, gym.spaces.Box)):
-        bad_args(f"--env-id {args.env_id}: {SCRIPT} needs a discrete (Discrete) or continuous (Box) action space, "
-                 f"got {run.act_space}")
+        bad_args(
+            f"--env-id {args.env_id}: {SCRIPT} needs a discrete (Discrete) or continuous (Box) "
+            f"action space, got {run.act_space}"
+        )
     if not isinstance(run.obs_space, gym.spaces.Box):
         bad_args(f"--env-id {args.env_id}: {SCRIPT} needs Box observations, got {run.obs_space}")
     try:
         agent = make_agent(args, run.obs_space, run.act_space).to(run.device)
     except ValueError as e:  # observations the network cannot take
-        bad_args(f"--env-id {args.env_id}{' ' + observe_flag(args) if args.observe_indices else ''}: {e}")
+        bad_args(
+            f"--env-id {args.env_id}{' ' + observe_flag(args) if args.observe_indices else ''}: {e}"
+        )
     images = len(run.obs_space.shape) == 3
-    if images and (run.device.type == "cpu" or args.bf16):  # NHWC: faster on a CPU, and for bf16 on a GPU
+    # NHWC: faster on a CPU, and for bf16 on a GPU
+    if images and (run.device.type == "cpu" or args.bf16):
         agent = agent.to(memory_format=torch.channels_last)
-    fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}  # one kernel for all parameters
+    # one kernel for all parameters
+    fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, **fused)
-    return_norm = RunningNorm(1, args.normalize_reward).to(run.device)  # statistics of the discounted return
+    # statistics of the discounted return
+    return_norm = RunningNorm(1, args.normalize_reward).to(run.device)
     return agent, optimizer, torch.Generator().manual_seed(args.seed), return_norm
 
 
-def set_learning_rate(optimizer: torch.optim.Optimizer, args: Args, it: int, num_iterations: int) -> float:
-    """The learning rate of iteration ``it`` (annealed linearly to 0 with --anneal-lr), set; returns it."""
+def set_learning_rate(
+    optimizer: torch.optim.Optimizer, args: Args, it: int, num_iterations: int
+) -> float:
+    """The learning rate of iteration ``it`` (annealed linearly to 0 with --anneal-lr), set; returns
+    it."""
     lr = args.learning_rate * (1.0 - it / num_iterations) if args.anneal_lr else args.learning_rate
     for group in optimizer.param_groups:
         group["lr"] = lr
@@ -608,13 +845,15 @@ def set_learning_rate(optimizer: torch.optim.Optimizer, args: Args, it: int, num
 
 
 class EvalPolicy:
-    """Evaluation policy, carrying the LSTM state through an episode (``last_reward`` None starts a new one):
-    discrete actions sampled from the policy (among the valid ones ``mask`` [A] where the env gives one), as
-    ppo_atari.py; continuous ones the Gaussian's mean, clipped to the bounds, as ppo_mujoco.py; observation
-    statistics frozen."""
+    """Evaluation policy, carrying the LSTM state through an episode (``last_reward`` None starts a
+    new one): discrete actions sampled from the policy (among the valid ones ``mask`` [A] where
+    the env gives one), as ppo_atari.py; continuous ones the Gaussian's mean, clipped to the
+    bounds, as ppo_mujoco.py; observation statistics frozen."""
 
     def __init__(self, agent: Agent, device: torch.device, space: gym.Space):
-        self.agent, self.device, self.space = agent, device, space
+        self.agent = agent
+        self.device = device
+        self.space = space
         self.state = agent.initial_state(1, device)
 
     def __call__(self, obs: np.ndarray, last_reward: float | None, mask=None):
@@ -622,19 +861,31 @@ class EvalPolicy:
         obs = torch.as_tensor(np.asarray(obs), device=self.device)[None, None]  # [1, 1, ...]
         out, _, self.state = self.agent(obs, self.state, start)
         if not self.agent.discrete:
-            return np.clip(out[0, 0].cpu().numpy().reshape(self.space.shape), self.space.low, self.space.high)
-        mask = None if mask is None else torch.as_tensor(np.asarray(mask, bool), device=self.device)[None]
+            return np.clip(
+                out[0, 0].cpu().numpy().reshape(self.space.shape), self.space.low, self.space.high
+            )
+        mask = (
+            None
+            if mask is None
+            else torch.as_tensor(np.asarray(mask, bool), device=self.device)[None]
+        )
         return int(self.agent.policy(out[0], mask=mask)[0].item())
 
 
 def main() -> int:
     args = parse_args(Args, PRESETS, check_args)
-    run = Run(args, SCRIPT, make_env, iteration_steps=args.num_envs * args.num_steps)  # --log-every: rollouts
+    # --log-every: rollouts
+    run = Run(args, SCRIPT, make_env, iteration_steps=args.num_envs * args.num_steps)
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating("hidden"):  # sizes this machine cannot hold: exit 2
         agent, optimizer, generator, return_norm = make_learner(args, run)
-    start = run.begin(EvalPolicy(agent, run.device, run.act_space), model=agent, optimizer=optimizer,
-                      generator=generator, return_norm=return_norm)
+    start = run.begin(
+        EvalPolicy(agent, run.device, run.act_space),
+        model=agent,
+        optimizer=optimizer,
+        generator=generator,
+        return_norm=return_norm,
+    )
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
     batch = args.num_envs * args.num_steps * run.world  # the job's: every rank's rollout
@@ -645,7 +896,9 @@ def main() -> int:
         for it in range(first, num_iterations):
             lr = set_learning_rate(optimizer, args, it, num_iterations)
             global_step, buf, boot = sampler.collect(agent, it, global_step)
-            stats = learn_from(agent, return_norm, optimizer, buf, boot, args, run.device, generator)
+            stats = learn_from(
+                agent, return_norm, optimizer, buf, boot, args, run.device, generator
+            )
             sampler.release(agent, it)  # async: rollout it + 2 is sampled with the new parameters
             if run.periodic(global_step, learning_rate=lr, **stats):
                 break  # --stop-at-return reached, or a signal: finish ends as Ctrl-C does
@@ -653,24 +906,38 @@ def main() -> int:
     return run.exit_code
 
 
-# ---------------------------------------------------------------------------------------------- async sampling
+# ----------------------------------------------------------------------------------- async sampling
 # Only --sampler async runs this: a sampler process collecting rollouts into the double buffer.
 
 
-def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, last: int, affinity, parent_pid: int,
-                 stop) -> None:
-    """Async sampler process: rollout k goes to slot k % 2, collected with the parameters (observation statistics
-    included) the learner left in that slot when it released rollout k - 2 (update k - 1): exactly one update
-    behind the learner. The LSTM states carry over from rollout to rollout here."""
+def sampler_main(
+    args: Args,
+    buffers: DoubleBuffer,
+    boots: list,
+    first: int,
+    last: int,
+    affinity,
+    parent_pid: int,
+    stop,
+) -> None:
+    """Async sampler process: rollout k goes to slot k % 2, collected with the parameters
+    (observation statistics included) the learner left in that slot when it released rollout k -
+    2 (update k - 1): exactly one update behind the learner. The LSTM states carry over from
+    rollout to rollout here."""
     affinity.apply_worker(0)
     args = replace(args, bf16=sampler_bf16(args.bf16))  # it acts on this CPU: no emulated bf16 here
     check = parent_alive_check(stop, parent_pid)
-    envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial",
-                     n_threads=len(affinity.worker_cpus[0]))
+    envs = make_envs(
+        args,
+        make_env,
+        "parallel" if is_atari(args.env_id) else "serial",
+        n_threads=len(affinity.worker_cpus[0]),
+    )
     agent = make_agent(args, envs.single_observation_space, envs.single_action_space)
     device = torch.device("cpu")
     state = EnvState(envs, distributed.env_seed(args.seed + first, args.num_envs), agent, device)
-    torch.manual_seed(distributed.rank_seed(args.seed + 1))  # the policy's sampling: a stream of each rank's own
+    # the policy's sampling: a stream of each rank's own
+    torch.manual_seed(distributed.rank_seed(args.seed + 1))
     try:
         for k in range(first, last):
             buf = buffers.writer_acquire(k, check, module=agent)

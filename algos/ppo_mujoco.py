@@ -1,31 +1,39 @@
-"""PPO (clipped objective, GAE) for continuous actions (MuJoCo, any Box action space), serial, parallel and async.
+"""PPO (clipped objective, GAE) for continuous actions (MuJoCo, any Box): every sampler.
 
-    python algos/ppo_mujoco.py                                       # HalfCheetah-v5, the PPO paper's settings
-    python algos/ppo_mujoco.py --preset pendulum                     # InvertedPendulum-v5 to 1000 in a minute
-    python algos/ppo_mujoco.py --sampler async --num-envs 4          # sampler process + learner
-    torchrun --standalone --nproc-per-node 2 algos/ppo_mujoco.py     # 2 ranks, gradients averaged
+    # HalfCheetah-v5, the PPO paper's settings
+    python algos/ppo_mujoco.py
+    # InvertedPendulum-v5 to 1000 in a minute
+    python algos/ppo_mujoco.py --preset pendulum
+    # sampler process + learner
+    python algos/ppo_mujoco.py --sampler async --num-envs 4
+    # 2 ranks, gradients averaged
+    torchrun --standalone --nproc-per-node 2 algos/ppo_mujoco.py
 
-The policy is a diagonal Gaussian: an MLP gives the mean, the log standard deviations are parameters of their own
-(state-independent), and the critic is a separate MLP (Schulman et al. 2017). Actions are sampled unbounded,
-trained on as sampled, and clipped to the env's bounds only when stepping the env.
+The policy is a diagonal Gaussian: an MLP gives the mean, the log standard deviations are
+parameters of their own (state-independent), and the critic is a separate MLP (Schulman et al.
+2017). Actions are sampled unbounded, trained on as sampled, and clipped to the env's bounds only
+when stepping the env.
 
-Observations are normalised by running statistics, and rewards divided by the running standard deviation of the
-discounted return (SB3's VecNormalize, CleanRL's wrappers), both updated once per rollout by the learner, from
-every rank's rollout (shared/normalize.py, RunningNorm), after the PPO update: a rollout is sampled and trained on
-with the same statistics. The observation statistics are buffers of the policy, so they travel with its parameters
-(to the async sampler, into the checkpoint, to every rank); evaluation uses them frozen and reports raw returns.
-Statistics of each rank's own observations would not do: on InvertedPendulum the ranks' carts drift to opposite
-sides, the same position reads differently on each, and two ranks stopped learning at a return of 50.
+Observations are normalised by running statistics, and rewards divided by the running standard
+deviation of the discounted return (SB3's VecNormalize, CleanRL's wrappers), both updated once
+per rollout by the learner, from every rank's rollout (shared/normalize.py, RunningNorm), after
+the PPO update: a rollout is sampled and trained on with the same statistics. The observation
+statistics are buffers of the policy, so they travel with its parameters (to the async sampler,
+into the checkpoint, to every rank); evaluation uses them frozen and reports raw returns.
+Statistics of each rank's own observations would not do: on InvertedPendulum the ranks' carts
+drift to opposite sides, the same position reads differently on each, and two ranks stopped
+learning at a return of 50.
 
-Episode boundaries: envs autoreset on the step after an episode ends (gymnasium's next-step mode). That step only
-resets the env: its row is masked out of every loss, and its observation is the episode's final one, whose value
-is the bootstrap target when the episode was truncated by the time limit (every MuJoCo v5 episode ends at 1000
-steps); termination bootstraps nothing.
+Episode boundaries: envs autoreset on the step after an episode ends (gymnasium's next-step
+mode). That step only resets the env: its row is masked out of every loss, and its observation is
+the episode's final one, whose value is the bootstrap target when the episode was truncated by
+the time limit (every MuJoCo v5 episode ends at 1000 steps); termination bootstraps nothing.
 
-Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the network in
-Agent: forward(obs) takes raw observations [N, S] and returns the Gaussian mean [N, A], its log-std [N, A] and
-values [N], with `obs_norm` (the observation statistics) and `log_std` beside; the loss in ppo_update, where
-each stats[...] list becomes a logged column (a new key is a new progress.csv column); the schedule in main.
+Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the
+network in Agent: forward(obs) takes raw observations [N, S] and returns the Gaussian mean [N,
+A], its log-std [N, A] and values [N], with `obs_norm` (the observation statistics) and `log_std`
+beside; the loss in ppo_update, where each stats[...] list becomes a logged column (a new key is
+a new progress.csv column); the schedule in main.
 """
 
 from __future__ import annotations
@@ -40,7 +48,8 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 # Find shared/ without an install step, from algos/ or from a copy anywhere in the repository.
-sys.path.insert(0, str(next(p for p in Path(__file__).resolve().parents if (p / "shared" / "__init__.py").exists())))
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "shared" / "__init__.py").exists())
+sys.path.insert(0, str(ROOT))
 
 import gymnasium as gym
 import numpy as np
@@ -64,11 +73,11 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 
 @dataclass
 class Args(RunArgs):
-    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
-    # experiment
+    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the
+    # same everywhere experiment
     preset: Literal["mujoco", "pendulum"] = "mujoco"
-    """named settings to start from (mujoco: the PPO paper's MuJoCo settings; pendulum: InvertedPendulum-v5 in
-    a minute); flags given override them"""
+    """named settings to start from (mujoco: the PPO paper's MuJoCo settings; pendulum:
+    InvertedPendulum-v5 in a minute); flags given override them"""
     env_id: str = "HalfCheetah-v5"
     """gymnasium id of an env with vector observations and a continuous (Box) action space"""
     total_timesteps: PositiveInt = 1_000_000
@@ -77,7 +86,8 @@ class Args(RunArgs):
     """rollouts between progress rows"""
     # algorithm
     num_envs: PositiveInt = 1
-    """environments stepped together on each rank (torchrun); the job's batch is ranks x num_envs x num_steps"""
+    """environments stepped together on each rank (torchrun); the job's batch is ranks x num_envs x
+    num_steps"""
     num_steps: PositiveInt = 2048
     """steps per env in each rollout"""
     learning_rate: Annotated[float, Range(gt=0, lt=1)] = 3e-4
@@ -89,7 +99,8 @@ class Args(RunArgs):
     gae_lambda: Fraction = 0.95
     """GAE lambda"""
     num_minibatches: PositiveInt = 32
-    """minibatches per epoch (their size is the batch / num_minibatches; each rank takes its share)"""
+    """minibatches per epoch (their size is the batch / num_minibatches; each rank takes its
+    share)"""
     update_epochs: PositiveInt = 10
     """passes over each rollout"""
     norm_adv: bool = True
@@ -109,32 +120,44 @@ class Args(RunArgs):
     init_log_std: Annotated[float, Range(ge=-20, le=5)] = 0.0
     """initial log standard deviation of every action dimension"""
     normalize_obs: bool = True
-    """normalise observations by running mean and variance (saved in the checkpoint, frozen in evaluation)"""
+    """normalise observations by running mean and variance (saved in the checkpoint, frozen in
+    evaluation)"""
     normalize_reward: bool = True
     """divide rewards by the running standard deviation of the discounted return"""
     # infrastructure
     sampler: Literal["serial", "parallel", "async"] = "serial"
-    """serial (one process), parallel (envs in worker processes, gymnasium AsyncVectorEnv) or async (sampler
-    process collects rollout k+1 with the parameters of update k-1 while the learner trains on rollout k)"""
+    """serial (one process), parallel (envs in worker processes, gymnasium AsyncVectorEnv) or async
+    (sampler process collects rollout k+1 with the parameters of update k-1 while the learner
+    trains on rollout k)"""
 
 
-# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps its default.
+# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps
+# its default.
 PRESETS = {
-    # The PPO paper's MuJoCo settings (Schulman et al. 2017, table 3), which are SB3's PPO defaults and CleanRL's
-    # ppo_continuous_action.py; obs and reward normalisation as rl-baselines3-zoo's ppo.yml for MuJoCo.
+    # The PPO paper's MuJoCo settings (Schulman et al. 2017, table 3), which are SB3's PPO defaults
+    # and CleanRL's ppo_continuous_action.py; obs and reward normalisation as rl-baselines3-zoo's
+    # ppo.yml for MuJoCo.
     "mujoco": Args(),
-    # InvertedPendulum-v5: the paper's settings over 8 envs (batch 2048 as in the paper, minibatches of 256), a
-    # budget of 150k steps; no reward scaling (every step is worth 1 until the pole falls).
-    "pendulum": Args(preset="pendulum", env_id="InvertedPendulum-v5", total_timesteps=150_000, num_envs=8,
-                     num_steps=256, num_minibatches=8, normalize_reward=False),
+    # InvertedPendulum-v5: the paper's settings over 8 envs (batch 2048 as in the paper, minibatches
+    # of 256), a budget of 150k steps; no reward scaling (every step is worth 1 until the pole
+    # falls).
+    "pendulum": Args(
+        preset="pendulum",
+        env_id="InvertedPendulum-v5",
+        total_timesteps=150_000,
+        num_envs=8,
+        num_steps=256,
+        num_minibatches=8,
+        normalize_reward=False,
+    ),
 }
 
-# ---------------------------------------------------------------------------------------------- environments
+# ------------------------------------------------------------------------------------- environments
 
 
 def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
-    """One env, made in the process that steps it: a wrapper added here reaches every sampling mode; plug your
-    own env in here (shared/envs.py says how to register one)."""
+    """One env, made in the process that steps it: a wrapper added here reaches every sampling mode;
+    plug your own env in here (shared/envs.py says how to register one)."""
 
     def thunk() -> gym.Env:
         return gym.make(args.env_id, render_mode="rgb_array" if render else None)
@@ -142,7 +165,7 @@ def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
     return thunk
 
 
-# ---------------------------------------------------------------------------------------------- network
+# ------------------------------------------------------------------------------------------ network
 
 
 def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias: float = 0.0) -> nn.Module:
@@ -151,10 +174,12 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias: float = 0.0) -> 
     return layer
 
 
-def gaussian(mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-density of action [N, A] under the diagonal Gaussian N(mean, exp(log_std)^2), and its entropy, [N]:
-    log p = sum_i -(a_i - mu_i)^2 / (2 sigma_i^2) - log sigma_i - log(2 pi) / 2
-    H = sum_i log sigma_i + (1 + log 2 pi) / 2"""
+def gaussian(
+    mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-density of action [N, A] under the diagonal Gaussian N(mean, exp(log_std)^2), and its
+    entropy, [N]: log p = sum_i -(a_i - mu_i)^2 / (2 sigma_i^2) - log sigma_i - log(2 pi) / 2 H =
+    sum_i log sigma_i + (1 + log 2 pi) / 2"""
     z = (action - mean) * torch.exp(-log_std)
     log_prob = (-0.5 * z**2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
     entropy = (log_std + 0.5 * (1.0 + math.log(2 * math.pi))).sum(-1).expand_as(log_prob)
@@ -162,15 +187,27 @@ def gaussian(mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor) ->
 
 
 class Agent(nn.Module):
-    """Policy mean and critic: two separate tanh MLPs on the normalised observation; log_std: one parameter per
-    action dimension; obs_norm: the observation statistics (buffers, updated by the learner)."""
+    """Policy mean and critic: two separate tanh MLPs on the normalised observation; log_std: one
+    parameter per action dimension; obs_norm: the observation statistics (buffers, updated by the
+    learner)."""
 
-    def __init__(self, obs_dim: int, act_dim: int, hidden: int, init_log_std: float, normalize_obs: bool = True):
+    def __init__(
+        self,
+        obs_dim: int,
+        act_dim: int,
+        hidden: int,
+        init_log_std: float,
+        normalize_obs: bool = True,
+    ):
         super().__init__()
         self.obs_norm = RunningNorm(obs_dim, normalize_obs)
-        mlp = lambda out, std: nn.Sequential(layer_init(nn.Linear(obs_dim, hidden)), nn.Tanh(),
-                                             layer_init(nn.Linear(hidden, hidden)), nn.Tanh(),
-                                             layer_init(nn.Linear(hidden, out), std=std))
+        mlp = lambda out, std: nn.Sequential(
+            layer_init(nn.Linear(obs_dim, hidden)),
+            nn.Tanh(),
+            layer_init(nn.Linear(hidden, hidden)),
+            nn.Tanh(),
+            layer_init(nn.Linear(hidden, out), std=std),
+        )
         self.actor_mean = mlp(act_dim, 0.01)
         self.critic = mlp(1, 1.0)
         self.log_std = nn.Parameter(torch.full((act_dim,), float(init_log_std)))
@@ -182,22 +219,38 @@ class Agent(nn.Module):
         return mean, self.log_std.expand_as(mean), self.critic(obs).float().squeeze(-1)
 
 
-# ---------------------------------------------------------------------------------------------- sampling
+# ----------------------------------------------------------------------------------------- sampling
 
-# final_row: the step only resets its env (its row holds the episode's final observation); ep_*: the episode's totals
-Rollout = namedarraytuple("Rollout", ["obs", "action", "logprob", "value", "reward", "discounted", "terminated",
-                                      "episode_end", "final_row", "ep_return", "ep_length"])
+# final_row: the step only resets its env (its row holds the episode's final observation); ep_*: the
+# episode's totals
+Rollout = namedarraytuple(
+    "Rollout",
+    [
+        "obs",
+        "action",
+        "logprob",
+        "value",
+        "reward",
+        "discounted",
+        "terminated",
+        "episode_end",
+        "final_row",
+        "ep_return",
+        "ep_length",
+    ],
+)
 Bootstrap = namedarraytuple("Bootstrap", ["obs", "final_row"])
 
 
 class EnvState:
-    """What a sampler carries between rollouts, per env: raw observation, final-row flag, episode sums, and the
-    discounted return so far (whose statistics scale the rewards)."""
+    """What a sampler carries between rollouts, per env: raw observation, final-row flag, episode
+    sums, and the discounted return so far (whose statistics scale the rewards)."""
 
     def __init__(self, envs, seed: int):
         self.obs, _ = envs.reset(seed=seed)
         n = len(self.obs)
-        self.final_row = np.zeros(n, bool)  # True: this step only resets the env (next-step autoreset)
+        # True: this step only resets the env (next-step autoreset)
+        self.final_row = np.zeros(n, bool)
         self.ep_return = np.zeros(n, np.float64)
         self.ep_length = np.zeros(n, np.int64)
         self.discounted = np.zeros(n, np.float64)  # G <- gamma G + r within the episode
@@ -205,24 +258,41 @@ class EnvState:
 
 
 def rollout_example(obs_dim: int, act_dim: int, B: int) -> tuple:
-    one = Rollout(np.zeros(obs_dim, np.float32), np.zeros(act_dim, np.float32), np.float32(0), np.float32(0),
-                  np.float32(0), np.float32(0), False, False, False, np.float64(0), np.int64(0))
+    one = Rollout(
+        np.zeros(obs_dim, np.float32),
+        np.zeros(act_dim, np.float32),
+        np.float32(0),
+        np.float32(0),
+        np.float32(0),
+        np.float32(0),
+        False,
+        False,
+        False,
+        np.float64(0),
+        np.int64(0),
+    )
     return one, Bootstrap(np.zeros((B, obs_dim), np.float32), np.zeros(B, bool))  # [T, B] and [B]
 
 
 @torch.inference_mode()
-def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device) -> None:
-    """Step the envs num_steps times, writing buf [T, B] (raw observations and rewards) and the bootstrap
-    observation boot [B]."""
+def collect(
+    envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device
+) -> None:
+    """Step the envs num_steps times, writing buf [T, B] (raw observations and rewards) and the
+    bootstrap observation boot [B]."""
     flat = lambda o: np.asarray(o, np.float32).reshape(len(o), -1)  # [B, S]
     for t in range(args.num_steps):
         buf.obs[t], buf.final_row[t] = flat(state.obs), state.final_row
         with autocast(device, args.bf16):
             mean, log_std, value = agent(upload({"obs": buf.obs[t]}, device)["obs"])
         action = mean + log_std.exp() * torch.randn_like(mean)
-        buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, gaussian(mean, log_std, action)[0], value)
+        buf.action[t], buf.logprob[t], buf.value[t] = to_host(
+            action, gaussian(mean, log_std, action)[0], value
+        )
         env_action = buf.action[t].reshape((-1, *state.space.shape))  # [B, A] -> [B, *action shape]
-        next_obs, reward, term, trunc, _ = envs.step(np.clip(env_action, state.space.low, state.space.high))
+        next_obs, reward, term, trunc, _ = envs.step(
+            np.clip(env_action, state.space.low, state.space.high)
+        )
         raw = np.where(state.final_row, 0.0, reward)  # a final row's reward belongs to no episode
         state.discounted = np.where(state.final_row, 0.0, state.discounted * args.gamma + raw)
         buf.reward[t], buf.discounted[t] = raw, state.discounted
@@ -236,14 +306,16 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
     boot.obs[:], boot.final_row[:] = flat(state.obs), state.final_row
 
 
-# ---------------------------------------------------------------------------------------------- loss and update
+# ---------------------------------------------------------------------------------- loss and update
 
 
-def compute_gae(reward, value, next_value, terminated, episode_end, final_row, gamma: float, lam: float):
-    """Advantages and returns, [T, B] numpy (a loop over T of [B] operations: numpy's are several times cheaper than
-    torch's at MuJoCo's few envs). Final rows get 0 (they are masked out); `terminated` stops bootstrapping,
-    `episode_end` stops the trace; a truncated row bootstraps from the next row's value, which is the value of the
-    episode's final observation."""
+def compute_gae(
+    reward, value, next_value, terminated, episode_end, final_row, gamma: float, lam: float
+):
+    """Advantages and returns, [T, B] numpy (a loop over T of [B] operations: numpy's are several
+    times cheaper than torch's at MuJoCo's few envs). Final rows get 0 (they are masked out);
+    `terminated` stops bootstrapping, `episode_end` stops the trace; a truncated row bootstraps
+    from the next row's value, which is the value of the episode's final observation."""
     T = reward.shape[0]
     next_values = np.concatenate([value[1:], next_value[None]])  # [T, B]: V(s_{t+1})
     delta = reward + gamma * next_values * (1.0 - terminated) - value
@@ -257,9 +329,16 @@ def compute_gae(reward, value, next_value, terminated, episode_end, final_row, g
     return adv, adv + value
 
 
-def ppo_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.device,
-               generator: torch.Generator) -> dict:
-    """Several epochs of clipped-PPO minibatch steps over the valid rows (not final rows) of one rollout."""
+def ppo_update(
+    agent: Agent,
+    optimizer,
+    data: dict,
+    args: Args,
+    device: torch.device,
+    generator: torch.Generator,
+) -> dict:
+    """Several epochs of clipped-PPO minibatch steps over the valid rows (not final rows) of one
+    rollout."""
     n = data["obs"].shape[0]
     mb_size = max(n // args.num_minibatches, 1)
     stats = {"policy_loss": [], "value_loss": [], "entropy": [], "approx_kl": [], "clipfrac": []}
@@ -276,7 +355,9 @@ def ppo_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
             if args.norm_adv:  # over the minibatches of every rank: their gradients are averaged
                 m, s = distributed.mean_std(adv)
                 adv = (adv - m) / (s + 1e-8)
-            pg_loss = torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)).mean()
+            pg_loss = torch.max(
+                -adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
+            ).mean()
             ret, old_v = data["ret"][mb], data["value"][mb]
             if args.clip_vloss:
                 v_clipped = old_v + (value - old_v).clamp(-args.clip_coef, args.clip_coef)
@@ -290,8 +371,8 @@ def ppo_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
             distributed.average_gradients(agent)
             nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
             optimizer.step()
-            # Detached tensors, averaged when a row is written (a non-finite one ends the run there): no wait on
-            # a GPU per minibatch.
+            # Detached tensors, averaged when a row is written (a non-finite one ends the run
+            # there): no wait on a GPU per minibatch.
             with torch.no_grad():
                 stats["approx_kl"].append(((ratio - 1) - logratio).mean())
                 stats["clipfrac"].append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
@@ -301,64 +382,107 @@ def ppo_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
     return {**stats, "action_std": agent.log_std.detach().exp().mean()}
 
 
-def learn_from(agent: Agent, return_norm: RunningNorm, optimizer, buf, boot, args: Args, device: torch.device,
-               generator) -> dict:
-    """Rewards scaled, GAE with the learner's current critic, the PPO update, then the observation statistics
-    take the rollout; buf is [T, B] numpy (possibly shared)."""
+def learn_from(
+    agent: Agent,
+    return_norm: RunningNorm,
+    optimizer,
+    buf,
+    boot,
+    args: Args,
+    device: torch.device,
+    generator,
+) -> dict:
+    """Rewards scaled, GAE with the learner's current critic, the PPO update, then the observation
+    statistics take the rollout; buf is [T, B] numpy (possibly shared)."""
     T, B = args.num_steps, args.num_envs
-    # The rollout in one copy to a GPU: obs [T, B, S] raw, the others [T, B]; valid [N] of T*B (never train on
-    # final rows).
-    up = upload({"obs": buf.obs, "boot_obs": boot.obs, "action": buf.action, "logprob": buf.logprob,
-                 "value": buf.value, "discounted": buf.discounted,
-                 "valid": np.flatnonzero(~np.asarray(buf.final_row).reshape(-1))}, device)
+    # The rollout in one copy to a GPU: obs [T, B, S] raw, the others [T, B]; valid [N] of T*B
+    # (never train on final rows).
+    up = upload(
+        {
+            "obs": buf.obs,
+            "boot_obs": boot.obs,
+            "action": buf.action,
+            "logprob": buf.logprob,
+            "value": buf.value,
+            "discounted": buf.discounted,
+            "valid": np.flatnonzero(~np.asarray(buf.final_row).reshape(-1)),
+        },
+        device,
+    )
     obs, valid = up["obs"], up["valid"]
     if args.sampler == "async":
-        # The rollout was sampled with the previous parameters: recompute values with the current critic.
+        # The rollout was sampled with the previous parameters: recompute values with the current
+        # critic.
         with torch.no_grad(), autocast(device, args.bf16):
             _, _, value = agent(torch.cat([obs.flatten(0, 1), up["boot_obs"]]))
         value, next_value = value.float()[: T * B].view(T, B), value.float()[T * B :]
     else:
-        # Sampled with the current parameters: the rollout's values are the critic's; only the bootstrap is new.
+        # Sampled with the current parameters: the rollout's values are the critic's; only the
+        # bootstrap is new.
         with torch.no_grad(), autocast(device, args.bf16):
             _, _, next_value = agent(up["boot_obs"])
         value, next_value = up["value"].float(), next_value.float()
     fl = lambda x: np.asarray(x, np.float32)
-    # Reward scaling: the std of every discounted return so far (this rollout's of every rank included).
+    # Reward scaling: the std of every discounted return so far (this rollout's of every rank
+    # included).
     return_norm.update(up["discounted"].flatten()[valid][:, None])
-    # GAE runs on the host (T small steps): the values and the return variance come over in one copy.
+    # GAE runs on the host (T small steps): the values and the return variance come over in one
+    # copy.
     value_h, next_value_h, return_var = to_host(value, next_value, return_norm.var)
     reward = fl(buf.reward)
     if return_norm.enabled:
         scale = np.sqrt(float(return_var[0]) + 1e-8)
         reward = np.clip(reward / scale, -return_norm.clip, return_norm.clip).astype(np.float32)
-    adv, ret = compute_gae(reward, value_h, next_value_h, fl(buf.terminated),
-                           fl(buf.episode_end), fl(buf.final_row), args.gamma, args.gae_lambda)
+    adv, ret = compute_gae(
+        reward,
+        value_h,
+        next_value_h,
+        fl(buf.terminated),
+        fl(buf.episode_end),
+        fl(buf.final_row),
+        args.gamma,
+        args.gae_lambda,
+    )
     gae = upload({"adv": adv, "ret": ret}, device)  # [T, B] each
-    data = {"obs": obs.flatten(0, 1)[valid], "action": up["action"].flatten(0, 1)[valid],
-            "logprob": up["logprob"].flatten()[valid], "value": value.flatten()[valid],
-            "adv": gae["adv"].flatten()[valid], "ret": gae["ret"].flatten()[valid]}
+    data = {
+        "obs": obs.flatten(0, 1)[valid],
+        "action": up["action"].flatten(0, 1)[valid],
+        "logprob": up["logprob"].flatten()[valid],
+        "value": value.flatten()[valid],
+        "adv": gae["adv"].flatten()[valid],
+        "ret": gae["ret"].flatten()[valid],
+    }
     stats = ppo_update(agent, optimizer, data, args, device, generator)
-    agent.obs_norm.update(obs.flatten(0, 1))  # every observation once (the bootstrap one is next rollout's first)
+    # every observation once (the bootstrap one is next rollout's first)
+    agent.obs_norm.update(obs.flatten(0, 1))
     return stats
 
 
-# ---------------------------------------------------------------------------------------------- async sampler
+# ------------------------------------------------------------------------------------ async sampler
 
 
 class Sampler:
-    """Where the rollouts come from. serial/parallel: this process collects each with the current parameters;
-    async: a sampler process (``sampler_main``) collects rollout k + 1 while the learner trains on rollout k, in
-    the slots of a double buffer that carry the parameters back to it."""
+    """Where the rollouts come from. serial/parallel: this process collects each with the current
+    parameters; async: a sampler process (``sampler_main``) collects rollout k + 1 while the
+    learner trains on rollout k, in the slots of a double buffer that carry the parameters back
+    to it."""
 
     def __init__(self, args: Args, run: Run, agent: Agent, first: int, last: int):
-        self.args, self.run, self.async_ = args, run, args.sampler == "async"
+        self.args = args
+        self.run = run
+        self.async_ = args.sampler == "async"
         obs_dim, act_dim = int(np.prod(run.obs_space.shape)), int(np.prod(run.act_space.shape))
         example, boot_example = rollout_example(obs_dim, act_dim, args.num_envs)
         if self.async_:
             self.buffers = DoubleBuffer(example, (args.num_steps, args.num_envs), module=agent)
             self.boots = [buffer_from_example(boot_example, (), shared=True) for _ in range(2)]
-            self.worker = run.hold(Worker(sampler_main, (args, self.buffers, self.boots, first, last, run.affinity,
-                                                         os.getpid()), name="sampler"))
+            self.worker = run.hold(
+                Worker(
+                    sampler_main,
+                    (args, self.buffers, self.boots, first, last, run.affinity, os.getpid()),
+                    name="sampler",
+                )
+            )
         else:
             self.envs = run.hold(make_envs(args, make_env, args.sampler))
             # A resumed run starts fresh episodes; every env of every rank has a seed of its own.
@@ -367,7 +491,7 @@ class Sampler:
             self.boot = buffer_from_example(boot_example, ())  # [B]
 
     def rollout(self, it: int, agent: Agent, global_step: int) -> tuple:
-        """Rollout ``it`` [T, B] and its bootstrap row [B]; records the episodes that ended in it."""
+        """Rollout ``it`` [T, B] and its bootstrap row [B]; records the episodes ended in it."""
         if self.async_:  # sampled by the other process with the parameters of update it - 1
             buf, boot = self.buffers.reader_acquire(it, self.worker.check), self.boots[it % 2]
         else:
@@ -383,61 +507,91 @@ class Sampler:
             self.buffers.reader_release(it, module=agent, version=it + 1)
 
 
-# ---------------------------------------------------------------------------------------------- main
+# --------------------------------------------------------------------------------------------- main
 
 
 def check_args(args: Args) -> None:
-    """What relates the flags to each other (each field's own range is declared on it): exit 2, one line."""
+    """What relates the flags to each other (each field's own range is declared on it): exit 2, one
+    line."""
     batch = args.num_envs * args.num_steps
     if batch % args.num_minibatches:
-        bad_args(f"--num-minibatches {args.num_minibatches} does not divide the batch {batch} "
-                 f"(num_envs x num_steps)")
+        bad_args(
+            f"--num-minibatches {args.num_minibatches} does not divide the batch {batch} "
+            f"(num_envs x num_steps)"
+        )
 
 
 def make_learner(args: Args, run: Run) -> tuple:
-    """The agent (its observation statistics included), its optimiser, the minibatch generator and the statistics
-    of the discounted return."""
+    """The agent (its observation statistics included), its optimiser, the minibatch generator and
+    the statistics of the discounted return."""
     if not isinstance(run.obs_space, gym.spaces.Box):
         bad_args(f"--env-id {args.env_id}: PPO here needs Box observations, got {run.obs_space}")
     obs_dim, act_dim = int(np.prod(run.obs_space.shape)), int(np.prod(run.act_space.shape))
-    agent = Agent(obs_dim, act_dim, args.hidden, args.init_log_std, args.normalize_obs).to(run.device)
-    fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}  # one kernel for all parameters
+    agent = Agent(obs_dim, act_dim, args.hidden, args.init_log_std, args.normalize_obs).to(
+        run.device
+    )
+    # one kernel for all parameters
+    fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, **fused)
     generator = torch.Generator().manual_seed(args.seed)
-    return_norm = RunningNorm(1, args.normalize_reward).to(run.device)  # statistics of the discounted return
+    # statistics of the discounted return
+    return_norm = RunningNorm(1, args.normalize_reward).to(run.device)
     return agent, optimizer, generator, return_norm
 
 
-def act(agent: Agent, device: torch.device, space: gym.spaces.Box, obs: np.ndarray,
-        last_reward: float | None) -> np.ndarray:
-    """Evaluation policy: the Gaussian's mean, clipped to the bounds, observation statistics frozen."""
+def act(
+    agent: Agent,
+    device: torch.device,
+    space: gym.spaces.Box,
+    obs: np.ndarray,
+    last_reward: float | None,
+) -> np.ndarray:
+    """Evaluation policy: the Gaussian's mean clipped to the bounds, statistics frozen."""
     mean, _, _ = agent(torch.as_tensor(np.asarray(obs, np.float32).reshape(1, -1), device=device))
     return np.clip(mean[0].cpu().numpy().reshape(space.shape), space.low, space.high)
 
 
 def main() -> int:
     args = parse_args(Args, PRESETS, check_args)
-    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Box,
-              iteration_steps=args.num_envs * args.num_steps)  # --log-every counts rollouts
+    # --log-every counts rollouts
+    run = Run(
+        args,
+        SCRIPT,
+        make_env,
+        action_space=gym.spaces.Box,
+        iteration_steps=args.num_envs * args.num_steps,
+    )
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating("hidden"):  # sizes this machine cannot hold: exit 2
         agent, optimizer, generator, return_norm = make_learner(args, run)
-    start = run.begin(partial(act, agent, run.device, run.act_space), model=agent, optimizer=optimizer,
-                      generator=generator, return_norm=return_norm)
+    start = run.begin(
+        partial(act, agent, run.device, run.act_space),
+        model=agent,
+        optimizer=optimizer,
+        generator=generator,
+        return_norm=return_norm,
+    )
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
     batch = args.num_envs * args.num_steps * run.world  # the job's: every rank's rollout
     num_iterations = max(args.total_timesteps // batch, 1)
-    global_step, start_iter = start.global_step, start.global_step // batch  # resumed: the rollout after its last
+    # resumed: the rollout after its last
+    global_step, start_iter = start.global_step, start.global_step // batch
     with run:
         sampler = Sampler(args, run, agent, start_iter, num_iterations)
         for it in range(start_iter, num_iterations):
-            lr = args.learning_rate * (1.0 - it / num_iterations) if args.anneal_lr else args.learning_rate
+            lr = (
+                args.learning_rate * (1.0 - it / num_iterations)
+                if args.anneal_lr
+                else args.learning_rate
+            )
             for group in optimizer.param_groups:
                 group["lr"] = lr
             global_step += batch
             buf, boot = sampler.rollout(it, agent, global_step)
-            stats = learn_from(agent, return_norm, optimizer, buf, boot, args, run.device, generator)
+            stats = learn_from(
+                agent, return_norm, optimizer, buf, boot, args, run.device, generator
+            )
             sampler.release(it, agent)
             if run.periodic(global_step, learning_rate=lr, **stats):
                 break  # --stop-at-return reached, or a signal: finish ends as Ctrl-C does
@@ -445,24 +599,36 @@ def main() -> int:
     return run.exit_code
 
 
-# ---------------------------------------------------------------------------------------------- async sampling
+# ----------------------------------------------------------------------------------- async sampling
 # Only --sampler async runs this: a sampler process collecting rollouts into the double buffer.
 
 
-def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, last: int, affinity, parent_pid: int,
-                 stop) -> None:
-    """Sampler process: rollout k goes to slot k % 2, collected with the parameters (observation statistics
-    included) the learner left in that slot when it released rollout k - 2 (update k - 1): exactly one update
-    behind the learner."""
+def sampler_main(
+    args: Args,
+    buffers: DoubleBuffer,
+    boots: list,
+    first: int,
+    last: int,
+    affinity,
+    parent_pid: int,
+    stop,
+) -> None:
+    """Sampler process: rollout k goes to slot k % 2, collected with the parameters (observation
+    statistics included) the learner left in that slot when it released rollout k - 2 (update k -
+    1): exactly one update behind the learner."""
     affinity.apply_worker(0)
     args = replace(args, bf16=sampler_bf16(args.bf16))  # it acts on this CPU: no emulated bf16 here
     torch.set_num_threads(1)
     check = parent_alive_check(stop, parent_pid)
     envs = make_envs(args, make_env, "serial")
     state = EnvState(envs, distributed.env_seed(args.seed + first, args.num_envs))
-    obs_dim, act_dim = int(np.prod(envs.single_observation_space.shape)), int(np.prod(state.space.shape))
+    obs_dim, act_dim = (
+        int(np.prod(envs.single_observation_space.shape)),
+        int(np.prod(state.space.shape)),
+    )
     agent = Agent(obs_dim, act_dim, args.hidden, args.init_log_std, args.normalize_obs)
-    torch.manual_seed(distributed.rank_seed(args.seed + 1))  # the policy's noise: a stream of each rank's own
+    # the policy's noise: a stream of each rank's own
+    torch.manual_seed(distributed.rank_seed(args.seed + 1))
     device = torch.device("cpu")
     try:
         for k in range(first, last):

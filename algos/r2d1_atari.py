@@ -1,35 +1,41 @@
-"""R2D1 (recurrent replay distributed DQN, Kapturowski et al. 2019, non-distributed), serial, parallel and async.
+"""R2D1 (recurrent replay DQN, Kapturowski et al. 2019, one learner): serial, parallel, async.
 
-    python algos/r2d1_atari.py                                          # Breakout, 16 envs, prioritized sequences
-    python algos/r2d1_atari.py --sampler async                          # sampler process + learner, shared replay
-    python algos/r2d1_atari.py --env-id CartPole-v1 --observe-indices 0 2 ...   # memory task: no velocities
+    # Breakout, 16 envs, prioritized sequences
+    python algos/r2d1_atari.py
+    # sampler process + learner, shared replay
+    python algos/r2d1_atari.py --sampler async
+    # memory task: no velocities
+    python algos/r2d1_atari.py --env-id CartPole-v1 --observe-indices 0 2 ...
 
-The network: Nature CNN (MLP for vector observations), a fully connected layer, an LSTM fed with that, the
-previous action (one-hot) and the previous reward, and a dueling head. Replay holds sequences of burn_in_steps +
-sequence_length rows (plus n_step_return rows for the targets) starting where the sampler stored its recurrent
-state, every rnn_state_interval rows. Both networks start from that stored state; the burn-in rows only advance
-it (no gradient, no loss). Targets are n-step double-DQN with the invertible value rescaling h, no reward
-clipping. Sequence priorities mix the max and the mean of the absolute TD errors (eta); the sampler computes
-input priorities from the Q-values it acted with, so new sequences are not sampled blind.
+The network: Nature CNN (MLP for vector observations), a fully connected layer, an LSTM fed with
+that, the previous action (one-hot) and the previous reward, and a dueling head. Replay holds
+sequences of burn_in_steps + sequence_length rows (plus n_step_return rows for the targets)
+starting where the sampler stored its recurrent state, every rnn_state_interval rows. Both
+networks start from that stored state; the burn-in rows only advance it (no gradient, no loss).
+Targets are n-step double-DQN with the invertible value rescaling h, no reward clipping. Sequence
+priorities mix the max and the mean of the absolute TD errors (eta); the sampler computes input
+priorities from the Q-values it acted with, so new sequences are not sampled blind.
 
-Episode boundaries: replay rows follow gymnasium's next-step autoreset (see shared/replay.py). Sequences may
-cross episode boundaries: the recurrent state, previous action and previous reward are reset to zeros at every
-row that starts an episode, in the sampler and in replayed sequences alike; rows that only reset the env are left
-out of the loss; a time-limit truncation bootstraps from the episode's final observation. The sampler's recurrent
-states are not in the checkpoint: a resumed run starts every env at a new episode.
+Episode boundaries: replay rows follow gymnasium's next-step autoreset (see shared/replay.py).
+Sequences may cross episode boundaries: the recurrent state, previous action and previous reward
+are reset to zeros at every row that starts an episode, in the sampler and in replayed sequences
+alike; rows that only reset the env are left out of the loss; a time-limit truncation bootstraps
+from the episode's final observation. The sampler's recurrent states are not in the checkpoint: a
+resumed run starts every env at a new episode.
 
-replay_ratio: training rows (sequence_length per sequence, burn-in not counted) consumed per env step, so updates
-per env step = replay_ratio / (batch_size * sequence_length), as in rlpyt. Async mode holds it from both sides
-(shared/pacing.py, AsyncReplay): the learner never runs ahead of it (`wait_s`), the sampler waits when it is
-more than max_lag_steps env steps ahead of what the learner's updates cover (`sampler_wait_s`). Under torchrun
-steps are the job's (every rank's): each update takes batch_size sequences on every rank, so the job's replay
-ratio is the one asked for; learning starts when every rank's replay holds min_steps_learn.
+replay_ratio: training rows (sequence_length per sequence, burn-in not counted) consumed per env
+step, so updates per env step = replay_ratio / (batch_size * sequence_length), as in rlpyt. Async
+mode holds it from both sides (shared/pacing.py, AsyncReplay): the learner never runs ahead of it
+(`wait_s`), the sampler waits when it is more than max_lag_steps env steps ahead of what the
+learner's updates cover (`sampler_wait_s`). Under torchrun steps are the job's (every rank's):
+each update takes batch_size sequences on every rank, so the job's replay ratio is the one asked
+for; learning starts when every rank's replay holds min_steps_learn.
 
-Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the network in
-R2D1Net: forward(obs, prev_action, prev_reward, state, episode_start) over sequences [T, B, ...] returns
-Q-values [T, B, A] and the state after the last row, initial_state(B) the zero state, n_actions the action
-count; the loss in r2d1_loss (r2d1_update returns the row's logged statistics: a new key is a new column); the
-schedule in main.
+Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the
+network in R2D1Net: forward(obs, prev_action, prev_reward, state, episode_start) over sequences
+[T, B, ...] returns Q-values [T, B, A] and the state after the last row, initial_state(B) the
+zero state, n_actions the action count; the loss in r2d1_loss (r2d1_update returns the row's
+logged statistics: a new key is a new column); the schedule in main.
 """
 
 from __future__ import annotations
@@ -41,7 +47,8 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 # Find shared/ without an install step, from algos/ or from a copy anywhere in the repository.
-sys.path.insert(0, str(next(p for p in Path(__file__).resolve().parents if (p / "shared" / "__init__.py").exists())))
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "shared" / "__init__.py").exists())
+sys.path.insert(0, str(ROOT))
 
 import gymnasium as gym
 import numpy as np
@@ -65,24 +72,27 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 
 @dataclass
 class Args(RunArgs):
-    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
-    # experiment
+    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the
+    # same everywhere experiment
     preset: Literal["atari", "memory"] = "atari"
-    """named settings to start from (atari: the R2D2 paper's settings; memory: CartPole-v1 without its velocities,
-    which only a recurrent agent solves); flags given override them"""
+    """named settings to start from (atari: the R2D2 paper's settings; memory: CartPole-v1 without
+    its velocities, which only a recurrent agent solves); flags given override them"""
     env_id: str = "BreakoutNoFrameskip-v4"
-    """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations (MLP)"""
+    """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations
+    (MLP)"""
     total_timesteps: PositiveInt = 10_000_000
     """agent steps summed over all envs (Atari: 4 emulator frames each)"""
     log_every: PositiveInt = 10_000
     """env steps between progress rows"""
     save_replay: bool = False
-    """each checkpoint also writes the replay (replay.npz, plain arrays); --resume then continues with it"""
+    """each checkpoint also writes the replay (replay.npz, plain arrays); --resume then continues
+    with it"""
     eval_epsilon: Fraction = 0.01
     """epsilon of the evaluation episodes"""
     # algorithm
     num_envs: PositiveInt = 16
-    """environments stepped together on each rank (torchrun) (each with its own recurrent state and epsilon)"""
+    """environments stepped together on each rank (torchrun) (each with its own recurrent state and
+    epsilon)"""
     buffer_size: PositiveInt = 1_000_000
     """replay capacity in rows (env steps; each rank's, torchrun)"""
     batch_size: PositiveInt = 64
@@ -90,7 +100,8 @@ class Args(RunArgs):
     sequence_length: PositiveInt = 80
     """training rows per sequence (after the burn-in)"""
     burn_in_steps: NonNegInt = 40
-    """rows at the start of each sequence that only advance the recurrent state (no loss, no gradient)"""
+    """rows at the start of each sequence that only advance the recurrent state (no loss, no
+    gradient)"""
     rnn_state_interval: PositiveInt = 40
     """rows between stored recurrent states: sequences start only there"""
     replay_ratio: PositiveFloat = 1.0
@@ -104,7 +115,8 @@ class Args(RunArgs):
     n_step_return: PositiveInt = 5
     """steps summed before bootstrapping"""
     value_rescale_eps: NonNegFloat = 1e-3
-    """epsilon of the value rescaling h(x) = sign(x)(sqrt(|x| + 1) - 1) + eps x (0 with --no-value-rescale)"""
+    """epsilon of the value rescaling h(x) = sign(x)(sqrt(|x| + 1) - 1) + eps x (0 with
+    --no-value-rescale)"""
     value_rescale: bool = True
     """learn h(Q) instead of Q (no reward clipping needed)"""
     alpha: Fraction = 0.9
@@ -118,41 +130,62 @@ class Args(RunArgs):
     max_grad_norm: float = 80.0
     """global gradient-norm clip"""
     hidden: PositiveInt = 512
-    """width of the fully connected layer and the LSTM (Atari; the MLP torso for vector observations uses it too)"""
+    """width of the fully connected layer and the LSTM (Atari; the MLP torso for vector observations
+    uses it too)"""
     recurrent: bool = True
-    """use the LSTM; --no-recurrent replaces it with a feed-forward layer of the same width (the ablation)"""
+    """use the LSTM; --no-recurrent replaces it with a feed-forward layer of the same width (the
+    ablation)"""
     # environment (Atari ids only)
     noop_max: NonNegInt = 30
     """Atari: up to this many random no-ops at reset (paper convention 30)"""
     sticky_actions: Fraction = 0.0
-    """Atari: probability of repeating the previous action (0: paper convention, no sticky actions)"""
+    """Atari: probability of repeating the previous action (0: paper convention, no sticky
+    actions)"""
     observe_indices: tuple[int, ...] = ()
-    """vector observations: keep only these components (e.g. 0 2 on CartPole: positions without velocities)"""
+    """vector observations: keep only these components (e.g. 0 2 on CartPole: positions without
+    velocities)"""
     # infrastructure
     sampler: Literal["serial", "parallel", "async"] = "serial"
-    """serial, parallel (ale-py threads / AsyncVectorEnv) or async (sampler process appending to a shared replay
-    while the learner trains)"""
+    """serial, parallel (ale-py threads / AsyncVectorEnv) or async (sampler process appending to a
+    shared replay while the learner trains)"""
     max_lag_steps: NonNegInt = 2_000
-    """async: the sampler waits when it is this many env steps ahead of the learner's updates (0: never waits)"""
+    """async: the sampler waits when it is this many env steps ahead of the learner's updates (0:
+    never waits)"""
 
 
-# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps its default.
+# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps
+# its default.
 PRESETS = {
     "atari": Args(),
     # Ours: the memory task of tests/test_r2d1.py (positions only: velocities must be remembered).
-    "memory": Args(preset="memory", env_id="CartPole-v1", observe_indices=(0, 2), total_timesteps=30_000,
-                   num_envs=4, hidden=64, sequence_length=20, burn_in_steps=10, rnn_state_interval=10,
-                   n_step_return=3, gamma=0.99, batch_size=32, replay_ratio=64, learning_rate=1e-3,
-                   target_update_interval=100, min_steps_learn=2000, buffer_size=50_000),
+    "memory": Args(
+        preset="memory",
+        env_id="CartPole-v1",
+        observe_indices=(0, 2),
+        total_timesteps=30_000,
+        num_envs=4,
+        hidden=64,
+        sequence_length=20,
+        burn_in_steps=10,
+        rnn_state_interval=10,
+        n_step_return=3,
+        gamma=0.99,
+        batch_size=32,
+        replay_ratio=64,
+        learning_rate=1e-3,
+        target_update_interval=100,
+        min_steps_learn=2000,
+        buffer_size=50_000,
+    ),
 }
 
-# ---------------------------------------------------------------------------------------------- environments
+# ------------------------------------------------------------------------------------- environments
 
 
 def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
     """One env, made in the process that steps it: a wrapper added here reaches every sampling mode
-    (shared/envs.py). Atari ids get the papers' preprocessing (shared/atari.py), other ids a plain gym.make,
-    optionally observing only some entries (the memory task)."""
+    (shared/envs.py). Atari ids get the papers' preprocessing (shared/atari.py), other ids a
+    plain gym.make, optionally observing only some entries (the memory task)."""
 
     def thunk() -> gym.Env:
         if is_atari(args.env_id):
@@ -167,33 +200,48 @@ def observe_flag(args: Args) -> str:
     return "--observe-indices " + " ".join(map(str, args.observe_indices))
 
 
-# ---------------------------------------------------------------------------------------------- network
+# ------------------------------------------------------------------------------------------ network
 
 RnnState = namedarraytuple("RnnState", ["h", "c"])  # each [B, hidden]
 
 
 class R2D1Net(nn.Module):
     """torso -> fc -> LSTM(fc, one-hot previous action, previous reward) -> dueling head.
+    forward takes sequences [T, B, ...] and an episode_start mask [T, B]: where it is set, the
+    recurrent state, the previous action and reward are zeroed before that row (an episode starts
+    there)."""
 
-    forward takes sequences [T, B, ...] and an episode_start mask [T, B]: where it is set, the recurrent state, the
-    previous action and the previous reward are zeroed before that row (an episode starts there).
-    """
-
-    def __init__(self, obs_shape: tuple[int, ...], n_actions: int, hidden: int, recurrent: bool = True):
+    def __init__(
+        self, obs_shape: tuple[int, ...], n_actions: int, hidden: int, recurrent: bool = True
+    ):
         super().__init__()
-        self.image, self.n_actions, self.hidden, self.recurrent = len(obs_shape) == 3, int(n_actions), hidden, recurrent
+        self.image = len(obs_shape) == 3
+        self.n_actions = int(n_actions)
+        self.hidden = hidden
+        self.recurrent = recurrent
         if self.image:
-            c, h, w = image_shape(obs_shape)  # ValueError with the reason when the CNN cannot take the images
+            # ValueError with the reason when the CNN cannot take the images
+            c, h, w = image_shape(obs_shape)
             self.channels_last = tuple(obs_shape) != (c, h, w)
             conv = nn.Sequential(
-                nn.Conv2d(c, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
-                nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten())
+                nn.Conv2d(c, 32, 8, stride=4),
+                nn.ReLU(),
+                nn.Conv2d(32, 64, 4, stride=2),
+                nn.ReLU(),
+                nn.Conv2d(64, 64, 3, stride=1),
+                nn.ReLU(),
+                nn.Flatten(),
+            )
             n_flat = conv(torch.zeros(1, c, h, w)).shape[1]  # 64 * 7 * 7 for 84x84 frames
             self.torso = nn.Sequential(*conv, nn.Linear(n_flat, hidden), nn.ReLU())
         else:
             self.torso = nn.Sequential(nn.Linear(int(np.prod(obs_shape)), hidden), nn.ReLU())
         core_in = hidden + self.n_actions + 1
-        self.core = nn.LSTM(core_in, hidden) if recurrent else nn.Sequential(nn.Linear(core_in, hidden), nn.ReLU())
+        self.core = (
+            nn.LSTM(core_in, hidden)
+            if recurrent
+            else nn.Sequential(nn.Linear(core_in, hidden), nn.ReLU())
+        )
         self.v = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
         self.a = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, n_actions))
 
@@ -201,11 +249,18 @@ class R2D1Net(nn.Module):
         z = torch.zeros(batch, self.hidden, device=device)
         return RnnState(z, z.clone())
 
-    def forward(self, obs, prev_action, prev_reward, state: RnnState, episode_start,
-                start_rows: np.ndarray | None = None) -> tuple[torch.Tensor, RnnState]:
-        """``start_rows`` [T] (host, optional): whether any of the B sequences starts an episode at each row; the
-        learner knows it from the batch on the host, and without it it is read from ``episode_start`` (a wait on
-        a GPU)."""
+    def forward(
+        self,
+        obs,
+        prev_action,
+        prev_reward,
+        state: RnnState,
+        episode_start,
+        start_rows: np.ndarray | None = None,
+    ) -> tuple[torch.Tensor, RnnState]:
+        """``start_rows`` [T] (host, optional): whether any of the B sequences starts an episode at
+        each row; the learner knows it from the batch on the host, and without it it is read from
+        ``episode_start`` (a wait on a GPU)."""
         T, B = episode_start.shape
         x = obs.flatten(0, 1)  # [T*B, ...]
         if self.image:
@@ -216,16 +271,22 @@ class R2D1Net(nn.Module):
         x = self.torso(x).view(T, B, -1)
         keep = (~episode_start).float().unsqueeze(-1)  # [T, B, 1]
         # one-hot by comparison: F.one_hot checks the range of the actions on the host
-        a = (prev_action.long().unsqueeze(-1) == torch.arange(self.n_actions, device=x.device)).float() * keep
-        x = torch.cat([x, a, prev_reward.float().unsqueeze(-1) * keep], dim=-1)  # [T, B, hidden + A + 1]
+        a = (
+            prev_action.long().unsqueeze(-1) == torch.arange(self.n_actions, device=x.device)
+        ).float() * keep
+        # [T, B, hidden + A + 1]
+        x = torch.cat([x, a, prev_reward.float().unsqueeze(-1) * keep], dim=-1)
         if not self.recurrent:
             return self._head(self.core(x)), state
-        # The fused LSTM over each stretch of rows in which no sequence starts an episode; at a stretch's first row
-        # the state is zeroed where one starts. Mostly one stretch; a batch of 64 Atari sequences holds a few.
+        # The fused LSTM over each stretch of rows in which no sequence starts an episode; at a
+        # stretch's first row the state is zeroed where one starts. Mostly one stretch; a batch of
+        # 64 Atari sequences holds a few.
         if start_rows is None:
             start_rows = episode_start.any(1).cpu().numpy() if T > 1 else np.zeros(1, bool)
         bounds = [0, *(np.flatnonzero(start_rows[1:]) + 1).tolist(), T]
-        out, hs, cs = [], state.h[None], state.c[None]
+        out = []
+        hs = state.h[None]
+        cs = state.c[None]
         for t0, t1 in zip(bounds[:-1], bounds[1:]):
             o, (hs, cs) = self.core(x[t0:t1], (hs * keep[t0], cs * keep[t0]))
             out.append(o)
@@ -237,7 +298,7 @@ class R2D1Net(nn.Module):
         return self.v(h) + adv - adv.mean(-1, keepdim=True)
 
 
-# ---------------------------------------------------------------------------------------------- value rescaling
+# ---------------------------------------------------------------------------------- value rescaling
 
 
 def h(x: torch.Tensor, eps: float) -> torch.Tensor:
@@ -250,17 +311,31 @@ def h_inv(x: torch.Tensor, eps: float) -> torch.Tensor:
     (with eps = 0: sign(x)((|x| + 1)^2 - 1))."""
     if eps == 0:
         return torch.sign(x) * ((x.abs() + 1.0) ** 2 - 1.0)
-    return torch.sign(x) * (((torch.sqrt(1.0 + 4.0 * eps * (x.abs() + 1.0 + eps)) - 1.0) / (2.0 * eps)) ** 2 - 1.0)
+    return torch.sign(x) * (
+        ((torch.sqrt(1.0 + 4.0 * eps * (x.abs() + 1.0 + eps)) - 1.0) / (2.0 * eps)) ** 2 - 1.0
+    )
 
 
-# ---------------------------------------------------------------------------------------------- sampling
+# ----------------------------------------------------------------------------------------- sampling
 
-Row = namedarraytuple("Row", ["observation", "action", "reward", "terminated", "truncated", "prev_action",
-                              "prev_reward", "rnn_state"])
+Row = namedarraytuple(
+    "Row",
+    [
+        "observation",
+        "action",
+        "reward",
+        "terminated",
+        "truncated",
+        "prev_action",
+        "prev_reward",
+        "rnn_state",
+    ],
+)
 
 
 def epsilons(num_envs: int) -> np.ndarray:
-    """Ape-X / R2D2 vector epsilon: env i explores with 0.4^(1 + 7 i / (N - 1)), fixed over the run [B]."""
+    """Ape-X / R2D2 vector epsilon: env i explores with 0.4^(1 + 7 i / (N - 1)), fixed over the run
+    [B]."""
     i = np.arange(num_envs)
     return 0.4 ** (1 + 7 * i / max(num_envs - 1, 1))
 
@@ -274,32 +349,47 @@ def sequence_priorities(td: np.ndarray, valid: np.ndarray, eta: float) -> np.nda
 
 
 class EnvStepper:
-    """Steps the [B] envs one step at a time epsilon-greedily, one recurrent state per env; returns replay chunks
-    of rnn_state_interval rows with the input priorities of the sequence input_priority_shift slots back."""
+    """Steps the [B] envs one step at a time epsilon-greedily, one recurrent state per env; returns
+    replay chunks of rnn_state_interval rows with the input priorities of the sequence
+    input_priority_shift slots back."""
 
     def __init__(self, envs, args: Args, net: R2D1Net, seed: int):
         self.envs, self.args = envs, args
         self.obs, _ = envs.reset(seed=seed)
         n = args.num_envs
         self.final_row = np.zeros(n, bool)  # this row only resets the env (next-step autoreset)
-        self.episode_start = np.ones(n, bool)  # this row starts an episode: zero state, previous action and reward
+        # this row starts an episode: zero state, previous action and reward
+        self.episode_start = np.ones(n, bool)
         self.prev_action, self.prev_reward = np.zeros(n, np.int64), np.zeros(n, np.float32)
-        self.state = net.initial_state(n, next(net.parameters()).device)  # on the net's device from the start
+        # on the net's device from the start
+        self.state = net.initial_state(n, next(net.parameters()).device)
         self.ep_return, self.ep_length = np.zeros(n), np.zeros(n, np.int64)
         self.rng = np.random.default_rng(seed)
         self.eps = epsilons(n)
-        self.rows: list = []  # rows of the chunk being collected (their recurrent states apart, on the device)
+        # rows of the chunk being collected (their recurrent states apart, on the device)
+        self.rows: list = []
         self.states: list = []
-        # Rows kept to compute input priorities: the sequence starting shift slots back ends in this chunk.
+        # Rows kept to compute input priorities: the sequence starting shift slots back ends in this
+        # chunk.
         I = args.rnn_state_interval
         self.shift = -(-(args.burn_in_steps + args.sequence_length + args.n_step_return) // I)
-        self.history: list = []  # [(q_taken, q_max, reward, terminated, truncated, final_row)] per row, newest last
+        # [(q_taken, q_max, reward, terminated, truncated, final_row)] per row, newest last
+        self.history: list = []
 
     @torch.no_grad()
     def step(self, net: R2D1Net, device: torch.device) -> tuple:
-        """One step of every env; returns (chunk or None, priorities or None, episodes [(return, length)])."""
-        up = upload({"obs": self.obs[None], "prev_action": self.prev_action[None],  # [1, B, ...] each, one copy
-                     "prev_reward": self.prev_reward[None], "start": self.episode_start[None]}, device)
+        """One step of every env; returns (chunk or None, priorities or None, episodes [(return,
+        length)])."""
+        # [1, B, ...] each, one copy
+        up = upload(
+            {
+                "obs": self.obs[None],
+                "prev_action": self.prev_action[None],
+                "prev_reward": self.prev_reward[None],
+                "start": self.episode_start[None],
+            },
+            device,
+        )
         keep = (~up["start"][0]).float().unsqueeze(-1)
         state = RnnState(self.state.h * keep, self.state.c * keep)  # before this row
         q, new_state = net(up["obs"], up["prev_action"], up["prev_reward"], state, up["start"])
@@ -313,15 +403,28 @@ class EnvStepper:
         prev_r = np.where(self.episode_start, 0.0, self.prev_reward).astype(np.float32)
         self.rows.append(Row(self.obs, action, reward, term, trunc, prev_a, prev_r, None))
         self.states.append(state)
-        self.history.append((q[np.arange(len(action)), action], q.max(1), reward, term, trunc, self.final_row.copy()))
+        self.history.append(
+            (
+                q[np.arange(len(action)), action],
+                q.max(1),
+                reward,
+                term,
+                trunc,
+                self.final_row.copy(),
+            )
+        )
         self.ep_return += reward
         self.ep_length += ~self.final_row
         episode_end = term | trunc
-        episodes = list(zip(self.ep_return[episode_end].tolist(), self.ep_length[episode_end].tolist()))
+        episodes = list(
+            zip(self.ep_return[episode_end].tolist(), self.ep_length[episode_end].tolist())
+        )
         self.ep_return[episode_end], self.ep_length[episode_end] = 0.0, 0
         self.state = new_state
         # The row after a final row starts an episode.
-        self.obs, self.episode_start, self.final_row = next_obs, self.final_row, episode_end
+        self.obs = next_obs
+        self.episode_start = self.final_row
+        self.final_row = episode_end
         self.prev_action, self.prev_reward = action, reward
         if len(self.rows) < self.args.rnn_state_interval:
             return None, None, episodes
@@ -332,69 +435,92 @@ class EnvStepper:
         return chunk, priorities, episodes
 
     def flush(self) -> Row | None:
-        """The rows collected so far as one chunk [T, B, ...] (None if none); their recurrent states come to the
-        host here, in one copy per chunk."""
+        """The rows collected so far as one chunk [T, B, ...] (None if none); their recurrent states
+        come to the host here, in one copy per chunk."""
         if not self.rows:
             return None
-        h, c = to_host(torch.stack([s.h for s in self.states]), torch.stack([s.c for s in self.states]))
+        h, c = to_host(
+            torch.stack([s.h for s in self.states]), torch.stack([s.c for s in self.states])
+        )
         chunk = Row(*(np.stack(x) for x in list(zip(*self.rows))[:-1]), RnnState(h, c))
         self.rows, self.states = [], []
         return chunk
 
     def input_priorities(self) -> np.ndarray:
-        """Priorities [1, B] of the sequence starting at the oldest kept row, from the Q-values the sampler acted
-        with (no target network, no double DQN: only those exist here): h(R + gamma^k h^-1(max_a Q(s_{t+k}, a)))
+        """Priorities [1, B] of the sequence starting at the oldest kept row, from the Q-values the
+        sampler acted with (no target network, no double DQN: only those exist here): h(R +
+        gamma^k h^-1(max_a Q(s_{t+k}, a)))
         - Q(s_t, a_t) over the training rows, mixed as in the learner."""
         a = self.args
-        q_taken, q_max, reward, terminated, truncated, final_row = (np.stack(x) for x in zip(*self.history))  # [W, B]
-        L, n, eps = a.burn_in_steps + a.sequence_length, a.n_step_return, a.value_rescale_eps
+        # [W, B]
+        q_taken, q_max, reward, terminated, truncated, final_row = (
+            np.stack(x) for x in zip(*self.history)
+        )
+        L = a.burn_in_steps + a.sequence_length
+        n = a.n_step_return
+        eps = a.value_rescale_eps
         ret, alive = np.zeros((L, q_taken.shape[1])), np.ones((L, q_taken.shape[1]), bool)
         k, not_done = np.zeros_like(ret, dtype=np.int64), np.ones_like(ret)
         for j in range(n):
-            ret += np.where(alive, a.gamma**j * reward[j:L + j], 0.0)
+            ret += np.where(alive, a.gamma**j * reward[j : L + j], 0.0)
             k += alive
-            not_done = np.where(alive & terminated[j:L + j], 0.0, not_done)
-            alive &= ~(terminated[j:L + j] | truncated[j:L + j])
+            not_done = np.where(alive & terminated[j : L + j], 0.0, not_done)
+            alive &= ~(terminated[j : L + j] | truncated[j : L + j])
         boot = q_max[np.arange(L)[:, None] + k, np.arange(q_taken.shape[1])]
-        rescale = (lambda x: h(torch.as_tensor(x), eps).numpy()) if a.value_rescale else (lambda x: x)
-        unscale = (lambda x: h_inv(torch.as_tensor(x), eps).numpy()) if a.value_rescale else (lambda x: x)
+        rescale = (
+            (lambda x: h(torch.as_tensor(x), eps).numpy()) if a.value_rescale else (lambda x: x)
+        )
+        unscale = (
+            (lambda x: h_inv(torch.as_tensor(x), eps).numpy()) if a.value_rescale else (lambda x: x)
+        )
         y = rescale(ret + not_done * a.gamma**k * unscale(boot))
-        td = (y - q_taken[:L])[a.burn_in_steps:]
-        return sequence_priorities(td, ~final_row[a.burn_in_steps:L], a.eta)[None]
+        td = (y - q_taken[:L])[a.burn_in_steps :]
+        return sequence_priorities(td, ~final_row[a.burn_in_steps : L], a.eta)[None]
 
 
-# ---------------------------------------------------------------------------------------------- loss and update
+# ---------------------------------------------------------------------------------- loss and update
 
 
 def r2d1_loss(net: R2D1Net, target_net: R2D1Net, b: dict, args: Args) -> tuple:
-    """Loss over the training rows of a batch of sequences; returns (loss, |TD| [L, B], valid [L, B]).
-
-    b holds tensors [W, B, ...] with W = burn_in + sequence_length + n_step_return rows, and init_rnn_state.
-    """
-    burn, L, eps = args.burn_in_steps, args.sequence_length, args.value_rescale_eps
+    """Loss over the training rows of a batch of sequences; returns (loss, |TD| [L, B], valid
+    [L, B]). b holds tensors [W, B, ...] with W = burn_in + sequence_length + n_step_return rows,
+    and init_rnn_state."""
+    burn = args.burn_in_steps
+    L = args.sequence_length
+    eps = args.value_rescale_eps
     rescale = (lambda x: h(x, eps)) if args.value_rescale else (lambda x: x)
     unscale = (lambda x: h_inv(x, eps)) if args.value_rescale else (lambda x: x)
     inputs = (b["observation"], b["prev_action"], b["prev_reward"])
-    starts = b["episode_start"]  # [W, B]; rows [W] on the host: where any sequence starts (to_tensors knows it)
+    # [W, B]; rows [W] on the host: where any sequence starts (to_tensors knows it)
+    starts = b["episode_start"]
     rows = b["start_rows"] if "start_rows" in b else starts.any(1).cpu().numpy()
     state = b["init_rnn_state"]
-    with torch.no_grad():  # burn-in: advances the online state only; the target net sees the whole sequence
+    # burn-in: advances the online state only; the target net sees the whole sequence
+    with torch.no_grad():
         if burn:
             _, state = net(*(x[:burn] for x in inputs), state, starts[:burn], rows[:burn])
         q_target, _ = target_net(*inputs, b["init_rnn_state"], starts, rows)  # [W, B, A]
-    q, _ = net(*(x[burn:] for x in inputs), RnnState(state.h.detach(), state.c.detach()), starts[burn:],
-               rows[burn:])  # [L+n, B, A]
-    q_taken = q[:L].gather(-1, b["action"][burn:burn + L].long().unsqueeze(-1)).squeeze(-1)  # [L, B]
-    k = b["n_taken"][burn:burn + L].long()  # rows to the bootstrap row, relative
-    boot_row = (torch.arange(L, device=k.device).unsqueeze(1) + k).clamp(max=q.shape[0] - 1)  # [L, B]
+    # [L+n, B, A]
+    q, _ = net(
+        *(x[burn:] for x in inputs),
+        RnnState(state.h.detach(), state.c.detach()),
+        starts[burn:],
+        rows[burn:],
+    )
+    # [L, B]
+    q_taken = q[:L].gather(-1, b["action"][burn : burn + L].long().unsqueeze(-1)).squeeze(-1)
+    k = b["n_taken"][burn : burn + L].long()  # rows to the bootstrap row, relative
+    # [L, B]
+    boot_row = (torch.arange(L, device=k.device).unsqueeze(1) + k).clamp(max=q.shape[0] - 1)
     with torch.no_grad():
-        a_star = q.detach().argmax(-1).gather(0, boot_row)  # double DQN: the online net picks the action
+        # double DQN: the online net picks the action
+        a_star = q.detach().argmax(-1).gather(0, boot_row)
         q_next = q_target[burn:].gather(0, boot_row.unsqueeze(-1).expand(-1, -1, q.shape[-1]))
         q_next = q_next.gather(-1, a_star.unsqueeze(-1)).squeeze(-1)  # [L, B]
-        ret = b["n_step_return"][burn:burn + L]
-        not_done = 1.0 - b["terminated_n"][burn:burn + L].float()
-        y = rescale(ret + not_done * b["bootstrap_discount"][burn:burn + L] * unscale(q_next))
-    valid = ~b["final_row"][burn:burn + L]  # rows that only reset the env carry no transition
+        ret = b["n_step_return"][burn : burn + L]
+        not_done = 1.0 - b["terminated_n"][burn : burn + L].float()
+        y = rescale(ret + not_done * b["bootstrap_discount"][burn : burn + L] * unscale(q_next))
+    valid = ~b["final_row"][burn : burn + L]  # rows that only reset the env carry no transition
     td = y - q_taken
     per_seq = (0.5 * td**2 * valid).sum(0) / valid.sum(0).clamp(min=1)  # [B]
     loss = (b["is_weights"] * per_seq).mean()
@@ -402,28 +528,54 @@ def r2d1_loss(net: R2D1Net, target_net: R2D1Net, b: dict, args: Args) -> tuple:
 
 
 def to_tensors(batch, device: torch.device, extra: dict | None = None) -> dict:
-    """Replay batch (numpy), and ``extra`` host arrays, -> tensors on the device in one upload; floats as float32.
-    Atari frames travel once each (frames [U, H, W] and frame_index [W, B, C]) and are stacked on the device into
-    observation [W, B, C, H, W]."""
-    fields = ["action", "prev_action", "prev_reward", "n_step_return", "terminated_n", "n_taken",
-              "bootstrap_discount", "final_row", "episode_start", "is_weights"]
+    """Replay batch (numpy), and ``extra`` host arrays, -> tensors on the device in one upload;
+    floats as float32. Atari frames travel once each (frames [U, H, W] and frame_index [W, B, C])
+    and are stacked on the device into observation [W, B, C, H, W]."""
+    fields = [
+        "action",
+        "prev_action",
+        "prev_reward",
+        "n_step_return",
+        "terminated_n",
+        "n_taken",
+        "bootstrap_discount",
+        "final_row",
+        "episode_start",
+        "is_weights",
+    ]
     fields += ["frames", "frame_index"] if "frames" in batch else ["observation"]
-    out = upload({**{k: getattr(batch, k) for k in fields}, "h": batch.init_rnn_state.h, "c": batch.init_rnn_state.c,
-                  **(extra or {})}, device)
+    out = upload(
+        {
+            **{k: getattr(batch, k) for k in fields},
+            "h": batch.init_rnn_state.h,
+            "c": batch.init_rnn_state.c,
+            **(extra or {}),
+        },
+        device,
+    )
     if "frames" in out:
         out["observation"] = out.pop("frames")[out.pop("frame_index")]
     for k in ("prev_reward", "n_step_return", "bootstrap_discount", "is_weights"):
         out[k] = out[k].float()
     out["init_rnn_state"] = RnnState(out.pop("h"), out.pop("c"))
-    out["start_rows"] = np.asarray(batch.episode_start).any(1)  # [W] on the host: where the LSTM's stretches end
+    # [W] on the host: where the LSTM's stretches end
+    out["start_rows"] = np.asarray(batch.episode_start).any(1)
     return out
 
 
-def r2d1_update(net, target_net, optimizer, buffer: SequenceReplayBuffer, args: Args, beta: float,
-                device: torch.device) -> dict:
+def r2d1_update(
+    net,
+    target_net,
+    optimizer,
+    buffer: SequenceReplayBuffer,
+    args: Args,
+    beta: float,
+    device: torch.device,
+) -> dict:
     batch, index = buffer.sample(args.batch_size, beta=beta)
     burn, L = args.burn_in_steps, args.sequence_length
-    valid = ~np.asarray(batch.final_row)[burn:burn + L]  # [L, B], as r2d1_loss's, known on the host
+    # [L, B], as r2d1_loss's, known on the host
+    valid = ~np.asarray(batch.final_row)[burn : burn + L]
     # The rows of td that are transitions, for a statistic: a boolean mask would wait on a GPU.
     b = to_tensors(batch, device, {"valid_rows": np.flatnonzero(valid)})
     loss, td, _ = r2d1_loss(net, target_net, b, args)
@@ -432,27 +584,35 @@ def r2d1_update(net, target_net, optimizer, buffer: SequenceReplayBuffer, args: 
     distributed.average_gradients(net)
     nn.utils.clip_grad_norm_(net.parameters(), args.max_grad_norm)
     optimizer.step()
-    buffer.sample_ahead(args.batch_size, beta)  # async on a GPU: the host gathers the next batch while this trains
+    # async on a GPU: the host gathers the next batch while this trains
+    buffer.sample_ahead(args.batch_size, beta)
     # The one copy an update makes: the sum tree lives on the host.
     buffer.update_priorities(index, sequence_priorities(to_host(td), valid, args.eta))
-    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per update.
+    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per
+    # update.
     return {"td_loss": loss.detach(), "td_abs": td.flatten()[b["valid_rows"]].mean()}
 
 
-# ---------------------------------------------------------------------------------------------- main
+# --------------------------------------------------------------------------------------------- main
 
 
 def check_args(args: Args) -> None:
-    """What relates the flags to each other (each field's own range is declared on it): exit 2, one line."""
+    """What relates the flags to each other (each field's own range is declared on it): exit 2, one
+    line."""
     rows = args.burn_in_steps + args.sequence_length + args.n_step_return
     if args.buffer_size // args.num_envs < 2 * rows + 2 * args.rnn_state_interval:
-        bad_args(f"--buffer-size {args.buffer_size} holds {args.buffer_size // args.num_envs} rows per env; "
-                 f"sequences need {rows} (burn-in + sequence + n-step), and twice that is the minimum")
+        bad_args(
+            f"--buffer-size {args.buffer_size} holds {args.buffer_size // args.num_envs} rows "
+            f"per env; sequences need {rows} (burn-in + sequence + n-step), and twice that is "
+            "the minimum"
+        )
     per_env = args.min_steps_learn // args.num_envs
     sequences = args.num_envs * max((per_env - rows) // args.rnn_state_interval + 1, 0)
     if sequences < args.batch_size:
-        bad_args(f"--min-steps-learn {args.min_steps_learn} gives {sequences} complete sequences, fewer than "
-                 f"--batch-size {args.batch_size}")
+        bad_args(
+            f"--min-steps-learn {args.min_steps_learn} gives {sequences} complete sequences, "
+            f"fewer than --batch-size {args.batch_size}"
+        )
     if args.observe_indices and is_atari(args.env_id):
         bad_args("--observe-indices applies to vector observations, not Atari frames")
     if args.bf16:  # bfloat16 targets would be garbage: h_inv(1.0) comes out as -1.0 instead of 2.99
@@ -465,38 +625,68 @@ def make_learner(args: Args, run: Run) -> tuple[R2D1Net, R2D1Net, torch.optim.Op
     try:
         net = R2D1Net(run.obs_space.shape, n_actions, args.hidden, args.recurrent).to(run.device)
     except ValueError as e:  # observations the network cannot take
-        bad_args(f"--env-id {args.env_id}{' ' + observe_flag(args) if args.observe_indices else ''}: {e}")
+        bad_args(
+            f"--env-id {args.env_id}{' ' + observe_flag(args) if args.observe_indices else ''}: {e}"
+        )
     target_net = R2D1Net(run.obs_space.shape, n_actions, args.hidden, args.recurrent).to(run.device)
     target_net.load_state_dict(net.state_dict())
-    fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}  # one kernel for all parameters
+    # one kernel for all parameters
+    fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}
     optimizer = torch.optim.Adam(net.parameters(), lr=args.learning_rate, eps=1e-3, **fused)
     return net, target_net, optimizer
 
 
 def make_replay(args: Args, run: Run) -> SequenceReplayBuffer:
-    """Each rank's replay: sequences of burn-in + sequence_length rows (plus n_step_return for the targets) from
-    every rnn_state_interval-th row, prioritized, with the sampler's input priorities."""
+    """Each rank's replay: sequences of burn-in + sequence_length rows (plus n_step_return for the
+    targets) from every rnn_state_interval-th row, prioritized, with the sampler's input
+    priorities."""
     obs = run.obs_space
     frame_stack = obs.shape[0] if is_atari(args.env_id) else 1
     zeros = np.zeros(args.hidden, np.float32)
-    example = Row(np.zeros(obs.shape, obs.dtype), np.int64(0), np.float32(0), False, False, np.int64(0),
-                  np.float32(0), RnnState(zeros, zeros))
-    sampler_shift = -(-(args.burn_in_steps + args.sequence_length + args.n_step_return) // args.rnn_state_interval)
-    return SequenceReplayBuffer(example, args.buffer_size, args.num_envs,
-                                sequence_length=args.burn_in_steps + args.sequence_length,
-                                rnn_state_interval=args.rnn_state_interval, discount=args.gamma,
-                                n_step_return=args.n_step_return, frame_stack=frame_stack, prioritized=True,
-                                alpha=args.alpha, beta=args.beta, input_priority_shift=sampler_shift,
-                                shared=args.sampler == "async", seed=distributed.rank_seed(args.seed),
-                                unique_frames=True, prefetch=prefetch_on(run.device, args.sampler))
+    example = Row(
+        np.zeros(obs.shape, obs.dtype),
+        np.int64(0),
+        np.float32(0),
+        False,
+        False,
+        np.int64(0),
+        np.float32(0),
+        RnnState(zeros, zeros),
+    )
+    sampler_shift = -(
+        -(args.burn_in_steps + args.sequence_length + args.n_step_return) // args.rnn_state_interval
+    )
+    return SequenceReplayBuffer(
+        example,
+        args.buffer_size,
+        args.num_envs,
+        sequence_length=args.burn_in_steps + args.sequence_length,
+        rnn_state_interval=args.rnn_state_interval,
+        discount=args.gamma,
+        n_step_return=args.n_step_return,
+        frame_stack=frame_stack,
+        prioritized=True,
+        alpha=args.alpha,
+        beta=args.beta,
+        input_priority_shift=sampler_shift,
+        shared=args.sampler == "async",
+        seed=distributed.rank_seed(args.seed),
+        unique_frames=True,
+        prefetch=prefetch_on(run.device, args.sampler),
+    )
 
 
 class EvalPolicy:
-    """Evaluation policy: eval_epsilon-greedy, carrying the recurrent state, previous action and previous reward
-    through an episode (``last_reward`` None starts a new one)."""
+    """Evaluation policy: eval_epsilon-greedy, carrying the recurrent state, previous action and
+    previous reward through an episode (``last_reward`` None starts a new one)."""
 
-    def __init__(self, net: R2D1Net, device: torch.device, epsilon: float, rng: np.random.Generator):
-        self.net, self.device, self.epsilon, self.rng = net, device, epsilon, rng
+    def __init__(
+        self, net: R2D1Net, device: torch.device, epsilon: float, rng: np.random.Generator
+    ):
+        self.net = net
+        self.device = device
+        self.epsilon = epsilon
+        self.rng = rng
         self.state, self.prev_action = net.initial_state(1, device), 0
 
     def __call__(self, obs: np.ndarray, last_reward: float | None) -> int:
@@ -504,42 +694,64 @@ class EvalPolicy:
         if episode_start:
             self.state, self.prev_action = self.net.initial_state(1, self.device), 0
         t = lambda x: torch.tensor([[x]], device=self.device)
-        q, self.state = self.net(torch.as_tensor(obs, device=self.device)[None, None], t(self.prev_action),
-                                 t(0.0 if episode_start else float(last_reward)), self.state, t(episode_start))
+        q, self.state = self.net(
+            torch.as_tensor(obs, device=self.device)[None, None],
+            t(self.prev_action),
+            t(0.0 if episode_start else float(last_reward)),
+            self.state,
+            t(episode_start),
+        )
         explore = self.rng.random() < self.epsilon
-        self.prev_action = int(self.rng.integers(self.net.n_actions)) if explore else int(q.argmax())
+        self.prev_action = (
+            int(self.rng.integers(self.net.n_actions)) if explore else int(q.argmax())
+        )
         return self.prev_action
 
 
 def main() -> int:
     args = parse_args(Args, PRESETS, check_args)
-    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete)  # checks: device, --resume, spaces (exit 2)
+    # checks: device, --resume, spaces (exit 2)
+    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete)
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating("buffer_size", "hidden"):  # sizes this machine cannot hold: exit 2
         net, target_net, optimizer = make_learner(args, run)
         buffer = make_replay(args, run)
-    policy = EvalPolicy(net, run.device, args.eval_epsilon, np.random.default_rng(args.seed + 100_000))
+    policy = EvalPolicy(
+        net, run.device, args.eval_epsilon, np.random.default_rng(args.seed + 100_000)
+    )
     start = run.begin(policy, buffer, model=net, target_model=target_net, optimizer=optimizer)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
     global_step, updates = start.global_step, start.updates
-    pacer = ReplayPacer(args.replay_ratio / (args.batch_size * args.sequence_length * run.world),
-                        args.min_steps_learn * run.world, *start.replay_origin)
+    pacer = ReplayPacer(
+        args.replay_ratio / (args.batch_size * args.sequence_length * run.world),
+        args.min_steps_learn * run.world,
+        *start.replay_origin,
+    )
     stats, waits = {"td_loss": None, "td_abs": None}, {}
     with run:
-        if args.sampler != "async":  # this process steps the envs: in turn (serial), or in threads or processes
+        # this process steps the envs: in turn (serial), or in threads or processes
+        if args.sampler != "async":
             envs = run.hold(make_envs(args, make_env, args.sampler, len(run.affinity.learner_cpus)))
-            stepper = EnvStepper(envs, args, net, distributed.env_seed(args.seed + global_step, args.num_envs))
+            stepper = EnvStepper(
+                envs, args, net, distributed.env_seed(args.seed + global_step, args.num_envs)
+            )
         else:  # a sampler process fills the shared replay (the last section of this file)
-            sampler = AsyncReplay.start(run, buffer, net, pacer, global_step, sampler_main, (args, buffer))
-        step0, rows0 = global_step, buffer.cursor  # where this process starts (rows0: a restored replay's)
-        in_replay = global_step  # the job's env steps whose rows are in the replay: behind while a chunk fills
+            sampler = AsyncReplay.start(
+                run, buffer, net, pacer, global_step, sampler_main, (args, buffer)
+            )
+        # where this process starts (rows0: a restored replay's)
+        step0, rows0 = global_step, buffer.cursor
+        # the job's env steps whose rows are in the replay: behind while a chunk fills
+        in_replay = global_step
         while global_step < args.total_timesteps:
-            if args.sampler != "async":  # one step of every env; every rnn_state_interval steps a chunk [I, B]
+            # one step of every env; every rnn_state_interval steps a chunk [I, B]
+            if args.sampler != "async":
                 chunk, priorities, episodes = stepper.step(net, run.device)
                 if chunk is not None:
                     buffer.append(chunk, priorities)
-                global_step += args.num_envs * run.world  # the job's env steps: every rank steps as many
+                # the job's env steps: every rank steps as many
+                global_step += args.num_envs * run.world
                 for ret, length in episodes:
                     run.episode(ret, length, global_step)
                 in_replay = step0 + (buffer.cursor - rows0) * args.num_envs * run.world
@@ -559,33 +771,45 @@ def main() -> int:
     return run.exit_code
 
 
-# ---------------------------------------------------------------------------------------------- async sampling
+# ----------------------------------------------------------------------------------- async sampling
 # Only --sampler async runs this: a sampler process stepping the envs into the shared replay.
 
 
-def sampler_main(args: Args, buffer: SequenceReplayBuffer, link: AsyncReplay, affinity, parent_pid: int,
-                 stop) -> None:
-    """Async sampler process: steps the envs and appends chunks to the shared replay with the newest parameters
-    the learner published; waits while it is more than max_lag_steps ahead of the learner's updates."""
+def sampler_main(
+    args: Args, buffer: SequenceReplayBuffer, link: AsyncReplay, affinity, parent_pid: int, stop
+) -> None:
+    """Async sampler process: steps the envs and appends chunks to the shared replay with the newest
+    parameters the learner published; waits while it is more than max_lag_steps ahead of the
+    learner's updates."""
     affinity.apply_worker(0)
     check = parent_alive_check(stop, parent_pid)
-    envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial",
-                     n_threads=len(affinity.worker_cpus[0]))
-    net = R2D1Net(envs.single_observation_space.shape, envs.single_action_space.n, args.hidden, args.recurrent)
+    envs = make_envs(
+        args,
+        make_env,
+        "parallel" if is_atari(args.env_id) else "serial",
+        n_threads=len(affinity.worker_cpus[0]),
+    )
+    net = R2D1Net(
+        envs.single_observation_space.shape, envs.single_action_space.n, args.hidden, args.recurrent
+    )
     step = link.start_step
     stepper = EnvStepper(envs, args, net, distributed.env_seed(args.seed + step, args.num_envs))
     try:
         while step < args.total_timesteps:
             check()
-            if link.sampler_wait(step, args.max_lag_steps, chunk_steps=args.num_envs * args.rnn_state_interval):
+            if link.sampler_wait(
+                step, args.max_lag_steps, chunk_steps=args.num_envs * args.rnn_state_interval
+            ):
                 continue
             link.pull(net)
             chunk, priorities, episodes = stepper.step(net, torch.device("cpu"))
             if chunk is not None:
                 buffer.append(chunk, priorities)
-            step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
+            # counted as global steps, like the learner's
+            step += args.num_envs * distributed.world_size()
             link.report(episodes, step)
-        rest = stepper.flush()  # the last, partial chunk (no input priorities: its sequences get the default)
+        # the last, partial chunk (no input priorities: its sequences get the default)
+        rest = stepper.flush()
         if rest is not None:
             buffer.append(rest)
     finally:

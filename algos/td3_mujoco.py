@@ -1,31 +1,37 @@
 """TD3 for continuous control (MuJoCo, any Box action space), serial, parallel and async sampling.
 
-    python algos/td3_mujoco.py                                       # HalfCheetah-v5, one update per env step
-    python algos/td3_mujoco.py --sampler async                       # sampler process + learner, shared replay
+    # HalfCheetah-v5, one update per env step
+    python algos/td3_mujoco.py
+    # sampler process + learner, shared replay
+    python algos/td3_mujoco.py --sampler async
     python algos/td3_mujoco.py --env-id Pendulum-v1 --min-steps-learn 1000 --total-timesteps 20000
 
-TD3 (Fujimoto et al. 2018): a deterministic actor with Gaussian exploration noise (0.1), twin Q critics with
-the minimum in the target, target policy smoothing (noise 0.2 clipped at 0.5), and the actor and the target
-networks updated every second critic update (soft updates, tau 0.005).
+TD3 (Fujimoto et al. 2018): a deterministic actor with Gaussian exploration noise (0.1), twin Q
+critics with the minimum in the target, target policy smoothing (noise 0.2 clipped at 0.5), and
+the actor and the target networks updated every second critic update (soft updates, tau 0.005).
 
-Replay rows follow gymnasium's next-step autoreset (see shared/replay.py): a time-limit truncation (every
-MuJoCo v5 episode ends at 1000 steps) bootstraps from the episode's true final observation and is never
-treated as terminal; only termination stops the bootstrap. n = 1 is the paper's TD3.
+Replay rows follow gymnasium's next-step autoreset (see shared/replay.py): a time-limit
+truncation (every MuJoCo v5 episode ends at 1000 steps) bootstraps from the episode's true final
+observation and is never treated as terminal; only termination stops the bootstrap. n = 1 is the
+paper's TD3.
 
-Actions live in [-1, 1] inside the agent and the replay (noise scales are in these units, i.e. fractions of
-half the action range), and are scaled to the env's bounds when stepping. With --normalize-obs the sampler
-keeps running observation statistics; the replay stores raw observations and both sides normalise with the
-current statistics; they are saved in the checkpoint and frozen in evaluation.
+Actions live in [-1, 1] inside the agent and the replay (noise scales are in these units, i.e.
+fractions of half the action range), and are scaled to the env's bounds when stepping. With
+--normalize-obs the sampler keeps running observation statistics; the replay stores raw
+observations and both sides normalise with the current statistics; they are saved in the
+checkpoint and frozen in evaluation.
 
-replay_ratio: samples the learner consumes per sampled env step, so updates per env step = replay_ratio /
-batch_size (256 / 256: one critic update per step, as in the paper). Async mode holds it from both sides
-(shared/pacing.py, AsyncReplay): the learner never runs ahead of it (`wait_s`), the sampler waits when it is more than
-max_lag_steps env steps ahead of what the learner's updates cover (`sampler_wait_s`).
+replay_ratio: samples the learner consumes per sampled env step, so updates per env step =
+replay_ratio / batch_size (256 / 256: one critic update per step, as in the paper). Async mode
+holds it from both sides (shared/pacing.py, AsyncReplay): the learner never runs ahead of it
+(`wait_s`), the sampler waits when it is more than max_lag_steps env steps ahead of what the
+learner's updates cover (`sampler_wait_s`).
 
-Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the networks in
-Actor (forward(obs) -> action [N, A] in [-1, 1]) and Critics (forward(obs, action, first) -> Q-values [K, N] of
-the K critics, or of the first `first`); the losses in td3_update, whose returned dict is the row's logged
-statistics (a new key is a new progress.csv column); the schedule in main.
+Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the
+networks in Actor (forward(obs) -> action [N, A] in [-1, 1]) and Critics (forward(obs, action,
+first) -> Q-values [K, N] of the K critics, or of the first `first`); the losses in td3_update,
+whose returned dict is the row's logged statistics (a new key is a new progress.csv column); the
+schedule in main.
 """
 
 from __future__ import annotations
@@ -40,7 +46,8 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 # Find shared/ without an install step, from algos/ or from a copy anywhere in the repository.
-sys.path.insert(0, str(next(p for p in Path(__file__).resolve().parents if (p / "shared" / "__init__.py").exists())))
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "shared" / "__init__.py").exists())
+sys.path.insert(0, str(ROOT))
 
 import gymnasium as gym
 import numpy as np
@@ -66,11 +73,11 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 
 @dataclass
 class Args(RunArgs):
-    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
-    # experiment
+    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the
+    # same everywhere experiment
     preset: Literal["mujoco", "pendulum"] = "mujoco"
-    """named settings to start from (mujoco: the TD3 paper's settings (HalfCheetah-v5); pendulum: Pendulum-v1 in 20k
-    steps); flags given override them"""
+    """named settings to start from (mujoco: the TD3 paper's settings (HalfCheetah-v5); pendulum:
+    Pendulum-v1 in 20k steps); flags given override them"""
     env_id: str = "HalfCheetah-v5"
     """gymnasium id of an env with a Box action space (MuJoCo v5 envs, Pendulum-v1, ...)"""
     total_timesteps: PositiveInt = 1_000_000
@@ -78,7 +85,8 @@ class Args(RunArgs):
     log_every: PositiveInt = 5_000
     """env steps between progress rows"""
     save_replay: bool = False
-    """each checkpoint also writes the replay (replay.npz, plain arrays); --resume then continues with it"""
+    """each checkpoint also writes the replay (replay.npz, plain arrays); --resume then continues
+    with it"""
     # algorithm
     num_envs: PositiveInt = 1
     """environments stepped together on each rank (torchrun)"""
@@ -87,9 +95,11 @@ class Args(RunArgs):
     batch_size: PositiveInt = 256
     """transitions per gradient step"""
     replay_ratio: PositiveFloat = 256.0
-    """samples consumed per env step (256 with batch 256: one critic update per step, as in the paper)"""
+    """samples consumed per env step (256 with batch 256: one critic update per step, as in the
+    paper)"""
     min_steps_learn: NonNegInt = 25_000
-    """env steps of uniformly random actions collected before learning starts (in each rank's replay)"""
+    """env steps of uniformly random actions collected before learning starts (in each rank's
+    replay)"""
     learning_rate: Annotated[float, Range(gt=0, lt=1)] = 3e-4
     """Adam step size of the actor and the critics"""
     hidden: PositiveInt = 256
@@ -109,28 +119,33 @@ class Args(RunArgs):
     policy_delay: PositiveInt = 2
     """critic updates per actor and target update"""
     normalize_obs: bool = False
-    """normalise observations with running statistics (saved in the checkpoint, frozen in evaluation)"""
+    """normalise observations with running statistics (saved in the checkpoint, frozen in
+    evaluation)"""
     # infrastructure
     sampler: Literal["serial", "parallel", "async"] = "serial"
-    """serial, parallel (AsyncVectorEnv worker processes) or async (sampler process appending to a shared replay
-    while the learner trains)"""
+    """serial, parallel (AsyncVectorEnv worker processes) or async (sampler process appending to a
+    shared replay while the learner trains)"""
     max_lag_steps: NonNegInt = 1_000
-    """async: the sampler waits when it is this many env steps ahead of the learner's updates (0: never waits)"""
+    """async: the sampler waits when it is this many env steps ahead of the learner's updates (0:
+    never waits)"""
 
 
-# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps its default.
+# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps
+# its default.
 PRESETS = {
     "mujoco": Args(),
     # rl-baselines3-zoo's td3.yml Pendulum-v1 budget (20k steps), learning after 1000 random steps.
-    "pendulum": Args(preset="pendulum", env_id="Pendulum-v1", total_timesteps=20_000, min_steps_learn=1000),
+    "pendulum": Args(
+        preset="pendulum", env_id="Pendulum-v1", total_timesteps=20_000, min_steps_learn=1000
+    ),
 }
 
-# ---------------------------------------------------------------------------------------------- environments
+# ------------------------------------------------------------------------------------- environments
 
 
 def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
-    """One env, made in the process that steps it: a wrapper added here reaches every sampling mode; plug your
-    own env in here (shared/envs.py says how to register one)."""
+    """One env, made in the process that steps it: a wrapper added here reaches every sampling mode;
+    plug your own env in here (shared/envs.py says how to register one)."""
 
     def thunk() -> gym.Env:
         return gym.make(args.env_id, render_mode="rgb_array" if render else None)
@@ -143,24 +158,32 @@ def scale_action(action: np.ndarray, space: gym.spaces.Box) -> np.ndarray:
     return space.low + (action + 1.0) * 0.5 * (space.high - space.low)
 
 
-# ---------------------------------------------------------------------------------------------- networks
+# ----------------------------------------------------------------------------------------- networks
+
 
 class Actor(nn.Module):
     """s -> a = tanh(MLP(s)) in [-1, 1]; 2 hidden ReLU layers."""
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: int):
         super().__init__()
-        self.net = nn.Sequential(nn.Linear(obs_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                                 nn.Linear(hidden, act_dim), nn.Tanh())
+        self.net = nn.Sequential(
+            nn.Linear(obs_dim, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, act_dim),
+            nn.Tanh(),
+        )
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.net(obs)  # [N, A]
 
 
 class Critics(nn.Module):
-    """K independent Q(s, a) MLPs evaluated as one batched MLP: each layer is one batched matmul over all K
-    (weights [K, in, out]), so twin critics launch one kernel per layer instead of two (on a GPU small kernels
-    are launch-bound; on a CPU it costs the same as two). Initialised like nn.Linear (uniform +-1/sqrt(fan_in))."""
+    """K independent Q(s, a) MLPs evaluated as one batched MLP: each layer is one batched matmul
+    over all K (weights [K, in, out]), so twin critics launch one kernel per layer instead of two
+    (on a GPU small kernels are launch-bound; on a CPU it costs the same as two). Initialised
+    like nn.Linear (uniform +-1/sqrt(fan_in))."""
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: int, k: int = 2):
         super().__init__()
@@ -169,11 +192,16 @@ class Critics(nn.Module):
         self.biases = nn.ParameterList()
         for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
             bound = 1.0 / math.sqrt(fan_in)
-            self.weights.append(nn.Parameter(torch.empty(k, fan_in, fan_out).uniform_(-bound, bound)))
+            self.weights.append(
+                nn.Parameter(torch.empty(k, fan_in, fan_out).uniform_(-bound, bound))
+            )
             self.biases.append(nn.Parameter(torch.empty(k, 1, fan_out).uniform_(-bound, bound)))
 
-    def forward(self, obs: torch.Tensor, action: torch.Tensor, first: int | None = None) -> torch.Tensor:
-        """Q-values [K, N] of all K critics, or [first, N] of the first `first` only (TD3's actor loss uses Q1)."""
+    def forward(
+        self, obs: torch.Tensor, action: torch.Tensor, first: int | None = None
+    ) -> torch.Tensor:
+        """Q-values [K, N] of all K critics, or [first, N] of the first `first` only (TD3's actor
+        loss uses Q1)."""
         k = len(self.weights[0]) if first is None else first
         x = torch.cat([obs, action], dim=-1)  # [N, S + A]
         x = x.unsqueeze(0).expand(k, -1, -1)  # [k, N, S + A]
@@ -184,17 +212,19 @@ class Critics(nn.Module):
         return x.squeeze(-1)  # [K, N]
 
 
-# ---------------------------------------------------------------------------------------------- sampling
+# ----------------------------------------------------------------------------------------- sampling
 
 Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated", "truncated"])
 
 
 class EnvStepper:
-    """Steps the envs one step at a time; keeps per-env episode state. Actions: uniform in [-1, 1] before
-    learning starts, then the actor's plus Gaussian exploration noise, clipped to [-1, 1]."""
+    """Steps the envs one step at a time; keeps per-env episode state. Actions: uniform in [-1, 1]
+    before learning starts, then the actor's plus Gaussian exploration noise, clipped to [-1, 1]."""
 
     def __init__(self, envs, args: Args, obs_norm: ObsNorm, seed: int):
-        self.envs, self.args, self.obs_norm = envs, args, obs_norm
+        self.envs = envs
+        self.args = args
+        self.obs_norm = obs_norm
         self.obs, _ = envs.reset(seed=seed)
         n = args.num_envs
         self.final_row = np.zeros(n, bool)  # this step only resets the env (next-step autoreset)
@@ -204,52 +234,89 @@ class EnvStepper:
 
     @torch.no_grad()
     def step(self, actor: Actor, random: bool, device: torch.device) -> tuple:
-        """One step of every env; returns the replay row [1, B] and the episodes that ended [(return, length)]."""
+        """One step of every env; returns the replay row [1, B] and the episodes that ended
+        [(return, length)]."""
         self.obs_norm.update(self.obs[~self.final_row])
         if random:
-            action = self.rng.uniform(-1.0, 1.0, (self.args.num_envs,) + self.space.shape).astype(np.float32)
+            action = self.rng.uniform(-1.0, 1.0, (self.args.num_envs,) + self.space.shape).astype(
+                np.float32
+            )
         else:
-            obs = upload_batch({"observation": self.obs}, self.obs_norm, device)["observation"]  # [B, S], one copy
+            # [B, S], one copy
+            obs = upload_batch({"observation": self.obs}, self.obs_norm, device)["observation"]
             with autocast(device, self.args.bf16):
                 action = to_host(actor(obs).float())  # the one copy a step makes
             noise = self.rng.normal(0.0, self.args.exploration_noise, action.shape)
             action = np.clip(action + noise, -1.0, 1.0).astype(np.float32)
         next_obs, reward, term, trunc, _ = self.envs.step(scale_action(action, self.space))
         reward = np.where(self.final_row, 0.0, reward)
-        row = Step(self.obs[None].astype(np.float32), action[None], reward[None].astype(np.float32), term[None],
-                   trunc[None])
+        row = Step(
+            self.obs[None].astype(np.float32),
+            action[None],
+            reward[None].astype(np.float32),
+            term[None],
+            trunc[None],
+        )
         self.ep_return += reward
         self.ep_length += ~self.final_row
         episode_end = term | trunc
-        episodes = list(zip(self.ep_return[episode_end].tolist(), self.ep_length[episode_end].tolist()))
+        episodes = list(
+            zip(self.ep_return[episode_end].tolist(), self.ep_length[episode_end].tolist())
+        )
         self.ep_return[episode_end], self.ep_length[episode_end] = 0.0, 0
         self.obs, self.final_row = next_obs, episode_end
         return row, episodes
 
 
-# ---------------------------------------------------------------------------------------------- loss and update
+# ---------------------------------------------------------------------------------- loss and update
 
 
 def to_tensors(batch, obs_norm: ObsNorm, device: torch.device) -> dict:
-    """Replay batch (numpy, [N, ...]) -> the float tensors the update uses, observations normalised."""
-    fields = ("observation", "next_observation", "action", "n_step_return", "terminated_n", "bootstrap_discount")
-    return upload_batch({k: getattr(batch, k) for k in fields}, obs_norm, device)  # one copy to a GPU
+    """Replay batch (numpy, [N, ...]) -> the update's float tensors, observations normalised."""
+    fields = (
+        "observation",
+        "next_observation",
+        "action",
+        "n_step_return",
+        "terminated_n",
+        "bootstrap_discount",
+    )
+    # one copy to a GPU
+    return upload_batch({k: getattr(batch, k) for k in fields}, obs_norm, device)
 
 
-def critic_target(batch: dict, target_actor: Actor, target_critics: Critics, args: Args) -> torch.Tensor:
-    """n-step targets [N]: R + (1 - terminated_n) gamma^k min_j Q'_j(s', clip(mu'(s') + clip(noise), -1, 1)).
-    A truncation inside the window bootstraps from the episode's final observation s'."""
+def critic_target(
+    batch: dict, target_actor: Actor, target_critics: Critics, args: Args
+) -> torch.Tensor:
+    """n-step targets [N]: R + (1 - terminated_n) gamma^k min_j Q'_j(s', clip(mu'(s') + clip(noise),
+    -1, 1)). A truncation inside the window bootstraps from the episode's final observation s'."""
     with torch.no_grad():
         next_action = target_actor(batch["next_observation"]).float()
-        smoothing = (torch.randn_like(next_action) * args.policy_noise).clamp(-args.noise_clip, args.noise_clip)
+        smoothing = (torch.randn_like(next_action) * args.policy_noise).clamp(
+            -args.noise_clip, args.noise_clip
+        )
         next_action = (next_action + smoothing).clamp(-1.0, 1.0)
         q_next = target_critics(batch["next_observation"], next_action).float().min(0).values
-        return batch["n_step_return"] + (1.0 - batch["terminated_n"]) * batch["bootstrap_discount"] * q_next
+        return (
+            batch["n_step_return"]
+            + (1.0 - batch["terminated_n"]) * batch["bootstrap_discount"] * q_next
+        )
 
 
-def td3_update(actor, target_actor, critics, target_critics, optimizers: dict, batch, obs_norm: ObsNorm,
-               args: Args, update_actor: bool, device: torch.device) -> dict:
-    """One TD3 critic update from a replay batch; with update_actor also the actor and the soft target updates."""
+def td3_update(
+    actor,
+    target_actor,
+    critics,
+    target_critics,
+    optimizers: dict,
+    batch,
+    obs_norm: ObsNorm,
+    args: Args,
+    update_actor: bool,
+    device: torch.device,
+) -> dict:
+    """One TD3 critic update from a replay batch; with update_actor also the actor and the soft
+    target updates."""
     actor_opt, critic_opt = optimizers["actor_optimizer"], optimizers["critic_optimizer"]
     b = to_tensors(batch, obs_norm, device)
     obs = b["observation"]
@@ -262,32 +329,37 @@ def td3_update(actor, target_actor, critics, target_critics, optimizers: dict, b
     critic_loss.backward()
     distributed.average_gradients(critics)
     critic_opt.step()
-    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per update.
+    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per
+    # update.
     stats = {"qf_loss": critic_loss.detach(), "q_values": q.detach().mean()}
     if not update_actor:
         return stats
 
-    critics.requires_grad_(False)  # the actor loss needs dQ/da only: skip the critics' weight gradients
+    # the actor loss needs dQ/da only: skip the critics' weight gradients
+    critics.requires_grad_(False)
     with autocast(device, args.bf16):
-        actor_loss = -critics(obs, actor(obs), first=1)[0].float().mean()  # Q1 only, as in the paper
+        # Q1 only, as in the paper
+        actor_loss = -critics(obs, actor(obs), first=1)[0].float().mean()
     actor_opt.zero_grad(set_to_none=True)
     actor_loss.backward()
     distributed.average_gradients(actor)
     actor_opt.step()
     critics.requires_grad_(True)
     with torch.no_grad():
-        for target, p in zip([*target_critics.parameters(), *target_actor.parameters()],
-                             [*critics.parameters(), *actor.parameters()]):
+        for target, p in zip(
+            [*target_critics.parameters(), *target_actor.parameters()],
+            [*critics.parameters(), *actor.parameters()],
+        ):
             target.lerp_(p, args.tau)  # Polyak averaging: target += tau * (p - target)
     return {**stats, "actor_loss": actor_loss.detach()}
 
 
-# ---------------------------------------------------------------------------------------------- main
+# --------------------------------------------------------------------------------------------- main
 
 
 def make_learner(args: Args, run: Run) -> tuple[Actor, Actor, Critics, Critics, dict, ObsNorm]:
-    """The actor and the critics with their target copies, the optimisers by their checkpoint names, and the
-    observation statistics."""
+    """The actor and the critics with their target copies, the optimisers by their checkpoint names,
+    and the observation statistics."""
     obs_dim, act_dim = int(np.prod(run.obs_space.shape)), int(np.prod(run.act_space.shape))
     actor = Actor(obs_dim, act_dim, args.hidden).to(run.device)
     target_actor = copy.deepcopy(actor).requires_grad_(False)
@@ -296,8 +368,10 @@ def make_learner(args: Args, run: Run) -> tuple[Actor, Actor, Critics, Critics, 
     target_critics.load_state_dict(critics.state_dict())
     target_critics.requires_grad_(False)
     fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}
-    optimizers = {"actor_optimizer": torch.optim.Adam(actor.parameters(), lr=args.learning_rate, **fused),
-                  "critic_optimizer": torch.optim.Adam(critics.parameters(), lr=args.learning_rate, **fused)}
+    optimizers = {
+        "actor_optimizer": torch.optim.Adam(actor.parameters(), lr=args.learning_rate, **fused),
+        "critic_optimizer": torch.optim.Adam(critics.parameters(), lr=args.learning_rate, **fused),
+    }
     obs_norm = ObsNorm(obs_dim, args.normalize_obs, shared=args.sampler == "async")
     return actor, target_actor, critics, target_critics, optimizers, obs_norm
 
@@ -305,14 +379,28 @@ def make_learner(args: Args, run: Run) -> tuple[Actor, Actor, Critics, Critics, 
 def make_replay(args: Args, run: Run) -> ReplayBuffer:
     """Each rank's replay of raw (unnormalised) observations and [-1, 1] actions, n-step returns."""
     obs_dim, act_dim = int(np.prod(run.obs_space.shape)), int(np.prod(run.act_space.shape))
-    example = Step(np.zeros(obs_dim, np.float32), np.zeros(act_dim, np.float32), np.float32(0), False, False)
-    return ReplayBuffer(example, args.buffer_size, args.num_envs, discount=args.gamma,
-                        n_step_return=args.n_step_return, shared=args.sampler == "async",
-                        seed=distributed.rank_seed(args.seed))
+    example = Step(
+        np.zeros(obs_dim, np.float32), np.zeros(act_dim, np.float32), np.float32(0), False, False
+    )
+    return ReplayBuffer(
+        example,
+        args.buffer_size,
+        args.num_envs,
+        discount=args.gamma,
+        n_step_return=args.n_step_return,
+        shared=args.sampler == "async",
+        seed=distributed.rank_seed(args.seed),
+    )
 
 
-def act(actor: Actor, obs_norm: ObsNorm, device: torch.device, space: gym.spaces.Box, obs: np.ndarray,
-        last_reward: float | None) -> np.ndarray:
+def act(
+    actor: Actor,
+    obs_norm: ObsNorm,
+    device: torch.device,
+    space: gym.spaces.Box,
+    obs: np.ndarray,
+    last_reward: float | None,
+) -> np.ndarray:
     """Evaluation policy: the actor's action, no exploration noise, statistics frozen."""
     x = obs_norm.normalize(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
     action = actor(x)[0].cpu().numpy()
@@ -327,25 +415,42 @@ def main() -> int:
         actor, target_actor, critics, target_critics, optimizers, obs_norm = make_learner(args, run)
         buffer = make_replay(args, run)
     policy = partial(act, actor, obs_norm, run.device, run.act_space)  # for evaluation
-    start = run.begin(policy, buffer, actor=actor, target_actor=target_actor, critics=critics,
-                      target_critics=target_critics, **optimizers, obs_norm=obs_norm)
+    start = run.begin(
+        policy,
+        buffer,
+        actor=actor,
+        target_actor=target_actor,
+        critics=critics,
+        target_critics=target_critics,
+        **optimizers,
+        obs_norm=obs_norm,
+    )
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
     global_step, updates = start.global_step, start.updates
     stats, waits = {}, {}
-    pacer = ReplayPacer(args.replay_ratio / (args.batch_size * run.world), args.min_steps_learn * run.world,
-                        *start.replay_origin)
+    pacer = ReplayPacer(
+        args.replay_ratio / (args.batch_size * run.world),
+        args.min_steps_learn * run.world,
+        *start.replay_origin,
+    )
     with run:
-        if args.sampler != "async":  # this process steps the envs: in turn (serial), or in threads or processes
+        # this process steps the envs: in turn (serial), or in threads or processes
+        if args.sampler != "async":
             envs = run.hold(make_envs(args, make_env, args.sampler))
-            stepper = EnvStepper(envs, args, obs_norm, distributed.env_seed(args.seed + global_step, args.num_envs))
+            stepper = EnvStepper(
+                envs, args, obs_norm, distributed.env_seed(args.seed + global_step, args.num_envs)
+            )
         else:  # a sampler process fills the shared replay (the last section of this file)
-            sampler = AsyncReplay.start(run, buffer, actor, pacer, global_step, sampler_main, (args, buffer, obs_norm))
+            sampler = AsyncReplay.start(
+                run, buffer, actor, pacer, global_step, sampler_main, (args, buffer, obs_norm)
+            )
         while global_step < args.total_timesteps:
             if args.sampler != "async":  # one step of every env, into the replay
                 row, episodes = stepper.step(actor, pacer.warming_up(global_step), run.device)
                 buffer.append(row)
-                global_step += args.num_envs * run.world  # the job's env steps: every rank steps as many
+                # the job's env steps: every rank steps as many
+                global_step += args.num_envs * run.world
                 for ret, length in episodes:
                     run.episode(ret, length, global_step)
             else:  # the rows the sampler appended meanwhile; actor is published to it when due
@@ -354,40 +459,68 @@ def main() -> int:
             for _ in range(pacer.due(global_step, updates)):  # replay_ratio samples per env step
                 batch, _ = buffer.sample(args.batch_size)  # [N, ...]
                 updates += 1
-                stats.update(td3_update(actor, target_actor, critics, target_critics, optimizers, batch, obs_norm,
-                                        args, updates % args.policy_delay == 0, run.device))
+                stats.update(
+                    td3_update(
+                        actor,
+                        target_actor,
+                        critics,
+                        target_critics,
+                        optimizers,
+                        batch,
+                        obs_norm,
+                        args,
+                        updates % args.policy_delay == 0,
+                        run.device,
+                    )
+                )
             if run.periodic(global_step, **stats, updates=updates, **waits):
                 break  # --stop-at-return reached, or a signal: finish ends as Ctrl-C does
         run.finish(global_step)  # the last row, checkpoint and evaluation
     return run.exit_code
 
 
-# ---------------------------------------------------------------------------------------------- async sampling
+# ----------------------------------------------------------------------------------- async sampling
 # Only --sampler async runs this: a sampler process stepping the envs into the shared replay.
 
 
-def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: AsyncReplay, affinity, parent_pid: int,
-                 stop) -> None:
-    """Async sampler process: steps the envs and appends to the shared replay with the newest actor the learner
-    published; waits while it is more than max_lag_steps ahead of what the learner's updates cover."""
+def sampler_main(
+    args: Args,
+    buffer: ReplayBuffer,
+    obs_norm: ObsNorm,
+    link: AsyncReplay,
+    affinity,
+    parent_pid: int,
+    stop,
+) -> None:
+    """Async sampler process: steps the envs and appends to the shared replay with the newest actor
+    the learner published; waits while it is more than max_lag_steps ahead of what the learner's
+    updates cover."""
     affinity.apply_worker(0)
     args = replace(args, bf16=sampler_bf16(args.bf16))  # it acts on this CPU: no emulated bf16 here
     torch.set_num_threads(1)
     check = parent_alive_check(stop, parent_pid)
     envs = make_envs(args, make_env, "serial")
     step = link.start_step
-    stepper = EnvStepper(envs, args, obs_norm, distributed.env_seed(args.seed + step, args.num_envs))
-    actor = Actor(int(np.prod(envs.single_observation_space.shape)), int(np.prod(stepper.space.shape)), args.hidden)
+    stepper = EnvStepper(
+        envs, args, obs_norm, distributed.env_seed(args.seed + step, args.num_envs)
+    )
+    actor = Actor(
+        int(np.prod(envs.single_observation_space.shape)),
+        int(np.prod(stepper.space.shape)),
+        args.hidden,
+    )
     try:
         while step < args.total_timesteps:
             check()
             if link.sampler_wait(step, args.max_lag_steps):
                 continue
             link.pull(actor)
-            warmup = step < link.pacer.start_step + link.pacer.min_steps_learn  # uniformly random actions
+            # uniformly random actions
+            warmup = step < link.pacer.start_step + link.pacer.min_steps_learn
             row, episodes = stepper.step(actor, warmup, torch.device("cpu"))
             buffer.append(row)
-            step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
+            # counted as global steps, like the learner's
+            step += args.num_envs * distributed.world_size()
             link.report(episodes, step)
     finally:
         envs.close()
