@@ -35,7 +35,8 @@ ratio is the one asked for; learning starts when every rank's replay holds min_s
 Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the
 network in QNetwork and make_network: any nn.Module with forward(obs, noise) -> log-probabilities
 [N, A, n_atoms], q_values(obs, noise) -> their means [N, A] and a `support` tensor [n_atoms] (obs
-[N, ...] as the env gives them; noise: None or the noisy layers' torch.Generator); the loss in
+[N, ...] as the env gives them; noise: None or the noisy layers' torch.Generator; check_network
+refuses --noisy and --dueling for a network that cannot honour them); the loss in
 c51_update, whose returned dict is the row's logged statistics (a new key is a new progress.csv
 column); the schedule in main.
 """
@@ -44,7 +45,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Literal
@@ -67,8 +68,8 @@ from shared.device import to_host, upload
 from shared.envs import image_shape, make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayPacer
-from shared.precision import autocast, sampler_bf16
-from shared.procs import parent_alive_check
+from shared.precision import autocast
+from shared.procs import SamplerProcess
 from shared.replay import ReplayBuffer, prefetch_on
 from shared.run import Run
 
@@ -599,16 +600,20 @@ def check_args(args: Args) -> None:
     check_replay_sizes(args)
 
 
-def make_network(args: Args, obs_shape: tuple[int, ...], n_actions: int) -> QNetwork:
+def make_network(args: Args, obs_shape: tuple[int, ...], n_actions: int) -> nn.Module:
     support = torch.linspace(args.v_min, args.v_max, args.n_atoms)
-    return QNetwork(
-        obs_shape,
-        n_actions,
-        args.dueling,
-        support,
-        args.network,
-        args.noisy_sigma if args.noisy else None,
-    )
+    noisy_sigma = args.noisy_sigma if args.noisy else None
+    net = QNetwork(obs_shape, n_actions, args.dueling, support, args.network, noisy_sigma)
+    check_network(args, net)
+    return net
+
+
+def check_network(args: Args, net: nn.Module) -> None:
+    """The one place that refuses a flag the network cannot honour (a replaced network, say)."""
+    if args.noisy and not any(isinstance(m, NoisyLinear) for m in net.modules()):
+        bad_args("--noisy: the network has no NoisyLinear layer to draw noise for")
+    if args.dueling and not isinstance(net, QNetwork):
+        bad_args(f"--dueling: the dueling head is QNetwork's; {type(net).__name__} has none")
 
 
 def make_learner(
@@ -747,20 +752,15 @@ def main() -> int:
 # Only --sampler async runs this: a sampler process stepping the envs into the shared replay.
 
 
-def sampler_main(
-    args: Args, buffer: ReplayBuffer, link: AsyncReplay, affinity, parent_pid: int, stop
-) -> None:
+def sampler_main(args: Args, buffer: ReplayBuffer, link: AsyncReplay, proc: SamplerProcess) -> None:
     """Async sampler process: steps the envs and appends to the shared replay with the newest
     parameters the learner published; waits while it is more than max_lag_steps ahead of what the
     learner's updates cover."""
-    affinity.apply_worker(0)
-    args = replace(args, bf16=sampler_bf16(args.bf16))  # it acts on this CPU: no emulated bf16 here
-    check = parent_alive_check(stop, parent_pid)
     envs = make_envs(
         args,
         make_env,
         "parallel" if is_atari(args.env_id) else "serial",
-        n_threads=len(affinity.worker_cpus[0]),
+        n_threads=proc.n_threads,
     )
     step = link.start_step
     seed = distributed.env_seed(args.seed + step, args.num_envs)
@@ -770,7 +770,7 @@ def sampler_main(
     q_net = make_network(args, envs.single_observation_space.shape, envs.single_action_space.n)
     try:
         while step < args.total_timesteps:
-            check()
+            proc.check()
             if link.sampler_wait(step, args.max_lag_steps):
                 continue
             link.pull(q_net)

@@ -41,7 +41,7 @@ import copy
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Literal
@@ -64,8 +64,8 @@ from shared.envs import make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import ObsNorm, upload_batch
 from shared.pacing import AsyncReplay, ReplayPacer
-from shared.precision import autocast, sampler_bf16
-from shared.procs import parent_alive_check
+from shared.precision import autocast
+from shared.procs import SamplerProcess
 from shared.replay import ReplayBuffer
 from shared.run import Run
 
@@ -457,21 +457,12 @@ def main() -> int:
 
 
 def sampler_main(
-    args: Args,
-    buffer: ReplayBuffer,
-    obs_norm: ObsNorm,
-    link: AsyncReplay,
-    affinity,
-    parent_pid: int,
-    stop,
+    args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: AsyncReplay, proc: SamplerProcess
 ) -> None:
     """Async sampler process: steps the envs and appends to the shared replay with the newest actor
     the learner published; waits while it is more than max_lag_steps ahead of what the learner's
     updates cover."""
-    affinity.apply_worker(0)
-    args = replace(args, bf16=sampler_bf16(args.bf16))  # it acts on this CPU: no emulated bf16 here
     torch.set_num_threads(1)
-    check = parent_alive_check(stop, parent_pid)
     envs = make_envs(args, make_env, "serial")
     step = link.start_step
     stepper = EnvStepper(
@@ -484,7 +475,7 @@ def sampler_main(
     )
     try:
         while step < args.total_timesteps:
-            check()
+            proc.check()
             if link.sampler_wait(step, args.max_lag_steps):
                 continue
             link.pull(actor)

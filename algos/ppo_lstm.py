@@ -46,10 +46,10 @@ in main.
 from __future__ import annotations
 
 import math
-import os
 import sys
+from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -72,8 +72,8 @@ from shared.device import to_host, upload
 from shared.envs import action_mask, image_shape, make_envs, observe_only
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import RunningNorm
-from shared.precision import autocast, sampler_bf16
-from shared.procs import DoubleBuffer, Worker, parent_alive_check
+from shared.precision import autocast
+from shared.procs import DoubleBuffer, SamplerProcess
 from shared.run import Run
 
 SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own name
@@ -596,7 +596,7 @@ def ppo_update(
     """Several epochs of clipped-PPO steps, each on whole env sequences [T, n] replayed from their
     stored states; the loss runs over their valid rows (not final rows). ``data``: the rollout's
     tensors [T, B, ...] on the device; ``host``: its episode_start and final_row [T, B] in numpy."""
-    stats = {"policy_loss": [], "value_loss": [], "entropy": [], "approx_kl": [], "clipfrac": []}
+    stats = defaultdict(list)  # name -> per-minibatch values: a new name is a new progress column
     for envs, start_rows, valid in minibatches(
         host["episode_start"], host["final_row"], args, generator
     ):
@@ -625,12 +625,12 @@ def ppo_update(
         optimizer.step()
         # Detached tensors, averaged when a row is written (a non-finite one ends the run there): no
         # wait on a GPU per minibatch.
-        with torch.no_grad():
-            stats["approx_kl"].append(((ratio - 1) - logratio).mean())
-            stats["clipfrac"].append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
         stats["policy_loss"].append(pg_loss.detach())
         stats["value_loss"].append(v_loss.detach())
         stats["entropy"].append(entropy.detach())
+        with torch.no_grad():
+            stats["approx_kl"].append(((ratio - 1) - logratio).mean())
+            stats["clipfrac"].append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
     if not agent.discrete:
         stats["action_std"] = agent.log_std.detach().exp().mean()
     return stats
@@ -651,26 +651,25 @@ def learn_from(
     shared)."""
     T = args.num_steps
     # The rollout in one copy to a GPU: [T, B, ...] each, and the edges [B, ...].
-    up = upload(
-        {
-            "obs": buf.obs,
-            "episode_start": buf.episode_start,
-            "action": buf.action,
-            "logprob": buf.logprob,
-            "value": buf.value,
-            "discounted": buf.discounted,
-            "h0": boot.h0,
-            "c0": boot.c0,
-            "boot_obs": boot.obs,
-            "boot_start": boot.episode_start,
-            "h": boot.h,
-            "c": boot.c,
-            # [N] of T*B: not final rows
-            "valid": np.flatnonzero(~np.asarray(buf.final_row).reshape(-1)),
-            **({} if np.all(buf.mask) else {"mask": buf.mask}),
-        },
-        device,
-    )
+    host = {
+        "obs": buf.obs,
+        "episode_start": buf.episode_start,
+        "action": buf.action,
+        "logprob": buf.logprob,
+        "value": buf.value,
+        "discounted": buf.discounted,
+        "h0": boot.h0,
+        "c0": boot.c0,
+        "boot_obs": boot.obs,
+        "boot_start": boot.episode_start,
+        "h": boot.h,
+        "c": boot.c,
+        # [N] of T*B: not final rows
+        "valid": np.flatnonzero(~np.asarray(buf.final_row).reshape(-1)),
+    }
+    if not np.all(buf.mask):  # where the envs give masks
+        host["mask"] = buf.mask
+    up = upload(host, device)
     # [T] on the host: where the LSTM's stretches end
     start_rows = np.asarray(buf.episode_start).any(1)
     if args.sampler == "async":
@@ -739,12 +738,8 @@ class Sampler:
         if args.sampler == "async":
             self.buffers = DoubleBuffer(example, (args.num_steps, args.num_envs), module=agent)
             self.boots = [buffer_from_example(boot_example, (), shared=True) for _ in range(2)]
-            self.worker = run.hold(
-                Worker(
-                    sampler_main,
-                    (args, self.buffers, self.boots, first, last, run.affinity, os.getpid()),
-                    name="sampler",
-                )
+            self.worker = run.start_sampler(
+                sampler_main, args, self.buffers, self.boots, first, last
             )
         else:
             self.buffers = None
@@ -759,22 +754,20 @@ class Sampler:
             self.buf = buffer_from_example(example, (args.num_steps, args.num_envs))  # [T, B]
             self.boot = buffer_from_example(boot_example, ())  # [B]
 
-    def collect(self, agent: Agent, it: int, global_step: int) -> tuple[int, Rollout, Bootstrap]:
-        """Rollout ``it`` [T, B] and its edges [B], the episodes that ended in it recorded; returns
-        the global step after it (every rank's env steps) and the rollout."""
+    def rollout(self, it: int, agent: Agent, global_step: int) -> tuple[Rollout, Bootstrap]:
+        """Rollout ``it`` [T, B] and its bootstrap [B]; records the episodes that ended in it (at
+        ``global_step``, the job's env steps after it)."""
         # sampled by the other process with the parameters of update it - 1
         if self.buffers is not None:
             buf, boot = self.buffers.reader_acquire(it, self.worker.check), self.boots[it % 2]
         else:
             buf, boot = self.buf, self.boot
             collect(self.envs, agent, self.state, buf, boot, self.args, self.run.device)
-        # every rank stepped as many
-        global_step += self.args.num_envs * self.args.num_steps * self.run.world
         for ret, length in zip(buf.ep_return[buf.episode_end], buf.ep_length[buf.episode_end]):
             self.run.episode(float(ret), int(length), global_step)
-        return global_step, buf, boot
+        return buf, boot
 
-    def release(self, agent: Agent, it: int) -> None:
+    def release(self, it: int, agent: Agent) -> None:
         """async: the slot goes back with the new parameters, which rollout it + 2 is collected
         with."""
         if self.buffers is not None:
@@ -895,11 +888,12 @@ def main() -> int:
         sampler = Sampler(args, run, agent, first, num_iterations)
         for it in range(first, num_iterations):
             lr = set_learning_rate(optimizer, args, it, num_iterations)
-            global_step, buf, boot = sampler.collect(agent, it, global_step)
+            global_step += batch
+            buf, boot = sampler.rollout(it, agent, global_step)
             stats = learn_from(
                 agent, return_norm, optimizer, buf, boot, args, run.device, generator
             )
-            sampler.release(agent, it)  # async: rollout it + 2 is sampled with the new parameters
+            sampler.release(it, agent)  # async: rollout it + 2 is sampled with the new parameters
             if run.periodic(global_step, learning_rate=lr, **stats):
                 break  # --stop-at-return reached, or a signal: finish ends as Ctrl-C does
         run.finish(global_step)  # the last row, checkpoint and evaluation
@@ -911,27 +905,17 @@ def main() -> int:
 
 
 def sampler_main(
-    args: Args,
-    buffers: DoubleBuffer,
-    boots: list,
-    first: int,
-    last: int,
-    affinity,
-    parent_pid: int,
-    stop,
+    args: Args, buffers: DoubleBuffer, boots: list, first: int, last: int, proc: SamplerProcess
 ) -> None:
     """Async sampler process: rollout k goes to slot k % 2, collected with the parameters
     (observation statistics included) the learner left in that slot when it released rollout k -
     2 (update k - 1): exactly one update behind the learner. The LSTM states carry over from
     rollout to rollout here."""
-    affinity.apply_worker(0)
-    args = replace(args, bf16=sampler_bf16(args.bf16))  # it acts on this CPU: no emulated bf16 here
-    check = parent_alive_check(stop, parent_pid)
     envs = make_envs(
         args,
         make_env,
         "parallel" if is_atari(args.env_id) else "serial",
-        n_threads=len(affinity.worker_cpus[0]),
+        n_threads=proc.n_threads,
     )
     agent = make_agent(args, envs.single_observation_space, envs.single_action_space)
     device = torch.device("cpu")
@@ -940,7 +924,7 @@ def sampler_main(
     torch.manual_seed(distributed.rank_seed(args.seed + 1))
     try:
         for k in range(first, last):
-            buf = buffers.writer_acquire(k, check, module=agent)
+            buf = buffers.writer_acquire(k, proc.check, module=agent)
             collect(envs, agent, state, buf, boots[k % 2], args, device)
             buffers.writer_release(k)
     finally:

@@ -39,10 +39,10 @@ a new progress.csv column); the schedule in main.
 from __future__ import annotations
 
 import math
-import os
 import sys
+from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Annotated, Literal
@@ -64,8 +64,8 @@ from shared.device import to_host, upload
 from shared.envs import make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import RunningNorm
-from shared.precision import autocast, sampler_bf16
-from shared.procs import DoubleBuffer, Worker, parent_alive_check
+from shared.precision import autocast
+from shared.procs import DoubleBuffer, SamplerProcess
 from shared.run import Run
 
 SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own name
@@ -341,7 +341,7 @@ def ppo_update(
     rollout."""
     n = data["obs"].shape[0]
     mb_size = max(n // args.num_minibatches, 1)
-    stats = {"policy_loss": [], "value_loss": [], "entropy": [], "approx_kl": [], "clipfrac": []}
+    stats = defaultdict(list)  # name -> per-minibatch values: a new name is a new progress column
     for _ in range(args.update_epochs):
         perm = upload({"perm": torch.randperm(n, generator=generator).numpy()}, device)["perm"]
         for start in range(0, mb_size * args.num_minibatches, mb_size):  # as many on every rank
@@ -373,12 +373,12 @@ def ppo_update(
             optimizer.step()
             # Detached tensors, averaged when a row is written (a non-finite one ends the run
             # there): no wait on a GPU per minibatch.
-            with torch.no_grad():
-                stats["approx_kl"].append(((ratio - 1) - logratio).mean())
-                stats["clipfrac"].append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
             stats["policy_loss"].append(pg_loss.detach())
             stats["value_loss"].append(v_loss.detach())
             stats["entropy"].append(entropy.detach())
+            with torch.no_grad():
+                stats["approx_kl"].append(((ratio - 1) - logratio).mean())
+                stats["clipfrac"].append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
     return {**stats, "action_std": agent.log_std.detach().exp().mean()}
 
 
@@ -476,12 +476,8 @@ class Sampler:
         if self.async_:
             self.buffers = DoubleBuffer(example, (args.num_steps, args.num_envs), module=agent)
             self.boots = [buffer_from_example(boot_example, (), shared=True) for _ in range(2)]
-            self.worker = run.hold(
-                Worker(
-                    sampler_main,
-                    (args, self.buffers, self.boots, first, last, run.affinity, os.getpid()),
-                    name="sampler",
-                )
+            self.worker = run.start_sampler(
+                sampler_main, args, self.buffers, self.boots, first, last
             )
         else:
             self.envs = run.hold(make_envs(args, make_env, args.sampler))
@@ -604,22 +600,12 @@ def main() -> int:
 
 
 def sampler_main(
-    args: Args,
-    buffers: DoubleBuffer,
-    boots: list,
-    first: int,
-    last: int,
-    affinity,
-    parent_pid: int,
-    stop,
+    args: Args, buffers: DoubleBuffer, boots: list, first: int, last: int, proc: SamplerProcess
 ) -> None:
     """Sampler process: rollout k goes to slot k % 2, collected with the parameters (observation
     statistics included) the learner left in that slot when it released rollout k - 2 (update k -
     1): exactly one update behind the learner."""
-    affinity.apply_worker(0)
-    args = replace(args, bf16=sampler_bf16(args.bf16))  # it acts on this CPU: no emulated bf16 here
     torch.set_num_threads(1)
-    check = parent_alive_check(stop, parent_pid)
     envs = make_envs(args, make_env, "serial")
     state = EnvState(envs, distributed.env_seed(args.seed + first, args.num_envs))
     obs_dim, act_dim = (
@@ -632,7 +618,7 @@ def sampler_main(
     device = torch.device("cpu")
     try:
         for k in range(first, last):
-            buf = buffers.writer_acquire(k, check, module=agent)
+            buf = buffers.writer_acquire(k, proc.check, module=agent)
             collect(envs, agent, state, buf, boots[k % 2], args, device)
             buffers.writer_release(k)
     finally:

@@ -63,7 +63,7 @@ from shared.device import to_host, upload
 from shared.envs import image_shape, make_envs, observe_only
 from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayPacer
-from shared.procs import parent_alive_check
+from shared.procs import SamplerProcess
 from shared.replay import SequenceReplayBuffer, prefetch_on
 from shared.run import Run
 
@@ -776,18 +776,16 @@ def main() -> int:
 
 
 def sampler_main(
-    args: Args, buffer: SequenceReplayBuffer, link: AsyncReplay, affinity, parent_pid: int, stop
+    args: Args, buffer: SequenceReplayBuffer, link: AsyncReplay, proc: SamplerProcess
 ) -> None:
     """Async sampler process: steps the envs and appends chunks to the shared replay with the newest
     parameters the learner published; waits while it is more than max_lag_steps ahead of the
     learner's updates."""
-    affinity.apply_worker(0)
-    check = parent_alive_check(stop, parent_pid)
     envs = make_envs(
         args,
         make_env,
         "parallel" if is_atari(args.env_id) else "serial",
-        n_threads=len(affinity.worker_cpus[0]),
+        n_threads=proc.n_threads,
     )
     net = R2D1Net(
         envs.single_observation_space.shape, envs.single_action_space.n, args.hidden, args.recurrent
@@ -796,7 +794,7 @@ def sampler_main(
     stepper = EnvStepper(envs, args, net, distributed.env_seed(args.seed + step, args.num_envs))
     try:
         while step < args.total_timesteps:
-            check()
+            proc.check()
             if link.sampler_wait(
                 step, args.max_lag_steps, chunk_steps=args.num_envs * args.rnn_state_interval
             ):

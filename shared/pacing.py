@@ -16,7 +16,6 @@ Guarantees
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -72,7 +71,7 @@ class AsyncReplay:
 
     Learner: ``link = AsyncReplay.start(run, buffer, module, pacer, global_step, sampler_main, sampler_args)``;
     in the loop ``global_step = link.poll(run, module, updates)``, then the updates due; log ``**link.waits()``.
-    Sampler (``sampler_main(*sampler_args, link, affinity, parent_pid, stop)``): ``if link.sampler_wait(step,
+    Sampler (``sampler_main(*sampler_args, link, proc)``): ``if link.sampler_wait(step,
     max_lag_steps): continue``, ``link.pull(module)``, step and append, ``link.report(episodes, step)``.
     """
 
@@ -102,10 +101,11 @@ class AsyncReplay:
     @classmethod
     def start(cls, run: Any, buffer: Any, module: Any, pacer: ReplayPacer, global_step: int,
               sampler_main: Callable[..., None], sampler_args: tuple) -> AsyncReplay:
-        """Start ``sampler_main(*sampler_args, link, affinity, parent_pid, stop)`` in a process held by ``run``,
-        appending ``args.num_envs`` envs' rows to the shared ``buffer`` with the newest parameters of ``module``."""
+        """Start ``sampler_main(*sampler_args, link, proc)`` (``run.start_sampler``; ``sampler_args[0]`` is the
+        script's Args), appending ``args.num_envs`` envs' rows to the shared ``buffer`` with the newest parameters
+        of ``module``."""
         link = cls(module, pacer, run.args.num_envs, global_step)
-        worker = run.hold(Worker(sampler_main, (*sampler_args, link, run.affinity, os.getpid()), name="sampler"))
+        worker = run.start_sampler(sampler_main, *sampler_args, link)
         link.attach(worker, buffer)
         return link
 

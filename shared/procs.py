@@ -1,11 +1,13 @@
 """Process plumbing for asynchronous sampling: a worker process, a shared-memory double buffer, parameters.
 
 Guarantees
-- ``Worker`` starts ``target(*args, stop)`` in a ``spawn`` child. The child ignores SIGINT (the parent decides
-  how to stop), dies with its parent (``PR_SET_PDEATHSIG`` on Linux, and a parent check in every wait), and
-  sends its traceback to the parent if it raises. The parent's waits call ``check()``, which raises
-  ``WorkerError`` with the child's traceback as soon as the child has failed or vanished, so a crashed or
-  killed sampler never leaves the learner hanging. ``stop()`` asks, then terminates, then kills, and always
+- ``Worker`` starts ``target(*args, stop)`` in a ``spawn`` child; ``sampler_entry`` is the target that
+  ``Run.start_sampler`` gives it: the child pins itself to the sampler's cores, then runs the script's
+  ``sampler_main(*args, proc)`` with a ``SamplerProcess`` (its thread count and its liveness check). The child
+  ignores SIGINT (the parent decides how to stop), dies with its parent (``PR_SET_PDEATHSIG`` on Linux, and a parent
+  check in every wait), and sends its traceback to the parent if it raises. The parent's waits call ``check()``,
+  which raises ``WorkerError`` with the child's traceback as soon as the child has failed or vanished, so a crashed
+  or killed sampler never leaves the learner hanging. ``stop()`` asks, then terminates, then kills, and always
   joins: no zombie, no orphan.
 - ``DoubleBuffer`` holds two slots of one structure in shared memory. The writer fills slot ``k % 2`` only
   after the reader released it, the reader reads slot ``k % 2`` only after the writer filled it: the writer
@@ -27,6 +29,7 @@ import signal
 import sys
 import traceback
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,8 +37,8 @@ import numpy as np
 from shared.buffer import buffer_from_example, shared_zeros
 from shared.sync import locked, wait_for
 
-__all__ = ["CTX", "DoubleBuffer", "SharedParameters", "Worker", "WorkerError", "parent_alive_check",
-           "session_processes"]
+__all__ = ["CTX", "DoubleBuffer", "SamplerProcess", "SharedParameters", "Worker", "WorkerError",
+           "parent_alive_check", "sampler_entry", "session_processes"]
 
 CTX = mp.get_context("spawn")
 
@@ -121,6 +124,21 @@ def parent_alive_check(stop: Any, parent_pid: int) -> Callable[[], None]:
             raise SystemExit(0)
 
     return check
+
+
+@dataclass(frozen=True)
+class SamplerProcess:
+    """What a sampler process gets from what started it: it is already pinned to its cores, may use
+    ``n_threads`` of them, and ``check()`` raises SystemExit once it is asked to stop or the learner is gone."""
+
+    n_threads: int
+    check: Callable[[], None]
+
+
+def sampler_entry(target: Callable[..., None], args: tuple, affinity: Any, parent_pid: int, stop: Any) -> None:
+    """A sampler process's first frame: pin to the sampler's cores, then ``target(*args, SamplerProcess)``."""
+    affinity.apply_worker(0)
+    target(*args, SamplerProcess(len(affinity.worker_cpus[0]), parent_alive_check(stop, parent_pid)))
 
 
 class DoubleBuffer:

@@ -66,6 +66,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 import platform
 import re
 import sys
@@ -85,7 +86,8 @@ from shared.cli import bad_args, resolve_device
 from shared.envs import close_envs, probe_spaces
 from shared.evaluation import play
 from shared.files import WriteError, write_text
-from shared.procs import WorkerError
+from shared.precision import sampler_bf16
+from shared.procs import Worker, WorkerError, sampler_entry
 from shared.progress import ProgressLog, scalar
 
 __all__ = ["EXIT_INTERRUPTED", "Run"]
@@ -438,6 +440,14 @@ class Run:
         """Close ``thing`` (a ``procs.Worker`` or a vector env) when the run ends, however it ends."""
         self._held.append(thing)
         return thing
+
+    def start_sampler(self, sampler_main: Callable[..., None], args: Any, *rest: Any) -> Worker:
+        """Start ``sampler_main(args, *rest, proc)`` in a sampler process held by this run: pinned to the
+        sampler's cores, ``args`` with --bf16 as the sampler's CPU can honour it, ``proc`` a
+        ``procs.SamplerProcess`` (its thread count, and the check that ends it with the run)."""
+        args = dataclasses.replace(args, bf16=sampler_bf16(args.bf16))
+        entry = (sampler_main, (args, *rest), self.affinity, os.getpid())
+        return self.hold(Worker(sampler_entry, entry, name="sampler"))
 
     def __enter__(self) -> Run:
         return self

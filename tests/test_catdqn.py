@@ -252,3 +252,16 @@ def test_resume_with_the_replay_restores_the_noise_generator(tmp_path):
         models[name] = torch.load(tmp_path / name / "checkpoint.pt", weights_only=True)["model"]
     assert all(torch.equal(models["b"][k], models["c"][k]) for k in models["b"])
     assert not all(torch.equal(models["b"][k], models["d"][k]) for k in models["b"])
+
+
+def test_flags_the_network_cannot_honour_are_refused_in_one_place(capsys):
+    net = torch.nn.Linear(4, 2 * 51)  # a replaced network: a plain categorical head, no noisy layers
+    catdqn_atari.check_network(catdqn_atari.Args(), net)
+    args = catdqn_atari.Args(noisy=True, dueling=True)
+    catdqn_atari.check_network(args, catdqn_atari.make_network(args, (4,), 2))
+    for flag, message in [("noisy", "--noisy: the network has no NoisyLinear layer to draw noise for"),
+                          ("dueling", "--dueling: the dueling head is QNetwork's; Linear has none")]:
+        with pytest.raises(SystemExit) as e:
+            catdqn_atari.check_network(catdqn_atari.Args(**{flag: True}), net)
+        assert e.value.code == 2
+        assert capsys.readouterr().err.splitlines() == [f"error: {message}"]

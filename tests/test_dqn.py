@@ -203,3 +203,28 @@ def test_async_with_a_tight_lag_bound_does_not_deadlock(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     rows = progress(tmp_path / "d")
     assert int(rows[-1]["global_step"]) == 4000 and int(rows[-1]["updates"]) > 0
+
+
+class FlatMLP(torch.nn.Module):
+    """A researcher's replacement network: 64-64 over flat observations, no noisy layers."""
+
+    def __init__(self, obs_shape, n_actions, *_):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(int(np.prod(obs_shape)), 64), torch.nn.ReLU(),
+                                       torch.nn.Linear(64, n_actions))
+
+    def forward(self, obs, noise=None):
+        return self.net(obs.flatten(1).float())
+
+
+def test_flags_the_network_cannot_honour_are_refused_in_one_place(capsys):
+    net = FlatMLP((4,), 2)
+    dqn_atari.check_network(dqn_atari.Args(), net)  # no flag: nothing to refuse
+    dqn_atari.check_network(dqn_atari.Args(noisy=True, dueling=True), dqn_atari.make_network(
+        dqn_atari.Args(noisy=True, dueling=True), (4,), 2))  # the script's network honours both
+    for flag, message in [("noisy", "--noisy: the network has no NoisyLinear layer to draw noise for"),
+                          ("dueling", "--dueling: the dueling head is QNetwork's; FlatMLP has none")]:
+        with pytest.raises(SystemExit) as e:
+            dqn_atari.check_network(dqn_atari.Args(**{flag: True}), net)
+        assert e.value.code == 2
+        assert capsys.readouterr().err.splitlines() == [f"error: {message}"]

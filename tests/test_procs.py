@@ -225,3 +225,29 @@ class _Buffer:
     def append(self, samples, priorities=None):
         self.appended.append((samples, priorities))
         self.cursor += len(priorities) if priorities is not None else 1
+
+
+def _report_sampler(q, proc):
+    q.put((sorted(os.sched_getaffinity(0)), proc.n_threads))
+    while True:  # until the parent stops it: check() ends the process
+        proc.check()
+        time.sleep(0.01)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="needs os.sched_getaffinity")
+def test_sampler_entry_pins_the_process_then_hands_it_its_threads_and_its_stop_check():
+    from shared.affinity import make_affinity
+    from shared.procs import CTX, sampler_entry
+
+    cpus = tuple(sorted(os.sched_getaffinity(0)))
+    affinity = make_affinity("async", cpus=cpus, pin=True)
+    q = CTX.Queue()
+    worker = Worker(sampler_entry, (_report_sampler, (q,), affinity, os.getpid()), name="sampler")
+    try:
+        pinned, n_threads = q.get(timeout=60)
+        assert pinned == list(affinity.worker_cpus[0])  # pinned before the script's code ran
+        assert n_threads == len(affinity.worker_cpus[0])
+    finally:
+        t0 = time.monotonic()
+        worker.stop(timeout=10)
+        assert time.monotonic() - t0 < 5  # proc.check() ended it when asked, not the kill after the timeout

@@ -467,3 +467,29 @@ def test_a_signal_the_ranks_agree_on_is_a_decision_of_periodic_not_an_exception(
     assert rows(run.path)[1][-1]["global_step"] == "20"
     assert not (run.path / "eval.json").exists()
     assert "interrupted at step 20: writing checkpoint" in capsys.readouterr().out
+
+
+@dataclass
+class Bf16Args(FakeArgs):
+    bf16: bool = True
+
+
+def test_start_sampler_hands_the_sampler_args_with_bf16_as_its_cpu_can_honour_it(tmp_path, monkeypatch):
+    import shared.run as run_module
+    from shared import precision
+
+    started = []
+    monkeypatch.setattr(run_module, "Worker", lambda target, args, name: started.append((target, args, name)) or name)
+    run, _ = new_run(tmp_path)
+    try:
+        for has_bf16 in (False, True):
+            monkeypatch.setattr(precision, "cpu_has_bf16", lambda h=has_bf16: h)
+            args = Bf16Args()
+            assert run.start_sampler(print, args, "buffer") == "sampler"  # held by the run, returned
+            target, (main, sampler_args, affinity, _pid), name = started[-1]
+            assert (target, main, name, affinity) == (run_module.sampler_entry, print, "sampler", run.affinity)
+            assert sampler_args[1:] == ("buffer",) and sampler_args[0].bf16 is has_bf16
+            assert args.bf16 is True  # the learner's own args unchanged
+    finally:
+        run._held.clear()
+        run.__exit__(None, None, None)

@@ -99,3 +99,31 @@ def test_an_unknown_sampler_is_one_line_and_exit_2(name, tmp_path):
     out = run(name, "--sampler", "threads", "--env-id", "Pendulum-v1", "--out-dir", str(tmp_path), timeout=60)
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]
     assert out.returncode == 2 and len(lines) == 1 and "--sampler" in lines[0], out.stderr[-2000:]
+
+
+def parallel_assignments(tree: ast.AST) -> list[int]:
+    """Lines of ``a, b, c = x, y, z``: three or more targets given three or more values in one line."""
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Tuple)
+            and any(isinstance(t, ast.Tuple) and len(t.elts) > 2 for t in n.targets)]
+
+
+def long_docstrings(tree: ast.AST, limit: int = 4) -> list[str]:
+    """Functions and classes whose docstring runs over ``limit`` lines (the reasoning belongs elsewhere)."""
+    return [n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+            and len((ast.get_docstring(n, clean=False) or "").splitlines()) > limit]
+
+
+@pytest.mark.unit
+def test_the_style_checks_find_what_they_look_for():
+    tree = ast.parse('def f():\n    """1\n    2\n    3\n    4\n    5"""\n    a, b, c = 1, 2, 3\n    d, e = 4, 5\n')
+    assert parallel_assignments(tree) == [7] and long_docstrings(tree) == ["f"]
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_one_idea_per_line(name):
+    """The scripts' reading targets (issue 41): no parallel assignment of three or more values, no function
+    docstring over four lines; lines over 100 characters are ruff's (algos/ruff.toml, E501)."""
+    tree = ast.parse((ROOT / "algos" / f"{name}.py").read_text())
+    assert parallel_assignments(tree) == [], f"{name}: split these assignments, one per line"
+    assert long_docstrings(tree) == [], f"{name}: at most 4 docstring lines; move the reasoning to a comment"
