@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared.cli import parse_args
-from tests.helpers import ROOT, run
+from tests.helpers import ROOT, refusal, run
 
 sys.path.insert(0, str(ROOT / "algos"))
 SCRIPTS = ["ppo_atari", "a2c_atari", "dqn_atari", "catdqn_atari", "r2d1_atari", "ddpg_mujoco", "td3_mujoco",
@@ -176,6 +176,18 @@ HUGE = {
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_a_size_the_machine_cannot_hold_exits_2_in_one_line_before_anything_starts(name, tmp_path, monkeypatch):
+    """In this process (the refusal comes from Run(...) or from run.allocating, after run.setup()); that W&B never
+    starts is checked end to end below (W&B is not started in the tests' process)."""
+    huge = [a for a in HUGE[name] if a != "--track"]
+    lines = refusal(f"{name}.py", *TINY[name], *huge, "--out-dir", str(tmp_path), setup=True)
+    assert len(lines) == 1 and lines[0].startswith("error: --") and "GiB" in lines[0], lines
+    assert not any(tmp_path.iterdir())  # no run folder
+
+
+# End to end for a replay (with W&B asked for) and for a network's tensor torch refuses: the process's exit code and
+# its whole stderr.
+@pytest.mark.parametrize("name", ["dqn_atari", "ppo_lstm"])
+def test_a_size_the_machine_cannot_hold_exits_2_from_the_command_line(name, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     out = run(f"{name}.py", *TINY[name], *HUGE[name], "--out-dir", str(tmp_path), timeout=120)
     assert out.returncode == 2, out.stderr[-3000:]
