@@ -3,13 +3,18 @@ compare against."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import importlib
+import io
 import os
 import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 
@@ -34,6 +39,52 @@ def run(name: str, *args: str, timeout: float = 600, cwd: Path | None = None) ->
         raise AssertionError(f"{name} {' '.join(args)} timed out\n{out[-3000:]}\n{err[-3000:]}") from None
     assert_no_leftovers(proc.pid)
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def refusal(name: str, *args: str, setup: bool = False) -> list[str]:
+    """Call ``main()`` of ``algos/<name>`` in this process with ``args`` as its command line, for arguments it
+    must refuse: asserts exit code 2 and returns the non-blank lines it wrote to stderr (a warning it raised
+    counts as lines too, as it would on a terminal). Fast enough for the unit tier: no interpreter, torch or
+    env start per case; each script keeps one end-to-end case through ``run``.
+
+    ``setup=False``: the refusal must come before ``run.setup()`` (which fails the test here), so before
+    anything of the run starts. ``setup=True``: for a refusal from ``run.allocating`` or ``run.begin``, which
+    need it; ``run.setup()`` then does what those read (the world, the cores it would use) without changing this
+    process (no signal handlers, pinning, torch threads or seeds), and the test fails at ``with run:`` or
+    ``run.evaluate_only()`` rather than train in this process."""
+    if str(ROOT / "algos") not in sys.path:
+        sys.path.insert(0, str(ROOT / "algos"))
+    module = importlib.import_module(Path(name).stem)
+    from shared.affinity import make_affinity
+    from shared.run import Run
+
+    def no_setup(self):
+        raise AssertionError(f"{name} {' '.join(args)}: run.setup() reached, the arguments were not refused before")
+
+    def started(self, *_):
+        raise AssertionError(f"{name} {' '.join(args)}: the run started, the arguments were not refused")
+
+    def setup_keeping_this_process(self):
+        self.world, self.writes = 1, True
+        self.affinity = make_affinity(self.args.sampler, gpu_learner=self.device.type == "cuda")
+        return self
+
+    err, code = io.StringIO(), None
+    with mock.patch.object(sys, "argv", [script(name), *args]), \
+            mock.patch.object(Run, "setup", setup_keeping_this_process if setup else no_setup), \
+            mock.patch.object(Run, "__enter__", started), mock.patch.object(Run, "evaluate_only", started), \
+            warnings.catch_warnings(record=True) as caught, \
+            contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("always")
+        try:
+            code = module.main()
+        except SystemExit as e:
+            code = e.code
+    quiet = (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning)  # Python's defaults
+    shown = [f"{w.category.__name__}: {w.message}" for w in caught if not issubclass(w.category, quiet)]
+    lines = [ln for ln in err.getvalue().splitlines() if ln.strip()] + shown
+    assert code == 2, (code, lines)
+    return lines
 
 
 def assert_no_leftovers(sid: int, wait: float = 5.0) -> None:

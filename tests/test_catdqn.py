@@ -15,7 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.helpers import ROOT, progress, run
+from tests.helpers import ROOT, progress, refusal, run
 
 sys.path.insert(0, str(ROOT / "algos"))
 import catdqn_atari
@@ -98,12 +98,22 @@ def test_atari_smoke_small_buffer_checkpoint_and_resume(sampler, tmp_path):
     assert [int(r["global_step"]) for r in progress(run_dir)] == [200, 400, 600]
 
 
-@pytest.mark.parametrize("bad, words", [
+BAD_ARGUMENTS = [
     (["--n-atoms", "1"], "--n-atoms"),
     (["--v-min", "5", "--v-max", "5"], "--v-min"),
     (["--sampler", "x"], "--sampler"),
-])
+]
+
+
+@pytest.mark.parametrize("bad, words", BAD_ARGUMENTS)
 def test_bad_arguments_exit_2(bad, words, tmp_path):
+    lines = refusal("catdqn_atari.py", *bad, "--out-dir", str(tmp_path))  # in this process, before run.setup()
+    assert len(lines) == 1 and words in lines[0], lines
+
+
+def test_a_bad_argument_exits_2_from_the_command_line(tmp_path):
+    """One case end to end: the process's exit code and its whole stderr."""
+    bad, words = BAD_ARGUMENTS[1]
     out = run("catdqn_atari.py", *bad, "--out-dir", str(tmp_path), timeout=60)
     assert out.returncode == 2
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]

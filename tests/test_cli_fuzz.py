@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from shared.cli import parse_args
-from tests.helpers import ROOT, run
+from tests.helpers import ROOT, refusal, run
 
 sys.path.insert(0, str(ROOT / "algos"))
 SCRIPTS = ["ppo_atari", "a2c_atari", "dqn_atari", "catdqn_atari", "r2d1_atari", "ddpg_mujoco", "td3_mujoco",
@@ -137,7 +137,10 @@ SIZES = {"env_id", "total_timesteps", "num_envs", "num_steps", "buffer_size", "b
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
-def test_hostile_flags_in_a_real_tiny_job_exit_0_or_2(name, tmp_path):
+def test_hostile_flags_in_a_real_tiny_job_exit_0_or_2(name, tmp_path, monkeypatch):
+    """A command line the checks refuse never starts a job (the test above and each script's bad-argument tests,
+    one of them end to end): it is refused here by the script's main() in this process, which must agree. One
+    they accept runs as a real job."""
     module = __import__(name)
     strategies = {k: v for k, v in flags(module).items() if k not in SIZES}
 
@@ -147,7 +150,12 @@ def test_hostile_flags_in_a_real_tiny_job_exit_0_or_2(name, tmp_path):
         argv = []
         for n in names:
             argv += argv_for(n, data.draw(strategies[n]))
-        out = run(f"{name}.py", *TINY[name], "--eval-episodes", "1", *argv, "--out-dir", str(tmp_path), timeout=120)
+        command = [*TINY[name], "--eval-episodes", "1", *argv]
+        if check_in_process(module, command, monkeypatch) == 2:
+            lines = refusal(f"{name}.py", *command, "--out-dir", str(tmp_path))
+            assert len(lines) == 1 and lines[0].startswith("error: "), (argv, lines)
+            return
+        out = run(f"{name}.py", *command, "--out-dir", str(tmp_path), timeout=120)
         # 1 only for a loss that hostile coefficients sent to infinity, summed up on the last line.
         last = out.stderr.strip().splitlines()[-1] if out.stderr.strip() else ""
         assert out.returncode in (0, 2) or last.startswith("error: FloatingPointError"), (argv, out.stderr[-3000:])
@@ -176,6 +184,18 @@ HUGE = {
 
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_a_size_the_machine_cannot_hold_exits_2_in_one_line_before_anything_starts(name, tmp_path, monkeypatch):
+    """In this process (the refusal comes from Run(...) or from run.allocating, after run.setup()); that W&B never
+    starts is checked end to end below (W&B is not started in the tests' process)."""
+    huge = [a for a in HUGE[name] if a != "--track"]
+    lines = refusal(f"{name}.py", *TINY[name], *huge, "--out-dir", str(tmp_path), setup=True)
+    assert len(lines) == 1 and lines[0].startswith("error: --") and "GiB" in lines[0], lines
+    assert not any(tmp_path.iterdir())  # no run folder
+
+
+# End to end for a replay (with W&B asked for) and for a network's tensor torch refuses: the process's exit code and
+# its whole stderr.
+@pytest.mark.parametrize("name", ["dqn_atari", "ppo_lstm"])
+def test_a_size_the_machine_cannot_hold_exits_2_from_the_command_line(name, tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     out = run(f"{name}.py", *TINY[name], *HUGE[name], "--out-dir", str(tmp_path), timeout=120)
     assert out.returncode == 2, out.stderr[-3000:]

@@ -19,6 +19,7 @@ from tests.helpers import (
     assert_no_leftovers,
     finish,
     progress,
+    refusal,
     run,
     start,
     wait_for_progress_row,
@@ -249,7 +250,7 @@ def test_serial_runs_are_reproducible(script, tmp_path):
     assert progress(tmp_path / "x")[-1]["qf_loss"] == progress(tmp_path / "y")[-1]["qf_loss"]
 
 
-@pytest.mark.parametrize("script, bad, words", [
+BAD_ARGUMENTS = [
     ("sac_mujoco.py", ["--batch-size", "0"], "--batch-size"),
     ("sac_mujoco.py", ["--tau", "2"], "--tau"),
     ("sac_mujoco.py", ["--env-id", "CartPole-v1", "--min-steps-learn", "1000"], "Box"),
@@ -258,8 +259,20 @@ def test_serial_runs_are_reproducible(script, tmp_path):
     ("ddpg_mujoco.py", ["--exploration-noise", "-1"], "--exploration-noise"),
     ("ddpg_mujoco.py", ["--buffer-size", "100"], "--buffer-size"),
     ("ddpg_mujoco.py", ["--learning-rate", "x"], "learning-rate"),
-])
+]
+
+
+@pytest.mark.parametrize("script, bad, words", BAD_ARGUMENTS)
 def test_bad_arguments_exit_2_with_one_line(script, bad, words, tmp_path):
+    lines = refusal(script, *bad, "--out-dir", str(tmp_path))  # in this process, before run.setup()
+    assert len(lines) == 1 and words in lines[0], lines
+    assert not any(tmp_path.iterdir())  # nothing started, no run folder
+
+
+# End to end, one case per script, each refused by a different step: the action space (Run), an unknown env id,
+# a value tyro cannot parse.
+@pytest.mark.parametrize("script, bad, words", [BAD_ARGUMENTS[i] for i in (2, 4, 7)])
+def test_a_bad_argument_exits_2_from_the_command_line(script, bad, words, tmp_path):
     out = run(script, *bad, "--out-dir", str(tmp_path), timeout=60)
     assert out.returncode == 2
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.helpers import ROOT, assert_killed_sampler_ends_the_run, progress, run
+from tests.helpers import ROOT, assert_killed_sampler_ends_the_run, progress, refusal, run
 
 sys.path.insert(0, str(ROOT / "algos"))
 import dqn_atari
@@ -164,15 +164,25 @@ def test_noisy_dqn_explores_by_its_noise_and_resumes_with_the_noise_state(tmp_pa
     assert steps[:4] == [int(r["global_step"]) for r in rows] and len(steps) == 8 and steps[-1] == 2000
 
 
-@pytest.mark.parametrize("bad, words", [
+BAD_ARGUMENTS = [
     (["--batch-size", "0"], "--batch-size"),
     (["--replay-ratio", "-1"], "--replay-ratio"),
     (["--alpha", "1.5"], "--alpha"),
     (["--buffer-size", "100"], "--buffer-size"),
     (["--optimizer", "sgd"], "--optimizer"),
     (["--env-id", "Pendulum-v1", "--min-steps-learn", "1000", "--buffer-size", "5000"], "discrete"),
-])
+]
+
+
+@pytest.mark.parametrize("bad, words", BAD_ARGUMENTS)
 def test_bad_arguments_exit_2(bad, words, tmp_path):
+    lines = refusal("dqn_atari.py", *bad, "--out-dir", str(tmp_path))  # in this process, before run.setup()
+    assert len(lines) == 1 and words in lines[0], lines
+
+
+def test_a_bad_argument_exits_2_from_the_command_line(tmp_path):
+    """One case end to end: the process's exit code and its whole stderr."""
+    bad, words = BAD_ARGUMENTS[3]
     out = run("dqn_atari.py", *bad, "--out-dir", str(tmp_path), timeout=60)
     assert out.returncode == 2
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]

@@ -20,6 +20,7 @@ from tests.helpers import (
     gae_by_definition,
     our_shm,
     progress,
+    refusal,
     run,
     start,
     wait_for_progress_row,
@@ -122,7 +123,7 @@ def test_serial_runs_are_reproducible(tmp_path):
 # ---------------------------------------------------------------------------------------------- errors
 
 
-@pytest.mark.parametrize("bad, words", [
+BAD_ARGUMENTS = [
     (["--num-envs", "0"], "--num-envs"),
     (["--num-steps", "-5"], "--num-steps"),
     (["--num-minibatches", "3"], "--num-minibatches"),
@@ -130,8 +131,19 @@ def test_serial_runs_are_reproducible(tmp_path):
     (["--sampler", "threads"], "--sampler"),
     (["--num-envs", "abc"], "--num-envs"),
     (["--resume", "/nonexistent/run"], "--resume"),
-])
+]
+
+
+@pytest.mark.parametrize("bad, words", BAD_ARGUMENTS)
 def test_bad_arguments_exit_2_with_one_line(bad, words, tmp_path):
+    lines = refusal("ppo_atari.py", *bad, "--out-dir", str(tmp_path))  # in this process, before run.setup()
+    assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], lines
+    assert not any(tmp_path.iterdir())  # nothing started, no run folder
+
+
+def test_a_bad_argument_exits_2_from_the_command_line(tmp_path):
+    """One case end to end: the process's exit code and its whole stderr, and no run folder."""
+    bad, words = BAD_ARGUMENTS[3]
     out = run("ppo_atari.py", *bad, "--out-dir", str(tmp_path), timeout=60)
     assert out.returncode == 2
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]

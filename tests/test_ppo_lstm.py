@@ -26,6 +26,7 @@ from tests.helpers import (
     gae_by_definition,
     our_shm,
     progress,
+    refusal,
     run,
     start,
     wait_for_progress_row,
@@ -271,7 +272,7 @@ def test_serial_runs_are_reproducible(preset, tmp_path):
 # ---------------------------------------------------------------------------------------------- errors
 
 
-@pytest.mark.parametrize("bad, words", [
+BAD_ARGUMENTS = [
     (["--num-envs", "0"], "--num-envs"),
     (["--num-minibatches", "3"], "--num-minibatches 3 does not divide --num-envs 8"),
     (["--hidden", "0"], "--hidden"),
@@ -280,8 +281,19 @@ def test_serial_runs_are_reproducible(preset, tmp_path):
     (["--env-id", "NoSuchEnv-v0"], "--env-id"),
     (["--sampler", "threads"], "--sampler"),
     (["--resume", "/nonexistent/run"], "--resume"),
-])
+]
+
+
+@pytest.mark.parametrize("bad, words", BAD_ARGUMENTS)
 def test_bad_arguments_exit_2_with_one_line(bad, words, tmp_path):
+    lines = refusal("ppo_lstm.py", *CARTPOLE, *bad, "--out-dir", str(tmp_path))  # before run.setup()
+    assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], lines
+    assert not any(tmp_path.iterdir())  # nothing started, no run folder
+
+
+def test_a_bad_argument_exits_2_from_the_command_line(tmp_path):
+    """One case end to end: the process's exit code and its whole stderr, and no run folder."""
+    bad, words = BAD_ARGUMENTS[3]
     out = run("ppo_lstm.py", *CARTPOLE, *bad, "--out-dir", str(tmp_path), timeout=60)
     assert out.returncode == 2
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]

@@ -25,6 +25,7 @@ from tests.helpers import (
     gae_by_definition,
     our_shm,
     progress,
+    refusal,
     run,
     start,
     wait_for_progress_row,
@@ -189,7 +190,7 @@ def test_serial_runs_are_reproducible(tmp_path):
 # ---------------------------------------------------------------------------------------------- errors
 
 
-@pytest.mark.parametrize("bad, words", [
+BAD_ARGUMENTS = [
     (["--num-envs", "0"], "--num-envs"),
     (["--num-minibatches", "3"], "--num-minibatches"),
     (["--init-log-std", "30"], "--init-log-std"),
@@ -197,8 +198,19 @@ def test_serial_runs_are_reproducible(tmp_path):
      "--env-id CartPole-v1: ppo_mujoco needs a continuous (Box) action space, got Discrete(2)"),
     (["--env-id", "NoSuchEnv-v0"], "--env-id"),
     (["--resume", "/nonexistent/run"], "--resume"),
-])
+]
+
+
+@pytest.mark.parametrize("bad, words", BAD_ARGUMENTS)
 def test_bad_arguments_exit_2_with_one_line(bad, words, tmp_path):
+    lines = refusal("ppo_mujoco.py", *PENDULUM, *bad, "--out-dir", str(tmp_path))  # before run.setup()
+    assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0], lines
+    assert not any(tmp_path.iterdir())  # nothing started, no run folder
+
+
+def test_a_bad_argument_exits_2_from_the_command_line(tmp_path):
+    """One case end to end: the process's exit code and its whole stderr, and no run folder."""
+    bad, words = BAD_ARGUMENTS[3]
     out = run("ppo_mujoco.py", *PENDULUM, *bad, "--out-dir", str(tmp_path), timeout=60)
     assert out.returncode == 2
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]

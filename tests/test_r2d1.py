@@ -19,6 +19,7 @@ from tests.helpers import (
     assert_no_leftovers,
     finish,
     progress,
+    refusal,
     run,
     start,
     wait_for_progress_row,
@@ -263,7 +264,7 @@ def test_atari_smoke_checkpoint_and_resume(sampler, tmp_path):
     assert ckpt2["global_step"] >= 800 and ckpt2["updates"] > ckpt["updates"]
 
 
-@pytest.mark.parametrize("bad, words", [
+BAD_ARGUMENTS = [
     (["--batch-size", "0"], "--batch-size"),
     (["--eta", "2"], "--eta"),
     (["--burn-in-steps", "-1"], "--burn-in-steps"),
@@ -272,8 +273,18 @@ def test_atari_smoke_checkpoint_and_resume(sampler, tmp_path):
     (["--env-id", "Pendulum-v1", "--num-envs", "1", "--min-steps-learn", "500", "--batch-size", "4"], "discrete"),
     (["--env-id", "CartPole-v1", "--observe-indices", "7", "--num-envs", "1", "--min-steps-learn", "500",
       "--batch-size", "4"], "--observe-indices"),
-])
+]
+
+
+@pytest.mark.parametrize("bad, words", BAD_ARGUMENTS)
 def test_bad_arguments_exit_2(bad, words, tmp_path):
+    lines = refusal("r2d1_atari.py", *bad, "--out-dir", str(tmp_path))  # in this process, before run.setup()
+    assert len(lines) == 1 and words in lines[0], lines
+
+
+def test_a_bad_argument_exits_2_from_the_command_line(tmp_path):
+    """One case end to end: the process's exit code and its whole stderr."""
+    bad, words = BAD_ARGUMENTS[-1]
     out = run("r2d1_atari.py", *bad, "--out-dir", str(tmp_path), timeout=60)
     assert out.returncode == 2
     lines = [ln for ln in out.stderr.splitlines() if ln.strip()]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests import test_syncs
+from tests import helpers, test_syncs
 from tests.conftest import starts_a_script
 
 
@@ -35,3 +35,10 @@ def test_a_helper_that_starts_a_script_is_followed_through_every_call():
 def test_a_name_that_only_ends_like_a_starting_call_starts_nothing():
     assert not starts_a_script(_uses_fake_run, set())
     assert not starts_a_script(fake_run, set())
+
+
+def test_the_in_process_refusal_helper_is_unit_and_run_is_not():
+    """tests/helpers.py's ``refusal`` calls a script's main() in this process: the bad-argument tests built on it
+    are unit tests (its docstring must not read as a call that starts a script); ``run`` starts one."""
+    assert not starts_a_script(helpers.refusal, set())
+    assert starts_a_script(helpers.run, set())
