@@ -44,6 +44,7 @@ from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveInt, Range
 from shared.atari import is_atari, make_atari_env
 from shared.buffer import buffer_from_example
 from shared.cli import RunArgs, bad_args, parse_args
+from shared.compiling import compiled, enabled
 from shared.device import to_host, upload
 from shared.envs import action_mask, image_shape, make_envs
 from shared.namedarraytuple import namedarraytuple
@@ -270,6 +271,20 @@ def rollout_example(obs_space, n_actions: int, T: int, B: int) -> tuple:
     return one, Bootstrap(np.zeros((B,) + obs_space.shape, obs_space.dtype), np.zeros(B, bool))
 
 
+@compiled
+def policy_step(agent: Agent, obs: torch.Tensor, mask: torch.Tensor | None, bf16: bool) -> tuple:
+    """The acting step: actions [B] sampled from the policy (among the valid ones where ``mask``
+    [B, A] is given), their log-probabilities [B] and the values [B]."""
+    with autocast(obs.device, bf16):
+        logits, value = agent(obs)
+    if mask is not None:  # invalid actions get probability 0 (envs without masks skip this)
+        logits = masked(logits, mask)
+    # validation would wait on a GPU twice a step
+    dist = Categorical(logits=logits, validate_args=False)
+    action = dist.sample()
+    return action, dist.log_prob(action), value
+
+
 @torch.no_grad()
 def collect(
     envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device
@@ -277,18 +292,13 @@ def collect(
     """Step the envs num_steps times, writing buf [T, B] and the bootstrap observation boot [B]."""
     for t in range(args.num_steps):
         up = upload({"obs": state.obs, "mask": state.mask}, device)  # one copy: [B, ...], [B, A]
-        with autocast(device, args.bf16):
-            logits, value = agent(up["obs"])
-        if not state.mask.all():  # invalid actions get probability 0 (envs without masks skip this)
-            logits = masked(logits, up["mask"])
-        # validation would wait on a GPU twice a step
-        dist = Categorical(logits=logits, validate_args=False)
-        action = dist.sample()
+        mask = None if state.mask.all() else up["mask"]
+        action, logprob, value = policy_step(agent, up["obs"], mask, args.bf16)
         buf.obs[t] = state.obs
         buf.mask[t] = state.mask
         buf.final_row[t] = state.final_row
         # one copy
-        buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, dist.log_prob(action), value)
+        buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, logprob, value)
         next_obs, reward, term, trunc, info = envs.step(buf.action[t])
         lives = np.asarray(info.get("lives", state.lives), np.int64)
         life_lost = (lives < state.lives) & ~state.final_row
@@ -304,7 +314,7 @@ def collect(
         state.obs = next_obs
         state.final_row = term | trunc
         state.lives = lives
-        state.mask = action_mask(info, state.final_row, logits.shape[-1])  # for next_obs
+        state.mask = action_mask(info, state.final_row, state.mask.shape[-1])  # for next_obs
     boot.obs[:], boot.final_row[:] = state.obs, state.final_row
 
 
@@ -331,6 +341,56 @@ def compute_gae(
     return adv, adv + value
 
 
+def mean(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    """``x``'s mean; over the rows of weight 1 where a padded minibatch (--compile) has weights."""
+    return x.mean() if weight is None else (x * weight).sum() / weight.sum()
+
+
+@compiled
+def ppo_loss(agent: Agent, mb: dict, adv: torch.Tensor, weight, args: Args) -> tuple:
+    """The clipped-PPO loss of one minibatch ``mb`` (tensors [M, ...]; ``adv`` normalised;
+    ``weight`` None or [M]) and its statistics, detached."""
+    with autocast(adv.device, args.bf16):
+        logits, value = agent(mb["obs"])
+    if "mask" in mb:
+        logits = masked(logits, mb["mask"])
+    dist = Categorical(logits=logits, validate_args=False)
+    logratio = dist.log_prob(mb["action"]) - mb["logprob"]
+    ratio = logratio.exp()
+    pg_loss = mean(
+        torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)), weight
+    )
+    ret, old_v = mb["ret"], mb["value"]
+    if args.clip_vloss:
+        v_clipped = old_v + (value - old_v).clamp(-args.clip_coef, args.clip_coef)
+        v_loss = 0.5 * mean(torch.max((value - ret) ** 2, (v_clipped - ret) ** 2), weight)
+    else:
+        v_loss = 0.5 * mean((value - ret) ** 2, weight)
+    entropy = mean(dist.entropy(), weight)
+    loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
+    # Detached tensors, averaged when a row is written (a non-finite one ends the run there): no
+    # wait on a GPU per minibatch. A new key here is a new progress column.
+    ratio, logratio = ratio.detach(), logratio.detach()
+    stats = {
+        "policy_loss": pg_loss.detach(),
+        "value_loss": v_loss.detach(),
+        "entropy": entropy.detach(),
+        "approx_kl": mean((ratio - 1) - logratio, weight),
+        "clipfrac": mean(((ratio - 1.0).abs() > args.clip_coef).float(), weight),
+    }
+    return loss, stats
+
+
+def padded(mb: torch.Tensor, adv: torch.Tensor, size: int | None) -> tuple:
+    """--compile: the minibatch's row indices and advantages padded with rows of weight 0 to
+    ``size`` (one shape for every minibatch of the run); eager (``size`` None): as they are."""
+    if size is None:
+        return mb, adv, None
+    extra = size - len(mb)
+    weight = torch.cat([torch.ones_like(adv), adv.new_zeros(extra)])
+    return torch.cat([mb, mb.new_zeros(extra)]), torch.cat([adv, adv.new_zeros(extra)]), weight
+
+
 def ppo_update(
     agent: Agent,
     optimizer,
@@ -343,46 +403,26 @@ def ppo_update(
     rollout."""
     n = data["obs"].shape[0]
     mb_size = max(n // args.num_minibatches, 1)
+    # --compile: the largest minibatch a rollout can give (no final rows), for every minibatch
+    size = max(args.num_envs * args.num_steps // args.num_minibatches, 1) if enabled() else None
     stats = defaultdict(list)  # name -> per-minibatch values: a new name is a new progress column
     for _ in range(args.update_epochs):
         perm = upload({"perm": torch.randperm(n, generator=generator).numpy()}, device)["perm"]
         for start in range(0, mb_size * args.num_minibatches, mb_size):  # as many on every rank
             mb = perm[start : start + mb_size]
-            with autocast(device, args.bf16):
-                logits, value = agent(data["obs"][mb])
-            if "mask" in data:
-                logits = masked(logits, data["mask"][mb])
-            dist = Categorical(logits=logits, validate_args=False)
-            logratio = dist.log_prob(data["action"][mb]) - data["logprob"][mb]
-            ratio = logratio.exp()
             adv = data["adv"][mb]
             if args.norm_adv:  # over the minibatches of every rank: their gradients are averaged
-                mean, std = distributed.mean_std(adv)
-                adv = (adv - mean) / (std + 1e-8)
-            pg_loss = torch.max(
-                -adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
-            ).mean()
-            ret, old_v = data["ret"][mb], data["value"][mb]
-            if args.clip_vloss:
-                v_clipped = old_v + (value - old_v).clamp(-args.clip_coef, args.clip_coef)
-                v_loss = 0.5 * torch.max((value - ret) ** 2, (v_clipped - ret) ** 2).mean()
-            else:
-                v_loss = 0.5 * ((value - ret) ** 2).mean()
-            entropy = dist.entropy().mean()
-            loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
+                mean_adv, std = distributed.mean_std(adv)
+                adv = (adv - mean_adv) / (std + 1e-8)
+            mb, adv, weight = padded(mb, adv, size)
+            loss, mb_stats = ppo_loss(agent, {k: v[mb] for k, v in data.items()}, adv, weight, args)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             distributed.average_gradients(agent)
             nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
             optimizer.step()
-            # Detached tensors, averaged when a row is written (a non-finite one ends the run
-            # there): no wait on a GPU per minibatch.
-            stats["policy_loss"].append(pg_loss.detach())
-            stats["value_loss"].append(v_loss.detach())
-            stats["entropy"].append(entropy.detach())
-            with torch.no_grad():
-                stats["approx_kl"].append(((ratio - 1) - logratio).mean())
-                stats["clipfrac"].append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
+            for k, v in mb_stats.items():
+                stats[k].append(v)
     return stats
 
 

@@ -78,7 +78,7 @@ from typing import Any
 
 import numpy as np
 
-from shared import checkpoint, distributed, signals, tracking
+from shared import checkpoint, compiling, distributed, signals, tracking
 from shared.affinity import make_affinity
 from shared.buffer import NotEnoughMemory, available_memory, check_fits, unchecked
 from shared.checkpoint import Start
@@ -181,6 +181,7 @@ class Run:
         self._values: dict[str, Any] = {}
         self._eval_return: float | None = None
         self._interrupted = False  # the ranks agreed to stop for a signal (periodic), or one came at the end
+        self._config_file: Path | None = None  # config.json as written by begin (rank 0, training)
         self.progress: ProgressLog | None = None
 
     # ------------------------------------------------------------------------------------------ start
@@ -201,6 +202,8 @@ class Run:
         self.affinity.apply_learner()
         np.random.seed(self.args.seed)
         torch.manual_seed(self.args.seed)
+        if getattr(self.args, "compile", False):  # the script's @compiled functions, in this process
+            compiling.enable(self.device)
         self.writes = distributed.is_main()
         return self
 
@@ -276,7 +279,8 @@ class Run:
                       "eval": start.global_step + args.eval_every if args.eval_every else None,
                       "checkpoint": start.global_step + t if t else None}
         self._last_checkpoint_t = time.time()
-        self._say(f"run folder {self.path}  sampler {args.sampler}  device {self.device}  steps "
+        compiled = f"  compiled ({compiling.backend()})" if compiling.enabled() else ""
+        self._say(f"run folder {self.path}  sampler {args.sampler}  device {self.device}{compiled}  steps "
                   f"{start.global_step}..{args.total_timesteps}")
         return start
 
@@ -290,10 +294,11 @@ class Run:
         config_file = self.path / "config.json"
         if start_step and config_file.exists():  # resumed: keep the first config, record the new one beside it
             config_file = self.path / f"config.resume-{start_step}.json"
+        self._config = {"args": config, "versions": _versions(), "hardware": _hardware(self.device),
+                        "script": self.script}
         if not evaluating:
-            write_text(config_file, lambda f: json.dump({"args": config, "versions": _versions(),
-                                                         "hardware": _hardware(self.device), "script": self.script},
-                                                        f, indent=2, default=str))
+            self._config_file = config_file
+            write_text(config_file, lambda f: json.dump(self._config, f, indent=2, default=str))
         self.progress = ProgressLog(self.path, self.args.total_timesteps, start_step, counters,
                                     resumed=self.resumed is not None, read_only=evaluating)
         if self.tracker is not None:  # every TensorBoard scalar to W&B as well
@@ -332,6 +337,8 @@ class Run:
     def _row(self, global_step: int, values: dict[str, Any]) -> None:
         if self._eval_return is not None:  # an evaluation since the last row
             values, self._eval_return = {**values, "eval_return": self._eval_return}, None
+        if compiling.enabled():  # graphs compiled so far and the seconds it took: a count that grows recompiled
+            values = {**values, **compiling.report()}
         self._check_finite(self.progress.row(global_step, **values), values)
 
     def _check_finite(self, row: dict[str, Any], values: dict[str, Any]) -> None:
@@ -382,6 +389,9 @@ class Run:
             signals.clear()
             self._interrupted = True
         self.save()
+        if compiling.enabled() and self._config_file is not None:  # known only now: how long compiling took
+            self._config["compile"] = {"backend": compiling.backend(), **compiling.report()}
+            write_text(self._config_file, lambda f: json.dump(self._config, f, indent=2, default=str))
 
     def save(self) -> None:
         """Write the checkpoint (and first the replay, with --save-replay); rank 0 only."""

@@ -1,0 +1,127 @@
+"""``--compile`` (shared/compiling.py): every script's acting step and update loss compile whole (fullgraph), never
+recompile after the first iterations (rows, evaluations and checkpoints in between), and learn what eager learns.
+
+The script runs use ``aot_eager``: the graphs inductor would compile, forward and backward, traced the same way
+(a graph break or recompile shows there too) without generating code, which takes minutes on a CPU. Inductor's
+own numerics are the slow tier's."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from shared import compiling
+from tests.helpers import ROOT
+from tests.test_syncs import COMMON, RUNS
+
+# What each script compiles: a graph per @compiled function it calls in a serial run (acting steps, losses).
+GRAPHS = {"ppo_atari": 2}
+STRICT = {"RL_COMPILE_BACKEND": "aot_eager", "RL_COMPILE_STRICT": "1"}
+
+
+def run_script(script: str, out_dir, name: str, *flags: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "algos" / f"{script}.py"), *RUNS[script], *COMMON, *flags,
+                           "--out-dir", str(out_dir), "--run-name", name], capture_output=True, text=True,
+                          timeout=600, cwd=ROOT, env={**os.environ, **(env or {})})
+
+
+def rows(path) -> list[dict]:
+    with open(path / "progress.csv") as f:
+        return list(csv.DictReader(f))
+
+
+def parameters(path) -> dict[str, torch.Tensor]:
+    """Every floating tensor of the checkpoint's modules, by name."""
+    state = torch.load(path / "checkpoint.pt", map_location="cpu", weights_only=False)
+    out = {}
+    for obj, value in state.items():
+        if isinstance(value, dict):
+            out.update({f"{obj}.{k}": v for k, v in value.items()
+                        if isinstance(v, torch.Tensor) and v.is_floating_point()})
+    return out
+
+
+@pytest.mark.parametrize("script", list(GRAPHS))
+def test_compiled_run_has_no_graph_break_or_recompile_and_agrees_with_eager(script, tmp_path):
+    compiled = run_script(script, tmp_path, "compiled", "--compile", env=STRICT)
+    assert compiled.returncode == 0, compiled.stderr[-3000:]  # a graph break or recompile is an error here
+    assert "compiled (aot_eager)" in compiled.stdout
+    counts = {int(r["compiled_graphs"]) for r in rows(tmp_path / "compiled")}
+    assert counts == {GRAPHS[script]}, counts  # every graph compiled before the first row, none after
+    config = json.loads((tmp_path / "compiled" / "config.json").read_text())
+    assert config["args"]["compile"] is True and config["compile"]["compiled_graphs"] == GRAPHS[script]
+    assert config["compile"]["compile_s"] > 0
+    eager = run_script(script, tmp_path, "eager")
+    assert eager.returncode == 0, eager.stderr[-3000:]
+    assert "compiled_graphs" not in rows(tmp_path / "eager")[0]
+    # The same updates from the same state: parameters equal within float tolerance (a padded minibatch's weighted
+    # mean rounds differently from a plain mean).
+    a, b = parameters(tmp_path / "eager"), parameters(tmp_path / "compiled")
+    assert a.keys() == b.keys() and a
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{script} {k}: {m}")
+
+
+def test_resume_across_eager_and_compiled(tmp_path):
+    """A compiled run's checkpoint resumes in eager and an eager one compiled: the checkpoint is the same either way
+    (the compiled functions take the modules as arguments; nothing of torch.compile is in the state)."""
+    first = run_script("ppo_atari", tmp_path, "r", "--compile", env=STRICT)
+    assert first.returncode == 0, first.stderr[-3000:]
+    resume = [sys.executable, str(ROOT / "algos" / "ppo_atari.py"), "--preset", "cartpole", "--resume",
+              str(tmp_path / "r")]
+    eager = subprocess.run([*resume, "--total-timesteps", "2048"], capture_output=True, text=True, timeout=600,
+                           cwd=ROOT)
+    assert eager.returncode == 0, eager.stderr[-3000:]
+    again = subprocess.run([*resume, "--total-timesteps", "3072", "--compile"], capture_output=True, text=True,
+                           timeout=600, cwd=ROOT, env={**os.environ, **STRICT})
+    assert again.returncode == 0, again.stderr[-3000:]
+    steps = [int(r["global_step"]) for r in rows(tmp_path / "r")]
+    assert steps[-1] == 3072 and steps == sorted(steps)
+
+
+@pytest.fixture
+def strict_aot_eager(monkeypatch):
+    monkeypatch.setenv("RL_COMPILE_BACKEND", "aot_eager")
+    monkeypatch.setenv("RL_COMPILE_STRICT", "1")
+    torch._dynamo.reset()
+    compiling.enable(torch.device("cpu"))
+    yield
+    compiling.disable()
+    torch._dynamo.config.error_on_recompile = False
+    torch._dynamo.reset()
+
+
+def test_a_graph_break_is_an_error(strict_aot_eager):
+    @compiling.compiled
+    def branches_on_a_value(x):
+        return x if x.sum() > 0 else -x  # a Python branch on a tensor's value: the graph must break
+
+    with pytest.raises(Exception, match="[Dd]ata-dependent|graph break|Unsupported"):
+        branches_on_a_value(torch.ones(3))
+
+
+def test_a_recompile_is_counted_and_strict_mode_refuses_it(strict_aot_eager):
+    @compiling.compiled
+    def loss(w, x):
+        return (w * x).pow(2).mean()
+
+    w = torch.ones(4, requires_grad=True)
+    loss(w, torch.ones(8, 4)).backward()
+    loss(w, torch.ones(8, 4)).backward()  # the same shapes: no new graph
+    assert compiling.report()["compiled_graphs"] == 1 and w.grad is not None
+    with pytest.raises(Exception, match="Recompil"):
+        loss(w, torch.ones(6, 4))  # a new shape: a recompile
+
+
+def test_without_enable_a_compiled_function_is_the_function_itself():
+    @compiling.compiled
+    def f(x):
+        return x.sum().item()  # would break a graph: eager runs it as written
+
+    assert not compiling.enabled() and f(torch.ones(3)) == 3.0
