@@ -20,8 +20,6 @@ from shared import compiling
 from tests.helpers import ROOT
 from tests.test_syncs import COMMON, RUNS
 
-# What each script compiles: a graph per @compiled function it calls in a serial run (acting steps, losses).
-GRAPHS = {"ppo_atari": 2}
 STRICT = {"RL_COMPILE_BACKEND": "aot_eager", "RL_COMPILE_STRICT": "1"}
 
 
@@ -47,15 +45,16 @@ def parameters(path) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("script", list(GRAPHS))
+@pytest.mark.parametrize("script", list(RUNS))
 def test_compiled_run_has_no_graph_break_or_recompile_and_agrees_with_eager(script, tmp_path):
     compiled = run_script(script, tmp_path, "compiled", "--compile", env=STRICT)
     assert compiled.returncode == 0, compiled.stderr[-3000:]  # a graph break or recompile is an error here
     assert "compiled (aot_eager)" in compiled.stdout
     counts = {int(r["compiled_graphs"]) for r in rows(tmp_path / "compiled")}
-    assert counts == {GRAPHS[script]}, counts  # every graph compiled before the first row, none after
+    # Every graph compiled before the first row (at least the acting step and a loss), none after.
+    assert len(counts) == 1 and min(counts) >= 2, counts
     config = json.loads((tmp_path / "compiled" / "config.json").read_text())
-    assert config["args"]["compile"] is True and config["compile"]["compiled_graphs"] == GRAPHS[script]
+    assert config["args"]["compile"] is True and {config["compile"]["compiled_graphs"]} == counts
     assert config["compile"]["compile_s"] > 0
     eager = run_script(script, tmp_path, "eager")
     assert eager.returncode == 0, eager.stderr[-3000:]
