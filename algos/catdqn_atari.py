@@ -64,6 +64,7 @@ from shared import distributed
 from shared.argtypes import Fraction, NonNegInt, PositiveFloat, PositiveInt, Range
 from shared.atari import is_atari, make_atari_env
 from shared.cli import RunArgs, bad_args, check_replay_sizes, parse_args
+from shared.compiling import compiled
 from shared.device import to_host, upload
 from shared.envs import image_shape, make_envs
 from shared.namedarraytuple import namedarraytuple
@@ -444,6 +445,15 @@ def epsilons(args: Args, global_step: int) -> np.ndarray:
     return np.full(args.num_envs, args.eps_start + frac * (args.eps_end - args.eps_start))
 
 
+@compiled
+def greedy_actions(q_net: QNetwork, obs: torch.Tensor, noise, bf16: bool) -> torch.Tensor:
+    """The acting step's forward: the greedy actions [B] in the Q-values of ``obs`` [B, ...]
+    (noisy ones when ``noise`` is a generator)."""
+    with autocast(obs.device, bf16):
+        q = q_net.q_values(obs, noise).float()
+    return q.argmax(dim=1)
+
+
 class EnvStepper:
     """Steps the [B] envs one step at a time with an epsilon-greedy policy (in noisy Q-values, drawn
     anew each step, when `noise` is a generator); keeps per-env episode state."""
@@ -463,11 +473,12 @@ class EnvStepper:
     def step(self, q_net: QNetwork, eps: np.ndarray, device: torch.device) -> tuple:
         """One step of every env; returns the replay row [1, B] and the episodes that ended
         [(return, length)]."""
-        with autocast(device, self.args.bf16):
-            q = q_net.q_values(upload({"obs": self.obs}, device)["obs"], self.noise).float()
-        greedy = to_host(q.argmax(dim=1))  # the one copy a step makes: the envs need the actions
+        obs = upload({"obs": self.obs}, device)["obs"]
+        # the one copy a step makes: the envs need the actions
+        greedy = to_host(greedy_actions(q_net, obs, self.noise, self.args.bf16))
         explore = self.rng.random(len(greedy)) < eps
-        action = np.where(explore, self.rng.integers(0, q.shape[1], len(greedy)), greedy)
+        n_actions = self.envs.single_action_space.n
+        action = np.where(explore, self.rng.integers(0, n_actions, len(greedy)), greedy)
         next_obs, reward, term, trunc, info = self.envs.step(action)
         lives = np.asarray(info.get("lives", self.lives), np.int64)
         life_lost = (lives < self.lives) & ~self.final_row
@@ -535,6 +546,25 @@ def target_distribution(
         return project(next_probs, batch["n_step_return"], discounts, target_net.support)
 
 
+@compiled
+def c51_loss(q_net, target_net, batch: dict, args: Args, noise=None) -> tuple:
+    """The importance-weighted cross-entropy to the projected targets of one ``batch`` [N, ...],
+    per sample [N] (the new priorities), and the statistics, detached (read when a row is written,
+    never per update)."""
+    # Targets in an autocast region of their own: on torch before 2.6, weights cast under no_grad
+    # and reused by the forward with grad in the same region carried no autograd history
+    # (pytorch#112583).
+    with autocast(batch["action"].device, args.bf16):
+        m = target_distribution(batch, q_net, target_net, args.double_dqn, noise).float()
+    rows = torch.arange(len(m), device=m.device)
+    with autocast(m.device, args.bf16):
+        logp = q_net(batch["observation"], noise).float()[rows, batch["action"].long()]  # [N, K]
+    cross_entropy = -(m * logp).sum(-1)  # [N]
+    loss = (batch["is_weights"] * cross_entropy).mean()
+    q = (logp.detach().exp() * q_net.support).sum(-1)
+    return loss, cross_entropy.detach(), {"td_loss": loss.detach(), "q_values": q.mean()}
+
+
 def c51_update(
     q_net,
     target_net,
@@ -558,16 +588,7 @@ def c51_update(
     batch = upload({k: getattr(sample, k) for k in fields}, device)  # one copy to a GPU
     for k in ("n_step_return", "terminated_n", "bootstrap_discount", "is_weights"):
         batch[k] = batch[k].float()
-    # Targets in an autocast region of their own: on torch before 2.6, weights cast under no_grad
-    # and reused by the forward with grad in the same region carried no autograd history
-    # (pytorch#112583).
-    with autocast(device, args.bf16):
-        m = target_distribution(batch, q_net, target_net, args.double_dqn, noise).float()
-    rows = torch.arange(args.batch_size, device=device)
-    with autocast(device, args.bf16):
-        logp = q_net(batch["observation"], noise).float()[rows, batch["action"].long()]  # [N, K]
-    cross_entropy = -(m * logp).sum(-1)  # [N]
-    loss = (batch["is_weights"] * cross_entropy).mean()
+    loss, cross_entropy, stats = c51_loss(q_net, target_net, batch, args, noise)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     distributed.average_gradients(q_net)
@@ -577,10 +598,7 @@ def c51_update(
     buffer.sample_ahead(args.batch_size, beta)
     if args.prioritized:  # the one copy an update makes: the sum tree lives on the host
         buffer.update_priorities(index, to_host(cross_entropy))
-    q = (logp.detach().exp() * q_net.support).sum(-1)
-    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per
-    # update.
-    return {"td_loss": loss.detach(), "q_values": q.mean()}
+    return stats
 
 
 @torch.no_grad()
@@ -597,6 +615,8 @@ def check_args(args: Args) -> None:
     line."""
     if not args.v_min < args.v_max:
         bad_args(f"--v-min {args.v_min} must be below --v-max {args.v_max}")
+    if args.compile and args.noisy:  # a graph break, which --compile refuses
+        bad_args("--compile: the --noisy layers draw from a torch.Generator, which it cannot trace")
     check_replay_sizes(args)
 
 

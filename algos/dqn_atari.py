@@ -56,6 +56,7 @@ from shared import distributed
 from shared.argtypes import Fraction, NonNegInt, PositiveFloat, PositiveInt, Range
 from shared.atari import is_atari, make_atari_env
 from shared.cli import RunArgs, bad_args, check_replay_sizes, parse_args
+from shared.compiling import compiled
 from shared.device import to_host, upload
 from shared.envs import image_shape, make_envs
 from shared.namedarraytuple import namedarraytuple
@@ -344,6 +345,15 @@ def epsilons(args: Args, global_step: int) -> np.ndarray:
     return np.full(args.num_envs, args.eps_start + frac * (args.eps_end - args.eps_start))
 
 
+@compiled
+def greedy_actions(q_net: QNetwork, obs: torch.Tensor, noise, bf16: bool) -> torch.Tensor:
+    """The acting step's forward: the greedy actions [B] in the Q-values of ``obs`` [B, ...]
+    (noisy ones when ``noise`` is a generator)."""
+    with autocast(obs.device, bf16):
+        q = q_net(obs, noise).float()
+    return q.argmax(dim=1)
+
+
 class EnvStepper:
     """Steps the [B] envs one step at a time with an epsilon-greedy policy (in noisy Q-values, drawn
     anew each step, when `noise` is a generator); keeps per-env episode state."""
@@ -363,11 +373,12 @@ class EnvStepper:
     def step(self, q_net: QNetwork, eps: np.ndarray, device: torch.device) -> tuple:
         """One step of every env; returns the replay row [1, B] and the episodes that ended
         [(return, length)]."""
-        with autocast(device, self.args.bf16):
-            q = q_net(upload({"obs": self.obs}, device)["obs"], self.noise).float()
-        greedy = to_host(q.argmax(dim=1))  # the one copy a step makes: the envs need the actions
+        obs = upload({"obs": self.obs}, device)["obs"]
+        # the one copy a step makes: the envs need the actions
+        greedy = to_host(greedy_actions(q_net, obs, self.noise, self.args.bf16))
         explore = self.rng.random(len(greedy)) < eps
-        action = np.where(explore, self.rng.integers(0, q.shape[1], len(greedy)), greedy)
+        n_actions = self.envs.single_action_space.n
+        action = np.where(explore, self.rng.integers(0, n_actions, len(greedy)), greedy)
         next_obs, reward, term, trunc, info = self.envs.step(action)
         lives = np.asarray(info.get("lives", self.lives), np.int64)
         life_lost = (lives < self.lives) & ~self.final_row
@@ -417,6 +428,28 @@ def td_targets(
         )
 
 
+@compiled
+def dqn_loss(q_net, target_net, batch: dict, args: Args, noise=None) -> tuple:
+    """The importance-weighted TD loss of one ``batch`` [N, ...], the TD errors [N] (the new
+    priorities) and the statistics, detached (read when a row is written, never per update)."""
+    # Targets in an autocast region of their own: on torch before 2.6, weights cast under no_grad
+    # and reused by the forward with grad in the same region carried no autograd history
+    # (pytorch#112583).
+    with autocast(batch["action"].device, args.bf16):
+        y = td_targets(batch, q_net, target_net, args.double_dqn, noise).float()
+    with autocast(batch["action"].device, args.bf16):
+        q = (
+            q_net(batch["observation"], noise)
+            .float()
+            .gather(1, batch["action"].long().unsqueeze(1))
+            .squeeze(1)
+        )
+    td = y - q
+    per_sample = F.smooth_l1_loss(q, y, reduction="none") if args.huber else 0.5 * td**2
+    loss = (batch["is_weights"] * per_sample).mean()
+    return loss, td.detach(), {"td_loss": loss.detach(), "q_values": q.detach().mean()}
+
+
 def dqn_update(
     q_net,
     target_net,
@@ -440,21 +473,7 @@ def dqn_update(
     batch = upload({k: getattr(sample, k) for k in fields}, device)  # one copy to a GPU
     for k in ("n_step_return", "terminated_n", "bootstrap_discount", "is_weights"):
         batch[k] = batch[k].float()
-    # Targets in an autocast region of their own: on torch before 2.6, weights cast under no_grad
-    # and reused by the forward with grad in the same region carried no autograd history
-    # (pytorch#112583).
-    with autocast(device, args.bf16):
-        y = td_targets(batch, q_net, target_net, args.double_dqn, noise).float()
-    with autocast(device, args.bf16):
-        q = (
-            q_net(batch["observation"], noise)
-            .float()
-            .gather(1, batch["action"].long().unsqueeze(1))
-            .squeeze(1)
-        )
-    td = y - q
-    per_sample = F.smooth_l1_loss(q, y, reduction="none") if args.huber else 0.5 * td**2
-    loss = (batch["is_weights"] * per_sample).mean()
+    loss, td, stats = dqn_loss(q_net, target_net, batch, args, noise)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     distributed.average_gradients(q_net)
@@ -464,9 +483,7 @@ def dqn_update(
     buffer.sample_ahead(args.batch_size, beta)
     if args.prioritized:  # the one copy an update makes: the sum tree lives on the host
         buffer.update_priorities(index, to_host(td.abs()))
-    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per
-    # update.
-    return {"td_loss": loss.detach(), "q_values": q.detach().mean()}
+    return stats
 
 
 @torch.no_grad()
@@ -476,6 +493,14 @@ def update_target(q_net: QNetwork, target_net: QNetwork, tau: float) -> None:
 
 
 # --------------------------------------------------------------------------------------------- main
+
+
+def check_args(args: Args) -> None:
+    """What relates the flags to each other (each field's own range is declared on it): exit 2, one
+    line."""
+    if args.compile and args.noisy:  # a graph break, which --compile refuses
+        bad_args("--compile: the --noisy layers draw from a torch.Generator, which it cannot trace")
+    check_replay_sizes(args)
 
 
 def make_network(args: Args, obs_shape: tuple[int, ...], n_actions: int) -> nn.Module:
@@ -561,7 +586,7 @@ def act(
 
 
 def main() -> int:
-    args = parse_args(Args, PRESETS, check_replay_sizes)
+    args = parse_args(Args, PRESETS, check_args)
     # checks: device, --resume, spaces (exit 2)
     run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete)
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds

@@ -59,12 +59,14 @@ from shared import distributed
 from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveFloat, PositiveInt, Range
 from shared.atari import is_atari, make_atari_env
 from shared.cli import RunArgs, bad_args, parse_args
+from shared.compiling import compiled, enabled
 from shared.device import to_host, upload
 from shared.envs import image_shape, make_envs, observe_only
 from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayPacer
 from shared.procs import SamplerProcess
 from shared.replay import SequenceReplayBuffer, prefetch_on
+from shared.rnn import lstm_rows
 from shared.run import Run
 
 SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own name
@@ -278,6 +280,9 @@ class R2D1Net(nn.Module):
         x = torch.cat([x, a, prev_reward.float().unsqueeze(-1) * keep], dim=-1)
         if not self.recurrent:
             return self._head(self.core(x)), state
+        if enabled():  # --compile: Dynamo cannot trace the fused LSTM; the same LSTM row by row
+            out, (hs, cs) = lstm_rows(self.core, x, state.h[None], state.c[None], keep)
+            return self._head(out), RnnState(hs[0], cs[0])
         # The fused LSTM over each stretch of rows in which no sequence starts an episode; at a
         # stretch's first row the state is zeroed where one starts. Mostly one stretch; a batch of
         # 64 Atari sequences holds a few.
@@ -348,6 +353,16 @@ def sequence_priorities(td: np.ndarray, valid: np.ndarray, eta: float) -> np.nda
     return eta * a.max(0) + (1 - eta) * a.sum(0) / np.maximum(n, 1)
 
 
+@compiled
+def q_step(net: R2D1Net, up: dict, state: RnnState) -> tuple:
+    """The acting step's forward over one row [1, B, ...]: Q-values [B, A], the recurrent state
+    the row starts from (zeroed where an episode starts) and the state after it."""
+    keep = (~up["start"][0]).float().unsqueeze(-1)
+    state = RnnState(state.h * keep, state.c * keep)  # before this row
+    q, new_state = net(up["obs"], up["prev_action"], up["prev_reward"], state, up["start"])
+    return q[0].float(), state, new_state
+
+
 class EnvStepper:
     """Steps the [B] envs one step at a time epsilon-greedily, one recurrent state per env; returns
     replay chunks of rnn_state_interval rows with the input priorities of the sequence
@@ -390,10 +405,8 @@ class EnvStepper:
             },
             device,
         )
-        keep = (~up["start"][0]).float().unsqueeze(-1)
-        state = RnnState(self.state.h * keep, self.state.c * keep)  # before this row
-        q, new_state = net(up["obs"], up["prev_action"], up["prev_reward"], state, up["start"])
-        q = to_host(q[0].float())  # [B, A]
+        q, state, new_state = q_step(net, up, self.state)
+        q = to_host(q)  # [B, A]
         greedy = q.argmax(1)
         explore = self.rng.random(len(greedy)) < self.eps
         action = np.where(explore, self.rng.integers(0, q.shape[1], len(greedy)), greedy)
@@ -481,6 +494,7 @@ class EnvStepper:
 # ---------------------------------------------------------------------------------- loss and update
 
 
+@compiled
 def r2d1_loss(net: R2D1Net, target_net: R2D1Net, b: dict, args: Args) -> tuple:
     """Loss over the training rows of a batch of sequences; returns (loss, |TD| [L, B], valid
     [L, B]). b holds tensors [W, B, ...] with W = burn_in + sequence_length + n_step_return rows,

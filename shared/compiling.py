@@ -48,6 +48,9 @@ def enable(device: Any) -> None:
 
     torch._functorch.config.force_non_lazy_backward_lowering = True  # the backward compiles with the forward
     torch._dynamo.config.error_on_recompile = os.environ.get("RL_COMPILE_STRICT") == "1"
+    # Lets a compiled function read an nn.LSTM's weights: shared.rnn.lstm_rows steps it (the fused LSTM
+    # itself still fails in AOTAutograd, torch 2.13).
+    torch._dynamo.config.allow_rnn = True
     _state.update(device=torch.device(device), graphs=0, seconds=0.0)
 
 

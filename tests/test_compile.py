@@ -17,14 +17,16 @@ import pytest
 import torch
 
 from shared import compiling
-from tests.helpers import ROOT
+from tests.helpers import ROOT, refusal
 from tests.test_syncs import COMMON, RUNS
 
+# test_syncs' short runs, less what --compile refuses (the noisy layers' torch.Generator breaks a graph).
+FLAGS = {script: [f for f in flags if f != "--noisy"] for script, flags in RUNS.items()}
 STRICT = {"RL_COMPILE_BACKEND": "aot_eager", "RL_COMPILE_STRICT": "1"}
 
 
 def run_script(script: str, out_dir, name: str, *flags: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "algos" / f"{script}.py"), *RUNS[script], *COMMON, *flags,
+    return subprocess.run([sys.executable, str(ROOT / "algos" / f"{script}.py"), *FLAGS[script], *COMMON, *flags,
                            "--out-dir", str(out_dir), "--run-name", name], capture_output=True, text=True,
                           timeout=600, cwd=ROOT, env={**os.environ, **(env or {})})
 
@@ -45,7 +47,7 @@ def parameters(path) -> dict[str, torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("script", list(RUNS))
+@pytest.mark.parametrize("script", list(FLAGS))
 def test_compiled_run_has_no_graph_break_or_recompile_and_agrees_with_eager(script, tmp_path):
     compiled = run_script(script, tmp_path, "compiled", "--compile", env=STRICT)
     assert compiled.returncode == 0, compiled.stderr[-3000:]  # a graph break or recompile is an error here
@@ -119,9 +121,43 @@ def test_a_recompile_is_counted_and_strict_mode_refuses_it(strict_aot_eager):
         loss(w, torch.ones(6, 4))  # a new shape: a recompile
 
 
+@pytest.mark.parametrize("script", ["dqn_atari.py", "catdqn_atari.py"])
+def test_compile_refuses_noisy_layers(script):
+    assert refusal(script, "--preset", "cartpole", "--compile", "--noisy") == [
+        "error: --compile: the --noisy layers draw from a torch.Generator, which it cannot trace"]
+
+
 def test_without_enable_a_compiled_function_is_the_function_itself():
     @compiling.compiled
     def f(x):
         return x.sum().item()  # would break a graph: eager runs it as written
 
     assert not compiling.enabled() and f(torch.ones(3)) == 3.0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_lstm_rows_is_the_fused_lstm_with_the_state_zeroed_where_episodes_start(seed):
+    from shared.rnn import lstm_rows
+
+    g = torch.Generator().manual_seed(seed)
+    lstm = torch.nn.LSTM(5, 7)
+    T, B = 9, 4
+    x = torch.randn(T, B, 5, generator=g)
+    h, c = torch.randn(1, B, 7, generator=g), torch.randn(1, B, 7, generator=g)
+    keep = (torch.rand(T, B, 1, generator=g) > 0.3).float()
+    outs, hs, cs = [], h, c
+    for t in range(T):  # the reference: the fused LSTM one row at a time
+        o, (hs, cs) = lstm(x[t : t + 1], (hs * keep[t], cs * keep[t]))
+        outs.append(o)
+    out, (h2, c2) = lstm_rows(lstm, x, h, c, keep)
+    torch.testing.assert_close(out, torch.cat(outs))
+    torch.testing.assert_close((h2, c2), (hs, cs))
+
+
+def test_lstm_rows_compiles_whole(strict_aot_eager):
+    from shared.rnn import lstm_rows
+
+    lstm = torch.nn.LSTM(3, 4)
+    step = compiling.compiled(lambda x, h, c, keep: lstm_rows(lstm, x, h, c, keep)[0].sum())
+    step(torch.randn(5, 2, 3), torch.zeros(1, 2, 4), torch.zeros(1, 2, 4), torch.ones(5, 2, 1)).backward()
+    assert compiling.report()["compiled_graphs"] == 1 and lstm.weight_hh_l0.grad is not None
