@@ -22,9 +22,9 @@ so logged returns are whole games, unclipped.
 
 Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the
 network in Agent: any nn.Module whose forward(obs) takes observations [N, ...] as the env gives
-them (uint8 frames too) and returns logits [N, A] and values [N]; the loss in a2c_update, whose
-returned dict is the row's logged statistics (a new key is a new progress.csv column); the
-schedule in main.
+them (uint8 frames too) and returns logits [N, A] and values [N]; the loss in a2c_loss, whose
+statistics (and a2c_update's gradient norm) are the row's logged columns (a new key is a new
+progress.csv column); the schedule in main.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveInt, Range
 from shared.atari import is_atari, make_atari_env
 from shared.buffer import buffer_from_example
 from shared.cli import RunArgs, bad_args, parse_args
+from shared.compiling import compiled, enabled
 from shared.device import to_host, upload
 from shared.envs import action_mask, image_shape, make_envs
 from shared.namedarraytuple import namedarraytuple
@@ -269,6 +270,20 @@ def rollout_example(obs_space, n_actions: int, T: int, B: int) -> tuple:
     return one, Bootstrap(np.zeros((B,) + obs_space.shape, obs_space.dtype), np.zeros(B, bool))
 
 
+@compiled
+def policy_step(agent: Agent, obs: torch.Tensor, mask: torch.Tensor | None, bf16: bool) -> tuple:
+    """The acting step: actions [B] sampled from the policy (among the valid ones where ``mask``
+    [B, A] is given), their log-probabilities [B] and the values [B]."""
+    with autocast(obs.device, bf16):
+        logits, value = agent(obs)
+    if mask is not None:  # invalid actions get probability 0 (envs without masks skip this)
+        logits = masked(logits, mask)
+    # validation would wait on a GPU twice a step
+    dist = Categorical(logits=logits, validate_args=False)
+    action = dist.sample()
+    return action, dist.log_prob(action), value
+
+
 @torch.no_grad()
 def collect(
     envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device
@@ -276,18 +291,14 @@ def collect(
     """Step the envs num_steps times, writing buf [T, B] and the bootstrap observation boot [B]."""
     for t in range(args.num_steps):
         up = upload({"obs": state.obs, "mask": state.mask}, device)  # one copy: [B, ...], [B, A]
-        with autocast(device, args.bf16):
-            logits, value = agent(up["obs"])
-        if not state.mask.all():  # invalid actions get probability 0 (envs without masks skip this)
-            logits = masked(logits, up["mask"])
-        # validation would wait on a GPU twice a step
-        dist = Categorical(logits=logits, validate_args=False)
-        action = dist.sample()
+        # --compile: always the mask (all True changes no logit), so that the graph never changes
+        mask = up["mask"] if enabled() or not state.mask.all() else None
+        action, logprob, value = policy_step(agent, up["obs"], mask, args.bf16)
         buf.obs[t] = state.obs
         buf.mask[t] = state.mask
         buf.final_row[t] = state.final_row
         # one copy
-        buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, dist.log_prob(action), value)
+        buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, logprob, value)
         next_obs, reward, term, trunc, info = envs.step(buf.action[t])
         lives = np.asarray(info.get("lives", state.lives), np.int64)
         life_lost = (lives < state.lives) & ~state.final_row
@@ -303,7 +314,7 @@ def collect(
         state.obs = next_obs
         state.final_row = term | trunc
         state.lives = lives
-        state.mask = action_mask(info, state.final_row, logits.shape[-1])  # for next_obs
+        state.mask = action_mask(info, state.final_row, state.mask.shape[-1])  # for next_obs
     boot.obs[:], boot.final_row[:] = state.obs, state.final_row
 
 
@@ -330,9 +341,23 @@ def compute_gae(
     return adv, adv + value
 
 
-def a2c_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.device) -> dict:
-    """One gradient step: policy gradient weighted by the (truncated) importance weight, value and
-    entropy."""
+def mean(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    """``x``'s mean; over the rows of weight 1 where a padded batch (--compile) has weights."""
+    return x.mean() if weight is None else (x * weight).sum() / weight.sum()
+
+
+def std(x: torch.Tensor, x_mean: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    """``x``'s (unbiased) standard deviation, around its mean ``x_mean``; weighted as ``mean``."""
+    if weight is None:
+        return x.std()
+    return (((x - x_mean) ** 2 * weight).sum() / (weight.sum() - 1)).sqrt()
+
+
+@compiled
+def a2c_loss(agent: Agent, data: dict, weight, args: Args, device: torch.device) -> tuple:
+    """The A2C loss of the rollout's rows ``data`` (tensors [N, ...]; ``weight`` None or [N]):
+    policy gradient weighted by the (truncated) importance weight, value and entropy; and its
+    statistics, detached."""
     with autocast(device, args.bf16):
         logits, value = agent(data["obs"])
     if "mask" in data:
@@ -348,25 +373,36 @@ def a2c_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
     )
     adv = data["adv"]
     if args.norm_adv:
-        adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-    pg_loss = -(rho * adv * logprob).mean()
-    v_loss = 0.5 * ((value - data["ret"]) ** 2).mean()
-    entropy = dist.entropy().mean()
+        adv_mean = mean(adv, weight)
+        adv = (adv - adv_mean) / (std(adv, adv_mean, weight) + 1e-8)
+    pg_loss = -mean(rho * adv * logprob, weight)
+    v_loss = 0.5 * mean((value - data["ret"]) ** 2, weight)
+    entropy = mean(dist.entropy(), weight)
     loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
+    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per
+    # update.
+    stats = {
+        "policy_loss": pg_loss.detach(),
+        "value_loss": v_loss.detach(),
+        "entropy": entropy.detach(),
+        "rho_mean": mean(rho, weight),
+    }
+    return loss, stats
+
+
+def a2c_update(
+    agent: Agent, optimizer, data: dict, args: Args, device: torch.device, weight=None
+) -> dict:
+    """One gradient step on a2c_loss; its statistics and the gradient norm. ``weight``: None, or
+    the row weights of --compile (learn_from)."""
+    loss, stats = a2c_loss(agent, data, weight, args, device)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     distributed.average_gradients(agent)
     grad_norm = nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
     optimizer.step()
-    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per
-    # update.
-    return {
-        "policy_loss": pg_loss.detach(),
-        "value_loss": v_loss.detach(),
-        "entropy": entropy.detach(),
-        "grad_norm": grad_norm,
-        "rho_mean": rho.mean(),
-    }
+    rho_mean = stats.pop("rho_mean")  # the progress columns keep their order
+    return {**stats, "grad_norm": grad_norm, "rho_mean": rho_mean}
 
 
 def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.device) -> dict:
@@ -375,7 +411,7 @@ def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.dev
     T, B = args.num_steps, args.num_envs
     # The rollout's observations (and masks, where the envs give them): one copy to a GPU.
     host = {"obs": buf.obs, "boot_obs": boot.obs}
-    if not np.all(buf.mask):
+    if enabled() or not np.all(buf.mask):  # --compile: always (one graph), as in collect
         host["mask"] = buf.mask
     up = upload(host, device)
     obs = up["obs"]
@@ -404,22 +440,23 @@ def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.dev
         args.gamma,
         args.gae_lambda,
     )
+    final_row = np.asarray(buf.final_row).reshape(-1)
+    # Eager: the valid rows [N] of T*B (never train on final rows). --compile: every row, the final
+    # ones weighted 0, so that every rollout has the same shape (N varies).
+    rows = (
+        {"weight": (~final_row).astype(np.float32)}
+        if enabled()
+        else {"valid": np.flatnonzero(~final_row)}
+    )
     t = upload(
-        {
-            "action": buf.action,
-            "logprob": buf.logprob,
-            "adv": adv,
-            "ret": ret,  # [T, B] each
-            # one copy
-            "valid": np.flatnonzero(~np.asarray(buf.final_row).reshape(-1)),
-        },
+        {"action": buf.action, "logprob": buf.logprob, "adv": adv, "ret": ret, **rows},  # one copy
         device,
     )
-    valid = t.pop("valid")  # [N] of T*B: never train on final rows
+    valid, weight = t.pop("valid", slice(None)), t.pop("weight", None)
     data = {"obs": obs.flatten(0, 1)[valid], **{k: v.flatten()[valid] for k, v in t.items()}}
     if "mask" in up:
         data["mask"] = up["mask"].flatten(0, 1)[valid]  # [N, A]
-    return a2c_update(agent, optimizer, data, args, device)
+    return a2c_update(agent, optimizer, data, args, device, weight)
 
 
 # ------------------------------------------------------------------------------------------ sampler

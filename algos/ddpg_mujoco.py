@@ -31,7 +31,8 @@ when every rank's replay holds min_steps_learn.
 
 Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the
 networks in Actor (forward(obs) -> action [N, A] in [-1, 1]) and Critics (forward(obs, action) ->
-Q-values [K, N], K = 1 here); the losses in ddpg_update, whose returned dict is the row's logged
+Q-values [K, N], K = 1 here); the losses in ddpg_critic_loss and ddpg_actor_loss (what --compile
+compiles, with policy_step), the update in ddpg_update, whose returned dict is the row's logged
 statistics (a new key is a new progress.csv column); the schedule in main.
 """
 
@@ -59,6 +60,7 @@ import torch.nn.functional as F
 from shared import distributed
 from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveFloat, PositiveInt, Range
 from shared.cli import RunArgs, check_replay_sizes, parse_args
+from shared.compiling import compiled
 from shared.device import to_host
 from shared.envs import make_envs
 from shared.namedarraytuple import namedarraytuple
@@ -206,6 +208,14 @@ class Critics(nn.Module):
 Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated", "truncated"])
 
 
+@compiled
+def policy_step(actor: Actor, obs: torch.Tensor, bf16: bool) -> torch.Tensor:
+    """The acting step: the actor's actions [B, A] in [-1, 1] at observations [B, S], before the
+    exploration noise (drawn on the host, from the stepper's generator)."""
+    with autocast(obs.device, bf16):
+        return actor(obs).float()
+
+
 class EnvStepper:
     """Steps the envs one step at a time; keeps per-env episode state. Actions: uniform in [-1, 1]
     before learning starts, then the actor's plus Gaussian exploration noise, clipped to [-1, 1]."""
@@ -233,8 +243,7 @@ class EnvStepper:
         else:
             # [B, S], one copy
             obs = upload_batch({"observation": self.obs}, self.obs_norm, device)["observation"]
-            with autocast(device, self.args.bf16):
-                action = to_host(actor(obs).float())  # the one copy a step makes
+            action = to_host(policy_step(actor, obs, self.args.bf16))  # the one copy a step makes
             noise = self.rng.normal(0.0, self.args.exploration_noise, action.shape)
             action = np.clip(action + noise, -1.0, 1.0).astype(np.float32)
         next_obs, reward, term, trunc, _ = self.envs.step(scale_action(action, self.space))
@@ -286,6 +295,25 @@ def critic_target(batch: dict, target_actor: Actor, target_critic: Critics) -> t
         )
 
 
+@compiled
+def ddpg_critic_loss(
+    target_actor: Actor, critic: Critics, target_critic: Critics, b: dict, bf16: bool
+) -> tuple:
+    """The critic's loss on the batch ``b`` (targets under no_grad) and its statistics, detached."""
+    with autocast(b["action"].device, bf16):
+        y = critic_target(b, target_actor, target_critic)  # [N]
+        q = critic(b["observation"], b["action"]).float()[0]  # [N]
+    loss = ((q - y) ** 2).mean()
+    return loss, {"qf_loss": loss.detach(), "q_values": q.detach().mean()}
+
+
+@compiled
+def ddpg_actor_loss(actor: Actor, critic: Critics, obs: torch.Tensor, bf16: bool) -> torch.Tensor:
+    """The actor's loss -E[Q(s, mu(s))]."""
+    with autocast(obs.device, bf16):
+        return -critic(obs, actor(obs)).float().mean()
+
+
 def ddpg_update(
     actor,
     target_actor,
@@ -302,10 +330,7 @@ def ddpg_update(
     b = to_tensors(batch, obs_norm, device)
     obs = b["observation"]
 
-    with autocast(device, args.bf16):
-        y = critic_target(b, target_actor, target_critic)  # [N]
-        q = critic(obs, b["action"]).float()[0]  # [N]
-    critic_loss = ((q - y) ** 2).mean()
+    critic_loss, critic_stats = ddpg_critic_loss(target_actor, critic, target_critic, b, args.bf16)
     critic_opt.zero_grad(set_to_none=True)
     critic_loss.backward()
     distributed.average_gradients(critic)
@@ -313,8 +338,7 @@ def ddpg_update(
 
     # the actor loss needs dQ/da only: skip the critic's weight gradients
     critic.requires_grad_(False)
-    with autocast(device, args.bf16):
-        actor_loss = -critic(obs, actor(obs)).float().mean()
+    actor_loss = ddpg_actor_loss(actor, critic, obs, args.bf16)
     actor_opt.zero_grad(set_to_none=True)
     actor_loss.backward()
     distributed.average_gradients(actor)
@@ -327,9 +351,9 @@ def ddpg_update(
     # Detached tensors: read when a row is written (a non-finite one ends the run there), never per
     # update.
     return {
-        "qf_loss": critic_loss.detach(),
+        "qf_loss": critic_stats["qf_loss"],
         "actor_loss": actor_loss.detach(),
-        "q_values": q.detach().mean(),
+        "q_values": critic_stats["q_values"],
     }
 
 

@@ -292,7 +292,8 @@ def collect(
     """Step the envs num_steps times, writing buf [T, B] and the bootstrap observation boot [B]."""
     for t in range(args.num_steps):
         up = upload({"obs": state.obs, "mask": state.mask}, device)  # one copy: [B, ...], [B, A]
-        mask = None if state.mask.all() else up["mask"]
+        # envs with invalid actions; --compile: always (all True changes no logit), one graph
+        mask = up["mask"] if enabled() or not state.mask.all() else None
         action, logprob, value = policy_step(agent, up["obs"], mask, args.bf16)
         buf.obs[t] = state.obs
         buf.mask[t] = state.mask
@@ -434,7 +435,7 @@ def learn_from(
     T, B = args.num_steps, args.num_envs
     # The rollout's observations (and masks, where the envs give them): one copy to a GPU.
     host = {"obs": buf.obs, "boot_obs": boot.obs}
-    if not np.all(buf.mask):
+    if enabled() or not np.all(buf.mask):  # where the envs give masks; --compile: always
         host["mask"] = buf.mask
     up = upload(host, device)
     obs = up["obs"]

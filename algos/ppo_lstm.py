@@ -39,8 +39,7 @@ Where to change what: the env in make_env (a wrapper there reaches every samplin
 network in Agent: forward(obs, state, episode_start) over sequences [T, B, ...] returns the
 policy's outputs, values [T, B] and the state after the last row, policy(out, action, mask) the
 action (sampled when not given), its log-probability and the entropy, initial_state(B) the zero
-state; the loss in ppo_update, where each stats[...] list becomes a logged column; the schedule
-in main.
+state; the loss in ppo_loss, whose statistics become logged columns; the schedule in main.
 """
 
 from __future__ import annotations
@@ -68,12 +67,14 @@ from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveInt, Range
 from shared.atari import is_atari, make_atari_env
 from shared.buffer import buffer_from_example
 from shared.cli import RunArgs, bad_args, parse_args
+from shared.compiling import compiled, enabled
 from shared.device import to_host, upload
 from shared.envs import action_mask, image_shape, make_envs, observe_only
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import RunningNorm
 from shared.precision import autocast
 from shared.procs import DoubleBuffer, SamplerProcess
+from shared.rnn import lstm_rows
 from shared.run import Run
 
 SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own name
@@ -346,7 +347,12 @@ class Agent(nn.Module):
         else:
             x = self.obs_norm(x.float().flatten(1))
         x = self.torso(x).view(T, B, -1)
-        if self.recurrent:
+        if self.recurrent and enabled():
+            # --compile: Dynamo cannot trace the fused LSTM (shared/rnn.py): the same one row by row
+            keep = (~episode_start).float().unsqueeze(-1)  # [T, B, 1]
+            x, (hs, cs) = lstm_rows(self.core, x, state.h[None], state.c[None], keep)
+            state = RnnState(hs[0].float(), cs[0].float())
+        elif self.recurrent:
             # The fused LSTM over each stretch of rows in which no sequence starts an episode; at a
             # stretch's first row the state is zeroed where one starts. Sampling steps are one
             # stretch of one row.
@@ -465,6 +471,17 @@ def rollout_example(obs_space, act_space, hidden: int, B: int) -> tuple:
     return one, boot  # [T, B] and [B]
 
 
+@compiled
+def policy_step(agent: Agent, obs, state: RnnState, start, mask, bf16: bool) -> tuple:
+    """The acting step: one row obs [1, B, ...] from ``state`` (zeroed where ``start`` [1, B]) ->
+    the action [B] (among the valid ones where ``mask`` [B, A] is given), its log-probability [B],
+    the value [B] and the state after the row."""
+    with autocast(obs.device, bf16):
+        out, value, state = agent(obs, state, start)
+    action, logprob, _ = agent.policy(out[0], mask=mask)
+    return action, logprob, value[0], state
+
+
 @torch.no_grad()
 def collect(
     envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device
@@ -478,11 +495,12 @@ def collect(
         up = upload(
             {"obs": state.obs[None], "start": state.episode_start[None], "mask": state.mask}, device
         )
-        with autocast(device, args.bf16):  # [1, B, ...] in, one copy up
-            out, value, state.rnn = agent(up["obs"], state.rnn, up["start"])
-        mask = None if state.mask.all() else up["mask"]  # envs with invalid actions
-        action, logprob, _ = agent.policy(out[0], mask=mask)
-        buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, logprob, value[0])  # one copy
+        # envs with invalid actions; --compile: always (all True changes no logit), one graph
+        mask = up["mask"] if enabled() or not state.mask.all() else None
+        action, logprob, value, state.rnn = policy_step(
+            agent, up["obs"], state.rnn, up["start"], mask, args.bf16
+        )
+        buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, logprob, value)  # one copy
         env_action = buf.action[t]
         if not agent.discrete:  # sampled unbounded, trained on as sampled, clipped for the env only
             env_action = np.clip(
@@ -555,22 +573,12 @@ def minibatches(
             )
 
 
-def replay(
-    agent: Agent,
-    data: dict,
-    envs: np.ndarray,
-    start_rows: np.ndarray,
-    valid: np.ndarray,
-    args: Args,
-    device: torch.device,
-) -> tuple:
-    """The LSTM run again over the sequences of ``envs`` from their stored states, as the sampler
+def replay(agent: Agent, data: dict, env, valid, start_rows, args: Args) -> tuple:
+    """The LSTM run again over the sequences ``env`` [n] from their stored states, as the sampler
     ran it: the log-probabilities of the rollout's actions, the entropies and the values at the
-    ``valid`` rows [N], and ``rows``, which takes the same rows of any rollout tensor [T, B,
-    ...]."""
-    idx = upload({"envs": envs, "valid": valid}, device)  # one copy
-    env, valid = idx["envs"], idx["valid"]
-    with autocast(device, args.bf16):
+    ``valid`` rows [N] of [T, n], and ``rows``, which takes the same rows of any rollout tensor
+    [T, B, ...]."""
+    with autocast(env.device, args.bf16):
         out, value, _ = agent(
             data["obs"][:, env],
             RnnState(data["h0"][env], data["c0"][env]),
@@ -582,6 +590,53 @@ def replay(
     mask = rows(data["mask"]) if "mask" in data else None
     _, logprob, entropy = agent.policy(out.flatten(0, 1)[valid], rows(data["action"]), mask)
     return rows, logprob, entropy, value.flatten()[valid]
+
+
+def mean(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    """``x``'s mean; over the rows of weight 1 where a padded minibatch (--compile) has weights."""
+    return x.mean() if weight is None else (x * weight).sum() / weight.sum()
+
+
+@compiled
+def ppo_loss(agent: Agent, data: dict, idx: dict, adv, weight, start_rows, args: Args) -> tuple:
+    """The clipped-PPO loss of the sequences ``idx["envs"]`` replayed from their stored states, over
+    their rows ``idx["valid"]`` [N] (``adv`` [N] normalised; ``weight`` None or [N]), and its
+    statistics, detached."""
+    rows, logprob, entropy, value = replay(agent, data, idx["envs"], idx["valid"], start_rows, args)
+    logratio = logprob - rows(data["logprob"])
+    ratio = logratio.exp()
+    pg_loss = mean(
+        torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)), weight
+    )
+    ret, old_v = rows(data["ret"]), rows(data["value"])
+    if args.clip_vloss:
+        v_clipped = old_v + (value - old_v).clamp(-args.clip_coef, args.clip_coef)
+        v_loss = 0.5 * mean(torch.max((value - ret) ** 2, (v_clipped - ret) ** 2), weight)
+    else:
+        v_loss = 0.5 * mean((value - ret) ** 2, weight)
+    entropy = mean(entropy, weight)
+    loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
+    # Detached tensors, averaged when a row is written (a non-finite one ends the run there): no
+    # wait on a GPU per minibatch. A new key here is a new progress column.
+    ratio, logratio = ratio.detach(), logratio.detach()
+    stats = {
+        "policy_loss": pg_loss.detach(),
+        "value_loss": v_loss.detach(),
+        "entropy": entropy.detach(),
+        "approx_kl": mean((ratio - 1) - logratio, weight),
+        "clipfrac": mean(((ratio - 1.0).abs() > args.clip_coef).float(), weight),
+    }
+    return loss, stats
+
+
+def padded(mb: torch.Tensor, adv: torch.Tensor, size: int | None) -> tuple:
+    """--compile: the minibatch's row indices and advantages padded with rows of weight 0 to
+    ``size`` (one shape for every minibatch of the run); eager (``size`` None): as they are."""
+    if size is None:
+        return mb, adv, None
+    extra = size - len(mb)
+    weight = torch.cat([torch.ones_like(adv), adv.new_zeros(extra)])
+    return torch.cat([mb, mb.new_zeros(extra)]), torch.cat([adv, adv.new_zeros(extra)]), weight
 
 
 def ppo_update(
@@ -596,41 +651,27 @@ def ppo_update(
     """Several epochs of clipped-PPO steps, each on whole env sequences [T, n] replayed from their
     stored states; the loss runs over their valid rows (not final rows). ``data``: the rollout's
     tensors [T, B, ...] on the device; ``host``: its episode_start and final_row [T, B] in numpy."""
+    # --compile: every minibatch's valid rows padded to all T x n rows (weight 0): one shape (their
+    # number varies); where episodes start changes no shape there (the LSTM steps row by row)
+    size = args.num_steps * (args.num_envs // args.num_minibatches) if enabled() else None
     stats = defaultdict(list)  # name -> per-minibatch values: a new name is a new progress column
     for envs, start_rows, valid in minibatches(
         host["episode_start"], host["final_row"], args, generator
     ):
-        rows, logprob, entropy, value = replay(agent, data, envs, start_rows, valid, args, device)
-        logratio = logprob - rows(data["logprob"])
-        ratio = logratio.exp()
-        adv = rows(data["adv"])
+        idx = upload({"envs": envs, "valid": valid}, device)  # one copy
+        adv = data["adv"][:, idx["envs"]].flatten(0, 1)[idx["valid"]]
         if args.norm_adv:  # over the minibatches of every rank: their gradients are averaged
-            mean, std = distributed.mean_std(adv)
-            adv = (adv - mean) / (std + 1e-8)
-        pg_loss = torch.max(
-            -adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
-        ).mean()
-        ret, old_v = rows(data["ret"]), rows(data["value"])
-        if args.clip_vloss:
-            v_clipped = old_v + (value - old_v).clamp(-args.clip_coef, args.clip_coef)
-            v_loss = 0.5 * torch.max((value - ret) ** 2, (v_clipped - ret) ** 2).mean()
-        else:
-            v_loss = 0.5 * ((value - ret) ** 2).mean()
-        entropy = entropy.mean()
-        loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
+            mean_adv, std = distributed.mean_std(adv)
+            adv = (adv - mean_adv) / (std + 1e-8)
+        idx["valid"], adv, weight = padded(idx["valid"], adv, size)
+        loss, mb_stats = ppo_loss(agent, data, idx, adv, weight, start_rows, args)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         distributed.average_gradients(agent)
         nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
         optimizer.step()
-        # Detached tensors, averaged when a row is written (a non-finite one ends the run there): no
-        # wait on a GPU per minibatch.
-        stats["policy_loss"].append(pg_loss.detach())
-        stats["value_loss"].append(v_loss.detach())
-        stats["entropy"].append(entropy.detach())
-        with torch.no_grad():
-            stats["approx_kl"].append(((ratio - 1) - logratio).mean())
-            stats["clipfrac"].append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
+        for k, v in mb_stats.items():
+            stats[k].append(v)
     if not agent.discrete:
         stats["action_std"] = agent.log_std.detach().exp().mean()
     return stats
@@ -667,7 +708,7 @@ def learn_from(
         # [N] of T*B: not final rows
         "valid": np.flatnonzero(~np.asarray(buf.final_row).reshape(-1)),
     }
-    if not np.all(buf.mask):  # where the envs give masks
+    if enabled() or not np.all(buf.mask):  # where the envs give masks; --compile: always
         host["mask"] = buf.mask
     up = upload(host, device)
     # [T] on the host: where the LSTM's stretches end

@@ -32,8 +32,8 @@ the time limit (every MuJoCo v5 episode ends at 1000 steps); termination bootstr
 Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the
 network in Agent: forward(obs) takes raw observations [N, S] and returns the Gaussian mean [N,
 A], its log-std [N, A] and values [N], with `obs_norm` (the observation statistics) and `log_std`
-beside; the loss in ppo_update, where each stats[...] list becomes a logged column (a new key is
-a new progress.csv column); the schedule in main.
+beside; the loss in ppo_loss, whose statistics become logged columns (averaged over the
+minibatches: a new key is a new progress.csv column); the schedule in main.
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ from shared import distributed
 from shared.argtypes import Fraction, NonNegFloat, PositiveInt, Range
 from shared.buffer import buffer_from_example
 from shared.cli import RunArgs, bad_args, parse_args
+from shared.compiling import compiled, enabled
 from shared.device import to_host, upload
 from shared.envs import make_envs
 from shared.namedarraytuple import namedarraytuple
@@ -274,6 +275,16 @@ def rollout_example(obs_dim: int, act_dim: int, B: int) -> tuple:
     return one, Bootstrap(np.zeros((B, obs_dim), np.float32), np.zeros(B, bool))  # [T, B] and [B]
 
 
+@compiled
+def policy_step(agent: Agent, obs: torch.Tensor, bf16: bool) -> tuple:
+    """The acting step: actions [B, A] sampled from the Gaussian policy, unbounded, their
+    log-densities [B] and the values [B]."""
+    with autocast(obs.device, bf16):
+        action_mean, log_std, value = agent(obs)
+    action = action_mean + log_std.exp() * torch.randn_like(action_mean)
+    return action, gaussian(action_mean, log_std, action)[0], value
+
+
 @torch.inference_mode()
 def collect(
     envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device
@@ -283,12 +294,9 @@ def collect(
     flat = lambda o: np.asarray(o, np.float32).reshape(len(o), -1)  # [B, S]
     for t in range(args.num_steps):
         buf.obs[t], buf.final_row[t] = flat(state.obs), state.final_row
-        with autocast(device, args.bf16):
-            mean, log_std, value = agent(upload({"obs": buf.obs[t]}, device)["obs"])
-        action = mean + log_std.exp() * torch.randn_like(mean)
-        buf.action[t], buf.logprob[t], buf.value[t] = to_host(
-            action, gaussian(mean, log_std, action)[0], value
-        )
+        obs = upload({"obs": buf.obs[t]}, device)["obs"]
+        action, logprob, value = policy_step(agent, obs, args.bf16)
+        buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, logprob, value)
         env_action = buf.action[t].reshape((-1, *state.space.shape))  # [B, A] -> [B, *action shape]
         next_obs, reward, term, trunc, _ = envs.step(
             np.clip(env_action, state.space.low, state.space.high)
@@ -329,6 +337,54 @@ def compute_gae(
     return adv, adv + value
 
 
+def mean(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    """``x``'s mean; over the rows of weight 1 where a padded minibatch (--compile) has weights."""
+    return x.mean() if weight is None else (x * weight).sum() / weight.sum()
+
+
+@compiled
+def ppo_loss(agent: Agent, mb: dict, adv: torch.Tensor, weight, args: Args) -> tuple:
+    """The clipped-PPO loss of one minibatch ``mb`` (tensors [M, ...]; ``adv`` normalised;
+    ``weight`` None or [M]) and its statistics, detached."""
+    with autocast(adv.device, args.bf16):
+        action_mean, log_std, value = agent(mb["obs"])
+    logprob, entropy = gaussian(action_mean, log_std, mb["action"])
+    logratio = logprob - mb["logprob"]
+    ratio = logratio.exp()
+    pg_loss = mean(
+        torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)), weight
+    )
+    ret, old_v = mb["ret"], mb["value"]
+    if args.clip_vloss:
+        v_clipped = old_v + (value - old_v).clamp(-args.clip_coef, args.clip_coef)
+        v_loss = 0.5 * mean(torch.max((value - ret) ** 2, (v_clipped - ret) ** 2), weight)
+    else:
+        v_loss = 0.5 * mean((value - ret) ** 2, weight)
+    entropy = mean(entropy, weight)
+    loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
+    # Detached tensors, averaged when a row is written (a non-finite one ends the run there): no
+    # wait on a GPU per minibatch. A new key here is a new progress column.
+    ratio, logratio = ratio.detach(), logratio.detach()
+    stats = {
+        "policy_loss": pg_loss.detach(),
+        "value_loss": v_loss.detach(),
+        "entropy": entropy.detach(),
+        "approx_kl": mean((ratio - 1) - logratio, weight),
+        "clipfrac": mean(((ratio - 1.0).abs() > args.clip_coef).float(), weight),
+    }
+    return loss, stats
+
+
+def padded(mb: torch.Tensor, adv: torch.Tensor, size: int | None) -> tuple:
+    """--compile: the minibatch's row indices and advantages padded with rows of weight 0 to
+    ``size`` (one shape for every minibatch of the run); eager (``size`` None): as they are."""
+    if size is None:
+        return mb, adv, None
+    extra = size - len(mb)
+    weight = torch.cat([torch.ones_like(adv), adv.new_zeros(extra)])
+    return torch.cat([mb, mb.new_zeros(extra)]), torch.cat([adv, adv.new_zeros(extra)]), weight
+
+
 def ppo_update(
     agent: Agent,
     optimizer,
@@ -341,44 +397,27 @@ def ppo_update(
     rollout."""
     n = data["obs"].shape[0]
     mb_size = max(n // args.num_minibatches, 1)
+    # --compile: the largest minibatch a rollout can give (no final rows), for every minibatch (n,
+    # the rollout's valid rows, varies)
+    size = args.num_envs * args.num_steps // args.num_minibatches if enabled() else None
     stats = defaultdict(list)  # name -> per-minibatch values: a new name is a new progress column
     for _ in range(args.update_epochs):
         perm = upload({"perm": torch.randperm(n, generator=generator).numpy()}, device)["perm"]
         for start in range(0, mb_size * args.num_minibatches, mb_size):  # as many on every rank
             mb = perm[start : start + mb_size]
-            with autocast(device, args.bf16):
-                mean, log_std, value = agent(data["obs"][mb])
-            logprob, entropy = gaussian(mean, log_std, data["action"][mb])
-            logratio = logprob - data["logprob"][mb]
-            ratio = logratio.exp()
             adv = data["adv"][mb]
             if args.norm_adv:  # over the minibatches of every rank: their gradients are averaged
                 m, s = distributed.mean_std(adv)
                 adv = (adv - m) / (s + 1e-8)
-            pg_loss = torch.max(
-                -adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)
-            ).mean()
-            ret, old_v = data["ret"][mb], data["value"][mb]
-            if args.clip_vloss:
-                v_clipped = old_v + (value - old_v).clamp(-args.clip_coef, args.clip_coef)
-                v_loss = 0.5 * torch.max((value - ret) ** 2, (v_clipped - ret) ** 2).mean()
-            else:
-                v_loss = 0.5 * ((value - ret) ** 2).mean()
-            entropy = entropy.mean()
-            loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
+            mb, adv, weight = padded(mb, adv, size)
+            loss, mb_stats = ppo_loss(agent, {k: v[mb] for k, v in data.items()}, adv, weight, args)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             distributed.average_gradients(agent)
             nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
             optimizer.step()
-            # Detached tensors, averaged when a row is written (a non-finite one ends the run
-            # there): no wait on a GPU per minibatch.
-            stats["policy_loss"].append(pg_loss.detach())
-            stats["value_loss"].append(v_loss.detach())
-            stats["entropy"].append(entropy.detach())
-            with torch.no_grad():
-                stats["approx_kl"].append(((ratio - 1) - logratio).mean())
-                stats["clipfrac"].append(((ratio - 1.0).abs() > args.clip_coef).float().mean())
+            for k, v in mb_stats.items():
+                stats[k].append(v)
     return {**stats, "action_std": agent.log_std.detach().exp().mean()}
 
 

@@ -29,9 +29,10 @@ cover (`sampler_wait_s`).
 
 Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the
 networks in Actor (forward(obs, deterministic) -> action in [-1, 1] and its log-probability) and
-Critics (forward(obs, action) -> Q-values [K, N] of the K critics); the losses in sac_update,
-whose returned dict is the row's logged statistics (a new key is a new progress.csv column); the
-schedule in main.
+Critics (forward(obs, action) -> Q-values [K, N] of the K critics); the losses in sac_critic_loss,
+sac_actor_loss and sac_alpha_loss (what --compile compiles, with policy_step), the update in
+sac_update, whose returned dict is the row's logged statistics (a new key is a new progress.csv
+column); the schedule in main.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ import torch.nn.functional as F
 from shared import distributed
 from shared.argtypes import Fraction, NonNegInt, PositiveFloat, PositiveInt, Range
 from shared.cli import RunArgs, check_replay_sizes, parse_args
+from shared.compiling import compiled
 from shared.device import to_host
 from shared.envs import make_envs
 from shared.namedarraytuple import namedarraytuple
@@ -222,6 +224,13 @@ class Critics(nn.Module):
 Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated", "truncated"])
 
 
+@compiled
+def policy_step(actor: Actor, obs: torch.Tensor, bf16: bool) -> torch.Tensor:
+    """The acting step: actions [B, A] in [-1, 1] sampled from the policy at observations [B, S]."""
+    with autocast(obs.device, bf16):
+        return actor(obs)[0].float()
+
+
 class EnvStepper:
     """Steps the envs one step at a time; keeps per-env episode state. Actions: uniform in [-1, 1]
     before learning starts, then sampled from the policy."""
@@ -249,8 +258,7 @@ class EnvStepper:
         else:
             # [B, S], one copy
             obs = upload_batch({"observation": self.obs}, self.obs_norm, device)["observation"]
-            with autocast(device, self.args.bf16):
-                action = to_host(actor(obs)[0].float())  # the one copy a step makes
+            action = to_host(policy_step(actor, obs, self.args.bf16))  # the one copy a step makes
         next_obs, reward, term, trunc, _ = self.envs.step(scale_action(action, self.space))
         reward = np.where(self.final_row, 0.0, reward)
         row = Step(
@@ -304,6 +312,47 @@ def critic_target(
         )
 
 
+@compiled
+def sac_critic_loss(
+    actor: Actor,
+    critics: Critics,
+    target_critics: Critics,
+    b: dict,
+    alpha: torch.Tensor,
+    bf16: bool,
+) -> tuple:
+    """The twin critics' loss on the batch ``b`` (soft targets under no_grad) and its statistics,
+    detached."""
+    with autocast(alpha.device, bf16):
+        y = critic_target(b, actor, target_critics, alpha)  # [N]
+        q = critics(b["observation"], b["action"]).float()  # [2, N]
+    loss = 0.5 * ((q - y) ** 2).mean(1).sum()
+    return loss, {"qf_loss": loss.detach(), "q_values": q.detach().mean()}
+
+
+@compiled
+def sac_actor_loss(
+    actor: Actor, critics: Critics, obs: torch.Tensor, alpha: torch.Tensor, bf16: bool
+) -> tuple:
+    """The actor's loss E[alpha log pi(a|s) - min_j Q_j(s, a)], a ~ pi(.|s) reparameterised, and
+    log pi [N] detached (the temperature's loss and the entropy statistic)."""
+    with autocast(obs.device, bf16):
+        pi_action, log_pi = actor(obs)
+        q_pi = critics(obs, pi_action).float().min(0).values
+    log_pi = log_pi.float()
+    loss = (alpha * log_pi - q_pi).mean()
+    return loss, log_pi.detach()
+
+
+@compiled
+def sac_alpha_loss(
+    log_alpha: torch.Tensor, log_pi: torch.Tensor, target_entropy: float
+) -> torch.Tensor:
+    """The temperature's loss: alpha grows while the policy's entropy (-log pi [N]) is below the
+    target entropy."""
+    return -(log_alpha * (log_pi + target_entropy)).mean()
+
+
 def sac_update(
     actor,
     critics,
@@ -322,10 +371,7 @@ def sac_update(
     target_entropy = -float(b["action"].shape[1])  # -|A|
     alpha = log_alpha.exp().detach()
 
-    with autocast(device, args.bf16):
-        y = critic_target(b, actor, target_critics, alpha)  # [N]
-        q = critics(obs, b["action"]).float()  # [2, N]
-    critic_loss = 0.5 * ((q - y) ** 2).mean(1).sum()
+    critic_loss, critic_stats = sac_critic_loss(actor, critics, target_critics, b, alpha, args.bf16)
     critic_opt.zero_grad(set_to_none=True)
     critic_loss.backward()
     distributed.average_gradients(critics)
@@ -333,11 +379,7 @@ def sac_update(
 
     # the actor loss needs dQ/da only: skip the critics' weight gradients
     critics.requires_grad_(False)
-    with autocast(device, args.bf16):
-        pi_action, log_pi = actor(obs)
-        q_pi = critics(obs, pi_action).float().min(0).values
-    log_pi = log_pi.float()
-    actor_loss = (alpha * log_pi - q_pi).mean()
+    actor_loss, log_pi = sac_actor_loss(actor, critics, obs, alpha, args.bf16)
     actor_opt.zero_grad(set_to_none=True)
     actor_loss.backward()
     distributed.average_gradients(actor)
@@ -345,7 +387,7 @@ def sac_update(
     critics.requires_grad_(True)
 
     if args.autotune:
-        alpha_loss = -(log_alpha * (log_pi.detach() + target_entropy)).mean()
+        alpha_loss = sac_alpha_loss(log_alpha, log_pi, target_entropy)
         optimizers["alpha_optimizer"].zero_grad(set_to_none=True)
         alpha_loss.backward()
         distributed.average_gradients(log_alpha)
@@ -357,11 +399,11 @@ def sac_update(
     # Detached tensors: read when a row is written (a non-finite one ends the run there), never per
     # update.
     return {
-        "qf_loss": critic_loss.detach(),
+        "qf_loss": critic_stats["qf_loss"],
         "actor_loss": actor_loss.detach(),
         "alpha": alpha,
-        "q_values": q.detach().mean(),
-        "entropy": -log_pi.detach().mean(),
+        "q_values": critic_stats["q_values"],
+        "entropy": -log_pi.mean(),
     }
 
 

@@ -29,9 +29,10 @@ learner's updates cover (`sampler_wait_s`).
 
 Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the
 networks in Actor (forward(obs) -> action [N, A] in [-1, 1]) and Critics (forward(obs, action,
-first) -> Q-values [K, N] of the K critics, or of the first `first`); the losses in td3_update,
-whose returned dict is the row's logged statistics (a new key is a new progress.csv column); the
-schedule in main.
+first) -> Q-values [K, N] of the K critics, or of the first `first`); the losses in
+td3_critic_loss and td3_actor_loss (what --compile compiles, with policy_step), the update in
+td3_update, whose returned dict is the row's logged statistics (a new key is a new progress.csv
+column); the schedule in main.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ import torch.nn.functional as F
 from shared import distributed
 from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveFloat, PositiveInt, Range
 from shared.cli import RunArgs, check_replay_sizes, parse_args
+from shared.compiling import compiled
 from shared.device import to_host
 from shared.envs import make_envs
 from shared.namedarraytuple import namedarraytuple
@@ -217,6 +219,14 @@ class Critics(nn.Module):
 Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated", "truncated"])
 
 
+@compiled
+def policy_step(actor: Actor, obs: torch.Tensor, bf16: bool) -> torch.Tensor:
+    """The acting step: the actor's actions [B, A] in [-1, 1] at observations [B, S], before the
+    exploration noise (drawn on the host, from the stepper's generator)."""
+    with autocast(obs.device, bf16):
+        return actor(obs).float()
+
+
 class EnvStepper:
     """Steps the envs one step at a time; keeps per-env episode state. Actions: uniform in [-1, 1]
     before learning starts, then the actor's plus Gaussian exploration noise, clipped to [-1, 1]."""
@@ -244,8 +254,7 @@ class EnvStepper:
         else:
             # [B, S], one copy
             obs = upload_batch({"observation": self.obs}, self.obs_norm, device)["observation"]
-            with autocast(device, self.args.bf16):
-                action = to_host(actor(obs).float())  # the one copy a step makes
+            action = to_host(policy_step(actor, obs, self.args.bf16))  # the one copy a step makes
             noise = self.rng.normal(0.0, self.args.exploration_noise, action.shape)
             action = np.clip(action + noise, -1.0, 1.0).astype(np.float32)
         next_obs, reward, term, trunc, _ = self.envs.step(scale_action(action, self.space))
@@ -303,6 +312,28 @@ def critic_target(
         )
 
 
+@compiled
+def td3_critic_loss(
+    target_actor: Actor, critics: Critics, target_critics: Critics, b: dict, args: Args
+) -> tuple:
+    """The twin critics' loss on the batch ``b`` (smoothed targets under no_grad) and its
+    statistics, detached."""
+    with autocast(b["action"].device, args.bf16):
+        y = critic_target(b, target_actor, target_critics, args)  # [N]
+        q = critics(b["observation"], b["action"]).float()  # [2, N]
+    loss = ((q - y) ** 2).mean(1).sum()
+    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per
+    # update.
+    return loss, {"qf_loss": loss.detach(), "q_values": q.detach().mean()}
+
+
+@compiled
+def td3_actor_loss(actor: Actor, critics: Critics, obs: torch.Tensor, bf16: bool) -> torch.Tensor:
+    """The actor's loss -E[Q1(s, mu(s))] (Q1 only, as in the paper)."""
+    with autocast(obs.device, bf16):
+        return -critics(obs, actor(obs), first=1)[0].float().mean()
+
+
 def td3_update(
     actor,
     target_actor,
@@ -321,25 +352,17 @@ def td3_update(
     b = to_tensors(batch, obs_norm, device)
     obs = b["observation"]
 
-    with autocast(device, args.bf16):
-        y = critic_target(b, target_actor, target_critics, args)  # [N]
-        q = critics(obs, b["action"]).float()  # [2, N]
-    critic_loss = ((q - y) ** 2).mean(1).sum()
+    critic_loss, stats = td3_critic_loss(target_actor, critics, target_critics, b, args)
     critic_opt.zero_grad(set_to_none=True)
     critic_loss.backward()
     distributed.average_gradients(critics)
     critic_opt.step()
-    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per
-    # update.
-    stats = {"qf_loss": critic_loss.detach(), "q_values": q.detach().mean()}
     if not update_actor:
         return stats
 
     # the actor loss needs dQ/da only: skip the critics' weight gradients
     critics.requires_grad_(False)
-    with autocast(device, args.bf16):
-        # Q1 only, as in the paper
-        actor_loss = -critics(obs, actor(obs), first=1)[0].float().mean()
+    actor_loss = td3_actor_loss(actor, critics, obs, args.bf16)
     actor_opt.zero_grad(set_to_none=True)
     actor_loss.backward()
     distributed.average_gradients(actor)

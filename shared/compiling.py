@@ -18,6 +18,10 @@ Guarantees
   function returns is cloned (a few tiny copies), and each call begins a new CUDA-graph step.
 - ``RL_COMPILE_BACKEND`` picks torch's backend (default ``inductor``; ``aot_eager`` traces the same graphs,
   forward and backward, without generating code: how the tests check graph breaks and recompiles cheaply).
+- Random draws inside a compiled function (a policy's sample, SAC's noise) come from inductor's own generator,
+  seeded by torch's: a compiled run samples from the same distributions as an eager one, not the same numbers
+  (``aot_eager`` draws eager's). Updates without random draws agree with eager within float rounding.
+- A ``--sampler async`` sampler process never calls ``enable``: it acts eagerly, on the CPU.
 - What stays outside a graph by design: the env step, host-device copies, the replay's gather, the call of
   ``loss.backward()`` (it runs the compiled backward graph), the gradient all-reduce under torchrun, gradient
   clipping and the optimiser step (a fused Adam is already one kernel; torch's optimisers break graphs on
@@ -48,8 +52,8 @@ def enable(device: Any) -> None:
 
     torch._functorch.config.force_non_lazy_backward_lowering = True  # the backward compiles with the forward
     torch._dynamo.config.error_on_recompile = os.environ.get("RL_COMPILE_STRICT") == "1"
-    # Lets a compiled function read an nn.LSTM's weights: shared.rnn.lstm_rows steps it (the fused LSTM
-    # itself still fails in AOTAutograd, torch 2.13).
+    # Lets a compiled function read an nn.LSTM's weights: shared.rnn.lstm_rows steps it (the fused kernel
+    # fails to compile for some inputs, torch 2.13: shared/rnn.py).
     torch._dynamo.config.allow_rnn = True
     _state.update(device=torch.device(device), graphs=0, seconds=0.0)
 

@@ -22,6 +22,9 @@ from tests.test_syncs import COMMON, RUNS
 
 # test_syncs' short runs, less what --compile refuses (the noisy layers' torch.Generator breaks a graph).
 FLAGS = {script: [f for f in flags if f != "--noisy"] for script, flags in RUNS.items()}
+# The @compiled functions each script calls in these runs: the acting step and the losses (SAC: critic, actor,
+# temperature; TD3 and DDPG: critic, actor), one graph each.
+GRAPHS = {"sac_mujoco": 4, "td3_mujoco": 3, "ddpg_mujoco": 3}
 STRICT = {"RL_COMPILE_BACKEND": "aot_eager", "RL_COMPILE_STRICT": "1"}
 
 
@@ -53,9 +56,9 @@ def test_compiled_run_has_no_graph_break_or_recompile_and_agrees_with_eager(scri
     assert compiled.returncode == 0, compiled.stderr[-3000:]  # a graph break or recompile is an error here
     assert "compiled (aot_eager)" in compiled.stdout
     # Strict mode made any recompile an error; a count grows only by a first compile (a replay script's loss after
-    # --min-steps-learn): at least the acting step and a loss.
+    # --min-steps-learn).
     counts = [int(r["compiled_graphs"]) for r in rows(tmp_path / "compiled")]
-    assert counts == sorted(counts) and counts[-1] >= 2, counts
+    assert counts == sorted(counts) and counts[-1] == GRAPHS.get(script, 2), counts
     config = json.loads((tmp_path / "compiled" / "config.json").read_text())
     assert config["args"]["compile"] is True and config["compile"]["compiled_graphs"] == counts[-1]
     assert config["compile"]["compile_s"] > 0
@@ -68,6 +71,19 @@ def test_compiled_run_has_no_graph_break_or_recompile_and_agrees_with_eager(scri
     assert a.keys() == b.keys() and a
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-5, msg=lambda m, k=k: f"{script} {k}: {m}")
+
+
+@pytest.mark.parametrize("script", ["ppo_atari", "a2c_atari"])
+def test_an_env_with_action_masks_compiles_once(script, tmp_path):
+    """Masks that are all True at some steps and not at others: the compiled step always takes the mask (an all-True
+    mask changes no logit), so one graph serves both."""
+    out = subprocess.run([sys.executable, str(ROOT / "algos" / f"{script}.py"), "--env-id",
+                          "tests.masked_env:MaskedChoice-v0", "--num-envs", "4", "--num-steps", "16",
+                          "--total-timesteps", "256", "--eval-episodes", "1", "--compile",
+                          "--out-dir", str(tmp_path), "--run-name", "r"], capture_output=True, text=True,
+                         timeout=600, cwd=ROOT, env={**os.environ, **STRICT})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert int(rows(tmp_path / "r")[-1]["compiled_graphs"]) == 2
 
 
 def test_resume_across_eager_and_compiled(tmp_path):

@@ -113,7 +113,8 @@ def test_the_learner_replays_the_sampler_exactly_across_episode_starts(kind, mon
         assert sorted(np.concatenate([envs for envs, _, _ in batches[:2]])) == [0, 1, 2, 3]
         with torch.no_grad():
             for envs, start_rows, valid in batches[:2]:  # the first epoch: every env once
-                rows, logprob, _, value = ppo_lstm.replay(agent, data, envs, start_rows, valid, args, device)
+                idx = {"envs": torch.as_tensor(envs), "valid": torch.as_tensor(valid)}
+                rows, logprob, _, value = ppo_lstm.replay(agent, data, idx["envs"], idx["valid"], start_rows, args)
                 assert torch.equal(logprob, rows(data["logprob"])) and torch.equal(value, rows(data["value"]))
                 assert torch.equal((logprob - rows(data["logprob"])).exp(), torch.ones_like(logprob))
                 assert len(valid) == (~buf.final_row[:, envs]).sum()  # final rows are out of the loss
