@@ -143,6 +143,7 @@ def test_hostile_flags_in_a_real_tiny_job_exit_0_or_2(name, tmp_path, monkeypatc
     they accept runs as a real job."""
     module = __import__(name)
     strategies = {k: v for k, v in flags(module).items() if k not in SIZES}
+    monkeypatch.setenv("RL_COMPILE_BACKEND", "aot_eager")  # a drawn --compile: traced, no minutes of inductor
 
     @settings(max_examples=2, deadline=None, derandomize=True)
     @given(st.lists(st.sampled_from(sorted(strategies)), min_size=2, max_size=4, unique=True), st.data())
