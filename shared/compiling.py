@@ -20,7 +20,8 @@ Guarantees
   forward and backward, without generating code: how the tests check graph breaks and recompiles cheaply).
 - Random draws inside a compiled function (a policy's sample, SAC's noise) come from inductor's own generator,
   seeded by torch's: a compiled run samples from the same distributions as an eager one, not the same numbers
-  (``aot_eager`` draws eager's). Updates without random draws agree with eager within float rounding.
+  (``aot_eager`` draws eager's, and so does inductor with ``RL_COMPILE_EAGER_RANDOM=1``). Updates without random
+  draws agree with eager within float rounding.
 - A ``--sampler async`` sampler process never calls ``enable``: it acts eagerly, on the CPU.
 - What stays outside a graph by design: the env step, host-device copies, the replay's gather, the call of
   ``loss.backward()`` (it runs the compiled backward graph), the gradient all-reduce under torchrun, gradient
@@ -49,12 +50,16 @@ def enable(device: Any) -> None:
     import torch
     import torch._dynamo.config
     import torch._functorch.config
+    import torch._inductor.config
 
     torch._functorch.config.force_non_lazy_backward_lowering = True  # the backward compiles with the forward
     torch._dynamo.config.error_on_recompile = os.environ.get("RL_COMPILE_STRICT") == "1"
     # Lets a compiled function read an nn.LSTM's weights: shared.rnn.lstm_rows steps it (the fused kernel
     # fails to compile for some inputs, torch 2.13: shared/rnn.py).
     torch._dynamo.config.allow_rnn = True
+    # RL_COMPILE_EAGER_RANDOM=1: inductor draws eager's random numbers (slower), so that a compiled run can be
+    # compared with an eager one number for number (the slow tier's numerics test).
+    torch._inductor.config.fallback_random = os.environ.get("RL_COMPILE_EAGER_RANDOM") == "1"
     _state.update(device=torch.device(device), graphs=0, seconds=0.0)
 
 
