@@ -128,6 +128,19 @@ def test_inductor_learns_what_eager_learns(script, tmp_path):
         assert (b[k] - a[k]).abs().mean() <= 1e-3 * (1 + a[k].abs().mean()), f"{script} {k}"
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("script, preset", [("ppo_lstm", "cartpole"), ("r2d1_atari", "memory")])
+def test_eval_only_with_compile_plays_the_checkpoint(script, preset, tmp_path):
+    """--eval-only --compile: the evaluation policy acts eagerly (the recurrent ones through the row-by-row LSTM)."""
+    first = run_script(script, tmp_path, "r", "--compile", env=STRICT)
+    assert first.returncode == 0, first.stderr[-3000:]
+    out = subprocess.run([sys.executable, str(ROOT / "algos" / f"{script}.py"), "--preset", preset, "--resume",
+                          str(tmp_path / "r"), "--eval-only", "--compile", "--eval-episodes", "2"],
+                         capture_output=True, text=True, timeout=600, cwd=ROOT, env={**os.environ, **STRICT})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "evaluation over 2 episodes" in out.stdout
+
+
 def test_resume_across_eager_and_compiled(tmp_path):
     """A compiled run's checkpoint resumes in eager and an eager one compiled: the checkpoint is the same either way
     (the compiled functions take the modules as arguments; nothing of torch.compile is in the state)."""
