@@ -128,6 +128,19 @@ def test_inductor_learns_what_eager_learns(script, tmp_path):
         assert (b[k] - a[k]).abs().mean() <= 1e-3 * (1 + a[k].abs().mean()), f"{script} {k}"
 
 
+def test_compiled_ppo_learns_cartpole(tmp_path):
+    """Inductor's generated code, learning: PPO's CartPole preset reaches 450 within 150k steps, as eager does in
+    tests/test_ppo.py (its random draws are inductor's own, so the run differs from eager's)."""
+    out = subprocess.run([sys.executable, str(ROOT / "algos" / "ppo_atari.py"), "--preset", "cartpole", "--compile",
+                          "--total-timesteps", "150000", "--stop-at-return", "450", "--eval-episodes", "0",
+                          "--out-dir", str(tmp_path), "--run-name", "r"], capture_output=True, text=True,
+                         timeout=600, cwd=ROOT, env={**os.environ, "RL_COMPILE_STRICT": "1",
+                                                      "RL_COMPILE_BACKEND": "inductor"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "mean return of the last 20 episodes" in out.stdout, out.stdout[-2000:]
+    assert int(rows(tmp_path / "r")[-1]["compiled_graphs"]) == 2
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("script, preset", [("ppo_lstm", "cartpole"), ("r2d1_atari", "memory")])
 def test_eval_only_with_compile_plays_the_checkpoint(script, preset, tmp_path):
