@@ -416,7 +416,8 @@ def ppo_update(
                 mean_adv, std = distributed.mean_std(adv)
                 adv = (adv - mean_adv) / (std + 1e-8)
             mb, adv, weight = padded(mb, adv, size)
-            loss, mb_stats = ppo_loss(agent, {k: v[mb] for k, v in data.items()}, adv, weight, args)
+            rows = {k: v[mb] for k, v in data.items() if k != "adv"}  # adv: normalised above
+            loss, mb_stats = ppo_loss(agent, rows, adv, weight, args)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             distributed.average_gradients(agent)

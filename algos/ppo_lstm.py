@@ -602,7 +602,9 @@ def ppo_loss(agent: Agent, data: dict, idx: dict, adv, weight, start_rows, args:
     """The clipped-PPO loss of the sequences ``idx["envs"]`` replayed from their stored states, over
     their rows ``idx["valid"]`` [N] (``adv`` [N] normalised; ``weight`` None or [N]), and its
     statistics, detached."""
-    rows, logprob, entropy, value = replay(agent, data, idx["envs"], idx["valid"], start_rows, args)
+    rows, logprob, entropy, value = replay(
+        agent, data, env=idx["envs"], valid=idx["valid"], start_rows=start_rows, args=args
+    )
     logratio = logprob - rows(data["logprob"])
     ratio = logratio.exp()
     pg_loss = mean(

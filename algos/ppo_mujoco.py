@@ -410,7 +410,8 @@ def ppo_update(
                 m, s = distributed.mean_std(adv)
                 adv = (adv - m) / (s + 1e-8)
             mb, adv, weight = padded(mb, adv, size)
-            loss, mb_stats = ppo_loss(agent, {k: v[mb] for k, v in data.items()}, adv, weight, args)
+            rows = {k: v[mb] for k, v in data.items() if k != "adv"}  # adv: normalised above
+            loss, mb_stats = ppo_loss(agent, rows, adv, weight, args)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             distributed.average_gradients(agent)

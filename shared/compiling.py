@@ -15,7 +15,9 @@ Guarantees
   a recompile is an error.
 - On CUDA the graphs are replayed as CUDA graphs (``mode="reduce-overhead"``: torch's own, no extra
   dependency). A CUDA graph's outputs live in memory its next replay overwrites, so every tensor a compiled
-  function returns is cloned (a few tiny copies), and each call begins a new CUDA-graph step.
+  function returns is cloned (a few tiny copies), and each call begins a new CUDA-graph step. The gradients the
+  backward graph writes are not cloned: every script clears them (``zero_grad(set_to_none=True)``) before each
+  backward and steps before the next compiled call; accumulating gradients over several calls would need a copy.
 - ``RL_COMPILE_BACKEND`` picks torch's backend (default ``inductor``; ``aot_eager`` traces the same graphs,
   forward and backward, without generating code: how the tests check graph breaks and recompiles cheaply).
 - Random draws inside a compiled function (a policy's sample, SAC's noise) come from inductor's own generator,
@@ -38,7 +40,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["compiled", "enable", "enabled", "report"]
+__all__ = ["backend", "compiled", "disable", "enable", "enabled", "report"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 

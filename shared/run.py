@@ -182,6 +182,7 @@ class Run:
         self._eval_return: float | None = None
         self._interrupted = False  # the ranks agreed to stop for a signal (periodic), or one came at the end
         self._config_file: Path | None = None  # config.json as written by begin (rank 0, training)
+        self._config: dict[str, Any] = {}  # what config.json holds
         self.progress: ProgressLog | None = None
 
     # ------------------------------------------------------------------------------------------ start

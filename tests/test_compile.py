@@ -275,3 +275,31 @@ def test_a_padded_minibatch_gives_the_loss_and_gradients_of_the_rows_it_holds():
     torch.testing.assert_close(padded[0], plain[0])
     torch.testing.assert_close(padded[1], plain[1])
     torch.testing.assert_close(padded[2], plain[2])
+
+
+@pytest.mark.parametrize("sampler", ["serial", "async"])
+def test_a2c_rows_of_weight_zero_change_neither_its_loss_nor_its_gradients(sampler):
+    """a2c under --compile: every row of the rollout, the final ones weighted 0, against the valid rows alone; with
+    advantage normalisation (a weighted mean and std) and the async importance weight."""
+    sys.path.insert(0, str(ROOT / "algos"))
+    import a2c_atari
+
+    torch.manual_seed(0)
+    agent = a2c_atari.Agent((4,), 3)
+    args = a2c_atari.Args(norm_adv=True, sampler=sampler)
+    n = 24
+    data = {"obs": torch.randn(n, 4), "action": torch.randint(0, 3, (n,)), "logprob": torch.randn(n) - 1.0,
+            "adv": torch.randn(n), "ret": torch.randn(n)}
+    weight = (torch.rand(n) > 0.3).float()
+    valid = weight.bool()
+
+    def loss_and_grads(data, weight):
+        agent.zero_grad()
+        loss, stats = a2c_atari.a2c_loss(agent, data, weight, args, torch.device("cpu"))
+        loss.backward()
+        return loss, stats, [p.grad.clone() for p in agent.parameters()]
+
+    plain = loss_and_grads({k: v[valid] for k, v in data.items()}, None)
+    weighted = loss_and_grads(data, weight)
+    for a, b in zip(plain, weighted):
+        torch.testing.assert_close(b, a)
