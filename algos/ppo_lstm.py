@@ -347,8 +347,9 @@ class Agent(nn.Module):
         else:
             x = self.obs_norm(x.float().flatten(1))
         x = self.torso(x).view(T, B, -1)
-        if self.recurrent and enabled():
-            # --compile: Dynamo cannot trace the fused LSTM (shared/rnn.py): the same one row by row
+        if self.recurrent and torch.compiler.is_compiling():
+            # Traced by --compile: Dynamo cannot trace the fused LSTM (shared/rnn.py): the same one
+            # row by row (eager calls, such as evaluation's, keep the fused one)
             keep = (~episode_start).float().unsqueeze(-1)  # [T, B, 1]
             x, (hs, cs) = lstm_rows(self.core, x, state.h[None], state.c[None], keep)
             state = RnnState(hs[0].float(), cs[0].float())

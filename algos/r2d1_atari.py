@@ -59,7 +59,7 @@ from shared import distributed
 from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveFloat, PositiveInt, Range
 from shared.atari import is_atari, make_atari_env
 from shared.cli import RunArgs, bad_args, parse_args
-from shared.compiling import compiled, enabled
+from shared.compiling import compiled
 from shared.device import to_host, upload
 from shared.envs import image_shape, make_envs, observe_only
 from shared.namedarraytuple import namedarraytuple
@@ -280,7 +280,9 @@ class R2D1Net(nn.Module):
         x = torch.cat([x, a, prev_reward.float().unsqueeze(-1) * keep], dim=-1)
         if not self.recurrent:
             return self._head(self.core(x)), state
-        if enabled():  # --compile: Dynamo cannot trace the fused LSTM; the same LSTM row by row
+        # Traced by --compile: Dynamo cannot trace the fused LSTM; the same LSTM row by row (eager
+        # calls, such as evaluation's, keep the fused one)
+        if torch.compiler.is_compiling():
             out, (hs, cs) = lstm_rows(self.core, x, state.h[None], state.c[None], keep)
             return self._head(out), RnnState(hs[0], cs[0])
         # The fused LSTM over each stretch of rows in which no sequence starts an episode; at a

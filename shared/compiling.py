@@ -85,6 +85,8 @@ def report() -> dict[str, float]:
 
 def compiled(fn: F) -> F:
     """``fn`` as written; under ``enable`` the same function through ``torch.compile`` (module docstring)."""
+    import torch  # here, once: a script that marks a function has torch (the acting step calls it every step)
+
     cache: dict[Any, Callable] = {}
 
     @functools.wraps(fn)
@@ -92,7 +94,6 @@ def compiled(fn: F) -> F:
         device = _state["device"]
         if device is None:
             return fn(*args, **kwargs)
-        import torch
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         cuda_graphs = device.type == "cuda"
         if device not in cache:
