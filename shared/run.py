@@ -136,11 +136,21 @@ def _refused_allocation(e: BaseException) -> str | None:
     return None
 
 
+def _leaves(space: Any) -> list:
+    """The Box and Discrete spaces of an observation space (a Dict's entries, by key), the ones a rollout stores."""
+    import gymnasium as gym
+
+    if isinstance(space, gym.spaces.Dict):
+        return [leaf for sub in space.spaces.values() for leaf in _leaves(sub)]
+    return [space] if isinstance(space, (gym.spaces.Box, gym.spaces.Discrete)) else []
+
+
 class Run:
     """One run; see the module docstring."""
 
     def __init__(self, args: Any, script: str, make_env: Callable, action_space: type | None = None,
-                 bounded: bool = False, stop_window: int = 20, iteration_steps: int | None = None):
+                 bounded: bool = False, stop_window: int = 20, iteration_steps: int | None = None,
+                 dict_obs: bool = False):
         import gymnasium as gym
 
         self.args, self.script, self.make_env, self.stop_window = args, script, make_env, stop_window
@@ -160,9 +170,14 @@ class Run:
                 kind = "discrete (Discrete)" if action_space is gym.spaces.Discrete else \
                     f"{'bounded ' if bounded else ''}continuous (Box)"
                 bad_args(f"--env-id {args.env_id}: {script} needs a {kind} action space, got {self.act_space}")
+        if isinstance(self.obs_space, gym.spaces.Dict) and not dict_obs:
+            bad_args(f"--env-id {args.env_id}: {script} needs a Box observation space, got a Dict "
+                     f"({', '.join(self.obs_space.spaces)}); ppo_atari.py, a2c_atari.py and ppo_lstm.py take Dict "
+                     "observations")
         if iteration_steps:  # the rollout's observations alone, before a network or a sampler is made
             copies = 2 if args.sampler == "async" else 1  # the async double buffer's two slots
-            obs_bytes = int(np.prod(self.obs_space.shape)) * np.dtype(self.obs_space.dtype).itemsize
+            obs_bytes = sum(int(np.prod(space.shape)) * np.dtype(space.dtype).itemsize
+                            for space in _leaves(self.obs_space))
             try:
                 check_fits(copies * iteration_steps * obs_bytes, f"a rollout of {iteration_steps} steps")
             except NotEnoughMemory as e:
