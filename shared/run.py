@@ -21,7 +21,8 @@ A script's ``main`` makes these calls, in this order (``docs/contract.md`` has t
 
 Guarantees
 - ``Run(...)`` only checks (before anything starts; a problem exits 2 with one line): resolves ``--device``,
-  reads the ``--resume`` checkpoint, probes one env for its spaces and checks the action space, refuses an
+  reads the ``--resume`` checkpoint, probes one env for its spaces and checks the action space (and refuses a
+  ``Dict`` observation space unless the script takes one: ``dict_obs=True``), refuses an
   on-policy rollout (``iteration_steps``: ``--num-envs`` x ``--num-steps``) whose observations alone exceed the
   memory left. It creates nothing on disk and changes no global state.
 - ``run.setup()`` is the one call that changes this process's global state: TF32 on a GPU, SIGINT/SIGTERM
