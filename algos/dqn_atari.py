@@ -59,6 +59,7 @@ from shared.cli import RunArgs, bad_args, check_replay_sizes, parse_args
 from shared.compiling import compiled
 from shared.device import to_host, upload
 from shared.envs import image_shape, make_envs
+from shared.evaluation import Draws
 from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayPacer
 from shared.precision import autocast
@@ -570,19 +571,12 @@ def make_replay(args: Args, run: Run) -> ReplayBuffer:
 
 
 def act(
-    q_net: QNetwork,
-    device: torch.device,
-    epsilon: float,
-    rng: np.random.Generator,
-    obs: np.ndarray,
-    last_reward: float | None,
-) -> int:
-    """Evaluation policy: epsilon-greedy in the Q-values of one observation (noisy layers: their
-    mean weights)."""
-    q = q_net(torch.as_tensor(obs, device=device)[None])  # [1, A]
-    if rng.random() < epsilon:
-        return int(rng.integers(q.shape[1]))
-    return int(q.argmax(1).item())
+    q_net: QNetwork, device: torch.device, epsilon: float, obs: np.ndarray, draws: Draws
+) -> np.ndarray:
+    """Evaluation policy: epsilon-greedy in the Q-values of observations [B, ...] (noisy layers:
+    their mean weights), each episode's coin and random action from its own ``draws``."""
+    greedy = q_net(torch.as_tensor(obs, device=device)).argmax(1).cpu().numpy()  # [B]
+    return np.where(draws.random() < epsilon, draws.integers(q_net.n_actions), greedy)
 
 
 def main() -> int:
@@ -593,9 +587,7 @@ def main() -> int:
     with run.allocating("buffer_size"):  # sizes this machine cannot hold: exit 2
         q_net, target_net, optimizer, noise = make_learner(args, run)
         buffer = make_replay(args, run)
-    policy = partial(
-        act, q_net, run.device, args.eval_epsilon, np.random.default_rng(args.seed + 100_000)
-    )
+    policy = partial(act, q_net, run.device, args.eval_epsilon)
     start = run.begin(
         policy, buffer, model=q_net, target_model=target_net, optimizer=optimizer, noise=noise
     )

@@ -575,16 +575,12 @@ def make_learner(args: Args, run: Run) -> tuple:
     return agent, optimizer, generator, return_norm
 
 
-def act(
-    agent: Agent,
-    device: torch.device,
-    space: gym.spaces.Box,
-    obs: np.ndarray,
-    last_reward: float | None,
-) -> np.ndarray:
-    """Evaluation policy: the Gaussian's mean clipped to the bounds, statistics frozen."""
-    mean, _, _ = agent(torch.as_tensor(np.asarray(obs, np.float32).reshape(1, -1), device=device))
-    return np.clip(mean[0].cpu().numpy().reshape(space.shape), space.low, space.high)
+def act(agent: Agent, device: torch.device, space: gym.spaces.Box, obs: np.ndarray) -> np.ndarray:
+    """Evaluation policy, for observations [B, ...]: the Gaussian's mean clipped to the bounds,
+    statistics frozen."""
+    x = torch.as_tensor(np.asarray(obs, np.float32).reshape(len(obs), -1), device=device)
+    mean, _, _ = agent(x)
+    return np.clip(mean.cpu().numpy().reshape(-1, *space.shape), space.low, space.high)
 
 
 def main() -> int:

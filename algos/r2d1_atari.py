@@ -43,6 +43,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -62,6 +63,7 @@ from shared.cli import RunArgs, bad_args, parse_args
 from shared.compiling import compiled
 from shared.device import to_host, upload
 from shared.envs import image_shape, make_envs, observe_only
+from shared.evaluation import Draws
 from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayPacer
 from shared.procs import SamplerProcess
@@ -693,34 +695,30 @@ def make_replay(args: Args, run: Run) -> SequenceReplayBuffer:
 
 
 class EvalPolicy:
-    """Evaluation policy: eval_epsilon-greedy, carrying the recurrent state, previous action and
-    previous reward through an episode (``last_reward`` None starts a new one)."""
+    """Evaluation policy for observations [B, ...]: eval_epsilon-greedy, each env carrying its
+    recurrent state, previous action and previous reward through its episode (``starts`` [B]: a
+    new one begins there, and the network zeroes all three), each episode's coin and random action
+    from its own ``draws``."""
 
-    def __init__(
-        self, net: R2D1Net, device: torch.device, epsilon: float, rng: np.random.Generator
-    ):
+    def __init__(self, net: R2D1Net, device: torch.device, epsilon: float):
         self.net = net
         self.device = device
         self.epsilon = epsilon
-        self.rng = rng
-        self.state, self.prev_action = net.initial_state(1, device), 0
+        self.state, self.prev_action = None, np.zeros(0, np.int64)
 
-    def __call__(self, obs: np.ndarray, last_reward: float | None) -> int:
-        episode_start = last_reward is None
-        if episode_start:
-            self.state, self.prev_action = self.net.initial_state(1, self.device), 0
-        t = lambda x: torch.tensor([[x]], device=self.device)
-        q, self.state = self.net(
-            torch.as_tensor(obs, device=self.device)[None, None],
-            t(self.prev_action),
-            t(0.0 if episode_start else float(last_reward)),
-            self.state,
-            t(episode_start),
+    def __call__(
+        self, obs: np.ndarray, draws: Draws, starts: np.ndarray, rewards: np.ndarray
+    ) -> np.ndarray:
+        if len(starts) != len(self.prev_action):  # another number of envs than the last evaluation
+            self.state = self.net.initial_state(len(starts), self.device)
+            self.prev_action = np.zeros(len(starts), np.int64)
+        t = partial(torch.as_tensor, device=self.device)
+        q, self.state = self.net(  # one step [1, B]
+            t(obs)[None], t(self.prev_action)[None], t(rewards)[None], self.state, t(starts)[None]
         )
-        explore = self.rng.random() < self.epsilon
-        self.prev_action = (
-            int(self.rng.integers(self.net.n_actions)) if explore else int(q.argmax())
-        )
+        greedy = q[0].argmax(1).cpu().numpy()  # [B]
+        explore = draws.random() < self.epsilon
+        self.prev_action = np.where(explore, draws.integers(self.net.n_actions), greedy)
         return self.prev_action
 
 
@@ -732,9 +730,7 @@ def main() -> int:
     with run.allocating("buffer_size", "hidden"):  # sizes this machine cannot hold: exit 2
         net, target_net, optimizer = make_learner(args, run)
         buffer = make_replay(args, run)
-    policy = EvalPolicy(
-        net, run.device, args.eval_epsilon, np.random.default_rng(args.seed + 100_000)
-    )
+    policy = EvalPolicy(net, run.device, args.eval_epsilon)
     start = run.begin(policy, buffer, model=net, target_model=target_net, optimizer=optimizer)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()

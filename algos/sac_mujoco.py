@@ -455,12 +455,11 @@ def act(
     device: torch.device,
     space: gym.spaces.Box,
     obs: np.ndarray,
-    last_reward: float | None,
 ) -> np.ndarray:
-    """Evaluation policy: the deterministic action (tanh of the mean), statistics frozen."""
-    x = obs_norm.normalize(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
-    action = actor(x, deterministic=True)[0][0].cpu().numpy()
-    return scale_action(action, space)
+    """Evaluation policy, for observations [B, obs_dim]: the deterministic action (tanh of the
+    mean), statistics frozen."""
+    x = obs_norm.normalize(torch.as_tensor(obs, dtype=torch.float32, device=device))
+    return scale_action(actor(x, deterministic=True)[0].cpu().numpy(), space)  # [B, act_dim]
 
 
 def main() -> int:

@@ -422,12 +422,11 @@ def act(
     device: torch.device,
     space: gym.spaces.Box,
     obs: np.ndarray,
-    last_reward: float | None,
 ) -> np.ndarray:
-    """Evaluation policy: the actor's action, no exploration noise, statistics frozen."""
-    x = obs_norm.normalize(torch.as_tensor(obs, dtype=torch.float32, device=device)[None])
-    action = actor(x)[0].cpu().numpy()
-    return scale_action(action, space)
+    """Evaluation policy, for observations [B, obs_dim]: the actor's action, no exploration noise,
+    statistics frozen."""
+    x = obs_norm.normalize(torch.as_tensor(obs, dtype=torch.float32, device=device))
+    return scale_action(actor(x).cpu().numpy(), space)  # [B, act_dim]
 
 
 def main() -> int:

@@ -67,8 +67,10 @@ class RunArgs:
     eval_episodes: Annotated[int, Range(ge=0, le=10_000)] = 10
     """episodes played by the evaluation policy (the script's ``act``: greedy or the mean action, or the
     evaluation epsilon) after training, and at each --eval-every (0: none; at most 10,000). Each one is a whole
-    game in one env, stepped one observation at a time: on Atari up to 27k agent steps (100 episodes of a
-    trained agent take tens of minutes on one core), on MuJoCo 1,000 steps"""
+    game, episode i seeded with seed + 100,000 + i: on Atari up to 27k agent steps, on MuJoCo 1,000 steps"""
+    eval_envs: Annotated[int, Range(ge=1, le=256)] = 16
+    """envs that play the evaluation episodes at once, one batched forward pass per step (Atari: in ale-py's
+    threads); an episode's return does not depend on it"""
     eval_every: NonNegInt = 0
     """global env steps between evaluations during training, in envs of their own (0: none)"""
     eval_only: bool = False

@@ -1,13 +1,26 @@
-"""Evaluation: whole episodes played by a script's act function, without changing the training run.
+"""Evaluation: whole episodes played by a script's act function on a vector of envs, without changing training.
 
 Guarantees
-- ``play(env, act, episodes, seed, video_dir)`` plays ``episodes`` whole episodes in ``env`` (reset with seeds
-  ``seed + 100_000 + i``), the actions from ``act(obs, last_reward)`` (``last_reward`` is None on an episode's
-  first step, so a recurrent policy knows to start afresh; an ``act`` with a ``mask`` parameter also gets the
-  env's ``info["action_mask"]`` where it gives one), closes ``env`` and returns the returns in episode order.
-  With ``video_dir`` (``env`` made with ``render_mode="rgb_array"``) the first episode is recorded there.
-- Training is not changed by it: torch's random state (CPU and CUDA) is restored afterwards and the env is the
-  evaluation's own.
+- ``play(make_env, act, episodes, seed, envs, video_dir, atari)`` plays ``episodes`` whole episodes and returns
+  their returns in episode order. Episode i is reset with seed ``seed + 100_000 + i`` and draws its random
+  choices from its own generator (``Draws``) seeded the same, whichever env plays it: up to ``envs`` episodes are
+  played at once, each env taking the next episode when its own ends, none started beyond the count (so no bias
+  towards short episodes). The policy's actions come from one batched call per step,
+  ``act(obs [n, ...] (a dict of such arrays for a Dict space), draws=..., starts=[n] bool, rewards=[n],
+  mask=[n, A] bool)``; the keywords are passed only to an ``act`` that names them: ``starts`` marks the first
+  step of an episode (a recurrent policy starts afresh there), ``rewards`` the previous step's rewards,
+  ``mask`` the env's ``info["action_mask"]`` (every action where an env gives none). A row whose env has no
+  episode left is still in the batch (static shapes) and its action is not used.
+- The envs: ``atari(n)`` when given (ale-py's threaded vector env for the unchanged Atari env,
+  ``shared.atari``), else ``n`` envs of ``make_env(render)`` stepped in this process. Within one kind of env,
+  an episode's return does not depend on ``envs`` (nor on the torchrun ranks) beyond the forward pass's float
+  order across batch sizes (exact for greedy actions in practice). The two kinds are not the same episodes:
+  ale-py draws the no-ops at reset from its own generator.
+- With ``video_dir`` the first episode is recorded there (``make_env(True)``, ``render_mode="rgb_array"``): by the
+  env that plays it, or, on ale-py's vector env (which renders nothing), by one more episode with the same seed
+  on ``make_env(True)`` after the others, not counted.
+- Training is not changed by it: torch's random state (CPU and CUDA) is restored afterwards and the envs are the
+  evaluation's own, closed on every path.
 - In a torchrun job still in lockstep, rank r plays episodes r, r + ranks, ... and every rank returns all of
   them (gathered with a timeout for slow work: the ranks' episodes take different times); after the loop only
   the caller that asks plays, alone.
@@ -16,40 +29,183 @@ Guarantees
 from __future__ import annotations
 
 import inspect
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from shared import distributed
 
-__all__ = ["play"]
+__all__ = ["Draws", "ale_threads", "play"]
 
 
-def play(env: Any, act: Callable[[Any, float | None], Any], episodes: int, seed: int,
-         video_dir: Path | None = None) -> list[float]:
+class Draws:
+    """The random draws of the episodes being played, row b from the generator of the episode env b plays
+    (seeded with that episode's seed): a stochastic policy's episode is the same whichever env plays it."""
+
+    def __init__(self, n: int):
+        self._rngs = [np.random.default_rng(0) for _ in range(n)]
+
+    def start(self, row: int, episode_seed: int) -> None:
+        self._rngs[row] = np.random.default_rng(episode_seed)
+
+    def random(self) -> np.ndarray:
+        """[n] uniform in [0, 1)."""
+        return np.array([rng.random() for rng in self._rngs])
+
+    def integers(self, high: int) -> np.ndarray:
+        """[n] uniform in [0, high)."""
+        return np.array([rng.integers(high) for rng in self._rngs])
+
+    def gumbel(self, k: int) -> np.ndarray:
+        """[n, k] float32 standard Gumbel noise: ``argmax(logits + noise)`` samples ``Categorical(logits)``."""
+        return np.stack([rng.gumbel(size=k) for rng in self._rngs]).astype(np.float32)
+
+
+def play(make_env: Callable[[bool], Callable[[], Any]], act: Callable[..., Any], episodes: int, seed: int,
+         envs: int = 1, video_dir: Path | None = None, atari: Callable[[int], Any] | None = None) -> list[float]:
     """The returns of ``episodes`` evaluation episodes (see the module docstring)."""
-    import gymnasium as gym
     import torch
 
     lockstep = distributed.in_lockstep()
-    mine = range(distributed.rank(), episodes, distributed.world_size()) if lockstep else range(episodes)
-    if video_dir is not None:
-        env = gym.wrappers.RecordVideo(env, str(video_dir), episode_trigger=lambda i: i == 0, disable_logger=True)
-    played = []
-    takes_mask = "mask" in inspect.signature(act).parameters
+    mine = list(range(distributed.rank(), episodes, distributed.world_size()) if lockstep else range(episodes))
     cuda = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []  # this rank's GPU only
-    try:
-        with torch.no_grad(), torch.random.fork_rng(devices=cuda):
-            for ep in mine:
-                obs, info = env.reset(seed=seed + 100_000 + ep)
-                done, total, reward = False, 0.0, None
-                while not done:
-                    # the env's valid actions, to a policy that takes them (the policy-gradient scripts')
-                    mask = {"mask": info["action_mask"]} if takes_mask and "action_mask" in info else {}
-                    obs, reward, term, trunc, info = env.step(act(obs, reward, **mask))
-                    total += float(reward)
-                    done = term or trunc
-                played.append((ep, total))
-    finally:
-        env.close()
+    played: list[tuple[int, float]] = []
+    if mine:
+        n = min(envs, len(mine))
+        vec = _AleEnvs(atari(n)) if atari is not None else \
+            _GymEnvs([make_env(video_dir is not None and b == 0)() for b in range(n)], video_dir)
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=cuda):
+                played = _play(vec, act, mine, seed)
+                if video_dir is not None and atari is not None and mine[0] == 0:
+                    _play(_GymEnvs([make_env(True)()], video_dir), act, [0], seed)  # the video's episode only
+        finally:
+            vec.close()
     return [r for _, r in sorted(sum(distributed.gather_objects(played, slow=True), []))]
+
+
+def _play(vec: Any, act: Callable[..., Any], mine: list[int], seed: int) -> list[tuple[int, float]]:
+    """Play the episodes ``mine`` on ``vec``'s envs; [(episode, return)] in the order they ended."""
+    n = vec.n
+    keywords = inspect.signature(act).parameters
+    if "last_reward" in keywords:  # TEMPORARY: an act of one observation, until every script's act is batched
+        one = act
+
+        def act(obs, starts, rewards, mask=None):
+            rows = [{k: v[b] for k, v in obs.items()} if isinstance(obs, dict) else obs[b] for b in range(len(starts))]
+            extra = [{"mask": mask[b]} if mask is not None else {} for b in range(len(starts))]
+            return np.array([one(rows[b], None if starts[b] else float(rewards[b]), **extra[b])
+                             for b in range(len(starts))])
+
+        keywords = inspect.signature(act).parameters if "mask" in inspect.signature(one).parameters else \
+            {"starts": 0, "rewards": 0}
+    draws = Draws(n)
+    queue = iter(mine)
+    episode: list[int | None] = [None] * n  # the episode each env plays (None: none left for it)
+    totals, starts, rewards = np.zeros(n), np.ones(n, bool), np.zeros(n, np.float32)
+    played = []
+
+    def begin(rows: list[int]) -> None:
+        """The envs ``rows`` take the next episodes (the ones left without: none)."""
+        for b in rows:
+            episode[b] = next(queue, None)
+        rows = [b for b in rows if episode[b] is not None]
+        for b in rows:
+            draws.start(b, seed + 100_000 + episode[b])
+            totals[b], starts[b], rewards[b] = 0.0, True, 0.0
+        if rows:
+            vec.reset(rows, [seed + 100_000 + episode[b] for b in rows])
+
+    begin(list(range(n)))
+    while any(e is not None for e in episode):
+        given = {"draws": draws, "starts": starts.copy(), "rewards": rewards.copy()}
+        if "mask" in keywords:
+            given["mask"] = vec.mask()
+        actions = act(vec.obs, **{k: v for k, v in given.items() if k in keywords})
+        active = [b for b in range(n) if episode[b] is not None]
+        reward, done = vec.step(np.asarray(actions), active)
+        starts[:] = False
+        for b in active:
+            totals[b] += float(reward[b])
+            rewards[b] = reward[b]
+            if done[b]:
+                played.append((episode[b], float(totals[b])))
+        begin([b for b in active if done[b]])
+    return played
+
+
+def _stack(rows: list[Any]) -> Any:
+    """[n, ...] of n observations (a dict of such arrays for dict observations)."""
+    if isinstance(rows[0], dict):
+        return {k: np.stack([r[k] for r in rows]) for k in rows[0]}
+    return np.stack([np.asarray(r) for r in rows])
+
+
+class _GymEnvs:
+    """n gymnasium envs stepped in this process, each reset when it takes an episode; env 0 records its first
+    episode with ``video_dir``."""
+
+    def __init__(self, envs: list[Any], video_dir: Path | None):
+        import gymnasium as gym
+
+        if video_dir is not None:
+            envs[0] = gym.wrappers.RecordVideo(envs[0], str(video_dir), episode_trigger=lambda i: i == 0,
+                                               disable_logger=True)
+        self.envs, self.n = envs, len(envs)
+        self._obs: list[Any] = [None] * self.n
+        self._infos: list[dict] = [{} for _ in range(self.n)]
+        self.obs: Any = None
+
+    def reset(self, rows: list[int], seeds: list[int]) -> None:
+        for b, seed in zip(rows, seeds):
+            self._obs[b], self._infos[b] = self.envs[b].reset(seed=seed)
+        self.obs = _stack(self._obs)
+
+    def mask(self) -> np.ndarray:
+        n_actions = self.envs[0].action_space.n
+        return np.stack([np.asarray(i.get("action_mask", np.ones(n_actions, bool)), bool) for i in self._infos])
+
+    def step(self, actions: np.ndarray, active: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        reward, done = np.zeros(self.n), np.zeros(self.n, bool)
+        for b in active:
+            self._obs[b], reward[b], term, trunc, self._infos[b] = self.envs[b].step(actions[b])
+            done[b] = term or trunc
+        self.obs = _stack(self._obs)
+        return reward, done
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+class _AleEnvs:
+    """ale-py's vector env (its own threads); an env that takes an episode is reset alone with its seed."""
+
+    def __init__(self, env: Any):
+        self.env, self.n = env, env.num_envs
+        self.obs: Any = None
+
+    def reset(self, rows: list[int], seeds: list[int]) -> None:
+        which = np.zeros(self.n, bool)
+        which[rows] = True
+        obs, _ = self.env.reset(seed=np.array(seeds)[np.argsort(rows)], options={"reset_mask": which})
+        if self.obs is None:
+            self.obs = obs
+        self.obs[which] = obs[which]
+
+    def step(self, actions: np.ndarray, active: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        # Envs with no episode left step too (one call steps all); what they return is not used.
+        obs, reward, term, trunc, _ = self.env.step(actions.astype(np.int64))
+        self.obs = obs
+        return reward, term | trunc
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def ale_threads(n: int) -> int:
+    """Threads for ``n`` evaluation envs on ale-py: one per core this process may use, at most one per env."""
+    return max(1, min(n, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))

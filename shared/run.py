@@ -74,6 +74,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -81,11 +82,12 @@ import numpy as np
 
 from shared import checkpoint, compiling, distributed, signals, tracking
 from shared.affinity import make_affinity
+from shared.atari import is_atari, make_atari_vector_env
 from shared.buffer import NotEnoughMemory, available_memory, check_fits, unchecked
 from shared.checkpoint import Start
 from shared.cli import bad_args, resolve_device
-from shared.envs import close_envs, probe_spaces
-from shared.evaluation import play
+from shared.envs import close_envs, probe_spaces, standard_atari
+from shared.evaluation import ale_threads, play
 from shared.files import WriteError, write_text
 from shared.precision import sampler_bf16
 from shared.procs import Worker, WorkerError, sampler_entry
@@ -135,6 +137,11 @@ def _refused_allocation(e: BaseException) -> str | None:
         return f"the allocation was refused ({what}), and {available_memory() / 2**30:.1f} GiB of memory are " \
                f"available here"
     return None
+
+
+def _ale_envs(args: Any, n: int) -> Any:
+    """``n`` evaluation envs in ale-py's threads, the Atari env of ``args``."""
+    return make_atari_vector_env(args.env_id, n, ale_threads(n), args.noop_max, args.sticky_actions)
 
 
 def _leaves(space: Any) -> list:
@@ -196,6 +203,7 @@ class Run:
         self._held: list[Any] = []
         self._values: dict[str, Any] = {}
         self._eval_return: float | None = None
+        self._eval_on_ale: bool | None = None  # evaluation on ale-py's vector env (known at the first one)
         self._interrupted = False  # the ranks agreed to stop for a signal (periodic), or one came at the end
         self._config_file: Path | None = None  # config.json as written by begin (rank 0, training)
         self._config: dict[str, Any] = {}  # what config.json holds
@@ -429,9 +437,12 @@ class Run:
         return as eval/episodic_return, the mean in the next row, eval.json."""
         if not distributed.in_lockstep() and not self.writes:
             return
-        env = self.make_env(self.args, render=video)()
-        returns = play(env, self._policy, self.args.eval_episodes, self.args.seed,
-                       self.path / "videos" if video and self.writes else None)
+        args = self.args
+        if self._eval_on_ale is None:  # the unchanged Atari env: its games step in ale-py's threads
+            self._eval_on_ale = is_atari(args.env_id) and standard_atari(args, self.make_env)
+        returns = play(partial(self.make_env, args), self._policy, args.eval_episodes, args.seed, args.eval_envs,
+                       self.path / "videos" if video and self.writes else None,
+                       partial(_ale_envs, args) if self._eval_on_ale else None)
         for r in returns:
             self.progress.tb.add_scalar("eval/episodic_return", r, global_step)
         summary = {"global_step": global_step, "returns": returns, "mean": float(np.mean(returns))}

@@ -9,6 +9,7 @@ import json
 from dataclasses import dataclass
 
 import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
@@ -31,6 +32,7 @@ class FakeArgs:
     log_every: int = 100
     eval_every: int = 0
     eval_episodes: int = 0
+    eval_envs: int = 2
     checkpoint_every: int = 0
     checkpoint_minutes: float = 0.0
     capture_video: bool = False
@@ -193,9 +195,9 @@ def test_no_threshold_never_stops(tmp_path):
 def test_evaluations_go_into_the_next_row_and_eval_json(tmp_path):
     calls = []
 
-    def act(obs, last_reward):
-        calls.append(last_reward)
-        return 0
+    def act(obs, starts):
+        calls.append(starts)
+        return np.zeros(len(obs), np.int64)
 
     run = Run(FakeArgs(out_dir=str(tmp_path), eval_every=100, eval_episodes=3), "script", make_env).setup()
     run.begin(act)
@@ -205,7 +207,8 @@ def test_evaluations_go_into_the_next_row_and_eval_json(tmp_path):
     saved = json.loads((run.path / "eval.json").read_text())
     returns = saved["returns"]
     assert len(returns) == 3 and all(1 <= r <= 7 for r in returns) and saved["global_step"] == 100
-    assert calls.count(None) == 6 and calls[0] is None  # twice 3 episodes, each starting with None
+    assert sum(int(s.sum()) for s in calls) == 6 and calls[0].all()  # twice 3 episodes, each with one start
+    assert {len(s) for s in calls} == {2}  # on two envs at once
     _, body = rows(run.path)
     assert float(body[0]["eval_return"]) == pytest.approx(sum(returns) / 3)
 
