@@ -46,6 +46,16 @@ from shared.buffer import buffer_from_example
 from shared.cli import RunArgs, bad_args, parse_args
 from shared.compiling import compiled, enabled
 from shared.device import to_host, upload
+from shared.dict_obs import (
+    DictTorso,
+    flat,
+    is_dict,
+    nested,
+    obs_example,
+    obs_map,
+    unflat,
+    without_text,
+)
 from shared.envs import action_mask, image_shape, make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.precision import autocast
@@ -151,7 +161,8 @@ def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
     def thunk() -> gym.Env:
         if is_atari(args.env_id):
             return make_atari_env(args.env_id, args.noop_max, args.sticky_actions, render)
-        return gym.make(args.env_id, render_mode="rgb_array" if render else None)
+        env = gym.make(args.env_id, render_mode="rgb_array" if render else None)
+        return without_text(env)  # Dict observations: their strings (MiniGrid's mission) dropped
 
     return thunk
 
@@ -167,12 +178,17 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias: float = 0.0) -> 
 
 class Agent(nn.Module):
     """Nature CNN for images ([C, H, W] or [H, W, C], at least 36x36 pixels; uint8 scaled to [0, 1]
-    inside) or a 64x64 tanh MLP for vectors, with policy and value heads."""
+    inside) or a 64x64 tanh MLP for vectors, with policy and value heads. ``obs_shape`` may be a
+    gymnasium Dict space instead: one encoder per key, concatenated (shared/dict_obs.py)."""
 
-    def __init__(self, obs_shape: tuple[int, ...], n_actions: int):
+    def __init__(self, obs_shape: tuple[int, ...] | gym.spaces.Dict, n_actions: int):
         super().__init__()
-        self.image = len(obs_shape) == 3
-        if self.image:
+        self.dict = is_dict(obs_shape)
+        self.image = not self.dict and len(obs_shape) == 3
+        if self.dict:
+            self.torso = DictTorso(obs_shape, layer_init)  # ValueError: an entry it cannot take
+            width = self.torso.width
+        elif self.image:
             # ValueError with the reason when the CNN cannot take the images
             c, h, w = image_shape(obs_shape)
             self.channels_last = tuple(obs_shape) != (c, h, w)
@@ -199,8 +215,10 @@ class Agent(nn.Module):
         self.actor = layer_init(nn.Linear(width, n_actions), std=0.01)
         self.critic = layer_init(nn.Linear(width, 1), std=1.0)
 
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.image:
+    def forward(self, obs: torch.Tensor | dict) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.dict:  # a dict of tensors [N, ...] by key
+            x = obs
+        elif self.image:
             x = obs.permute(0, 3, 1, 2) if self.channels_last else obs  # [N, C, H, W]
             x = x.float() / 255.0 if obs.dtype == torch.uint8 else x.float()
         else:
@@ -242,8 +260,9 @@ class EnvState:
     episode sums."""
 
     def __init__(self, envs, seed: int):
-        self.obs, info = envs.reset(seed=seed)
-        n = len(self.obs)
+        obs, info = envs.reset(seed=seed)
+        self.obs = nested(obs)  # a Dict's: a namedarraytuple of its entries
+        n = envs.num_envs
         # True: this step only resets the env (next-step autoreset)
         self.final_row = np.zeros(n, bool)
         # [B, A]: all True without one
@@ -255,7 +274,7 @@ class EnvState:
 
 def rollout_example(obs_space, n_actions: int, T: int, B: int) -> tuple:
     one = Rollout(
-        np.zeros(obs_space.shape, obs_space.dtype),
+        obs_example(obs_space),  # a Dict's: a namedarraytuple of its entries
         np.ones(n_actions, bool),
         np.int64(0),
         np.float32(0),
@@ -268,14 +287,16 @@ def rollout_example(obs_space, n_actions: int, T: int, B: int) -> tuple:
         np.int64(0),
     )
     # [T,B] and [B]
-    return one, Bootstrap(np.zeros((B,) + obs_space.shape, obs_space.dtype), np.zeros(B, bool))
+    return one, Bootstrap(obs_example(obs_space, (B,)), np.zeros(B, bool))
 
 
 @compiled
-def policy_step(agent: Agent, obs: torch.Tensor, mask: torch.Tensor | None, bf16: bool) -> tuple:
+def policy_step(agent: Agent, obs, mask: torch.Tensor | None, bf16: bool) -> tuple:
     """The acting step: actions [B] sampled from the policy (among the valid ones where ``mask``
-    [B, A] is given), their log-probabilities [B] and the values [B]."""
-    with autocast(obs.device, bf16):
+    [B, A] is given), their log-probabilities [B] and the values [B]; ``obs`` [B, ...], or a dict
+    of them."""
+    device = next(iter(obs.values())).device if isinstance(obs, dict) else obs.device
+    with autocast(device, bf16):
         logits, value = agent(obs)
     if mask is not None:  # invalid actions get probability 0 (envs without masks skip this)
         logits = masked(logits, mask)
@@ -291,10 +312,11 @@ def collect(
 ) -> None:
     """Step the envs num_steps times, writing buf [T, B] and the bootstrap observation boot [B]."""
     for t in range(args.num_steps):
-        up = upload({"obs": state.obs, "mask": state.mask}, device)  # one copy: [B, ...], [B, A]
+        # one copy: [B, ...] (a Dict's entries: obs.<key>), [B, A]
+        up = upload({**flat("obs", state.obs), "mask": state.mask}, device)
         # envs with invalid actions; --compile: always (all True changes no logit), one graph
         mask = up["mask"] if enabled() or not state.mask.all() else None
-        action, logprob, value = policy_step(agent, up["obs"], mask, args.bf16)
+        action, logprob, value = policy_step(agent, unflat(up, "obs"), mask, args.bf16)
         buf.obs[t] = state.obs
         buf.mask[t] = state.mask
         buf.final_row[t] = state.final_row
@@ -312,7 +334,7 @@ def collect(
         buf.ep_return[t], buf.ep_length[t] = state.ep_return, state.ep_length
         state.ep_return[buf.episode_end[t]] = 0.0
         state.ep_length[buf.episode_end[t]] = 0
-        state.obs = next_obs
+        state.obs = nested(next_obs)
         state.final_row = term | trunc
         state.lives = lives
         state.mask = action_mask(info, state.final_row, state.mask.shape[-1])  # for next_obs
@@ -352,7 +374,7 @@ def ppo_loss(agent: Agent, mb: dict, adv: torch.Tensor, weight, args: Args) -> t
     """The clipped-PPO loss of one minibatch ``mb`` (tensors [M, ...]; ``adv`` normalised;
     ``weight`` None or [M]) and its statistics, detached."""
     with autocast(adv.device, args.bf16):
-        logits, value = agent(mb["obs"])
+        logits, value = agent(unflat(mb, "obs"))
     if "mask" in mb:
         logits = masked(logits, mb["mask"])
     dist = Categorical(logits=logits, validate_args=False)
@@ -402,7 +424,7 @@ def ppo_update(
 ) -> dict:
     """Several epochs of clipped-PPO minibatch steps over the valid rows (not final_row) of one
     rollout."""
-    n = data["obs"].shape[0]
+    n = data["action"].shape[0]
     mb_size = max(n // args.num_minibatches, 1)
     # --compile: the largest minibatch a rollout can give (no final rows), for every minibatch
     size = max(args.num_envs * args.num_steps // args.num_minibatches, 1) if enabled() else None
@@ -435,23 +457,26 @@ def learn_from(
     shared)."""
     T, B = args.num_steps, args.num_envs
     # The rollout's observations (and masks, where the envs give them): one copy to a GPU.
-    host = {"obs": buf.obs, "boot_obs": boot.obs}
+    host = {**flat("obs", buf.obs), **flat("boot_obs", boot.obs)}  # a Dict's: one entry a key
     if enabled() or not np.all(buf.mask):  # where the envs give masks; --compile: always
         host["mask"] = buf.mask
     up = upload(host, device)
-    obs = up["obs"]
+    obs = unflat(up, "obs")  # [T, B, ...], or a dict of them
     if args.sampler == "async":
         # The rollout was sampled with the previous parameters: recompute values with the current
         # critic.
         with torch.no_grad(), autocast(device, args.bf16):
-            _, values = agent(torch.cat([obs.flatten(0, 1), up["boot_obs"]]))
+            both = obs_map(
+                lambda o, b: torch.cat([o.flatten(0, 1), b]), obs, unflat(up, "boot_obs")
+            )
+            _, values = agent(both)
         values = to_host(values.float())  # GAE runs on the host
         value, next_value = values[: T * B].reshape(T, B), values[T * B :]
     else:
         # Sampled with the current parameters: the rollout's values are the critic's; only the
         # bootstrap is new.
         with torch.no_grad(), autocast(device, args.bf16):
-            _, next_value = agent(up["boot_obs"])
+            _, next_value = agent(unflat(up, "boot_obs"))
         # GAE: on the host
         value, next_value = np.asarray(buf.value, np.float32), to_host(next_value.float())
     fl = lambda x: np.asarray(x, np.float32)
@@ -479,7 +504,10 @@ def learn_from(
         device,
     )
     valid = t.pop("valid")  # [N] of T*B: never train on final rows
-    data = {"obs": obs.flatten(0, 1)[valid], **{k: v.flatten()[valid] for k, v in t.items()}}
+    data = {
+        **flat("obs", obs_map(lambda o: o.flatten(0, 1)[valid], obs)),
+        **{k: v.flatten()[valid] for k, v in t.items()},
+    }
     if "mask" in up:
         data["mask"] = up["mask"].flatten(0, 1)[valid]  # [N, A]
     return ppo_update(agent, optimizer, data, args, device, generator)
@@ -549,14 +577,19 @@ def check_args(args: Args) -> None:
         )
 
 
+def obs_shape(space: gym.Space) -> tuple[int, ...] | gym.spaces.Dict:
+    """What Agent takes: a Box's shape, or the Dict space itself."""
+    return space if is_dict(space) else space.shape
+
+
 def make_learner(args: Args, run: Run) -> tuple[Agent, torch.optim.Optimizer, torch.Generator]:
     """The agent (channels-last for images on a CPU or with --bf16), its optimiser and the generator
     of the minibatch order."""
     try:
-        agent = Agent(run.obs_space.shape, int(run.act_space.n)).to(run.device)
+        agent = Agent(obs_shape(run.obs_space), int(run.act_space.n)).to(run.device)
     except ValueError as e:  # observations the network cannot take
         bad_args(f"--env-id {args.env_id}: {e}")
-    images = len(run.obs_space.shape) == 3
+    images = is_dict(run.obs_space) or len(run.obs_space.shape) == 3
     # NHWC: faster on a CPU, and for bf16 on a GPU
     if images and (run.device.type == "cpu" or args.bf16):
         agent = agent.to(memory_format=torch.channels_last)
@@ -597,6 +630,7 @@ def main() -> int:
         make_env,
         action_space=gym.spaces.Discrete,
         iteration_steps=args.num_envs * args.num_steps,
+        dict_obs=True,
     )
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating():  # sizes this machine cannot hold: exit 2
@@ -640,7 +674,7 @@ def sampler_main(
         n_threads=proc.n_threads,
     )
     state = EnvState(envs, distributed.env_seed(args.seed, args.num_envs))
-    agent = Agent(envs.single_observation_space.shape, envs.single_action_space.n)
+    agent = Agent(obs_shape(envs.single_observation_space), envs.single_action_space.n)
     torch.manual_seed(distributed.rank_seed(args.seed + 1))
     device = torch.device("cpu")
     try:

@@ -69,6 +69,16 @@ from shared.buffer import buffer_from_example
 from shared.cli import RunArgs, bad_args, parse_args
 from shared.compiling import compiled, enabled
 from shared.device import to_host, upload
+from shared.dict_obs import (
+    DictTorso,
+    flat,
+    is_dict,
+    nested,
+    obs_example,
+    obs_map,
+    unflat,
+    without_text,
+)
 from shared.envs import action_mask, image_shape, make_envs, observe_only
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import RunningNorm
@@ -226,6 +236,7 @@ def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
         if is_atari(args.env_id):
             return make_atari_env(args.env_id, args.noop_max, args.sticky_actions, render)
         env = gym.make(args.env_id, render_mode="rgb_array" if render else None)
+        env = without_text(env)  # Dict observations: their strings (MiniGrid's mission) dropped
         return observe_only(env, args.observe_indices) if args.observe_indices else env
 
     return thunk
@@ -273,7 +284,7 @@ class Agent(nn.Module):
 
     def __init__(
         self,
-        obs_shape: tuple[int, ...],
+        obs_shape: tuple[int, ...] | gym.spaces.Dict,
         action_space: gym.Space,
         hidden: int,
         lstm: bool = True,
@@ -281,12 +292,16 @@ class Agent(nn.Module):
         normalize_obs: bool = False,
     ):
         super().__init__()
-        self.image = len(obs_shape) == 3
+        self.dict = is_dict(obs_shape)  # a Dict space: one encoder per key (shared/dict_obs.py)
+        self.image = not self.dict and len(obs_shape) == 3
         self.hidden = hidden
         self.recurrent = lstm
         self.discrete = isinstance(action_space, gym.spaces.Discrete)
         n_out = int(action_space.n) if self.discrete else int(np.prod(action_space.shape))
-        if self.image:
+        if self.dict:
+            self.torso = DictTorso(obs_shape, layer_init)  # ValueError: an entry it cannot take
+            width = self.torso.width
+        elif self.image:
             # ValueError with the reason when the CNN cannot take the images
             c, h, w = image_shape(obs_shape)
             self.channels_last = tuple(obs_shape) != (c, h, w)
@@ -311,7 +326,8 @@ class Agent(nn.Module):
                 nn.Tanh(),
             )
             width = 64
-        self.obs_norm = RunningNorm(1 if self.image else obs_dim, normalize_obs and not self.image)
+        vector = not (self.image or self.dict)  # --normalize-obs: Box vectors only
+        self.obs_norm = RunningNorm(obs_dim if vector else 1, normalize_obs and vector)
         if lstm:
             self.core = nn.LSTM(width, hidden)
             # as CleanRL's ppo_atari_lstm: orthogonal, zero biases
@@ -340,13 +356,16 @@ class Agent(nn.Module):
         row; the learner knows it from the rollout, and without it it is read from
         ``episode_start`` (a wait on a GPU)."""
         T, B = episode_start.shape
-        x = obs.flatten(0, 1)  # [T*B, ...]
-        if self.image:
-            x = x.permute(0, 3, 1, 2) if self.channels_last else x  # [T*B, C, H, W]
-            x = x.float() / 255.0 if obs.dtype == torch.uint8 else x.float()
+        if self.dict:  # a dict of tensors [T, B, ...] by key
+            x = self.torso(obs_map(lambda o: o.flatten(0, 1), obs)).view(T, B, -1)
         else:
-            x = self.obs_norm(x.float().flatten(1))
-        x = self.torso(x).view(T, B, -1)
+            x = obs.flatten(0, 1)  # [T*B, ...]
+            if self.image:
+                x = x.permute(0, 3, 1, 2) if self.channels_last else x  # [T*B, C, H, W]
+                x = x.float() / 255.0 if obs.dtype == torch.uint8 else x.float()
+            else:
+                x = self.obs_norm(x.float().flatten(1))
+            x = self.torso(x).view(T, B, -1)
         if self.recurrent and torch.compiler.is_compiling():
             # Traced by --compile: Dynamo cannot trace the fused LSTM (shared/rnn.py): the same one
             # row by row (eager calls, such as evaluation's, keep the fused one)
@@ -430,8 +449,9 @@ class EnvState:
     sums and the discounted return."""
 
     def __init__(self, envs, seed: int, agent: Agent, device: torch.device):
-        self.obs, info = envs.reset(seed=seed)
-        n = len(self.obs)
+        obs, info = envs.reset(seed=seed)
+        self.obs = nested(obs)  # a Dict's: a namedarraytuple of its entries
+        n = envs.num_envs
         # True: this step only resets the env (next-step autoreset)
         self.final_row = np.zeros(n, bool)
         # True: the row after a final row (and the first): a zero state
@@ -451,7 +471,7 @@ def rollout_example(obs_space, act_space, hidden: int, B: int) -> tuple:
     discrete = isinstance(act_space, gym.spaces.Discrete)
     action = np.int64(0) if discrete else np.zeros(int(np.prod(act_space.shape)), np.float32)
     one = Rollout(
-        np.zeros(obs_space.shape, obs_space.dtype),
+        obs_example(obs_space),  # a Dict's: a namedarraytuple of its entries
         np.ones(int(act_space.n) if discrete else 1, bool),
         action,
         np.float32(0),
@@ -466,9 +486,7 @@ def rollout_example(obs_space, act_space, hidden: int, B: int) -> tuple:
         np.int64(0),
     )
     z = np.zeros((B, hidden), np.float32)
-    boot = Bootstrap(
-        z, z, np.zeros((B,) + obs_space.shape, obs_space.dtype), np.zeros(B, bool), z, z
-    )
+    boot = Bootstrap(z, z, obs_example(obs_space, (B,)), np.zeros(B, bool), z, z)
     return one, boot  # [T, B] and [B]
 
 
@@ -476,8 +494,9 @@ def rollout_example(obs_space, act_space, hidden: int, B: int) -> tuple:
 def policy_step(agent: Agent, obs, state: RnnState, start, mask, bf16: bool) -> tuple:
     """The acting step: one row obs [1, B, ...] from ``state`` (zeroed where ``start`` [1, B]) ->
     the action [B] (among the valid ones where ``mask`` [B, A] is given), its log-probability [B],
-    the value [B] and the state after the row."""
-    with autocast(obs.device, bf16):
+    the value [B] and the state after the row (``obs``: a dict of them for a Dict space)."""
+    device = next(iter(obs.values())).device if isinstance(obs, dict) else obs.device
+    with autocast(device, bf16):
         out, value, state = agent(obs, state, start)
     action, logprob, _ = agent.policy(out[0], mask=mask)
     return action, logprob, value[0], state
@@ -494,12 +513,17 @@ def collect(
         buf.obs[t], buf.mask[t] = state.obs, state.mask
         buf.final_row[t], buf.episode_start[t] = state.final_row, state.episode_start
         up = upload(
-            {"obs": state.obs[None], "start": state.episode_start[None], "mask": state.mask}, device
+            {
+                **flat("obs", state.obs[None]),  # a Dict's: one entry a key
+                "start": state.episode_start[None],
+                "mask": state.mask,
+            },
+            device,
         )
         # envs with invalid actions; --compile: always (all True changes no logit), one graph
         mask = up["mask"] if enabled() or not state.mask.all() else None
         action, logprob, value, state.rnn = policy_step(
-            agent, up["obs"], state.rnn, up["start"], mask, args.bf16
+            agent, unflat(up, "obs"), state.rnn, up["start"], mask, args.bf16
         )
         buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, logprob, value)  # one copy
         env_action = buf.action[t]
@@ -526,7 +550,7 @@ def collect(
         state.ep_length[buf.episode_end[t]] = 0
         # The final row (next) still belongs to the episode; the row after it starts the next one.
         state.episode_start, state.final_row = state.final_row, term | trunc
-        state.obs, state.lives = next_obs, lives
+        state.obs, state.lives = nested(next_obs), lives
         state.mask = action_mask(info, state.final_row, state.mask.shape[1])  # for next_obs
     boot.obs[:], boot.episode_start[:] = state.obs, state.episode_start
     boot.h[:], boot.c[:] = to_host(state.rnn.h, state.rnn.c)
@@ -581,7 +605,7 @@ def replay(agent: Agent, data: dict, env, valid, start_rows, args: Args) -> tupl
     [T, B, ...]."""
     with autocast(env.device, args.bf16):
         out, value, _ = agent(
-            data["obs"][:, env],
+            obs_map(lambda o: o[:, env], unflat(data, "obs")),
             RnnState(data["h0"][env], data["c0"][env]),
             data["episode_start"][:, env],
             start_rows,
@@ -696,7 +720,7 @@ def learn_from(
     T = args.num_steps
     # The rollout in one copy to a GPU: [T, B, ...] each, and the edges [B, ...].
     host = {
-        "obs": buf.obs,
+        **flat("obs", buf.obs),  # a Dict's: one entry a key
         "episode_start": buf.episode_start,
         "action": buf.action,
         "logprob": buf.logprob,
@@ -704,7 +728,7 @@ def learn_from(
         "discounted": buf.discounted,
         "h0": boot.h0,
         "c0": boot.c0,
-        "boot_obs": boot.obs,
+        **flat("boot_obs", boot.obs),
         "boot_start": boot.episode_start,
         "h": boot.h,
         "c": boot.c,
@@ -716,12 +740,13 @@ def learn_from(
     up = upload(host, device)
     # [T] on the host: where the LSTM's stretches end
     start_rows = np.asarray(buf.episode_start).any(1)
+    boot_obs = unflat(up, "boot_obs")
     if args.sampler == "async":
         # Sampled with the previous parameters: the values again with the current critic, from the
         # stored states, over the rollout and the row after it.
         with torch.no_grad(), autocast(device, args.bf16):
             _, value, _ = agent(
-                torch.cat([up["obs"], up["boot_obs"][None]]),
+                obs_map(lambda o, b: torch.cat([o, b[None]]), unflat(up, "obs"), boot_obs),
                 RnnState(up["h0"], up["c0"]),
                 torch.cat([up["episode_start"], up["boot_start"][None]]),
                 np.append(start_rows, np.any(boot.episode_start)),
@@ -732,7 +757,9 @@ def learn_from(
         # bootstrap is new, one step from the state the sampler ended with.
         with torch.no_grad(), autocast(device, args.bf16):
             _, next_value, _ = agent(
-                up["boot_obs"][None], RnnState(up["h"], up["c"]), up["boot_start"][None]
+                obs_map(lambda b: b[None], boot_obs),
+                RnnState(up["h"], up["c"]),
+                up["boot_start"][None],
             )
         value, next_value = up["value"], next_value[0]
     # Reward scaling: the std of every discounted return so far (this rollout's of every rank
@@ -836,9 +863,8 @@ def check_args(args: Args) -> None:
 
 
 def make_agent(args: Args, obs_space: gym.Space, act_space: gym.Space) -> Agent:
-    return Agent(
-        obs_space.shape, act_space, args.hidden, args.lstm, args.init_log_std, args.normalize_obs
-    )
+    shape = obs_space if is_dict(obs_space) else obs_space.shape  # a Dict: the space itself
+    return Agent(shape, act_space, args.hidden, args.lstm, args.init_log_std, args.normalize_obs)
 
 
 def make_learner(args: Args, run: Run) -> tuple:
@@ -850,15 +876,21 @@ def make_learner(args: Args, run: Run) -> tuple:
             f"--env-id {args.env_id}: {SCRIPT} needs a discrete (Discrete) or continuous (Box) "
             f"action space, got {run.act_space}"
         )
-    if not isinstance(run.obs_space, gym.spaces.Box):
-        bad_args(f"--env-id {args.env_id}: {SCRIPT} needs Box observations, got {run.obs_space}")
+    if not isinstance(run.obs_space, (gym.spaces.Box, gym.spaces.Dict)):
+        bad_args(
+            f"--env-id {args.env_id}: {SCRIPT} needs Box or Dict observations, got {run.obs_space}"
+        )
+    if is_dict(run.obs_space) and args.normalize_obs:
+        bad_args(
+            f"--env-id {args.env_id}: --normalize-obs applies to Box vectors, not Dict observations"
+        )
     try:
         agent = make_agent(args, run.obs_space, run.act_space).to(run.device)
     except ValueError as e:  # observations the network cannot take
         bad_args(
             f"--env-id {args.env_id}{' ' + observe_flag(args) if args.observe_indices else ''}: {e}"
         )
-    images = len(run.obs_space.shape) == 3
+    images = is_dict(run.obs_space) or len(run.obs_space.shape) == 3
     # NHWC: faster on a CPU, and for bf16 on a GPU
     if images and (run.device.type == "cpu" or args.bf16):
         agent = agent.to(memory_format=torch.channels_last)
@@ -912,7 +944,7 @@ class EvalPolicy:
 def main() -> int:
     args = parse_args(Args, PRESETS, check_args)
     # --log-every: rollouts
-    run = Run(args, SCRIPT, make_env, iteration_steps=args.num_envs * args.num_steps)
+    run = Run(args, SCRIPT, make_env, iteration_steps=args.num_envs * args.num_steps, dict_obs=True)
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating("hidden"):  # sizes this machine cannot hold: exit 2
         agent, optimizer, generator, return_norm = make_learner(args, run)
