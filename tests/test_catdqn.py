@@ -15,6 +15,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from shared.evaluation import Draws
 from tests.helpers import ROOT, progress, refusal, run
 
 sys.path.insert(0, str(ROOT / "algos"))
@@ -194,9 +195,8 @@ def test_noisy_network_draws_anew_each_call_and_evaluates_with_the_mean_weights(
     args.noisy_epsilon = 0.01  # Dopamine's DER: epsilon-greedy beside the noise
     assert np.all(catdqn_atari.epsilons(args, 99) == 1) and np.all(catdqn_atari.epsilons(args, 100) == 0.01)
     loud = catdqn_atari.QNetwork((4, 84, 84), 5, True, torch.linspace(-10, 10, 51), "data-efficient", 50.0)
-    rng = np.random.default_rng(0)
-    acts = {catdqn_atari.act(loud, torch.device("cpu"), 0.0, rng, obs[0].numpy(), None) for _ in range(20)}
-    assert len(acts) == 1  # evaluation: the mean weights, the same action every time (however loud the noise)
+    acts = {tuple(catdqn_atari.act(loud, torch.device("cpu"), 0.0, obs.numpy(), Draws(2))) for _ in range(20)}
+    assert len(acts) == 1  # evaluation: the mean weights, the same actions every time (however loud the noise)
 
 
 # Data-efficient Rainbow as published: van Hasselt, Hessel and Aslanides (2019), appendix table, and Dopamine's
