@@ -579,6 +579,19 @@ def act(
     return np.where(draws.random() < epsilon, draws.integers(q_net.n_actions), greedy)
 
 
+class ExportedPolicy(nn.Module):
+    """--export: raw observations [B, ...] -> greedy actions [B] and Q-values [B, A] (noisy
+    layers: their mean weights)."""
+
+    def __init__(self, q_net: QNetwork):
+        super().__init__()
+        self.q_net = q_net
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q = self.q_net(obs)
+        return q.argmax(1), q
+
+
 def main() -> int:
     args = parse_args(Args, PRESETS, check_args)
     # checks: device, --resume, spaces (exit 2)
@@ -593,6 +606,8 @@ def main() -> int:
     )
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
+    if args.export:  # with --resume: the greedy policy as an ONNX file, train nothing
+        return run.export(ExportedPolicy(q_net), ["action", "q_values"])
     global_step, updates = start.global_step, start.updates
     pacer = ReplayPacer(
         args.replay_ratio / (args.batch_size * run.world),

@@ -583,6 +583,23 @@ def act(agent: Agent, device: torch.device, space: gym.spaces.Box, obs: np.ndarr
     return np.clip(mean.cpu().numpy().reshape(-1, *space.shape), space.low, space.high)
 
 
+class ExportedPolicy(nn.Module):
+    """--export: raw observations [B, ...] -> the evaluation's action [B, ...] (the Gaussian's mean
+    clipped to the bounds) and the mean [B, act_dim]; the observation statistics are constants of
+    the graph."""
+
+    def __init__(self, agent: Agent, space: gym.spaces.Box):
+        super().__init__()
+        self.agent, self.shape = agent, space.shape
+        self.register_buffer("low", torch.as_tensor(space.low, dtype=torch.float32))
+        self.register_buffer("high", torch.as_tensor(space.high, dtype=torch.float32))
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, _, _ = self.agent(obs.float().flatten(1))
+        action = mean.reshape(-1, *self.shape).clamp(self.low, self.high)
+        return action, mean
+
+
 def main() -> int:
     args = parse_args(Args, PRESETS, check_args)
     # --log-every counts rollouts
@@ -605,6 +622,8 @@ def main() -> int:
     )
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
+    if args.export:  # with --resume: the deterministic policy as an ONNX file, train nothing
+        return run.export(ExportedPolicy(agent, run.act_space), ["action", "mean"])
     batch = args.num_envs * args.num_steps * run.world  # the job's: every rank's rollout
     num_iterations = max(args.total_timesteps // batch, 1)
     # resumed: the rollout after its last

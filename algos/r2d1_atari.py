@@ -722,6 +722,22 @@ class EvalPolicy:
         return self.prev_action
 
 
+class ExportedPolicy(nn.Module):
+    """--export: one step of the recurrent policy for B envs: raw observations [B, ...], the
+    previous action [B] and reward [B], the state h, c [B, hidden] and episode_start [B] (True:
+    all three are zeroed first) -> greedy actions [B], Q-values [B, A] and the next h, c."""
+
+    def __init__(self, net: R2D1Net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, obs, prev_action, prev_reward, h, c, episode_start) -> tuple:
+        q, state = self.net(
+            obs[None], prev_action[None], prev_reward[None], RnnState(h, c), episode_start[None]
+        )
+        return q[0].argmax(1), q[0], state.h, state.c
+
+
 def main() -> int:
     args = parse_args(Args, PRESETS, check_args)
     # checks: device, --resume, spaces (exit 2)
@@ -734,6 +750,18 @@ def main() -> int:
     start = run.begin(policy, buffer, model=net, target_model=target_net, optimizer=optimizer)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
+    if args.export:  # with --resume: the greedy recurrent policy as an ONNX file, train nothing
+        n, state = 8, net.initial_state(8)  # example rows: the graph's batch axis is dynamic
+        return run.export(
+            ExportedPolicy(net),
+            ["action", "q_values", "h_out", "c_out"],
+            rows=n,
+            prev_action=torch.zeros(n, dtype=torch.long),
+            prev_reward=torch.zeros(n),
+            h=state.h,
+            c=state.c,
+            episode_start=torch.ones(n, dtype=torch.bool),
+        )
     global_step, updates = start.global_step, start.updates
     pacer = ReplayPacer(
         args.replay_ratio / (args.batch_size * args.sequence_length * run.world),

@@ -429,6 +429,22 @@ def act(
     return scale_action(actor(x).cpu().numpy(), space)  # [B, act_dim]
 
 
+class ExportedPolicy(nn.Module):
+    """--export: raw observations [B, obs_dim] -> the actor's action [B, act_dim] scaled to the
+    bounds, no exploration noise; the observation statistics and the action bounds are constants
+    of the graph."""
+
+    def __init__(self, actor: Actor, obs_norm: ObsNorm, space: gym.spaces.Box):
+        super().__init__()
+        self.actor, self.obs_norm = actor, obs_norm
+        self.register_buffer("low", torch.as_tensor(space.low, dtype=torch.float32))
+        self.register_buffer("high", torch.as_tensor(space.high, dtype=torch.float32))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        a = self.actor(self.obs_norm.normalize(obs.float()))  # in [-1, 1]
+        return self.low + (a + 1.0) * 0.5 * (self.high - self.low)
+
+
 def main() -> int:
     args = parse_args(Args, PRESETS, check_replay_sizes)
     run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Box, bounded=True, stop_window=10)
@@ -449,6 +465,8 @@ def main() -> int:
     )
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
+    if args.export:  # with --resume: the deterministic policy as an ONNX file, train nothing
+        return run.export(ExportedPolicy(actor, obs_norm, run.act_space), ["action"])
     global_step, updates = start.global_step, start.updates
     stats, waits = {}, {}
     pacer = ReplayPacer(

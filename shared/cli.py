@@ -75,6 +75,10 @@ class RunArgs:
     """global env steps between evaluations during training, in envs of their own (0: none)"""
     eval_only: bool = False
     """with --resume: evaluate the checkpoint's policy (eval.json, TensorBoard) and train nothing"""
+    export: str = ""
+    """with --resume: write the checkpoint's acting policy to this ONNX file (raw observations in; the
+    deterministic action and the network's logits, Q-values or mean out; a recurrent state in and out) and train
+    nothing"""
     capture_video: bool = False
     """record the first evaluation episode to {run}/videos"""
     stop_at_return: float | None = None
@@ -182,6 +186,16 @@ def check_common(args: Any) -> None:
 
     if getattr(args, "eval_only", False) and not args.resume:
         bad_args("--eval-only evaluates a checkpoint: give the run with --resume runs/<run>")
+    if getattr(args, "export", ""):
+        if not args.resume:
+            bad_args("--export writes a checkpoint's policy: give the run with --resume runs/<run>")
+        if getattr(args, "eval_only", False):
+            bad_args("--export and --eval-only: give one of them")
+        if _world_size() > 1:
+            bad_args("--export runs in one process, not under torchrun")
+        target = Path(args.export)
+        if target.is_dir() or not target.parent.is_dir():
+            bad_args(f"--export {args.export}: not a file in an existing folder")
     if (getattr(args, "eval_only", False) or getattr(args, "eval_every", 0)) and args.eval_episodes <= 0:
         bad_args("--eval-only and --eval-every need --eval-episodes of at least 1")
     if not 0 <= args.seed < 2**31:  # numpy seeds are below 2**32, and the scripts add offsets to this one

@@ -272,7 +272,7 @@ class Run:
         args = self.args
         objects = {name: obj for name, obj in objects.items() if obj is not None}  # a part these flags do not build
         self._policy, self._objects = policy, objects
-        evaluating = bool(getattr(args, "eval_only", False))
+        evaluating = bool(getattr(args, "eval_only", False) or getattr(args, "export", ""))  # no training
         if getattr(args, "track", False) and distributed.is_main():  # W&B: one that cannot start is an exit 2
             try:
                 self.tracker = tracking.start(args, self.path, self.script)
@@ -473,6 +473,40 @@ class Run:
             if self.tracker is not None:
                 self.tracker.finish(self.exit_code)
             distributed.end()  # on every path: the process group is left
+
+    def export(self, policy: Any, outputs: list[str], rows: int = 8, state_inputs: tuple[str, ...] = (),
+               **inputs: Any) -> int:
+        """``--resume RUN --export FILE``: write ``policy`` (its ``forward`` takes the observations, named ``obs``
+        or by a Dict's keys, then ``inputs`` by name) as ONNX, checked against torch on ``rows`` observations of
+        the env's space (``shared.export``); train nothing. Returns the exit code (1: the graph differs)."""
+        import torch
+
+        from shared.export import ExportError, export
+
+        self.exit_code = 1
+        try:
+            import gymnasium as gym
+
+            self.obs_space.seed(self.args.seed)
+            samples = [self.obs_space.sample() for _ in range(rows)]
+            if isinstance(self.obs_space, gym.spaces.Dict):  # one input per key a network takes
+                obs = {k: torch.as_tensor(np.stack([s[k] for s in samples])) for k, sub in self.obs_space.items()
+                       if isinstance(sub, (gym.spaces.Box, gym.spaces.Discrete))}
+            else:
+                obs = {"obs": torch.as_tensor(np.stack(samples))}
+            inputs = {**obs, **inputs}
+            worst = export(policy, inputs, outputs, self.args.export, state_inputs)
+            self._say(f"exported the policy of step {self.global_step} to {self.args.export} ({', '.join(inputs)} in; "
+                      f"{', '.join(outputs)} out; onnxruntime within {worst:.1g} of torch)")
+            self.exit_code = 0
+        except ExportError as e:
+            print(f"error: --export {self.args.export}: {e}", file=sys.stderr, flush=True)
+        finally:
+            self.progress.close()
+            if self.tracker is not None:
+                self.tracker.finish(self.exit_code)
+            distributed.end()
+        return self.exit_code
 
     def hold(self, thing: Any) -> Any:
         """Close ``thing`` (a ``procs.Worker`` or a vector env) when the run ends, however it ends."""
