@@ -27,10 +27,13 @@ Guarantees
   ``fn`` to an array, or key by key to dicts (``fn(x)`` itself for arrays: the same operations as before).
 - ``DictTorso(space, layer_init)``: one encoder per key of ``obs_keys``, built in sorted key order (so the
   parameters' initial draws are the same for the same space and seed): a 3-D ``uint8`` ``Box`` (an image,
-  ``[C, H, W]`` or ``[H, W, C]``, scaled to [0, 1] inside) through the Nature CNN and a 512-unit ReLU layer
-  when both sides are at least ``MIN_IMAGE_SIDE`` pixels, through a small CNN (2x2 convolutions of 16, 32 and
-  64 channels with a 2x2 max-pool after the first, the MiniGrid/BabyAI convention) and a 64-unit ReLU layer
-  when smaller (down to ``MIN_SMALL_SIDE``, below which ``ValueError``); any other ``Box`` (flattened, as
+  ``[C, H, W]`` or ``[H, W, C]``) with both sides at least 36 pixels is taken as pixels: scaled to [0, 1]
+  inside, through the Nature CNN and a 512-unit ReLU layer; a smaller one (down to ``MIN_SMALL_SIDE``, below
+  which ``ValueError``) is taken as a grid of codes (MiniGrid's object, colour and state indices, 0-10), as
+  they are, unscaled (scaled by 1/255 its codes are too small for the first layer to learn from in the zoo's
+  100k steps: measured on MiniGrid-DoorKey-5x5), through a small CNN (2x2 convolutions of 16, 32 and 64
+  channels with a 2x2 max-pool after the first, the MiniGrid/BabyAI convention) and a 64-unit ReLU layer; any
+  other ``Box`` (flattened, as
   floats) and a ``Discrete`` (one-hot) through the scripts' 64x64 tanh MLP. ``forward(obs)`` takes a dict (or
   namedarraytuple) of tensors ``[N, ...]`` by key and returns their features concatenated in key order,
   ``[N, width]``: what the scripts' heads (or LSTM) take. A per-key MLP rather than SB3's bare flatten: the
@@ -171,7 +174,9 @@ class DictTorso(nn.Module):
             if is_image(sub):
                 last, c, h, w = _chw(sub.shape)
                 encoder, width = self._cnn(key, sub.shape, c, h, w, layer_init)
-                self.kinds.append("image")
+                # pixels (scaled to [0, 1]) from the Nature CNN's size up; a smaller image is a grid of
+                # codes (MiniGrid's object, colour and state indices), taken as they are
+                self.kinds.append("image" if min(h, w) >= NATURE_SIDE else "grid")
             else:
                 discrete = isinstance(sub, gym.spaces.Discrete)
                 n_in = int(sub.n) if discrete else int(np.prod(sub.shape))
@@ -229,6 +234,8 @@ class DictTorso(nn.Module):
             if kind == "image":
                 x = x.permute(0, 3, 1, 2) if last else x  # [N, C, H, W]
                 x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
+            elif kind == "grid":
+                x = (x.permute(0, 3, 1, 2) if last else x).float()  # [N, C, H, W], unscaled codes
             elif kind == "discrete":
                 x = nn.functional.one_hot(x.long().reshape(-1) - start, n).float()
             else:
