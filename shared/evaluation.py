@@ -196,6 +196,9 @@ class _AleEnvs:
             self.obs = obs
         self.obs[which] = obs[which]
 
+    def mask(self) -> np.ndarray:
+        return np.ones((self.n, self.env.single_action_space.n), bool)  # Atari games give no action masks
+
     def step(self, actions: np.ndarray, active: list[int]) -> tuple[np.ndarray, np.ndarray]:
         # Envs with no episode left step too (one call steps all); what they return is not used.
         obs, reward, term, trunc, _ = self.env.step(actions.astype(np.int64))

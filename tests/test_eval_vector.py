@@ -127,5 +127,9 @@ def test_atari_episodes_on_ale_py_threads_do_not_depend_on_the_number_of_envs():
     def pixels(obs):  # deterministic, and moves the paddle: games of different lengths
         return (obs[:, -1, 30:50].astype(np.int64).sum(axis=(1, 2)) % 6).astype(np.int64)
 
-    one = play(None, pixels, 3, SEED, 1, atari=atari)
+    def masked_pixels(obs, mask):  # a policy that takes masks gets all-valid ones from Atari games
+        assert mask.shape == (len(obs), 6) and mask.all()
+        return pixels(obs)
+
+    one = play(None, masked_pixels, 3, SEED, 1, atari=atari)
     assert play(None, pixels, 3, SEED, 2, atari=atari) == one and play(None, pixels, 3, SEED, 3, atari=atari) == one
