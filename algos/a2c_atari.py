@@ -64,6 +64,7 @@ from shared.dict_obs import (
     without_text,
 )
 from shared.envs import action_mask, image_shape, make_envs
+from shared.evaluation import Draws
 from shared.namedarraytuple import namedarraytuple
 from shared.precision import autocast
 from shared.procs import DoubleBuffer, SamplerProcess
@@ -572,15 +573,30 @@ def set_learning_rate(
     return lr
 
 
-def act(
-    agent: Agent, device: torch.device, obs: np.ndarray, last_reward: float | None, mask=None
-) -> int:
-    """Evaluation policy: an action sampled from the policy for one observation (among the valid
-    actions ``mask`` [A] where the env gives one)."""
-    logits, _ = agent(torch.as_tensor(obs, device=device)[None])
+def act(agent: Agent, device: torch.device, obs, draws: Draws, mask=None) -> np.ndarray:
+    """Evaluation policy: actions [B] sampled from the policy for observations [B, ...] (a dict of
+    them for a Dict space), among the valid actions ``mask`` [B, A] where the env gives one; each
+    episode's sample from its own ``draws`` (Gumbel-max: the argmax of logits plus Gumbel noise is
+    a sample of Categorical(logits))."""
+    logits, _ = agent(obs_map(partial(torch.as_tensor, device=device), obs))
     if mask is not None:
-        logits = masked(logits, torch.as_tensor(np.asarray(mask, bool), device=device)[None])
-    return int(Categorical(logits=logits, validate_args=False).sample().item())
+        logits = masked(logits, torch.as_tensor(mask, device=device))
+    noise = torch.as_tensor(draws.gumbel(logits.shape[1]), device=device)
+    return (logits + noise).argmax(1).cpu().numpy()
+
+
+class ExportedPolicy(nn.Module):
+    """--export: raw observations [B, ...] (``obs``, or one input per key of a Dict space) ->
+    greedy actions [B] and the policy's logits [B, A] (no action mask: a deployment masks the
+    logits itself)."""
+
+    def __init__(self, agent: Agent):
+        super().__init__()
+        self.agent = agent
+
+    def forward(self, obs) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, _ = self.agent(obs)
+        return logits.argmax(1), logits
 
 
 def main() -> int:
@@ -601,6 +617,8 @@ def main() -> int:
     start = run.begin(partial(act, agent, run.device), model=agent, optimizer=optimizer)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
+    if args.export:  # with --resume: the greedy policy as an ONNX file, train nothing
+        return run.export(ExportedPolicy(agent), ["action", "logits"])
     batch = args.num_envs * args.num_steps * run.world  # the job's: every rank's rollout
     first, num_iterations = start.global_step // batch, max(args.total_timesteps // batch, 1)
     global_step = start.global_step

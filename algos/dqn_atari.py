@@ -599,7 +599,8 @@ def main() -> int:
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating("buffer_size"):  # sizes this machine cannot hold: exit 2
         q_net, target_net, optimizer, noise = make_learner(args, run)
-        buffer = make_replay(args, run)
+        # no replay to evaluate or export a checkpoint
+        buffer = None if args.eval_only or args.export else make_replay(args, run)
     policy = partial(act, q_net, run.device, args.eval_epsilon)
     start = run.begin(
         policy, buffer, model=q_net, target_model=target_net, optimizer=optimizer, noise=noise

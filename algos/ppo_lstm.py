@@ -80,6 +80,7 @@ from shared.dict_obs import (
     without_text,
 )
 from shared.envs import action_mask, image_shape, make_envs, observe_only
+from shared.evaluation import Draws
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import RunningNorm
 from shared.precision import autocast
@@ -914,31 +915,59 @@ def set_learning_rate(
 
 
 class EvalPolicy:
-    """Evaluation policy, carrying the LSTM state through an episode (``last_reward`` None starts a
-    new one): discrete actions sampled from the policy (among the valid ones ``mask`` [A] where
-    the env gives one), as ppo_atari.py; continuous ones the Gaussian's mean, clipped to the
-    bounds, as ppo_mujoco.py; observation statistics frozen."""
+    """Evaluation policy for observations [B, ...] (a dict of them for a Dict space), each env
+    carrying its LSTM state through its episode (``starts`` [B]: one begins there, and the state is
+    zeroed): discrete actions sampled from the policy (among the valid ones ``mask`` [B, A] where
+    the env gives one; each episode's sample from its own ``draws``, Gumbel-max), as ppo_atari.py;
+    continuous ones the Gaussian's mean, clipped to the bounds, as ppo_mujoco.py; observation
+    statistics frozen."""
 
     def __init__(self, agent: Agent, device: torch.device, space: gym.Space):
         self.agent = agent
         self.device = device
         self.space = space
-        self.state = agent.initial_state(1, device)
+        self.state = agent.initial_state(0, device)
 
-    def __call__(self, obs: np.ndarray, last_reward: float | None, mask=None):
-        start = torch.tensor([[last_reward is None]], device=self.device)  # [1, 1]
-        obs = torch.as_tensor(np.asarray(obs), device=self.device)[None, None]  # [1, 1, ...]
-        out, _, self.state = self.agent(obs, self.state, start)
+    def __call__(self, obs, draws: Draws, starts: np.ndarray, mask=None) -> np.ndarray:
+        if len(starts) != len(self.state.h):  # another number of envs than the last evaluation
+            self.state = self.agent.initial_state(len(starts), self.device)
+        # one step [1, B, ...]
+        one_step = obs_map(lambda o: torch.as_tensor(o, device=self.device)[None], obs)
+        start = torch.as_tensor(starts, device=self.device)[None]  # [1, B]
+        out, _, self.state = self.agent(one_step, self.state, start)
+        out = out[0]  # [B, A]: logits, or the Gaussian's mean
         if not self.agent.discrete:
-            return np.clip(
-                out[0, 0].cpu().numpy().reshape(self.space.shape), self.space.low, self.space.high
-            )
-        mask = (
-            None
-            if mask is None
-            else torch.as_tensor(np.asarray(mask, bool), device=self.device)[None]
-        )
-        return int(self.agent.policy(out[0], mask=mask)[0].item())
+            mean = out.cpu().numpy().reshape(-1, *self.space.shape)
+            return np.clip(mean, self.space.low, self.space.high)
+        if mask is not None:
+            out = masked(out, torch.as_tensor(mask, device=self.device))
+        noise = torch.as_tensor(draws.gumbel(out.shape[1]), device=self.device)
+        return (out + noise).argmax(1).cpu().numpy()
+
+
+class ExportedPolicy(nn.Module):
+    """--export: one step of the recurrent policy for B envs: raw observations [B, ...] (``obs``, or
+    one input per key of a Dict space), the state h, c [B, hidden] and episode_start [B] (True: the
+    state is zeroed first) -> the evaluation's action [B] (greedy) or [B, ...] (the Gaussian's mean
+    clipped to the bounds), the logits or mean [B, A], and the next h, c; observation statistics
+    are constants of the graph."""
+
+    def __init__(self, agent: Agent, space: gym.Space):
+        super().__init__()
+        self.agent = agent
+        self.shape = () if agent.discrete else space.shape
+        if not agent.discrete:
+            self.register_buffer("low", torch.as_tensor(space.low, dtype=torch.float32))
+            self.register_buffer("high", torch.as_tensor(space.high, dtype=torch.float32))
+
+    def forward(self, obs, h, c, episode_start) -> tuple:
+        one_step = obs_map(lambda o: o[None], obs)  # [1, B, ...]
+        out, _, state = self.agent(one_step, RnnState(h, c), episode_start[None])
+        out = out[0]
+        if self.agent.discrete:
+            return out.argmax(1), out, state.h, state.c
+        action = out.reshape(-1, *self.shape).clamp(self.low, self.high)
+        return action, out, state.h, state.c
 
 
 def main() -> int:
@@ -957,6 +986,17 @@ def main() -> int:
     )
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
+    if args.export:  # with --resume: the recurrent policy as an ONNX file, train nothing
+        n = 8  # example rows: the graph's batch axis is dynamic
+        state = agent.initial_state(n)
+        return run.export(
+            ExportedPolicy(agent, run.act_space),
+            ["action", "logits" if agent.discrete else "mean", "h_out", "c_out"],
+            rows=n,
+            h=state.h,
+            c=state.c,
+            episode_start=torch.ones(n, dtype=torch.bool),
+        )
     batch = args.num_envs * args.num_steps * run.world  # the job's: every rank's rollout
     first, num_iterations = start.global_step // batch, max(args.total_timesteps // batch, 1)
     global_step = start.global_step

@@ -745,13 +745,15 @@ def main() -> int:
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating("buffer_size", "hidden"):  # sizes this machine cannot hold: exit 2
         net, target_net, optimizer = make_learner(args, run)
-        buffer = make_replay(args, run)
+        # no replay to evaluate or export a checkpoint
+        buffer = None if args.eval_only or args.export else make_replay(args, run)
     policy = EvalPolicy(net, run.device, args.eval_epsilon)
     start = run.begin(policy, buffer, model=net, target_model=target_net, optimizer=optimizer)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
     if args.export:  # with --resume: the greedy recurrent policy as an ONNX file, train nothing
-        n, state = 8, net.initial_state(8)  # example rows: the graph's batch axis is dynamic
+        n = 8  # example rows: the graph's batch axis is dynamic
+        state = net.initial_state(n)
         return run.export(
             ExportedPolicy(net),
             ["action", "q_values", "h_out", "c_out"],

@@ -475,8 +475,8 @@ class ExportedPolicy(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = self.obs_norm.normalize(obs.float())
+        a, _ = self.actor(x, deterministic=True)  # the evaluation's action: tanh(mean) in [-1, 1]
         mean = self.actor.net(x).chunk(2, dim=-1)[0]
-        a = torch.tanh(mean)  # the evaluation's action: tanh of the mean, in [-1, 1]
         return self.low + (a + 1.0) * 0.5 * (self.high - self.low), mean
 
 
@@ -486,7 +486,8 @@ def main() -> int:
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating("buffer_size", "hidden"):  # sizes this machine cannot hold: exit 2
         actor, critics, target_critics, log_alpha, optimizers, obs_norm = make_learner(args, run)
-        buffer = make_replay(args, run)
+        # no replay to evaluate or export a checkpoint
+        buffer = None if args.eval_only or args.export else make_replay(args, run)
     policy = partial(act, actor, obs_norm, run.device, run.act_space)  # for evaluation
     start = run.begin(
         policy,

@@ -451,7 +451,8 @@ def main() -> int:
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating("buffer_size", "hidden"):  # sizes this machine cannot hold: exit 2
         actor, target_actor, critics, target_critics, optimizers, obs_norm = make_learner(args, run)
-        buffer = make_replay(args, run)
+        # no replay to evaluate or export a checkpoint
+        buffer = None if args.eval_only or args.export else make_replay(args, run)
     policy = partial(act, actor, obs_norm, run.device, run.act_space)  # for evaluation
     start = run.begin(
         policy,

@@ -196,6 +196,9 @@ def check_common(args: Any) -> None:
         target = Path(args.export)
         if target.is_dir() or not target.parent.is_dir():
             bad_args(f"--export {args.export}: not a file in an existing folder")
+        read = Path(args.resume) / "checkpoint.pt" if Path(args.resume).is_dir() else Path(args.resume)
+        if target.resolve() == read.resolve():
+            bad_args(f"--export {args.export}: that is the checkpoint it exports from")
     if (getattr(args, "eval_only", False) or getattr(args, "eval_every", 0)) and args.eval_episodes <= 0:
         bad_args("--eval-only and --eval-every need --eval-episodes of at least 1")
     if not 0 <= args.seed < 2**31:  # numpy seeds are below 2**32, and the scripts add offsets to this one

@@ -75,15 +75,20 @@ def play(make_env: Callable[[bool], Callable[[], Any]], act: Callable[..., Any],
     played: list[tuple[int, float]] = []
     if mine:
         n = min(envs, len(mine))
-        vec = _AleEnvs(atari(n)) if atari is not None else \
-            _GymEnvs([make_env(video_dir is not None and b == 0)() for b in range(n)], video_dir)
+        opened = []  # closed on every path (RecordVideo writes its file when its env closes)
         try:
+            if atari is not None:
+                opened.append(_AleEnvs(atari(n)))
+            else:
+                opened.append(_GymEnvs([make_env(video_dir is not None and b == 0) for b in range(n)], video_dir))
             with torch.no_grad(), torch.random.fork_rng(devices=cuda):
-                played = _play(vec, act, mine, seed)
-                if video_dir is not None and atari is not None and mine[0] == 0:
-                    _play(_GymEnvs([make_env(True)()], video_dir), act, [0], seed)  # the video's episode only
+                played = _play(opened[0], act, mine, seed)
+                if video_dir is not None and atari is not None and mine[0] == 0:  # ale-py's envs render nothing
+                    opened.append(_GymEnvs([make_env(True)], video_dir))
+                    _play(opened[-1], act, [0], seed)  # the video's episode, not counted
         finally:
-            vec.close()
+            for vec in opened:
+                vec.close()
     return [r for _, r in sorted(sum(distributed.gather_objects(played, slow=True), []))]
 
 
@@ -91,17 +96,6 @@ def _play(vec: Any, act: Callable[..., Any], mine: list[int], seed: int) -> list
     """Play the episodes ``mine`` on ``vec``'s envs; [(episode, return)] in the order they ended."""
     n = vec.n
     keywords = inspect.signature(act).parameters
-    if "last_reward" in keywords:  # TEMPORARY: an act of one observation, until every script's act is batched
-        one = act
-
-        def act(obs, starts, rewards, mask=None):
-            rows = [{k: v[b] for k, v in obs.items()} if isinstance(obs, dict) else obs[b] for b in range(len(starts))]
-            extra = [{"mask": mask[b]} if mask is not None else {} for b in range(len(starts))]
-            return np.array([one(rows[b], None if starts[b] else float(rewards[b]), **extra[b])
-                             for b in range(len(starts))])
-
-        keywords = inspect.signature(act).parameters if "mask" in inspect.signature(one).parameters else \
-            {"starts": 0, "rewards": 0}
     draws = Draws(n)
     queue = iter(mine)
     episode: list[int | None] = [None] * n  # the episode each env plays (None: none left for it)
@@ -145,16 +139,23 @@ def _stack(rows: list[Any]) -> Any:
 
 
 class _GymEnvs:
-    """n gymnasium envs stepped in this process, each reset when it takes an episode; env 0 records its first
-    episode with ``video_dir``."""
+    """n gymnasium envs (made by ``thunks``) stepped in this process, each reset when it takes an episode; env 0
+    records its first episode with ``video_dir``."""
 
-    def __init__(self, envs: list[Any], video_dir: Path | None):
+    def __init__(self, thunks: list[Callable[[], Any]], video_dir: Path | None):
         import gymnasium as gym
 
-        if video_dir is not None:
-            envs[0] = gym.wrappers.RecordVideo(envs[0], str(video_dir), episode_trigger=lambda i: i == 0,
-                                               disable_logger=True)
-        self.envs, self.n = envs, len(envs)
+        self.envs: list[Any] = []
+        try:
+            for thunk in thunks:
+                self.envs.append(thunk())
+            if video_dir is not None:
+                self.envs[0] = gym.wrappers.RecordVideo(self.envs[0], str(video_dir), episode_trigger=lambda i: i == 0,
+                                                        disable_logger=True)
+        except BaseException:  # the envs made so far are closed
+            self.close()
+            raise
+        self.n = len(self.envs)
         self._obs: list[Any] = [None] * self.n
         self._infos: list[dict] = [{} for _ in range(self.n)]
         self.obs: Any = None
@@ -191,6 +192,7 @@ class _AleEnvs:
     def reset(self, rows: list[int], seeds: list[int]) -> None:
         which = np.zeros(self.n, bool)
         which[rows] = True
+        # ale-py takes the seeds in env order
         obs, _ = self.env.reset(seed=np.array(seeds)[np.argsort(rows)], options={"reset_mask": which})
         if self.obs is None:
             self.obs = obs

@@ -3,20 +3,25 @@ runtime in another language).
 
 Guarantees
 - ``export(policy, inputs, outputs, path)`` writes ``policy`` (an ``nn.Module`` whose ``forward`` takes the
-  tensors ``inputs`` by name, in order, and returns the tensors named ``outputs``, in order) to ``path`` with
-  torch.onnx's exporter (``dynamo=True``), every input's batch axis dynamic: axis 0, or axis 1 for a recurrent
-  state (``state_inputs``: ``[layers, B, H]``). The inputs keep the env's dtypes (uint8 frames are scaled inside
-  the graph), so a deployment feeds what the env gives.
+  tensors ``inputs`` by name and returns the tensors named ``outputs``, in order) to ``path`` with torch.onnx's
+  exporter (``dynamo=True``), every input's batch axis dynamic: axis 0, or axis 1 for a recurrent state
+  (``state_inputs``: ``[layers, B, H]``). An input may be a dict of tensors (a Dict observation): the graph
+  takes its entries as inputs of their own, by key. The graph's inputs come in the order of ``forward``'s
+  parameters (a ``**kwargs`` forward is refused: torch's exporter fails on it). The inputs keep the env's dtypes
+  (uint8 frames are scaled inside the graph), so a deployment feeds what the env gives.
 - The file is checked before this returns: onnx's checker passes, and onnxruntime run on ``inputs`` and on a
   batch of another size (the rows repeated) gives every output within ``TOLERANCE`` of torch's (integer
-  outputs, the actions: exactly). Otherwise ``ExportError`` names the output and the difference, and the file is
-  removed. Returns the largest difference seen.
+  outputs, the actions: exactly). Otherwise ``ExportError`` names the output and the difference. The graph is
+  written beside ``path`` and replaces it only once checked: on any failure ``path`` is left as it was. Returns
+  the largest difference seen.
 - The policy runs under ``torch.no_grad()`` in eval mode; nothing of the training state changes.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
+import os
 import warnings
 from pathlib import Path
 from typing import Any
@@ -40,26 +45,38 @@ def export(policy: Any, inputs: dict[str, Any], outputs: list[str], path: str | 
 
     path = Path(path)
     batch = torch.export.Dim("batch", min=1, max=1 << 16)
-    shapes = {name: {1 if name in state_inputs else 0: batch} for name in inputs}
+    # torch.export reads the inputs in the order of forward's signature; a dict input is its entries in order
+    order = [p for p in inspect.signature(policy.forward).parameters if p in inputs]
+    if sorted(order) != sorted(inputs):
+        raise ExportError(f"forward takes no input named {', '.join(sorted(set(inputs) - set(order)))}")
+    inputs = {k: inputs[k] for k in order}
+    axis = {k: {1 if k in state_inputs else 0: batch} for k in inputs}
+    shapes = {k: {sub: {0: batch} for sub in v} if isinstance(v, dict) else axis[k] for k, v in inputs.items()}
+    leaves = {sub: t for k, v in inputs.items() for sub, t in (v.items() if isinstance(v, dict) else [(k, v)])}
+    if len(leaves) != sum(len(v) if isinstance(v, dict) else 1 for v in inputs.values()):
+        raise ExportError(f"two inputs of one name among {', '.join(leaves)}")
     was_training = policy.training
     policy.eval()
     quiet = logging.getLogger("torch.onnx")  # the exporter's notes (torchvision's ops skipped, ...) are not ours
-    level, quiet.level = quiet.level, logging.ERROR
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    written = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # checked before it replaces ``path``
     try:
         with torch.no_grad(), warnings.catch_warnings():
             for kind in (FutureWarning, UserWarning):  # deprecations and notes inside torch's exporter
                 warnings.simplefilter("ignore", kind)
-            program = torch.onnx.export(policy, (), kwargs=inputs, dynamic_shapes=shapes, input_names=list(inputs),
+            program = torch.onnx.export(policy, (), kwargs=inputs, dynamic_shapes=shapes, input_names=list(leaves),
                                         output_names=outputs, dynamo=True, verbose=False)
-            program.save(str(path))
-            onnx.checker.check_model(str(path), full_check=True)
-            session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+            program.save(str(written))
+            onnx.checker.check_model(str(written), full_check=True)
+            session = onnxruntime.InferenceSession(str(written), providers=["CPUExecutionProvider"])
             worst = 0.0
             for repeat in (1, 3):  # the batch as given, and three times as many rows: the batch axis is dynamic
-                given = {k: torch.cat([v] * repeat, dim=1 if k in state_inputs else 0) for k, v in inputs.items()}
+                given = {k: _repeat(v, repeat, 1 if k in state_inputs else 0) for k, v in inputs.items()}
                 want = policy(**given)
                 want = want if isinstance(want, tuple) else (want,)
-                got = session.run(outputs, {k: v.cpu().numpy() for k, v in given.items()})
+                flat = {sub: t for k, v in given.items() for sub, t in (v.items() if isinstance(v, dict) else [(k, v)])}
+                got = session.run(outputs, {k: v.cpu().numpy() for k, v in flat.items()})
                 for name, w, g in zip(outputs, want, got):
                     w = w.cpu().numpy()
                     if w.shape != g.shape:
@@ -69,10 +86,18 @@ def export(policy: Any, inputs: dict[str, Any], outputs: list[str], path: str | 
                     if (exact and diff > 0) or diff > TOLERANCE:
                         raise ExportError(f"{name}: onnxruntime differs from torch by {diff:.3g}")
                     worst = max(worst, 0.0 if exact else diff)
-    except BaseException:
-        path.unlink(missing_ok=True)
-        raise
+        os.replace(written, path)
     finally:
+        written.unlink(missing_ok=True)
         policy.train(was_training)
         quiet.setLevel(level)
     return worst
+
+
+def _repeat(x: Any, times: int, dim: int) -> Any:
+    """``x`` (a tensor, or a dict of them) with its rows ``times`` over along ``dim``."""
+    import torch
+
+    if isinstance(x, dict):
+        return {k: torch.cat([v] * times, dim=0) for k, v in x.items()}
+    return torch.cat([x] * times, dim=dim)

@@ -272,8 +272,10 @@ class Run:
         args = self.args
         objects = {name: obj for name, obj in objects.items() if obj is not None}  # a part these flags do not build
         self._policy, self._objects = policy, objects
-        evaluating = bool(getattr(args, "eval_only", False) or getattr(args, "export", ""))  # no training
-        if getattr(args, "track", False) and distributed.is_main():  # W&B: one that cannot start is an exit 2
+        exporting = bool(getattr(args, "export", ""))  # writes one file, nothing in the run folder, no W&B run
+        evaluating = bool(getattr(args, "eval_only", False)) or exporting  # no training
+        # W&B: one that cannot start is an exit 2
+        if getattr(args, "track", False) and distributed.is_main() and not exporting:
             try:
                 self.tracker = tracking.start(args, self.path, self.script)
             except RuntimeError as e:
@@ -311,7 +313,7 @@ class Run:
 
     def _open_folder(self, start_step: int, evaluating: bool) -> None:
         counters = (self.resumed or {}).get("run", {})
-        if not self.writes:
+        if not self.writes or getattr(self.args, "export", ""):
             self.progress = ProgressLog(None, self.args.total_timesteps, start_step, counters)
             return
         self.path.mkdir(parents=True, exist_ok=True)
@@ -440,9 +442,9 @@ class Run:
         args = self.args
         if self._eval_on_ale is None:  # the unchanged Atari env: its games step in ale-py's threads
             self._eval_on_ale = is_atari(args.env_id) and standard_atari(args, self.make_env)
-        returns = play(partial(self.make_env, args), self._policy, args.eval_episodes, args.seed, args.eval_envs,
-                       self.path / "videos" if video and self.writes else None,
-                       partial(_ale_envs, args) if self._eval_on_ale else None)
+        returns = play(partial(self.make_env, args), self._policy, args.eval_episodes, args.seed, envs=args.eval_envs,
+                       video_dir=self.path / "videos" if video and self.writes else None,
+                       atari=partial(_ale_envs, args) if self._eval_on_ale else None)
         for r in returns:
             self.progress.tb.add_scalar("eval/episodic_return", r, global_step)
         summary = {"global_step": global_step, "returns": returns, "mean": float(np.mean(returns))}
@@ -476,9 +478,9 @@ class Run:
 
     def export(self, policy: Any, outputs: list[str], rows: int = 8, state_inputs: tuple[str, ...] = (),
                **inputs: Any) -> int:
-        """``--resume RUN --export FILE``: write ``policy`` (its ``forward`` takes the observations, named ``obs``
-        or by a Dict's keys, then ``inputs`` by name) as ONNX, checked against torch on ``rows`` observations of
-        the env's space (``shared.export``); train nothing. Returns the exit code (1: the graph differs)."""
+        """``--resume RUN --export FILE``: write ``policy`` (its ``forward`` takes ``obs``, a tensor or a dict of
+        them by a Dict space's keys, and ``inputs`` by name) as ONNX, checked against torch on ``rows``
+        observations of the env's space (``shared.export``); train nothing. Returns the exit code."""
         import torch
 
         from shared.export import ExportError, export
@@ -487,20 +489,29 @@ class Run:
         try:
             import gymnasium as gym
 
+            policy = policy.cpu()  # the graph holds no device; the inputs below are made on the CPU
+
             self.obs_space.seed(self.args.seed)
             samples = [self.obs_space.sample() for _ in range(rows)]
             if isinstance(self.obs_space, gym.spaces.Dict):  # one input per key a network takes
                 obs = {k: torch.as_tensor(np.stack([s[k] for s in samples])) for k, sub in self.obs_space.items()
                        if isinstance(sub, (gym.spaces.Box, gym.spaces.Discrete))}
+                names = [*obs, *inputs]
             else:
-                obs = {"obs": torch.as_tensor(np.stack(samples))}
-            inputs = {**obs, **inputs}
-            worst = export(policy, inputs, outputs, self.args.export, state_inputs)
-            self._say(f"exported the policy of step {self.global_step} to {self.args.export} ({', '.join(inputs)} in; "
+                obs = torch.as_tensor(np.stack(samples))
+                names = ["obs", *inputs]
+            worst = export(policy, {"obs": obs, **inputs}, outputs, self.args.export, state_inputs)
+            self._say(f"exported the policy of step {self.global_step} to {self.args.export} ({', '.join(names)} in; "
                       f"{', '.join(outputs)} out; onnxruntime within {worst:.1g} of torch)")
             self.exit_code = 0
         except ExportError as e:
             print(f"error: --export {self.args.export}: {e}", file=sys.stderr, flush=True)
+        except KeyboardInterrupt:
+            print("interrupted: export stopped, no file written", file=sys.stderr, flush=True)
+            self.exit_code = EXIT_INTERRUPTED
+        except Exception as e:  # the exporter, onnx's checker or the disk: one line, no traceback
+            print(f"error: --export {self.args.export}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                  file=sys.stderr, flush=True)
         finally:
             self.progress.close()
             if self.tracker is not None:

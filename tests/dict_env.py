@@ -22,6 +22,8 @@ N_CUES, LENGTH = 3, 16
 
 
 class DictCue(gym.Env):
+    metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
+
     def __init__(self, side: int = 7, cue_in_image: bool = False, masked: bool = False, continuous: bool = False,
                  bad: bool = False, render_mode: str | None = None):
         self.side, self.cue_in_image, self.masked, self.render_mode = side, cue_in_image, masked, render_mode

@@ -225,8 +225,6 @@ def test_torchrun_with_a_dict(name, tmp_path):
     assert int(progress(tmp_path / "r")[-1]["global_step"]) == 256
 
 
-@pytest.mark.xfail(strict=True, reason="act (ppo_atari, a2c) and EvalPolicy (ppo_lstm) take Box observations "
-                   "until the batched evaluation converts them; remove this mark then")
 @pytest.mark.parametrize("name", ["ppo_atari.py", "ppo_lstm.py"])
 def test_eval_only_and_video_after_resume(name, tmp_path):
     flags = [*SHORT[:-4], "--out-dir", str(tmp_path), "--run-name", "r"]

@@ -6,7 +6,9 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
+import subprocess
 import sys
+import textwrap
 from functools import partial
 from types import SimpleNamespace
 
@@ -45,74 +47,107 @@ def learner(name: str, folder):
 
 
 def acting(name: str, folder):
-    """(the script's evaluation act with epsilon 0, the env factory): the parts it reads loaded from the run."""
+    """(the script's evaluation act, deterministic where the script has an epsilon; the network it reads; the env
+    factory), the parts loaded from the run."""
     m, args, space, parts, saved = learner(name, folder)
     if name in ("dqn_atari.py", "catdqn_atari.py"):
         parts[0].load_state_dict(saved["model"])
-        act = partial(m.act, parts[0], CPU, 0.0)
-    elif name == "r2d1_atari.py":
+        return partial(m.act, parts[0], CPU, 0.0), parts[0], partial(m.make_env, args)
+    if name == "r2d1_atari.py":
         parts[0].load_state_dict(saved["model"])
-        act = m.EvalPolicy(parts[0], CPU, 0.0)
-    elif name == "ppo_mujoco.py":
+        return m.EvalPolicy(parts[0], CPU, 0.0), parts[0], partial(m.make_env, args)
+    if name == "ppo_lstm.py":
         parts[0].load_state_dict(saved["model"])
-        act = partial(m.act, parts[0], CPU, space.act_space)
-    else:  # sac, td3, ddpg: the actor and the observation statistics
-        actor, obs_norm = parts[0], parts[-1]
-        actor.load_state_dict(saved["actor"])
-        obs_norm.load_state_dict(saved["obs_norm"])
-        act = partial(m.act, actor, obs_norm, CPU, space.act_space)
-    return act, partial(m.make_env, args)
+        return m.EvalPolicy(parts[0], CPU, space.act_space), parts[0], partial(m.make_env, args)
+    if name in ("ppo_atari.py", "a2c_atari.py"):
+        parts[0].load_state_dict(saved["model"])
+        return partial(m.act, parts[0], CPU), parts[0], partial(m.make_env, args)
+    if name == "ppo_mujoco.py":
+        parts[0].load_state_dict(saved["model"])
+        return partial(m.act, parts[0], CPU, space.act_space), parts[0], partial(m.make_env, args)
+    actor, obs_norm = parts[0], parts[-1]  # sac, td3, ddpg: the actor and the observation statistics
+    actor.load_state_dict(saved["actor"])
+    obs_norm.load_state_dict(saved["obs_norm"])
+    return partial(m.act, actor, obs_norm, CPU, space.act_space), actor, partial(m.make_env, args)
 
 
 def recorded(act):
-    """``act``, recording each call's inputs and actions: [(obs [B, ...], starts [B], rewards [B], actions)]."""
+    """``act``, recording each call: (obs [B, ...] or a dict of them, starts [B], rewards [B], actions, the
+    recurrent state ``h`` after the call or None)."""
     calls = []
 
-    def recording(obs, draws, starts, rewards):
-        given = {"draws": draws, "starts": starts, "rewards": rewards}
+    def recording(obs, draws, starts, rewards, mask=None):
+        given = {"draws": draws, "starts": starts, "rewards": rewards, "mask": mask}
         actions = act(obs, **{k: v for k, v in given.items() if k in inspect.signature(act).parameters})
-        calls.append((obs.copy(), starts.copy(), rewards.copy(), np.asarray(actions).copy()))
+        state = getattr(act, "state", None)
+        obs = {k: v.copy() for k, v in obs.items()} if isinstance(obs, dict) else obs.copy()
+        calls.append((obs, starts.copy(), rewards.copy(), np.asarray(actions).copy(),
+                      None if state is None else state.h.numpy().copy()))
         return actions
 
     return recording, calls
 
 
-ONE_STEP = ["dqn_atari.py", "catdqn_atari.py", "sac_mujoco.py", "td3_mujoco.py", "ddpg_mujoco.py", "ppo_mujoco.py"]
-IN_CI = {"dqn_atari.py", "sac_mujoco.py", "r2d1_atari.py"}
+def feeds(obs) -> dict:
+    return dict(obs) if isinstance(obs, dict) else {"obs": obs}
 
 
-@pytest.mark.parametrize("name", [n if n in IN_CI else pytest.param(n, marks=pytest.mark.slow)
-                                  for n in [*ONE_STEP, "r2d1_atari.py"]])
-def test_onnxruntime_acts_as_the_scripts_own_act_on_real_episodes(name, tmp_path):
-    flags, _ = SCRIPTS[name]
+DICT_PPO = ["--env-id", "tests.dict_env:DictCue-v0", "--num-envs", "4", "--num-steps", "32", "--total-timesteps",
+            "256"]
+CASES = {name: SCRIPTS[name][0] for name in SCRIPTS}
+for name in ("sac_mujoco.py", "td3_mujoco.py", "ddpg_mujoco.py"):  # statistics to fold into the graph
+    CASES[name] = [*CASES[name], "--normalize-obs"]
+CASES["ppo_atari.py:dict"] = DICT_PPO
+IN_CI = {"sac_mujoco.py", "r2d1_atari.py", "ppo_lstm.py", "ppo_atari.py:dict"}
+
+
+@pytest.mark.parametrize("case", [c if c in IN_CI else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
+def test_onnxruntime_acts_as_the_scripts_own_act_on_real_episodes(case, tmp_path):
+    """A few hundred observations of real episodes (several envs, several seeds), played by the script's own
+    evaluation act: the graph's action is that act's where the act is deterministic; its logits, Q-values or
+    mean are the network's; a recurrent graph carries the state as the act does, step after step."""
+    name, flags = case.split(":")[0], CASES[case]
     trained = run(name, *flags, "--eval-episodes", "0", "--out-dir", str(tmp_path), "--run-name", "r", timeout=300)
     assert trained.returncode == 0, trained.stderr[-2000:]
+    before = {p.name: p.read_bytes() for p in (tmp_path / "r").iterdir()}
     out = run(name, *flags, "--resume", str(tmp_path / "r"), "--export", str(tmp_path / "policy.onnx"), timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "exported the policy" in out.stdout and out.stderr.strip() == ""
+    assert {p.name: p.read_bytes() for p in (tmp_path / "r").iterdir()} == before  # the run folder untouched
     onnx.checker.check_model(str(tmp_path / "policy.onnx"), full_check=True)
     session = onnxruntime.InferenceSession(str(tmp_path / "policy.onnx"), providers=["CPUExecutionProvider"])
     names = [i.name for i in session.get_inputs()]
+    assert names[:3] == ["cue", "image", "vec"] if case.endswith(":dict") else names[0] == "obs"
 
-    act, make_env = acting(name, tmp_path / "r")
+    act, net, make_env = acting(name, tmp_path / "r")
     recording, calls = recorded(act)
-    while sum(len(c[0]) for c in calls) < 300:  # a few hundred observations of real episodes, several envs
+    while sum(len(c[3]) for c in calls) < 300:
         play(make_env, recording, 4, len(calls), envs=2)
-    if name in ONE_STEP:
-        assert names == ["obs"]
-        for obs, _, _, actions in calls:
-            got = session.run(None, {"obs": obs})[0]
-            np.testing.assert_allclose(got, actions.astype(got.dtype), atol=1e-4, rtol=0)
-        return
-    # r2d1: the state goes out and comes back in, step after step, as a deployment would carry it
-    assert names == ["obs", "prev_action", "prev_reward", "h", "c", "episode_start"]
-    h = c = np.zeros((len(calls[0][0]), act.net.hidden), np.float32)
-    prev = np.zeros(len(calls[0][0]), np.int64)
-    for obs, starts, rewards, actions in calls:
-        got, _, h, c = session.run(None, {"obs": obs, "prev_action": prev, "prev_reward": rewards.astype(np.float32),
-                                          "h": h, "c": c, "episode_start": starts})
-        np.testing.assert_array_equal(got, actions)
-        prev = actions
+    with torch.no_grad():
+        if name in ("r2d1_atari.py", "ppo_lstm.py"):  # the state goes out and comes back in, as a deployment's
+            h = c = np.zeros((len(calls[0][3]), net.hidden), np.float32)
+            prev = np.zeros(len(calls[0][3]), np.int64)
+            for obs, starts, rewards, actions, h_act in calls:
+                extra = {"prev_action": prev, "prev_reward": rewards.astype(np.float32)} if "prev_action" in names \
+                    else {}
+                got, _, h, c = session.run(None, {**feeds(obs), **extra, "h": h, "c": c, "episode_start": starts})
+                np.testing.assert_allclose(h, h_act, atol=1e-4, rtol=0)  # the act's own state, step after step
+                if name == "r2d1_atari.py":
+                    np.testing.assert_array_equal(got, actions)
+                prev = actions
+            return
+        for obs, _, _, actions, _ in calls:
+            got = session.run(None, feeds(obs))
+            if name in ("ppo_atari.py", "a2c_atari.py"):  # a sampling act: the graph's logits are the network's
+                x = {k: torch.as_tensor(v) for k, v in obs.items()} if isinstance(obs, dict) else torch.as_tensor(obs)
+                logits, _ = net(x)
+                np.testing.assert_allclose(got[1], logits.numpy(), atol=1e-4, rtol=0)
+                np.testing.assert_array_equal(got[0], logits.argmax(1).numpy())
+                continue
+            np.testing.assert_allclose(got[0], actions.astype(got[0].dtype), atol=1e-4, rtol=0)
+            if name in ("dqn_atari.py", "catdqn_atari.py"):
+                q = net(torch.as_tensor(obs)) if name == "dqn_atari.py" else net.q_values(torch.as_tensor(obs))
+                np.testing.assert_allclose(got[1], q.numpy(), atol=1e-4, rtol=0)
 
 
 def test_a_cnn_policy_exports_with_uint8_frames_scaled_inside(tmp_path):
@@ -183,3 +218,18 @@ def test_the_exported_graph_takes_any_batch_size(tmp_path):
         x = np.random.default_rng(n).standard_normal((n, 3)).astype(np.float32)
         with torch.no_grad():
             np.testing.assert_allclose(session.run(None, {"obs": x})[0], net(torch.as_tensor(x)).numpy(), atol=1e-5)
+
+
+def test_the_readmes_five_lines_run_an_exported_policy_without_torch(tmp_path):
+    """README.md's snippet, as written, on ppo_atari.py's CartPole policy: it runs, and never imports torch."""
+    readme = (ROOT / "README.md").read_text()
+    snippet = textwrap.dedent(readme.split("Running it needs no torch:")[1].split("```python")[1].split("```")[0])
+    flags = ["--env-id", "CartPole-v1", "--num-envs", "2", "--num-steps", "32", "--total-timesteps", "64"]
+    trained = run("ppo_atari.py", *flags, "--eval-episodes", "0", "--out-dir", str(tmp_path), "--run-name", "r")
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    out = run("ppo_atari.py", *flags, "--resume", str(tmp_path / "r"), "--export", str(tmp_path / "policy.onnx"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    check = snippet + "\nimport sys\nassert 'torch' not in sys.modules, 'the snippet imported torch'\n"
+    done = subprocess.run([sys.executable, "-c", check], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() in ("[0]", "[1]")

@@ -18,6 +18,7 @@ import torch
 
 from shared.buffer import buffer_from_example
 from shared.envs import vector_env
+from shared.evaluation import Draws
 from tests.helpers import (
     ROOT,
     assert_killed_sampler_ends_the_run,
@@ -147,14 +148,17 @@ def test_evaluation_policy_carries_its_state_and_starts_afresh_with_each_episode
     args, envs, agent = short_episodes("discrete")
     envs.close()
     policy = ppo_lstm.EvalPolicy(agent, torch.device("cpu"), gym.spaces.Discrete(2))
-    obs = [np.array([0.1, 0.02], np.float32), np.array([0.12, 0.03], np.float32)]
+    obs = [np.array([[0.1, 0.02], [0.5, 0.5]], np.float32), np.array([[0.12, 0.03], [0.4, 0.6]], np.float32)]
+    draws, start, go_on = Draws(2), np.array([True, True]), np.array([False, False])
     with torch.no_grad():
-        policy(obs[0], None)
+        policy(obs[0], draws, start)
         carried = policy.state.h.clone()
-        policy(obs[1], 1.0)
-        assert not torch.equal(policy.state.h, carried)  # the state moves on within an episode
-        policy(obs[0], None)
-        assert torch.equal(policy.state.h, carried)  # and starts from zeros at the next one
+        policy(obs[1], draws, go_on)
+        assert not torch.equal(policy.state.h[0], carried[0])  # the state moves on within an episode
+        moved = policy.state.h.clone()
+        policy(obs[0], draws, np.array([True, False]))  # env 0 starts its next episode, env 1 goes on
+        assert torch.equal(policy.state.h[0], carried[0])  # env 0 from zeros
+        assert not torch.equal(policy.state.h[1], moved[1])  # env 1 carried its own state on
 
 
 # ---------------------------------------------------------------------------------------------- learning
