@@ -4,6 +4,8 @@ mask; no episode is started beyond the count."""
 
 from __future__ import annotations
 
+from functools import partial
+
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -118,18 +120,48 @@ def test_no_episode_starts_beyond_the_count_and_every_env_is_closed():
     assert made == []
 
 
+class Lengths:
+    """ale-py's vector env, recording each episode's seed and length: the games themselves, not only their
+    returns (a policy that loses every Pong game 0-21 scores -21 whatever the seed)."""
+
+    def __init__(self, env, lengths: dict):
+        self.env, self.lengths = env, lengths
+        self.num_envs, self.single_action_space = env.num_envs, env.single_action_space
+        self.seed, self.t = [None] * env.num_envs, [0] * env.num_envs
+
+    def reset(self, seed, options):
+        for b, s in zip(np.flatnonzero(options["reset_mask"]), seed):
+            self.seed[b], self.t[b] = int(s), 0
+        return self.env.reset(seed=seed, options=options)
+
+    def step(self, actions):
+        out = self.env.step(actions)
+        for b in range(self.num_envs):
+            self.t[b] += 1
+            if (out[2][b] or out[3][b]) and self.seed[b] is not None:
+                self.lengths[self.seed[b]] = self.t[b]
+                self.seed[b] = None  # an env with no episode left plays on unrecorded
+        return out
+
+    def close(self):
+        self.env.close()
+
+
 def test_atari_episodes_on_ale_py_threads_do_not_depend_on_the_number_of_envs():
     """The vector env of ale-py: each env reset alone with its episode's seed, whichever it is and whatever the
-    others are doing (Pong: a policy of the frame's pixels, whole games)."""
-    def atari(n):
-        return make_atari_vector_env("PongNoFrameskip-v4", n, num_threads=min(n, 2))
-
-    def pixels(obs):  # deterministic, and moves the paddle: games of different lengths
+    others are doing: the same games (seed by seed, their lengths) and returns with 1, 2 or 3 envs."""
+    def pixels(obs, mask):  # deterministic; a policy that takes masks gets all-valid ones from Atari games
+        assert mask.shape == (len(obs), 6) and mask.all()
         return (obs[:, -1, 30:50].astype(np.int64).sum(axis=(1, 2)) % 6).astype(np.int64)
 
-    def masked_pixels(obs, mask):  # a policy that takes masks gets all-valid ones from Atari games
-        assert mask.shape == (len(obs), 6) and mask.all()
-        return pixels(obs)
+    def pong(lengths: dict, k: int) -> Lengths:
+        return Lengths(make_atari_vector_env("PongNoFrameskip-v4", k, num_threads=min(k, 2)), lengths)
 
-    one = play(None, masked_pixels, 3, SEED, 1, atari=atari)
-    assert play(None, pixels, 3, SEED, 2, atari=atari) == one and play(None, pixels, 3, SEED, 3, atari=atari) == one
+    games = {}
+    for n in (1, 2, 3):
+        lengths: dict = {}
+        games[n] = (play(None, pixels, 3, SEED, n, atari=partial(pong, lengths)), lengths)
+    assert games[1] == games[2] == games[3]
+    returns, lengths = games[1]
+    assert sorted(lengths) == [SEED + 100_000 + i for i in range(3)]
+    assert len(set(lengths.values())) > 1  # the seeds make different games: a wrong seed would show
