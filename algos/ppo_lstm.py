@@ -915,12 +915,10 @@ def set_learning_rate(
 
 
 class EvalPolicy:
-    """Evaluation policy for observations [B, ...] (a dict of them for a Dict space), each env
-    carrying its LSTM state through its episode (``starts`` [B]: one begins there, and the state is
-    zeroed): discrete actions sampled from the policy (among the valid ones ``mask`` [B, A] where
-    the env gives one; each episode's sample from its own ``draws``, Gumbel-max), as ppo_atari.py;
-    continuous ones the Gaussian's mean, clipped to the bounds, as ppo_mujoco.py; observation
-    statistics frozen."""
+    """Evaluation policy for observations [B, ...], each env carrying its LSTM state through its
+    episode (zeroed where ``starts`` [B]): discrete actions sampled as ppo_atari.py's act, among the
+    valid ones ``mask`` [B, A]; continuous ones the Gaussian's mean clipped to the bounds, as
+    ppo_mujoco.py's; observation statistics frozen."""
 
     def __init__(self, agent: Agent, device: torch.device, space: gym.Space):
         self.agent = agent
@@ -946,11 +944,9 @@ class EvalPolicy:
 
 
 class ExportedPolicy(nn.Module):
-    """--export: one step of the recurrent policy for B envs: raw observations [B, ...] (``obs``, or
-    one input per key of a Dict space), the state h, c [B, hidden] and episode_start [B] (True: the
-    state is zeroed first) -> the evaluation's action [B] (greedy) or [B, ...] (the Gaussian's mean
-    clipped to the bounds), the logits or mean [B, A], and the next h, c; observation statistics
-    are constants of the graph."""
+    """--export: one step for B envs: raw observations [B, ...], h, c [B, hidden], episode_start [B]
+    (True: the state zeroed first) -> the evaluation's action (greedy, or the mean clipped to the
+    bounds), the logits or mean [B, A], the next h, c; observation statistics are constants."""
 
     def __init__(self, agent: Agent, space: gym.Space):
         super().__init__()
