@@ -6,9 +6,11 @@ lambda 0.95, no entropy bonus, no value clipping, 100k steps), several seeds eac
     taskset -c 1 python benchmarks/minigrid.py OUT [--seeds 1 2 3] [--which ours sb3]
 
 Not the zoo's: the zoo flattens the observation (FlatObsWrapper) and normalizes it (VecNormalize); here neither
-sees a flat or normalized observation: the image (7x7x3 uint8 codes 0-10) enters the network as it is (scaled by
-1/255, as SB3's default normalize_images would, ours learned nothing in 65k steps), the direction (Discrete(4))
-one-hot, as SB3's MultiInputPolicy does. Both networks are the same: shared/dict_obs.py's
+sees a flat or normalized observation: the image (7x7x3 uint8 codes 0-10) enters the network as codes divided by
+10 (shared/dict_obs.py's GRID_SCALE: scaled by 1/255, as SB3's default normalize_images would, ours learned
+nothing in 65k steps; unscaled, the value head started far from the task's [0, 1] returns and seed 1 of both
+ours and SB3 from our weights stayed at 0.0), the direction (Discrete(4)) one-hot, as SB3's MultiInputPolicy
+does. Both networks are the same: shared/dict_obs.py's
 DictTorso (the image through 2x2 convolutions of 16-32-64 channels with a max-pool, a 64-unit ReLU layer; the
 direction through a 64x64 tanh MLP; concatenated, 128 features), then linear policy and value heads (SB3:
 ``net_arch=dict(pi=[], vf=[])``, its orthogonal init with the same gains). SB3's NatureCNN cannot take 7x7 images,
@@ -138,7 +140,7 @@ def run_sb3(out: Path, seed: int) -> dict:
 
     class Torso(BaseFeaturesExtractor):
         """shared/dict_obs.py's DictTorso on SB3's preprocessed input: the image channels-first, as floats
-        (normalize_images=False: unscaled, as DictTorso takes a grid), the direction one-hot (back to its index,
+        (normalize_images=False: the codes, which DictTorso divides by 10), the direction one-hot (back to its index,
         which DictTorso one-hots)."""
 
         def __init__(self, space: gym.spaces.Dict):
@@ -183,7 +185,7 @@ def run_sb3(out: Path, seed: int) -> dict:
         policy_kwargs={
             "features_extractor_class": Torso,
             "net_arch": {"pi": [], "vf": []},
-            "normalize_images": False,  # the grid's codes as they are, as ours
+            "normalize_images": False,  # the grid's codes, which DictTorso scales, as ours
         },
     )
     callback = Episodes()

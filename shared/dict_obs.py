@@ -29,9 +29,11 @@ Guarantees
   parameters' initial draws are the same for the same space and seed): a 3-D ``uint8`` ``Box`` (an image,
   ``[C, H, W]`` or ``[H, W, C]``) with both sides at least 36 pixels is taken as pixels: scaled to [0, 1]
   inside, through the Nature CNN and a 512-unit ReLU layer; a smaller one (down to ``MIN_SMALL_SIDE``, below
-  which ``ValueError``) is taken as a grid of codes (MiniGrid's object, colour and state indices, 0-10), as
-  they are, unscaled (scaled by 1/255 its codes are too small for the first layer to learn from in the zoo's
-  100k steps: measured on MiniGrid-DoorKey-5x5), through a small CNN (2x2 convolutions of 16, 32 and 64
+  which ``ValueError``) is taken as a grid of codes (MiniGrid's object, colour and state indices, 0-10),
+  divided by ``GRID_SCALE`` (10) so that they enter in [0, 1] (by 1/255 they are too small for the first layer
+  to learn from; unscaled, the features are ~10x the MLP's, so the value head starts at |V| ~ 1-3 on a task
+  whose returns are in [0, 1], and each Adam step moves the logits ~10x as far: measured on
+  MiniGrid-DoorKey-5x5), through a small CNN (2x2 convolutions of 16, 32 and 64
   channels with a 2x2 max-pool after the first, the MiniGrid/BabyAI convention) and a 64-unit ReLU layer; any
   other ``Box`` (flattened, as
   floats) and a ``Discrete`` (one-hot) through the scripts' 64x64 tanh MLP. ``forward(obs)`` takes a dict (or
@@ -53,11 +55,12 @@ import torch.nn as nn
 
 from shared.namedarraytuple import is_namedarraytuple, namedarraytuple
 
-__all__ = ["MIN_SMALL_SIDE", "DictTorso", "flat", "is_dict", "is_text", "nested", "obs_example", "obs_keys",
-           "obs_map", "unflat", "without_text"]
+__all__ = ["GRID_SCALE", "MIN_SMALL_SIDE", "DictTorso", "flat", "is_dict", "is_text", "nested", "obs_example",
+           "obs_keys", "obs_map", "unflat", "without_text"]
 
 MIN_SMALL_SIDE = 7  # the small CNN's 2x2 convolution, 2x2 max-pool, then two 2x2 convolutions
 NATURE_SIDE = 36  # shared.envs.MIN_IMAGE_SIDE: the Nature CNN from this size up
+GRID_SCALE = 10.0  # MiniGrid's largest code (OBJECT_TO_IDX["agent"]): a grid's codes enter in [0, 1]
 
 
 def is_dict(space: Any) -> bool:
@@ -175,7 +178,7 @@ class DictTorso(nn.Module):
                 last, c, h, w = _chw(sub.shape)
                 encoder, width = self._cnn(key, sub.shape, c, h, w, layer_init)
                 # pixels (scaled to [0, 1]) from the Nature CNN's size up; a smaller image is a grid of
-                # codes (MiniGrid's object, colour and state indices), taken as they are
+                # codes (MiniGrid's object, colour and state indices), scaled by 1 / GRID_SCALE
                 self.kinds.append("image" if min(h, w) >= NATURE_SIDE else "grid")
             else:
                 discrete = isinstance(sub, gym.spaces.Discrete)
@@ -235,7 +238,7 @@ class DictTorso(nn.Module):
                 x = x.permute(0, 3, 1, 2) if last else x  # [N, C, H, W]
                 x = x.float() / 255.0 if x.dtype == torch.uint8 else x.float()
             elif kind == "grid":
-                x = (x.permute(0, 3, 1, 2) if last else x).float()  # [N, C, H, W], unscaled codes
+                x = (x.permute(0, 3, 1, 2) if last else x).float() / GRID_SCALE  # [N, C, H, W], codes in [0, 1]
             elif kind == "discrete":
                 x = nn.functional.one_hot(x.long().reshape(-1) - start, n).float()
             else:

@@ -50,12 +50,12 @@ def sample(n: int, seed: int = 0) -> dict:
 
 def reference_features(torso: DictTorso, obs: dict, drop: str | None = None) -> torch.Tensor:
     """The torso's features computed key by key from its own layers: each key's input prepared by hand (pixels
-    scaled, the grid as it is, the direction one-hot from its start, the vector flattened), through its encoder,
+    scaled, the grid's codes by 1/10, the direction one-hot from its start, the vector flattened), through its encoder,
     concatenated in sorted key order; ``drop``: that key's features zeroed (a reference that must not match)."""
     enc = dict(zip(torso.keys, torso.encoders))
     inputs = {
         "direction": torch.eye(4)[obs["direction"] - 1],
-        "grid": obs["grid"].permute(0, 3, 1, 2).float(),
+        "grid": obs["grid"].permute(0, 3, 1, 2).float() / 10.0,
         "pixels": obs["pixels"].float() / 255.0,
         "vec": obs["vec"].reshape(len(obs["vec"]), 6),
     }
