@@ -9,7 +9,8 @@ Guarantees
   ``act(obs [n, ...] (a dict of such arrays for a Dict space), draws=..., starts=[n] bool, rewards=[n],
   mask=[n, A] bool)``; the keywords are passed only to an ``act`` that names them: ``starts`` marks the first
   step of an episode (a recurrent policy starts afresh there), ``rewards`` the previous step's rewards,
-  ``mask`` the env's ``info["action_mask"]`` (every action where an env gives none). A row whose env has no
+  ``mask`` the env's ``info["action_mask"]`` (every action where an env gives none; None for continuous
+  actions). A row whose env has no
   episode left is still in the batch (static shapes) and its action is not used.
 - The envs: ``atari(n)`` when given (ale-py's threaded vector env for the unchanged Atari env,
   ``shared.atari``), else ``n`` envs of ``make_env(render)`` stepped in this process. Within one kind of env,
@@ -165,9 +166,11 @@ class _GymEnvs:
             self._obs[b], self._infos[b] = self.envs[b].reset(seed=seed)
         self.obs = _stack(self._obs)
 
-    def mask(self) -> np.ndarray:
-        n_actions = self.envs[0].action_space.n
-        return np.stack([np.asarray(i.get("action_mask", np.ones(n_actions, bool)), bool) for i in self._infos])
+    def mask(self) -> np.ndarray | None:
+        space = self.envs[0].action_space
+        if not hasattr(space, "n"):  # continuous actions: nothing to mask
+            return None
+        return np.stack([np.asarray(i.get("action_mask", np.ones(space.n, bool)), bool) for i in self._infos])
 
     def step(self, actions: np.ndarray, active: list[int]) -> tuple[np.ndarray, np.ndarray]:
         reward, done = np.zeros(self.n), np.zeros(self.n, bool)

@@ -148,8 +148,9 @@ def copied_scripts():
 @pytest.mark.parametrize("sampler", ["serial", "parallel", "async"])
 @pytest.mark.parametrize("name, flags", [
     ("ppo_atari.py", ["--num-envs", "2", "--num-steps", "16", "--total-timesteps", "128"]),
-    ("dqn_atari.py", ["--num-envs", "2", "--total-timesteps", "400", "--buffer-size", "500", "--min-steps-learn",
-                      "100", "--batch-size", "16", "--log-every", "100"]),
+    pytest.param("dqn_atari.py", ["--num-envs", "2", "--total-timesteps", "400", "--buffer-size", "500",
+                                  "--min-steps-learn", "100", "--batch-size", "16", "--log-every", "100"],
+                 marks=pytest.mark.slow),  # ppo_atari's copy in CI, for its 30 minutes
 ])
 def test_a_copy_anywhere_in_the_repo_with_a_custom_env_runs_in_every_mode(copied_scripts, name, flags, sampler,
                                                                           tmp_path):

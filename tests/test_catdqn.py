@@ -79,8 +79,10 @@ def test_c51_learns_cartpole_serial(noisy, tmp_path):
     assert m and int(m.group(2)) <= 100_000, out.stdout[-2000:]
 
 
-# Serial in CI; parallel and async (the same sampler code as dqn_atari.py's, tested there) with the slow tests.
-@pytest.mark.parametrize("sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow),
+# With the slow tests (dqn_atari.py's sampler code, tested there; the atari100k preset's smoke keeps C51 on Atari
+# in CI, for its 30 minutes).
+@pytest.mark.parametrize("sampler", [pytest.param("serial", marks=pytest.mark.slow),
+                                     pytest.param("parallel", marks=pytest.mark.slow),
                                      pytest.param("async", marks=pytest.mark.slow)])
 def test_atari_smoke_small_buffer_checkpoint_and_resume(sampler, tmp_path):
     common = ["--num-envs", "4", "--buffer-size", "2000", "--min-steps-learn", "200", "--log-every", "200",
@@ -238,6 +240,7 @@ def test_atari100k_preset_smoke(sampler, tmp_path):
     assert "noise" in torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)
 
 
+@pytest.mark.slow  # 23 s; dqn's noisy resume test keeps the noise state in CI
 def test_resume_with_the_replay_restores_the_noise_generator(tmp_path):
     """Two resumes from one checkpoint are identical (serial runs are deterministic); one from a copy whose noise
     state was replaced differs: the resumed run draws from the checkpoint's generator, not a reseeded one."""

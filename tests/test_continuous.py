@@ -238,7 +238,8 @@ def test_checkpoint_and_resume_keep_the_observation_statistics(script, tmp_path)
 
 
 # exploration noise; sampled actions (TD3 with the slow tests)
-@pytest.mark.parametrize("script", [pytest.param("td3_mujoco.py", marks=pytest.mark.slow), "sac_mujoco.py"])
+@pytest.mark.parametrize("script", [pytest.param("td3_mujoco.py", marks=pytest.mark.slow),
+                                    pytest.param("sac_mujoco.py", marks=pytest.mark.slow)])
 def test_serial_runs_are_reproducible(script, tmp_path):
     args = [*PENDULUM, "--min-steps-learn", "300", "--total-timesteps", "500", "--log-every", "500",
             "--out-dir", str(tmp_path)]
@@ -298,6 +299,7 @@ def test_killed_async_sampler_ends_the_run(tmp_path):
                                        tmp_path / "k")
 
 
+@pytest.mark.slow  # 12 s, for CI's 30 minutes
 def test_async_finishes_when_one_update_covers_more_than_the_lag_bound(tmp_path):
     # Replay ratio 2 at batch 256: one update per 128 env steps, more than --max-lag-steps 50. The sampler must
     # still be allowed to produce the data for the learner's next update, or each waits for the other.

@@ -225,7 +225,7 @@ def test_torchrun_with_a_dict(name, tmp_path):
     assert int(progress(tmp_path / "r")[-1]["global_step"]) == 256
 
 
-@pytest.mark.parametrize("name", ["ppo_atari.py", "ppo_lstm.py"])
+@pytest.mark.parametrize("name", [pytest.param("ppo_atari.py", marks=pytest.mark.slow), "ppo_lstm.py"])
 def test_eval_only_and_video_after_resume(name, tmp_path):
     flags = [*SHORT[:-4], "--out-dir", str(tmp_path), "--run-name", "r"]
     out = run(name, "--env-id", ENV, *flags, "--eval-episodes", "2", timeout=300)
@@ -237,7 +237,8 @@ def test_eval_only_and_video_after_resume(name, tmp_path):
     assert list((tmp_path / "r" / "videos").glob("*.mp4"))
 
 
-@pytest.mark.parametrize(("env", "threshold"), [("DictCue-v0", 14.0), ("DictCueImage-v0", 11.0)])
+@pytest.mark.parametrize(("env", "threshold"), [("DictCue-v0", 14.0),
+                                               pytest.param("DictCueImage-v0", 11.0, marks=pytest.mark.slow)])
 def test_ppo_learns_from_the_key_that_holds_the_cue(env, threshold, tmp_path):
     """The cue is in the Discrete entry (the image noise), or only in the image (the small CNN, slower to read
     it): a policy that reads it scores 16 an episode, one blind to it 16/3. 8k steps, about 10 s on one core."""

@@ -189,6 +189,7 @@ def test_two_ranks_learn_as_one_process_does(name, flags, threshold, steps, tmp_
     assert (tmp_path / "r" / "checkpoint.pt").exists()
 
 
+@pytest.mark.slow  # 14 s, for CI's 30 minutes; two ranks on one node stay in CI
 def test_two_nodes_on_this_machine(tmp_path):
     """Two torchrun launches, one process each, meeting at 127.0.0.1 (as two machines would)."""
     port = free_port()

@@ -205,6 +205,7 @@ def test_epsilon_schedules():
     assert dqn_atari.epsilons(args, 5000).tolist() == pytest.approx([0.1, 0.1])
 
 
+@pytest.mark.slow  # 12 s, for CI's 30 minutes
 def test_async_with_a_tight_lag_bound_does_not_deadlock(tmp_path):
     # max_lag_steps 4 is less than the env steps PUBLISH_EVERY updates cover: the learner must still publish
     # whenever it waits, or sampler and learner each wait for the other.

@@ -165,3 +165,14 @@ def test_atari_episodes_on_ale_py_threads_do_not_depend_on_the_number_of_envs():
     returns, lengths = games[1]
     assert sorted(lengths) == [SEED + 100_000 + i for i in range(3)]
     assert len(set(lengths.values())) > 1  # the seeds make different games: a wrong seed would show
+
+
+def test_a_policy_that_takes_masks_gets_none_for_continuous_actions():
+    seen = []
+
+    def act(obs, mask):
+        seen.append(mask)
+        return np.zeros((len(obs), 1), np.float32)
+
+    assert len(play(lambda render=False: lambda: gym.make("Pendulum-v1"), act, 2, SEED, 2)) == 2
+    assert seen and all(m is None for m in seen)

@@ -98,7 +98,7 @@ CASES = {name: SCRIPTS[name][0] for name in SCRIPTS}
 for name in ("sac_mujoco.py", "td3_mujoco.py", "ddpg_mujoco.py"):  # statistics to fold into the graph
     CASES[name] = [*CASES[name], "--normalize-obs"]
 CASES["ppo_atari.py:dict"] = DICT_PPO
-IN_CI = {"sac_mujoco.py", "r2d1_atari.py", "ppo_lstm.py", "ppo_atari.py:dict"}
+IN_CI = {"sac_mujoco.py", "ppo_lstm.py", "ppo_atari.py:dict"}  # r2d1's recurrent graph: with the slow tests
 
 
 @pytest.mark.parametrize("case", [c if c in IN_CI else pytest.param(c, marks=pytest.mark.slow) for c in CASES])

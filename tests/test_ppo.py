@@ -71,8 +71,9 @@ def test_truncation_bootstraps_from_the_final_observation_and_termination_does_n
 # ---------------------------------------------------------------------------------------------- learning
 
 
-# Parallel (45 s) with the slow tests, for CI's 30 minutes.
-@pytest.mark.parametrize("sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow), "async"])
+# Parallel (45 s) and async (22 s) with the slow tests, for CI's 30 minutes.
+@pytest.mark.parametrize("sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow),
+                                     pytest.param("async", marks=pytest.mark.slow)])
 def test_ppo_learns_cartpole_in_every_mode(sampler, tmp_path):
     out = run("ppo_atari.py", *CARTPOLE, "--sampler", sampler, "--total-timesteps", "150000",
               "--stop-at-return", "450", "--out-dir", str(tmp_path), "--run-name", "r", timeout=400)
@@ -86,7 +87,9 @@ def test_ppo_learns_cartpole_in_every_mode(sampler, tmp_path):
 # ---------------------------------------------------------------------------------------------- Atari
 
 
-@pytest.mark.parametrize("sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow), "async"])
+# async (24 s) with the slow tests; CI keeps async PPO in test_dict_obs's shared-memory run
+@pytest.mark.parametrize("sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow),
+                                     pytest.param("async", marks=pytest.mark.slow)])
 def test_atari_smoke_checkpoint_and_resume(sampler, tmp_path):
     out = run("ppo_atari.py", *ATARI_SMOKE, "--sampler", sampler, "--out-dir", str(tmp_path), "--run-name", "a",
               timeout=300)

@@ -140,6 +140,7 @@ def test_learns_inverted_pendulum_in_every_mode(sampler, tmp_path):
     assert ev["mean"] >= 500, ev
 
 
+@pytest.mark.slow  # 16 s, for CI's 30 minutes
 def test_parallel_sampling_trains_exactly_as_serial_sampling(tmp_path):
     for sampler in ("serial", "parallel"):
         out = run("ppo_mujoco.py", *TINY, "--sampler", sampler, "--total-timesteps", "512", "--out-dir",
