@@ -10,7 +10,7 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from shared.atari import make_atari_vector_env
+from shared.atari import make_atari_env, make_atari_vector_env
 from shared.evaluation import Draws, play
 
 SEED, EPISODES = 5, 7
@@ -176,3 +176,21 @@ def test_a_policy_that_takes_masks_gets_none_for_continuous_actions():
 
     assert len(play(lambda render=False: lambda: gym.make("Pendulum-v1"), act, 2, SEED, 2)) == 2
     assert seen and all(m is None for m in seen)
+
+
+@pytest.mark.slow  # a whole Pong game rendered and encoded: about a minute
+def test_a_video_on_ale_py_s_envs_is_episode_0_played_again_on_the_gymnasium_env(tmp_path):
+    """ale-py's vector env renders nothing: the video is one more episode with episode 0's seed on the rendering
+    gymnasium env, written when that env closes; the returns are the vector env's alone."""
+    def atari(n):
+        return make_atari_vector_env("PongNoFrameskip-v4", n, num_threads=1)
+
+    def render_env(render=False):
+        return lambda: make_atari_env("PongNoFrameskip-v4", render=render)
+
+    def pixels(obs):
+        return (obs[:, -1, 30:50].astype(np.int64).sum(axis=(1, 2)) % 6).astype(np.int64)
+
+    returns = play(render_env, pixels, 2, SEED, 2, video_dir=tmp_path / "videos", atari=atari)
+    assert returns == play(None, pixels, 2, SEED, 2, atari=atari)
+    assert len(list((tmp_path / "videos").glob("*.mp4"))) == 1
