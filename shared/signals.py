@@ -8,6 +8,9 @@ Guarantees
   leave their loop at the same iteration: they agree on the flag first (``shared.distributed.any_rank``).
   ``clear()`` resets it. Going back with ``raise_on_signals()`` keeps the flag, so the caller can still act on
   a signal that came in between.
+- ``defer()`` ... ``undefer()`` (main thread; calls in other threads do nothing): a SIGINT or SIGTERM that
+  would raise in between is kept and raised by ``undefer()``, so a few lines that must not be cut (a lock taken
+  and the ``try`` that releases it: ``shared.sync.locked``) run whole. Only under ``raise_on_signals()``.
 - Either way, SIGUSR1 prints the Python stack of every thread to stderr and the run goes on
   (``kill -USR1 <pid>``): what a hung run is waiting on, without a debugger.
 Imports nothing from the project.
@@ -18,14 +21,35 @@ from __future__ import annotations
 import faulthandler
 import signal
 import sys
+import threading
 
-__all__ = ["clear", "flag_on_signals", "raise_on_signals", "signalled"]
+__all__ = ["clear", "defer", "flag_on_signals", "raise_on_signals", "signalled", "undefer"]
 
 _flag = {"signalled": False}
+_deferring = {"depth": 0, "kept": None}  # the main thread's defer() depth; the signal kept meanwhile
 
 
 def _raise(signum, frame):
+    if _deferring["depth"]:
+        _deferring["kept"] = signum
+        return
     raise KeyboardInterrupt(f"signal {signum}")
+
+
+def defer() -> None:
+    """Until the matching ``undefer()``, a signal that would raise is kept instead (main thread only)."""
+    if threading.current_thread() is threading.main_thread():
+        _deferring["depth"] += 1
+
+
+def undefer() -> None:
+    """End a ``defer()``; a signal kept meanwhile raises ``KeyboardInterrupt`` here."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    _deferring["depth"] -= 1
+    if _deferring["depth"] == 0 and _deferring["kept"] is not None:
+        signum, _deferring["kept"] = _deferring["kept"], None
+        raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _set_flag(signum, frame) -> None:
@@ -35,7 +59,7 @@ def _set_flag(signum, frame) -> None:
 def raise_on_signals() -> None:
     """SIGTERM and SIGINT raise KeyboardInterrupt in the main thread; SIGUSR1 prints every thread's stack."""
     signal.signal(signal.SIGTERM, _raise)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, _raise)
     # fd 2 itself, also when sys.stderr is replaced (pytest capture, a notebook)
     faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
 

@@ -5,14 +5,20 @@ Guarantees
   them; ``check`` raises when the other side has failed or gone, so the wait ends with that error.
 - ``locked(lock, check)`` holds a lock shared with another process; with ``check``, a peer killed while holding
   the lock (it is then never released) makes ``check`` raise instead of a hang.
-Imports nothing from the project.
+- A Ctrl-C or SIGTERM (``shared.signals.raise_on_signals``) never leaves ``locked``'s lock held: its
+  ``KeyboardInterrupt`` comes before the lock is taken or after it is released. Without this, one handled in
+  the bytecodes between the acquire and the block, or between the block and the release, kept the lock for
+  ever (a few Ctrl-Cs in a hundred of an async replay run), and the checkpoint written on the way out waited
+  on it (tests/test_sync.py).
+Imports only ``shared.signals``.
 """
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Callable
 from typing import Any
+
+from shared import signals
 
 __all__ = ["POLL_S", "locked", "wait_for"]
 
@@ -25,14 +31,27 @@ def wait_for(acquire: Callable[[float], bool], check: Callable[[], None]) -> Non
         check()
 
 
-@contextlib.contextmanager
-def locked(lock: Any, check: Callable[[], None] | None = None):
-    """Hold ``lock``. With ``check``, wait for it in short slices calling ``check()`` between them."""
-    if check is None:
-        lock.acquire()
-    else:
-        wait_for(lambda t: lock.acquire(timeout=t), check)
-    try:
-        yield
-    finally:
-        lock.release()
+class locked:
+    """``with locked(lock, check):`` holds ``lock``; with ``check``, it waits in slices calling ``check()``.
+
+    Signals are deferred (``shared.signals.defer``) from just before each acquire to just after the release:
+    one that comes while the lock is held raises once it is released; one that comes while the lock is busy
+    raises between two slices of the wait (within ``POLL_S`` seconds), nothing held."""
+
+    def __init__(self, lock: Any, check: Callable[[], None] | None = None):
+        self.lock, self.check = lock, check
+
+    def __enter__(self) -> None:
+        while True:
+            signals.defer()
+            if self.lock.acquire(timeout=POLL_S):
+                return  # deferred until __exit__ has released the lock
+            signals.undefer()  # a kept signal raises here, nothing held
+            if self.check is not None:
+                self.check()
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.lock.release()
+        finally:
+            signals.undefer()  # a signal kept while the lock was held raises now
