@@ -12,8 +12,9 @@ Guarantees
   ``mask`` the env's ``info["action_mask"]`` (every action where an env gives none; None for continuous
   actions). A row whose env has no
   episode left is still in the batch (static shapes) and its action is not used.
-- The envs: ``atari(n)`` when given (ale-py's threaded vector env for the unchanged Atari env,
-  ``shared.atari``), else ``n`` envs of ``make_env(render)`` stepped in this process. Within one kind of env,
+- The envs: ``envs`` games of ``atari()`` when given (a one-game ale-py vector env for the unchanged Atari env,
+  ``shared.atari``: the games of a step run at once in their C++ threads, and only the envs that still play
+  an episode step), else ``envs`` envs of ``make_env(render)`` stepped in this process. Within one kind of env,
   an episode's return does not depend on ``envs`` (nor on the torchrun ranks) beyond the forward pass's float
   order across batch sizes (exact for greedy actions in practice). The two kinds are not the same episodes:
   ale-py draws the no-ops at reset from its own generator.
@@ -30,7 +31,6 @@ Guarantees
 from __future__ import annotations
 
 import inspect
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,7 @@ import numpy as np
 
 from shared import distributed
 
-__all__ = ["Draws", "ale_threads", "play"]
+__all__ = ["Draws", "play"]
 
 
 class Draws:
@@ -66,7 +66,7 @@ class Draws:
 
 
 def play(make_env: Callable[[bool], Callable[[], Any]], act: Callable[..., Any], episodes: int, seed: int,
-         envs: int = 1, video_dir: Path | None = None, atari: Callable[[int], Any] | None = None) -> list[float]:
+         envs: int = 1, video_dir: Path | None = None, atari: Callable[[], Any] | None = None) -> list[float]:
     """The returns of ``episodes`` evaluation episodes (see the module docstring)."""
     import torch
 
@@ -79,7 +79,7 @@ def play(make_env: Callable[[bool], Callable[[], Any]], act: Callable[..., Any],
         opened = []  # closed on every path (RecordVideo writes its file when its env closes)
         try:
             if atari is not None:
-                opened.append(_AleEnvs(atari(n)))
+                opened.append(_AleEnvs(atari, n))
             else:
                 opened.append(_GymEnvs([make_env(video_dir is not None and b == 0) for b in range(n)], video_dir))
             with torch.no_grad(), torch.random.fork_rng(devices=cuda):
@@ -186,34 +186,42 @@ class _GymEnvs:
 
 
 class _AleEnvs:
-    """ale-py's vector env (its own threads); an env that takes an episode is reset alone with its seed."""
+    """n games, each in its own ale-py vector env of one env (one C++ thread each): a step sends the actions of the
+    envs that play an episode, then waits for those alone. So an env with no episode left costs nothing (one
+    vector env of n steps all n, which for a few long games at the end is most of the work), and the games that
+    step run in parallel on the cores. An env that takes an episode is reset alone with its seed."""
 
-    def __init__(self, env: Any):
-        self.env, self.n = env, env.num_envs
+    def __init__(self, make: Callable[[], Any], n: int):
+        self.envs: list[Any] = []
+        try:
+            for _ in range(n):
+                self.envs.append(make())
+        except BaseException:  # the envs made so far are closed
+            self.close()
+            raise
+        self.n = n
         self.obs: Any = None
 
     def reset(self, rows: list[int], seeds: list[int]) -> None:
-        which = np.zeros(self.n, bool)
-        which[rows] = True
-        # ale-py takes the seeds in env order
-        obs, _ = self.env.reset(seed=np.array(seeds)[np.argsort(rows)], options={"reset_mask": which})
-        if self.obs is None:
-            self.obs = obs
-        self.obs[which] = obs[which]
+        for b, seed in zip(rows, seeds):
+            obs, _ = self.envs[b].reset(seed=seed)
+            if self.obs is None:
+                self.obs = np.repeat(obs, self.n, axis=0)
+            self.obs[b] = obs[0]
 
     def mask(self) -> np.ndarray:
-        return np.ones((self.n, self.env.single_action_space.n), bool)  # Atari games give no action masks
+        return np.ones((self.n, self.envs[0].single_action_space.n), bool)  # Atari games give no action masks
 
     def step(self, actions: np.ndarray, active: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        # Envs with no episode left step too (one call steps all); what they return is not used.
-        obs, reward, term, trunc, _ = self.env.step(actions.astype(np.int64))
-        self.obs = obs
-        return reward, term | trunc
+        actions = np.asarray(actions, np.int64)
+        for b in active:  # every game steps at once in its thread
+            self.envs[b].send(actions[b : b + 1])
+        reward, done = np.zeros(self.n), np.zeros(self.n, bool)
+        for b in active:
+            obs, r, term, trunc, _ = self.envs[b].recv()
+            self.obs[b], reward[b], done[b] = obs[0], r[0], term[0] or trunc[0]
+        return reward, done
 
     def close(self) -> None:
-        self.env.close()
-
-
-def ale_threads(n: int) -> int:
-    """Threads for ``n`` evaluation envs on ale-py: one per core this process may use, at most one per env."""
-    return max(1, min(n, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+        for env in self.envs:
+            env.close()

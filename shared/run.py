@@ -87,7 +87,7 @@ from shared.buffer import NotEnoughMemory, available_memory, check_fits, uncheck
 from shared.checkpoint import Start
 from shared.cli import bad_args, resolve_device
 from shared.envs import close_envs, probe_spaces, standard_atari
-from shared.evaluation import ale_threads, play
+from shared.evaluation import play
 from shared.files import WriteError, write_text
 from shared.precision import sampler_bf16
 from shared.procs import Worker, WorkerError, sampler_entry
@@ -139,9 +139,9 @@ def _refused_allocation(e: BaseException) -> str | None:
     return None
 
 
-def _ale_envs(args: Any, n: int) -> Any:
-    """``n`` evaluation envs in ale-py's threads, the Atari env of ``args``."""
-    return make_atari_vector_env(args.env_id, n, ale_threads(n), args.noop_max, args.sticky_actions)
+def _ale_game(args: Any) -> Any:
+    """One evaluation game of the Atari env of ``args`` in ale-py's vector env (its own thread)."""
+    return make_atari_vector_env(args.env_id, 1, 1, args.noop_max, args.sticky_actions)
 
 
 def _leaves(space: Any) -> list:
@@ -444,7 +444,7 @@ class Run:
             self._eval_on_ale = is_atari(args.env_id) and standard_atari(args, self.make_env)
         returns = play(partial(self.make_env, args), self._policy, args.eval_episodes, args.seed, envs=args.eval_envs,
                        video_dir=self.path / "videos" if video and self.writes else None,
-                       atari=partial(_ale_envs, args) if self._eval_on_ale else None)
+                       atari=partial(_ale_game, args) if self._eval_on_ale else None)
         for r in returns:
             self.progress.tb.add_scalar("eval/episodic_return", r, global_step)
         summary = {"global_step": global_step, "returns": returns, "mean": float(np.mean(returns))}

@@ -121,26 +121,27 @@ def test_no_episode_starts_beyond_the_count_and_every_env_is_closed():
 
 
 class Lengths:
-    """ale-py's vector env, recording each episode's seed and length: the games themselves, not only their
-    returns (a policy that loses every Pong game 0-21 scores -21 whatever the seed)."""
+    """One game of ale-py's vector env, recording each episode's seed and length (the games themselves, not only
+    their returns: a policy that loses every Pong game 0-21 scores -21 whatever the seed) and every step sent."""
 
-    def __init__(self, env, lengths: dict):
-        self.env, self.lengths = env, lengths
-        self.num_envs, self.single_action_space = env.num_envs, env.single_action_space
-        self.seed, self.t = [None] * env.num_envs, [0] * env.num_envs
+    def __init__(self, env, lengths: dict, sent: list):
+        self.env, self.lengths, self.sent = env, lengths, sent
+        self.single_action_space = env.single_action_space
+        self.seed, self.t = None, 0
 
-    def reset(self, seed, options):
-        for b, s in zip(np.flatnonzero(options["reset_mask"]), seed):
-            self.seed[b], self.t[b] = int(s), 0
-        return self.env.reset(seed=seed, options=options)
+    def reset(self, seed):
+        self.seed, self.t = seed, 0
+        return self.env.reset(seed=seed)
 
-    def step(self, actions):
-        out = self.env.step(actions)
-        for b in range(self.num_envs):
-            self.t[b] += 1
-            if (out[2][b] or out[3][b]) and self.seed[b] is not None:
-                self.lengths[self.seed[b]] = self.t[b]
-                self.seed[b] = None  # an env with no episode left plays on unrecorded
+    def send(self, actions):
+        self.sent.append(self.seed)
+        self.t += 1
+        self.env.send(actions)
+
+    def recv(self):
+        out = self.env.recv()
+        if out[2][0] or out[3][0]:
+            self.lengths[self.seed] = self.t
         return out
 
     def close(self):
@@ -148,19 +149,21 @@ class Lengths:
 
 
 def test_atari_episodes_on_ale_py_threads_do_not_depend_on_the_number_of_envs():
-    """The vector env of ale-py: each env reset alone with its episode's seed, whichever it is and whatever the
-    others are doing: the same games (seed by seed, their lengths) and returns with 1, 2 or 3 envs."""
+    """ale-py's games: each reset alone with its episode's seed, whichever env plays it and whatever the others
+    are doing: the same games (seed by seed, their lengths) and returns with 1, 2 or 3 envs; and an env with no
+    episode left never steps (the steps sent are exactly the episodes' steps)."""
     def pixels(obs, mask):  # deterministic; a policy that takes masks gets all-valid ones from Atari games
         assert mask.shape == (len(obs), 6) and mask.all()
         return (obs[:, -1, 30:50].astype(np.int64).sum(axis=(1, 2)) % 6).astype(np.int64)
 
-    def pong(lengths: dict, k: int) -> Lengths:
-        return Lengths(make_atari_vector_env("PongNoFrameskip-v4", k, num_threads=min(k, 2)), lengths)
+    def pong(lengths: dict, sent: list) -> Lengths:
+        return Lengths(make_atari_vector_env("PongNoFrameskip-v4", 1, num_threads=1), lengths, sent)
 
     games = {}
     for n in (1, 2, 3):
-        lengths: dict = {}
-        games[n] = (play(None, pixels, 3, SEED, n, atari=partial(pong, lengths)), lengths)
+        lengths, sent = {}, []
+        games[n] = (play(None, pixels, 3, SEED, n, atari=partial(pong, lengths, sent)), lengths)
+        assert len(sent) == sum(lengths.values())  # no step of an env without an episode
     assert games[1] == games[2] == games[3]
     returns, lengths = games[1]
     assert sorted(lengths) == [SEED + 100_000 + i for i in range(3)]
@@ -182,8 +185,8 @@ def test_a_policy_that_takes_masks_gets_none_for_continuous_actions():
 def test_a_video_on_ale_py_s_envs_is_episode_0_played_again_on_the_gymnasium_env(tmp_path):
     """ale-py's vector env renders nothing: the video is one more episode with episode 0's seed on the rendering
     gymnasium env, written when that env closes; the returns are the vector env's alone."""
-    def atari(n):
-        return make_atari_vector_env("PongNoFrameskip-v4", n, num_threads=1)
+    def atari():
+        return make_atari_vector_env("PongNoFrameskip-v4", 1, num_threads=1)
 
     def render_env(render=False):
         return lambda: make_atari_env("PongNoFrameskip-v4", render=render)
