@@ -1,0 +1,98 @@
+"""What an Atari evaluation step costs, part by part, and the speed-up of the vector evaluation this bounds.
+
+    python benchmarks/eval_floor.py [--env-id BreakoutNoFrameskip-v4] [--envs 16] [--steps 3000]
+
+Measures, one after the other on the cores this process may use: a step of the gymnasium Atari env (the old
+one-env evaluation's env), a step of one game in ale-py's vector env on one thread, and a step of each of
+``--envs`` such games stepped at once (``shared.evaluation``'s way: one thread per game, spread by the OS over
+the cores); then ``catdqn_atari.py --preset atari100k``'s evaluation act (the Data-Efficient Rainbow network,
+epsilon-greedy) on a batch of 1 and of ``--envs`` observations, with torch's default threads. Prints
+microseconds per env step for each, and the bound they put on the vector evaluation's speed-up over the one-env
+loop when no env ever waits: (gym step + batch-1 act) / (vector step per env + batch act per observation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "algos")]
+
+from shared.atari import make_atari_env, make_atari_vector_env
+
+
+def per_step(fn, steps: int) -> float:
+    """Microseconds per call of ``fn`` over ``steps`` calls."""
+    t = time.perf_counter()
+    for _ in range(steps):
+        fn()
+    return 1e6 * (time.perf_counter() - t) / steps
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--env-id", default="BreakoutNoFrameskip-v4")
+    p.add_argument("--envs", type=int, default=16)
+    p.add_argument("--steps", type=int, default=3000)
+    a = p.parse_args()
+    rng = np.random.default_rng(0)
+    n_actions = make_atari_vector_env(a.env_id, 1, 1).single_action_space.n
+    row = {}
+
+    env = make_atari_env(a.env_id)
+    env.reset(seed=0)
+
+    def gym_step():
+        _, _, term, trunc, _ = env.step(int(rng.integers(n_actions)))
+        if term or trunc:
+            env.reset()
+
+    row["gym env, one step"] = per_step(gym_step, a.steps)
+    env.close()
+
+    games = [make_atari_vector_env(a.env_id, 1, 1) for _ in range(a.envs)]
+    for k, g in enumerate(games):
+        g.reset(seed=k)
+
+    def step(k: int):
+        for g in games[:k]:  # autoreset: a game that ended starts the next on its own
+            g.send(rng.integers(n_actions, size=1))
+        for g in games[:k]:
+            g.recv()
+
+    row["one ale-py game, one step"] = per_step(lambda: step(1), a.steps)
+    row[f"{a.envs} ale-py games at once, per game"] = per_step(lambda: step(a.envs), a.steps // a.envs) / a.envs
+    for g in games:
+        g.close()
+
+    import catdqn_atari as C
+
+    from shared.cli import parse_args
+    from shared.evaluation import Draws
+
+    sys.argv = ["catdqn_atari.py", "--preset", "atari100k", "--env-id", a.env_id]
+    args = parse_args(C.Args, C.PRESETS, C.check_args)
+    net = C.make_network(args, (4, 84, 84), n_actions).eval()
+    for b in (1, a.envs):
+        act = partial(C.act, net, torch.device("cpu"), args.eval_epsilon,
+                      rng.integers(0, 256, (b, 4, 84, 84), dtype=np.uint8), Draws(b))
+        with torch.no_grad():
+            per_step(act, 30)  # warm-up
+            row[f"act, batch {b}, per observation"] = per_step(act, 300) / b
+    for name, us in row.items():
+        print(f"{name:42s} {us:8.0f} us")
+    old = row["gym env, one step"] + row["act, batch 1, per observation"]
+    new = row[f"{a.envs} ale-py games at once, per game"] + row[f"act, batch {a.envs}, per observation"]
+    print(f"one-env loop {old:.0f} us a step, vector of {a.envs} {new:.0f} us an env step: at most {old / new:.2f}x "
+          f"(torch threads {torch.get_num_threads()})")
+
+
+if __name__ == "__main__":
+    main()
