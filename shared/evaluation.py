@@ -204,7 +204,7 @@ class _AleEnvs:
 
     def reset(self, rows: list[int], seeds: list[int]) -> None:
         for b, seed in zip(rows, seeds):
-            obs, _ = self.envs[b].reset(seed=seed)
+            obs, _ = self.envs[b].reset(seed=int(seed))  # ale-py takes a Python int or an array
             if self.obs is None:
                 self.obs = np.repeat(obs, self.n, axis=0)
             self.obs[b] = obs[0]
@@ -223,5 +223,8 @@ class _AleEnvs:
         return reward, done
 
     def close(self) -> None:
-        for env in self.envs:
+        # ale-py's vector env frees its emulator and thread when collected (its close() does nothing): dropped
+        # here, not kept alive by a traceback that holds this object.
+        envs, self.envs = self.envs, []
+        for env in envs:
             env.close()

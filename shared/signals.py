@@ -8,9 +8,10 @@ Guarantees
   leave their loop at the same iteration: they agree on the flag first (``shared.distributed.any_rank``).
   ``clear()`` resets it. Going back with ``raise_on_signals()`` keeps the flag, so the caller can still act on
   a signal that came in between.
-- ``defer()`` ... ``undefer()`` (main thread; calls in other threads do nothing): a SIGINT or SIGTERM that
-  would raise in between is kept and raised by ``undefer()``, so a few lines that must not be cut (a lock taken
-  and the ``try`` that releases it: ``shared.sync.locked``) run whole. Only under ``raise_on_signals()``.
+- ``defer()`` ... ``undefer()`` (main thread; calls in other threads do nothing; they nest): a SIGINT or SIGTERM
+  that would raise in between is kept and raised by the outermost ``undefer()``, so a few lines that must not
+  be cut (a lock taken and the ``try`` that releases it: ``shared.sync.locked``) run whole. Only under
+  ``raise_on_signals()``.
 - Either way, SIGUSR1 prints the Python stack of every thread to stderr and the run goes on
   (``kill -USR1 <pid>``): what a hung run is waiting on, without a debugger.
 Imports nothing from the project.
@@ -30,9 +31,10 @@ _deferring = {"depth": 0, "kept": None}  # the main thread's defer() depth; the 
 
 
 def _raise(signum, frame):
-    if _deferring["depth"]:
+    if _deferring["depth"] > 0:
         _deferring["kept"] = signum
         return
+    _deferring["kept"] = None  # raised now: nothing left for an undefer() to raise again
     raise KeyboardInterrupt(f"signal {signum}")
 
 
@@ -46,7 +48,7 @@ def undefer() -> None:
     """End a ``defer()``; a signal kept meanwhile raises ``KeyboardInterrupt`` here."""
     if threading.current_thread() is not threading.main_thread():
         return
-    _deferring["depth"] -= 1
+    _deferring["depth"] = max(_deferring["depth"] - 1, 0)  # an unmatched undefer() cannot defer for good
     if _deferring["depth"] == 0 and _deferring["kept"] is not None:
         signum, _deferring["kept"] = _deferring["kept"], None
         raise KeyboardInterrupt(f"signal {signum}")

@@ -35,8 +35,11 @@ class locked:
     """``with locked(lock, check):`` holds ``lock``; with ``check``, it waits in slices calling ``check()``.
 
     Signals are deferred (``shared.signals.defer``) from just before each acquire to just after the release:
-    one that comes while the lock is held raises once it is released; one that comes while the lock is busy
-    raises between two slices of the wait (within ``POLL_S`` seconds), nothing held."""
+    one that comes while the lock is held raises once it is released (an exception of the block then becomes
+    that KeyboardInterrupt, the block's exception chained to it); one that comes while the lock is busy raises
+    between two slices of the wait (within ``POLL_S`` seconds), nothing held. Inside another ``locked`` block
+    the outer one defers it too: it raises when the outermost lock is released. So a block is never cut by a
+    signal; only SIGKILL ends one that hangs."""
 
     def __init__(self, lock: Any, check: Callable[[], None] | None = None):
         self.lock, self.check = lock, check
@@ -44,7 +47,12 @@ class locked:
     def __enter__(self) -> None:
         while True:
             signals.defer()
-            if self.lock.acquire(timeout=POLL_S):
+            try:
+                acquired = self.lock.acquire(timeout=POLL_S)
+            except BaseException:  # a broken lock: signals raise again
+                signals.undefer()
+                raise
+            if acquired:
                 return  # deferred until __exit__ has released the lock
             signals.undefer()  # a kept signal raises here, nothing held
             if self.check is not None:

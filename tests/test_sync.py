@@ -20,8 +20,9 @@ lock = mp.get_context("spawn").Lock()
 
 
 def child(code: str, timeout: float = 120) -> str:
-    proc = subprocess.run([sys.executable, "-c", PRELUDE + textwrap.dedent(code)], capture_output=True, text=True,
-                          timeout=timeout)
+    # every path leaves signals raising again: no defer() left open
+    code = PRELUDE + textwrap.dedent(code) + "\nassert signals._deferring['depth'] == 0, signals._deferring\n"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
 
@@ -86,3 +87,31 @@ def test_a_wait_on_a_lock_another_process_holds_ends_on_ctrl_c():
         holder.kill()
     """)
     assert out == "interrupted True"
+
+
+def test_a_lock_that_fails_to_acquire_or_a_failing_check_leaves_signals_raising():
+    out = child("""
+        class Broken:
+            def acquire(self, timeout):
+                raise OSError("semaphore gone")
+        try:
+            with locked(Broken()):
+                pass
+        except OSError:
+            print("acquire failed")
+        def gone():
+            raise RuntimeError("peer gone")
+        lock.acquire()  # busy: the wait calls check, which raises
+        try:
+            with locked(lock, gone):
+                pass
+        except RuntimeError:
+            print("check raised")
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)
+            print("signal lost")
+        except KeyboardInterrupt:
+            print("signal raised")
+    """)
+    assert out.splitlines() == ["acquire failed", "check raised", "signal raised"]
