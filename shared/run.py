@@ -53,9 +53,11 @@ Guarantees
   signal any rank got, at the same iteration.
 - ``with run:`` ends the run cleanly however it ends: Ctrl-C or SIGTERM writes a last row and the checkpoint,
   exit code 130; a sampler process or env worker that failed or was killed writes the learner's checkpoint,
-  then one ``error:`` line and exit code 1; a lost torchrun peer, a file that cannot be written (disk full) or
-  any other error (with its traceback) gives a last ``error:`` line and exit code 1. Whatever was ``hold``-en (a
-  sampler process, vector envs) is closed on every path, then the run folder, then the process group.
+  then one ``error:`` line and exit code 1 (a sampler killed while holding the shared replay's lock, as a
+  SIGTERM to the whole job can do: the checkpoint without the replay, one warning line); a lost torchrun peer,
+  a file that cannot be written (disk full) or any other error (with its traceback) gives a last ``error:``
+  line and exit code 1. Whatever was ``hold``-en (a sampler process, vector envs) is closed on every path, then
+  the run folder, then the process group.
 - The checkpoint (``checkpoint.pt``, ``shared.checkpoint``) holds every object given to ``begin`` by its name,
   ``global_step``, ``updates``, the arguments, the script's name and the run's counters; it is written
   atomically, tensors on the CPU, and with ``--save-replay`` after the replay it names.
@@ -429,8 +431,16 @@ class Run:
                  "args": vars(self.args).copy(), "script": self.script,
                  "run": {"episodes": self.progress.episodes, "wall_time_s": self.progress.wall_time()}}
         if self._replay is not None:  # first the replay, then the checkpoint that names its cursor
-            checkpoint.save_replay(self.path / "replay.npz", self._replay)
-            state["replay_cursor"] = self._replay.cursor
+            try:
+                checkpoint.save_replay(self.path / "replay.npz", self._replay)
+                state["replay_cursor"] = self._replay.cursor
+            except WriteError as e:  # the sampler died holding the replay's lock (its rows may be half written):
+                # no replay; the checkpoint names none, so a resume starts with an empty one
+                if not isinstance(e.__cause__, SAMPLER_FAILURES):
+                    raise
+                print(f"warning: --save-replay: the replay is not saved, the sampler process that shares it "
+                      f"failed ({type(e.__cause__).__name__}); the checkpoint is written without it",
+                      file=sys.stderr, flush=True)
         checkpoint.save(self.path / "checkpoint.pt", state)
         self._last_checkpoint_t = time.time()
 

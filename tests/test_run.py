@@ -496,3 +496,25 @@ def test_start_sampler_hands_the_sampler_args_with_bf16_as_its_cpu_can_honour_it
     finally:
         run._held.clear()
         run.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, WorkerError])
+def test_a_sampler_killed_holding_the_replay_lock_still_leaves_the_learners_checkpoint(tmp_path, error, capsys):
+    """Saving the shared replay waits on its lock and raises WorkerError when the sampler holding it is dead (a
+    SIGTERM to the whole job can kill it mid-append): the checkpoint is written without the replay."""
+
+    class DeadPeersReplay:
+        cursor = 5
+
+        def save(self, f):
+            raise WorkerError("the sampler process was killed (signal 15)")
+
+    run, _ = new_run(tmp_path)
+    run._replay = DeadPeersReplay()
+    with run:
+        run.periodic(64, loss=1.0)
+        raise error("boom")
+    state = torch.load(run.path / "checkpoint.pt", weights_only=True)
+    assert state["global_step"] == 64 and "replay_cursor" not in state  # a resume starts with an empty replay
+    assert not (run.path / "replay.npz").exists()
+    assert "warning: --save-replay: the replay is not saved" in capsys.readouterr().err
