@@ -60,7 +60,9 @@ Guarantees
   the run folder, then the process group.
 - The checkpoint (``checkpoint.pt``, ``shared.checkpoint``) holds every object given to ``begin`` by its name,
   ``global_step``, ``updates``, the arguments, the script's name and the run's counters; it is written
-  atomically, tensors on the CPU, and with ``--save-replay`` after the replay it names.
+  atomically, tensors on the CPU, and with ``--save-replay`` after the replay it names. One once started is
+  finished: a Ctrl-C or SIGTERM during it (the replay's write can take minutes) raises after it, and the way
+  out does not write the same state (step and updates) again.
 """
 
 from __future__ import annotations
@@ -206,6 +208,7 @@ class Run:
         self._values: dict[str, Any] = {}
         self._eval_return: float | None = None
         self._eval_on_ale: bool | None = None  # evaluation on ale-py's vector env (known at the first one)
+        self._saved: tuple | None = None  # (global_step, updates) of the last checkpoint written
         self._interrupted = False  # the ranks agreed to stop for a signal (periodic), or one came at the end
         self._config_file: Path | None = None  # config.json as written by begin (rank 0, training)
         self._config: dict[str, Any] = {}  # what config.json holds
@@ -423,10 +426,20 @@ class Run:
             write_text(self._config_file, lambda f: json.dump(self._config, f, indent=2, default=str))
 
     def save(self) -> None:
-        """Write the checkpoint (and first the replay, with --save-replay); rank 0 only."""
+        """Write the checkpoint (and first the replay, with --save-replay); rank 0 only, once per state."""
         self._check_finite({k: scalar(v) for k, v in self._values.items()}, self._values)
-        if not self.writes:
-            return
+        if not self.writes or self._saved == (self.global_step, self.updates):  # this state is on disk already
+            return  # (a signal that came during the last checkpoint raised once it was written)
+        # A checkpoint once started is finished, the replay's long write included: a signal raises after it.
+        signals.defer()
+        try:
+            self._write_checkpoint()
+            self._saved = (self.global_step, self.updates)
+        finally:
+            signals.undefer()
+        self._last_checkpoint_t = time.time()
+
+    def _write_checkpoint(self) -> None:
         state = {**checkpoint.state_of(self._objects), "global_step": self.global_step, "updates": self.updates,
                  "args": vars(self.args).copy(), "script": self.script,
                  "run": {"episodes": self.progress.episodes, "wall_time_s": self.progress.wall_time()}}
@@ -442,7 +455,6 @@ class Run:
                       f"failed ({type(e.__cause__).__name__}); the checkpoint is written without it",
                       file=sys.stderr, flush=True)
         checkpoint.save(self.path / "checkpoint.pt", state)
-        self._last_checkpoint_t = time.time()
 
     def _evaluate(self, global_step: int, video: bool = False) -> None:
         """Play --eval-episodes (the ranks share them while in lockstep; after the loop rank 0 alone), log each

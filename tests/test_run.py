@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import signal
+import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -518,3 +522,27 @@ def test_a_sampler_killed_holding_the_replay_lock_still_leaves_the_learners_chec
     assert state["global_step"] == 64 and "replay_cursor" not in state  # a resume starts with an empty replay
     assert not (run.path / "replay.npz").exists()
     assert "warning: --save-replay: the replay is not saved" in capsys.readouterr().err
+
+
+def test_a_signal_during_a_checkpoint_raises_once_it_is_written_and_the_state_is_not_written_twice(tmp_path):
+    """A Ctrl-C during the replay's long write (--save-replay) no longer throws that write away to redo it on the
+    way out: the checkpoint started is finished, the signal raises after it, and the exit path finds the same
+    state on disk and writes nothing more."""
+    class SlowReplay:
+        cursor, writes = 5, 0
+
+        def save(self, f):
+            SlowReplay.writes += 1
+            if SlowReplay.writes == 1:  # once: a regression fails this test, not the whole pytest session
+                os.kill(os.getpid(), signal.SIGINT)  # arrives mid-write
+            time.sleep(0.2)
+            Path(f).write_bytes(b"replay")
+
+    run, _ = new_run(tmp_path, checkpoint_every=64)
+    run._replay = SlowReplay()
+    with run:
+        run.periodic(64, loss=1.0)  # a checkpoint is due: the signal raises after it
+        raise AssertionError("not reached: the signal raised in periodic")
+    assert run.exit_code == EXIT_INTERRUPTED and SlowReplay.writes == 1
+    assert (run.path / "replay.npz").read_bytes() == b"replay"
+    assert torch.load(run.path / "checkpoint.pt", weights_only=True)["replay_cursor"] == 5
