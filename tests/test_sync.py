@@ -83,7 +83,7 @@ def test_a_wait_on_a_lock_another_process_holds_ends_on_ctrl_c():
             with locked(lock, lambda: None):
                 print("acquired")
         except KeyboardInterrupt:
-            print("interrupted", time.time() - t < 0.3 + 0.5)
+            print("interrupted", time.time() - t < 0.3 + 1.5)  # 0.3 s timer, 0.2 s slices: slack for load
         holder.kill()
     """)
     assert out == "interrupted True"
