@@ -156,6 +156,8 @@ def test_eval_only_with_compile_plays_the_checkpoint(script, preset, tmp_path):
     assert "evaluation over 2 episodes" in out.stdout
 
 
+@pytest.mark.slow  # CI's 30 minutes: the compiled functions take the modules as arguments, so no state of
+# torch.compile can reach a checkpoint (the compiled runs above, in CI, checkpoint and agree with eager)
 def test_resume_across_eager_and_compiled(tmp_path):
     """A compiled run's checkpoint resumes in eager and an eager one compiled: the checkpoint is the same either way
     (the compiled functions take the modules as arguments; nothing of torch.compile is in the state)."""
