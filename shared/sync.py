@@ -45,18 +45,19 @@ class locked:
         self.lock, self.check = lock, check
 
     def __enter__(self) -> None:
-        while True:
-            signals.defer()
-            try:
-                acquired = self.lock.acquire(timeout=POLL_S)
-            except BaseException:  # a broken lock: signals raise again
-                signals.undefer()
-                raise
-            if acquired:
-                return  # deferred until __exit__ has released the lock
+        wait_for(self._acquire, self.check or (lambda: None))  # deferred until __exit__ has released the lock
+
+    def _acquire(self, timeout: float) -> bool:
+        """One slice of the wait, signals deferred; left deferred only when the lock is taken."""
+        signals.defer()
+        try:
+            acquired = self.lock.acquire(timeout=timeout)
+        except BaseException:  # a broken lock: signals raise again
+            signals.undefer()
+            raise
+        if not acquired:
             signals.undefer()  # a kept signal raises here, nothing held
-            if self.check is not None:
-                self.check()
+        return acquired
 
     def __exit__(self, *exc: object) -> None:
         try:
