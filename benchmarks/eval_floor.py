@@ -2,13 +2,13 @@
 
     python benchmarks/eval_floor.py [--env-id BreakoutNoFrameskip-v4] [--envs 16] [--steps 3000]
 
-Measures, one after the other on the cores this process may use: a step of the gymnasium Atari env (the old
-one-env evaluation's env), a step of one game in ale-py's vector env on one thread, and a step of each of
-``--envs`` such games stepped at once (``shared.evaluation``'s way: one thread per game, spread by the OS over
-the cores); then ``catdqn_atari.py --preset atari100k``'s evaluation act (the Data-Efficient Rainbow network,
-epsilon-greedy) on a batch of 1 and of ``--envs`` observations, with torch's default threads. Prints
-microseconds per env step for each, and the bound they put on the vector evaluation's speed-up over the one-env
-loop when no env ever waits: (gym step + batch-1 act) / (vector step per env + batch act per observation).
+Measures, one after the other on the cores this process may use: a step of the gymnasium Atari env (the
+one-env evaluation's env), and a step of each of ``--envs`` such envs stepped at once by ``shared.evaluation``
+(in one worker process per core, as ``Run.evaluate`` asks for Atari); then ``catdqn_atari.py --preset atari100k``'s
+evaluation act (the Data-Efficient Rainbow network, epsilon-greedy) on a batch of 1 and of ``--envs``
+observations, with torch's default threads. Prints microseconds per env step for each, and the bound they put on
+the vector evaluation's speed-up over the one-env loop when no env ever waits: (gym step + batch-1 act) /
+(vector step per env + batch act per observation).
 """
 
 from __future__ import annotations
@@ -25,7 +25,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "algos")]
 
-from shared.atari import make_atari_env, make_atari_vector_env
+from shared.affinity import available_cpus
+from shared.atari import make_atari_env
+from shared.evaluation import Draws, _ProcEnvs
 
 
 def per_step(fn, steps: int) -> float:
@@ -43,11 +45,11 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3000)
     a = p.parse_args()
     rng = np.random.default_rng(0)
-    n_actions = make_atari_vector_env(a.env_id, 1, 1).single_action_space.n
     row = {}
 
     env = make_atari_env(a.env_id)
     env.reset(seed=0)
+    n_actions = env.action_space.n
 
     def gym_step():
         _, _, term, trunc, _ = env.step(int(rng.integers(n_actions)))
@@ -57,25 +59,22 @@ def main() -> None:
     row["gym env, one step"] = per_step(gym_step, a.steps)
     env.close()
 
-    games = [make_atari_vector_env(a.env_id, 1, 1) for _ in range(a.envs)]
-    for k, g in enumerate(games):
-        g.reset(seed=k)
+    procs = len(available_cpus())
+    envs = _ProcEnvs([partial(make_atari_env, a.env_id) for _ in range(a.envs)], None, procs)
+    envs.reset(list(range(a.envs)), list(range(a.envs)))
+    every = list(range(a.envs))
 
-    def step(k: int):
-        for g in games[:k]:  # autoreset: a game that ended starts the next on its own
-            g.send(rng.integers(n_actions, size=1))
-        for g in games[:k]:
-            g.recv()
+    def step():  # an env whose episode ended is reset by the next (rare: not counted apart)
+        _, done = envs.step(rng.integers(n_actions, size=a.envs), every)
+        if done.any():
+            envs.reset([b for b in every if done[b]], [int(rng.integers(1 << 30)) for b in every if done[b]])
 
-    row["one ale-py game, one step"] = per_step(lambda: step(1), a.steps)
-    row[f"{a.envs} ale-py games at once, per game"] = per_step(lambda: step(a.envs), a.steps // a.envs) / a.envs
-    for g in games:
-        g.close()
+    row[f"{a.envs} gym envs in {procs} processes, per env"] = per_step(step, a.steps // a.envs) / a.envs
+    envs.close()
 
     import catdqn_atari as C
 
     from shared.cli import parse_args
-    from shared.evaluation import Draws
 
     sys.argv = ["catdqn_atari.py", "--preset", "atari100k", "--env-id", a.env_id]
     args = parse_args(C.Args, C.PRESETS, C.check_args)
@@ -89,7 +88,7 @@ def main() -> None:
     for name, us in row.items():
         print(f"{name:42s} {us:8.0f} us")
     old = row["gym env, one step"] + row["act, batch 1, per observation"]
-    new = row[f"{a.envs} ale-py games at once, per game"] + row[f"act, batch {a.envs}, per observation"]
+    new = row[f"{a.envs} gym envs in {procs} processes, per env"] + row[f"act, batch {a.envs}, per observation"]
     print(f"one-env loop {old:.0f} us a step, vector of {a.envs} {new:.0f} us an env step: at most {old / new:.2f}x "
           f"(torch threads {torch.get_num_threads()})")
 

@@ -69,8 +69,9 @@ class RunArgs:
     evaluation epsilon) after training, and at each --eval-every (0: none; at most 10,000). Each one is a whole
     game, episode i seeded with seed + 100,000 + i: on Atari up to 27k agent steps, on MuJoCo 1,000 steps"""
     eval_envs: Annotated[int, Range(ge=1, le=256)] = 16
-    """envs that play the evaluation episodes at once, one batched forward pass per step (Atari: each game in
-    its own ale-py thread, only the envs with an episode left stepping); an episode's return does not depend on it"""
+    """envs that play the evaluation episodes at once, one batched forward pass per step (Atari: the games step
+    in one worker process per core, only the envs with an episode left stepping); an episode's return does not
+    depend on it"""
     eval_every: NonNegInt = 0
     """global env steps between evaluations during training, in envs of their own (0: none)"""
     eval_only: bool = False

@@ -1,9 +1,10 @@
 """Evaluation: whole episodes played by a script's act function on a vector of envs, without changing training.
 
 Guarantees
-- ``play(make_env, act, episodes, seed, envs, video_dir, atari)`` plays ``episodes`` whole episodes and returns
-  their returns in episode order. Episode i is reset with seed ``seed + 100_000 + i`` and draws its random
-  choices from its own generator (``Draws``) seeded the same, whichever env plays it: up to ``envs`` episodes are
+- ``play(make_env, act, episodes, seed, envs, video_dir, procs)`` plays ``episodes`` whole episodes and returns
+  their returns and lengths (env steps) in episode order (``Episodes``). Episode i is reset with seed
+  ``seed + 100_000 + i`` and draws its random choices from its own generator (``Draws``) seeded the same,
+  whichever env plays it: up to ``envs`` episodes are
   played at once, each env taking the next episode when its own ends, none started beyond the count (so no bias
   towards short episodes). The policy's actions come from one batched call per step,
   ``act(obs [n, ...] (a dict of such arrays for a Dict space), draws=..., starts=[n] bool, rewards=[n],
@@ -12,15 +13,17 @@ Guarantees
   ``mask`` the env's ``info["action_mask"]`` (every action where an env gives none; None for continuous
   actions). A row whose env has no
   episode left is still in the batch (static shapes) and its action is not used.
-- The envs: ``envs`` games of ``atari()`` when given (a one-game ale-py vector env for the unchanged Atari env,
-  ``shared.atari``: the games of a step run at once in their C++ threads, and only the envs that still play
-  an episode step), else ``envs`` envs of ``make_env(render)`` stepped in this process. Within one kind of env,
-  an episode's return does not depend on ``envs`` (nor on the torchrun ranks) beyond the forward pass's float
-  order across batch sizes (exact for greedy actions in practice). The two kinds are not the same episodes:
-  ale-py draws the no-ops at reset from its own generator.
-- With ``video_dir`` the first episode is recorded there (``make_env(True)``, ``render_mode="rgb_array"``): by the
-  env that plays it, or, on ale-py's vector env (which renders nothing), by one more episode with the same seed
-  on ``make_env(True)`` after the others, not counted.
+- The envs: ``envs`` envs of ``make_env(render)``, the ones training makes, so the evaluation plays the same
+  episodes as the one-env loop it replaced. Only the envs that still play an episode step. With ``procs`` > 1
+  they live in that many worker processes (``shared.procs.Worker``: spawned, dying with this process), env b in
+  worker ``b % procs``, and the workers step their envs at once: worth it for envs whose step costs far more
+  than a message (the Atari emulator: ale-py holds the GIL, so threads would not help). A failed, killed or
+  vanished worker raises ``WorkerError`` within ``POLL_S`` seconds; on every path (Ctrl-C included) the workers
+  close their envs and are reaped, terminated after ``CLOSE_S`` seconds at most. An episode's return does not
+  depend on ``envs`` or ``procs`` (nor on the torchrun ranks) beyond the forward pass's float order across batch
+  sizes (exact for greedy actions in practice).
+- With ``video_dir`` the first episode is recorded there by the env that plays it (``make_env(True)``,
+  ``render_mode="rgb_array"``), written when that env closes (in its worker, before the worker ends).
 - Training is not changed by it: torch's random state (CPU and CUDA) is restored afterwards and the envs are the
   evaluation's own, closed on every path.
 - In a torchrun job still in lockstep, rank r plays episodes r, r + ranks, ... and every rank returns all of
@@ -30,16 +33,31 @@ Guarantees
 
 from __future__ import annotations
 
+import contextlib
 import inspect
+import os
+import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from shared import distributed
+from shared.affinity import available_cpus
+from shared.procs import CTX, Worker, WorkerError
+from shared.sync import POLL_S
 
-__all__ = ["Draws", "play"]
+__all__ = ["CLOSE_S", "Draws", "Episodes", "play"]
+
+CLOSE_S = 60.0  # the longest a worker may take to close its envs (a video is encoded then) before it is ended
+
+
+class Episodes(NamedTuple):
+    """The evaluation's episodes in episode order."""
+
+    returns: list[float]
+    lengths: list[int]
 
 
 class Draws:
@@ -66,41 +84,36 @@ class Draws:
 
 
 def play(make_env: Callable[[bool], Callable[[], Any]], act: Callable[..., Any], episodes: int, seed: int,
-         envs: int = 1, video_dir: Path | None = None, atari: Callable[[], Any] | None = None) -> list[float]:
-    """The returns of ``episodes`` evaluation episodes (see the module docstring)."""
+         envs: int = 1, video_dir: Path | None = None, procs: int = 1) -> Episodes:
+    """The returns and lengths of ``episodes`` evaluation episodes (see the module docstring)."""
     import torch
 
     lockstep = distributed.in_lockstep()
     mine = list(range(distributed.rank(), episodes, distributed.world_size()) if lockstep else range(episodes))
     cuda = [torch.cuda.current_device()] if torch.cuda.is_initialized() else []  # this rank's GPU only
-    played: list[tuple[int, float]] = []
+    played: list[tuple[int, float, int]] = []
     if mine:
         n = min(envs, len(mine))
-        opened = []  # closed on every path (RecordVideo writes its file when its env closes)
-        try:
-            if atari is not None:
-                opened.append(_AleEnvs(atari, n))
-            else:
-                opened.append(_GymEnvs([make_env(video_dir is not None and b == 0) for b in range(n)], video_dir))
+        thunks = [make_env(video_dir is not None and b == 0) for b in range(n)]
+        vec = _ProcEnvs(thunks, video_dir, procs) if min(procs, n) > 1 else _GymEnvs(thunks, video_dir)
+        try:  # closed on every path (RecordVideo writes its file when its env closes)
             with torch.no_grad(), torch.random.fork_rng(devices=cuda):
-                played = _play(opened[0], act, mine, seed)
-                if video_dir is not None and atari is not None and mine[0] == 0:  # ale-py's envs render nothing
-                    opened.append(_GymEnvs([make_env(True)], video_dir))
-                    _play(opened[-1], act, [0], seed)  # the video's episode, not counted
+                played = _play(vec, act, mine, seed)
         finally:
-            for vec in opened:
-                vec.close()
-    return [r for _, r in sorted(sum(distributed.gather_objects(played, slow=True), []))]
+            vec.close()
+    ordered = sorted(sum(distributed.gather_objects(played, slow=True), []))
+    return Episodes([r for _, r, _ in ordered], [t for _, _, t in ordered])
 
 
-def _play(vec: Any, act: Callable[..., Any], mine: list[int], seed: int) -> list[tuple[int, float]]:
-    """Play the episodes ``mine`` on ``vec``'s envs; [(episode, return)] in the order they ended."""
+def _play(vec: Any, act: Callable[..., Any], mine: list[int], seed: int) -> list[tuple[int, float, int]]:
+    """Play the episodes ``mine`` on ``vec``'s envs; [(episode, return, length)] in the order they ended."""
     n = vec.n
     keywords = inspect.signature(act).parameters
     draws = Draws(n)
     queue = iter(mine)
     episode: list[int | None] = [None] * n  # the episode each env plays (None: none left for it)
-    totals, starts, rewards = np.zeros(n), np.ones(n, bool), np.zeros(n, np.float32)
+    totals, steps = np.zeros(n), np.zeros(n, np.int64)
+    starts, rewards = np.ones(n, bool), np.zeros(n, np.float32)
     played = []
 
     def begin(rows: list[int]) -> None:
@@ -110,7 +123,7 @@ def _play(vec: Any, act: Callable[..., Any], mine: list[int], seed: int) -> list
         rows = [b for b in rows if episode[b] is not None]
         for b in rows:
             draws.start(b, seed + 100_000 + episode[b])
-            totals[b], starts[b], rewards[b] = 0.0, True, 0.0
+            totals[b], steps[b], starts[b], rewards[b] = 0.0, 0, True, 0.0
         if rows:
             vec.reset(rows, [seed + 100_000 + episode[b] for b in rows])
 
@@ -125,9 +138,10 @@ def _play(vec: Any, act: Callable[..., Any], mine: list[int], seed: int) -> list
         starts[:] = False
         for b in active:
             totals[b] += float(reward[b])
+            steps[b] += 1
             rewards[b] = reward[b]
             if done[b]:
-                played.append((episode[b], float(totals[b])))
+                played.append((episode[b], float(totals[b]), int(steps[b])))
         begin([b for b in active if done[b]])
     return played
 
@@ -139,44 +153,62 @@ def _stack(rows: list[Any]) -> Any:
     return np.stack([np.asarray(r) for r in rows])
 
 
+def _discrete(space: Any) -> int | None:
+    """The number of actions of a discrete action space (masks apply), None for any other."""
+    return int(space.n) if hasattr(space, "n") else None
+
+
+def _mask(actions: int | None, masks: list[Any]) -> np.ndarray | None:
+    """[n, actions] bool: each env's last ``info["action_mask"]``, every action where it gave none; None for
+    continuous actions."""
+    if actions is None:
+        return None
+    every = np.ones(actions, bool)
+    return np.stack([every if m is None else np.asarray(m, bool) for m in masks])
+
+
+def _made(thunk: Callable[[], Any], video_dir: Path | None) -> Any:
+    """The env of ``thunk``, recording its first episode in ``video_dir`` when given."""
+    env = thunk()
+    if video_dir is None:
+        return env
+    import gymnasium as gym
+
+    return gym.wrappers.RecordVideo(env, str(video_dir), episode_trigger=lambda i: i == 0, disable_logger=True)
+
+
 class _GymEnvs:
-    """n gymnasium envs (made by ``thunks``) stepped in this process, each reset when it takes an episode; env 0
-    records its first episode with ``video_dir``."""
+    """n gymnasium envs (made by ``thunks``) stepped in this process in turn, each reset when it takes an episode;
+    env 0 records its first episode with ``video_dir``."""
 
     def __init__(self, thunks: list[Callable[[], Any]], video_dir: Path | None):
-        import gymnasium as gym
-
         self.envs: list[Any] = []
         try:
-            for thunk in thunks:
-                self.envs.append(thunk())
-            if video_dir is not None:
-                self.envs[0] = gym.wrappers.RecordVideo(self.envs[0], str(video_dir), episode_trigger=lambda i: i == 0,
-                                                        disable_logger=True)
+            for b, thunk in enumerate(thunks):
+                self.envs.append(_made(thunk, video_dir if b == 0 else None))
         except BaseException:  # the envs made so far are closed
             self.close()
             raise
         self.n = len(self.envs)
         self._obs: list[Any] = [None] * self.n
-        self._infos: list[dict] = [{} for _ in range(self.n)]
+        self._masks: list[Any] = [None] * self.n
         self.obs: Any = None
+        self._actions = _discrete(self.envs[0].action_space)
 
     def reset(self, rows: list[int], seeds: list[int]) -> None:
         for b, seed in zip(rows, seeds):
-            self._obs[b], self._infos[b] = self.envs[b].reset(seed=seed)
+            self._obs[b], info = self.envs[b].reset(seed=seed)
+            self._masks[b] = info.get("action_mask")
         self.obs = _stack(self._obs)
 
     def mask(self) -> np.ndarray | None:
-        space = self.envs[0].action_space
-        if not hasattr(space, "n"):  # continuous actions: nothing to mask
-            return None
-        return np.stack([np.asarray(i.get("action_mask", np.ones(space.n, bool)), bool) for i in self._infos])
+        return _mask(self._actions, self._masks)
 
     def step(self, actions: np.ndarray, active: list[int]) -> tuple[np.ndarray, np.ndarray]:
         reward, done = np.zeros(self.n), np.zeros(self.n, bool)
         for b in active:
-            self._obs[b], reward[b], term, trunc, self._infos[b] = self.envs[b].step(actions[b])
-            done[b] = term or trunc
+            self._obs[b], reward[b], term, trunc, info = self.envs[b].step(actions[b])
+            done[b], self._masks[b] = term or trunc, info.get("action_mask")
         self.obs = _stack(self._obs)
         return reward, done
 
@@ -185,46 +217,108 @@ class _GymEnvs:
             env.close()
 
 
-class _AleEnvs:
-    """n games, each in its own ale-py vector env of one env (one C++ thread each): a step sends the actions of the
-    envs that play an episode, then waits for those alone. So an env with no episode left costs nothing (one
-    vector env of n steps all n, which for a few long games at the end is most of the work), and the games that
-    step run in parallel on the cores. An env that takes an episode is reset alone with its seed."""
+def _env_worker(blob: bytes, rows: list[int], video_dir: Path | None, cpu: int, conn: Any, parent: int,
+                stop: Any) -> None:
+    """A worker process of ``_ProcEnvs``: makes the envs ``rows`` of the thunks in ``blob`` (cloudpickled: the
+    scripts' thunks are closures), sends their action space, then answers ``(what, rows, values)`` requests,
+    "reset" with seeds and "step" with actions, by the envs' replies, until asked to stop; its envs are closed on
+    every path. It runs on the one CPU ``cpu``: the workers woken at once by one message each would otherwise
+    often share a CPU (the scheduler wakes them near the waker) and step one after the other."""
+    import cloudpickle
 
-    def __init__(self, make: Callable[[], Any], n: int):
-        self.envs: list[Any] = []
+    with contextlib.suppress(AttributeError, OSError):  # no affinity on macOS
+        os.sched_setaffinity(0, {cpu})
+    thunks, envs = cloudpickle.loads(blob), {}
+    try:
+        for b in rows:
+            envs[b] = _made(thunks[b], video_dir if b == 0 else None)
+        conn.send(envs[rows[0]].action_space)
+        while True:
+            while not conn.poll(POLL_S):
+                if stop.is_set() or os.getppid() != parent:
+                    return
+            what, own, values = conn.recv()
+            if what == "reset":
+                conn.send([envs[b].reset(seed=v) for b, v in zip(own, values)])
+            else:
+                conn.send([envs[b].step(v) for b, v in zip(own, values)])
+    finally:
+        for env in envs.values():
+            env.close()
+
+
+class _ProcEnvs:
+    """The envs of ``_GymEnvs`` in ``procs`` worker processes, env b in worker ``b % procs``: a step sends each
+    worker the actions of its envs that play an episode, then waits for the workers' replies."""
+
+    def __init__(self, thunks: list[Callable[[], Any]], video_dir: Path | None, procs: int):
+        import cloudpickle
+
+        self.n, blob, cpus = len(thunks), cloudpickle.dumps(thunks), available_cpus()
+        procs = min(procs, self.n)
+        self._workers: list[tuple[Worker, Any]] = []
         try:
-            for _ in range(n):
-                self.envs.append(make())
-        except BaseException:  # the envs made so far are closed
+            for w in range(procs):
+                mine, theirs = CTX.Pipe()
+                rows = list(range(w, self.n, procs))
+                self._workers.append((Worker(_env_worker, (blob, rows, video_dir, cpus[w % len(cpus)], theirs,
+                                                           os.getpid()), name=f"evaluation env worker {w}"), mine))
+                theirs.close()
+            spaces = [self._answer(w) for w in range(len(self._workers))]  # each once its envs are made
+        except BaseException:
             self.close()
             raise
-        self.n = n
+        self._obs: list[Any] = [None] * self.n
+        self._masks: list[Any] = [None] * self.n
         self.obs: Any = None
+        self._actions = _discrete(spaces[0])
+
+    def _answer(self, w: int) -> Any:
+        worker, conn = self._workers[w]
+        try:
+            while not conn.poll(POLL_S):
+                worker.check()
+            return conn.recv()
+        except (EOFError, OSError):  # the worker is gone: its own error says why
+            time.sleep(POLL_S)
+            worker.check()
+            raise WorkerError(f"{worker.name} (pid {worker.pid}) closed its pipe") from None
+
+    def _ask(self, what: str, rows: list[int], values: list[Any]) -> dict[int, Any]:
+        """Each worker's rows of ``rows`` with their values, sent at once; the replies by row."""
+        procs, asked = len(self._workers), {}
+        for w, (_, conn) in enumerate(self._workers):
+            own = [(b, v) for b, v in zip(rows, values) if b % procs == w]
+            if own:
+                conn.send((what, [b for b, _ in own], [v for _, v in own]))
+                asked[w] = [b for b, _ in own]
+        return {b: out for w, own in asked.items() for b, out in zip(own, self._answer(w))}
 
     def reset(self, rows: list[int], seeds: list[int]) -> None:
-        for b, seed in zip(rows, seeds):
-            obs, _ = self.envs[b].reset(seed=int(seed))  # ale-py takes a Python int or an array
-            if self.obs is None:
-                self.obs = np.repeat(obs, self.n, axis=0)
-            self.obs[b] = obs[0]
+        for b, (obs, info) in self._ask("reset", rows, [int(s) for s in seeds]).items():
+            self._obs[b], self._masks[b] = obs, info.get("action_mask")
+        self.obs = _stack(self._obs)
 
-    def mask(self) -> np.ndarray:
-        return np.ones((self.n, self.envs[0].single_action_space.n), bool)  # Atari games give no action masks
+    def mask(self) -> np.ndarray | None:
+        return _mask(self._actions, self._masks)
 
     def step(self, actions: np.ndarray, active: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        actions = np.asarray(actions, np.int64)
-        for b in active:  # every game steps at once in its thread
-            self.envs[b].send(actions[b : b + 1])
         reward, done = np.zeros(self.n), np.zeros(self.n, bool)
-        for b in active:
-            obs, r, term, trunc, _ = self.envs[b].recv()
-            self.obs[b], reward[b], done[b] = obs[0], r[0], term[0] or trunc[0]
+        for b, (obs, r, term, trunc, info) in self._ask("step", active, [actions[b] for b in active]).items():
+            self._obs[b], reward[b], done[b], self._masks[b] = obs, r, term or trunc, info.get("action_mask")
+        self.obs = _stack(self._obs)
         return reward, done
 
     def close(self) -> None:
-        # ale-py's vector env frees its emulator and thread when collected (its close() does nothing): dropped
-        # here, not kept alive by a traceback that holds this object.
-        envs, self.envs = self.envs, []
-        for env in envs:
-            env.close()
+        """Ask every worker to stop and give each until ``CLOSE_S`` seconds from now to close its envs, reading
+        what it still sends (a reply to an interrupted step would block it); then end and reap what is left."""
+        deadline = time.monotonic() + CLOSE_S
+        for worker, _ in self._workers:
+            worker.stop_event.set()
+        for worker, conn in self._workers:
+            with contextlib.suppress(EOFError, OSError):
+                while worker.alive() and time.monotonic() < deadline:
+                    while conn.poll(0.05):
+                        conn.recv()
+            worker.stop(timeout=0)
+            conn.close()

@@ -85,6 +85,9 @@ class Worker:
     def pid(self) -> int | None:
         return self._proc.pid
 
+    def alive(self) -> bool:
+        return self._proc.is_alive()
+
     def check(self, allow_finished: bool = False) -> None:
         """Raise ``WorkerError`` if the child failed or is gone; a normal exit counts as gone unless
         ``allow_finished`` (a waiting caller would otherwise wait forever)."""

@@ -85,12 +85,12 @@ from typing import Any
 import numpy as np
 
 from shared import checkpoint, compiling, distributed, signals, tracking
-from shared.affinity import make_affinity
-from shared.atari import is_atari, make_atari_vector_env
+from shared.affinity import available_cpus, make_affinity
+from shared.atari import is_atari
 from shared.buffer import NotEnoughMemory, available_memory, check_fits, unchecked
 from shared.checkpoint import Start
 from shared.cli import bad_args, resolve_device
-from shared.envs import close_envs, probe_spaces, standard_atari
+from shared.envs import close_envs, probe_spaces
 from shared.evaluation import play
 from shared.files import WriteError, write_text
 from shared.precision import sampler_bf16
@@ -141,11 +141,6 @@ def _refused_allocation(e: BaseException) -> str | None:
         return f"the allocation was refused ({what}), and {available_memory() / 2**30:.1f} GiB of memory are " \
                f"available here"
     return None
-
-
-def _ale_game(args: Any) -> Any:
-    """One evaluation game of the Atari env of ``args`` in ale-py's vector env (its own thread)."""
-    return make_atari_vector_env(args.env_id, 1, 1, args.noop_max, args.sticky_actions)
 
 
 def _leaves(space: Any) -> list:
@@ -207,7 +202,6 @@ class Run:
         self._held: list[Any] = []
         self._values: dict[str, Any] = {}
         self._eval_return: float | None = None
-        self._eval_on_ale: bool | None = None  # evaluation on ale-py's vector env (known at the first one)
         self._saved: tuple | None = None  # (global_step, updates) of the last checkpoint written
         self._interrupted = False  # the ranks agreed to stop for a signal (periodic), or one came at the end
         self._config_file: Path | None = None  # config.json as written by begin (rank 0, training)
@@ -462,14 +456,12 @@ class Run:
         if not distributed.in_lockstep() and not self.writes:
             return
         args = self.args
-        if self._eval_on_ale is None:  # the unchanged Atari env: its games step in ale-py's threads
-            self._eval_on_ale = is_atari(args.env_id) and standard_atari(args, self.make_env)
-        returns = play(partial(self.make_env, args), self._policy, args.eval_episodes, args.seed, envs=args.eval_envs,
-                       video_dir=self.path / "videos" if video and self.writes else None,
-                       atari=partial(_ale_game, args) if self._eval_on_ale else None)
+        returns, lengths = play(partial(self.make_env, args), self._policy, args.eval_episodes, args.seed,
+                                envs=args.eval_envs, video_dir=self.path / "videos" if video and self.writes else None,
+                                procs=len(available_cpus()) if is_atari(args.env_id) else 1)  # emulation: worth it
         for r in returns:
             self.progress.tb.add_scalar("eval/episodic_return", r, global_step)
-        summary = {"global_step": global_step, "returns": returns, "mean": float(np.mean(returns))}
+        summary = {"global_step": global_step, "returns": returns, "mean": float(np.mean(returns)), "lengths": lengths}
         if self.writes:
             write_text(self.path / "eval.json", lambda f: json.dump(summary, f))
         if video and self.tracker is not None and (self.path / "videos").is_dir():

@@ -4,14 +4,22 @@ mask; no episode is started beyond the count."""
 
 from __future__ import annotations
 
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
 from functools import partial
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
 import pytest
 
-from shared.atari import make_atari_env, make_atari_vector_env
+from shared.atari import make_atari_env
 from shared.evaluation import Draws, play
+from shared.procs import WorkerError, session_processes
 
 SEED, EPISODES = 5, 7
 W = np.array([0.0, 0.0, 1.0, 0.0])  # push towards the pole's lean: deterministic, episodes of 24 to 47 steps
@@ -25,9 +33,10 @@ def masked_choice(render: bool = False):
     return lambda: gym.make("tests.masked_env:MaskedChoice-v0")
 
 
-def one_env_loop(make_env, policy_of_one, episodes: int, seed: int) -> list[float]:
-    """The reference: one env, one episode after another, ``policy_of_one(obs, t, rng, info)`` for each step t."""
-    env, returns = make_env()(), []
+def one_env_loop(make_env, policy_of_one, episodes: int, seed: int) -> tuple[list[float], list[int]]:
+    """The reference: one env, one episode after another, ``policy_of_one(obs, t, rng, info)`` for each step t;
+    the returns and lengths."""
+    env, returns, lengths = make_env()(), [], []
     for i in range(episodes):
         obs, info = env.reset(seed=seed + 100_000 + i)
         rng, t, total, done = np.random.default_rng(seed + 100_000 + i), 0, 0.0, False
@@ -35,14 +44,15 @@ def one_env_loop(make_env, policy_of_one, episodes: int, seed: int) -> list[floa
             obs, reward, term, trunc, info = env.step(policy_of_one(obs, t, rng, info))
             total, t, done = total + float(reward), t + 1, term or trunc
         returns.append(total)
+        lengths.append(t)
     env.close()
-    return returns
+    return returns, lengths
 
 
 @pytest.mark.parametrize("envs", [1, 3, 8])
 def test_a_deterministic_policy_plays_the_one_env_loops_episodes(envs):
     expected = one_env_loop(cartpole, lambda obs, t, rng, info: int(obs @ W > 0), EPISODES, SEED)
-    assert len(set(expected)) > 1  # episodes of different lengths: an env takes its next one at other steps
+    assert len(set(expected[1])) > 1  # episodes of different lengths: an env takes its next one at other steps
     assert play(cartpole, lambda obs: (obs @ W > 0).astype(np.int64), EPISODES, SEED, envs) == expected
 
 
@@ -66,7 +76,8 @@ def test_one_generator_shared_by_the_envs_would_change_the_episodes():
         return lambda obs: np.where(rng.random(len(obs)) < 0.3, rng.integers(2, size=len(obs)),
                                     (obs @ W > 0).astype(np.int64))
 
-    assert play(cartpole, shared_rng(0), EPISODES, SEED, 1) != play(cartpole, shared_rng(0), EPISODES, SEED, 4)
+    assert play(cartpole, shared_rng(0), EPISODES, SEED, 1).returns != play(cartpole, shared_rng(0), EPISODES, SEED,
+                                                                         4).returns
 
 
 def test_a_recurrent_policy_starts_afresh_per_env_and_sees_its_last_reward():
@@ -115,59 +126,117 @@ def test_no_episode_starts_beyond_the_count_and_every_env_is_closed():
             return env
         return thunk
 
-    returns = play(make_env, lambda obs: np.zeros(len(obs), np.int64), 5, SEED, 16)
+    returns, _ = play(make_env, lambda obs: np.zeros(len(obs), np.int64), 5, SEED, 16)
     assert len(returns) == 5 and sorted(resets) == [SEED + 100_000 + i for i in range(5)]  # 5 envs, not 16
     assert made == []
 
 
-class Lengths:
-    """One game of ale-py's vector env, recording each episode's seed and length (the games themselves, not only
-    their returns: a policy that loses every Pong game 0-21 scores -21 whatever the seed) and every step sent."""
+class StepLog(gym.Wrapper):
+    """Appends the id of the process of every step to a file (the envs may step in worker processes)."""
 
-    def __init__(self, env, lengths: dict, sent: list):
-        self.env, self.lengths, self.sent = env, lengths, sent
-        self.single_action_space = env.single_action_space
-        self.seed, self.t = None, 0
+    def __init__(self, env, path):
+        super().__init__(env)
+        self.path = path
 
-    def reset(self, seed):
-        self.seed, self.t = seed, 0
-        return self.env.reset(seed=seed)
+    def step(self, action):
+        with open(self.path, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        return self.env.step(action)
 
-    def send(self, actions):
-        self.sent.append(self.seed)
+
+def pixels(obs, mask):  # deterministic; a policy that takes masks gets all-valid ones from Atari games
+    assert mask.shape == (len(obs), 6) and mask.all()
+    return (obs[:, -1, 30:50].astype(np.int64).sum(axis=(1, 2)) % 6).astype(np.int64)
+
+
+def pong(log, render: bool = False):
+    return lambda: StepLog(make_atari_env("PongNoFrameskip-v4", render=render), log)
+
+
+def test_atari_episodes_in_worker_processes_are_the_one_env_loops_games(tmp_path):
+    """The training env's games (gymnasium's Atari env), in worker processes: the one-env loop's games seed by seed
+    (their lengths) and returns with 1, 2 or 3 envs in 1 or 2 processes; both workers step envs; and an env with
+    no episode left never steps (the steps sent are exactly the episodes' steps)."""
+    one = np.ones((1, 6), bool)
+    greedy = lambda obs, t, rng, info: int(pixels(obs[None], one)[0])
+    expected = one_env_loop(partial(pong, tmp_path / "ref"), greedy, 3, SEED)
+    assert len(set(expected[1])) > 1  # the seeds make different games (a policy that loses every Pong game 0-21
+    # scores -21 whatever the seed: the lengths show a wrong seed)
+    for envs, procs in [(1, 1), (2, 2), (3, 2)]:
+        log = tmp_path / f"{envs}-{procs}"
+        assert play(partial(pong, log), pixels, 3, SEED, envs, procs=procs) == expected
+        steppers = log.read_text().split()
+        assert len(steppers) == sum(expected[1])  # no step of an env without an episode
+        assert len(set(steppers) - {str(os.getpid())}) == (procs if procs > 1 else 0)  # each worker stepped envs
+    assert multiprocessing.active_children() == []  # every worker reaped
+
+
+class Faulty(gym.Env):
+    """CartPole-like: steps slowly, or at step ``at`` raises (``how="raise"``) or kills its process (``"kill"``)."""
+
+    observation_space, action_space = gym.spaces.Box(-1, 1, (1,)), gym.spaces.Discrete(2)
+
+    def __init__(self, how: str = "", at: int = 3, pause: float = 0.0):
+        self.how, self.at, self.pause, self.t = how, at, pause, 0
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
         self.t += 1
-        self.env.send(actions)
-
-    def recv(self):
-        out = self.env.recv()
-        if out[2][0] or out[3][0]:
-            self.lengths[self.seed] = self.t
-        return out
-
-    def close(self):
-        self.env.close()
+        time.sleep(self.pause)
+        if self.t == self.at and self.how == "raise":
+            raise RuntimeError("the env broke")
+        if self.t == self.at and self.how == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        return np.zeros(1, np.float32), 0.0, False, self.t >= 50, {}
 
 
-def test_atari_episodes_on_ale_py_threads_do_not_depend_on_the_number_of_envs():
-    """ale-py's games: each reset alone with its episode's seed, whichever env plays it and whatever the others
-    are doing: the same games (seed by seed, their lengths) and returns with 1, 2 or 3 envs; and an env with no
-    episode left never steps (the steps sent are exactly the episodes' steps)."""
-    def pixels(obs, mask):  # deterministic; a policy that takes masks gets all-valid ones from Atari games
-        assert mask.shape == (len(obs), 6) and mask.all()
-        return (obs[:, -1, 30:50].astype(np.int64).sum(axis=(1, 2)) % 6).astype(np.int64)
+def faulty(how: str):
+    return lambda render=False: lambda: Faulty(how)
 
-    def pong(lengths: dict, sent: list) -> Lengths:
-        return Lengths(make_atari_vector_env("PongNoFrameskip-v4", 1, num_threads=1), lengths, sent)
 
-    games = {}
-    for n in (1, 2, 3):
-        lengths, sent = {}, []
-        games[n] = (play(None, pixels, 3, SEED, n, atari=partial(pong, lengths, sent)), lengths)
-        assert len(sent) == sum(lengths.values())  # no step of an env without an episode
-    assert games[1] == games[2] == games[3]
-    returns, lengths = games[1]
-    assert sorted(lengths) == [SEED + 100_000 + i for i in range(3)]
-    assert len(set(lengths.values())) > 1  # the seeds make different games: a wrong seed would show
+def zeros(obs):
+    return np.zeros(len(obs), np.int64)
+
+
+@pytest.mark.parametrize(("how", "says"), [("raise", "the env broke"), ("kill", "exited unexpectedly")])
+def test_a_failed_or_killed_worker_ends_the_evaluation_with_its_error(how, says):
+    t0 = time.monotonic()
+    with pytest.raises(WorkerError, match=says):
+        play(faulty(how), zeros, 4, SEED, 4, procs=2)
+    assert time.monotonic() - t0 < 30  # the spawns take most of it
+    assert multiprocessing.active_children() == []
+
+
+CTRL_C = """
+import sys, time
+sys.path.insert(0, {root!r})
+from tests.test_eval_vector import Faulty, zeros
+from shared.evaluation import play
+if __name__ == "__main__":
+    play(lambda render=False: lambda: Faulty(pause=0.5), zeros, 4, 0, 4, procs=2)
+"""
+
+
+def test_ctrl_c_during_an_evaluation_in_worker_processes_leaves_nothing_running(tmp_path):
+    """Ctrl-C to the whole process group (as a terminal sends it) while the workers step: the evaluation ends
+    with KeyboardInterrupt within seconds, and no worker is left."""
+    script = tmp_path / "ctrl_c.py"
+    script.write_text(CTRL_C.format(root=str(Path(__file__).resolve().parents[1])))
+    proc = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 60
+    while len(session_processes(proc.pid)) < 3 and time.monotonic() < deadline:  # this one and its two workers
+        time.sleep(0.2)
+    time.sleep(2.0)  # the workers have made their envs and step
+    os.killpg(proc.pid, signal.SIGINT)
+    t0 = time.monotonic()
+    _, err = proc.communicate(timeout=30)
+    assert time.monotonic() - t0 < 10
+    assert "KeyboardInterrupt" in err
+    while session_processes(proc.pid) and time.monotonic() < t0 + 15:  # multiprocessing's resource tracker ends
+        time.sleep(0.1)  # on its own once the process is gone
+    assert session_processes(proc.pid) == []
 
 
 def test_a_policy_that_takes_masks_gets_none_for_continuous_actions():
@@ -177,23 +246,14 @@ def test_a_policy_that_takes_masks_gets_none_for_continuous_actions():
         seen.append(mask)
         return np.zeros((len(obs), 1), np.float32)
 
-    assert len(play(lambda render=False: lambda: gym.make("Pendulum-v1"), act, 2, SEED, 2)) == 2
+    assert play(lambda render=False: lambda: gym.make("Pendulum-v1"), act, 2, SEED, 2).lengths == [200, 200]
     assert seen and all(m is None for m in seen)
 
 
 @pytest.mark.slow  # a whole Pong game rendered and encoded: about a minute
-def test_a_video_on_ale_py_s_envs_is_episode_0_played_again_on_the_gymnasium_env(tmp_path):
-    """ale-py's vector env renders nothing: the video is one more episode with episode 0's seed on the rendering
-    gymnasium env, written when that env closes; the returns are the vector env's alone."""
-    def atari():
-        return make_atari_vector_env("PongNoFrameskip-v4", 1, num_threads=1)
-
-    def render_env(render=False):
-        return lambda: make_atari_env("PongNoFrameskip-v4", render=render)
-
-    def pixels(obs):
-        return (obs[:, -1, 30:50].astype(np.int64).sum(axis=(1, 2)) % 6).astype(np.int64)
-
-    returns = play(render_env, pixels, 2, SEED, 2, video_dir=tmp_path / "videos", atari=atari)
-    assert returns == play(None, pixels, 2, SEED, 2, atari=atari)
+def test_a_video_of_the_first_atari_episode_from_a_worker_process(tmp_path):
+    """The env that plays episode 0 records it (written when it closes, in its worker); the returns are the same
+    without video."""
+    returns = play(partial(pong, tmp_path / "a"), pixels, 2, SEED, 2, video_dir=tmp_path / "videos", procs=2)
+    assert returns == play(partial(pong, tmp_path / "b"), pixels, 2, SEED, 2, procs=2)
     assert len(list((tmp_path / "videos").glob("*.mp4"))) == 1
