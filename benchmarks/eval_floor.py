@@ -61,7 +61,6 @@ def main() -> None:
 
     procs = len(available_cpus())
     envs = _ProcEnvs([partial(make_atari_env, a.env_id) for _ in range(a.envs)], None, procs)
-    envs.reset(list(range(a.envs)), list(range(a.envs)))
     every = list(range(a.envs))
 
     def step():  # an env whose episode ended is reset by the next (rare: not counted apart)
@@ -69,8 +68,11 @@ def main() -> None:
         if done.any():
             envs.reset([b for b in every if done[b]], [int(rng.integers(1 << 30)) for b in every if done[b]])
 
-    row[f"{a.envs} gym envs in {procs} processes, per env"] = per_step(step, a.steps // a.envs) / a.envs
-    envs.close()
+    try:
+        envs.reset(every, every)
+        row[f"{a.envs} gym envs in {procs} processes, per env"] = per_step(step, a.steps // a.envs) / a.envs
+    finally:
+        envs.close()
 
     import catdqn_atari as C
 

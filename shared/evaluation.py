@@ -15,15 +15,18 @@ Guarantees
   episode left is still in the batch (static shapes) and its action is not used.
 - The envs: ``envs`` envs of ``make_env(render)``, the ones training makes, so the evaluation plays the same
   episodes as the one-env loop it replaced. Only the envs that still play an episode step. With ``procs`` > 1
-  they live in that many worker processes (``shared.procs.Worker``: spawned, dying with this process), env b in
-  worker ``b % procs``, and the workers step their envs at once: worth it for envs whose step costs far more
-  than a message (the Atari emulator: ale-py holds the GIL, so threads would not help). A failed, killed or
-  vanished worker raises ``WorkerError`` within ``POLL_S`` seconds; on every path (Ctrl-C included) the workers
-  close their envs and are reaped, terminated after ``CLOSE_S`` seconds at most. An episode's return does not
-  depend on ``envs`` or ``procs`` (nor on the torchrun ranks) beyond the forward pass's float order across batch
-  sizes (exact for greedy actions in practice).
+  they live in ``min(procs, envs)`` worker processes (``shared.procs.Worker``: spawned, dying with this process,
+  ignoring SIGINT and SIGTERM: this process stops them), env b in worker ``b % procs``, each worker pinned to
+  one CPU, and the workers step their envs at once: worth it for envs whose step costs far more than a message
+  (the Atari emulator: ale-py holds the GIL, so threads would not help). A failed, killed or vanished worker
+  raises ``EvaluationError`` (its traceback in the message) within about a second; on every path (Ctrl-C
+  included) the workers are asked to close their envs and are reaped, ended after ``CLOSE_S`` seconds (a normal
+  end: a video may be encoded) or ``QUICK_CLOSE_S`` (an error or a signal) at most. An episode's return does
+  not depend on ``envs`` or ``procs`` (nor on the torchrun ranks) beyond the forward pass's float order across
+  batch sizes (exact for greedy actions in practice).
 - With ``video_dir`` the first episode is recorded there by the env that plays it (``make_env(True)``,
-  ``render_mode="rgb_array"``), written when that env closes (in its worker, before the worker ends).
+  ``render_mode="rgb_array"``), written when that env resets for another episode or closes (in its worker,
+  before the worker ends).
 - Training is not changed by it: torch's random state (CPU and CUDA) is restored afterwards and the envs are the
   evaluation's own, closed on every path.
 - In a torchrun job still in lockstep, rank r plays episodes r, r + ranks, ... and every rank returns all of
@@ -36,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import os
+import signal
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,14 +47,19 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from shared import distributed
+from shared import distributed, signals
 from shared.affinity import available_cpus
 from shared.procs import CTX, Worker, WorkerError
 from shared.sync import POLL_S
 
-__all__ = ["CLOSE_S", "Draws", "Episodes", "play"]
+__all__ = ["CLOSE_S", "QUICK_CLOSE_S", "Draws", "Episodes", "EvaluationError", "play"]
 
-CLOSE_S = 60.0  # the longest a worker may take to close its envs (a video is encoded then) before it is ended
+CLOSE_S = 600.0  # the longest a worker may take to close its envs after a normal end (a video may be encoded)
+QUICK_CLOSE_S = 10.0  # the same after an error or a signal
+
+
+class EvaluationError(RuntimeError):
+    """An evaluation env worker failed, was killed or vanished; the message carries its traceback if it sent one."""
 
 
 class Episodes(NamedTuple):
@@ -95,12 +104,15 @@ def play(make_env: Callable[[bool], Callable[[], Any]], act: Callable[..., Any],
     if mine:
         n = min(envs, len(mine))
         thunks = [make_env(video_dir is not None and b == 0) for b in range(n)]
-        vec = _ProcEnvs(thunks, video_dir, procs) if min(procs, n) > 1 else _GymEnvs(thunks, video_dir)
-        try:  # closed on every path (RecordVideo writes its file when its env closes)
+        vec, ok = None, False
+        try:  # closed on every path (RecordVideo writes its file when its env resets or closes)
+            vec = _ProcEnvs(thunks, video_dir, procs) if min(procs, n) > 1 else _GymEnvs(thunks, video_dir)
             with torch.no_grad(), torch.random.fork_rng(devices=cuda):
                 played = _play(vec, act, mine, seed)
+            ok = True
         finally:
-            vec.close()
+            if vec is not None:
+                vec.close(ok)
     ordered = sorted(sum(distributed.gather_objects(played, slow=True), []))
     return Episodes([r for _, r, _ in ordered], [t for _, _, t in ordered])
 
@@ -212,7 +224,7 @@ class _GymEnvs:
         self.obs = _stack(self._obs)
         return reward, done
 
-    def close(self) -> None:
+    def close(self, ok: bool = True) -> None:
         for env in self.envs:
             env.close()
 
@@ -226,6 +238,7 @@ def _env_worker(blob: bytes, rows: list[int], video_dir: Path | None, cpu: int, 
     often share a CPU (the scheduler wakes them near the waker) and step one after the other."""
     import cloudpickle
 
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # as SIGINT (shared.procs): the parent stops it, even then
     with contextlib.suppress(AttributeError, OSError):  # no affinity on macOS
         os.sched_setaffinity(0, {cpu})
     thunks, envs = cloudpickle.loads(blob), {}
@@ -255,34 +268,48 @@ class _ProcEnvs:
         import cloudpickle
 
         self.n, blob, cpus = len(thunks), cloudpickle.dumps(thunks), available_cpus()
-        procs = min(procs, self.n)
+        procs, first = min(procs, self.n), distributed.rank() * procs  # ranks on one node: other CPUs first
         self._workers: list[tuple[Worker, Any]] = []
         try:
             for w in range(procs):
                 mine, theirs = CTX.Pipe()
-                rows = list(range(w, self.n, procs))
-                self._workers.append((Worker(_env_worker, (blob, rows, video_dir, cpus[w % len(cpus)], theirs,
-                                                           os.getpid()), name=f"evaluation env worker {w}"), mine))
+                args = (blob, list(range(w, self.n, procs)), video_dir, cpus[(first + w) % len(cpus)], theirs,
+                        os.getpid())
+                signals.defer()  # a started worker is always in the list that close() stops
+                try:
+                    self._workers.append((Worker(_env_worker, args, name=f"evaluation env worker {w}"), mine))
+                finally:
+                    signals.undefer()
                 theirs.close()
-            spaces = [self._answer(w) for w in range(len(self._workers))]  # each once its envs are made
+            spaces = [self._reply(w) for w in range(len(self._workers))]  # each once its envs are made
         except BaseException:
-            self.close()
+            self.close(ok=False)
             raise
         self._obs: list[Any] = [None] * self.n
         self._masks: list[Any] = [None] * self.n
         self.obs: Any = None
         self._actions = _discrete(spaces[0])
 
-    def _answer(self, w: int) -> Any:
+    def _failed(self, w: int) -> EvaluationError:
+        """The error of worker ``w``, whose pipe broke: its own traceback when it sent one."""
+        worker = self._workers[w][0]
+        time.sleep(POLL_S)  # its exit and its traceback arrive
+        try:
+            worker.check()
+        except WorkerError as e:
+            return EvaluationError(str(e))
+        return EvaluationError(f"{worker.name} (pid {worker.pid}) closed its pipe")
+
+    def _reply(self, w: int) -> Any:
         worker, conn = self._workers[w]
         try:
             while not conn.poll(POLL_S):
                 worker.check()
             return conn.recv()
+        except WorkerError as e:
+            raise EvaluationError(str(e)) from None
         except (EOFError, OSError):  # the worker is gone: its own error says why
-            time.sleep(POLL_S)
-            worker.check()
-            raise WorkerError(f"{worker.name} (pid {worker.pid}) closed its pipe") from None
+            raise self._failed(w) from None
 
     def _ask(self, what: str, rows: list[int], values: list[Any]) -> dict[int, Any]:
         """Each worker's rows of ``rows`` with their values, sent at once; the replies by row."""
@@ -290,9 +317,12 @@ class _ProcEnvs:
         for w, (_, conn) in enumerate(self._workers):
             own = [(b, v) for b, v in zip(rows, values) if b % procs == w]
             if own:
-                conn.send((what, [b for b, _ in own], [v for _, v in own]))
+                try:
+                    conn.send((what, [b for b, _ in own], [v for _, v in own]))
+                except OSError:  # BrokenPipeError: the worker died since its last reply
+                    raise self._failed(w) from None
                 asked[w] = [b for b, _ in own]
-        return {b: out for w, own in asked.items() for b, out in zip(own, self._answer(w))}
+        return {b: out for w, own in asked.items() for b, out in zip(own, self._reply(w))}
 
     def reset(self, rows: list[int], seeds: list[int]) -> None:
         for b, (obs, info) in self._ask("reset", rows, [int(s) for s in seeds]).items():
@@ -309,16 +339,31 @@ class _ProcEnvs:
         self.obs = _stack(self._obs)
         return reward, done
 
-    def close(self) -> None:
-        """Ask every worker to stop and give each until ``CLOSE_S`` seconds from now to close its envs, reading
-        what it still sends (a reply to an interrupted step would block it); then end and reap what is left."""
-        deadline = time.monotonic() + CLOSE_S
+    def close(self, ok: bool = True) -> None:
+        """Ask every worker to stop and give them ``CLOSE_S`` seconds (``ok``: the evaluation ended normally, a
+        video may be encoded) or ``QUICK_CLOSE_S`` (an error or a signal) to close their envs, reading what they
+        still send (a reply to an interrupted step would block its worker); then end and reap what is left. After
+        a normal end a worker's error (a video that could not be written) raises, and one that had to be ended
+        says so."""
+        deadline = time.monotonic() + (CLOSE_S if ok else QUICK_CLOSE_S)
         for worker, _ in self._workers:
             worker.stop_event.set()
+        ended = []
         for worker, conn in self._workers:
-            with contextlib.suppress(EOFError, OSError):
+            with contextlib.suppress(Exception):  # a reply cut by a signal cannot be read whole: stop reading
                 while worker.alive() and time.monotonic() < deadline:
                     while conn.poll(0.05):
                         conn.recv()
+            worker.join(max(0.0, deadline - time.monotonic()))  # its pipe closes before it has exited
+            if worker.alive():
+                ended.append(worker.name)
+            elif ok:
+                try:
+                    worker.check(allow_finished=True)
+                except WorkerError as e:
+                    ended.append(str(e))
             worker.stop(timeout=0)
             conn.close()
+        if ok and ended:
+            raise EvaluationError(f"closing the evaluation envs: {'; '.join(ended)} (ended after {CLOSE_S:.0f} s "
+                                  "if it shows no error)")

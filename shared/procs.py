@@ -86,7 +86,12 @@ class Worker:
         return self._proc.pid
 
     def alive(self) -> bool:
+        """Whether the child process is still running (not yet exited)."""
         return self._proc.is_alive()
+
+    def join(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for the child to exit (``stop`` ends it for sure)."""
+        self._proc.join(timeout)
 
     def check(self, allow_finished: bool = False) -> None:
         """Raise ``WorkerError`` if the child failed or is gone; a normal exit counts as gone unless

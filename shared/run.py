@@ -202,6 +202,7 @@ class Run:
         self._held: list[Any] = []
         self._values: dict[str, Any] = {}
         self._eval_return: float | None = None
+        self._evaluated_at: int | None = None  # the global step of the last evaluation
         self._saved: tuple | None = None  # (global_step, updates) of the last checkpoint written
         self._interrupted = False  # the ranks agreed to stop for a signal (periodic), or one came at the end
         self._config_file: Path | None = None  # config.json as written by begin (rank 0, training)
@@ -402,8 +403,8 @@ class Run:
         self._last_row()
         if self._interrupted:
             self.exit_code = EXIT_INTERRUPTED
-        elif self.args.eval_episodes:
-            self._evaluate(global_step, video=self.args.capture_video)
+        elif self.args.eval_episodes and (self._evaluated_at != global_step or self.args.capture_video):
+            self._evaluate(global_step, video=self.args.capture_video)  # not the same episodes again, unless filmed
 
     def _last_row(self) -> None:
         """The last row with the latest values, then the collectives end (rank 0 may go on alone); a signal that
@@ -468,7 +469,7 @@ class Run:
             newest = max((self.path / "videos").glob("*.mp4"), key=lambda f: f.stat().st_mtime, default=None)
             if newest is not None:
                 self.tracker.video(newest, global_step)
-        self._eval_return = summary["mean"]
+        self._eval_return, self._evaluated_at = summary["mean"], global_step
         self._say(f"evaluation over {len(returns)} episodes at step {global_step}: mean return "
                   f"{summary['mean']:.1f}")
 

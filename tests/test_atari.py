@@ -4,6 +4,7 @@ registered at import time works in every sampling mode."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -255,3 +256,17 @@ def test_a_wrapper_added_to_ppo_atari_make_env_reaches_every_sampling_mode(sampl
         assert "worker processes, not in ale-py's threads" in out.stdout  # and the run said why it is slower
     finally:
         shutil.rmtree(folder)
+
+
+def test_an_atari_script_evaluates_its_own_games_in_worker_processes(tmp_path):
+    """ppo_atari.py on Pong, evaluated on 2 envs: its ``make_env`` (a closure in the script's ``__main__``) reaches
+    the spawned evaluation workers (one per CPU, on 2 or more CPUs), and eval.json holds 2 whole games with their
+    lengths (an untrained policy loses 0-21: hundreds of steps)."""
+    out = run(str(ROOT / "algos" / "ppo_atari.py"), "--env-id", "PongNoFrameskip-v4", "--num-envs", "2", "--num-steps",
+              "16", "--total-timesteps", "32", "--eval-episodes", "2", "--eval-envs", "2", "--out-dir", str(tmp_path),
+              timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (run_dir,) = tmp_path.iterdir()
+    saved = json.loads((run_dir / "eval.json").read_text())
+    assert len(saved["returns"]) == 2 and all(-21 <= r <= 21 for r in saved["returns"])
+    assert len(saved["lengths"]) == 2 and min(saved["lengths"]) > 200

@@ -4,11 +4,12 @@ mask; no episode is started beyond the count."""
 
 from __future__ import annotations
 
-import multiprocessing
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -18,8 +19,8 @@ import numpy as np
 import pytest
 
 from shared.atari import make_atari_env
-from shared.evaluation import Draws, play
-from shared.procs import WorkerError, session_processes
+from shared.evaluation import Draws, EvaluationError, play
+from shared.procs import session_processes
 
 SEED, EPISODES = 5, 7
 W = np.array([0.0, 0.0, 1.0, 0.0])  # push towards the pole's lean: deterministic, episodes of 24 to 47 steps
@@ -168,19 +169,21 @@ def test_atari_episodes_in_worker_processes_are_the_one_env_loops_games(tmp_path
         steppers = log.read_text().split()
         assert len(steppers) == sum(expected[1])  # no step of an env without an episode
         assert len(set(steppers) - {str(os.getpid())}) == (procs if procs > 1 else 0)  # each worker stepped envs
-    assert multiprocessing.active_children() == []  # every worker reaped
+    assert children() == []  # every worker reaped
 
 
 class Faulty(gym.Env):
-    """CartPole-like: steps slowly, or at step ``at`` raises (``how="raise"``) or kills its process (``"kill"``)."""
+    """Steps slowly, or at step ``at`` raises (``how="raise"``), kills its process (``"kill"``) or replies and
+    then exits (``"exit"``: the next request meets a closed pipe); observations of ``size`` floats."""
 
-    observation_space, action_space = gym.spaces.Box(-1, 1, (1,)), gym.spaces.Discrete(2)
+    action_space = gym.spaces.Discrete(2)
 
-    def __init__(self, how: str = "", at: int = 3, pause: float = 0.0):
+    def __init__(self, how: str = "", at: int = 3, pause: float = 0.0, size: int = 1):
         self.how, self.at, self.pause, self.t = how, at, pause, 0
+        self.observation_space = gym.spaces.Box(-1, 1, (size,))
 
     def reset(self, *, seed=None, options=None):
-        return np.zeros(1, np.float32), {}
+        return np.zeros(self.observation_space.shape, np.float32), {}
 
     def step(self, action):
         self.t += 1
@@ -189,7 +192,9 @@ class Faulty(gym.Env):
             raise RuntimeError("the env broke")
         if self.t == self.at and self.how == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
-        return np.zeros(1, np.float32), 0.0, False, self.t >= 50, {}
+        if self.t == self.at and self.how == "exit":
+            threading.Timer(0.1, os._exit, (3,)).start()
+        return np.zeros(self.observation_space.shape, np.float32), 0.0, False, self.t >= 50, {}
 
 
 def faulty(how: str):
@@ -200,43 +205,71 @@ def zeros(obs):
     return np.zeros(len(obs), np.int64)
 
 
-@pytest.mark.parametrize(("how", "says"), [("raise", "the env broke"), ("kill", "exited unexpectedly")])
-def test_a_failed_or_killed_worker_ends_the_evaluation_with_its_error(how, says):
+def slow_zeros(obs):  # a worker that exits after its reply is gone before the next request
+    time.sleep(0.5)
+    return zeros(obs)
+
+
+def children() -> list[int]:
+    """This process's children, zombies included, but multiprocessing's resource tracker (one per process)."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            command = Path(f"/proc/{entry}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and b"resource_tracker" not in command:
+            found.append(int(entry))
+    return found
+
+
+@pytest.mark.parametrize(("how", "says"), [("raise", "the env broke"), ("kill", "exited unexpectedly with code -9"),
+                                           ("exit", "exited unexpectedly with code 3")])
+def test_a_failed_killed_or_vanished_worker_ends_the_evaluation_with_its_error(how, says):
     t0 = time.monotonic()
-    with pytest.raises(WorkerError, match=says):
-        play(faulty(how), zeros, 4, SEED, 4, procs=2)
+    with pytest.raises(EvaluationError, match=says):
+        play(faulty(how), slow_zeros if how == "exit" else zeros, 4, SEED, 4, procs=2)
     assert time.monotonic() - t0 < 30  # the spawns take most of it
-    assert multiprocessing.active_children() == []
+    assert children() == []  # every worker reaped
 
 
 CTRL_C = """
 import sys, time
 sys.path.insert(0, {root!r})
 from tests.test_eval_vector import Faulty, zeros
+from shared import signals
 from shared.evaluation import play
 if __name__ == "__main__":
-    play(lambda render=False: lambda: Faulty(pause=0.5), zeros, 4, 0, 4, procs=2)
+    signals.raise_on_signals()  # as the scripts do
+    play(lambda render=False: lambda: Faulty(pause=0.5, size={size}), zeros, 4, 0, 4, procs=2)
 """
 
 
-def test_ctrl_c_during_an_evaluation_in_worker_processes_leaves_nothing_running(tmp_path):
+@pytest.mark.parametrize("size", [1, 1_000_000])  # 4 MB replies: a worker blocks sending one until it is read
+def test_ctrl_c_during_an_evaluation_in_worker_processes_leaves_nothing_running(tmp_path, size):
     """Ctrl-C to the whole process group (as a terminal sends it) while the workers step: the evaluation ends
-    with KeyboardInterrupt within seconds, and no worker is left."""
+    with KeyboardInterrupt within seconds (a worker sending a reply nobody reads is drained, not waited for), and
+    no worker is left."""
     script = tmp_path / "ctrl_c.py"
-    script.write_text(CTRL_C.format(root=str(Path(__file__).resolve().parents[1])))
+    script.write_text(CTRL_C.format(root=str(Path(__file__).resolve().parents[1]), size=size))
     proc = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 60
-    while len(session_processes(proc.pid)) < 3 and time.monotonic() < deadline:  # this one and its two workers
-        time.sleep(0.2)
-    time.sleep(2.0)  # the workers have made their envs and step
-    os.killpg(proc.pid, signal.SIGINT)
-    t0 = time.monotonic()
-    _, err = proc.communicate(timeout=30)
-    assert time.monotonic() - t0 < 10
-    assert "KeyboardInterrupt" in err
-    while session_processes(proc.pid) and time.monotonic() < t0 + 15:  # multiprocessing's resource tracker ends
-        time.sleep(0.1)  # on its own once the process is gone
-    assert session_processes(proc.pid) == []
+    try:
+        deadline = time.monotonic() + 60
+        while len(session_processes(proc.pid)) < 4 and time.monotonic() < deadline:  # it, the resource tracker,
+            time.sleep(0.2)  # two workers
+        time.sleep(2.0)  # the workers have made their envs and step
+        os.killpg(proc.pid, signal.SIGINT)
+        t0 = time.monotonic()
+        _, err = proc.communicate(timeout=30)
+        assert time.monotonic() - t0 < 8  # the interrupted close waits QUICK_CLOSE_S (10 s) for a blocked worker
+        assert "KeyboardInterrupt" in err
+        while session_processes(proc.pid) and time.monotonic() < t0 + 15:  # the resource tracker ends on its own
+            time.sleep(0.1)  # once the process is gone
+        assert session_processes(proc.pid) == []
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_a_policy_that_takes_masks_gets_none_for_continuous_actions():
@@ -252,8 +285,8 @@ def test_a_policy_that_takes_masks_gets_none_for_continuous_actions():
 
 @pytest.mark.slow  # a whole Pong game rendered and encoded: about a minute
 def test_a_video_of_the_first_atari_episode_from_a_worker_process(tmp_path):
-    """The env that plays episode 0 records it (written when it closes, in its worker); the returns are the same
-    without video."""
+    """The env that plays episode 0 records it (in its worker: written when that env closes); the returns are the
+    same without video."""
     returns = play(partial(pong, tmp_path / "a"), pixels, 2, SEED, 2, video_dir=tmp_path / "videos", procs=2)
     assert returns == play(partial(pong, tmp_path / "b"), pixels, 2, SEED, 2, procs=2)
     assert len(list((tmp_path / "videos").glob("*.mp4"))) == 1

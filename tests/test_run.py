@@ -211,10 +211,27 @@ def test_evaluations_go_into_the_next_row_and_eval_json(tmp_path):
     saved = json.loads((run.path / "eval.json").read_text())
     returns = saved["returns"]
     assert len(returns) == 3 and all(1 <= r <= 7 for r in returns) and saved["global_step"] == 100
-    assert sum(int(s.sum()) for s in calls) == 6 and calls[0].all()  # twice 3 episodes, each with one start
+    assert saved["lengths"] == [int(r) for r in returns]  # CartPole: a reward of 1 a step
+    assert sum(int(s.sum()) for s in calls) == 3 and calls[0].all()  # 3 episodes, each with one start: the final
+    # evaluation at the step of the periodic one does not play the same episodes again
     assert {len(s) for s in calls} == {2}  # on two envs at once
     _, body = rows(run.path)
     assert float(body[0]["eval_return"]) == pytest.approx(sum(returns) / 3)
+
+
+def test_the_final_evaluation_plays_after_a_periodic_one_at_an_earlier_step(tmp_path):
+    begun = []
+
+    def act(obs, starts):
+        begun.append(int(starts.sum()))
+        return np.zeros(len(obs), np.int64)
+
+    run = Run(FakeArgs(out_dir=str(tmp_path), eval_every=100, eval_episodes=3), "script", make_env).setup()
+    run.begin(act)
+    with run:
+        run.periodic(100)
+        run.finish(120)
+    assert sum(begun) == 6 and json.loads((run.path / "eval.json").read_text())["global_step"] == 120
 
 
 class Held:
