@@ -70,8 +70,8 @@ class RunArgs:
     game, episode i seeded with seed + 100,000 + i: on Atari up to 27k agent steps, on MuJoCo 1,000 steps"""
     eval_envs: Annotated[int, Range(ge=1, le=256)] = 16
     """envs that play the evaluation episodes at once, one batched forward pass per step (Atari: the games step
-    in one worker process per core, only the envs with an episode left stepping); an episode's return does not
-    depend on it"""
+    in one worker process per usable CPU, only the envs with an episode left stepping); an episode's return does
+    not depend on it"""
     eval_every: NonNegInt = 0
     """global env steps between evaluations during training, in envs of their own (0: none)"""
     eval_only: bool = False
