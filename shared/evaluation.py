@@ -49,8 +49,8 @@ import numpy as np
 
 from shared import distributed, signals
 from shared.affinity import available_cpus
-from shared.procs import CTX, Worker, WorkerError
-from shared.sync import POLL_S
+from shared.procs import CTX, Worker, WorkerError, parent_alive_check
+from shared.sync import POLL_S, wait_for
 
 __all__ = ["CLOSE_S", "QUICK_CLOSE_S", "Draws", "Episodes", "EvaluationError", "play"]
 
@@ -246,10 +246,9 @@ def _env_worker(blob: bytes, rows: list[int], video_dir: Path | None, cpu: int, 
         for b in rows:
             envs[b] = _made(thunks[b], video_dir if b == 0 else None)
         conn.send(envs[rows[0]].action_space)
+        stopping = parent_alive_check(stop, parent)  # raises SystemExit(0): a clean exit, envs closed
         while True:
-            while not conn.poll(POLL_S):
-                if stop.is_set() or os.getppid() != parent:
-                    return
+            wait_for(conn.poll, stopping)
             what, own, values = conn.recv()
             if what == "reset":
                 conn.send([envs[b].reset(seed=v) for b, v in zip(own, values)])
@@ -303,8 +302,7 @@ class _ProcEnvs:
     def _reply(self, w: int) -> Any:
         worker, conn = self._workers[w]
         try:
-            while not conn.poll(POLL_S):
-                worker.check()
+            wait_for(conn.poll, worker.check)
             return conn.recv()
         except WorkerError as e:
             raise EvaluationError(str(e)) from None

@@ -5,7 +5,8 @@ Guarantees
   ``Run.start_sampler`` gives it: the child pins itself to the sampler's cores, then runs the script's
   ``sampler_main(*args, proc)`` with a ``SamplerProcess`` (its thread count and its liveness check). The child
   ignores SIGINT (the parent decides how to stop), dies with its parent (``PR_SET_PDEATHSIG`` on Linux, and a parent
-  check in every wait), and sends its traceback to the parent if it raises. The parent's waits call ``check()``,
+  check in every wait), and sends its traceback to the parent if it raises (``parent_alive_check``'s SystemExit(0) is a
+  clean exit, exit code 0). The parent's waits call ``check()``,
   which raises ``WorkerError`` with the child's traceback as soon as the child has failed or vanished, so a crashed
   or killed sampler never leaves the learner hanging. ``stop()`` asks, then terminates, then kills, and always
   joins: no zombie, no orphan.
@@ -63,7 +64,9 @@ def _child_main(target: Callable, args: tuple, stop: Any, errors: Any, parent_pi
         os._exit(1)
     try:
         target(*args, stop)
-    except BaseException:
+    except BaseException as e:
+        if isinstance(e, SystemExit) and e.code in (0, None):  # parent_alive_check: asked to stop, or the parent
+            return  # is gone: a clean exit
         errors.put(traceback.format_exc())
         errors.close()
         errors.join_thread()
