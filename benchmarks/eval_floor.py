@@ -27,7 +27,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "algos")]
 
 from shared.affinity import available_cpus
 from shared.atari import make_atari_env
-from shared.evaluation import Draws, _ProcEnvs
+from shared.evaluation import Draws, _Envs, _Workers
 
 
 def per_step(fn, steps: int) -> float:
@@ -60,7 +60,7 @@ def main() -> None:
     env.close()
 
     procs = len(available_cpus())
-    envs = _ProcEnvs([partial(make_atari_env, a.env_id) for _ in range(a.envs)], None, procs)
+    envs = _Envs(_Workers([partial(make_atari_env, a.env_id) for _ in range(a.envs)], None, procs))
     every = list(range(a.envs))
 
     resets = [0.0]
@@ -78,7 +78,7 @@ def main() -> None:
         us = per_step(step, steps) - 1e6 * resets[0] / steps
         row[f"{a.envs} gym envs in {procs} processes, per env"] = us / a.envs
     finally:
-        envs.close()
+        envs.host.close()
 
     import catdqn_atari as C
 

@@ -104,15 +104,15 @@ def play(make_env: Callable[[bool], Callable[[], Any]], act: Callable[..., Any],
     if mine:
         n = min(envs, len(mine))
         thunks = [make_env(video_dir is not None and b == 0) for b in range(n)]
-        vec, ok = None, False
+        host, ok = None, False
         try:  # closed on every path (RecordVideo writes its file when its env resets or closes)
-            vec = _ProcEnvs(thunks, video_dir, procs) if min(procs, n) > 1 else _GymEnvs(thunks, video_dir)
+            host = _Workers(thunks, video_dir, procs) if min(procs, n) > 1 else _Here(thunks, video_dir)
             with torch.no_grad(), torch.random.fork_rng(devices=cuda):
-                played = _play(vec, act, mine, seed)
+                played = _play(_Envs(host), act, mine, seed)
             ok = True
         finally:
-            if vec is not None:
-                vec.close(ok)
+            if host is not None:
+                host.close(ok)
     ordered = sorted(sum(distributed.gather_objects(played, slow=True), []))
     return Episodes([r for _, r, _ in ordered], [t for _, _, t in ordered])
 
@@ -165,20 +165,6 @@ def _stack(rows: list[Any]) -> Any:
     return np.stack([np.asarray(r) for r in rows])
 
 
-def _discrete(space: Any) -> int | None:
-    """The number of actions of a discrete action space (masks apply), None for any other."""
-    return int(space.n) if hasattr(space, "n") else None
-
-
-def _mask(actions: int | None, masks: list[Any]) -> np.ndarray | None:
-    """[n, actions] bool: each env's last ``info["action_mask"]``, every action where it gave none; None for
-    continuous actions."""
-    if actions is None:
-        return None
-    every = np.ones(actions, bool)
-    return np.stack([every if m is None else np.asarray(m, bool) for m in masks])
-
-
 def _made(thunk: Callable[[], Any], video_dir: Path | None) -> Any:
     """The env of ``thunk``, recording its first episode in ``video_dir`` when given."""
     env = thunk()
@@ -189,9 +175,50 @@ def _made(thunk: Callable[[], Any], video_dir: Path | None) -> Any:
     return gym.wrappers.RecordVideo(env, str(video_dir), episode_trigger=lambda i: i == 0, disable_logger=True)
 
 
-class _GymEnvs:
-    """n gymnasium envs (made by ``thunks``) stepped in this process in turn, each reset when it takes an episode;
-    env 0 records its first episode with ``video_dir``."""
+def _answer(envs: Any, what: str, rows: list[int], values: list[Any]) -> list[Any]:
+    """The replies of ``envs[b]`` for each row b: to "reset" with seeds, to "step" with actions."""
+    if what == "reset":
+        return [envs[b].reset(seed=v) for b, v in zip(rows, values)]
+    return [envs[b].step(v) for b, v in zip(rows, values)]
+
+
+class _Envs:
+    """The evaluation's n envs as ``_play`` sees them: ``obs`` [n, ...], ``mask()``, and a reset or a step of
+    some rows. The envs themselves answer through ``host``: ``_Here`` (in this process, one after the other)
+    or ``_Workers`` (in worker processes, at once)."""
+
+    def __init__(self, host: Any):
+        self.host, self.n = host, host.n
+        self._obs: list[Any] = [None] * self.n
+        self._masks: list[Any] = [None] * self.n  # each env's last info["action_mask"] (None: it gave none)
+        space = host.action_space
+        self._actions = int(space.n) if hasattr(space, "n") else None  # discrete actions: masks apply
+        self.obs: Any = None
+
+    def reset(self, rows: list[int], seeds: list[int]) -> None:
+        for b, (obs, info) in self.host.ask("reset", rows, [int(s) for s in seeds]).items():
+            self._obs[b], self._masks[b] = obs, info.get("action_mask")
+        self.obs = _stack(self._obs)
+
+    def mask(self) -> np.ndarray | None:
+        """[n, actions] bool: each env's last ``info["action_mask"]``, every action where it gave none; None for
+        continuous actions."""
+        if self._actions is None:
+            return None
+        every = np.ones(self._actions, bool)
+        return np.stack([every if m is None else np.asarray(m, bool) for m in self._masks])
+
+    def step(self, actions: np.ndarray, active: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        reward, done = np.zeros(self.n), np.zeros(self.n, bool)
+        for b, (obs, r, term, trunc, info) in self.host.ask("step", active, [actions[b] for b in active]).items():
+            self._obs[b], reward[b], done[b], self._masks[b] = obs, r, term or trunc, info.get("action_mask")
+        self.obs = _stack(self._obs)
+        return reward, done
+
+
+class _Here:
+    """n gymnasium envs (made by ``thunks``) in this process, answering one after the other; env 0 records its
+    first episode with ``video_dir``."""
 
     def __init__(self, thunks: list[Callable[[], Any]], video_dir: Path | None):
         self.envs: list[Any] = []
@@ -201,28 +228,10 @@ class _GymEnvs:
         except BaseException:  # the envs made so far are closed
             self.close()
             raise
-        self.n = len(self.envs)
-        self._obs: list[Any] = [None] * self.n
-        self._masks: list[Any] = [None] * self.n
-        self.obs: Any = None
-        self._actions = _discrete(self.envs[0].action_space)
+        self.n, self.action_space = len(self.envs), self.envs[0].action_space
 
-    def reset(self, rows: list[int], seeds: list[int]) -> None:
-        for b, seed in zip(rows, seeds):
-            self._obs[b], info = self.envs[b].reset(seed=seed)
-            self._masks[b] = info.get("action_mask")
-        self.obs = _stack(self._obs)
-
-    def mask(self) -> np.ndarray | None:
-        return _mask(self._actions, self._masks)
-
-    def step(self, actions: np.ndarray, active: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        reward, done = np.zeros(self.n), np.zeros(self.n, bool)
-        for b in active:
-            self._obs[b], reward[b], term, trunc, info = self.envs[b].step(actions[b])
-            done[b], self._masks[b] = term or trunc, info.get("action_mask")
-        self.obs = _stack(self._obs)
-        return reward, done
+    def ask(self, what: str, rows: list[int], values: list[Any]) -> dict[int, Any]:
+        return dict(zip(rows, _answer(self.envs, what, rows, values)))
 
     def close(self, ok: bool = True) -> None:
         for env in self.envs:
@@ -231,7 +240,7 @@ class _GymEnvs:
 
 def _env_worker(blob: bytes, rows: list[int], video_dir: Path | None, cpu: int, conn: Any, parent: int,
                 stop: Any) -> None:
-    """A worker process of ``_ProcEnvs``: makes the envs ``rows`` of the thunks in ``blob`` (cloudpickled: the
+    """A worker process of ``_Workers``: makes the envs ``rows`` of the thunks in ``blob`` (cloudpickled: the
     scripts' thunks are closures), sends their action space, then answers ``(what, rows, values)`` requests,
     "reset" with seeds and "step" with actions, by the envs' replies, until asked to stop; its envs are closed on
     every path. It runs on the one CPU ``cpu``: the workers woken at once by one message each would otherwise
@@ -249,19 +258,15 @@ def _env_worker(blob: bytes, rows: list[int], video_dir: Path | None, cpu: int, 
         stopping = parent_alive_check(stop, parent)  # raises SystemExit(0): a clean exit, envs closed
         while True:
             wait_for(conn.poll, stopping)
-            what, own, values = conn.recv()
-            if what == "reset":
-                conn.send([envs[b].reset(seed=v) for b, v in zip(own, values)])
-            else:
-                conn.send([envs[b].step(v) for b, v in zip(own, values)])
+            conn.send(_answer(envs, *conn.recv()))
     finally:
         for env in envs.values():
             env.close()
 
 
-class _ProcEnvs:
-    """The envs of ``_GymEnvs`` in ``procs`` worker processes, env b in worker ``b % procs``: a step sends each
-    worker the actions of its envs that play an episode, then waits for the workers' replies."""
+class _Workers:
+    """The envs of ``_Here`` in ``procs`` worker processes, env b in worker ``b % procs``: ``ask`` sends each
+    worker the values of its rows, then waits for the workers' replies."""
 
     def __init__(self, thunks: list[Callable[[], Any]], video_dir: Path | None, procs: int):
         import cloudpickle
@@ -284,10 +289,7 @@ class _ProcEnvs:
         except BaseException:
             self.close(ok=False)
             raise
-        self._obs: list[Any] = [None] * self.n
-        self._masks: list[Any] = [None] * self.n
-        self.obs: Any = None
-        self._actions = _discrete(spaces[0])
+        self.action_space = spaces[0]
 
     def _failed(self, w: int) -> EvaluationError:
         """The error of worker ``w``, whose pipe broke: its own traceback when it sent one."""
@@ -309,7 +311,7 @@ class _ProcEnvs:
         except (EOFError, OSError):  # the worker is gone: its own error says why
             raise self._failed(w) from None
 
-    def _ask(self, what: str, rows: list[int], values: list[Any]) -> dict[int, Any]:
+    def ask(self, what: str, rows: list[int], values: list[Any]) -> dict[int, Any]:
         """Each worker's rows of ``rows`` with their values, sent at once; the replies by row."""
         procs, asked = len(self._workers), {}
         for w, (_, conn) in enumerate(self._workers):
@@ -321,21 +323,6 @@ class _ProcEnvs:
                     raise self._failed(w) from None
                 asked[w] = [b for b, _ in own]
         return {b: out for w, own in asked.items() for b, out in zip(own, self._reply(w))}
-
-    def reset(self, rows: list[int], seeds: list[int]) -> None:
-        for b, (obs, info) in self._ask("reset", rows, [int(s) for s in seeds]).items():
-            self._obs[b], self._masks[b] = obs, info.get("action_mask")
-        self.obs = _stack(self._obs)
-
-    def mask(self) -> np.ndarray | None:
-        return _mask(self._actions, self._masks)
-
-    def step(self, actions: np.ndarray, active: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        reward, done = np.zeros(self.n), np.zeros(self.n, bool)
-        for b, (obs, r, term, trunc, info) in self._ask("step", active, [actions[b] for b in active]).items():
-            self._obs[b], reward[b], done[b], self._masks[b] = obs, r, term or trunc, info.get("action_mask")
-        self.obs = _stack(self._obs)
-        return reward, done
 
     def close(self, ok: bool = True) -> None:
         """Ask every worker to stop and give them ``CLOSE_S`` seconds (``ok``: the evaluation ended normally, a
