@@ -142,12 +142,10 @@ def wait_for_progress_row(run_dir: Path, proc: subprocess.Popen, timeout: float 
         time.sleep(0.1)
 
 
-def kill_sampler(pid: int) -> int:
-    """SIGKILL the spawn children of ``pid`` (not multiprocessing's resource tracker); returns how many."""
-    killed = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+def children(pid: int) -> dict[int, str]:
+    """The child processes of ``pid``, zombies included, with their command lines (a zombie's is empty)."""
+    found = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{entry}/stat") as f:
                 ppid = int(f.read().rsplit(")", 1)[1].split()[1])
@@ -155,8 +153,17 @@ def kill_sampler(pid: int) -> int:
                 cmd = f.read()
         except OSError:
             continue
-        if ppid == pid and "spawn_main" in cmd and "resource_tracker" not in cmd:
-            os.kill(int(entry), signal.SIGKILL)
+        if ppid == pid:
+            found[int(entry)] = cmd
+    return found
+
+
+def kill_sampler(pid: int) -> int:
+    """SIGKILL the spawn children of ``pid`` (not multiprocessing's resource tracker); returns how many."""
+    killed = 0
+    for child, cmd in children(pid).items():
+        if "spawn_main" in cmd and "resource_tracker" not in cmd:
+            os.kill(child, signal.SIGKILL)
             killed += 1
     return killed
 

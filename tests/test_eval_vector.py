@@ -21,6 +21,7 @@ import pytest
 from shared.atari import make_atari_env
 from shared.evaluation import Draws, EvaluationError, play
 from shared.procs import session_processes
+from tests.helpers import children
 
 SEED, EPISODES = 5, 7
 W = np.array([0.0, 0.0, 1.0, 0.0])  # push towards the pole's lean: deterministic, episodes of 24 to 47 steps
@@ -169,7 +170,7 @@ def test_atari_episodes_in_worker_processes_are_the_one_env_loops_games(tmp_path
         steppers = log.read_text().split()
         assert len(steppers) == sum(expected[1])  # no step of an env without an episode
         assert len(set(steppers) - {str(os.getpid())}) == (procs if procs > 1 else 0)  # each worker stepped envs
-    assert children() == []  # every worker reaped
+    assert workers_left() == []  # every worker reaped
 
 
 class Faulty(gym.Env):
@@ -210,18 +211,9 @@ def slow_zeros(obs):  # a worker that exits after its reply is gone before the n
     return zeros(obs)
 
 
-def children() -> list[int]:
+def workers_left() -> list[int]:
     """This process's children, zombies included, but multiprocessing's resource tracker (one per process)."""
-    found = []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            command = Path(f"/proc/{entry}/cmdline").read_bytes()
-        except OSError:
-            continue
-        if int(fields[1]) == os.getpid() and b"resource_tracker" not in command:
-            found.append(int(entry))
-    return found
+    return [pid for pid, cmd in children(os.getpid()).items() if "resource_tracker" not in cmd]
 
 
 @pytest.mark.parametrize(("how", "says"), [("raise", "the env broke"), ("kill", "exited unexpectedly with code -9"),
@@ -231,7 +223,7 @@ def test_a_failed_killed_or_vanished_worker_ends_the_evaluation_with_its_error(h
     with pytest.raises(EvaluationError, match=says):
         play(faulty(how), slow_zeros if how == "exit" else zeros, 4, SEED, 4, procs=2)
     assert time.monotonic() - t0 < 30  # the spawns take most of it
-    assert children() == []  # every worker reaped
+    assert workers_left() == []  # every worker reaped
 
 
 CTRL_C = """
