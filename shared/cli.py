@@ -265,6 +265,8 @@ def resolve_device(spec: str, bf16: bool = False):
         if device.index is not None and device.index >= torch.cuda.device_count():
             bad_args(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) here")
     if device.type == "cuda":
+        # A plain "cuda" names the current GPU; with its index it can be made current (set_device refuses it bare).
+        device = torch.device("cuda", torch.cuda.current_device()) if device.index is None else device
         # Every CUDA call that names no device (autocast's bf16 check, events, pinned memory) means this one.
         torch.cuda.set_device(device)
     if bf16 and ((device.type == "cpu" and not cpu_has_bf16())

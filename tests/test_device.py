@@ -26,7 +26,14 @@ def cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     monkeypatch.setattr(torch.cuda, "get_device_capability", capability)
-    monkeypatch.setattr(torch.cuda, "set_device", lambda d: calls["set_device"].append(torch.device(d)))
+
+    def set_device(d):
+        if torch.device(d).index is None:  # as torch does: a device without an index is refused
+            raise ValueError(f"Expected a torch.device with a specified index or an integer, but got:{d}")
+        calls["set_device"].append(torch.device(d))
+
+    monkeypatch.setattr(torch.cuda, "set_device", set_device)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     for var in ("WORLD_SIZE", "LOCAL_WORLD_SIZE", "LOCAL_RANK"):
         monkeypatch.delenv(var, raising=False)
     return calls
@@ -44,7 +51,9 @@ def exit_line(capsys, fn, *args, **kwargs) -> str:
 def test_a_single_process_on_cuda_n_makes_it_the_current_device(cuda, capsys):
     assert cli.resolve_device("cuda:1") == torch.device("cuda", 1)
     assert cuda["set_device"] == [torch.device("cuda", 1)]  # autocast, events, pinned memory mean this GPU
-    assert cli.resolve_device("auto") == torch.device("cuda")
+    assert cli.resolve_device("auto") == torch.device("cuda", 0)  # the current GPU, by its index
+    assert cli.resolve_device("cuda") == torch.device("cuda", 0)
+    assert cuda["set_device"][1:] == [torch.device("cuda", 0)] * 2
     assert cuda["capability"] == 0  # read only for --bf16
     assert capsys.readouterr().err == ""
 
