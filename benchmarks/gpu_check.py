@@ -91,10 +91,23 @@ def _figures() -> dict[str, tuple[str, str, str]]:
 
 FIGURES = _figures()
 MAX_FAILURES = 12  # listed with their first error lines in the summary (all of them in results.json)
+# The benchmark captures its script's output; the wrapper copies its end into the figure's log, so a slow or
+# failed figure shows the script's own rows (SPS, compile seconds) and warnings (a CUDA graph skipped, say).
 FIGURE_CODE = """import subprocess, sys
 sys.path[:0] = ['benchmarks']
 import torch
 import {module} as b
+_run = subprocess.run
+def _tee(*args, **kwargs):
+    r = _run(*args, **kwargs)
+    for name in ('stdout', 'stderr'):
+        text = getattr(r, name, None)
+        if isinstance(text, bytes):
+            text = text.decode(errors='replace')
+        for line in (text or '').splitlines()[-40:]:
+            print('  | ' + line, file=sys.stderr)
+    return r
+subprocess.run = _tee
 try:
     print(b.{call})
 except subprocess.CalledProcessError as e:  # the script's own error, which the benchmark captured
@@ -569,14 +582,20 @@ class Check:
             if "cuda" in call and not self.r["node"].get("cuda"):
                 figs[n]["state"] = "skipped: no CUDA device"
                 continue
-            # a compiled figure compiles first (inductor: tens of seconds, outside its timed window)
-            budget = min(self.a.figure_s * (3 if "--compile" in call else 1), self.left() - 5)
+            # a compiled figure compiles first (inductor: tens of seconds, outside its timed window); a replay
+            # script's figure fills its replay first and then learns 1,000-2,000 steps, one update each (on an H200,
+            # eager SAC and DQN did not finish within 24 s)
+            weight = 3 if "--compile" in call else 2 if module in ("continuous_training", "dqn_training") else 1
+            budget = min(self.a.figure_s * weight, self.left() - 5)
             if budget < min(5, self.a.figure_s):
                 figs[n]["state"] = "not run: budget spent"
                 continue
             code = FIGURE_CODE.format(module=module, call=call)
             log = self.out / "figures" / f"{n}.log"
-            rc, cut, wall = run_cmd([sys.executable, "-c", code], log, budget, self.env)
+            # the benchmark's run folders (tempfile) land here, where a cut leaves them to be read
+            tmp = self.out / "figures" / f"{n}.tmp"
+            tmp.mkdir(exist_ok=True)
+            rc, cut, wall = run_cmd([sys.executable, "-c", code], log, budget, {**self.env, "TMPDIR": str(tmp)})
             text = log.read_text()
             f = figs[n]
             f["wall_s"] = round(wall, 1)
@@ -584,9 +603,13 @@ class Check:
             if value is not None:
                 f.update(state="done", value=round(value, 1))
             elif cut:
-                f["state"] = f"cut after {budget:.0f} s"
+                got = progress_at_cut(tmp)
+                f["state"] = f"cut after {budget:.0f} s" + (f" ({got})" if got else "")
+                with open(log, "a") as lf:
+                    lf.write(f"[gpu_check] at the cut: {got or 'no progress.csv row written yet'}\n")
             else:
                 f.update(state="failed", error=first_error(text))
+            shutil.rmtree(tmp, ignore_errors=True)
             self.say(f"figure {n}: {f.get('value', f['state'])} {unit if value is not None else ''}")
             self.save()
 
@@ -634,6 +657,30 @@ def importable(name: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(name) is not None
+
+
+def progress_at_cut(tmp: Path) -> str | None:
+    """How far a cut figure's script got, from the rows of the progress.csv it left under ``tmp``: the last row's
+    step and the steps per second between its last two rows (None without a row)."""
+    import csv
+
+    for path in sorted(tmp.rglob("progress.csv")):
+        try:
+            with open(path) as fh:
+                rows = list(csv.DictReader(fh))
+        except OSError:
+            continue
+        if not rows:
+            continue
+        last = rows[-1]
+        got = f"step {int(float(last['global_step']))}, {len(rows)} row(s)"
+        if len(rows) > 1:
+            steps = float(last["global_step"]) - float(rows[-2]["global_step"])
+            secs = float(last["wall_time_s"]) - float(rows[-2]["wall_time_s"])
+            if secs > 0:
+                got += f", {steps / secs:.1f} steps/s between the last two"
+        return got
+    return None
 
 
 def _last_float(text: str) -> float | None:

@@ -176,7 +176,37 @@ def test_a_tiny_budget_cuts_a_figure_and_leaves_nothing_running(tmp_path):
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     assert "ppo-serial-cpu     cut after 3 s" in summary, summary
     assert "ppo_training.ours('BreakoutNoFrameskip-v4', 3072, 'serial', [], 'cpu')" in summary
-    assert "[gpu_check] cut after 3 s: killed" in (tmp_path / "figures" / "ppo-serial-cpu.log").read_text()
+    log = (tmp_path / "figures" / "ppo-serial-cpu.log").read_text()
+    assert "[gpu_check] cut after 3 s: killed" in log
+    assert "[gpu_check] at the cut: no progress.csv row written yet" in log  # how far it got, said either way
+    assert not (tmp_path / "figures" / "ppo-serial-cpu.tmp").exists()  # the run folder it left is read, then gone
+
+
+def test_a_cut_figure_says_how_far_its_script_got(tmp_path):
+    """On the H200, eager SAC was cut with nothing to show; the rows its progress.csv had by then say how fast."""
+    run = tmp_path / "tmpabc" / "b"
+    run.mkdir(parents=True)
+    (run / "progress.csv").write_text("global_step,wall_time_s,sps\n1500,10.0,0\n2000,15.0,0\n")
+    assert gpu_check.progress_at_cut(tmp_path) == "step 2000, 2 row(s), 100.0 steps/s between the last two"
+    (run / "progress.csv").write_text("global_step,wall_time_s,sps\n")
+    assert gpu_check.progress_at_cut(tmp_path) is None
+
+
+def test_a_figure_log_keeps_the_end_of_its_scripts_output(tmp_path):
+    """The benchmark captures its script's output; the figure's code copies its end into the log (the rows with
+    SPS and compile seconds, a warning such as a CUDA graph skipped), and its value stays the last line."""
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "fake_bench.py").write_text(
+        "import subprocess, sys\n"
+        "def ours():\n"
+        "    subprocess.run([sys.executable, '-c', 'import sys; print(\"row 1\"); print(\"warn\", file=sys.stderr)'],"
+        " check=True, capture_output=True, text=True)\n"
+        "    return 42.5\n")
+    code = gpu_check.FIGURE_CODE.format(module="fake_bench", call="ours()")
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "  | row 1" in out.stderr and "  | warn" in out.stderr
+    assert gpu_check._last_float(out.stderr + out.stdout) == 42.5
 
 
 def test_a_sigterm_mid_part_kills_the_tree_and_keeps_the_summary(tmp_path):
