@@ -71,6 +71,8 @@ def _figures() -> dict[str, tuple[str, str, str]]:
     figs["ppo-serial-compile-cuda"] = ("ppo_training", f"ours('{BREAKOUT}', {PPO_STEPS}, 'serial', ['--compile'], "
                                                        "'cuda')", "SPS")
     figs["sb3-ppo-cuda"] = ("ppo_training", f"sb3('{BREAKOUT}', {PPO_STEPS}, 'cuda')", "SPS")
+    # the envs alone, random actions (no policy, no GPU): what bounds the PPO figures above if the GPU does not
+    figs["ppo-envs-serial"] = ("ppo_sampling", f"envs_only('{BREAKOUT}', 8, 'serial', 10.0)", "SPS")
     pair("sac-serial", "continuous_training", f"ours('sac_mujoco.py', 'HalfCheetah-v5', {SAC_STEPS}, 'serial', [], "
                                               "'DEV')")
     figs["sb3-sac-cuda"] = ("continuous_training", f"sb3('sac', 'HalfCheetah-v5', {SAC_STEPS}, 'cuda')", "SPS")
