@@ -55,7 +55,11 @@ def enable(device: Any) -> None:
     import torch._inductor.config
 
     torch._functorch.config.force_non_lazy_backward_lowering = True  # the backward compiles with the forward
-    torch._dynamo.config.error_on_recompile = os.environ.get("RL_COMPILE_STRICT") == "1"
+    strict = os.environ.get("RL_COMPILE_STRICT") == "1"
+    torch._dynamo.config.error_on_recompile = strict
+    # A CUDA graph inductor cannot capture (a mutated input, a CPU tensor, an unsafe op) is skipped with a log line
+    # nobody sees by default and the kernels then run one launch at a time: counted in report(), an error if strict.
+    torch._inductor.config.triton.cudagraph_or_error = strict
     # Lets a compiled function read an nn.LSTM's weights: shared.rnn.lstm_rows steps it (the fused kernel
     # fails to compile for some inputs, torch 2.13: shared/rnn.py).
     torch._dynamo.config.allow_rnn = True
@@ -79,8 +83,14 @@ def enabled() -> bool:
 
 
 def report() -> dict[str, float]:
-    """The graphs compiled so far in this process and the seconds spent compiling them."""
-    return {"compiled_graphs": _state["graphs"], "compile_s": round(_state["seconds"], 3)}
+    """The graphs compiled so far in this process and the seconds spent compiling them; on CUDA also the graphs
+    inductor ran without a CUDA graph (``cudagraph_skips``: 0 unless something keeps a graph from capture)."""
+    out = {"compiled_graphs": _state["graphs"], "compile_s": round(_state["seconds"], 3)}
+    if _state["device"] is not None and _state["device"].type == "cuda":
+        import torch._dynamo.utils
+
+        out["cudagraph_skips"] = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
+    return out
 
 
 def compiled(fn: F) -> F:

@@ -27,10 +27,12 @@ def script(name: str) -> str:
     return str(ROOT / "algos" / name)
 
 
-def run(name: str, *args: str, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run ``algos/<name>`` to completion in its own session; fails the test if it leaves a process behind."""
+def run(name: str, *args: str, timeout: float = 600, cwd: Path | None = None,
+        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """Run ``algos/<name>`` to completion in its own session (``env`` added to this process's environment); fails
+    the test if it leaves a process behind."""
     proc = subprocess.Popen([sys.executable, script(name), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=cwd, start_new_session=True)
+                            text=True, cwd=cwd, start_new_session=True, env={**os.environ, **(env or {})})
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:

@@ -184,6 +184,7 @@ def strict_aot_eager(monkeypatch):
     yield
     compiling.disable()
     torch._dynamo.config.error_on_recompile = False
+    torch._inductor.config.triton.cudagraph_or_error = False
     torch._dynamo.reset()
 
 
@@ -207,6 +208,18 @@ def test_a_recompile_is_counted_and_strict_mode_refuses_it(strict_aot_eager):
     assert compiling.report()["compiled_graphs"] == 1 and w.grad is not None
     with pytest.raises(Exception, match="Recompil"):
         loss(w, torch.ones(6, 4))  # a new shape: a recompile
+
+
+def test_a_skipped_cuda_graph_is_counted_and_strict_mode_refuses_it(strict_aot_eager, monkeypatch):
+    """Inductor runs a graph it cannot capture as a CUDA graph launch by launch, with a log line off by default:
+    strict mode (the cuda tests) turns the skip into an error, and a compiled run on CUDA reports the count."""
+    import torch._inductor.config
+
+    assert torch._inductor.config.triton.cudagraph_or_error is True
+    assert "cudagraph_skips" not in compiling.report()  # on the CPU there is no CUDA graph to skip
+    monkeypatch.setitem(compiling._state, "device", torch.device("cuda"))
+    monkeypatch.setitem(torch._dynamo.utils.counters["inductor"], "cudagraph_skips", 2)
+    assert compiling.report()["cudagraph_skips"] == 2
 
 
 @pytest.mark.parametrize("script", ["dqn_atari.py", "catdqn_atari.py"])
