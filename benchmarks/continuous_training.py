@@ -34,15 +34,28 @@ def device_name(spec: str) -> str:
     return f"{'cuda' if torch.cuda.is_available() else 'cpu'} (auto)"
 
 
-def ours(script: str, env_id: str, steps: int, sampler: str, extra: list[str], device: str) -> float:
+def ours(script: str, env_id: str, steps: int, sampler: str, extra: list[str], device: str,
+         profile_top: int = 0) -> float:
+    """SPS of ``script`` after its first 500 learning steps. With ``profile_top``, the run is under cProfile and
+    the ``profile_top`` functions with the most time of their own are printed to stderr: where the host's time per
+    step goes (on a GPU, what sets the pace once the updates are CUDA graphs)."""
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, str(ROOT / "algos" / script), "--env-id", env_id, "--sampler", sampler,
+        # runpy, not `python -m cProfile`: the script must be sys.modules["__main__"] for tyro to read its Args
+        prof = ["-c", "import cProfile, runpy, sys; script = sys.argv[1]; sys.argv = sys.argv[1:]; "
+                f"cProfile.run('runpy.run_path(script, run_name=\"__main__\")', {str(Path(out) / 'prof.out')!r})"
+                ] if profile_top else []
+        cmd = [sys.executable, *prof, str(ROOT / "algos" / script), "--env-id", env_id, "--sampler", sampler,
                "--total-timesteps", str(LEARN_FROM + 500 + steps), "--buffer-size", "100000", "--min-steps-learn",
                str(LEARN_FROM), "--log-every", "500", "--eval-episodes", "0", "--out-dir", out, "--run-name", "b",
                "--device", device, *extra]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
         with open(Path(out) / "b" / "progress.csv") as f:
             rows = [r for r in csv.DictReader(f) if int(r["global_step"]) >= LEARN_FROM + 500]
+        if profile_top:
+            import pstats
+
+            pstats.Stats(str(Path(out) / "prof.out"), stream=sys.stderr).sort_stats("tottime").print_stats(
+                profile_top)
     first, last = rows[0], rows[-1]
     steps = int(last["global_step"]) - int(first["global_step"])
     return steps / (float(last["wall_time_s"]) - float(first["wall_time_s"]))
