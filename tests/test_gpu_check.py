@@ -66,9 +66,11 @@ def test_the_cuda_tests_run_every_script_once_first():
     ids = [f"{f}test_every_script_runs_on_the_gpu_in_every_mode[{s}-{m}]" for s in scripts
            for m in ("serial", "parallel", "async")]
     ids += [f"{f}test_cuda_sync_debugging_finds_no_sync_in_the_loop[{s}]" for s in scripts]
+    ids += [f"{f}test_every_script_compiles_to_cuda_graphs_without_a_skip_or_recompile[{s}]" for s in scripts]
     ids += [f"{f}test_a_gpu_checkpoint_loads_with_plain_torch_load_on_a_machine_without_one",
             f"{f}test_two_ranks_train_over_nccl"]
     order = gpu_check.order_tests(ids)
+    assert all("compiles_to_cuda_graphs" in i for i in order[-len(scripts):])  # the slow ones last
     assert sorted(order) == sorted(ids)
     first = order[:len(scripts) + 1]
     assert {gpu_check.script_and_function(i)[0] for i in first} == set(scripts) | {""}
