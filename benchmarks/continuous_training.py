@@ -34,17 +34,41 @@ def device_name(spec: str) -> str:
     return f"{'cuda' if torch.cuda.is_available() else 'cpu'} (auto)"
 
 
+# The script under cProfile from the first step of the timed window on (compiling, start-up and the first 500
+# learning steps are left out: they would fill the table): runpy, not `python -m cProfile`, since the script must be
+# sys.modules["__main__"] for tyro to read its Args; a failing script's exit code is kept.
+PROFILE_CODE = f"""import cProfile, runpy, sys
+sys.path.insert(0, {str(ROOT)!r})
+import shared.run
+script, start, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+sys.argv = [script, *sys.argv[4:]]
+prof = cProfile.Profile()
+periodic = shared.run.Run.periodic
+def timed(self, global_step, *args, **kwargs):
+    if global_step >= start and not timed.on:
+        timed.on = True
+        prof.enable()
+    return periodic(self, global_step, *args, **kwargs)
+timed.on = False
+shared.run.Run.periodic = timed
+try:
+    runpy.run_path(script, run_name="__main__")
+finally:
+    prof.disable()
+    prof.dump_stats(out)
+"""
+
+
 def ours(script: str, env_id: str, steps: int, sampler: str, extra: list[str], device: str,
          profile_top: int = 0) -> float:
-    """SPS of ``script`` after its first 500 learning steps. With ``profile_top``, the run is under cProfile and
-    the ``profile_top`` functions with the most time of their own are printed to stderr: where the host's time per
-    step goes (on a GPU, what sets the pace once the updates are CUDA graphs)."""
+    """SPS of ``script`` after its first 500 learning steps. With ``profile_top``, those steps run under cProfile
+    (slower: the figure is not comparable) and the ``profile_top`` functions with the most time of their own are
+    printed to stderr: where the host's time per step goes (on a GPU, what sets the pace once the updates are CUDA
+    graphs)."""
     with tempfile.TemporaryDirectory() as out:
-        # runpy, not `python -m cProfile`: the script must be sys.modules["__main__"] for tyro to read its Args
-        prof = ["-c", "import cProfile, runpy, sys; script = sys.argv[1]; sys.argv = sys.argv[1:]; "
-                f"cProfile.run('runpy.run_path(script, run_name=\"__main__\")', {str(Path(out) / 'prof.out')!r})"
-                ] if profile_top else []
-        cmd = [sys.executable, *prof, str(ROOT / "algos" / script), "--env-id", env_id, "--sampler", sampler,
+        path = str(ROOT / "algos" / script)
+        run = ["-c", PROFILE_CODE, path, str(LEARN_FROM + 500), str(Path(out) / "prof.out")] if profile_top else [path]
+        cmd = [sys.executable, *run, "--env-id", env_id, "--sampler", sampler,
                "--total-timesteps", str(LEARN_FROM + 500 + steps), "--buffer-size", "100000", "--min-steps-learn",
                str(LEARN_FROM), "--log-every", "500", "--eval-episodes", "0", "--out-dir", out, "--run-name", "b",
                "--device", device, *extra]

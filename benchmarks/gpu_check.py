@@ -96,6 +96,8 @@ def _figures() -> dict[str, tuple[str, str, str]]:
 
 
 FIGURES = _figures()
+# the training figures of ours that SB3 ran beside on the same GPU (not the envs alone, not a run under cProfile)
+BESIDE_SB3 = ("ppo-serial-cuda", "ppo-serial-compile-cuda", "sac-serial-cuda", "sac-serial-compile-cuda")
 MAX_FAILURES = 12  # listed with their first error lines in the summary (all of them in results.json)
 # The benchmark captures its script's output; the wrapper copies its end into the figure's log, so a slow or
 # failed figure shows the script's own rows (SPS, compile seconds) and warnings (a CUDA graph skipped, say).
@@ -106,6 +108,8 @@ import {module} as b
 _run = subprocess.run
 def _tee(*args, **kwargs):
     r = _run(*args, **kwargs)
+    if not kwargs.get('capture_output'):
+        return r  # a library's own call (check_output goes through run too), not the benchmark's of its script
     for name in ('stdout', 'stderr'):
         text = getattr(r, name, None)
         if isinstance(text, bytes):
@@ -606,8 +610,17 @@ class Check:
             log = self.out / "figures" / f"{n}.log"
             # the benchmark's run folders (tempfile) land here, where a cut leaves them to be read
             tmp = self.out / "figures" / f"{n}.tmp"
-            tmp.mkdir(exist_ok=True)
-            rc, cut, wall = run_cmd([sys.executable, "-c", code], log, budget, {**self.env, "TMPDIR": str(tmp)})
+            shutil.rmtree(tmp, ignore_errors=True)  # an earlier run's, cut by a signal
+            tmp.mkdir()
+            # inductor's cache stays where it was (it follows TMPDIR): the compiled figures reuse what the cuda
+            # tests compiled
+            env = {**self.env, "TMPDIR": str(tmp),
+                   "TORCHINDUCTOR_CACHE_DIR": self.env.get("TORCHINDUCTOR_CACHE_DIR") or inductor_cache_dir()}
+            try:
+                rc, cut, wall = run_cmd([sys.executable, "-c", code], log, budget, env)
+                got = progress_at_cut(tmp) if rc is None else None
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
             text = log.read_text()
             f = figs[n]
             f["wall_s"] = round(wall, 1)
@@ -615,13 +628,11 @@ class Check:
             if value is not None:
                 f.update(state="done", value=round(value, 1))
             elif cut:
-                got = progress_at_cut(tmp)
                 f["state"] = f"cut after {budget:.0f} s" + (f" ({got})" if got else "")
                 with open(log, "a") as lf:
-                    lf.write(f"[gpu_check] at the cut: {got or 'no progress.csv row written yet'}\n")
+                    lf.write(f"[gpu_check] at the cut: {got or 'no progress.csv row (none yet, or none kept)'}\n")
             else:
                 f.update(state="failed", error=first_error(text))
-            shutil.rmtree(tmp, ignore_errors=True)
             self.say(f"figure {n}: {f.get('value', f['state'])} {unit if value is not None else ''}")
             self.save()
 
@@ -671,26 +682,31 @@ def importable(name: str) -> bool:
     return importlib.util.find_spec(name) is not None
 
 
-def progress_at_cut(tmp: Path) -> str | None:
-    """How far a cut figure's script got, from the rows of the progress.csv it left under ``tmp``: the last row's
-    step and the steps per second between its last two rows (None without a row)."""
-    import csv
+def inductor_cache_dir() -> str:
+    """Where inductor caches its kernels when nothing says otherwise (its default, under the temp folder)."""
+    import getpass
+    import tempfile
 
-    for path in sorted(tmp.rglob("progress.csv")):
+    return os.path.join(tempfile.gettempdir(), f"torchinductor_{getpass.getuser()}")
+
+
+def progress_at_cut(tmp: Path) -> str | None:
+    """How far a cut figure's script got, from the complete rows of the newest progress.csv under ``tmp``: the
+    last row's step and the steps per second between its last two rows (None without a row)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from shared.progress import read_rows  # light: no torch
+
+    for path in sorted(tmp.rglob("progress.csv"), key=lambda p: p.stat().st_mtime, reverse=True):
         try:
-            with open(path) as fh:
-                rows = list(csv.DictReader(fh))
-        except OSError:
+            rows = read_rows(path)
+            got = f"step {int(rows[-1]['global_step'])}, {len(rows)} row(s)" if rows else None
+            if got and len(rows) > 1:
+                steps = float(rows[-1]["global_step"]) - float(rows[-2]["global_step"])
+                secs = float(rows[-1]["wall_time_s"]) - float(rows[-2]["wall_time_s"])
+                got += f", {steps / secs:.1f} steps/s between the last two" if secs > 0 else ""
+        except (OSError, KeyError, ValueError):
             continue
-        if not rows:
-            continue
-        last = rows[-1]
-        got = f"step {int(float(last['global_step']))}, {len(rows)} row(s)"
-        if len(rows) > 1:
-            steps = float(last["global_step"]) - float(rows[-2]["global_step"])
-            secs = float(last["wall_time_s"]) - float(rows[-2]["wall_time_s"])
-            if secs > 0:
-                got += f", {steps / secs:.1f} steps/s between the last two"
         return got
     return None
 
@@ -758,7 +774,7 @@ def ratio(name: str, figs: dict) -> str:
     value = (figs.get(name) or {}).get("value")
     algo = name.split("-")[0]
     other, label = ((name[:-4] + "-cuda", "gpu {:.2f}x") if name.endswith("-cpu") else
-                    (f"sb3-{algo}-cuda", "{:.2f}x sb3") if algo in ("ppo", "sac") else (None, ""))
+                    (f"sb3-{algo}-cuda", "{:.2f}x sb3") if name in BESIDE_SB3 else (None, ""))
     base = (figs.get(other) or {}).get("value")
     if not value or not base:
         return ""

@@ -44,7 +44,7 @@ __all__ = ["backend", "compiled", "disable", "enable", "enabled", "report"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_state: dict[str, Any] = {"device": None, "graphs": 0, "seconds": 0.0}
+_state: dict[str, Any] = {"device": None, "graphs": 0, "seconds": 0.0, "skips": 0}
 
 
 def enable(device: Any) -> None:
@@ -66,7 +66,10 @@ def enable(device: Any) -> None:
     # RL_COMPILE_EAGER_RANDOM=1: inductor draws eager's random numbers (slower), so that a compiled run can be
     # compared with an eager one number for number (the slow tier's numerics test).
     torch._inductor.config.fallback_random = os.environ.get("RL_COMPILE_EAGER_RANDOM") == "1"
-    _state.update(device=torch.device(device), graphs=0, seconds=0.0)
+    import torch._dynamo.utils
+
+    skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]  # process-wide: counted from here on
+    _state.update(device=torch.device(device), graphs=0, seconds=0.0, skips=skips)
 
 
 def disable() -> None:
@@ -83,13 +86,14 @@ def enabled() -> bool:
 
 
 def report() -> dict[str, float]:
-    """The graphs compiled so far in this process and the seconds spent compiling them; on CUDA also the graphs
-    inductor ran without a CUDA graph (``cudagraph_skips``: 0 unless something keeps a graph from capture)."""
+    """The graphs compiled so far in this process and the seconds spent compiling them; on CUDA with inductor also
+    the graphs it ran without a CUDA graph since ``enable`` (``cudagraph_skips``: 0 unless something keeps a graph
+    from capture)."""
     out = {"compiled_graphs": _state["graphs"], "compile_s": round(_state["seconds"], 3)}
-    if _state["device"] is not None and _state["device"].type == "cuda":
+    if _state["device"] is not None and _state["device"].type == "cuda" and backend() == "inductor":
         import torch._dynamo.utils
 
-        out["cudagraph_skips"] = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]
+        out["cudagraph_skips"] = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] - _state["skips"]
     return out
 
 

@@ -213,13 +213,15 @@ def test_a_recompile_is_counted_and_strict_mode_refuses_it(strict_aot_eager):
 def test_a_skipped_cuda_graph_is_counted_and_strict_mode_refuses_it(strict_aot_eager, monkeypatch):
     """Inductor runs a graph it cannot capture as a CUDA graph launch by launch, with a log line off by default:
     strict mode (the cuda tests) turns the skip into an error, and a compiled run on CUDA reports the count."""
-    import torch._inductor.config
+    from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
 
-    assert torch._inductor.config.triton.cudagraph_or_error is True
     assert "cudagraph_skips" not in compiling.report()  # on the CPU there is no CUDA graph to skip
     monkeypatch.setitem(compiling._state, "device", torch.device("cuda"))
-    monkeypatch.setitem(torch._dynamo.utils.counters["inductor"], "cudagraph_skips", 2)
-    assert compiling.report()["cudagraph_skips"] == 2
+    monkeypatch.setenv("RL_COMPILE_BACKEND", "inductor")
+    assert compiling.report()["cudagraph_skips"] == 0  # counted from enable(): none of an earlier run's
+    with pytest.raises(RuntimeError, match="mutated inputs"):  # strict: inductor's own skip path raises
+        log_cudagraph_skip_and_bump_counter("skipping cudagraphs due to mutated inputs")
+    assert compiling.report()["cudagraph_skips"] == 1
 
 
 @pytest.mark.parametrize("script", ["dqn_atari.py", "catdqn_atari.py"])

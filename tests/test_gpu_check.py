@@ -180,7 +180,7 @@ def test_a_tiny_budget_cuts_a_figure_and_leaves_nothing_running(tmp_path):
     assert "ppo_training.ours('BreakoutNoFrameskip-v4', 3072, 'serial', [], 'cpu')" in summary
     log = (tmp_path / "figures" / "ppo-serial-cpu.log").read_text()
     assert "[gpu_check] cut after 3 s: killed" in log
-    assert "[gpu_check] at the cut: no progress.csv row written yet" in log  # how far it got, said either way
+    assert "[gpu_check] at the cut: no progress.csv row (none yet, or none kept)" in log  # said either way
     assert not (tmp_path / "figures" / "ppo-serial-cpu.tmp").exists()  # the run folder it left is read, then gone
 
 
@@ -190,6 +190,10 @@ def test_a_cut_figure_says_how_far_its_script_got(tmp_path):
     run.mkdir(parents=True)
     (run / "progress.csv").write_text("global_step,wall_time_s,sps\n1500,10.0,0\n2000,15.0,0\n")
     assert gpu_check.progress_at_cut(tmp_path) == "step 2000, 2 row(s), 100.0 steps/s between the last two"
+    (run / "progress.csv").write_text("global_step,wall_time_s,sps\n1500,10.0,0\n2000,15.0,0\n2500,1")  # being written
+    assert gpu_check.progress_at_cut(tmp_path) == "step 2000, 2 row(s), 100.0 steps/s between the last two"
+    (run / "progress.csv").write_text("step,time\n1,2\n")  # not a progress.csv: no crash, nothing said
+    assert gpu_check.progress_at_cut(tmp_path) is None
     (run / "progress.csv").write_text("global_step,wall_time_s,sps\n")
     assert gpu_check.progress_at_cut(tmp_path) is None
 
@@ -203,12 +207,27 @@ def test_a_figure_log_keeps_the_end_of_its_scripts_output(tmp_path):
         "def ours():\n"
         "    subprocess.run([sys.executable, '-c', 'import sys; print(\"row 1\"); print(\"warn\", file=sys.stderr)'],"
         " check=True, capture_output=True, text=True)\n"
+        "    subprocess.check_output([sys.executable, '-c', 'print(\"a library call\")'])\n"
         "    return 42.5\n")
     code = gpu_check.FIGURE_CODE.format(module="fake_bench", call="ours()")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "  | row 1" in out.stderr and "  | warn" in out.stderr
+    assert "a library call" not in out.stderr  # only what the benchmark captured of its script
     assert gpu_check._last_float(out.stderr + out.stdout) == 42.5
+
+
+def test_a_script_profiled_for_a_figure_keeps_its_exit_code(tmp_path):
+    """cProfile.run swallows SystemExit: the profile wrapper must not turn a failing script into a success."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import continuous_training
+
+    fake = tmp_path / "fails.py"
+    fake.write_text("import sys\nsys.exit(3)\n")
+    out = subprocess.run([sys.executable, "-c", continuous_training.PROFILE_CODE, str(fake), "0",
+                          str(tmp_path / "prof.out")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 3, out.stderr
+    assert (tmp_path / "prof.out").exists()  # the profile is written either way
 
 
 def test_a_sigterm_mid_part_kills_the_tree_and_keeps_the_summary(tmp_path):
