@@ -28,7 +28,7 @@ Guarantees
 - What stays outside a graph by design: the env step, host-device copies, the replay's gather, the call of
   ``loss.backward()`` (it runs the compiled backward graph), the gradient all-reduce under torchrun, gradient
   clipping and the optimiser step (a fused Adam is already one kernel; torch's optimisers break graphs on
-  purpose, pytorch issue 104053), and the target networks' update (one foreach kernel).
+  purpose, pytorch issue 104053), and the target networks' update (one in-place lerp per parameter tensor).
 (torch is imported where it is used: ``shared.run`` imports this module without it.)
 """
 
