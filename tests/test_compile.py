@@ -216,7 +216,8 @@ def test_a_skipped_cuda_graph_is_counted_and_strict_mode_refuses_it(strict_aot_e
     from torch._inductor.cudagraph_utils import log_cudagraph_skip_and_bump_counter
 
     assert "cudagraph_skips" not in compiling.report()  # on the CPU there is no CUDA graph to skip
-    monkeypatch.setitem(compiling._state, "device", torch.device("cuda"))
+    # set, not monkeypatched: the fixture's disable() clears it, and an undo after that would leave it enabled
+    compiling._state["device"] = torch.device("cuda")
     monkeypatch.setenv("RL_COMPILE_BACKEND", "inductor")
     assert compiling.report()["cudagraph_skips"] == 0  # counted from enable(): none of an earlier run's
     with pytest.raises(RuntimeError, match="mutated inputs"):  # strict: inductor's own skip path raises
