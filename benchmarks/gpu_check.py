@@ -427,6 +427,11 @@ class Check:
         self.r: dict = {"started": datetime.datetime.now().isoformat(timespec="seconds"), "argv": sys.argv[1:],
                         "budget_s": args.budget, "status": "running", "node": {}, "install": {}, "checks": [],
                         "parts_asked": args.parts, "parts": {}, "figures": {}}
+        # a part the earlier run had and this one does not redo stays as it was, so that this run's results.json
+        # holds everything known (the next --redo reads it)
+        for name, part in ((self.prev or {}).get("parts") or {}).items():
+            if name not in args.parts and name != "figures":
+                self.r["parts"][name] = {**part, "note": "earlier run, not redone"}
 
     def left(self) -> float:
         return self.deadline - time.monotonic()

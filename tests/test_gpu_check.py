@@ -158,8 +158,10 @@ def test_a_second_run_redoes_only_the_tests_that_did_not_pass(tmp_path):
            "tests/test_gpu_check.py::test_a_cut_or_a_test_not_run_is_not_a_pass[cut]",
            "tests/test_gpu_check.py::test_a_cut_or_a_test_not_run_is_not_a_pass[not-run]"]
     (tmp_path / "first").mkdir()
+    cuda = {"state": "done", "tests": {"tests/test_cuda.py::test_x": {"outcome": "passed", "error": ""}}}
     (tmp_path / "first" / "results.json").write_text(json.dumps({"figures": {}, "parts": {"unit": {"tests": {
-        ids[0]: {"outcome": "passed", "error": ""}, ids[1]: {"outcome": "failed", "error": "E  assert 0"}}}}}))
+        ids[0]: {"outcome": "passed", "error": ""}, ids[1]: {"outcome": "failed", "error": "E  assert 0"}}},
+        "cuda": cuda}}))
     out = check_run(tmp_path / "second", "--parts", "unit", "--redo", str(tmp_path / "first"), "--wheels", "",
                     "--pytest-args", "tests/test_gpu_check.py -k 'every_script_once or not_a_pass'")
     summary = (tmp_path / "second" / "summary.txt").read_text()
@@ -168,6 +170,9 @@ def test_a_second_run_redoes_only_the_tests_that_did_not_pass(tmp_path):
     ran = [json.loads(ln)["id"] for ln in (tmp_path / "second" / "unit.jsonl").read_text().splitlines()]
     assert ran == ids[1:]
     assert (tmp_path / "second" / "unit.collected").read_text().split() == ids
+    # the cuda part, not redone, is kept as the earlier run left it: the next --redo from here still knows it
+    kept = json.loads((tmp_path / "second" / "results.json").read_text())["parts"]["cuda"]
+    assert kept["tests"] == cuda["tests"] and "cuda tests: done [earlier run, not redone]" in summary, summary
 
 
 def test_a_tiny_budget_cuts_a_figure_and_leaves_nothing_running(tmp_path):
