@@ -832,6 +832,8 @@ def summary(r: dict, out: Path) -> str:
             val = f"{f['value']:9.1f} {f['unit']:<11}" if f.get("value") is not None else f"{f['state'][:21]:<21}"
             lines.append(f"  {n:<18} {val} {ratio(n, figs):<10} {f['cmd']}"
                          + (" [earlier run]" if f.get("earlier") else ""))
+            if f.get("value") is None and len(f["state"]) > 21:  # a cut's progress, a skip's reason: in full
+                lines.append(f"      {f['state']}")
             if f.get("error"):
                 lines.append("      " + f["error"].replace("\n", "\n      "))
     if r.get("leftovers_killed"):
