@@ -697,7 +697,7 @@ def inductor_cache_dir() -> str:
 
 def progress_at_cut(tmp: Path) -> str | None:
     """How far a cut figure's script got, from the complete rows of the newest progress.csv under ``tmp``: the
-    last row's step and the steps per second between its last two rows (None without a row)."""
+    last row's step and its ``sps`` (the steps per second since the row before; None without a row)."""
     if str(ROOT) not in sys.path:
         sys.path.insert(0, str(ROOT))
     from shared.progress import read_rows  # light: no torch
@@ -706,10 +706,8 @@ def progress_at_cut(tmp: Path) -> str | None:
         try:
             rows = read_rows(path)
             got = f"step {int(rows[-1]['global_step'])}, {len(rows)} row(s)" if rows else None
-            if got and len(rows) > 1:
-                steps = float(rows[-1]["global_step"]) - float(rows[-2]["global_step"])
-                secs = float(rows[-1]["wall_time_s"]) - float(rows[-2]["wall_time_s"])
-                got += f", {steps / secs:.1f} steps/s between the last two" if secs > 0 else ""
+            if got and len(rows) > 1:  # a first row's sps counts the start-up too
+                got += f", {float(rows[-1]['sps']):.1f} steps/s between the last two"
         except (OSError, KeyError, ValueError):
             continue
         return got

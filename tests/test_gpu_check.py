@@ -193,13 +193,14 @@ def test_a_cut_figure_says_how_far_its_script_got(tmp_path):
     """On the H200, eager SAC was cut with nothing to show; the rows its progress.csv had by then say how fast."""
     run = tmp_path / "tmpabc" / "b"
     run.mkdir(parents=True)
-    (run / "progress.csv").write_text("global_step,wall_time_s,sps\n1500,10.0,0\n2000,15.0,0\n")
+    (run / "progress.csv").write_text("global_step,wall_time_s,sps\n1500,10.0,90.0\n2000,15.0,100.0\n")
     assert gpu_check.progress_at_cut(tmp_path) == "step 2000, 2 row(s), 100.0 steps/s between the last two"
     r = {"started": "t", "status": "finished", "elapsed_s": 1, "budget_s": 2, "argv": [], "node": {}, "checks": [],
          "figures": {"sac-serial-cuda": {"state": "cut after 48 s (step 2000, 2 row(s), 100.0 steps/s between the "
                                                   "last two)", "cmd": "continuous_training.ours(...)"}}}
     assert "      cut after 48 s (step 2000, 2 row(s), 100.0 steps/s" in gpu_check.summary(r, tmp_path)  # not cut short
-    (run / "progress.csv").write_text("global_step,wall_time_s,sps\n1500,10.0,0\n2000,15.0,0\n2500,1")  # being written
+    rows = "global_step,wall_time_s,sps\n1500,10.0,90.0\n2000,15.0,100.0\n"
+    (run / "progress.csv").write_text(rows + "2500,1")  # a row being written is not read
     assert gpu_check.progress_at_cut(tmp_path) == "step 2000, 2 row(s), 100.0 steps/s between the last two"
     (run / "progress.csv").write_text("step,time\n1,2\n")  # not a progress.csv: no crash, nothing said
     assert gpu_check.progress_at_cut(tmp_path) is None
