@@ -51,6 +51,7 @@ def enable(device: Any) -> None:
     """From now on, in this process, every ``@compiled`` function is compiled for ``device``."""
     import torch
     import torch._dynamo.config
+    import torch._dynamo.utils
     import torch._functorch.config
     import torch._inductor.config
 
@@ -66,8 +67,6 @@ def enable(device: Any) -> None:
     # RL_COMPILE_EAGER_RANDOM=1: inductor draws eager's random numbers (slower), so that a compiled run can be
     # compared with an eager one number for number (the slow tier's numerics test).
     torch._inductor.config.fallback_random = os.environ.get("RL_COMPILE_EAGER_RANDOM") == "1"
-    import torch._dynamo.utils
-
     skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]  # process-wide: counted from here on
     _state.update(device=torch.device(device), graphs=0, seconds=0.0, skips=skips)
 
