@@ -33,14 +33,26 @@ def wait_for_step(folder, proc, step: int, timeout: float = 240) -> None:
     raise AssertionError(f"no row at step {step} within {timeout} s")
 
 
+def settled(pid: int, out) -> dict:
+    """The run's counts with its transient handles left out: the least of a dozen samples 0.1 s apart. A checkpoint
+    or replay being written and tensorboard's append (it opens its event file per write) each hold one more file
+    descriptor for a moment (measured: 110 in 96% of samples, 111 or 112 in 2%); a handle kept per evaluation or
+    checkpoint is in every sample."""
+    samples = []
+    for _ in range(12):
+        samples.append(sample(pid, out, 0))
+        time.sleep(0.1)
+    return {key: min(s[key] for s in samples) for key in samples[0]}
+
+
 def test_an_async_replay_run_that_evaluates_and_checkpoints_often_does_not_grow(tmp_path):
     shm_before = our_shm()
     proc = start("dqn_atari.py", *JOB, "--out-dir", str(tmp_path), "--run-name", "r")
     try:
         wait_for_step(tmp_path / "r", proc, 3000)  # the replay full, every mechanism used a few times
-        first = sample(proc.pid, tmp_path, 0)
+        first = settled(proc.pid, tmp_path)
         wait_for_step(tmp_path / "r", proc, 9000)  # 24 more evaluations and checkpoints
-        last = sample(proc.pid, tmp_path, 0)
+        last = settled(proc.pid, tmp_path)
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         err = finish(proc)
