@@ -73,6 +73,11 @@ def _figures() -> dict[str, tuple[str, str, str]]:
     figs["sb3-ppo-cuda"] = ("ppo_training", f"sb3('{BREAKOUT}', {PPO_STEPS}, 'cuda')", "SPS")
     # the envs alone, random actions (no policy, no GPU): what bounds the PPO figures above if the GPU does not
     figs["ppo-envs-serial"] = ("ppo_sampling", f"envs_only('{BREAKOUT}', 8, 'serial', 10.0)", "SPS")
+    # SAC's update alone, four ways (benchmarks/update_speed.py): where compiled SAC's 156 SPS on the H200 went, and
+    # what one CUDA graph for the whole update (LeanRL's way) would gain
+    for mode in ("eager", "compile", "graph", "graph-compile"):
+        figs[f"sac-update-{mode}-cuda"] = ("update_speed", f"sac_updates_per_second('cuda', '{mode}')", "updates/s")
+    figs["sac-update-eager-cpu"] = ("update_speed", "sac_updates_per_second('cpu', 'eager')", "updates/s")
     pair("sac-serial", "continuous_training", f"ours('sac_mujoco.py', 'HalfCheetah-v5', {SAC_STEPS}, 'serial', [], "
                                               "'DEV')")
     figs["sb3-sac-cuda"] = ("continuous_training", f"sb3('sac', 'HalfCheetah-v5', {SAC_STEPS}, 'cuda')", "SPS")
@@ -606,7 +611,7 @@ class Check:
             # a compiled figure compiles first (inductor: tens of seconds, outside its timed window); a replay
             # script's figure fills its replay first and then learns 1,000-2,000 steps, one update each (on an H200,
             # eager SAC and DQN did not finish within 24 s)
-            weight = 3 if "--compile" in call else 2 if module in ("continuous_training", "dqn_training") else 1
+            weight = 3 if "compile" in call else 2 if module in ("continuous_training", "dqn_training") else 1
             budget = min(self.a.figure_s * weight, self.left() - 5)
             if budget < min(5, self.a.figure_s):
                 figs[n]["state"] = "not run: budget spent"
