@@ -59,6 +59,8 @@ def _die_with_parent() -> None:
 
 def _child_main(target: Callable, args: tuple, stop: Any, errors: Any, parent_pid: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if hasattr(signal, "pthread_sigmask"):  # blocked since its start (Worker): a Ctrl-C kept meanwhile is dropped
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _die_with_parent()
     if os.getppid() != parent_pid:  # the parent died before PDEATHSIG was armed
         os._exit(1)
@@ -82,7 +84,16 @@ class Worker:
         self._errors = CTX.Queue()
         self._proc = CTX.Process(target=_child_main, name=name,
                                  args=(target, args, self.stop_event, self._errors, os.getpid()))
-        self._proc.start()
+        # The child imports the script (spawn) before _child_main ignores Ctrl-C: it starts with SIGINT blocked (a
+        # mask survives fork and exec), so that a Ctrl-C meanwhile cannot raise in the middle of an import. This
+        # thread's mask only: a Ctrl-C for this process still arrives, on another thread or at the restore.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if hasattr(signal, "pthread_sigmask") \
+            else None
+        try:
+            self._proc.start()
+        finally:
+            if blocked is not None:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     @property
     def pid(self) -> int | None:

@@ -4,6 +4,9 @@ errors reaching the parent, and shutdown."""
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -251,3 +254,47 @@ def test_sampler_entry_pins_the_process_then_hands_it_its_threads_and_its_stop_c
         t0 = time.monotonic()
         worker.stop(timeout=10)
         assert time.monotonic() - t0 < 5  # proc.check() ended it when asked, not the kill after the timeout
+
+
+SLOW_MAIN = """import os, sys, time
+sys.path.insert(0, {root!r})
+if __name__ != "__main__":  # the spawned child, importing this script as its main module: a slow import
+    open({mark!r}, "w").write(str(os.getpid()))
+    time.sleep(2)
+
+from shared.procs import Worker
+
+
+def work(path, stop):
+    open(path, "w").write("done")
+
+
+if __name__ == "__main__":
+    worker = Worker(work, ({done!r},), name="slow starter")
+    worker.join(30)
+    worker.check(allow_finished=True)
+    worker.stop()
+"""
+
+
+def test_a_ctrl_c_while_a_worker_imports_the_script_is_ignored_there_without_a_traceback(tmp_path):
+    """A spawned worker imports the script before it runs a line of ours (seconds for torch): Ctrl-C reaches the
+    whole process group meanwhile. The worker must ignore it as it does later (its parent stops it), not print a
+    KeyboardInterrupt traceback from the middle of an import and die."""
+    from tests.helpers import ROOT
+
+    mark, done = tmp_path / "importing", tmp_path / "done"
+    script = tmp_path / "slow_main.py"
+    script.write_text(SLOW_MAIN.format(root=str(ROOT), mark=str(mark), done=str(done)))
+    proc = subprocess.Popen([sys.executable, str(script)], stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while not mark.exists() or not mark.read_text():
+            assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() else "no start"
+            time.sleep(0.02)
+        os.kill(int(mark.read_text()), signal.SIGINT)  # the worker's share of a Ctrl-C, mid-import
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
+    assert done.read_text() == "done"
