@@ -12,6 +12,10 @@ Guarantees
   that would raise in between is kept and raised by the outermost ``undefer()``, so a few lines that must not
   be cut (a lock taken and the ``try`` that releases it: ``shared.sync.locked``) run whole. Only under
   ``raise_on_signals()``.
+- Under ``raise_on_signals()``, an interrupt that no ``with run:`` catches (one during the setup before the
+  training loop: building the networks, allocating the replay, loading a checkpoint) prints one line, not a
+  traceback; the ``finally`` blocks and context managers it passes through run as usual, and Python then ends the
+  process by SIGINT (the status a shell shows as 130).
 - Either way, SIGUSR1 prints the Python stack of every thread to stderr and the run goes on
   (``kill -USR1 <pid>``): what a hung run is waiting on, without a debugger.
 Imports nothing from the project.
@@ -62,8 +66,23 @@ def raise_on_signals() -> None:
     """SIGTERM and SIGINT raise KeyboardInterrupt in the main thread; SIGUSR1 prints every thread's stack."""
     signal.signal(signal.SIGTERM, _raise)
     signal.signal(signal.SIGINT, _raise)
+    if sys.excepthook is not _one_line:
+        _one_line.previous = sys.excepthook
+        sys.excepthook = _one_line
     # fd 2 itself, also when sys.stderr is replaced (pytest capture, a notebook)
     faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
+
+
+def _one_line(kind, value, tb) -> None:
+    """``sys.excepthook``: the module docstring."""
+    if issubclass(kind, KeyboardInterrupt):
+        print(f"interrupted ({value or 'Ctrl-C'}) outside the training loop: nothing to checkpoint", file=sys.stderr,
+              flush=True)
+    else:
+        _one_line.previous(kind, value, tb)
+
+
+_one_line.previous = sys.excepthook
 
 
 def flag_on_signals() -> None:

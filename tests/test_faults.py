@@ -212,3 +212,43 @@ def test_a_3mb_disk_ends_the_run_with_one_line_and_no_temporary_file(tmp_path):
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("error: cannot write ") and "checkpoint.pt" in last and "o space left" in last, last
     assert ".checkpoint.pt.tmp" not in out.stdout  # the partial file was removed
+
+
+SLOW_BEGIN = """import runpy, sys, time
+sys.path.insert(0, {root!r})
+import shared.run
+
+begin = shared.run.Run.begin
+
+
+def slow(self, *args, **kwargs):  # the setup before the loop (a checkpoint or a replay loading), made long
+    open({mark!r}, "w").close()
+    time.sleep(60)
+    return begin(self, *args, **kwargs)
+
+
+shared.run.Run.begin = slow
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_ctrl_c_before_the_loop_is_one_line_not_a_traceback(tmp_path):
+    """Ctrl-C while a script still sets up (no ``with run:`` yet to catch it): one line, the process ended by the
+    signal (a shell's 130), nothing left running."""
+    mark, wrapper = tmp_path / "setting-up", tmp_path / "slow_begin.py"
+    wrapper.write_text(SLOW_BEGIN.format(root=str(ROOT), mark=str(mark)))
+    proc = subprocess.Popen([sys.executable, str(wrapper), script("ppo_atari.py"), "--env-id", "CartPole-v1",
+                             "--total-timesteps", "1000", "--out-dir", str(tmp_path / "runs")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.time() + 120
+    while not mark.exists():
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGINT, err[-3000:]
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert "Traceback" not in err and lines[-1] == "interrupted (signal 2) outside the training loop: nothing to " \
+        "checkpoint", err[-3000:]
+    assert_no_leftovers(proc.pid)
