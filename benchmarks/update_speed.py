@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -101,6 +102,7 @@ def _graphed(sac, to_tensors, update, optimizers, batch, obs_norm, dev):
     captured tensors and replays the graph (module docstring)."""
     import torch
 
+    warnings.filterwarnings("ignore", message=".*capturable=True.*")  # the warm-up runs outside a capture: Adam says so
     for opt in optimizers.values():  # Adam keeps its step counts on the GPU, as capture needs
         for group in opt.param_groups:
             group["capturable"] = True
@@ -140,9 +142,20 @@ def main() -> int:
     p.add_argument("--updates", type=int, default=300)
     p.add_argument("--modes", nargs="*", choices=MODES, default=None, help="default: every mode the device runs")
     a = p.parse_args()
-    if a.modes and not a.device.startswith("cuda") and any(m.startswith("graph") for m in a.modes):
+    for name in ("hidden", "batch_size", "updates"):
+        if getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(a, name)}")
+    try:
+        import torch
+
+        device = torch.device(a.device)
+        if device.type == "cuda" and not torch.cuda.is_available():
+            p.error(f"--device {a.device}: no CUDA device here")
+    except RuntimeError as e:
+        p.error(f"--device {a.device}: {e}")
+    if a.modes and device.type != "cuda" and any(m.startswith("graph") for m in a.modes):
         p.error(f"the graph modes need a CUDA device, not {a.device}")
-    modes = a.modes or [m for m in MODES if a.device.startswith("cuda") or not m.startswith("graph")]
+    modes = a.modes or [m for m in MODES if device.type == "cuda" or not m.startswith("graph")]
     print(f"SAC update (HalfCheetah shapes), hidden {a.hidden}, batch {a.batch_size}, {a.updates} timed updates, "
           f"device {a.device}")
     base = None

@@ -14,8 +14,9 @@ Guarantees
   ``raise_on_signals()``.
 - Under ``raise_on_signals()``, an interrupt that no ``with run:`` catches (one during the setup before the
   training loop: building the networks, allocating the replay, loading a checkpoint) prints one line, not a
-  traceback; the ``finally`` blocks and context managers it passes through run as usual, and Python then ends the
-  process by SIGINT (the status a shell shows as 130).
+  traceback (unless it cut the handling of another error: then that error's traceback); the ``finally`` blocks
+  and context managers it passes through run as usual, and Python then ends the process by SIGINT (the status a
+  shell shows as 130).
 - Either way, SIGUSR1 prints the Python stack of every thread to stderr and the run goes on
   (``kill -USR1 <pid>``): what a hung run is waiting on, without a debugger.
 Imports nothing from the project.
@@ -66,23 +67,23 @@ def raise_on_signals() -> None:
     """SIGTERM and SIGINT raise KeyboardInterrupt in the main thread; SIGUSR1 prints every thread's stack."""
     signal.signal(signal.SIGTERM, _raise)
     signal.signal(signal.SIGINT, _raise)
-    if sys.excepthook is not _one_line:
-        _one_line.previous = sys.excepthook
-        sys.excepthook = _one_line
+    if _hook["previous"] is None:  # once: a hook installed after ours may chain to it
+        _hook["previous"], sys.excepthook = sys.excepthook, _one_line
     # fd 2 itself, also when sys.stderr is replaced (pytest capture, a notebook)
     faulthandler.register(signal.SIGUSR1, file=sys.__stderr__, all_threads=True)
 
 
 def _one_line(kind, value, tb) -> None:
-    """``sys.excepthook``: the module docstring."""
-    if issubclass(kind, KeyboardInterrupt):
-        print(f"interrupted ({value or 'Ctrl-C'}) outside the training loop: nothing to checkpoint", file=sys.stderr,
-              flush=True)
+    """``sys.excepthook``: the module docstring. An interrupt during the handling of another error (a Ctrl-C in a
+    ``finally`` after a failure) shows that error whole."""
+    cause = value.__cause__ or value.__context__
+    if issubclass(kind, KeyboardInterrupt) and (cause is None or isinstance(cause, KeyboardInterrupt)):
+        print(f"interrupted ({str(value) or 'Ctrl-C'}) outside the training loop", file=sys.stderr, flush=True)
     else:
-        _one_line.previous(kind, value, tb)
+        _hook["previous"](kind, value, tb)
 
 
-_one_line.previous = sys.excepthook
+_hook: dict = {"previous": None}
 
 
 def flag_on_signals() -> None:

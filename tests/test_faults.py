@@ -249,6 +249,5 @@ def test_ctrl_c_before_the_loop_is_one_line_not_a_traceback(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == -signal.SIGINT, err[-3000:]
     lines = [line for line in err.splitlines() if line.strip()]
-    assert "Traceback" not in err and lines[-1] == "interrupted (signal 2) outside the training loop: nothing to " \
-        "checkpoint", err[-3000:]
+    assert "Traceback" not in err and lines[-1] == "interrupted (signal 2) outside the training loop", err[-3000:]
     assert_no_leftovers(proc.pid)

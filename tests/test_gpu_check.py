@@ -279,3 +279,16 @@ def test_a_cut_or_a_test_not_run_is_not_a_pass(state):
     assert gpu_check.all_passed(r)
     r["figures"]["ppo-serial-cuda"] = {"state": state}
     assert not gpu_check.all_passed(r)
+
+
+def test_the_update_figures_run_on_the_cpu_and_refuse_a_graph_there():
+    """benchmarks/update_speed.py imports SAC's own update: a change there shows here, not first on a GPU."""
+    import update_speed
+
+    assert update_speed.sac_updates_per_second("cpu", "eager", hidden=8, batch_size=8, updates=4) > 0
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        update_speed.sac_updates_per_second("cpu", "graph", hidden=8, batch_size=8, updates=4)
+    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "update_speed.py"), "--updates", "0"],
+                         capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.strip().splitlines()[-1] == (
+        "update_speed.py: error: --updates must be at least 1, got 0")

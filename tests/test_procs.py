@@ -3,6 +3,7 @@ errors reaching the parent, and shutdown."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -298,3 +299,52 @@ def test_a_ctrl_c_while_a_worker_imports_the_script_is_ignored_there_without_a_t
         proc.kill()
     assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
     assert done.read_text() == "done"
+
+
+INTERRUPTED_START = """import os, signal, sys, time
+sys.path.insert(0, {root!r})
+from shared import procs, signals
+
+
+def wait(stop):
+    stop.wait()
+
+
+start = procs.CTX.Process.start
+
+
+def start_then_ctrl_c(self):  # a Ctrl-C that comes while the child starts (kept by the mask until start returns)
+    start(self)
+    open({pid_file!r}, "w").write(str(self.pid))
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+if __name__ == "__main__":
+    signals.raise_on_signals()
+    procs.CTX.Process.start = start_then_ctrl_c
+    try:
+        procs.Worker(wait, (), name="never handed over")
+    except KeyboardInterrupt:
+        print("interrupted", flush=True)
+    time.sleep(3)  # the script goes on (a run writes its checkpoint): a child left over would be running by now
+"""
+
+
+def test_a_ctrl_c_while_a_worker_starts_ends_that_worker_too(tmp_path):
+    """The interrupted ``Worker(...)`` never reaches its caller, who could not stop it: it must not outlive the
+    call. Left alone it either fails to start once its stop event is collected (a traceback of its own) or, if it
+    got that far, ignores SIGINT and waits for a stop that never comes (and Python's exit waits for it)."""
+    from tests.helpers import ROOT
+
+    pid_file, script = tmp_path / "child", tmp_path / "interrupted_start.py"
+    script.write_text(INTERRUPTED_START.format(root=str(ROOT), pid_file=str(pid_file)))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=30)  # a worker left running: Python's exit waits for it
+    finally:
+        proc.kill()
+        if pid_file.exists():
+            with contextlib.suppress(OSError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+    assert proc.returncode == 0 and out.strip() == "interrupted" and "Traceback" not in err, err[-3000:]
+    assert not os.path.exists(f"/proc/{pid_file.read_text()}")
