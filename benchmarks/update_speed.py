@@ -83,6 +83,9 @@ def sac_updates_per_second(device: str, mode: str, hidden: int = 256, batch_size
         for _ in range(max(3, updates // 4)):
             update()
         _sync(dev)
+        # what the timed updates must change: the live parameters the script acts and learns with (a captured
+        # graph that wrote elsewhere would be timed doing nothing useful)
+        before = [t.detach().clone() for t in (*actor.parameters(), *critics.parameters(), log_alpha)]
         start = time.perf_counter()
         for _ in range(updates):
             stats = update()
@@ -90,6 +93,11 @@ def sac_updates_per_second(device: str, mode: str, hidden: int = 256, batch_size
         seconds = time.perf_counter() - start
         if not all(bool(torch.isfinite(v).all()) for v in stats.values()):
             raise RuntimeError(f"{mode}: a statistic is not finite: {stats}")
+        after = (*actor.parameters(), *critics.parameters(), log_alpha)
+        unchanged = [i for i, (a, b) in enumerate(zip(before, after)) if torch.equal(a, b)]
+        if unchanged:
+            raise RuntimeError(f"{mode}: the updates left parameter tensors {unchanged} of actor, critics and log "
+                               f"alpha unchanged")
         return updates / seconds
     finally:
         for name, fn in saved.items():
