@@ -232,8 +232,11 @@ def test_atari100k_preset_smoke(sampler, tmp_path):
               str(tmp_path), "--run-name", "a", timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = progress(tmp_path / "a")
-    steps = [int(r["global_step"]) for r in rows]  # async: a row when the learner sees the step pass
-    assert steps == [100, 200, 300] if sampler != "async" else (len(steps) == 3 and steps[-1] == 300), steps
+    # async: a row when the learner sees a multiple of 100 pass; one poll can see two pass (a loaded machine: [100,
+    # 300]), and then writes one row
+    steps = [int(r["global_step"]) for r in rows]
+    assert steps == [100, 200, 300] if sampler != "async" else (
+        2 <= len(steps) <= 3 and steps == sorted(set(steps)) and steps[-1] == 300), steps
     # One update per step from step 100 in this process; the async learner trails its sampler (up to
     # --max-lag-steps 1000 behind, more than this run is long).
     assert float(rows[-1]["epsilon"]) == 0.0 and int(rows[-1]["updates"]) >= (200 if sampler != "async" else 1)
