@@ -110,7 +110,6 @@ def _graphed(sac, to_tensors, update, optimizers, batch, obs_norm, dev):
     captured tensors and replays the graph (module docstring)."""
     import torch
 
-    warnings.filterwarnings("ignore", message=".*capturable=True.*")  # the warm-up runs outside a capture: Adam says so
     for opt in optimizers.values():  # Adam keeps its step counts on the GPU, as capture needs
         for group in opt.param_groups:
             group["capturable"] = True
@@ -118,7 +117,8 @@ def _graphed(sac, to_tensors, update, optimizers, batch, obs_norm, dev):
     sac.to_tensors = lambda *_: static  # sac_update reads the captured batch
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up off the capture: allocates Adam's state, compiles
+    with torch.cuda.stream(side), warnings.catch_warnings():  # warm-up off the capture: Adam's state, compiling
+        warnings.filterwarnings("ignore", message=".*capturable=True.*")  # Adam says it runs outside a capture
         for _ in range(3):
             update()
     torch.cuda.current_stream().wait_stream(side)

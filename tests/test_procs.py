@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from shared.namedarraytuple import namedarraytuple
 from shared.procs import DoubleBuffer, SharedParameters, Worker, WorkerError, parent_alive_check
+from tests.helpers import ROOT
 
 Item = namedarraytuple("Item", ["k", "weight"])
 
@@ -282,8 +283,6 @@ def test_a_ctrl_c_while_a_worker_imports_the_script_is_ignored_there_without_a_t
     """A spawned worker imports the script before it runs a line of ours (seconds for torch): Ctrl-C reaches the
     whole process group meanwhile. The worker must ignore it as it does later (its parent stops it), not print a
     KeyboardInterrupt traceback from the middle of an import and die."""
-    from tests.helpers import ROOT
-
     mark, done = tmp_path / "importing", tmp_path / "done"
     script = tmp_path / "slow_main.py"
     script.write_text(SLOW_MAIN.format(root=str(ROOT), mark=str(mark), done=str(done)))
@@ -334,8 +333,6 @@ def test_a_ctrl_c_while_a_worker_starts_ends_that_worker_too(tmp_path):
     """The interrupted ``Worker(...)`` never reaches its caller, who could not stop it: it must not outlive the
     call. Left alone it either fails to start once its stop event is collected (a traceback of its own) or, if it
     got that far, ignores SIGINT and waits for a stop that never comes (and Python's exit waits for it)."""
-    from tests.helpers import ROOT
-
     pid_file, script = tmp_path / "child", tmp_path / "interrupted_start.py"
     script.write_text(INTERRUPTED_START.format(root=str(ROOT), pid_file=str(pid_file)))
     proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
