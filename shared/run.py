@@ -220,6 +220,7 @@ class Run:
             # Chosen, not inherited: torch's defaults let convolutions use TF32 but not matmuls, so an "fp32" run
             # would be half TF32. Both may (tensor cores on Ampere and later); config.json records it.
             torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+        signals.clear()  # a flag left by an earlier run in this process is not this run's signal
         signals.raise_on_signals()
         distributed.start(self.device)  # under torchrun: join the other ranks (a no-op in one process)
         self.world = distributed.world_size()

@@ -17,6 +17,12 @@ Guarantees
   traceback (unless it cut the handling of another error: then that error's traceback); the ``finally`` blocks
   and context managers it passes through run as usual, and Python then ends the process by SIGINT (the status a
   shell shows as 130).
+- Under ``raise_on_signals()`` too, every SIGINT or SIGTERM sets ``signalled()``. Python runs a signal handler
+  in the main thread at its next check, which may fall inside a finalizer (a ``weakref.finalize`` callback, a
+  ``__del__``, run by the garbage collector): there the ``KeyboardInterrupt`` is printed as "Exception ignored"
+  and dropped, and the process goes on. ``shared.run.Run.periodic`` reads the flag, so the training loop still
+  stops at its next iteration as for Ctrl-C (exit 130, the checkpoint written). ``clear()`` resets it
+  (``Run.setup`` does).
 - Either way, SIGUSR1 prints the Python stack of every thread to stderr and the run goes on
   (``kill -USR1 <pid>``): what a hung run is waiting on, without a debugger.
 Imports nothing from the project.
@@ -36,6 +42,7 @@ _deferring = {"depth": 0, "kept": None}  # the main thread's defer() depth; the 
 
 
 def _raise(signum, frame):
+    _flag["signalled"] = True  # also when the raise below is swallowed (see the module docstring)
     if _deferring["depth"] > 0:
         _deferring["kept"] = signum
         return

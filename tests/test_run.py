@@ -8,6 +8,7 @@ import csv
 import json
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -491,6 +492,28 @@ def test_a_signal_the_ranks_agree_on_is_a_decision_of_periodic_not_an_exception(
     assert rows(run.path)[1][-1]["global_step"] == "20"
     assert not (run.path / "eval.json").exists()
     assert "interrupted at step 20: writing checkpoint" in capsys.readouterr().out
+
+
+def test_a_ctrl_c_swallowed_by_a_finalizer_still_stops_the_loop_at_the_next_periodic(tmp_path, monkeypatch):
+    """Python runs the handler at its next check in the main thread, which may be inside a finalizer the garbage
+    collector runs: the KeyboardInterrupt is printed as "Exception ignored" and dropped. The run must still stop
+    as for Ctrl-C at the next ``periodic`` (checkpoint, exit 130), not train on as if nothing came."""
+    import weakref
+
+    run, _ = new_run(tmp_path, eval_episodes=2)
+    dropped = []
+    monkeypatch.setattr(sys, "unraisablehook", dropped.append)  # where Python reports what it dropped
+    decisions = []
+    with run:
+        decisions.append(run.periodic(10, loss=1.0))
+        weakref.finalize(model := torch.nn.Linear(1, 1), signal.raise_signal, signal.SIGINT)
+        del model  # its finalizer runs now and gets the KeyboardInterrupt, which Python drops
+        decisions.append(run.periodic(20, loss=1.0))
+        run.finish(20)
+    assert [type(d.exc_value) for d in dropped] == [KeyboardInterrupt]  # swallowed, not raised in the loop
+    assert decisions == [False, True] and run.exit_code == EXIT_INTERRUPTED
+    assert torch.load(run.path / "checkpoint.pt", weights_only=True)["global_step"] == 20
+    assert not (run.path / "eval.json").exists()
 
 
 @dataclass
