@@ -9,7 +9,9 @@ Guarantees
   ``make_env`` is stepped as written, in worker processes, and a line says so.
 - ``vector_env(thunks, mode)``: ``serial`` steps the envs in this process (``SyncVectorEnv``); ``parallel``
   steps each in a ``spawn``ed worker process (``AsyncVectorEnv``). Both use next-step autoreset: the step after
-  an episode ends only resets that env and returns the first observation of the next episode.
+  an episode ends only resets that env and returns the first observation of the next episode. ``parallel``'s
+  workers keep SIGINT blocked from their start: a Ctrl-C is their parent's to act on (``close_envs``); one that
+  comes while they start raises once the constructor has returned, and the env is closed first.
   A custom env id must be registered when its module is imported (``gym.register`` at the top of the script or
   of a module it imports): spawned workers and the async sampler import the script again and nothing else.
 - ``close_envs(envs)`` never hangs: an ``AsyncVectorEnv`` interrupted inside ``step`` gets a timeout, then its
@@ -36,6 +38,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
+from shared import signals
 from shared.atari import is_atari, make_atari_env, make_atari_vector_env
 
 __all__ = ["MIN_IMAGE_SIDE", "action_mask", "close_envs", "image_shape", "make_envs", "observe_only", "probe_spaces",
@@ -71,9 +74,26 @@ def standard_atari(args: Any, make_env: Callable[..., Callable[[], gym.Env]]) ->
 
 def vector_env(thunks: list[Callable[[], gym.Env]], mode: str) -> gym.vector.VectorEnv:
     next_step = gym.vector.AutoresetMode.NEXT_STEP
-    if mode == "parallel":
-        return gym.vector.AsyncVectorEnv(thunks, context="spawn", autoreset_mode=next_step)
-    return gym.vector.SyncVectorEnv(thunks, autoreset_mode=next_step)
+    if mode != "parallel":
+        return gym.vector.SyncVectorEnv(thunks, autoreset_mode=next_step)
+    # gymnasium's workers import the script (spawn) before a line of gymnasium runs there: a Ctrl-C meanwhile
+    # printed a traceback from inside that import, one per worker. They start with SIGINT blocked and keep it: on
+    # Ctrl-C this process closes them (close_envs), as it stops the project's own workers. A Ctrl-C for this
+    # process while the constructor waits for their import is kept until it has returned (seconds): raised inside
+    # it, it would leave workers that nobody closes.
+    signals.defer()
+    try:
+        with signals.sigint_blocked():
+            envs = gym.vector.AsyncVectorEnv(thunks, context="spawn", autoreset_mode=next_step)
+    except BaseException:
+        signals.undefer()
+        raise
+    try:
+        signals.undefer()  # a Ctrl-C kept meanwhile raises here, with the env to close
+    except BaseException:
+        close_envs(envs)
+        raise
+    return envs
 
 
 def close_envs(envs: Any, timeout: float = 5.0) -> None:

@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from shared import signals
 from shared.buffer import buffer_from_example, shared_zeros
 from shared.sync import locked, wait_for
 
@@ -84,24 +85,17 @@ class Worker:
         self._errors = CTX.Queue()
         self._proc = CTX.Process(target=_child_main, name=name,
                                  args=(target, args, self.stop_event, self._errors, os.getpid()))
-        # The child imports the script (spawn) before _child_main ignores Ctrl-C: it starts with SIGINT blocked (a
-        # mask survives fork and exec), so that a Ctrl-C meanwhile cannot raise in the middle of an import. This
-        # thread's mask only: a Ctrl-C for this process still arrives, on another thread or at the restore; start()
-        # returns once the child has read its arguments (after its import, if they pass a pipe's 64 KiB), so that
-        # is as long as it can wait. (multiprocessing's resource tracker unblocks SIGINT when it starts; CTX.Event
-        # above has started it already.)
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT}) if hasattr(signal, "pthread_sigmask") \
-            else None
+        # The child imports the script (spawn) before _child_main ignores Ctrl-C: it starts with SIGINT blocked
+        # (shared.signals.sigint_blocked), so that a Ctrl-C meanwhile cannot raise in the middle of an import.
+        # start() returns once the child has read its arguments (after its import, if they pass a pipe's 64 KiB),
+        # so that is as long as this process's Ctrl-C can wait.
         try:
-            self._proc.start()
-            if blocked is not None:
-                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # a Ctrl-C kept meanwhile raises here
+            with signals.sigint_blocked():
+                self._proc.start()
         except BaseException:  # interrupted while starting: the caller never gets this worker to stop, so it goes
             if self._proc.pid is not None:  # now (it ignores SIGINT, and exit would wait for it)
                 self._proc.kill()
                 self._proc.join()
-            if blocked is not None:
-                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
             raise
 
     @property

@@ -23,6 +23,11 @@ Guarantees
   and dropped, and the process goes on. ``shared.run.Run.periodic`` reads the flag, so the training loop still
   stops at its next iteration as for Ctrl-C (exit 130, the checkpoint written). ``clear()`` resets it
   (``Run.setup`` does).
+- ``sigint_blocked()``: SIGINT blocked in the calling thread for the block. A process started within it inherits the
+  mask (it survives fork and exec) and keeps it until it changes it: a spawned worker that imports the script
+  for seconds cannot be cut mid-import by a Ctrl-C to the process group. A Ctrl-C for this process meanwhile goes
+  to another thread or waits, and raises at the end of the block at the latest. (It starts multiprocessing's
+  resource tracker first: that one unblocks SIGINT when it starts.)
 - Either way, SIGUSR1 prints the Python stack of every thread to stderr and the run goes on
   (``kill -USR1 <pid>``): what a hung run is waiting on, without a debugger.
 Imports nothing from the project.
@@ -30,12 +35,14 @@ Imports nothing from the project.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 
-__all__ = ["clear", "defer", "flag_on_signals", "raise_on_signals", "signalled", "undefer"]
+__all__ = ["clear", "defer", "flag_on_signals", "raise_on_signals", "sigint_blocked", "signalled", "undefer"]
 
 _flag = {"signalled": False}
 _deferring = {"depth": 0, "kept": None}  # the main thread's defer() depth; the signal kept meanwhile
@@ -106,3 +113,22 @@ def signalled() -> bool:
 
 def clear() -> None:
     _flag["signalled"] = False
+
+
+@contextlib.contextmanager
+def sigint_blocked() -> Iterator[None]:
+    """SIGINT blocked in this thread within the block (the module docstring); where the platform has no
+    ``pthread_sigmask``, nothing."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    # multiprocessing's resource tracker, started by the first semaphore or queue, unblocks SIGINT once it is
+    # running (whatever the mask was): it is started before the block, not within it.
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)  # a Ctrl-C kept meanwhile raises here

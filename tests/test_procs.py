@@ -347,3 +347,51 @@ def test_a_ctrl_c_while_a_worker_starts_ends_that_worker_too(tmp_path):
                 os.kill(int(pid_file.read_text()), signal.SIGKILL)
     assert proc.returncode == 0 and out.strip() == "interrupted" and "Traceback" not in err, err[-3000:]
     assert not os.path.exists(f"/proc/{pid_file.read_text()}")
+
+
+SLOW_GYM_MAIN = """import multiprocessing, os, sys, time
+sys.path.insert(0, {root!r})
+if __name__ != "__main__":  # a spawned gymnasium worker, importing this script as its main module: a slow import
+    open(os.path.join({marks!r}, str(os.getpid())), "w").write("importing")
+    time.sleep(2)
+
+import gymnasium as gym
+
+from shared import envs, signals
+
+
+def cartpole():
+    return gym.make("CartPole-v1")
+
+
+if __name__ == "__main__":
+    signals.raise_on_signals()
+    try:
+        envs.vector_env([cartpole, cartpole], "parallel")
+    except KeyboardInterrupt:
+        print("interrupted", len(multiprocessing.active_children()), flush=True)
+"""
+
+
+def test_a_ctrl_c_while_gymnasiums_workers_import_the_script_closes_them_without_a_traceback(tmp_path):
+    """``--sampler parallel``'s gymnasium workers import the script too, before any line of gymnasium runs there.
+    A Ctrl-C to the process group meanwhile must not print their tracebacks from inside that import, and the
+    half-started vector env must be closed before the interrupt reaches the caller, who never gets it to close."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    script = tmp_path / "slow_gym_main.py"
+    script.write_text(SLOW_GYM_MAIN.format(root=str(ROOT), marks=str(marks)))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    try:
+        deadline = time.time() + 60
+        while len(list(marks.iterdir())) < 2:
+            assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() else "no start"
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: every process of the group, both workers mid-import
+        out, err = proc.communicate(timeout=60)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0 and "Traceback" not in err, err[-3000:]
+    assert out.split() == ["interrupted", "0"]  # raised once its workers were closed and joined
