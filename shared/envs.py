@@ -11,7 +11,7 @@ Guarantees
   steps each in a ``spawn``ed worker process (``AsyncVectorEnv``). Both use next-step autoreset: the step after
   an episode ends only resets that env and returns the first observation of the next episode. ``parallel``'s
   workers keep SIGINT blocked from their start: a Ctrl-C is their parent's to act on (``close_envs``); one that
-  comes while they start raises once the constructor has returned, and the env is closed first.
+  comes while they start ends them before it reaches the caller.
   A custom env id must be registered when its module is imported (``gym.register`` at the top of the script or
   of a module it imports): spawned workers and the async sampler import the script again and nothing else.
 - ``close_envs(envs)`` never hangs: an ``AsyncVectorEnv`` interrupted inside ``step`` gets a timeout, then its
@@ -32,6 +32,7 @@ Guarantees
 
 from __future__ import annotations
 
+import multiprocessing as mp
 from collections.abc import Callable
 from typing import Any
 
@@ -78,22 +79,20 @@ def vector_env(thunks: list[Callable[[], gym.Env]], mode: str) -> gym.vector.Vec
         return gym.vector.SyncVectorEnv(thunks, autoreset_mode=next_step)
     # gymnasium's workers import the script (spawn) before a line of gymnasium runs there: a Ctrl-C meanwhile
     # printed a traceback from inside that import, one per worker. They start with SIGINT blocked and keep it: on
-    # Ctrl-C this process closes them (close_envs), as it stops the project's own workers. A Ctrl-C for this
-    # process while the constructor waits for their import is kept until it has returned (seconds): raised inside
-    # it, it would leave workers that nobody closes.
-    signals.defer()
+    # Ctrl-C this process closes them (close_envs), as it stops the project's own workers. The constructor waits
+    # for their import and first env (seconds): an interrupt raised in it never hands the env to anyone who could
+    # close it, so its workers (this process's newest children) are ended here.
+    before = set(mp.active_children())
     try:
         with signals.sigint_blocked():
-            envs = gym.vector.AsyncVectorEnv(thunks, context="spawn", autoreset_mode=next_step)
+            return gym.vector.AsyncVectorEnv(thunks, context="spawn", autoreset_mode=next_step)
     except BaseException:
-        signals.undefer()
+        started = set(mp.active_children()) - before
+        for proc in started:
+            proc.terminate()
+        for proc in started:
+            proc.join()
         raise
-    try:
-        signals.undefer()  # a Ctrl-C kept meanwhile raises here, with the env to close
-    except BaseException:
-        close_envs(envs)
-        raise
-    return envs
 
 
 def close_envs(envs: Any, timeout: float = 5.0) -> None:
