@@ -15,7 +15,7 @@ Guarantees
   A custom env id must be registered when its module is imported (``gym.register`` at the top of the script or
   of a module it imports): spawned workers and the async sampler import the script again and nothing else.
 - ``close_envs(envs)`` never hangs: an ``AsyncVectorEnv`` interrupted inside ``step`` gets a timeout, then its
-  workers are terminated.
+  workers are terminated; gymnasium's warning that it was closed mid-step (what a Ctrl-C does) is not shown.
 - ``probe_spaces(thunk)`` returns one env's (observation space, action space) and closes it.
 - ``image_shape(obs_shape)`` returns ``(C, H, W)`` for an image observation given channel-first ``[C, H, W]``
   or channel-last ``[H, W, C]`` (the scripts' CNNs take both), and raises ``ValueError`` with a readable
@@ -33,6 +33,7 @@ Guarantees
 from __future__ import annotations
 
 import multiprocessing as mp
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -100,7 +101,9 @@ def close_envs(envs: Any, timeout: float = 5.0) -> None:
     some workers' replies already; its ``close`` would then wait forever for the rest, so it gets ``timeout``
     seconds before its worker processes are terminated."""
     if isinstance(envs, gym.vector.AsyncVectorEnv):
-        envs.close(timeout=timeout)
+        with warnings.catch_warnings():  # after a Ctrl-C mid-step it warns of exactly that: the expected case
+            warnings.filterwarnings("ignore", message=".*Calling `close` while waiting for a pending call")
+            envs.close(timeout=timeout)
     else:
         envs.close()
 
