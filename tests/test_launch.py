@@ -72,6 +72,8 @@ def children(pid: int) -> dict[int, dict]:
                 env = dict(kv.split("=", 1) for kv in f.read().decode().split("\0") if "=" in kv)
         except (OSError, StopIteration, ValueError):
             continue
+        if not env:  # it exited between the reads: an ended process's environ reads empty (its memory is gone)
+            continue
         folder = Path(cmd[cmd.index("--out-dir") + 1]) / cmd[cmd.index("--run-name") + 1]
         out[int(entry)] = {"folder": folder, "cpus": launch_cpus(allowed), "omp": env.get("OMP_NUM_THREADS")}
     return out
