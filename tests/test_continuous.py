@@ -209,8 +209,11 @@ def test_halfcheetah_smoke(script, sampler, tmp_path):
     steps = [int(r["global_step"]) for r in progress(tmp_path / "h")]
     rows = progress(tmp_path / "h")
     # the async learner logs at the first step it sees past each interval: possibly a vector step later
-    # (how far past depends on load: the sampler runs while the learner updates), never before it
-    assert len(steps) == 3 and steps[-1] == 600 and all(s >= t for s, t in zip(steps, (200, 400, 600)))
+    # (how far past depends on load: the sampler runs while the learner updates), never before it; one poll can
+    # see two pass (a loaded machine: [204, 600]), and then writes one row
+    assert steps[-1] == 600 and steps == sorted(set(steps)) and steps[0] >= 200, steps
+    assert len(steps) == 3 and all(s >= t for s, t in zip(steps, (200, 400, 600))) if sampler != "async" else (
+        2 <= len(steps) <= 3), steps
     assert int(rows[-1]["updates"]) > 0 and float(rows[-1]["qf_loss"]) > 0
     ckpt = torch.load(tmp_path / "h" / "checkpoint.pt", weights_only=True)
     MODULES[script].Actor(17, 6, 256).load_state_dict(ckpt["actor"])
