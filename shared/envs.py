@@ -82,16 +82,15 @@ def vector_env(thunks: list[Callable[[], gym.Env]], mode: str) -> gym.vector.Vec
     # printed a traceback from inside that import, one per worker. They start with SIGINT blocked and keep it: on
     # Ctrl-C this process closes them (close_envs), as it stops the project's own workers. The constructor waits
     # for their import and first env (seconds): an interrupt raised in it never hands the env to anyone who could
-    # close it, so its workers (this process's newest children) are ended here.
+    # close it, so its workers (this process's newest children, with nothing to save yet) are killed here: SIGKILL,
+    # so that the join is bounded whatever an env does with SIGTERM.
     before = set(mp.active_children())
     try:
         with signals.sigint_blocked():
             return gym.vector.AsyncVectorEnv(thunks, context="spawn", autoreset_mode=next_step)
     except BaseException:
-        started = set(mp.active_children()) - before
-        for proc in started:
-            proc.terminate()
-        for proc in started:
+        for proc in set(mp.active_children()) - before:
+            proc.kill()
             proc.join()
         raise
 

@@ -397,20 +397,17 @@ def test_a_ctrl_c_while_gymnasiums_workers_import_the_script_closes_them_without
     assert out.split() == ["interrupted", "0"]  # raised once its workers were closed and joined
 
 
-def _cartpole():
-    import gymnasium as gym
-
-    return gym.make("CartPole-v1")
-
-
 def test_closing_a_parallel_env_interrupted_mid_step_says_nothing_and_ends_its_workers(recwarn):
     """Ctrl-C during ``--sampler parallel``'s step leaves the vector env waiting for replies: closing it then is
     the expected way out, not a warning for the user (gymnasium's is "Calling `close` while waiting ...")."""
+    import functools
+
+    import gymnasium as gym
     import numpy as np
 
     from shared.envs import close_envs, vector_env
 
-    envs = vector_env([_cartpole, _cartpole], "parallel")
+    envs = vector_env([functools.partial(gym.make, "CartPole-v1")] * 2, "parallel")
     envs.reset(seed=0)
     envs.step_async(np.zeros(2, np.int64))  # as if interrupted before step_wait
     close_envs(envs)
