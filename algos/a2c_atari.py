@@ -53,16 +53,7 @@ from shared.buffer import buffer_from_example
 from shared.cli import RunArgs, bad_args, parse_args
 from shared.compiling import compiled, enabled
 from shared.device import to_host, upload
-from shared.dict_obs import (
-    DictTorso,
-    flat,
-    is_dict,
-    nested,
-    obs_example,
-    obs_map,
-    unflat,
-    without_text,
-)
+from shared.dict_obs import DictTorso, flat, is_dict, nested, obs_example, obs_map, unflat, without_text
 from shared.envs import action_mask, image_shape, make_envs
 from shared.evaluation import Draws
 from shared.namedarraytuple import namedarraytuple
@@ -75,8 +66,8 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 
 @dataclass
 class Args(RunArgs):
-    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the
-    # same everywhere experiment
+    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
+    # experiment
     preset: Literal["atari", "cartpole"] = "atari"
     """named settings to start from (atari: the A2C paper's Atari settings; cartpole: tuned for
     CartPole-v1); flags given override them"""
@@ -206,10 +197,7 @@ class Agent(nn.Module):
             width = 512
         else:
             self.torso = nn.Sequential(
-                layer_init(nn.Linear(int(np.prod(obs_shape)), 64)),
-                nn.Tanh(),
-                layer_init(nn.Linear(64, 64)),
-                nn.Tanh(),
+                layer_init(nn.Linear(int(np.prod(obs_shape)), 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh()
             )
             width = 64
         self.actor = layer_init(nn.Linear(width, n_actions), std=0.01)
@@ -307,9 +295,7 @@ def policy_step(agent: Agent, obs, mask: torch.Tensor | None, bf16: bool) -> tup
 
 
 @torch.no_grad()
-def collect(
-    envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device
-) -> None:
+def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device) -> None:
     """Step the envs num_steps times, writing buf [T, B] and the bootstrap observation boot [B]."""
     for t in range(args.num_steps):
         # one copy: [B, ...] (a Dict's entries: obs.<key>), [B, A]
@@ -344,9 +330,7 @@ def collect(
 # ---------------------------------------------------------------------------------- loss and update
 
 
-def compute_gae(
-    reward, value, next_value, terminated, episode_end, final_row, gamma: float, lam: float
-):
+def compute_gae(reward, value, next_value, terminated, episode_end, final_row, gamma: float, lam: float):
     """Advantages and returns, [T, B] numpy, on the host (on a GPU this loop over T would be T x 7
     tiny kernel launches). Final rows get 0 (they are masked out). `terminated` stops
     bootstrapping; `episode_end` or `terminated` stops the trace; a truncated row bootstraps from
@@ -389,11 +373,7 @@ def a2c_loss(agent: Agent, data: dict, weight, args: Args, device: torch.device)
     logprob = dist.log_prob(data["action"])
     # 1 unless the sampler lagged (async); exactly 1 otherwise, where another batch shape (or TF32,
     # bf16 on a GPU) could make the recomputed log-probability differ in its last bits
-    rho = (
-        (logprob.detach() - data["logprob"]).exp().clamp(max=1.0)
-        if args.sampler == "async"
-        else torch.ones_like(logprob)
-    )
+    rho = (logprob.detach() - data["logprob"]).exp().clamp(max=1.0) if args.sampler == "async" else torch.ones_like(logprob)
     adv = data["adv"]
     if args.norm_adv:
         adv_mean = mean(adv, weight)
@@ -413,9 +393,7 @@ def a2c_loss(agent: Agent, data: dict, weight, args: Args, device: torch.device)
     return loss, stats
 
 
-def a2c_update(
-    agent: Agent, optimizer, data: dict, args: Args, device: torch.device, weight=None
-) -> dict:
+def a2c_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.device, weight=None) -> dict:
     """One gradient step on a2c_loss; its statistics and the gradient norm. ``weight``: None, or
     the row weights of --compile (learn_from)."""
     loss, stats = a2c_loss(agent, data, weight, args, device)
@@ -442,9 +420,7 @@ def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.dev
         # The rollout was sampled with the previous parameters: recompute values with the current
         # critic.
         with torch.no_grad(), autocast(device, args.bf16):
-            both = obs_map(
-                lambda o, b: torch.cat([o.flatten(0, 1), b]), obs, unflat(up, "boot_obs")
-            )
+            both = obs_map(lambda o, b: torch.cat([o.flatten(0, 1), b]), obs, unflat(up, "boot_obs"))
             _, values = agent(both)
         values = to_host(values.float())  # GAE runs on the host
         value, next_value = values[: T * B].reshape(T, B), values[T * B :]
@@ -469,20 +445,13 @@ def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.dev
     final_row = np.asarray(buf.final_row).reshape(-1)
     # Eager: the valid rows [N] of T*B (never train on final rows). --compile: every row, the final
     # ones weighted 0, so that every rollout has the same shape (N varies).
-    rows = (
-        {"weight": (~final_row).astype(np.float32)}
-        if enabled()
-        else {"valid": np.flatnonzero(~final_row)}
-    )
+    rows = {"weight": (~final_row).astype(np.float32)} if enabled() else {"valid": np.flatnonzero(~final_row)}
     t = upload(
         {"action": buf.action, "logprob": buf.logprob, "adv": adv, "ret": ret, **rows},  # one copy
         device,
     )
     valid, weight = t.pop("valid", slice(None)), t.pop("weight", None)
-    data = {
-        **flat("obs", obs_map(lambda o: o.flatten(0, 1)[valid], obs)),
-        **{k: v.flatten()[valid] for k, v in t.items()},
-    }
+    data = {**flat("obs", obs_map(lambda o: o.flatten(0, 1)[valid], obs)), **{k: v.flatten()[valid] for k, v in t.items()}}
     if "mask" in up:
         data["mask"] = up["mask"].flatten(0, 1)[valid]  # [N, A]
     return a2c_update(agent, optimizer, data, args, device, weight)
@@ -499,20 +468,14 @@ class Sampler:
 
     def __init__(self, args: Args, run: Run, agent: Agent, first: int, last: int):
         self.args, self.run = args, run
-        example, boot_example = rollout_example(
-            run.obs_space, run.act_space.n, args.num_steps, args.num_envs
-        )
+        example, boot_example = rollout_example(run.obs_space, run.act_space.n, args.num_steps, args.num_envs)
         if args.sampler == "async":
             self.buffers = DoubleBuffer(example, (args.num_steps, args.num_envs), module=agent)
             self.boots = [buffer_from_example(boot_example, (), shared=True) for _ in range(2)]
-            self.worker = run.start_sampler(
-                sampler_main, args, self.buffers, self.boots, first, last
-            )
+            self.worker = run.start_sampler(sampler_main, args, self.buffers, self.boots, first, last)
         else:
             self.buffers = None
-            self.envs = run.hold(
-                make_envs(args, make_env, args.sampler, n_threads=len(run.affinity.learner_cpus))
-            )
+            self.envs = run.hold(make_envs(args, make_env, args.sampler, n_threads=len(run.affinity.learner_cpus)))
             # A resumed run starts fresh episodes; every env of every rank has a seed of its own.
             self.state = EnvState(self.envs, distributed.env_seed(args.seed + first, args.num_envs))
             self.buf = buffer_from_example(example, (args.num_steps, args.num_envs))  # [T, B]
@@ -556,15 +519,11 @@ def make_learner(args: Args, run: Run) -> tuple[Agent, torch.optim.Optimizer]:
     # NHWC: faster on a CPU, and for bf16 on a GPU
     if images and (run.device.type == "cpu" or args.bf16):
         agent = agent.to(memory_format=torch.channels_last)
-    optimizer = torch.optim.RMSprop(
-        agent.parameters(), lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps
-    )
+    optimizer = torch.optim.RMSprop(agent.parameters(), lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)
     return agent, optimizer
 
 
-def set_learning_rate(
-    optimizer: torch.optim.Optimizer, args: Args, it: int, num_iterations: int
-) -> float:
+def set_learning_rate(optimizer: torch.optim.Optimizer, args: Args, it: int, num_iterations: int) -> float:
     """The learning rate of iteration ``it`` (annealed linearly to 0 with --anneal-lr), set; returns
     it."""
     lr = args.learning_rate * (1.0 - it / num_iterations) if args.anneal_lr else args.learning_rate
@@ -604,12 +563,7 @@ def main() -> int:
     args = parse_args(Args, PRESETS)
     # --log-every counts rollouts
     run = Run(
-        args,
-        SCRIPT,
-        make_env,
-        action_space=gym.spaces.Discrete,
-        iteration_steps=args.num_envs * args.num_steps,
-        dict_obs=True,
+        args, SCRIPT, make_env, action_space=gym.spaces.Discrete, iteration_steps=args.num_envs * args.num_steps, dict_obs=True
     )
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating():  # sizes this machine cannot hold: exit 2
@@ -640,18 +594,11 @@ def main() -> int:
 # Only --sampler async runs this: a sampler process collecting rollouts into the double buffer.
 
 
-def sampler_main(
-    args: Args, buffers: DoubleBuffer, boots: list, first: int, last: int, proc: SamplerProcess
-) -> None:
+def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, last: int, proc: SamplerProcess) -> None:
     """Async sampler process: rollout k goes to slot k % 2, collected with the parameters the
     learner left in that slot when it released rollout k - 2 (update k - 1): exactly one update
     behind the learner."""
-    envs = make_envs(
-        args,
-        make_env,
-        "parallel" if is_atari(args.env_id) else "serial",
-        n_threads=proc.n_threads,
-    )
+    envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial", n_threads=proc.n_threads)
     state = EnvState(envs, distributed.env_seed(args.seed, args.num_envs))
     agent = Agent(obs_shape(envs.single_observation_space), envs.single_action_space.n)
     torch.manual_seed(distributed.rank_seed(args.seed + 1))

@@ -80,8 +80,8 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 
 @dataclass
 class Args(RunArgs):
-    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the
-    # same everywhere experiment
+    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
+    # experiment
     preset: Literal["atari", "atari100k", "cartpole"] = "atari"
     """named settings to start from (atari: the C51 paper's Atari settings; atari100k:
     data-efficient Rainbow on the Atari 100k benchmark; cartpole: tuned for CartPole-v1); flags
@@ -328,9 +328,7 @@ class NoisyLinear(nn.Module):
         return y + (F.linear(x * f_in, self.weight_sigma) + self.bias_sigma) * f_out
 
 
-def float32_out(
-    layers: nn.Sequential, h: torch.Tensor, noise: torch.Generator | None = None
-) -> torch.Tensor:
+def float32_out(layers: nn.Sequential, h: torch.Tensor, noise: torch.Generator | None = None) -> torch.Tensor:
     """A head (linear, ReLU, linear): the hidden layer under the caller's autocast, the output layer
     in float32: bfloat16 would round Q-values to steps of 1/16 near 10, the size of the TD errors
     that remain near convergence. Noisy layers take the noise generator (None: their mean
@@ -380,11 +378,7 @@ class QNetwork(nn.Module):
                 hidden = 512
             else:  # data-efficient: 64 * 3 * 3 features for 84x84 frames
                 self.torso = nn.Sequential(
-                    nn.Conv2d(c, 32, 5, stride=5),
-                    nn.ReLU(),
-                    nn.Conv2d(32, 64, 5, stride=5),
-                    nn.ReLU(),
-                    nn.Flatten(),
+                    nn.Conv2d(c, 32, 5, stride=5), nn.ReLU(), nn.Conv2d(32, 64, 5, stride=5), nn.ReLU(), nn.Flatten()
                 )
                 hidden = 256
             # 64 * 7 * 7 for 84x84 frames in the Nature CNN
@@ -412,11 +406,7 @@ class QNetwork(nn.Module):
         # [N, A, K]
         logits = float32_out(self.q, h, noise).view(-1, self.n_actions, len(self.support))
         if self.dueling:
-            logits = (
-                float32_out(self.v, h, noise).unsqueeze(1)
-                + logits
-                - logits.mean(dim=1, keepdim=True)
-            )
+            logits = float32_out(self.v, h, noise).unsqueeze(1) + logits - logits.mean(dim=1, keepdim=True)
         # float32 whatever the autocast: the projection needs it
         return logits.float().log_softmax(dim=-1)
 
@@ -426,17 +416,14 @@ class QNetwork(nn.Module):
 
 # ----------------------------------------------------------------------------------------- sampling
 
-Step = namedarraytuple(
-    "Step", ["observation", "action", "reward", "terminated", "truncated", "episode_end"]
-)
+Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated", "truncated", "episode_end"])
 
 
 def epsilons(args: Args, global_step: int) -> np.ndarray:
     """Exploration epsilon per env [B]."""
-    # the noise explores once learning starts (Rainbow acts greedily in the noisy Q-values); before,
     if args.noisy:
-        # uniform actions fill the replay, as SPR's DER does: an untrained noisy net repeats one
-        # action
+        # the noise explores once learning starts (Rainbow acts greedily in the noisy Q-values); before, uniform
+        # actions fill the replay, as SPR's DER does: an untrained noisy net repeats one action
         learning = global_step >= args.min_steps_learn * distributed.world_size()
         return np.full(args.num_envs, args.noisy_epsilon if learning else 1.0)
     if args.vector_epsilon:
@@ -487,19 +474,12 @@ class EnvStepper:
         train_r = np.sign(raw) if (self.args.clip_rewards and is_atari(self.args.env_id)) else raw
         terminated = term | (life_lost & self.args.life_loss_terminal)
         row = Step(
-            self.obs[None],
-            action[None],
-            train_r[None].astype(np.float32),
-            terminated[None],
-            trunc[None],
-            (term | trunc)[None],
+            self.obs[None], action[None], train_r[None].astype(np.float32), terminated[None], trunc[None], (term | trunc)[None]
         )
         self.ep_return += raw
         self.ep_length += ~self.final_row
         episode_end = term | trunc
-        episodes = list(
-            zip(self.ep_return[episode_end].tolist(), self.ep_length[episode_end].tolist())
-        )
+        episodes = list(zip(self.ep_return[episode_end].tolist(), self.ep_length[episode_end].tolist()))
         self.ep_return[episode_end], self.ep_length[episode_end] = 0.0, 0
         self.obs = next_obs
         self.final_row = episode_end
@@ -510,9 +490,7 @@ class EnvStepper:
 # ---------------------------------------------------------------------------------- loss and update
 
 
-def project(
-    next_probs: torch.Tensor, returns: torch.Tensor, discounts: torch.Tensor, support: torch.Tensor
-) -> torch.Tensor:
+def project(next_probs: torch.Tensor, returns: torch.Tensor, discounts: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
     """Project r + discount * z (each atom z carrying next_probs) onto the support [N, K].
     Each shifted atom's mass is split between its two neighbouring atoms in proportion to
     closeness (all of it to one atom when it lands on it); atoms beyond the ends go to the ends."""
@@ -538,9 +516,7 @@ def target_distribution(
     with torch.no_grad():
         next_logp = target_net(batch["next_observation"], noise)  # [N, A, K]
         next_q = (next_logp.exp() * target_net.support).sum(-1)
-        a_star = (q_net.q_values(batch["next_observation"], noise) if double else next_q).argmax(
-            dim=1
-        )
+        a_star = (q_net.q_values(batch["next_observation"], noise) if double else next_q).argmax(dim=1)
         # [N, K]
         next_probs = next_logp[torch.arange(len(a_star), device=a_star.device), a_star].exp()
         discounts = (1.0 - batch["terminated_n"]) * batch["bootstrap_discount"]
@@ -577,15 +553,7 @@ def c51_update(
     noise: torch.Generator | None,
 ) -> dict:
     sample, index = buffer.sample(args.batch_size, beta=beta)
-    fields = (
-        "observation",
-        "next_observation",
-        "action",
-        "n_step_return",
-        "terminated_n",
-        "bootstrap_discount",
-        "is_weights",
-    )
+    fields = ("observation", "next_observation", "action", "n_step_return", "terminated_n", "bootstrap_discount", "is_weights")
     batch = upload({k: getattr(sample, k) for k in fields}, device)  # one copy to a GPU
     for k in ("n_step_return", "terminated_n", "bootstrap_discount", "is_weights"):
         batch[k] = batch[k].float()
@@ -637,9 +605,7 @@ def check_network(args: Args, net: nn.Module) -> None:
         bad_args(f"--dueling: the dueling head is QNetwork's; {type(net).__name__} has none")
 
 
-def make_learner(
-    args: Args, run: Run
-) -> tuple[QNetwork, QNetwork, torch.optim.Optimizer, torch.Generator | None]:
+def make_learner(args: Args, run: Run) -> tuple[QNetwork, QNetwork, torch.optim.Optimizer, torch.Generator | None]:
     """The online network, its target copy, the optimiser and the noisy layers' noise generator
     (None without --noisy; in the checkpoint, so that a resumed run draws new noise)."""
     try:
@@ -651,19 +617,13 @@ def make_learner(
     images = len(run.obs_space.shape) == 3
     # NHWC: the layout of bf16 tensor-core convolutions
     if images and run.device.type == "cuda" and args.bf16:
-        q_net, target_net = (
-            net.to(memory_format=torch.channels_last) for net in (q_net, target_net)
-        )
+        q_net, target_net = (net.to(memory_format=torch.channels_last) for net in (q_net, target_net))
     if args.optimizer == "adam":
         # one kernel for all parameters
         fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}
-        optimizer = torch.optim.Adam(
-            q_net.parameters(), lr=args.learning_rate, eps=args.adam_epsilon, **fused
-        )
+        optimizer = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=args.adam_epsilon, **fused)
     else:
-        optimizer = torch.optim.RMSprop(
-            q_net.parameters(), lr=args.learning_rate, alpha=0.95, eps=0.01, centered=True
-        )
+        optimizer = torch.optim.RMSprop(q_net.parameters(), lr=args.learning_rate, alpha=0.95, eps=0.01, centered=True)
     # Seeded apart from the weights' initialisation, the same on every rank (and restored to the
     # same state): a job's update draws one noise for its whole batch, as one process does.
     noise = torch.Generator(run.device).manual_seed(args.seed + 7_919) if args.noisy else None
@@ -691,9 +651,7 @@ def make_replay(args: Args, run: Run) -> ReplayBuffer:
     )
 
 
-def act(
-    q_net: QNetwork, device: torch.device, epsilon: float, obs: np.ndarray, draws: Draws
-) -> np.ndarray:
+def act(q_net: QNetwork, device: torch.device, epsilon: float, obs: np.ndarray, draws: Draws) -> np.ndarray:
     """Evaluation policy: epsilon-greedy in the Q-values of observations [B, ...] (noisy layers:
     their mean weights), each episode's coin and random action from its own ``draws``."""
     q = q_net.q_values(torch.as_tensor(obs, device=device))  # [B, A]
@@ -724,18 +682,14 @@ def main() -> int:
         # no replay to evaluate or export a checkpoint
         buffer = None if args.eval_only or args.export else make_replay(args, run)
     policy = partial(act, q_net, run.device, args.eval_epsilon)
-    start = run.begin(
-        policy, buffer, model=q_net, target_model=target_net, optimizer=optimizer, noise=noise
-    )
+    start = run.begin(policy, buffer, model=q_net, target_model=target_net, optimizer=optimizer, noise=noise)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
     if args.export:  # with --resume: the greedy policy as an ONNX file, train nothing
         return run.export(ExportedPolicy(q_net), ["action", "q_values"])
     global_step, updates = start.global_step, start.updates
     pacer = ReplayPacer(
-        args.replay_ratio / (args.batch_size * run.world),
-        args.min_steps_learn * run.world,
-        *start.replay_origin,
+        args.replay_ratio / (args.batch_size * run.world), args.min_steps_learn * run.world, *start.replay_origin
     )
     stats, waits = {"td_loss": None, "q_values": None}, {}
     next_target = global_step + args.target_update_interval
@@ -743,13 +697,9 @@ def main() -> int:
         # this process steps the envs: in turn (serial), or in threads or processes
         if args.sampler != "async":
             envs = run.hold(make_envs(args, make_env, args.sampler, len(run.affinity.learner_cpus)))
-            stepper = EnvStepper(
-                envs, args, distributed.env_seed(args.seed + global_step, args.num_envs), noise
-            )
+            stepper = EnvStepper(envs, args, distributed.env_seed(args.seed + global_step, args.num_envs), noise)
         else:  # a sampler process fills the shared replay (the last section of this file)
-            sampler = AsyncReplay.start(
-                run, buffer, q_net, pacer, global_step, sampler_main, (args, buffer)
-            )
+            sampler = AsyncReplay.start(run, buffer, q_net, pacer, global_step, sampler_main, (args, buffer))
         while global_step < args.total_timesteps:
             if args.sampler != "async":  # one step of every env, into the replay
                 row, episodes = stepper.step(q_net, epsilons(args, global_step), run.device)
@@ -763,9 +713,7 @@ def main() -> int:
                 waits = sampler.waits()
             for _ in range(pacer.due(global_step, updates)):  # replay_ratio samples per env step
                 beta = args.beta + (1.0 - args.beta) * min(global_step / args.total_timesteps, 1.0)
-                stats = c51_update(
-                    q_net, target_net, optimizer, buffer, args, beta, run.device, noise
-                )
+                stats = c51_update(q_net, target_net, optimizer, buffer, args, beta, run.device, noise)
                 updates += 1
             if global_step >= next_target:
                 update_target(q_net, target_net, args.tau)
@@ -785,17 +733,10 @@ def sampler_main(args: Args, buffer: ReplayBuffer, link: AsyncReplay, proc: Samp
     """Async sampler process: steps the envs and appends to the shared replay with the newest
     parameters the learner published; waits while it is more than max_lag_steps ahead of what the
     learner's updates cover."""
-    envs = make_envs(
-        args,
-        make_env,
-        "parallel" if is_atari(args.env_id) else "serial",
-        n_threads=proc.n_threads,
-    )
+    envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial", n_threads=proc.n_threads)
     step = link.start_step
     seed = distributed.env_seed(args.seed + step, args.num_envs)
-    stepper = EnvStepper(
-        envs, args, seed, torch.Generator().manual_seed(seed) if args.noisy else None
-    )
+    stepper = EnvStepper(envs, args, seed, torch.Generator().manual_seed(seed) if args.noisy else None)
     q_net = make_network(args, envs.single_observation_space.shape, envs.single_action_space.n)
     try:
         while step < args.total_timesteps:

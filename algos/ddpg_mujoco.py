@@ -76,8 +76,8 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 
 @dataclass
 class Args(RunArgs):
-    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the
-    # same everywhere experiment
+    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
+    # experiment
     preset: Literal["mujoco", "pendulum"] = "mujoco"
     """named settings to start from (mujoco: the TD3 paper's DDPG settings (HalfCheetah-v5);
     pendulum: Pendulum-v1 in 20k steps); flags given override them"""
@@ -131,9 +131,7 @@ class Args(RunArgs):
 PRESETS = {
     "mujoco": Args(),
     # rl-baselines3-zoo's ddpg.yml Pendulum-v1 budget (20k steps), learning after 1000 random steps.
-    "pendulum": Args(
-        preset="pendulum", env_id="Pendulum-v1", total_timesteps=20_000, min_steps_learn=1000
-    ),
+    "pendulum": Args(preset="pendulum", env_id="Pendulum-v1", total_timesteps=20_000, min_steps_learn=1000),
 }
 
 # ------------------------------------------------------------------------------------- environments
@@ -163,12 +161,7 @@ class Actor(nn.Module):
     def __init__(self, obs_dim: int, act_dim: int, hidden: int):
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(obs_dim, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, act_dim),
-            nn.Tanh(),
+            nn.Linear(obs_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, act_dim), nn.Tanh()
         )
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
@@ -188,9 +181,7 @@ class Critics(nn.Module):
         self.biases = nn.ParameterList()
         for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
             bound = 1.0 / math.sqrt(fan_in)
-            self.weights.append(
-                nn.Parameter(torch.empty(k, fan_in, fan_out).uniform_(-bound, bound))
-            )
+            self.weights.append(nn.Parameter(torch.empty(k, fan_in, fan_out).uniform_(-bound, bound)))
             self.biases.append(nn.Parameter(torch.empty(k, 1, fan_out).uniform_(-bound, bound)))
 
     def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
@@ -237,9 +228,7 @@ class EnvStepper:
         [(return, length)]."""
         self.obs_norm.update(self.obs[~self.final_row])
         if random:
-            action = self.rng.uniform(-1.0, 1.0, (self.args.num_envs,) + self.space.shape).astype(
-                np.float32
-            )
+            action = self.rng.uniform(-1.0, 1.0, (self.args.num_envs,) + self.space.shape).astype(np.float32)
         else:
             # [B, S], one copy
             obs = upload_batch({"observation": self.obs}, self.obs_norm, device)["observation"]
@@ -248,19 +237,11 @@ class EnvStepper:
             action = np.clip(action + noise, -1.0, 1.0).astype(np.float32)
         next_obs, reward, term, trunc, _ = self.envs.step(scale_action(action, self.space))
         reward = np.where(self.final_row, 0.0, reward)
-        row = Step(
-            self.obs[None].astype(np.float32),
-            action[None],
-            reward[None].astype(np.float32),
-            term[None],
-            trunc[None],
-        )
+        row = Step(self.obs[None].astype(np.float32), action[None], reward[None].astype(np.float32), term[None], trunc[None])
         self.ep_return += reward
         self.ep_length += ~self.final_row
         episode_end = term | trunc
-        episodes = list(
-            zip(self.ep_return[episode_end].tolist(), self.ep_length[episode_end].tolist())
-        )
+        episodes = list(zip(self.ep_return[episode_end].tolist(), self.ep_length[episode_end].tolist()))
         self.ep_return[episode_end], self.ep_length[episode_end] = 0.0, 0
         self.obs, self.final_row = next_obs, episode_end
         return row, episodes
@@ -271,14 +252,7 @@ class EnvStepper:
 
 def to_tensors(batch, obs_norm: ObsNorm, device: torch.device) -> dict:
     """Replay batch (numpy, [N, ...]) -> the update's float tensors, observations normalised."""
-    fields = (
-        "observation",
-        "next_observation",
-        "action",
-        "n_step_return",
-        "terminated_n",
-        "bootstrap_discount",
-    )
+    fields = ("observation", "next_observation", "action", "n_step_return", "terminated_n", "bootstrap_discount")
     # one copy to a GPU
     return upload_batch({k: getattr(batch, k) for k in fields}, obs_norm, device)
 
@@ -289,16 +263,11 @@ def critic_target(batch: dict, target_actor: Actor, target_critic: Critics) -> t
     with torch.no_grad():
         next_obs = batch["next_observation"]
         q_next = target_critic(next_obs, target_actor(next_obs)).float()[0]
-        return (
-            batch["n_step_return"]
-            + (1.0 - batch["terminated_n"]) * batch["bootstrap_discount"] * q_next
-        )
+        return batch["n_step_return"] + (1.0 - batch["terminated_n"]) * batch["bootstrap_discount"] * q_next
 
 
 @compiled
-def ddpg_critic_loss(
-    target_actor: Actor, critic: Critics, target_critic: Critics, b: dict, bf16: bool
-) -> tuple:
+def ddpg_critic_loss(target_actor: Actor, critic: Critics, target_critic: Critics, b: dict, bf16: bool) -> tuple:
     """The critic's loss on the batch ``b`` (targets under no_grad) and its statistics, detached."""
     with autocast(b["action"].device, bf16):
         y = critic_target(b, target_actor, target_critic)  # [N]
@@ -315,15 +284,7 @@ def ddpg_actor_loss(actor: Actor, critic: Critics, obs: torch.Tensor, bf16: bool
 
 
 def ddpg_update(
-    actor,
-    target_actor,
-    critic,
-    target_critic,
-    optimizers,
-    batch,
-    obs_norm: ObsNorm,
-    args: Args,
-    device: torch.device,
+    actor, target_actor, critic, target_critic, optimizers, batch, obs_norm: ObsNorm, args: Args, device: torch.device
 ) -> dict:
     """One DDPG update from a replay batch: critic, actor, then the soft target updates."""
     actor_opt, critic_opt = optimizers
@@ -350,11 +311,7 @@ def ddpg_update(
                 tp.lerp_(p, args.tau)
     # Detached tensors: read when a row is written (a non-finite one ends the run there), never per
     # update.
-    return {
-        "qf_loss": critic_stats["qf_loss"],
-        "actor_loss": actor_loss.detach(),
-        "q_values": critic_stats["q_values"],
-    }
+    return {"qf_loss": critic_stats["qf_loss"], "actor_loss": actor_loss.detach(), "q_values": critic_stats["q_values"]}
 
 
 # --------------------------------------------------------------------------------------------- main
@@ -379,9 +336,7 @@ def make_learner(args: Args, run: Run) -> tuple:
 def make_replay(args: Args, run: Run) -> ReplayBuffer:
     """Each rank's replay of raw observations, n-step returns."""
     obs_dim, act_dim = int(np.prod(run.obs_space.shape)), int(np.prod(run.act_space.shape))
-    example = Step(
-        np.zeros(obs_dim, np.float32), np.zeros(act_dim, np.float32), np.float32(0), False, False
-    )
+    example = Step(np.zeros(obs_dim, np.float32), np.zeros(act_dim, np.float32), np.float32(0), False, False)
     return ReplayBuffer(
         example,
         args.buffer_size,
@@ -393,13 +348,7 @@ def make_replay(args: Args, run: Run) -> ReplayBuffer:
     )
 
 
-def act(
-    actor: Actor,
-    obs_norm: ObsNorm,
-    device: torch.device,
-    space: gym.spaces.Box,
-    obs: np.ndarray,
-) -> np.ndarray:
+def act(actor: Actor, obs_norm: ObsNorm, device: torch.device, space: gym.spaces.Box, obs: np.ndarray) -> np.ndarray:
     """Evaluation policy, for observations [B, obs_dim]: the actor's action, no exploration noise,
     statistics frozen."""
     x = obs_norm.normalize(torch.as_tensor(obs, dtype=torch.float32, device=device))
@@ -448,21 +397,15 @@ def main() -> int:
     global_step, updates = start.global_step, start.updates
     stats, waits = {}, {}
     pacer = ReplayPacer(
-        args.replay_ratio / (args.batch_size * run.world),
-        args.min_steps_learn * run.world,
-        *start.replay_origin,
+        args.replay_ratio / (args.batch_size * run.world), args.min_steps_learn * run.world, *start.replay_origin
     )
     with run:
         # this process steps the envs: in turn (serial), or in threads or processes
         if args.sampler != "async":
             envs = run.hold(make_envs(args, make_env, args.sampler))
-            stepper = EnvStepper(
-                envs, args, obs_norm, distributed.env_seed(args.seed + global_step, args.num_envs)
-            )
+            stepper = EnvStepper(envs, args, obs_norm, distributed.env_seed(args.seed + global_step, args.num_envs))
         else:  # a sampler process fills the shared replay (the last section of this file)
-            sampler = AsyncReplay.start(
-                run, buffer, actor, pacer, global_step, sampler_main, (args, buffer, obs_norm)
-            )
+            sampler = AsyncReplay.start(run, buffer, actor, pacer, global_step, sampler_main, (args, buffer, obs_norm))
         while global_step < args.total_timesteps:
             if args.sampler != "async":  # one step of every env, into the replay
                 row, episodes = stepper.step(actor, pacer.warming_up(global_step), run.device)
@@ -476,17 +419,7 @@ def main() -> int:
                 waits = sampler.waits()
             for _ in range(pacer.due(global_step, updates)):  # replay_ratio samples per env step
                 batch, _ = buffer.sample(args.batch_size)  # [N, ...]
-                stats = ddpg_update(
-                    actor,
-                    target_actor,
-                    critic,
-                    target_critic,
-                    optimizers,
-                    batch,
-                    obs_norm,
-                    args,
-                    run.device,
-                )
+                stats = ddpg_update(actor, target_actor, critic, target_critic, optimizers, batch, obs_norm, args, run.device)
                 updates += 1
             if run.periodic(global_step, **stats, updates=updates, **waits):
                 break  # --stop-at-return reached, or a signal: finish ends as Ctrl-C does
@@ -498,23 +431,15 @@ def main() -> int:
 # Only --sampler async runs this: a sampler process stepping the envs into the shared replay.
 
 
-def sampler_main(
-    args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: AsyncReplay, proc: SamplerProcess
-) -> None:
+def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: AsyncReplay, proc: SamplerProcess) -> None:
     """Async sampler process: steps the envs and appends to the shared replay with the newest actor
     the learner published; waits while it is more than max_lag_steps ahead of what the learner's
     updates cover."""
     torch.set_num_threads(1)
     envs = make_envs(args, make_env, "serial")
     step = link.start_step
-    stepper = EnvStepper(
-        envs, args, obs_norm, distributed.env_seed(args.seed + step, args.num_envs)
-    )
-    actor = Actor(
-        int(np.prod(envs.single_observation_space.shape)),
-        int(np.prod(stepper.space.shape)),
-        args.hidden,
-    )
+    stepper = EnvStepper(envs, args, obs_norm, distributed.env_seed(args.seed + step, args.num_envs))
+    actor = Actor(int(np.prod(envs.single_observation_space.shape)), int(np.prod(stepper.space.shape)), args.hidden)
     try:
         while step < args.total_timesteps:
             proc.check()

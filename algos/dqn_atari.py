@@ -72,8 +72,8 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 
 @dataclass
 class Args(RunArgs):
-    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the
-    # same everywhere experiment
+    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
+    # experiment
     preset: Literal["atari", "cartpole"] = "atari"
     """named settings to start from (atari: the Nature DQN settings; cartpole: tuned for
     CartPole-v1); flags given override them"""
@@ -254,9 +254,7 @@ class NoisyLinear(nn.Module):
         return y + (F.linear(x * f_in, self.weight_sigma) + self.bias_sigma) * f_out
 
 
-def float32_out(
-    layers: nn.Sequential, h: torch.Tensor, noise: torch.Generator | None = None
-) -> torch.Tensor:
+def float32_out(layers: nn.Sequential, h: torch.Tensor, noise: torch.Generator | None = None) -> torch.Tensor:
     """A head (linear, ReLU, linear): the hidden layer under the caller's autocast, the output layer
     in float32: bfloat16 would round Q-values to steps of 1/16 near 10, the size of the TD errors
     that remain near convergence. Noisy layers take the noise generator (None: their mean
@@ -274,13 +272,7 @@ class QNetwork(nn.Module):
     `noisy_sigma` is given. forward(obs, noise): Q-values [N, A]; noise: the generator of the
     noisy layers' noise, None for their mean weights."""
 
-    def __init__(
-        self,
-        obs_shape: tuple[int, ...],
-        n_actions: int,
-        dueling: bool,
-        noisy_sigma: float | None = None,
-    ):
+    def __init__(self, obs_shape: tuple[int, ...], n_actions: int, dueling: bool, noisy_sigma: float | None = None):
         super().__init__()
         self.image = len(obs_shape) == 3
         self.dueling = dueling
@@ -327,16 +319,14 @@ class QNetwork(nn.Module):
 
 # ----------------------------------------------------------------------------------------- sampling
 
-Step = namedarraytuple(
-    "Step", ["observation", "action", "reward", "terminated", "truncated", "episode_end"]
-)
+Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated", "truncated", "episode_end"])
 
 
 def epsilons(args: Args, global_step: int) -> np.ndarray:
     """Exploration epsilon per env [B]."""
-    # the noise explores once learning starts; before, uniform actions fill the replay (an
     if args.noisy:
-        # untrained noisy net tends to repeat one action)
+        # the noise explores once learning starts; before, uniform actions fill the replay (an untrained noisy net
+        # tends to repeat one action)
         learning = global_step >= args.min_steps_learn * distributed.world_size()
         return np.full(args.num_envs, args.noisy_epsilon if learning else 1.0)
     if args.vector_epsilon:
@@ -387,19 +377,12 @@ class EnvStepper:
         train_r = np.sign(raw) if (self.args.clip_rewards and is_atari(self.args.env_id)) else raw
         terminated = term | (life_lost & self.args.life_loss_terminal)
         row = Step(
-            self.obs[None],
-            action[None],
-            train_r[None].astype(np.float32),
-            terminated[None],
-            trunc[None],
-            (term | trunc)[None],
+            self.obs[None], action[None], train_r[None].astype(np.float32), terminated[None], trunc[None], (term | trunc)[None]
         )
         self.ep_return += raw
         self.ep_length += ~self.final_row
         episode_end = term | trunc
-        episodes = list(
-            zip(self.ep_return[episode_end].tolist(), self.ep_length[episode_end].tolist())
-        )
+        episodes = list(zip(self.ep_return[episode_end].tolist(), self.ep_length[episode_end].tolist()))
         self.ep_return[episode_end], self.ep_length[episode_end] = 0.0, 0
         self.obs = next_obs
         self.final_row = episode_end
@@ -423,10 +406,7 @@ def td_targets(
         else:
             a_star = q_next_target.argmax(dim=1, keepdim=True)
         q_next = q_next_target.gather(1, a_star).squeeze(1)
-        return (
-            batch["n_step_return"]
-            + (1.0 - batch["terminated_n"]) * batch["bootstrap_discount"] * q_next
-        )
+        return batch["n_step_return"] + (1.0 - batch["terminated_n"]) * batch["bootstrap_discount"] * q_next
 
 
 @compiled
@@ -439,12 +419,7 @@ def dqn_loss(q_net, target_net, batch: dict, args: Args, noise=None) -> tuple:
     with autocast(batch["action"].device, args.bf16):
         y = td_targets(batch, q_net, target_net, args.double_dqn, noise).float()
     with autocast(batch["action"].device, args.bf16):
-        q = (
-            q_net(batch["observation"], noise)
-            .float()
-            .gather(1, batch["action"].long().unsqueeze(1))
-            .squeeze(1)
-        )
+        q = q_net(batch["observation"], noise).float().gather(1, batch["action"].long().unsqueeze(1)).squeeze(1)
     td = y - q
     per_sample = F.smooth_l1_loss(q, y, reduction="none") if args.huber else 0.5 * td**2
     loss = (batch["is_weights"] * per_sample).mean()
@@ -462,15 +437,7 @@ def dqn_update(
     noise: torch.Generator | None = None,
 ) -> dict:
     sample, index = buffer.sample(args.batch_size, beta=beta)
-    fields = (
-        "observation",
-        "next_observation",
-        "action",
-        "n_step_return",
-        "terminated_n",
-        "bootstrap_discount",
-        "is_weights",
-    )
+    fields = ("observation", "next_observation", "action", "n_step_return", "terminated_n", "bootstrap_discount", "is_weights")
     batch = upload({k: getattr(sample, k) for k in fields}, device)  # one copy to a GPU
     for k in ("n_step_return", "terminated_n", "bootstrap_discount", "is_weights"):
         batch[k] = batch[k].float()
@@ -518,9 +485,7 @@ def check_network(args: Args, net: nn.Module) -> None:
         bad_args(f"--dueling: the dueling head is QNetwork's; {type(net).__name__} has none")
 
 
-def make_learner(
-    args: Args, run: Run
-) -> tuple[QNetwork, QNetwork, torch.optim.Optimizer, torch.Generator | None]:
+def make_learner(args: Args, run: Run) -> tuple[QNetwork, QNetwork, torch.optim.Optimizer, torch.Generator | None]:
     """The online network, its target copy, the optimiser and the noisy layers' noise generator
     (None without --noisy; in the checkpoint, so that a resumed run draws new noise)."""
     try:
@@ -532,13 +497,9 @@ def make_learner(
     images = len(run.obs_space.shape) == 3
     # NHWC: the layout of bf16 tensor-core convolutions
     if images and run.device.type == "cuda" and args.bf16:
-        q_net, target_net = (
-            net.to(memory_format=torch.channels_last) for net in (q_net, target_net)
-        )
+        q_net, target_net = (net.to(memory_format=torch.channels_last) for net in (q_net, target_net))
     if args.optimizer == "rmsprop":
-        optimizer = torch.optim.RMSprop(
-            q_net.parameters(), lr=args.learning_rate, alpha=0.95, eps=0.01, centered=True
-        )
+        optimizer = torch.optim.RMSprop(q_net.parameters(), lr=args.learning_rate, alpha=0.95, eps=0.01, centered=True)
     else:
         # one kernel for all parameters
         fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}
@@ -570,9 +531,7 @@ def make_replay(args: Args, run: Run) -> ReplayBuffer:
     )
 
 
-def act(
-    q_net: QNetwork, device: torch.device, epsilon: float, obs: np.ndarray, draws: Draws
-) -> np.ndarray:
+def act(q_net: QNetwork, device: torch.device, epsilon: float, obs: np.ndarray, draws: Draws) -> np.ndarray:
     """Evaluation policy: epsilon-greedy in the Q-values of observations [B, ...] (noisy layers:
     their mean weights), each episode's coin and random action from its own ``draws``."""
     greedy = q_net(torch.as_tensor(obs, device=device)).argmax(1).cpu().numpy()  # [B]
@@ -602,18 +561,14 @@ def main() -> int:
         # no replay to evaluate or export a checkpoint
         buffer = None if args.eval_only or args.export else make_replay(args, run)
     policy = partial(act, q_net, run.device, args.eval_epsilon)
-    start = run.begin(
-        policy, buffer, model=q_net, target_model=target_net, optimizer=optimizer, noise=noise
-    )
+    start = run.begin(policy, buffer, model=q_net, target_model=target_net, optimizer=optimizer, noise=noise)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
     if args.export:  # with --resume: the greedy policy as an ONNX file, train nothing
         return run.export(ExportedPolicy(q_net), ["action", "q_values"])
     global_step, updates = start.global_step, start.updates
     pacer = ReplayPacer(
-        args.replay_ratio / (args.batch_size * run.world),
-        args.min_steps_learn * run.world,
-        *start.replay_origin,
+        args.replay_ratio / (args.batch_size * run.world), args.min_steps_learn * run.world, *start.replay_origin
     )
     stats, waits = {"td_loss": None, "q_values": None}, {}
     next_target = global_step + args.target_update_interval
@@ -621,13 +576,9 @@ def main() -> int:
         # this process steps the envs: in turn (serial), or in threads or processes
         if args.sampler != "async":
             envs = run.hold(make_envs(args, make_env, args.sampler, len(run.affinity.learner_cpus)))
-            stepper = EnvStepper(
-                envs, args, distributed.env_seed(args.seed + global_step, args.num_envs), noise
-            )
+            stepper = EnvStepper(envs, args, distributed.env_seed(args.seed + global_step, args.num_envs), noise)
         else:  # a sampler process fills the shared replay (the last section of this file)
-            sampler = AsyncReplay.start(
-                run, buffer, q_net, pacer, global_step, sampler_main, (args, buffer)
-            )
+            sampler = AsyncReplay.start(run, buffer, q_net, pacer, global_step, sampler_main, (args, buffer))
         while global_step < args.total_timesteps:
             if args.sampler != "async":  # one step of every env, into the replay
                 row, episodes = stepper.step(q_net, epsilons(args, global_step), run.device)
@@ -641,9 +592,7 @@ def main() -> int:
                 waits = sampler.waits()
             for _ in range(pacer.due(global_step, updates)):  # replay_ratio samples per env step
                 beta = args.beta + (1.0 - args.beta) * min(global_step / args.total_timesteps, 1.0)
-                stats = dqn_update(
-                    q_net, target_net, optimizer, buffer, args, beta, run.device, noise
-                )
+                stats = dqn_update(q_net, target_net, optimizer, buffer, args, beta, run.device, noise)
                 updates += 1
             if global_step >= next_target:
                 update_target(q_net, target_net, args.tau)
@@ -663,17 +612,10 @@ def sampler_main(args: Args, buffer: ReplayBuffer, link: AsyncReplay, proc: Samp
     """Async sampler process: steps the envs and appends to the shared replay with the newest
     parameters the learner published; waits while it is more than max_lag_steps ahead of what the
     learner's updates cover."""
-    envs = make_envs(
-        args,
-        make_env,
-        "parallel" if is_atari(args.env_id) else "serial",
-        n_threads=proc.n_threads,
-    )
+    envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial", n_threads=proc.n_threads)
     step = link.start_step
     seed = distributed.env_seed(args.seed + step, args.num_envs)
-    stepper = EnvStepper(
-        envs, args, seed, torch.Generator().manual_seed(seed) if args.noisy else None
-    )
+    stepper = EnvStepper(envs, args, seed, torch.Generator().manual_seed(seed) if args.noisy else None)
     q_net = make_network(args, envs.single_observation_space.shape, envs.single_action_space.n)
     try:
         while step < args.total_timesteps:

@@ -46,16 +46,7 @@ from shared.buffer import buffer_from_example
 from shared.cli import RunArgs, bad_args, parse_args
 from shared.compiling import compiled, enabled
 from shared.device import to_host, upload
-from shared.dict_obs import (
-    DictTorso,
-    flat,
-    is_dict,
-    nested,
-    obs_example,
-    obs_map,
-    unflat,
-    without_text,
-)
+from shared.dict_obs import DictTorso, flat, is_dict, nested, obs_example, obs_map, unflat, without_text
 from shared.envs import action_mask, image_shape, make_envs
 from shared.evaluation import Draws
 from shared.namedarraytuple import namedarraytuple
@@ -68,8 +59,8 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 
 @dataclass
 class Args(RunArgs):
-    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the
-    # same everywhere experiment
+    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
+    # experiment
     preset: Literal["atari", "cartpole"] = "atari"
     """named settings to start from (atari: the PPO paper's Atari settings; cartpole:
     rl-baselines3-zoo's tuned CartPole-v1); flags given override them"""
@@ -207,10 +198,7 @@ class Agent(nn.Module):
             width = 512
         else:
             self.torso = nn.Sequential(
-                layer_init(nn.Linear(int(np.prod(obs_shape)), 64)),
-                nn.Tanh(),
-                layer_init(nn.Linear(64, 64)),
-                nn.Tanh(),
+                layer_init(nn.Linear(int(np.prod(obs_shape)), 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh()
             )
             width = 64
         self.actor = layer_init(nn.Linear(width, n_actions), std=0.01)
@@ -308,9 +296,7 @@ def policy_step(agent: Agent, obs, mask: torch.Tensor | None, bf16: bool) -> tup
 
 
 @torch.no_grad()
-def collect(
-    envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device
-) -> None:
+def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device) -> None:
     """Step the envs num_steps times, writing buf [T, B] and the bootstrap observation boot [B]."""
     for t in range(args.num_steps):
         # one copy: [B, ...] (a Dict's entries: obs.<key>), [B, A]
@@ -345,9 +331,7 @@ def collect(
 # ---------------------------------------------------------------------------------- loss and update
 
 
-def compute_gae(
-    reward, value, next_value, terminated, episode_end, final_row, gamma: float, lam: float
-):
+def compute_gae(reward, value, next_value, terminated, episode_end, final_row, gamma: float, lam: float):
     """Advantages and returns, [T, B] numpy, on the host (on a GPU this loop over T would be T x 7
     tiny kernel launches). Final rows get 0 (they are masked out). `terminated` stops
     bootstrapping; `episode_end` or `terminated` stops the trace; a truncated row bootstraps from
@@ -381,9 +365,7 @@ def ppo_loss(agent: Agent, mb: dict, adv: torch.Tensor, weight, args: Args) -> t
     dist = Categorical(logits=logits, validate_args=False)
     logratio = dist.log_prob(mb["action"]) - mb["logprob"]
     ratio = logratio.exp()
-    pg_loss = mean(
-        torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)), weight
-    )
+    pg_loss = mean(torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)), weight)
     ret, old_v = mb["ret"], mb["value"]
     if args.clip_vloss:
         v_clipped = old_v + (value - old_v).clamp(-args.clip_coef, args.clip_coef)
@@ -415,14 +397,7 @@ def padded(mb: torch.Tensor, adv: torch.Tensor, size: int | None) -> tuple:
     return torch.cat([mb, mb.new_zeros(extra)]), torch.cat([adv, adv.new_zeros(extra)]), weight
 
 
-def ppo_update(
-    agent: Agent,
-    optimizer,
-    data: dict,
-    args: Args,
-    device: torch.device,
-    generator: torch.Generator,
-) -> dict:
+def ppo_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.device, generator: torch.Generator) -> dict:
     """Several epochs of clipped-PPO minibatch steps over the valid rows (not final_row) of one
     rollout."""
     n = data["action"].shape[0]
@@ -451,9 +426,7 @@ def ppo_update(
     return stats
 
 
-def learn_from(
-    agent: Agent, optimizer, buf, boot, args: Args, device: torch.device, generator
-) -> dict:
+def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.device, generator) -> dict:
     """GAE with the learner's current critic, then the PPO update; buf is [T, B] numpy (possibly
     shared)."""
     T, B = args.num_steps, args.num_envs
@@ -467,9 +440,7 @@ def learn_from(
         # The rollout was sampled with the previous parameters: recompute values with the current
         # critic.
         with torch.no_grad(), autocast(device, args.bf16):
-            both = obs_map(
-                lambda o, b: torch.cat([o.flatten(0, 1), b]), obs, unflat(up, "boot_obs")
-            )
+            both = obs_map(lambda o, b: torch.cat([o.flatten(0, 1), b]), obs, unflat(up, "boot_obs"))
             _, values = agent(both)
         values = to_host(values.float())  # GAE runs on the host
         value, next_value = values[: T * B].reshape(T, B), values[T * B :]
@@ -505,10 +476,7 @@ def learn_from(
         device,
     )
     valid = t.pop("valid")  # [N] of T*B: never train on final rows
-    data = {
-        **flat("obs", obs_map(lambda o: o.flatten(0, 1)[valid], obs)),
-        **{k: v.flatten()[valid] for k, v in t.items()},
-    }
+    data = {**flat("obs", obs_map(lambda o: o.flatten(0, 1)[valid], obs)), **{k: v.flatten()[valid] for k, v in t.items()}}
     if "mask" in up:
         data["mask"] = up["mask"].flatten(0, 1)[valid]  # [N, A]
     return ppo_update(agent, optimizer, data, args, device, generator)
@@ -525,20 +493,14 @@ class Sampler:
 
     def __init__(self, args: Args, run: Run, agent: Agent, first: int, last: int):
         self.args, self.run = args, run
-        example, boot_example = rollout_example(
-            run.obs_space, run.act_space.n, args.num_steps, args.num_envs
-        )
+        example, boot_example = rollout_example(run.obs_space, run.act_space.n, args.num_steps, args.num_envs)
         if args.sampler == "async":
             self.buffers = DoubleBuffer(example, (args.num_steps, args.num_envs), module=agent)
             self.boots = [buffer_from_example(boot_example, (), shared=True) for _ in range(2)]
-            self.worker = run.start_sampler(
-                sampler_main, args, self.buffers, self.boots, first, last
-            )
+            self.worker = run.start_sampler(sampler_main, args, self.buffers, self.boots, first, last)
         else:
             self.buffers = None
-            self.envs = run.hold(
-                make_envs(args, make_env, args.sampler, n_threads=len(run.affinity.learner_cpus))
-            )
+            self.envs = run.hold(make_envs(args, make_env, args.sampler, n_threads=len(run.affinity.learner_cpus)))
             # A resumed run starts fresh episodes; every env of every rank has a seed of its own.
             self.state = EnvState(self.envs, distributed.env_seed(args.seed + first, args.num_envs))
             self.buf = buffer_from_example(example, (args.num_steps, args.num_envs))  # [T, B]
@@ -572,10 +534,7 @@ def check_args(args: Args) -> None:
     line."""
     batch = args.num_envs * args.num_steps
     if batch % args.num_minibatches:
-        bad_args(
-            f"--num-minibatches {args.num_minibatches} does not divide the batch {batch} "
-            f"(num_envs x num_steps)"
-        )
+        bad_args(f"--num-minibatches {args.num_minibatches} does not divide the batch {batch} (num_envs x num_steps)")
 
 
 def obs_shape(space: gym.Space) -> tuple[int, ...] | gym.spaces.Dict:
@@ -600,9 +559,7 @@ def make_learner(args: Args, run: Run) -> tuple[Agent, torch.optim.Optimizer, to
     return agent, optimizer, torch.Generator().manual_seed(args.seed)
 
 
-def set_learning_rate(
-    optimizer: torch.optim.Optimizer, args: Args, it: int, num_iterations: int
-) -> float:
+def set_learning_rate(optimizer: torch.optim.Optimizer, args: Args, it: int, num_iterations: int) -> float:
     """The learning rate of iteration ``it`` (annealed linearly to 0 with --anneal-lr), set; returns
     it."""
     lr = args.learning_rate * (1.0 - it / num_iterations) if args.anneal_lr else args.learning_rate
@@ -641,19 +598,12 @@ def main() -> int:
     args = parse_args(Args, PRESETS, check_args)
     # --log-every counts rollouts
     run = Run(
-        args,
-        SCRIPT,
-        make_env,
-        action_space=gym.spaces.Discrete,
-        iteration_steps=args.num_envs * args.num_steps,
-        dict_obs=True,
+        args, SCRIPT, make_env, action_space=gym.spaces.Discrete, iteration_steps=args.num_envs * args.num_steps, dict_obs=True
     )
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating():  # sizes this machine cannot hold: exit 2
         agent, optimizer, generator = make_learner(args, run)
-    start = run.begin(
-        partial(act, agent, run.device), model=agent, optimizer=optimizer, generator=generator
-    )
+    start = run.begin(partial(act, agent, run.device), model=agent, optimizer=optimizer, generator=generator)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
     if args.export:  # with --resume: the greedy policy as an ONNX file, train nothing
@@ -679,18 +629,11 @@ def main() -> int:
 # Only --sampler async runs this: a sampler process collecting rollouts into the double buffer.
 
 
-def sampler_main(
-    args: Args, buffers: DoubleBuffer, boots: list, first: int, last: int, proc: SamplerProcess
-) -> None:
+def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, last: int, proc: SamplerProcess) -> None:
     """Async sampler process: rollout k goes to slot k % 2, collected with the parameters the
     learner left in that slot when it released rollout k - 2 (update k - 1): exactly one update
     behind the learner."""
-    envs = make_envs(
-        args,
-        make_env,
-        "parallel" if is_atari(args.env_id) else "serial",
-        n_threads=proc.n_threads,
-    )
+    envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial", n_threads=proc.n_threads)
     state = EnvState(envs, distributed.env_seed(args.seed, args.num_envs))
     agent = Agent(obs_shape(envs.single_observation_space), envs.single_action_space.n)
     torch.manual_seed(distributed.rank_seed(args.seed + 1))

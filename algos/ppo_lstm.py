@@ -69,16 +69,7 @@ from shared.buffer import buffer_from_example
 from shared.cli import RunArgs, bad_args, parse_args
 from shared.compiling import compiled, enabled
 from shared.device import to_host, upload
-from shared.dict_obs import (
-    DictTorso,
-    flat,
-    is_dict,
-    nested,
-    obs_example,
-    obs_map,
-    unflat,
-    without_text,
-)
+from shared.dict_obs import DictTorso, flat, is_dict, nested, obs_example, obs_map, unflat, without_text
 from shared.envs import action_mask, image_shape, make_envs, observe_only
 from shared.evaluation import Draws
 from shared.namedarraytuple import namedarraytuple
@@ -93,8 +84,8 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 
 @dataclass
 class Args(RunArgs):
-    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the
-    # same everywhere experiment
+    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
+    # experiment
     preset: Literal["atari", "cartpole", "pendulum"] = "atari"
     """named settings to start from (atari: CleanRL's ppo_atari_lstm settings; cartpole: CartPole-v1
     without its velocities, pendulum: Pendulum-v1 without its angular velocity, both with
@@ -262,9 +253,7 @@ def masked(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
 
 
-def gaussian(
-    mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def gaussian(mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-density of action [N, A] under the diagonal Gaussian N(mean, exp(log_std)^2), and its
     entropy, [N]: log p = sum_i -(a_i - mu_i)^2 / (2 sigma_i^2) - log sigma_i - log(2 pi) / 2 H =
     sum_i log sigma_i + (1 + log 2 pi) / 2"""
@@ -320,12 +309,7 @@ class Agent(nn.Module):
             width = 512
         else:
             obs_dim = int(np.prod(obs_shape))
-            self.torso = nn.Sequential(
-                layer_init(nn.Linear(obs_dim, 64)),
-                nn.Tanh(),
-                layer_init(nn.Linear(64, 64)),
-                nn.Tanh(),
-            )
+            self.torso = nn.Sequential(layer_init(nn.Linear(obs_dim, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh())
             width = 64
         vector = not (self.image or self.dict)  # --normalize-obs: Box vectors only
         self.obs_norm = RunningNorm(obs_dim if vector else 1, normalize_obs and vector)
@@ -346,11 +330,7 @@ class Agent(nn.Module):
         return RnnState(z, z.clone())
 
     def forward(
-        self,
-        obs: torch.Tensor,
-        state: RnnState,
-        episode_start: torch.Tensor,
-        start_rows: np.ndarray | None = None,
+        self, obs: torch.Tensor, state: RnnState, episode_start: torch.Tensor, start_rows: np.ndarray | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, RnnState]:
         """obs [T, B, ...] -> logits or mean [T, B, A], value [T, B], and the state after the last
         row. ``start_rows`` [T] (host): whether any of the B sequences starts an episode at each
@@ -387,27 +367,19 @@ class Agent(nn.Module):
             for t0, t1 in zip(bounds[:-1], bounds[1:]):
                 o, (hs, cs) = self.core(x[t0:t1], (hs * keep[t0], cs * keep[t0]))
                 out.append(o)
-            x, state = (
-                torch.cat(out) if len(out) > 1 else out[0],
-                RnnState(hs[0].float(), cs[0].float()),
-            )
+            x, state = (torch.cat(out) if len(out) > 1 else out[0], RnnState(hs[0].float(), cs[0].float()))
         else:
             x = self.core(x)
         return self.actor(x).float(), self.critic(x).float().squeeze(-1), state
 
     def policy(
-        self,
-        out: torch.Tensor,
-        action: torch.Tensor | None = None,
-        mask: torch.Tensor | None = None,
+        self, out: torch.Tensor, action: torch.Tensor | None = None, mask: torch.Tensor | None = None
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The action (sampled when not given), its log-probability and the entropy, from the policy
         head's output [N, A] (logits, masked where ``mask`` [N, A] forbids; or the Gaussian's
         mean)."""
         if self.discrete:
-            dist = Categorical(
-                logits=out if mask is None else masked(out, mask), validate_args=False
-            )
+            dist = Categorical(logits=out if mask is None else masked(out, mask), validate_args=False)
             # (validation would wait on a GPU twice a step)
             action = dist.sample() if action is None else action
             return action, dist.log_prob(action), dist.entropy()
@@ -504,9 +476,7 @@ def policy_step(agent: Agent, obs, state: RnnState, start, mask, bf16: bool) -> 
 
 
 @torch.no_grad()
-def collect(
-    envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device
-) -> None:
+def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device) -> None:
     """Step the envs num_steps times, writing buf [T, B] and the rollout's edges boot [B]."""
     # the state each env's first row continues from
     boot.h0[:], boot.c0[:] = to_host(state.rnn.h, state.rnn.c)
@@ -523,15 +493,11 @@ def collect(
         )
         # envs with invalid actions; --compile: always (all True changes no logit), one graph
         mask = up["mask"] if enabled() or not state.mask.all() else None
-        action, logprob, value, state.rnn = policy_step(
-            agent, unflat(up, "obs"), state.rnn, up["start"], mask, args.bf16
-        )
+        action, logprob, value, state.rnn = policy_step(agent, unflat(up, "obs"), state.rnn, up["start"], mask, args.bf16)
         buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, logprob, value)  # one copy
         env_action = buf.action[t]
         if not agent.discrete:  # sampled unbounded, trained on as sampled, clipped for the env only
-            env_action = np.clip(
-                env_action.reshape((-1, *state.space.shape)), state.space.low, state.space.high
-            )
+            env_action = np.clip(env_action.reshape((-1, *state.space.shape)), state.space.low, state.space.high)
         next_obs, reward, term, trunc, info = envs.step(env_action)
         lives = np.asarray(info.get("lives", state.lives), np.int64)
         life_lost = (lives < state.lives) & ~state.final_row
@@ -560,9 +526,7 @@ def collect(
 # ---------------------------------------------------------------------------------- loss and update
 
 
-def compute_gae(
-    reward, value, next_value, terminated, episode_end, final_row, gamma: float, lam: float
-):
+def compute_gae(reward, value, next_value, terminated, episode_end, final_row, gamma: float, lam: float):
     """Advantages and returns, [T, B] numpy, on the host (on a GPU this loop over T would be T x 7
     tiny kernel launches). Final rows get 0 (they are masked out). `terminated` stops
     bootstrapping; `episode_end` or `terminated` stops the trace; a truncated row bootstraps from
@@ -580,9 +544,7 @@ def compute_gae(
     return adv, adv + value
 
 
-def minibatches(
-    episode_start: np.ndarray, final_row: np.ndarray, args: Args, generator: torch.Generator
-):
+def minibatches(episode_start: np.ndarray, final_row: np.ndarray, args: Args, generator: torch.Generator):
     """Each epoch's minibatches: ``envs`` (num_envs / num_minibatches of them, in a random order),
     the rows [T] at which any of them starts an episode (the LSTM's stretches) and ``valid``, the
     rows of the flattened [T, n] block that are not final rows (the loss's rows); all from the
@@ -592,11 +554,7 @@ def minibatches(
         perm = torch.randperm(args.num_envs, generator=generator).numpy()
         for start in range(0, args.num_envs, n):
             envs = np.sort(perm[start : start + n])
-            yield (
-                envs,
-                episode_start[:, envs].any(1),
-                np.flatnonzero(~final_row[:, envs].reshape(-1)),
-            )
+            yield (envs, episode_start[:, envs].any(1), np.flatnonzero(~final_row[:, envs].reshape(-1)))
 
 
 def replay(agent: Agent, data: dict, env, valid, start_rows, args: Args) -> tuple:
@@ -628,14 +586,10 @@ def ppo_loss(agent: Agent, data: dict, idx: dict, adv, weight, start_rows, args:
     """The clipped-PPO loss of the sequences ``idx["envs"]`` replayed from their stored states, over
     their rows ``idx["valid"]`` [N] (``adv`` [N] normalised; ``weight`` None or [N]), and its
     statistics, detached."""
-    rows, logprob, entropy, value = replay(
-        agent, data, env=idx["envs"], valid=idx["valid"], start_rows=start_rows, args=args
-    )
+    rows, logprob, entropy, value = replay(agent, data, env=idx["envs"], valid=idx["valid"], start_rows=start_rows, args=args)
     logratio = logprob - rows(data["logprob"])
     ratio = logratio.exp()
-    pg_loss = mean(
-        torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)), weight
-    )
+    pg_loss = mean(torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)), weight)
     ret, old_v = rows(data["ret"]), rows(data["value"])
     if args.clip_vloss:
         v_clipped = old_v + (value - old_v).clamp(-args.clip_coef, args.clip_coef)
@@ -668,13 +622,7 @@ def padded(mb: torch.Tensor, adv: torch.Tensor, size: int | None) -> tuple:
 
 
 def ppo_update(
-    agent: Agent,
-    optimizer,
-    data: dict,
-    host: dict,
-    args: Args,
-    device: torch.device,
-    generator: torch.Generator,
+    agent: Agent, optimizer, data: dict, host: dict, args: Args, device: torch.device, generator: torch.Generator
 ) -> dict:
     """Several epochs of clipped-PPO steps, each on whole env sequences [T, n] replayed from their
     stored states; the loss runs over their valid rows (not final rows). ``data``: the rollout's
@@ -683,9 +631,7 @@ def ppo_update(
     # number varies); where episodes start changes no shape there (the LSTM steps row by row)
     size = args.num_steps * (args.num_envs // args.num_minibatches) if enabled() else None
     stats = defaultdict(list)  # name -> per-minibatch values: a new name is a new progress column
-    for envs, start_rows, valid in minibatches(
-        host["episode_start"], host["final_row"], args, generator
-    ):
+    for envs, start_rows, valid in minibatches(host["episode_start"], host["final_row"], args, generator):
         idx = upload({"envs": envs, "valid": valid}, device)  # one copy
         adv = data["adv"][:, idx["envs"]].flatten(0, 1)[idx["valid"]]
         if args.norm_adv:  # over the minibatches of every rank: their gradients are averaged
@@ -706,14 +652,7 @@ def ppo_update(
 
 
 def learn_from(
-    agent: Agent,
-    return_norm: RunningNorm,
-    optimizer,
-    buf,
-    boot,
-    args: Args,
-    device: torch.device,
-    generator,
+    agent: Agent, return_norm: RunningNorm, optimizer, buf, boot, args: Args, device: torch.device, generator
 ) -> dict:
     """Rewards scaled (--normalize-reward), GAE with the learner's current critic, the PPO update,
     then the observation statistics take the rollout; buf [T, B] and boot [B] are numpy (possibly
@@ -757,11 +696,7 @@ def learn_from(
         # Sampled with the current parameters: the rollout's values are the critic's; only the
         # bootstrap is new, one step from the state the sampler ended with.
         with torch.no_grad(), autocast(device, args.bf16):
-            _, next_value, _ = agent(
-                obs_map(lambda b: b[None], boot_obs),
-                RnnState(up["h"], up["c"]),
-                up["boot_start"][None],
-            )
+            _, next_value, _ = agent(obs_map(lambda b: b[None], boot_obs), RnnState(up["h"], up["c"]), up["boot_start"][None])
         value, next_value = up["value"], next_value[0]
     # Reward scaling: the std of every discounted return so far (this rollout's of every rank
     # included).
@@ -775,14 +710,7 @@ def learn_from(
         scale = np.sqrt(float(return_var[0]) + 1e-8)
         reward = np.clip(reward / scale, -return_norm.clip, return_norm.clip).astype(np.float32)
     adv, ret = compute_gae(
-        reward,
-        value_h,
-        next_value_h,
-        fl(buf.terminated),
-        fl(buf.episode_end),
-        fl(buf.final_row),
-        args.gamma,
-        args.gae_lambda,
+        reward, value_h, next_value_h, fl(buf.terminated), fl(buf.episode_end), fl(buf.final_row), args.gamma, args.gae_lambda
     )
     gae = upload({"adv": adv, "ret": ret}, device)  # [T, B] each
     data = {**up, "value": value, **gae}
@@ -804,25 +732,17 @@ class Sampler:
 
     def __init__(self, args: Args, run: Run, agent: Agent, first: int, last: int):
         self.args, self.run = args, run
-        example, boot_example = rollout_example(
-            run.obs_space, run.act_space, args.hidden, args.num_envs
-        )
+        example, boot_example = rollout_example(run.obs_space, run.act_space, args.hidden, args.num_envs)
         if args.sampler == "async":
             self.buffers = DoubleBuffer(example, (args.num_steps, args.num_envs), module=agent)
             self.boots = [buffer_from_example(boot_example, (), shared=True) for _ in range(2)]
-            self.worker = run.start_sampler(
-                sampler_main, args, self.buffers, self.boots, first, last
-            )
+            self.worker = run.start_sampler(sampler_main, args, self.buffers, self.boots, first, last)
         else:
             self.buffers = None
-            self.envs = run.hold(
-                make_envs(args, make_env, args.sampler, n_threads=len(run.affinity.learner_cpus))
-            )
+            self.envs = run.hold(make_envs(args, make_env, args.sampler, n_threads=len(run.affinity.learner_cpus)))
             # A resumed run starts fresh episodes (and states); every env of every rank has a seed
             # of its own.
-            self.state = EnvState(
-                self.envs, distributed.env_seed(args.seed + first, args.num_envs), agent, run.device
-            )
+            self.state = EnvState(self.envs, distributed.env_seed(args.seed + first, args.num_envs), agent, run.device)
             self.buf = buffer_from_example(example, (args.num_steps, args.num_envs))  # [T, B]
             self.boot = buffer_from_example(boot_example, ())  # [B]
 
@@ -878,19 +798,13 @@ def make_learner(args: Args, run: Run) -> tuple:
             f"action space, got {run.act_space}"
         )
     if not isinstance(run.obs_space, (gym.spaces.Box, gym.spaces.Dict)):
-        bad_args(
-            f"--env-id {args.env_id}: {SCRIPT} needs Box or Dict observations, got {run.obs_space}"
-        )
+        bad_args(f"--env-id {args.env_id}: {SCRIPT} needs Box or Dict observations, got {run.obs_space}")
     if is_dict(run.obs_space) and args.normalize_obs:
-        bad_args(
-            f"--env-id {args.env_id}: --normalize-obs applies to Box vectors, not Dict observations"
-        )
+        bad_args(f"--env-id {args.env_id}: --normalize-obs applies to Box vectors, not Dict observations")
     try:
         agent = make_agent(args, run.obs_space, run.act_space).to(run.device)
     except ValueError as e:  # observations the network cannot take
-        bad_args(
-            f"--env-id {args.env_id}{' ' + observe_flag(args) if args.observe_indices else ''}: {e}"
-        )
+        bad_args(f"--env-id {args.env_id}{' ' + observe_flag(args) if args.observe_indices else ''}: {e}")
     images = is_dict(run.obs_space) or len(run.obs_space.shape) == 3
     # NHWC: faster on a CPU, and for bf16 on a GPU
     if images and (run.device.type == "cpu" or args.bf16):
@@ -903,9 +817,7 @@ def make_learner(args: Args, run: Run) -> tuple:
     return agent, optimizer, torch.Generator().manual_seed(args.seed), return_norm
 
 
-def set_learning_rate(
-    optimizer: torch.optim.Optimizer, args: Args, it: int, num_iterations: int
-) -> float:
+def set_learning_rate(optimizer: torch.optim.Optimizer, args: Args, it: int, num_iterations: int) -> float:
     """The learning rate of iteration ``it`` (annealed linearly to 0 with --anneal-lr), set; returns
     it."""
     lr = args.learning_rate * (1.0 - it / num_iterations) if args.anneal_lr else args.learning_rate
@@ -1002,9 +914,7 @@ def main() -> int:
             lr = set_learning_rate(optimizer, args, it, num_iterations)
             global_step += batch
             buf, boot = sampler.rollout(it, agent, global_step)
-            stats = learn_from(
-                agent, return_norm, optimizer, buf, boot, args, run.device, generator
-            )
+            stats = learn_from(agent, return_norm, optimizer, buf, boot, args, run.device, generator)
             sampler.release(it, agent)  # async: rollout it + 2 is sampled with the new parameters
             if run.periodic(global_step, learning_rate=lr, **stats):
                 break  # --stop-at-return reached, or a signal: finish ends as Ctrl-C does
@@ -1016,19 +926,12 @@ def main() -> int:
 # Only --sampler async runs this: a sampler process collecting rollouts into the double buffer.
 
 
-def sampler_main(
-    args: Args, buffers: DoubleBuffer, boots: list, first: int, last: int, proc: SamplerProcess
-) -> None:
+def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, last: int, proc: SamplerProcess) -> None:
     """Async sampler process: rollout k goes to slot k % 2, collected with the parameters
     (observation statistics included) the learner left in that slot when it released rollout k -
     2 (update k - 1): exactly one update behind the learner. The LSTM states carry over from
     rollout to rollout here."""
-    envs = make_envs(
-        args,
-        make_env,
-        "parallel" if is_atari(args.env_id) else "serial",
-        n_threads=proc.n_threads,
-    )
+    envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial", n_threads=proc.n_threads)
     agent = make_agent(args, envs.single_observation_space, envs.single_action_space)
     device = torch.device("cpu")
     state = EnvState(envs, distributed.env_seed(args.seed + first, args.num_envs), agent, device)

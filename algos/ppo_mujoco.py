@@ -74,8 +74,8 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 
 @dataclass
 class Args(RunArgs):
-    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the
-    # same everywhere experiment
+    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
+    # experiment
     preset: Literal["mujoco", "pendulum"] = "mujoco"
     """named settings to start from (mujoco: the PPO paper's MuJoCo settings; pendulum:
     InvertedPendulum-v5 in a minute); flags given override them"""
@@ -175,9 +175,7 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias: float = 0.0) -> 
     return layer
 
 
-def gaussian(
-    mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def gaussian(mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-density of action [N, A] under the diagonal Gaussian N(mean, exp(log_std)^2), and its
     entropy, [N]: log p = sum_i -(a_i - mu_i)^2 / (2 sigma_i^2) - log sigma_i - log(2 pi) / 2 H =
     sum_i log sigma_i + (1 + log 2 pi) / 2"""
@@ -192,14 +190,7 @@ class Agent(nn.Module):
     parameter per action dimension; obs_norm: the observation statistics (buffers, updated by the
     learner)."""
 
-    def __init__(
-        self,
-        obs_dim: int,
-        act_dim: int,
-        hidden: int,
-        init_log_std: float,
-        normalize_obs: bool = True,
-    ):
+    def __init__(self, obs_dim: int, act_dim: int, hidden: int, init_log_std: float, normalize_obs: bool = True):
         super().__init__()
         self.obs_norm = RunningNorm(obs_dim, normalize_obs)
         mlp = lambda out, std: nn.Sequential(
@@ -286,9 +277,7 @@ def policy_step(agent: Agent, obs: torch.Tensor, bf16: bool) -> tuple:
 
 
 @torch.inference_mode()
-def collect(
-    envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device
-) -> None:
+def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device) -> None:
     """Step the envs num_steps times, writing buf [T, B] (raw observations and rewards) and the
     bootstrap observation boot [B]."""
     flat = lambda o: np.asarray(o, np.float32).reshape(len(o), -1)  # [B, S]
@@ -298,9 +287,7 @@ def collect(
         action, logprob, value = policy_step(agent, obs, args.bf16)
         buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, logprob, value)
         env_action = buf.action[t].reshape((-1, *state.space.shape))  # [B, A] -> [B, *action shape]
-        next_obs, reward, term, trunc, _ = envs.step(
-            np.clip(env_action, state.space.low, state.space.high)
-        )
+        next_obs, reward, term, trunc, _ = envs.step(np.clip(env_action, state.space.low, state.space.high))
         raw = np.where(state.final_row, 0.0, reward)  # a final row's reward belongs to no episode
         state.discounted = np.where(state.final_row, 0.0, state.discounted * args.gamma + raw)
         buf.reward[t], buf.discounted[t] = raw, state.discounted
@@ -317,9 +304,7 @@ def collect(
 # ---------------------------------------------------------------------------------- loss and update
 
 
-def compute_gae(
-    reward, value, next_value, terminated, episode_end, final_row, gamma: float, lam: float
-):
+def compute_gae(reward, value, next_value, terminated, episode_end, final_row, gamma: float, lam: float):
     """Advantages and returns, [T, B] numpy (a loop over T of [B] operations: numpy's are several
     times cheaper than torch's at MuJoCo's few envs). Final rows get 0 (they are masked out);
     `terminated` stops bootstrapping, `episode_end` stops the trace; a truncated row bootstraps
@@ -351,9 +336,7 @@ def ppo_loss(agent: Agent, mb: dict, adv: torch.Tensor, weight, args: Args) -> t
     logprob, entropy = gaussian(action_mean, log_std, mb["action"])
     logratio = logprob - mb["logprob"]
     ratio = logratio.exp()
-    pg_loss = mean(
-        torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)), weight
-    )
+    pg_loss = mean(torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)), weight)
     ret, old_v = mb["ret"], mb["value"]
     if args.clip_vloss:
         v_clipped = old_v + (value - old_v).clamp(-args.clip_coef, args.clip_coef)
@@ -385,14 +368,7 @@ def padded(mb: torch.Tensor, adv: torch.Tensor, size: int | None) -> tuple:
     return torch.cat([mb, mb.new_zeros(extra)]), torch.cat([adv, adv.new_zeros(extra)]), weight
 
 
-def ppo_update(
-    agent: Agent,
-    optimizer,
-    data: dict,
-    args: Args,
-    device: torch.device,
-    generator: torch.Generator,
-) -> dict:
+def ppo_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.device, generator: torch.Generator) -> dict:
     """Several epochs of clipped-PPO minibatch steps over the valid rows (not final rows) of one
     rollout."""
     n = data["obs"].shape[0]
@@ -423,14 +399,7 @@ def ppo_update(
 
 
 def learn_from(
-    agent: Agent,
-    return_norm: RunningNorm,
-    optimizer,
-    buf,
-    boot,
-    args: Args,
-    device: torch.device,
-    generator,
+    agent: Agent, return_norm: RunningNorm, optimizer, buf, boot, args: Args, device: torch.device, generator
 ) -> dict:
     """Rewards scaled, GAE with the learner's current critic, the PPO update, then the observation
     statistics take the rollout; buf is [T, B] numpy (possibly shared)."""
@@ -474,14 +443,7 @@ def learn_from(
         scale = np.sqrt(float(return_var[0]) + 1e-8)
         reward = np.clip(reward / scale, -return_norm.clip, return_norm.clip).astype(np.float32)
     adv, ret = compute_gae(
-        reward,
-        value_h,
-        next_value_h,
-        fl(buf.terminated),
-        fl(buf.episode_end),
-        fl(buf.final_row),
-        args.gamma,
-        args.gae_lambda,
+        reward, value_h, next_value_h, fl(buf.terminated), fl(buf.episode_end), fl(buf.final_row), args.gamma, args.gae_lambda
     )
     gae = upload({"adv": adv, "ret": ret}, device)  # [T, B] each
     data = {
@@ -516,9 +478,7 @@ class Sampler:
         if self.async_:
             self.buffers = DoubleBuffer(example, (args.num_steps, args.num_envs), module=agent)
             self.boots = [buffer_from_example(boot_example, (), shared=True) for _ in range(2)]
-            self.worker = run.start_sampler(
-                sampler_main, args, self.buffers, self.boots, first, last
-            )
+            self.worker = run.start_sampler(sampler_main, args, self.buffers, self.boots, first, last)
         else:
             self.envs = run.hold(make_envs(args, make_env, args.sampler))
             # A resumed run starts fresh episodes; every env of every rank has a seed of its own.
@@ -551,10 +511,7 @@ def check_args(args: Args) -> None:
     line."""
     batch = args.num_envs * args.num_steps
     if batch % args.num_minibatches:
-        bad_args(
-            f"--num-minibatches {args.num_minibatches} does not divide the batch {batch} "
-            f"(num_envs x num_steps)"
-        )
+        bad_args(f"--num-minibatches {args.num_minibatches} does not divide the batch {batch} (num_envs x num_steps)")
 
 
 def make_learner(args: Args, run: Run) -> tuple:
@@ -563,9 +520,7 @@ def make_learner(args: Args, run: Run) -> tuple:
     if not isinstance(run.obs_space, gym.spaces.Box):
         bad_args(f"--env-id {args.env_id}: PPO here needs Box observations, got {run.obs_space}")
     obs_dim, act_dim = int(np.prod(run.obs_space.shape)), int(np.prod(run.act_space.shape))
-    agent = Agent(obs_dim, act_dim, args.hidden, args.init_log_std, args.normalize_obs).to(
-        run.device
-    )
+    agent = Agent(obs_dim, act_dim, args.hidden, args.init_log_std, args.normalize_obs).to(run.device)
     # one kernel for all parameters
     fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, **fused)
@@ -603,13 +558,7 @@ class ExportedPolicy(nn.Module):
 def main() -> int:
     args = parse_args(Args, PRESETS, check_args)
     # --log-every counts rollouts
-    run = Run(
-        args,
-        SCRIPT,
-        make_env,
-        action_space=gym.spaces.Box,
-        iteration_steps=args.num_envs * args.num_steps,
-    )
+    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Box, iteration_steps=args.num_envs * args.num_steps)
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating("hidden"):  # sizes this machine cannot hold: exit 2
         agent, optimizer, generator, return_norm = make_learner(args, run)
@@ -631,18 +580,12 @@ def main() -> int:
     with run:
         sampler = Sampler(args, run, agent, start_iter, num_iterations)
         for it in range(start_iter, num_iterations):
-            lr = (
-                args.learning_rate * (1.0 - it / num_iterations)
-                if args.anneal_lr
-                else args.learning_rate
-            )
+            lr = args.learning_rate * (1.0 - it / num_iterations) if args.anneal_lr else args.learning_rate
             for group in optimizer.param_groups:
                 group["lr"] = lr
             global_step += batch
             buf, boot = sampler.rollout(it, agent, global_step)
-            stats = learn_from(
-                agent, return_norm, optimizer, buf, boot, args, run.device, generator
-            )
+            stats = learn_from(agent, return_norm, optimizer, buf, boot, args, run.device, generator)
             sampler.release(it, agent)
             if run.periodic(global_step, learning_rate=lr, **stats):
                 break  # --stop-at-return reached, or a signal: finish ends as Ctrl-C does
@@ -654,19 +597,14 @@ def main() -> int:
 # Only --sampler async runs this: a sampler process collecting rollouts into the double buffer.
 
 
-def sampler_main(
-    args: Args, buffers: DoubleBuffer, boots: list, first: int, last: int, proc: SamplerProcess
-) -> None:
+def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, last: int, proc: SamplerProcess) -> None:
     """Sampler process: rollout k goes to slot k % 2, collected with the parameters (observation
     statistics included) the learner left in that slot when it released rollout k - 2 (update k -
     1): exactly one update behind the learner."""
     torch.set_num_threads(1)
     envs = make_envs(args, make_env, "serial")
     state = EnvState(envs, distributed.env_seed(args.seed + first, args.num_envs))
-    obs_dim, act_dim = (
-        int(np.prod(envs.single_observation_space.shape)),
-        int(np.prod(state.space.shape)),
-    )
+    obs_dim, act_dim = (int(np.prod(envs.single_observation_space.shape)), int(np.prod(state.space.shape)))
     agent = Agent(obs_dim, act_dim, args.hidden, args.init_log_std, args.normalize_obs)
     # the policy's noise: a stream of each rank's own
     torch.manual_seed(distributed.rank_seed(args.seed + 1))

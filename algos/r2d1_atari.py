@@ -76,8 +76,8 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 
 @dataclass
 class Args(RunArgs):
-    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the
-    # same everywhere experiment
+    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
+    # experiment
     preset: Literal["atari", "memory"] = "atari"
     """named settings to start from (atari: the R2D2 paper's settings; memory: CartPole-v1 without
     its velocities, which only a recurrent agent solves); flags given override them"""
@@ -215,9 +215,7 @@ class R2D1Net(nn.Module):
     recurrent state, the previous action and reward are zeroed before that row (an episode starts
     there)."""
 
-    def __init__(
-        self, obs_shape: tuple[int, ...], n_actions: int, hidden: int, recurrent: bool = True
-    ):
+    def __init__(self, obs_shape: tuple[int, ...], n_actions: int, hidden: int, recurrent: bool = True):
         super().__init__()
         self.image = len(obs_shape) == 3
         self.n_actions = int(n_actions)
@@ -241,11 +239,7 @@ class R2D1Net(nn.Module):
         else:
             self.torso = nn.Sequential(nn.Linear(int(np.prod(obs_shape)), hidden), nn.ReLU())
         core_in = hidden + self.n_actions + 1
-        self.core = (
-            nn.LSTM(core_in, hidden)
-            if recurrent
-            else nn.Sequential(nn.Linear(core_in, hidden), nn.ReLU())
-        )
+        self.core = nn.LSTM(core_in, hidden) if recurrent else nn.Sequential(nn.Linear(core_in, hidden), nn.ReLU())
         self.v = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 1))
         self.a = nn.Sequential(nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, n_actions))
 
@@ -254,13 +248,7 @@ class R2D1Net(nn.Module):
         return RnnState(z, z.clone())
 
     def forward(
-        self,
-        obs,
-        prev_action,
-        prev_reward,
-        state: RnnState,
-        episode_start,
-        start_rows: np.ndarray | None = None,
+        self, obs, prev_action, prev_reward, state: RnnState, episode_start, start_rows: np.ndarray | None = None
     ) -> tuple[torch.Tensor, RnnState]:
         """``start_rows`` [T] (host, optional): whether any of the B sequences starts an episode at
         each row; the learner knows it from the batch on the host, and without it it is read from
@@ -275,9 +263,7 @@ class R2D1Net(nn.Module):
         x = self.torso(x).view(T, B, -1)
         keep = (~episode_start).float().unsqueeze(-1)  # [T, B, 1]
         # one-hot by comparison: F.one_hot checks the range of the actions on the host
-        a = (
-            prev_action.long().unsqueeze(-1) == torch.arange(self.n_actions, device=x.device)
-        ).float() * keep
+        a = (prev_action.long().unsqueeze(-1) == torch.arange(self.n_actions, device=x.device)).float() * keep
         # [T, B, hidden + A + 1]
         x = torch.cat([x, a, prev_reward.float().unsqueeze(-1) * keep], dim=-1)
         if not self.recurrent:
@@ -320,25 +306,13 @@ def h_inv(x: torch.Tensor, eps: float) -> torch.Tensor:
     (with eps = 0: sign(x)((|x| + 1)^2 - 1))."""
     if eps == 0:
         return torch.sign(x) * ((x.abs() + 1.0) ** 2 - 1.0)
-    return torch.sign(x) * (
-        ((torch.sqrt(1.0 + 4.0 * eps * (x.abs() + 1.0 + eps)) - 1.0) / (2.0 * eps)) ** 2 - 1.0
-    )
+    return torch.sign(x) * (((torch.sqrt(1.0 + 4.0 * eps * (x.abs() + 1.0 + eps)) - 1.0) / (2.0 * eps)) ** 2 - 1.0)
 
 
 # ----------------------------------------------------------------------------------------- sampling
 
 Row = namedarraytuple(
-    "Row",
-    [
-        "observation",
-        "action",
-        "reward",
-        "terminated",
-        "truncated",
-        "prev_action",
-        "prev_reward",
-        "rnn_state",
-    ],
+    "Row", ["observation", "action", "reward", "terminated", "truncated", "prev_action", "prev_reward", "rnn_state"]
 )
 
 
@@ -420,22 +394,11 @@ class EnvStepper:
         prev_r = np.where(self.episode_start, 0.0, self.prev_reward).astype(np.float32)
         self.rows.append(Row(self.obs, action, reward, term, trunc, prev_a, prev_r, None))
         self.states.append(state)
-        self.history.append(
-            (
-                q[np.arange(len(action)), action],
-                q.max(1),
-                reward,
-                term,
-                trunc,
-                self.final_row.copy(),
-            )
-        )
+        self.history.append((q[np.arange(len(action)), action], q.max(1), reward, term, trunc, self.final_row.copy()))
         self.ep_return += reward
         self.ep_length += ~self.final_row
         episode_end = term | trunc
-        episodes = list(
-            zip(self.ep_return[episode_end].tolist(), self.ep_length[episode_end].tolist())
-        )
+        episodes = list(zip(self.ep_return[episode_end].tolist(), self.ep_length[episode_end].tolist()))
         self.ep_return[episode_end], self.ep_length[episode_end] = 0.0, 0
         self.state = new_state
         # The row after a final row starts an episode.
@@ -456,9 +419,7 @@ class EnvStepper:
         come to the host here, in one copy per chunk."""
         if not self.rows:
             return None
-        h, c = to_host(
-            torch.stack([s.h for s in self.states]), torch.stack([s.c for s in self.states])
-        )
+        h, c = to_host(torch.stack([s.h for s in self.states]), torch.stack([s.c for s in self.states]))
         chunk = Row(*(np.stack(x) for x in list(zip(*self.rows))[:-1]), RnnState(h, c))
         self.rows, self.states = [], []
         return chunk
@@ -470,9 +431,7 @@ class EnvStepper:
         - Q(s_t, a_t) over the training rows, mixed as in the learner."""
         a = self.args
         # [W, B]
-        q_taken, q_max, reward, terminated, truncated, final_row = (
-            np.stack(x) for x in zip(*self.history)
-        )
+        q_taken, q_max, reward, terminated, truncated, final_row = (np.stack(x) for x in zip(*self.history))
         L = a.burn_in_steps + a.sequence_length
         n = a.n_step_return
         eps = a.value_rescale_eps
@@ -484,12 +443,8 @@ class EnvStepper:
             not_done = np.where(alive & terminated[j : L + j], 0.0, not_done)
             alive &= ~(terminated[j : L + j] | truncated[j : L + j])
         boot = q_max[np.arange(L)[:, None] + k, np.arange(q_taken.shape[1])]
-        rescale = (
-            (lambda x: h(torch.as_tensor(x), eps).numpy()) if a.value_rescale else (lambda x: x)
-        )
-        unscale = (
-            (lambda x: h_inv(torch.as_tensor(x), eps).numpy()) if a.value_rescale else (lambda x: x)
-        )
+        rescale = (lambda x: h(torch.as_tensor(x), eps).numpy()) if a.value_rescale else (lambda x: x)
+        unscale = (lambda x: h_inv(torch.as_tensor(x), eps).numpy()) if a.value_rescale else (lambda x: x)
         y = rescale(ret + not_done * a.gamma**k * unscale(boot))
         td = (y - q_taken[:L])[a.burn_in_steps :]
         return sequence_priorities(td, ~final_row[a.burn_in_steps : L], a.eta)[None]
@@ -519,12 +474,7 @@ def r2d1_loss(net: R2D1Net, target_net: R2D1Net, b: dict, args: Args) -> tuple:
             _, state = net(*(x[:burn] for x in inputs), state, starts[:burn], rows[:burn])
         q_target, _ = target_net(*inputs, b["init_rnn_state"], starts, rows)  # [W, B, A]
     # [L+n, B, A]
-    q, _ = net(
-        *(x[burn:] for x in inputs),
-        RnnState(state.h.detach(), state.c.detach()),
-        starts[burn:],
-        rows[burn:],
-    )
+    q, _ = net(*(x[burn:] for x in inputs), RnnState(state.h.detach(), state.c.detach()), starts[burn:], rows[burn:])
     # [L, B]
     q_taken = q[:L].gather(-1, b["action"][burn : burn + L].long().unsqueeze(-1)).squeeze(-1)
     k = b["n_taken"][burn : burn + L].long()  # rows to the bootstrap row, relative
@@ -563,12 +513,7 @@ def to_tensors(batch, device: torch.device, extra: dict | None = None) -> dict:
     ]
     fields += ["frames", "frame_index"] if "frames" in batch else ["observation"]
     out = upload(
-        {
-            **{k: getattr(batch, k) for k in fields},
-            "h": batch.init_rnn_state.h,
-            "c": batch.init_rnn_state.c,
-            **(extra or {}),
-        },
+        {**{k: getattr(batch, k) for k in fields}, "h": batch.init_rnn_state.h, "c": batch.init_rnn_state.c, **(extra or {})},
         device,
     )
     if "frames" in out:
@@ -582,13 +527,7 @@ def to_tensors(batch, device: torch.device, extra: dict | None = None) -> dict:
 
 
 def r2d1_update(
-    net,
-    target_net,
-    optimizer,
-    buffer: SequenceReplayBuffer,
-    args: Args,
-    beta: float,
-    device: torch.device,
+    net, target_net, optimizer, buffer: SequenceReplayBuffer, args: Args, beta: float, device: torch.device
 ) -> dict:
     batch, index = buffer.sample(args.batch_size, beta=beta)
     burn, L = args.burn_in_steps, args.sequence_length
@@ -643,9 +582,7 @@ def make_learner(args: Args, run: Run) -> tuple[R2D1Net, R2D1Net, torch.optim.Op
     try:
         net = R2D1Net(run.obs_space.shape, n_actions, args.hidden, args.recurrent).to(run.device)
     except ValueError as e:  # observations the network cannot take
-        bad_args(
-            f"--env-id {args.env_id}{' ' + observe_flag(args) if args.observe_indices else ''}: {e}"
-        )
+        bad_args(f"--env-id {args.env_id}{' ' + observe_flag(args) if args.observe_indices else ''}: {e}")
     target_net = R2D1Net(run.obs_space.shape, n_actions, args.hidden, args.recurrent).to(run.device)
     target_net.load_state_dict(net.state_dict())
     # one kernel for all parameters
@@ -671,9 +608,7 @@ def make_replay(args: Args, run: Run) -> SequenceReplayBuffer:
         np.float32(0),
         RnnState(zeros, zeros),
     )
-    sampler_shift = -(
-        -(args.burn_in_steps + args.sequence_length + args.n_step_return) // args.rnn_state_interval
-    )
+    sampler_shift = -(-(args.burn_in_steps + args.sequence_length + args.n_step_return) // args.rnn_state_interval)
     return SequenceReplayBuffer(
         example,
         args.buffer_size,
@@ -706,9 +641,7 @@ class EvalPolicy:
         self.epsilon = epsilon
         self.state, self.prev_action = None, np.zeros(0, np.int64)
 
-    def __call__(
-        self, obs: np.ndarray, draws: Draws, starts: np.ndarray, rewards: np.ndarray
-    ) -> np.ndarray:
+    def __call__(self, obs: np.ndarray, draws: Draws, starts: np.ndarray, rewards: np.ndarray) -> np.ndarray:
         if len(starts) != len(self.prev_action):  # another number of envs than the last evaluation
             self.state = self.net.initial_state(len(starts), self.device)
             self.prev_action = np.zeros(len(starts), np.int64)
@@ -732,9 +665,7 @@ class ExportedPolicy(nn.Module):
         self.net = net
 
     def forward(self, obs, prev_action, prev_reward, h, c, episode_start) -> tuple:
-        q, state = self.net(
-            obs[None], prev_action[None], prev_reward[None], RnnState(h, c), episode_start[None]
-        )
+        q, state = self.net(obs[None], prev_action[None], prev_reward[None], RnnState(h, c), episode_start[None])
         return q[0].argmax(1), q[0], state.h, state.c
 
 
@@ -775,13 +706,9 @@ def main() -> int:
         # this process steps the envs: in turn (serial), or in threads or processes
         if args.sampler != "async":
             envs = run.hold(make_envs(args, make_env, args.sampler, len(run.affinity.learner_cpus)))
-            stepper = EnvStepper(
-                envs, args, net, distributed.env_seed(args.seed + global_step, args.num_envs)
-            )
+            stepper = EnvStepper(envs, args, net, distributed.env_seed(args.seed + global_step, args.num_envs))
         else:  # a sampler process fills the shared replay (the last section of this file)
-            sampler = AsyncReplay.start(
-                run, buffer, net, pacer, global_step, sampler_main, (args, buffer)
-            )
+            sampler = AsyncReplay.start(run, buffer, net, pacer, global_step, sampler_main, (args, buffer))
         # where this process starts (rows0: a restored replay's)
         step0, rows0 = global_step, buffer.cursor
         # the job's env steps whose rows are in the replay: behind while a chunk fills
@@ -817,29 +744,18 @@ def main() -> int:
 # Only --sampler async runs this: a sampler process stepping the envs into the shared replay.
 
 
-def sampler_main(
-    args: Args, buffer: SequenceReplayBuffer, link: AsyncReplay, proc: SamplerProcess
-) -> None:
+def sampler_main(args: Args, buffer: SequenceReplayBuffer, link: AsyncReplay, proc: SamplerProcess) -> None:
     """Async sampler process: steps the envs and appends chunks to the shared replay with the newest
     parameters the learner published; waits while it is more than max_lag_steps ahead of the
     learner's updates."""
-    envs = make_envs(
-        args,
-        make_env,
-        "parallel" if is_atari(args.env_id) else "serial",
-        n_threads=proc.n_threads,
-    )
-    net = R2D1Net(
-        envs.single_observation_space.shape, envs.single_action_space.n, args.hidden, args.recurrent
-    )
+    envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial", n_threads=proc.n_threads)
+    net = R2D1Net(envs.single_observation_space.shape, envs.single_action_space.n, args.hidden, args.recurrent)
     step = link.start_step
     stepper = EnvStepper(envs, args, net, distributed.env_seed(args.seed + step, args.num_envs))
     try:
         while step < args.total_timesteps:
             proc.check()
-            if link.sampler_wait(
-                step, args.max_lag_steps, chunk_steps=args.num_envs * args.rnn_state_interval
-            ):
+            if link.sampler_wait(step, args.max_lag_steps, chunk_steps=args.num_envs * args.rnn_state_interval):
                 continue
             link.pull(net)
             chunk, priorities, episodes = stepper.step(net, torch.device("cpu"))

@@ -74,8 +74,8 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 
 @dataclass
 class Args(RunArgs):
-    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the
-    # same everywhere experiment
+    # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
+    # experiment
     preset: Literal["mujoco", "pendulum"] = "mujoco"
     """named settings to start from (mujoco: the SAC paper's settings (HalfCheetah-v5); pendulum:
     Pendulum-v1 in 20k steps); flags given override them"""
@@ -131,9 +131,7 @@ class Args(RunArgs):
 PRESETS = {
     "mujoco": Args(),
     # rl-baselines3-zoo's sac.yml Pendulum-v1 budget (20k steps), learning after 1000 random steps.
-    "pendulum": Args(
-        preset="pendulum", env_id="Pendulum-v1", total_timesteps=20_000, min_steps_learn=1000
-    ),
+    "pendulum": Args(preset="pendulum", env_id="Pendulum-v1", total_timesteps=20_000, min_steps_learn=1000),
 }
 
 # ------------------------------------------------------------------------------------- environments
@@ -175,11 +173,7 @@ class Actor(nn.Module):
     def __init__(self, obs_dim: int, act_dim: int, hidden: int):
         super().__init__()
         self.net = nn.Sequential(
-            nn.Linear(obs_dim, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, hidden),
-            nn.ReLU(),
-            nn.Linear(hidden, 2 * act_dim),
+            nn.Linear(obs_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 2 * act_dim)
         )
 
     def forward(self, obs: torch.Tensor, deterministic: bool = False) -> tuple:
@@ -204,9 +198,7 @@ class Critics(nn.Module):
         self.biases = nn.ParameterList()
         for fan_in, fan_out in zip(sizes[:-1], sizes[1:]):
             bound = 1.0 / math.sqrt(fan_in)
-            self.weights.append(
-                nn.Parameter(torch.empty(k, fan_in, fan_out).uniform_(-bound, bound))
-            )
+            self.weights.append(nn.Parameter(torch.empty(k, fan_in, fan_out).uniform_(-bound, bound)))
             self.biases.append(nn.Parameter(torch.empty(k, 1, fan_out).uniform_(-bound, bound)))
 
     def forward(self, obs: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
@@ -252,28 +244,18 @@ class EnvStepper:
         [(return, length)]."""
         self.obs_norm.update(self.obs[~self.final_row])
         if random:
-            action = self.rng.uniform(-1.0, 1.0, (self.args.num_envs,) + self.space.shape).astype(
-                np.float32
-            )
+            action = self.rng.uniform(-1.0, 1.0, (self.args.num_envs,) + self.space.shape).astype(np.float32)
         else:
             # [B, S], one copy
             obs = upload_batch({"observation": self.obs}, self.obs_norm, device)["observation"]
             action = to_host(policy_step(actor, obs, self.args.bf16))  # the one copy a step makes
         next_obs, reward, term, trunc, _ = self.envs.step(scale_action(action, self.space))
         reward = np.where(self.final_row, 0.0, reward)
-        row = Step(
-            self.obs[None].astype(np.float32),
-            action[None],
-            reward[None].astype(np.float32),
-            term[None],
-            trunc[None],
-        )
+        row = Step(self.obs[None].astype(np.float32), action[None], reward[None].astype(np.float32), term[None], trunc[None])
         self.ep_return += reward
         self.ep_length += ~self.final_row
         episode_end = term | trunc
-        episodes = list(
-            zip(self.ep_return[episode_end].tolist(), self.ep_length[episode_end].tolist())
-        )
+        episodes = list(zip(self.ep_return[episode_end].tolist(), self.ep_length[episode_end].tolist()))
         self.ep_return[episode_end], self.ep_length[episode_end] = 0.0, 0
         self.obs, self.final_row = next_obs, episode_end
         return row, episodes
@@ -284,21 +266,12 @@ class EnvStepper:
 
 def to_tensors(batch, obs_norm: ObsNorm, device: torch.device) -> dict:
     """Replay batch (numpy, [N, ...]) -> the update's float tensors, observations normalised."""
-    fields = (
-        "observation",
-        "next_observation",
-        "action",
-        "n_step_return",
-        "terminated_n",
-        "bootstrap_discount",
-    )
+    fields = ("observation", "next_observation", "action", "n_step_return", "terminated_n", "bootstrap_discount")
     # one copy to a GPU
     return upload_batch({k: getattr(batch, k) for k in fields}, obs_norm, device)
 
 
-def critic_target(
-    batch: dict, actor: Actor, target_critics: Critics, alpha: torch.Tensor
-) -> torch.Tensor:
+def critic_target(batch: dict, actor: Actor, target_critics: Critics, alpha: torch.Tensor) -> torch.Tensor:
     """n-step soft targets [N]: R + (1 - terminated_n) gamma^k (min_j Q'_j(s', a') - alpha log
     pi(a'|s')), a' ~ pi(.|s'). A truncation inside the window bootstraps from the episode's final
     observation s'."""
@@ -306,20 +279,12 @@ def critic_target(
         next_action, next_log_pi = actor(batch["next_observation"])
         q_next = target_critics(batch["next_observation"], next_action).float().min(0).values
         v_next = q_next - alpha * next_log_pi.float()
-        return (
-            batch["n_step_return"]
-            + (1.0 - batch["terminated_n"]) * batch["bootstrap_discount"] * v_next
-        )
+        return batch["n_step_return"] + (1.0 - batch["terminated_n"]) * batch["bootstrap_discount"] * v_next
 
 
 @compiled
 def sac_critic_loss(
-    actor: Actor,
-    critics: Critics,
-    target_critics: Critics,
-    b: dict,
-    alpha: torch.Tensor,
-    bf16: bool,
+    actor: Actor, critics: Critics, target_critics: Critics, b: dict, alpha: torch.Tensor, bf16: bool
 ) -> tuple:
     """The twin critics' loss on the batch ``b`` (soft targets under no_grad) and its statistics,
     detached."""
@@ -331,9 +296,7 @@ def sac_critic_loss(
 
 
 @compiled
-def sac_actor_loss(
-    actor: Actor, critics: Critics, obs: torch.Tensor, alpha: torch.Tensor, bf16: bool
-) -> tuple:
+def sac_actor_loss(actor: Actor, critics: Critics, obs: torch.Tensor, alpha: torch.Tensor, bf16: bool) -> tuple:
     """The actor's loss E[alpha log pi(a|s) - min_j Q_j(s, a)], a ~ pi(.|s) reparameterised, and
     log pi [N] detached (the temperature's loss and the entropy statistic)."""
     with autocast(obs.device, bf16):
@@ -345,24 +308,14 @@ def sac_actor_loss(
 
 
 @compiled
-def sac_alpha_loss(
-    log_alpha: torch.Tensor, log_pi: torch.Tensor, target_entropy: float
-) -> torch.Tensor:
+def sac_alpha_loss(log_alpha: torch.Tensor, log_pi: torch.Tensor, target_entropy: float) -> torch.Tensor:
     """The temperature's loss: alpha grows while the policy's entropy (-log pi [N]) is below the
     target entropy."""
     return -(log_alpha * (log_pi + target_entropy)).mean()
 
 
 def sac_update(
-    actor,
-    critics,
-    target_critics,
-    log_alpha,
-    optimizers: dict,
-    batch,
-    obs_norm: ObsNorm,
-    args: Args,
-    device: torch.device,
+    actor, critics, target_critics, log_alpha, optimizers: dict, batch, obs_norm: ObsNorm, args: Args, device: torch.device
 ) -> dict:
     """One SAC update from a replay batch: critics, actor, temperature, then soft targets."""
     actor_opt, critic_opt = optimizers["actor_optimizer"], optimizers["critic_optimizer"]
@@ -410,9 +363,7 @@ def sac_update(
 # --------------------------------------------------------------------------------------------- main
 
 
-def make_learner(
-    args: Args, run: Run
-) -> tuple[Actor, Critics, Critics, torch.Tensor, dict, ObsNorm]:
+def make_learner(args: Args, run: Run) -> tuple[Actor, Critics, Critics, torch.Tensor, dict, ObsNorm]:
     """The actor, the critics and their target copy, log alpha, the optimisers by their checkpoint
     names, and the observation statistics."""
     obs_dim, act_dim = int(np.prod(run.obs_space.shape)), int(np.prod(run.act_space.shape))
@@ -435,9 +386,7 @@ def make_learner(
 def make_replay(args: Args, run: Run) -> ReplayBuffer:
     """Each rank's replay of raw (unnormalised) observations and [-1, 1] actions, n-step returns."""
     obs_dim, act_dim = int(np.prod(run.obs_space.shape)), int(np.prod(run.act_space.shape))
-    example = Step(
-        np.zeros(obs_dim, np.float32), np.zeros(act_dim, np.float32), np.float32(0), False, False
-    )
+    example = Step(np.zeros(obs_dim, np.float32), np.zeros(act_dim, np.float32), np.float32(0), False, False)
     return ReplayBuffer(
         example,
         args.buffer_size,
@@ -449,13 +398,7 @@ def make_replay(args: Args, run: Run) -> ReplayBuffer:
     )
 
 
-def act(
-    actor: Actor,
-    obs_norm: ObsNorm,
-    device: torch.device,
-    space: gym.spaces.Box,
-    obs: np.ndarray,
-) -> np.ndarray:
+def act(actor: Actor, obs_norm: ObsNorm, device: torch.device, space: gym.spaces.Box, obs: np.ndarray) -> np.ndarray:
     """Evaluation policy, for observations [B, obs_dim]: the deterministic action (tanh of the
     mean), statistics frozen."""
     x = obs_norm.normalize(torch.as_tensor(obs, dtype=torch.float32, device=device))
@@ -506,21 +449,15 @@ def main() -> int:
     global_step, updates = start.global_step, start.updates
     stats, waits = {}, {}
     pacer = ReplayPacer(
-        args.replay_ratio / (args.batch_size * run.world),
-        args.min_steps_learn * run.world,
-        *start.replay_origin,
+        args.replay_ratio / (args.batch_size * run.world), args.min_steps_learn * run.world, *start.replay_origin
     )
     with run:
         # this process steps the envs: in turn (serial), or in threads or processes
         if args.sampler != "async":
             envs = run.hold(make_envs(args, make_env, args.sampler))
-            stepper = EnvStepper(
-                envs, args, obs_norm, distributed.env_seed(args.seed + global_step, args.num_envs)
-            )
+            stepper = EnvStepper(envs, args, obs_norm, distributed.env_seed(args.seed + global_step, args.num_envs))
         else:  # a sampler process fills the shared replay (the last section of this file)
-            sampler = AsyncReplay.start(
-                run, buffer, actor, pacer, global_step, sampler_main, (args, buffer, obs_norm)
-            )
+            sampler = AsyncReplay.start(run, buffer, actor, pacer, global_step, sampler_main, (args, buffer, obs_norm))
         while global_step < args.total_timesteps:
             if args.sampler != "async":  # one step of every env, into the replay
                 row, episodes = stepper.step(actor, pacer.warming_up(global_step), run.device)
@@ -534,17 +471,7 @@ def main() -> int:
                 waits = sampler.waits()
             for _ in range(pacer.due(global_step, updates)):  # replay_ratio samples per env step
                 batch, _ = buffer.sample(args.batch_size)  # [N, ...]
-                stats = sac_update(
-                    actor,
-                    critics,
-                    target_critics,
-                    log_alpha,
-                    optimizers,
-                    batch,
-                    obs_norm,
-                    args,
-                    run.device,
-                )
+                stats = sac_update(actor, critics, target_critics, log_alpha, optimizers, batch, obs_norm, args, run.device)
                 updates += 1
             if run.periodic(global_step, **stats, updates=updates, **waits):
                 break  # --stop-at-return reached, or a signal: finish ends as Ctrl-C does
@@ -556,23 +483,15 @@ def main() -> int:
 # Only --sampler async runs this: a sampler process stepping the envs into the shared replay.
 
 
-def sampler_main(
-    args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: AsyncReplay, proc: SamplerProcess
-) -> None:
+def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: AsyncReplay, proc: SamplerProcess) -> None:
     """Async sampler process: steps the envs and appends to the shared replay with the newest actor
     the learner published; waits while it is more than max_lag_steps ahead of what the learner's
     updates cover."""
     torch.set_num_threads(1)
     envs = make_envs(args, make_env, "serial")
     step = link.start_step
-    stepper = EnvStepper(
-        envs, args, obs_norm, distributed.env_seed(args.seed + step, args.num_envs)
-    )
-    actor = Actor(
-        int(np.prod(envs.single_observation_space.shape)),
-        int(np.prod(stepper.space.shape)),
-        args.hidden,
-    )
+    stepper = EnvStepper(envs, args, obs_norm, distributed.env_seed(args.seed + step, args.num_envs))
+    actor = Actor(int(np.prod(envs.single_observation_space.shape)), int(np.prod(stepper.space.shape)), args.hidden)
     # the policy's noise: a stream of each rank's own
     torch.manual_seed(distributed.rank_seed(args.seed + 1))
     try:

@@ -123,7 +123,7 @@ def test_the_style_checks_find_what_they_look_for():
 @pytest.mark.parametrize("name", SCRIPTS)
 def test_one_idea_per_line(name):
     """The scripts' reading targets (issue 41): no parallel assignment of three or more values, no function
-    docstring over four lines; lines over 100 characters are ruff's (algos/ruff.toml, E501)."""
+    docstring over four lines; lines over 127 characters are ruff's (pyproject.toml, E501)."""
     tree = ast.parse((ROOT / "algos" / f"{name}.py").read_text())
     assert parallel_assignments(tree) == [], f"{name}: split these assignments, one per line"
     assert long_docstrings(tree) == [], f"{name}: at most 4 docstring lines; move the reasoning to a comment"
