@@ -6,8 +6,10 @@ Guarantees
   what the host needs at once (the actions the envs step with, a prioritized replay's new priorities). On the
   CPU it copies nothing. Everything else a loop reports (losses, statistics) stays on the device as detached
   tensors until a progress row reads it (``shared.progress``).
-- ``upload(arrays, device)`` brings a replay batch (a dict of numpy arrays) to the learner's device. On the CPU
-  the tensors share the arrays' memory (no copy). On CUDA the arrays' bytes are packed into a pinned staging
+- ``upload(arrays, device)`` brings a batch to the learner's device: ``arrays`` is a numpy array, or a dict or
+  namedarraytuple of them, nested to any depth (a Dict observation inside a rollout), and comes back in the same
+  structure with tensors in place of the arrays (a namedarraytuple of the same class, ``None`` fields kept). On
+  the CPU the tensors share the arrays' memory (no copy). On CUDA the arrays' bytes are packed into a pinned staging
   buffer and sent in one non-blocking copy, the tensors being views of the one device block; two staging buffers
   take turns, and one is refilled only after the event recorded behind its last copy has passed, so the host
   never overwrites bytes still in flight: it runs at most two uploads ahead of the device (loops that upload
@@ -91,8 +93,36 @@ class Uploader:
 _uploaders: dict = {}
 
 
-def upload(arrays: dict[str, Any], device: Any) -> dict[str, Any]:
-    """``arrays`` (numpy) as tensors on ``device``: the one upload of a replay batch (see the module docstring)."""
+def upload(arrays: Any, device: Any) -> Any:
+    """``arrays`` (numpy; a dict or namedarraytuple of them, nested) as tensors on ``device`` in one copy, in the
+    same structure (see the module docstring)."""
     if device not in _uploaders:
         _uploaders[device] = Uploader(device)
-    return _uploaders[device](arrays)
+    leaves: dict[str, Any] = {}
+    _flatten(arrays, "", leaves)
+    return _rebuild(arrays, "", _uploaders[device](leaves))
+
+
+def _is_node(x: Any) -> str:
+    """"dict", "tuple" (a namedarraytuple) or "" (a leaf: an array, or None)."""
+    if isinstance(x, dict):
+        return "dict"
+    return "tuple" if isinstance(x, tuple) and hasattr(x, "_fields") else ""
+
+
+def _flatten(x: Any, path: str, out: dict[str, Any]) -> None:
+    kind = _is_node(x)
+    if kind:
+        for k, v in x.items():
+            _flatten(v, f"{path}/{k}", out)
+    elif x is not None:
+        out[path] = x
+
+
+def _rebuild(x: Any, path: str, tensors: dict[str, Any]) -> Any:
+    kind = _is_node(x)
+    if kind == "dict":
+        return {k: _rebuild(v, f"{path}/{k}", tensors) for k, v in x.items()}
+    if kind == "tuple":
+        return type(x)(*(_rebuild(v, f"{path}/{k}", tensors) for k, v in x.items()))
+    return None if x is None else tensors[path]

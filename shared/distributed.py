@@ -187,17 +187,21 @@ def average_gradients(*modules: Any) -> None:
         offset += g.numel()
 
 
-def mean_std(x: Any) -> tuple[Any, Any]:
-    """Mean and (unbiased) standard deviation of tensor ``x`` over the elements of every rank."""
-    if not in_lockstep():
-        return x.mean(), x.std()
+def mean_std(x: Any, weight: Any = None) -> tuple[Any, Any]:
+    """Mean and (unbiased) standard deviation of tensor ``x`` over the elements of every rank; with ``weight`` (0 or
+    1 per element, the PPO family's final rows weigh 0), over the elements of weight 1."""
     import torch
-    import torch.distributed as dist
 
-    s = torch.stack([x.sum(), (x * x).sum(), x.new_full((), x.numel())]).double()  # no host-to-device copy
-    dist.all_reduce(s)
+    if weight is None and not in_lockstep():
+        return x.mean(), x.std()
+    w = torch.ones_like(x) if weight is None else weight.to(x.dtype)
+    s = torch.stack([(x * w).sum(), (x * x * w).sum(), w.sum()]).double()  # no host-to-device copy
+    if in_lockstep():
+        import torch.distributed as dist
+
+        dist.all_reduce(s)
     n = s[2]
-    mean = s[0] / n
+    mean = s[0] / n.clamp(min=1)
     var = (s[1] - n * mean * mean) / (n - 1).clamp(min=1)
     return mean.to(x.dtype), var.clamp(min=0).sqrt().to(x.dtype)
 

@@ -4,7 +4,8 @@ Guarantees
 - ``nat[loc]`` indexes every field (nested namedarraytuples too) and returns the same type; ``None`` fields
   stay ``None``.
 - ``nat[loc] = value`` writes ``value`` into every field, or field by field when ``value`` has the same fields
-  (a namedarraytuple or namedtuple); ``None`` fields are skipped.
+  (a namedarraytuple or namedtuple) or is a mapping that holds every field by name (a gymnasium Dict
+  observation; its other keys are not written); ``None`` fields are skipped.
 - Tuple-style access stays available: ``nat.get(i)``, unpacking, ``len``; ``'x' in nat`` tests a field *name*.
 - Classes pickle by their schema (name and fields), not by module path, so instances and classes made anywhere
   (inside a function, in a script run as ``__main__``) unpickle in a child started with ``spawn``; unpickling
@@ -14,7 +15,7 @@ Guarantees
 from __future__ import annotations
 
 import copyreg
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 __all__ = ["namedarraytuple", "is_namedarraytuple", "map_structure"]
@@ -62,6 +63,8 @@ class _NamedArrayTupleBase(tuple):
 
     def __setitem__(self, loc: Any, value: Any) -> None:
         # Same fields: write field by field; anything else is broadcast to every field.
+        if isinstance(value, Mapping):
+            value = type(self)(*(value[name] if mine is not None else None for name, mine in self.items()))
         if isinstance(value, tuple) and getattr(value, "_fields", None) == self._fields:
             for name, mine, theirs in zip(self._fields, self, value):
                 if mine is None:

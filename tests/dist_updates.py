@@ -53,6 +53,9 @@ def updates(part: int | None) -> dict[str, torch.Tensor]:
             "ret": rng.normal(size=N)}
     data = {k: torch.as_tensor(_half(v, part)).float() if k != "action" else torch.as_tensor(_half(v, part))
             for k, v in data.items()}
+    data = {k: v.unsqueeze(1) for k, v in data.items()}  # [T, B = 1, ...], as a rollout
+    data["mask"] = torch.ones(len(data["action"]), 1, N_ACTIONS, dtype=torch.bool)
+    data["weight"] = torch.ones(len(data["action"]), 1)
     args = ppo_atari.Args(num_minibatches=1, update_epochs=1, max_grad_norm=1e9, bf16=False)
     ppo_atari.ppo_update(agent, _sgd(agent), data, args, torch.device("cpu"), torch.Generator().manual_seed(0))
     out.update({f"ppo.{k}": v.clone() for k, v in agent.state_dict().items()})

@@ -26,7 +26,7 @@ FLAGS = {script: [f for f in flags if f != "--noisy"] for script, flags in RUNS.
 # temperature; TD3 and DDPG: critic, actor), one graph each.
 GRAPHS = {"sac_mujoco": 4, "td3_mujoco": 3, "ddpg_mujoco": 3}
 # CI runs one on-policy and one replay script (30 minutes); the others are the slow tier's. ppo_lstm's compiled
-# loss (the padded minibatch) stays in CI in-process: test_a_padded_minibatch_... and test_lstm_rows_compiles_whole.
+# loss (the weighted minibatch) stays in CI in-process: test_rows_of_weight_zero_... and test_lstm_rows_compiles_whole.
 CI = {"ppo_atari", "dqn_atari"}  # the other eight with the slow tests, for CI's 30 minutes
 SCRIPTS = [s if s in CI else pytest.param(s, marks=pytest.mark.slow) for s in FLAGS]
 STRICT = {"RL_COMPILE_BACKEND": "aot_eager", "RL_COMPILE_STRICT": "1"}
@@ -267,34 +267,37 @@ def test_lstm_rows_compiles_whole(strict_aot_eager):
     assert compiling.report()["compiled_graphs"] == 1 and lstm.weight_hh_l0.grad is not None
 
 
-def test_a_padded_minibatch_gives_the_loss_and_gradients_of_the_rows_it_holds():
-    """ppo_atari's static shapes under --compile: rows of weight 0 added to a minibatch change neither the loss, nor
-    any statistic, nor any gradient."""
+def test_rows_of_weight_zero_change_neither_the_ppo_loss_nor_its_gradients():
+    """ppo_atari's one minibatch path (eager and --compile alike): a minibatch's final rows, weighted 0, against the
+    rows of weight 1 alone: the same loss, statistics and gradients; and the advantages' weighted mean and standard
+    deviation are those of the rows of weight 1."""
     sys.path.insert(0, str(ROOT / "algos"))
     import ppo_atari
+
+    from shared import distributed
 
     torch.manual_seed(0)
     agent = ppo_atari.Agent((4,), 3)
     args = ppo_atari.Args(clip_vloss=True)
-    n, size = 11, 16
-    data = {"obs": torch.randn(n, 4), "action": torch.randint(0, 3, (n,)), "logprob": torch.randn(n) - 1.0,
-            "ret": torch.randn(n), "value": torch.randn(n)}
-    adv = torch.randn(n)
+    n = 16
+    data = {"obs": torch.randn(n, 4), "mask": torch.rand(n, 3) > 0.2, "action": torch.randint(0, 3, (n,)),
+            "logprob": torch.randn(n) - 1.0, "ret": torch.randn(n), "value": torch.randn(n), "adv": torch.randn(n),
+            "weight": (torch.rand(n) > 0.3).float()}
+    data["mask"][torch.arange(n), data["action"]] = True  # the action taken was allowed
+    valid = data["weight"].bool()
 
-    def loss_and_grads(mb, adv, weight):
+    def loss_and_grads(mb):
         agent.zero_grad()
-        loss, stats = ppo_atari.ppo_loss(agent, {k: v[mb] for k, v in data.items()}, adv, weight, args)
+        loss, stats = ppo_atari.ppo_loss(agent, mb, args)
         loss.backward()
         return loss, stats, [p.grad.clone() for p in agent.parameters()]
 
-    rows = torch.randperm(n)
-    plain = loss_and_grads(rows, adv, None)
-    mb, padded_adv, weight = ppo_atari.padded(rows, adv, size)
-    assert mb.shape == (size,) and weight.tolist() == [1.0] * n + [0.0] * (size - n)
-    padded = loss_and_grads(mb, padded_adv, weight)
-    torch.testing.assert_close(padded[0], plain[0])
-    torch.testing.assert_close(padded[1], plain[1])
-    torch.testing.assert_close(padded[2], plain[2])
+    plain = loss_and_grads({k: v[valid] for k, v in data.items()})
+    weighted = loss_and_grads(data)
+    assert 0 < int(valid.sum()) < n
+    for a, b in zip(plain, weighted):
+        torch.testing.assert_close(b, a)
+    torch.testing.assert_close(distributed.mean_std(data["adv"], data["weight"]), distributed.mean_std(data["adv"][valid]))
 
 
 @pytest.mark.parametrize("sampler", ["serial", "async"])
