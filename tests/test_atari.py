@@ -230,30 +230,35 @@ class Marked(gym.ObservationWrapper):
 '''
 
 
-@pytest.mark.parametrize("sampler", ["parallel", "async"])
+@pytest.mark.parametrize("sampler", ["serial", "parallel", "async"])
 def test_a_wrapper_added_to_ppo_atari_make_env_reaches_every_sampling_mode(sampler, tmp_path):
-    """The researcher's edit of issue 41: a wrapper in ppo_atari.py's make_env. Under parallel and async Atari
-    sampling it used to be skipped without a word (ale-py's vector env never called make_env)."""
+    """The researcher's edit (c) of issue 52 (first issue 41's): a wrapper in ppo_atari.py's make_env, one line changed
+    there, reaches training in every sampling mode and the evaluation's envs. Under parallel and async Atari sampling it
+    used to be skipped without a word (ale-py's vector env never called make_env)."""
     folder = Path(tempfile.mkdtemp(prefix="tmp_wrapped_", dir=ROOT))
     try:
         src = (ROOT / "algos" / "ppo_atari.py").read_text()
         atari = "return make_atari_env(args.env_id, args.noop_max, args.sticky_actions, render)"
         assert src.count(atari) == 1
-        src = src.replace(atari, atari.replace("return ", "return Marked(") + ")", 1)
-        src = src.replace("SCRIPT = Path(__file__).stem", MARKING_WRAPPER + "\n\nSCRIPT = Path(__file__).stem", 1)
-        src = src.replace("import sys\n", "import os\nimport sys\n", 1)
-        (folder / "wrapped_ppo.py").write_text(src)
+        edited = src.replace(atari, atari.replace("return ", "return Marked(") + ")", 1)
+        changed = [a for a, b in zip(src.splitlines(), edited.splitlines()) if a != b]
+        assert len(changed) == 1  # the edit: one line of make_env (the wrapper's class aside)
+        edited = edited.replace("SCRIPT = Path(__file__).stem", MARKING_WRAPPER + "\n\nSCRIPT = Path(__file__).stem", 1)
+        edited = edited.replace("import sys\n", "import os\nimport sys\n", 1)
+        (folder / "wrapped_ppo.py").write_text(edited)
         marks = tmp_path / "marks"
         marks.mkdir()
         out = subprocess.run([sys.executable, str(folder / "wrapped_ppo.py"), "--env-id", "BreakoutNoFrameskip-v4",
                               "--sampler", sampler, "--num-envs", "2", "--num-steps", "16", "--total-timesteps",
-                              "64", "--eval-episodes", "0", "--out-dir", str(tmp_path / "runs")],
-                             capture_output=True, text=True, timeout=300, cwd=ROOT,
+                              "64", "--eval-episodes", "1", "--out-dir", str(tmp_path / "runs"), "--run-name", "w"],
+                             capture_output=True, text=True, timeout=600, cwd=ROOT,
                              env={**os.environ, "MARKS": str(marks)})
         assert out.returncode == 0, out.stderr[-3000:]
         seen = [int(v) for f in marks.iterdir() for v in f.read_text().split()]
-        assert len(seen) >= 64 and max(seen) > 100  # every step went through the wrapper, which clipped frames
-        assert "worker processes, not in ale-py's threads" in out.stdout  # and the run said why it is slower
+        evaluated = json.loads((tmp_path / "runs" / "w" / "eval.json").read_text())["lengths"][0]
+        assert len(seen) >= 64 + evaluated and max(seen) > 100  # every step went through the wrapper, which clipped
+        if sampler != "serial":  # and the run said why it is slower
+            assert "worker processes, not in ale-py's threads" in out.stdout
     finally:
         shutil.rmtree(folder)
 

@@ -3,10 +3,15 @@ determinism, bad arguments, interruption and a killed sampler."""
 
 from __future__ import annotations
 
+import difflib
+import json
 import os
 import re
+import shutil
 import signal
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -187,3 +192,32 @@ def test_evaluation_writes_returns_and_a_video(tmp_path):
     assert len(ev["returns"]) == 2 and ev["mean"] == pytest.approx(np.mean(ev["returns"]))
     videos = list((tmp_path / "e" / "videos").glob("*.mp4"))
     assert len(videos) == 1 and videos[0].stat().st_size > 1000
+
+
+# --------------------------------------------------------------------------------------- researcher's edit
+
+
+def test_a_new_loss_term_is_three_lines_in_ppo_loss_and_is_logged(tmp_path):
+    """The researcher's edit (a) of issue 52: a new term of PPO's loss (an L2 penalty on the logits), logged, is three
+    lines added to ``ppo_loss`` and nothing else; the run trains, evaluates, and its progress.csv has the column."""
+    folder = Path(tempfile.mkdtemp(prefix="tmp_loss_term_", dir=ROOT))
+    try:
+        src = (ROOT / "algos" / "ppo_atari.py").read_text()
+        anchor = "    loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss\n"
+        assert src.count(anchor) == 1
+        term = ("    logit_l2 = mean(logits.pow(2).mean(1))\n" + anchor +
+                "    loss = loss + 1e-3 * logit_l2\n")
+        edited = src.replace(anchor, term).replace('"entropy": entropy.detach(),\n',
+                                                   '"entropy": entropy.detach(),\n        "logit_l2": logit_l2.detach(),\n')
+        added = [line for line in difflib.ndiff(src.splitlines(), edited.splitlines()) if line.startswith(("+ ", "- "))]
+        assert len(added) == 3 and all(line.startswith("+ ") for line in added), added
+        (folder / "ppo_l2.py").write_text(edited)
+        out = run(str(folder / "ppo_l2.py"), "--preset", "cartpole", "--total-timesteps", "2048", "--eval-episodes", "2",
+                  "--out-dir", str(tmp_path), "--run-name", "l2")
+        assert out.returncode == 0, out.stderr[-3000:]
+        rows = progress(tmp_path / "l2")
+        values = [float(r["logit_l2"]) for r in rows]
+        assert values and all(np.isfinite(values)) and values[-1] > 0
+        assert len(json.loads((tmp_path / "l2" / "eval.json").read_text())["returns"]) == 2
+    finally:
+        shutil.rmtree(folder)
