@@ -7,8 +7,8 @@ process, each call goes through ``torch.compile(fn, fullgraph=True, dynamic=Fals
 Guarantees
 - ``fullgraph``: a graph break is an error at the first call (torch's message names the line), never a silent
   fallback to eager pieces. ``dynamic=False``: a new shape, dtype or Python constant is a recompile, never a
-  silently slower symbolic graph; the scripts keep their shapes static (a partial minibatch is padded and
-  weighted 0 where the script says so).
+  silently slower symbolic graph; the scripts keep their shapes static (the PPO family's minibatches are all of
+  one size, the final rows in them weighted 0).
 - The backward is compiled with the forward (AOTAutograd, not lazily at the first ``backward()``), so that
   ``report()`` counts every graph and the seconds spent compiling them: ``{"compiled_graphs": n, "compile_s":
   s}``. A count that grows after the first iterations is a recompile; with ``RL_COMPILE_STRICT=1`` (the tests)
