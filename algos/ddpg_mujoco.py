@@ -1,39 +1,20 @@
-"""DDPG for continuous control (MuJoCo, any Box action space), serial, parallel and async sampling.
+"""DDPG for continuous control (MuJoCo, any Box action space), every sampler.
 
-    # HalfCheetah-v5, one update per env step
-    python algos/ddpg_mujoco.py
-    # sampler process + learner, shared replay
-    python algos/ddpg_mujoco.py --sampler async
-    python algos/ddpg_mujoco.py --env-id Pendulum-v1 --min-steps-learn 1000 --total-timesteps 20000
+    python algos/ddpg_mujoco.py                     # HalfCheetah-v5, one update per env step
+    python algos/ddpg_mujoco.py --sampler async     # a sampler process fills a shared replay while this one learns
+    python algos/ddpg_mujoco.py --preset pendulum   # Pendulum-v1 in 20k steps
 
-DDPG (Lillicrap et al. 2016) in the re-tuned form the TD3 paper compares against ("our DDPG"): a
-deterministic actor with Gaussian exploration noise (0.1) instead of Ornstein-Uhlenbeck noise,
-one Q critic, target networks with soft updates (tau 0.005) every step, Adam 3e-4, batch 256, no
-weight decay.
+DDPG (Lillicrap et al. 2016) in the re-tuned form the TD3 paper compares against ("our DDPG"): a deterministic actor
+with Gaussian exploration noise (0.1) instead of Ornstein-Uhlenbeck noise, one Q critic, target networks with soft
+updates (tau 0.005) every step, Adam 3e-4, batch 256, no weight decay. replay_ratio is samples consumed per env step
+(256 at batch 256: one update per step). Actions are in [-1, 1] inside the agent and the replay (the noise scale is a
+fraction of half the action range) and scaled to the env's bounds when stepping; --normalize-obs keeps running
+observation statistics, frozen in evaluation and in --export.
 
-Replay rows follow gymnasium's next-step autoreset (see shared/replay.py): a time-limit
-truncation (every MuJoCo v5 episode ends at 1000 steps) bootstraps from the episode's true final
-observation and is never treated as terminal; only termination stops the bootstrap.
-
-Actions live in [-1, 1] inside the agent and the replay (the noise scale is in these units, i.e.
-a fraction of half the action range), and are scaled to the env's bounds when stepping. With
---normalize-obs the sampler keeps running observation statistics; the replay stores raw
-observations and both sides normalise with the current statistics; they are saved in the
-checkpoint and frozen in evaluation.
-
-replay_ratio: samples the learner consumes per sampled env step, so updates per env step =
-replay_ratio / batch_size (256 / 256: one update per step). Async mode holds it from both sides
-(shared/pacing.py, AsyncReplay): the learner never runs ahead of it (`wait_s`), the sampler waits
-when it is more than max_lag_steps env steps ahead of what the learner's updates cover
-(`sampler_wait_s`). Under torchrun steps are the job's (every rank's): each update takes
-batch_size samples on every rank, so the job's replay ratio is the one asked for; learning starts
-when every rank's replay holds min_steps_learn.
-
-Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the
-networks in Actor (forward(obs) -> action [N, A] in [-1, 1]) and Critics (forward(obs, action) ->
-Q-values [K, N], K = 1 here); the losses in ddpg_critic_loss and ddpg_actor_loss (what --compile
-compiles, with policy_step), the update in ddpg_update, whose returned dict is the row's logged
-statistics (a new key is a new progress.csv column); the schedule in main.
+Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the networks in Actor
+(forward(obs) -> action [N, A] in [-1, 1]) and Critics (forward(obs, action) -> Q-values [K, N], K = 1 here); the
+losses in ddpg_critic_loss and ddpg_actor_loss, whose statistics ddpg_update returns (a new key is a new progress.csv
+column); the evaluation and --export action in Policy; the schedule in main.
 """
 
 from __future__ import annotations
@@ -79,8 +60,7 @@ class Args(RunArgs):
     # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
     # experiment
     preset: Literal["mujoco", "pendulum"] = "mujoco"
-    """named settings to start from (mujoco: the TD3 paper's DDPG settings (HalfCheetah-v5);
-    pendulum: Pendulum-v1 in 20k steps); flags given override them"""
+    """named settings, flags given override them (mujoco: TD3 paper's DDPG on HalfCheetah; pendulum: Pendulum-v1, 20k steps)"""
     env_id: str = "HalfCheetah-v5"
     """gymnasium id of an env with a Box action space (MuJoCo v5 envs, Pendulum-v1, ...)"""
     total_timesteps: PositiveInt = 1_000_000
@@ -88,8 +68,7 @@ class Args(RunArgs):
     log_every: PositiveInt = 5_000
     """env steps between progress rows"""
     save_replay: bool = False
-    """each checkpoint also writes the replay (replay.npz, plain arrays); --resume then continues
-    with it"""
+    """each checkpoint also writes the replay (replay.npz, plain arrays); --resume then continues with it"""
     # algorithm
     num_envs: PositiveInt = 1
     """environments stepped together on each rank (torchrun)"""
@@ -100,8 +79,7 @@ class Args(RunArgs):
     replay_ratio: PositiveFloat = 256.0
     """samples consumed per env step (256 with batch 256: one update per step)"""
     min_steps_learn: NonNegInt = 25_000
-    """env steps of uniformly random actions collected before learning starts (in each rank's
-    replay)"""
+    """env steps of uniformly random actions collected before learning starts (in each rank's replay)"""
     learning_rate: Annotated[float, Range(gt=0, lt=1)] = 3e-4
     """Adam step size of the actor and the critic"""
     hidden: PositiveInt = 256
@@ -115,19 +93,15 @@ class Args(RunArgs):
     exploration_noise: NonNegFloat = 0.1
     """std of the Gaussian noise added to the actor's actions while sampling"""
     normalize_obs: bool = False
-    """normalise observations with running statistics (saved in the checkpoint, frozen in
-    evaluation)"""
+    """normalise observations with running statistics (saved in the checkpoint, frozen in evaluation)"""
     # infrastructure
     sampler: Literal["serial", "parallel", "async"] = "serial"
-    """serial, parallel (AsyncVectorEnv worker processes) or async (sampler process appending to a
-    shared replay while the learner trains)"""
+    """serial, parallel (AsyncVectorEnv worker processes) or async (a sampler process appending to a shared replay)"""
     max_lag_steps: NonNegInt = 1_000
-    """async: the sampler waits when it is this many env steps ahead of the learner's updates (0:
-    never waits)"""
+    """async: the sampler waits when it is this many env steps ahead of the learner's updates (0: never waits)"""
 
 
-# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps
-# its default.
+# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps its default.
 PRESETS = {
     "mujoco": Args(),
     # rl-baselines3-zoo's ddpg.yml Pendulum-v1 budget (20k steps), learning after 1000 random steps.
@@ -138,8 +112,8 @@ PRESETS = {
 
 
 def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
-    """One env, made in the process that steps it: a wrapper added here reaches every sampling mode;
-    plug your own env in here (shared/envs.py says how to register one)."""
+    """One env, made in the process that steps it: a wrapper added here reaches every sampling mode; plug your own env
+    in here (shared/envs.py says how to register one)."""
 
     def thunk() -> gym.Env:
         return gym.make(args.env_id, render_mode="rgb_array" if render else None)
@@ -147,9 +121,9 @@ def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
     return thunk
 
 
-def scale_action(action: np.ndarray, space: gym.spaces.Box) -> np.ndarray:
-    """[-1, 1] -> [low, high] of the env."""
-    return space.low + (action + 1.0) * 0.5 * (space.high - space.low)
+def scale_action(action, low, high):
+    """[-1, 1] -> [low, high]: numpy arrays when sampling, tensors in Policy."""
+    return low + (action + 1.0) * 0.5 * (high - low)
 
 
 # ----------------------------------------------------------------------------------------- networks
@@ -168,11 +142,10 @@ class Actor(nn.Module):
         return self.net(obs)  # [N, A]
 
 
+# Batched as td3_mujoco.py's and sac_mujoco.py's twin critics are, with one critic here (k=1).
 class Critics(nn.Module):
-    """K independent Q(s, a) MLPs evaluated as one batched MLP: each layer is one batched matmul
-    over all K (weights [K, in, out]), so twin critics launch one kernel per layer instead of two
-    (on a GPU small kernels are launch-bound; on a CPU it costs the same as two). Initialised
-    like nn.Linear (uniform +-1/sqrt(fan_in))."""
+    """K independent Q(s, a) MLPs evaluated as one: each layer is one batched matmul over all K (weights [K, in, out]),
+    initialised like nn.Linear (uniform +-1/sqrt(fan_in))."""
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: int, k: int = 2):
         super().__init__()
@@ -194,6 +167,21 @@ class Critics(nn.Module):
         return x.squeeze(-1)  # [K, N]
 
 
+class Policy(nn.Module):
+    """Evaluation and --export: raw observations [B, S] -> the actor's action scaled to the env's bounds [B, A], no
+    exploration noise; the observation statistics are read, never updated."""
+
+    def __init__(self, actor: Actor, obs_norm: ObsNorm, space: gym.spaces.Box):
+        super().__init__()
+        self.actor = actor
+        self.obs_norm = obs_norm
+        self.register_buffer("low", torch.as_tensor(space.low, dtype=torch.float32))
+        self.register_buffer("high", torch.as_tensor(space.high, dtype=torch.float32))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return scale_action(self.actor(self.obs_norm.normalize(obs.float())), self.low, self.high)
+
+
 # ----------------------------------------------------------------------------------------- sampling
 
 Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated", "truncated"])
@@ -201,15 +189,15 @@ Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated",
 
 @compiled
 def policy_step(actor: Actor, obs: torch.Tensor, bf16: bool) -> torch.Tensor:
-    """The acting step: the actor's actions [B, A] in [-1, 1] at observations [B, S], before the
-    exploration noise (drawn on the host, from the stepper's generator)."""
+    """The acting step: the actor's actions [B, A] in [-1, 1] at observations [B, S], before the exploration noise
+    (drawn on the host, from the stepper's generator)."""
     with autocast(obs.device, bf16):
         return actor(obs).float()
 
 
 class EnvStepper:
-    """Steps the envs one step at a time; keeps per-env episode state. Actions: uniform in [-1, 1]
-    before learning starts, then the actor's plus Gaussian exploration noise, clipped to [-1, 1]."""
+    """Steps the envs one step at a time; keeps per-env episode state. Actions: uniform in [-1, 1] before learning
+    starts, then the actor's plus Gaussian exploration noise, clipped to [-1, 1]."""
 
     def __init__(self, envs, args: Args, obs_norm: ObsNorm, seed: int):
         self.envs = envs
@@ -224,18 +212,16 @@ class EnvStepper:
 
     @torch.no_grad()
     def step(self, actor: Actor, random: bool, device: torch.device) -> tuple:
-        """One step of every env; returns the replay row [1, B] and the episodes that ended
-        [(return, length)]."""
+        """One step of every env; returns the replay row [1, B] and the episodes that ended [(return, length)]."""
         self.obs_norm.update(self.obs[~self.final_row])
         if random:
             action = self.rng.uniform(-1.0, 1.0, (self.args.num_envs,) + self.space.shape).astype(np.float32)
-        else:
-            # [B, S], one copy
-            obs = upload_batch({"observation": self.obs}, self.obs_norm, device)["observation"]
-            action = to_host(policy_step(actor, obs, self.args.bf16))  # the one copy a step makes
+        else:  # one copy each way per step
+            obs = upload_batch({"observation": self.obs}, self.obs_norm, device)["observation"]  # [B, S]
+            action = to_host(policy_step(actor, obs, self.args.bf16))
             noise = self.rng.normal(0.0, self.args.exploration_noise, action.shape)
             action = np.clip(action + noise, -1.0, 1.0).astype(np.float32)
-        next_obs, reward, term, trunc, _ = self.envs.step(scale_action(action, self.space))
+        next_obs, reward, term, trunc, _ = self.envs.step(scale_action(action, self.space.low, self.space.high))
         reward = np.where(self.final_row, 0.0, reward)
         row = Step(self.obs[None].astype(np.float32), action[None], reward[None].astype(np.float32), term[None], trunc[None])
         self.ep_return += reward
@@ -251,9 +237,8 @@ class EnvStepper:
 
 
 def to_tensors(batch, obs_norm: ObsNorm, device: torch.device) -> dict:
-    """Replay batch (numpy, [N, ...]) -> the update's float tensors, observations normalised."""
+    """Replay batch (numpy, [N, ...]) -> the update's float tensors in one copy to the device, observations normalised."""
     fields = ("observation", "next_observation", "action", "n_step_return", "terminated_n", "bootstrap_discount")
-    # one copy to a GPU
     return upload_batch({k: getattr(batch, k) for k in fields}, obs_norm, device)
 
 
@@ -283,9 +268,7 @@ def ddpg_actor_loss(actor: Actor, critic: Critics, obs: torch.Tensor, bf16: bool
         return -critic(obs, actor(obs)).float().mean()
 
 
-def ddpg_update(
-    actor, target_actor, critic, target_critic, optimizers, batch, obs_norm: ObsNorm, args: Args, device: torch.device
-) -> dict:
+def ddpg_update(actor, target_actor, critic, target_critic, optimizers, batch, obs_norm, args, device) -> dict:
     """One DDPG update from a replay batch: critic, actor, then the soft target updates."""
     actor_opt, critic_opt = optimizers
     b = to_tensors(batch, obs_norm, device)
@@ -305,20 +288,21 @@ def ddpg_update(
     distributed.average_gradients(actor)
     actor_opt.step()
     critic.requires_grad_(True)
+
     with torch.no_grad():
         for target, online in ((target_critic, critic), (target_actor, actor)):
             for tp, p in zip(target.parameters(), online.parameters()):
-                tp.lerp_(p, args.tau)
-    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per
-    # update.
-    return {"qf_loss": critic_stats["qf_loss"], "actor_loss": actor_loss.detach(), "q_values": critic_stats["q_values"]}
+                tp.lerp_(p, args.tau)  # Polyak averaging: tp += tau * (p - tp)
+    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per update.
+    return {**critic_stats, "actor_loss": actor_loss.detach()}
 
 
 # --------------------------------------------------------------------------------------------- main
 
 
 def make_learner(args: Args, run: Run) -> tuple:
-    """The actor, the critic, their target copies, their optimisers and observation statistics."""
+    """The actor, the critic, their target copies, their optimisers (actor's, critic's) and the observation
+    statistics."""
     obs_dim, act_dim = int(np.prod(run.obs_space.shape)), int(np.prod(run.act_space.shape))
     actor = Actor(obs_dim, act_dim, args.hidden).to(run.device)
     target_actor = copy.deepcopy(actor).requires_grad_(False)
@@ -334,41 +318,17 @@ def make_learner(args: Args, run: Run) -> tuple:
 
 
 def make_replay(args: Args, run: Run) -> ReplayBuffer:
-    """Each rank's replay of raw observations, n-step returns."""
+    """Each rank's replay of raw (unnormalised) observations and [-1, 1] actions, n-step returns."""
     obs_dim, act_dim = int(np.prod(run.obs_space.shape)), int(np.prod(run.act_space.shape))
     example = Step(np.zeros(obs_dim, np.float32), np.zeros(act_dim, np.float32), np.float32(0), False, False)
-    return ReplayBuffer(
-        example,
-        args.buffer_size,
-        args.num_envs,
-        discount=args.gamma,
-        n_step_return=args.n_step_return,
-        shared=args.sampler == "async",
-        seed=distributed.rank_seed(args.seed),
-    )
+    n_step = {"discount": args.gamma, "n_step_return": args.n_step_return}
+    seed = distributed.rank_seed(args.seed)
+    return ReplayBuffer(example, args.buffer_size, args.num_envs, **n_step, shared=args.sampler == "async", seed=seed)
 
 
-def act(actor: Actor, obs_norm: ObsNorm, device: torch.device, space: gym.spaces.Box, obs: np.ndarray) -> np.ndarray:
-    """Evaluation policy, for observations [B, obs_dim]: the actor's action, no exploration noise,
-    statistics frozen."""
-    x = obs_norm.normalize(torch.as_tensor(obs, dtype=torch.float32, device=device))
-    return scale_action(actor(x).cpu().numpy(), space)  # [B, act_dim]
-
-
-class ExportedPolicy(nn.Module):
-    """--export: raw observations [B, obs_dim] -> the actor's action [B, act_dim] scaled to the
-    bounds, no exploration noise; the observation statistics and the action bounds are constants
-    of the graph."""
-
-    def __init__(self, actor: Actor, obs_norm: ObsNorm, space: gym.spaces.Box):
-        super().__init__()
-        self.actor, self.obs_norm = actor, obs_norm
-        self.register_buffer("low", torch.as_tensor(space.low, dtype=torch.float32))
-        self.register_buffer("high", torch.as_tensor(space.high, dtype=torch.float32))
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        a = self.actor(self.obs_norm.normalize(obs.float()))  # in [-1, 1]
-        return self.low + (a + 1.0) * 0.5 * (self.high - self.low)
+def act(policy: Policy, device: torch.device, obs: np.ndarray) -> np.ndarray:
+    """Evaluation: Policy's action [B, A] at observations [B, S]."""
+    return policy(torch.as_tensor(obs, dtype=torch.float32, device=device)).cpu().numpy()
 
 
 def main() -> int:
@@ -377,28 +337,19 @@ def main() -> int:
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating("buffer_size", "hidden"):  # sizes this machine cannot hold: exit 2
         actor, target_actor, critic, target_critic, optimizers, obs_norm = make_learner(args, run)
-        # no replay to evaluate or export a checkpoint
-        buffer = None if args.eval_only or args.export else make_replay(args, run)
-    start = run.begin(
-        partial(act, actor, obs_norm, run.device, run.act_space),
-        buffer,
-        actor=actor,
-        target_actor=target_actor,
-        critic=critic,
-        target_critic=target_critic,
-        actor_optimizer=optimizers[0],
-        critic_optimizer=optimizers[1],
-        obs_norm=obs_norm,
-    )
+        buffer = None if args.eval_only or args.export else make_replay(args, run)  # evaluating or exporting: no replay
+    policy = Policy(actor, obs_norm, run.act_space).to(run.device)
+    named_optimizers = {"actor_optimizer": optimizers[0], "critic_optimizer": optimizers[1]}  # the checkpoint's names
+    saved = dict(actor=actor, target_actor=target_actor, critic=critic, target_critic=target_critic, **named_optimizers)
+    start = run.begin(partial(act, policy, run.device), buffer, **saved, obs_norm=obs_norm)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
     if args.export:  # with --resume: the deterministic policy as an ONNX file, train nothing
-        return run.export(ExportedPolicy(actor, obs_norm, run.act_space), ["action"])
+        return run.export(policy, ["action"])
     global_step, updates = start.global_step, start.updates
     stats, waits = {}, {}
-    pacer = ReplayPacer(
-        args.replay_ratio / (args.batch_size * run.world), args.min_steps_learn * run.world, *start.replay_origin
-    )
+    updates_per_step = args.replay_ratio / (args.batch_size * run.world)  # per job env step: each update samples on every rank
+    pacer = ReplayPacer(updates_per_step, args.min_steps_learn * run.world, *start.replay_origin)
     with run:
         # this process steps the envs: in turn (serial), or in threads or processes
         if args.sampler != "async":
@@ -410,8 +361,7 @@ def main() -> int:
             if args.sampler != "async":  # one step of every env, into the replay
                 row, episodes = stepper.step(actor, pacer.warming_up(global_step), run.device)
                 buffer.append(row)
-                # the job's env steps: every rank steps as many
-                global_step += args.num_envs * run.world
+                global_step += args.num_envs * run.world  # the job's env steps: every rank steps as many
                 for ret, length in episodes:
                     run.episode(ret, length, global_step)
             else:  # the rows the sampler appended meanwhile; actor is published to it when due
@@ -432,9 +382,8 @@ def main() -> int:
 
 
 def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: AsyncReplay, proc: SamplerProcess) -> None:
-    """Async sampler process: steps the envs and appends to the shared replay with the newest actor
-    the learner published; waits while it is more than max_lag_steps ahead of what the learner's
-    updates cover."""
+    """Async sampler process: steps the envs and appends to the shared replay with the newest actor the learner
+    published; waits while it is more than max_lag_steps ahead of what the learner's updates cover."""
     torch.set_num_threads(1)
     envs = make_envs(args, make_env, "serial")
     step = link.start_step
@@ -446,12 +395,9 @@ def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: Asyn
             if link.sampler_wait(step, args.max_lag_steps):
                 continue
             link.pull(actor)
-            # uniformly random actions
-            warmup = step < link.pacer.start_step + link.pacer.min_steps_learn
-            row, episodes = stepper.step(actor, warmup, torch.device("cpu"))
+            row, episodes = stepper.step(actor, link.pacer.warming_up(step), torch.device("cpu"))
             buffer.append(row)
-            # counted as global steps, like the learner's
-            step += args.num_envs * distributed.world_size()
+            step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
             link.report(episodes, step)
     finally:
         envs.close()

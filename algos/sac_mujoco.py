@@ -1,38 +1,21 @@
 """Soft Actor-Critic for continuous control (MuJoCo, any Box action space), every sampler.
 
-    # HalfCheetah-v5, one update per env step
-    python algos/sac_mujoco.py
-    # sampler process + learner, shared replay
-    python algos/sac_mujoco.py --sampler async
-    python algos/sac_mujoco.py --env-id Pendulum-v1 --min-steps-learn 1000 --total-timesteps 20000
+    python algos/sac_mujoco.py                     # HalfCheetah-v5, one update per env step
+    python algos/sac_mujoco.py --sampler async     # a sampler process fills a shared replay while this one learns
+    python algos/sac_mujoco.py --preset pendulum   # Pendulum-v1 in 20k steps
 
-SAC (Haarnoja et al. 2018, the version with automatic entropy tuning): a tanh-squashed Gaussian
-policy trained through the reparameterisation trick, twin Q critics with the minimum in the
-target, soft target updates, and a temperature alpha tuned towards the target entropy -|A|.
+SAC (Haarnoja et al. 2018, with automatic entropy tuning): a tanh-squashed Gaussian policy trained through the
+reparameterisation trick, twin Q critics with the minimum in the target, soft target updates (tau) and a temperature
+alpha tuned towards the target entropy -|A|. replay_ratio is samples consumed per env step (256 at batch 256: the
+paper's one update per step). n-step targets sum the rewards only; n = 1 is the paper's SAC. Actions are in [-1, 1]
+inside the agent and the replay and scaled to the env's bounds when stepping; --normalize-obs keeps running
+observation statistics, frozen in evaluation and in --export.
 
-Replay rows follow gymnasium's next-step autoreset (see shared/replay.py): a time-limit
-truncation (every MuJoCo v5 episode ends at 1000 steps) bootstraps from the episode's true final
-observation and is never treated as terminal; only termination stops the bootstrap. n-step
-targets sum the rewards only (the entropy bonuses of the intermediate steps are left out, as in
-most n-step SAC variants); n = 1 is the paper's SAC.
-
-Actions live in [-1, 1] inside the agent and the replay, and are scaled to the env's bounds when
-stepping. With --normalize-obs the sampler keeps running observation statistics; the replay
-stores raw observations and both sides normalise with the current statistics; they are saved in
-the checkpoint and frozen in evaluation.
-
-replay_ratio: samples the learner consumes per sampled env step, so updates per env step =
-replay_ratio / batch_size (256 / 256: the paper's one update per step). Async mode holds it from
-both sides (shared/pacing.py, AsyncReplay): the learner never runs ahead of it (`wait_s`), the
-sampler waits when it is more than max_lag_steps env steps ahead of what the learner's updates
-cover (`sampler_wait_s`).
-
-Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the
-networks in Actor (forward(obs, deterministic) -> action in [-1, 1] and its log-probability) and
-Critics (forward(obs, action) -> Q-values [K, N] of the K critics); the losses in sac_critic_loss,
-sac_actor_loss and sac_alpha_loss (what --compile compiles, with policy_step), the update in
-sac_update, whose returned dict is the row's logged statistics (a new key is a new progress.csv
-column); the schedule in main.
+Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the networks in Actor
+(net(obs) -> mean and log std [N, 2A] of the pre-tanh Gaussian; forward(obs) -> a sampled action in [-1, 1] [N, A]
+and its log-probability [N]) and Critics (forward(obs, action) -> Q-values [K, N]); the losses in sac_critic_loss,
+sac_actor_loss and sac_alpha_loss, whose statistics sac_update returns (a new key is a new progress.csv column); the
+evaluation and --export action in Policy; the schedule in main.
 """
 
 from __future__ import annotations
@@ -77,8 +60,7 @@ class Args(RunArgs):
     # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
     # experiment
     preset: Literal["mujoco", "pendulum"] = "mujoco"
-    """named settings to start from (mujoco: the SAC paper's settings (HalfCheetah-v5); pendulum:
-    Pendulum-v1 in 20k steps); flags given override them"""
+    """named settings, flags given override them (mujoco: the SAC paper's, HalfCheetah-v5; pendulum: Pendulum-v1, 20k steps)"""
     env_id: str = "HalfCheetah-v5"
     """gymnasium id of an env with a Box action space (MuJoCo v5 envs, Pendulum-v1, ...)"""
     total_timesteps: PositiveInt = 1_000_000
@@ -86,8 +68,7 @@ class Args(RunArgs):
     log_every: PositiveInt = 5_000
     """env steps between progress rows"""
     save_replay: bool = False
-    """each checkpoint also writes the replay (replay.npz, plain arrays); --resume then continues
-    with it"""
+    """each checkpoint also writes the replay (replay.npz, plain arrays); --resume then continues with it"""
     # algorithm
     num_envs: PositiveInt = 1
     """environments stepped together on each rank (torchrun)"""
@@ -98,8 +79,7 @@ class Args(RunArgs):
     replay_ratio: PositiveFloat = 256.0
     """samples consumed per env step (256 with batch 256: one update per step, as in the paper)"""
     min_steps_learn: NonNegInt = 5_000
-    """env steps of uniformly random actions collected before learning starts (in each rank's
-    replay)"""
+    """env steps of uniformly random actions collected before learning starts (in each rank's replay)"""
     learning_rate: Annotated[float, Range(gt=0, lt=1)] = 3e-4
     """Adam step size of the actor, the critics and the temperature"""
     hidden: PositiveInt = 256
@@ -115,19 +95,15 @@ class Args(RunArgs):
     alpha: PositiveFloat = 0.2
     """temperature: fixed value without --autotune, initial value with it"""
     normalize_obs: bool = False
-    """normalise observations with running statistics (saved in the checkpoint, frozen in
-    evaluation)"""
+    """normalise observations with running statistics (saved in the checkpoint, frozen in evaluation)"""
     # infrastructure
     sampler: Literal["serial", "parallel", "async"] = "serial"
-    """serial, parallel (AsyncVectorEnv worker processes) or async (sampler process appending to a
-    shared replay while the learner trains)"""
+    """serial, parallel (AsyncVectorEnv worker processes) or async (a sampler process appending to a shared replay)"""
     max_lag_steps: NonNegInt = 1_000
-    """async: the sampler waits when it is this many env steps ahead of the learner's updates (0:
-    never waits)"""
+    """async: the sampler waits when it is this many env steps ahead of the learner's updates (0: never waits)"""
 
 
-# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps
-# its default.
+# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps its default.
 PRESETS = {
     "mujoco": Args(),
     # rl-baselines3-zoo's sac.yml Pendulum-v1 budget (20k steps), learning after 1000 random steps.
@@ -138,8 +114,8 @@ PRESETS = {
 
 
 def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
-    """One env, made in the process that steps it: a wrapper added here reaches every sampling mode;
-    plug your own env in here (shared/envs.py says how to register one)."""
+    """One env, made in the process that steps it: a wrapper added here reaches every sampling mode; plug your own env
+    in here (shared/envs.py says how to register one)."""
 
     def thunk() -> gym.Env:
         return gym.make(args.env_id, render_mode="rgb_array" if render else None)
@@ -147,9 +123,9 @@ def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
     return thunk
 
 
-def scale_action(action: np.ndarray, space: gym.spaces.Box) -> np.ndarray:
-    """[-1, 1] -> [low, high] of the env."""
-    return space.low + (action + 1.0) * 0.5 * (space.high - space.low)
+def scale_action(action, low, high):
+    """[-1, 1] -> [low, high]: numpy arrays when sampling, tensors in Policy."""
+    return low + (action + 1.0) * 0.5 * (high - low)
 
 
 # ----------------------------------------------------------------------------------------- networks
@@ -158,9 +134,9 @@ LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
 
 
 def squashed_gaussian(mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Tensor) -> tuple:
-    """a = tanh(u), u = mean + std * noise; returns (a [N, A], log pi(a|s) [N]).
-    The exact change of variables: log pi(a) = log N(u; mean, std) - sum log(1 - tanh(u)^2), with
-    log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)), finite where tanh(u) rounds to +-1."""
+    """a = tanh(u), u = mean + std * noise; returns (a [N, A], log pi(a|s) [N]). The exact change of variables:
+    log pi(a) = log N(u; mean, std) - sum log(1 - tanh(u)^2), with log(1 - tanh(u)^2) = 2 (log 2 - u - softplus(-2u)),
+    finite where tanh(u) rounds to +-1."""
     u = mean + log_std.exp() * noise
     log_normal = (-0.5 * noise**2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
     log_det = (2.0 * (math.log(2.0) - u - F.softplus(-2.0 * u))).sum(-1)
@@ -168,7 +144,7 @@ def squashed_gaussian(mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Te
 
 
 class Actor(nn.Module):
-    """s -> (mean, log_std) of the pre-tanh Gaussian; 2 hidden ReLU layers."""
+    """net: s -> (mean, log_std) of the pre-tanh Gaussian, 2 hidden ReLU layers; forward samples an action from it."""
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: int):
         super().__init__()
@@ -176,20 +152,17 @@ class Actor(nn.Module):
             nn.Linear(obs_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 2 * act_dim)
         )
 
-    def forward(self, obs: torch.Tensor, deterministic: bool = False) -> tuple:
+    def forward(self, obs: torch.Tensor) -> tuple:
         mean, log_std = self.net(obs).chunk(2, dim=-1)
         log_std = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
-        noise = torch.zeros_like(mean) if deterministic else torch.randn_like(mean)
-        return squashed_gaussian(mean, log_std, noise)  # a in [-1, 1] [N, A], log pi [N]
+        return squashed_gaussian(mean, log_std, torch.randn_like(mean))  # a in [-1, 1] [N, A], log pi [N]
 
 
-# Kept batched: one matmul per layer for both critics; two plain MLPs would draw other initial
-# weights (not identical).
+# Batched rather than two plain MLPs: one kernel per layer for both critics (small kernels are launch-bound on a GPU),
+# and two MLPs would draw other initial weights.
 class Critics(nn.Module):
-    """K independent Q(s, a) MLPs evaluated as one batched MLP: each layer is one batched matmul
-    over all K (weights [K, in, out]), so twin critics launch one kernel per layer instead of two
-    (on a GPU small kernels are launch-bound; on a CPU it costs the same as two). Initialised
-    like nn.Linear (uniform +-1/sqrt(fan_in))."""
+    """K independent Q(s, a) MLPs evaluated as one: each layer is one batched matmul over all K (weights [K, in, out]),
+    initialised like nn.Linear (uniform +-1/sqrt(fan_in))."""
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: int, k: int = 2):
         super().__init__()
@@ -211,6 +184,22 @@ class Critics(nn.Module):
         return x.squeeze(-1)  # [K, N]
 
 
+class Policy(nn.Module):
+    """Evaluation and --export: raw observations [B, S] -> the deterministic action tanh(mean) scaled to the env's
+    bounds [B, A], and the Gaussian's mean before tanh [B, A]; the observation statistics are read, never updated."""
+
+    def __init__(self, actor: Actor, obs_norm: ObsNorm, space: gym.spaces.Box):
+        super().__init__()
+        self.actor = actor
+        self.obs_norm = obs_norm
+        self.register_buffer("low", torch.as_tensor(space.low, dtype=torch.float32))
+        self.register_buffer("high", torch.as_tensor(space.high, dtype=torch.float32))
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean = self.actor.net(self.obs_norm.normalize(obs.float())).chunk(2, dim=-1)[0]
+        return scale_action(torch.tanh(mean), self.low, self.high), mean
+
+
 # ----------------------------------------------------------------------------------------- sampling
 
 Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated", "truncated"])
@@ -224,8 +213,8 @@ def policy_step(actor: Actor, obs: torch.Tensor, bf16: bool) -> torch.Tensor:
 
 
 class EnvStepper:
-    """Steps the envs one step at a time; keeps per-env episode state. Actions: uniform in [-1, 1]
-    before learning starts, then sampled from the policy."""
+    """Steps the envs one step at a time; keeps per-env episode state. Actions: uniform in [-1, 1] before learning
+    starts, then sampled from the policy."""
 
     def __init__(self, envs, args: Args, obs_norm: ObsNorm, seed: int):
         self.envs = envs
@@ -240,16 +229,14 @@ class EnvStepper:
 
     @torch.no_grad()
     def step(self, actor: Actor, random: bool, device: torch.device) -> tuple:
-        """One step of every env; returns the replay row [1, B] and the episodes that ended
-        [(return, length)]."""
+        """One step of every env; returns the replay row [1, B] and the episodes that ended [(return, length)]."""
         self.obs_norm.update(self.obs[~self.final_row])
         if random:
             action = self.rng.uniform(-1.0, 1.0, (self.args.num_envs,) + self.space.shape).astype(np.float32)
-        else:
-            # [B, S], one copy
-            obs = upload_batch({"observation": self.obs}, self.obs_norm, device)["observation"]
-            action = to_host(policy_step(actor, obs, self.args.bf16))  # the one copy a step makes
-        next_obs, reward, term, trunc, _ = self.envs.step(scale_action(action, self.space))
+        else:  # one copy each way per step
+            obs = upload_batch({"observation": self.obs}, self.obs_norm, device)["observation"]  # [B, S]
+            action = to_host(policy_step(actor, obs, self.args.bf16))
+        next_obs, reward, term, trunc, _ = self.envs.step(scale_action(action, self.space.low, self.space.high))
         reward = np.where(self.final_row, 0.0, reward)
         row = Step(self.obs[None].astype(np.float32), action[None], reward[None].astype(np.float32), term[None], trunc[None])
         self.ep_return += reward
@@ -265,16 +252,14 @@ class EnvStepper:
 
 
 def to_tensors(batch, obs_norm: ObsNorm, device: torch.device) -> dict:
-    """Replay batch (numpy, [N, ...]) -> the update's float tensors, observations normalised."""
+    """Replay batch (numpy, [N, ...]) -> the update's float tensors in one copy to the device, observations normalised."""
     fields = ("observation", "next_observation", "action", "n_step_return", "terminated_n", "bootstrap_discount")
-    # one copy to a GPU
     return upload_batch({k: getattr(batch, k) for k in fields}, obs_norm, device)
 
 
 def critic_target(batch: dict, actor: Actor, target_critics: Critics, alpha: torch.Tensor) -> torch.Tensor:
-    """n-step soft targets [N]: R + (1 - terminated_n) gamma^k (min_j Q'_j(s', a') - alpha log
-    pi(a'|s')), a' ~ pi(.|s'). A truncation inside the window bootstraps from the episode's final
-    observation s'."""
+    """n-step soft targets [N]: R + (1 - terminated_n) gamma^k (min_j Q'_j(s', a') - alpha log pi(a'|s')), a' ~ pi(.|s').
+    A truncation inside the window bootstraps from the episode's final observation s'."""
     with torch.no_grad():
         next_action, next_log_pi = actor(batch["next_observation"])
         q_next = target_critics(batch["next_observation"], next_action).float().min(0).values
@@ -283,11 +268,8 @@ def critic_target(batch: dict, actor: Actor, target_critics: Critics, alpha: tor
 
 
 @compiled
-def sac_critic_loss(
-    actor: Actor, critics: Critics, target_critics: Critics, b: dict, alpha: torch.Tensor, bf16: bool
-) -> tuple:
-    """The twin critics' loss on the batch ``b`` (soft targets under no_grad) and its statistics,
-    detached."""
+def sac_critic_loss(actor: Actor, critics: Critics, target_critics: Critics, b: dict, alpha: torch.Tensor, bf16: bool):
+    """The twin critics' loss on the batch ``b`` (soft targets under no_grad) and its statistics, detached."""
     with autocast(alpha.device, bf16):
         y = critic_target(b, actor, target_critics, alpha)  # [N]
         q = critics(b["observation"], b["action"]).float()  # [2, N]
@@ -297,8 +279,8 @@ def sac_critic_loss(
 
 @compiled
 def sac_actor_loss(actor: Actor, critics: Critics, obs: torch.Tensor, alpha: torch.Tensor, bf16: bool) -> tuple:
-    """The actor's loss E[alpha log pi(a|s) - min_j Q_j(s, a)], a ~ pi(.|s) reparameterised, and
-    log pi [N] detached (the temperature's loss and the entropy statistic)."""
+    """The actor's loss E[alpha log pi(a|s) - min_j Q_j(s, a)], a ~ pi(.|s) reparameterised, and log pi [N] detached
+    (for the temperature's loss and the entropy statistic)."""
     with autocast(obs.device, bf16):
         pi_action, log_pi = actor(obs)
         q_pi = critics(obs, pi_action).float().min(0).values
@@ -309,14 +291,11 @@ def sac_actor_loss(actor: Actor, critics: Critics, obs: torch.Tensor, alpha: tor
 
 @compiled
 def sac_alpha_loss(log_alpha: torch.Tensor, log_pi: torch.Tensor, target_entropy: float) -> torch.Tensor:
-    """The temperature's loss: alpha grows while the policy's entropy (-log pi [N]) is below the
-    target entropy."""
+    """The temperature's loss: alpha grows while the policy's entropy (-log pi [N]) is below the target entropy."""
     return -(log_alpha * (log_pi + target_entropy)).mean()
 
 
-def sac_update(
-    actor, critics, target_critics, log_alpha, optimizers: dict, batch, obs_norm: ObsNorm, args: Args, device: torch.device
-) -> dict:
+def sac_update(actor, critics, target_critics, log_alpha, optimizers, batch, obs_norm: ObsNorm, args: Args, device) -> dict:
     """One SAC update from a replay batch: critics, actor, temperature, then soft targets."""
     actor_opt, critic_opt = optimizers["actor_optimizer"], optimizers["critic_optimizer"]
     b = to_tensors(batch, obs_norm, device)
@@ -349,23 +328,16 @@ def sac_update(
     with torch.no_grad():
         for target, p in zip(target_critics.parameters(), critics.parameters()):
             target.lerp_(p, args.tau)
-    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per
-    # update.
-    return {
-        "qf_loss": critic_stats["qf_loss"],
-        "actor_loss": actor_loss.detach(),
-        "alpha": alpha,
-        "q_values": critic_stats["q_values"],
-        "entropy": -log_pi.mean(),
-    }
+    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per update.
+    return {**critic_stats, "actor_loss": actor_loss.detach(), "alpha": alpha, "entropy": -log_pi.mean()}
 
 
 # --------------------------------------------------------------------------------------------- main
 
 
 def make_learner(args: Args, run: Run) -> tuple[Actor, Critics, Critics, torch.Tensor, dict, ObsNorm]:
-    """The actor, the critics and their target copy, log alpha, the optimisers by their checkpoint
-    names, and the observation statistics."""
+    """The actor, the critics and their target copy, log alpha, the optimisers by their checkpoint names, and the
+    observation statistics."""
     obs_dim, act_dim = int(np.prod(run.obs_space.shape)), int(np.prod(run.act_space.shape))
     actor = Actor(obs_dim, act_dim, args.hidden).to(run.device)
     critics = Critics(obs_dim, act_dim, args.hidden).to(run.device)
@@ -387,40 +359,14 @@ def make_replay(args: Args, run: Run) -> ReplayBuffer:
     """Each rank's replay of raw (unnormalised) observations and [-1, 1] actions, n-step returns."""
     obs_dim, act_dim = int(np.prod(run.obs_space.shape)), int(np.prod(run.act_space.shape))
     example = Step(np.zeros(obs_dim, np.float32), np.zeros(act_dim, np.float32), np.float32(0), False, False)
-    return ReplayBuffer(
-        example,
-        args.buffer_size,
-        args.num_envs,
-        discount=args.gamma,
-        n_step_return=args.n_step_return,
-        shared=args.sampler == "async",
-        seed=distributed.rank_seed(args.seed),
-    )
+    n_step = {"discount": args.gamma, "n_step_return": args.n_step_return}
+    seed = distributed.rank_seed(args.seed)
+    return ReplayBuffer(example, args.buffer_size, args.num_envs, **n_step, shared=args.sampler == "async", seed=seed)
 
 
-def act(actor: Actor, obs_norm: ObsNorm, device: torch.device, space: gym.spaces.Box, obs: np.ndarray) -> np.ndarray:
-    """Evaluation policy, for observations [B, obs_dim]: the deterministic action (tanh of the
-    mean), statistics frozen."""
-    x = obs_norm.normalize(torch.as_tensor(obs, dtype=torch.float32, device=device))
-    return scale_action(actor(x, deterministic=True)[0].cpu().numpy(), space)  # [B, act_dim]
-
-
-class ExportedPolicy(nn.Module):
-    """--export: raw observations [B, obs_dim] -> the evaluation's action [B, act_dim] (tanh of the
-    mean, scaled to the bounds) and the Gaussian's mean [B, act_dim] before tanh; the
-    observation statistics and the action bounds are constants of the graph."""
-
-    def __init__(self, actor: Actor, obs_norm: ObsNorm, space: gym.spaces.Box):
-        super().__init__()
-        self.actor, self.obs_norm = actor, obs_norm
-        self.register_buffer("low", torch.as_tensor(space.low, dtype=torch.float32))
-        self.register_buffer("high", torch.as_tensor(space.high, dtype=torch.float32))
-
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = self.obs_norm.normalize(obs.float())
-        a, _ = self.actor(x, deterministic=True)  # the evaluation's action: tanh(mean) in [-1, 1]
-        mean = self.actor.net(x).chunk(2, dim=-1)[0]
-        return self.low + (a + 1.0) * 0.5 * (self.high - self.low), mean
+def act(policy: Policy, device: torch.device, obs: np.ndarray) -> np.ndarray:
+    """Evaluation: Policy's deterministic action [B, A] at observations [B, S]."""
+    return policy(torch.as_tensor(obs, dtype=torch.float32, device=device))[0].cpu().numpy()
 
 
 def main() -> int:
@@ -429,28 +375,18 @@ def main() -> int:
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating("buffer_size", "hidden"):  # sizes this machine cannot hold: exit 2
         actor, critics, target_critics, log_alpha, optimizers, obs_norm = make_learner(args, run)
-        # no replay to evaluate or export a checkpoint
-        buffer = None if args.eval_only or args.export else make_replay(args, run)
-    policy = partial(act, actor, obs_norm, run.device, run.act_space)  # for evaluation
-    start = run.begin(
-        policy,
-        buffer,
-        actor=actor,
-        critics=critics,
-        target_critics=target_critics,
-        log_alpha=log_alpha,
-        **optimizers,
-        obs_norm=obs_norm,
-    )
+        buffer = None if args.eval_only or args.export else make_replay(args, run)  # evaluating or exporting: no replay
+    policy = Policy(actor, obs_norm, run.act_space).to(run.device)
+    saved = dict(actor=actor, critics=critics, target_critics=target_critics, log_alpha=log_alpha, **optimizers)
+    start = run.begin(partial(act, policy, run.device), buffer, **saved, obs_norm=obs_norm)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
     if args.export:  # with --resume: the deterministic policy as an ONNX file, train nothing
-        return run.export(ExportedPolicy(actor, obs_norm, run.act_space), ["action", "mean"])
+        return run.export(policy, ["action", "mean"])
     global_step, updates = start.global_step, start.updates
     stats, waits = {}, {}
-    pacer = ReplayPacer(
-        args.replay_ratio / (args.batch_size * run.world), args.min_steps_learn * run.world, *start.replay_origin
-    )
+    updates_per_step = args.replay_ratio / (args.batch_size * run.world)  # per job env step: each update samples on every rank
+    pacer = ReplayPacer(updates_per_step, args.min_steps_learn * run.world, *start.replay_origin)
     with run:
         # this process steps the envs: in turn (serial), or in threads or processes
         if args.sampler != "async":
@@ -462,8 +398,7 @@ def main() -> int:
             if args.sampler != "async":  # one step of every env, into the replay
                 row, episodes = stepper.step(actor, pacer.warming_up(global_step), run.device)
                 buffer.append(row)
-                # the job's env steps: every rank steps as many
-                global_step += args.num_envs * run.world
+                global_step += args.num_envs * run.world  # the job's env steps: every rank steps as many
                 for ret, length in episodes:
                     run.episode(ret, length, global_step)
             else:  # the rows the sampler appended meanwhile; actor is published to it when due
@@ -484,9 +419,8 @@ def main() -> int:
 
 
 def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: AsyncReplay, proc: SamplerProcess) -> None:
-    """Async sampler process: steps the envs and appends to the shared replay with the newest actor
-    the learner published; waits while it is more than max_lag_steps ahead of what the learner's
-    updates cover."""
+    """Async sampler process: steps the envs and appends to the shared replay with the newest actor the learner
+    published; waits while it is more than max_lag_steps ahead of what the learner's updates cover."""
     torch.set_num_threads(1)
     envs = make_envs(args, make_env, "serial")
     step = link.start_step
@@ -500,12 +434,9 @@ def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: Asyn
             if link.sampler_wait(step, args.max_lag_steps):
                 continue
             link.pull(actor)
-            # uniformly random actions
-            warmup = step < link.pacer.start_step + link.pacer.min_steps_learn
-            row, episodes = stepper.step(actor, warmup, torch.device("cpu"))
+            row, episodes = stepper.step(actor, link.pacer.warming_up(step), torch.device("cpu"))
             buffer.append(row)
-            # counted as global steps, like the learner's
-            step += args.num_envs * distributed.world_size()
+            step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
             link.report(episodes, step)
     finally:
         envs.close()

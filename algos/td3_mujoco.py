@@ -1,38 +1,20 @@
-"""TD3 for continuous control (MuJoCo, any Box action space), serial, parallel and async sampling.
+"""TD3 for continuous control (MuJoCo, any Box action space), every sampler.
 
-    # HalfCheetah-v5, one update per env step
-    python algos/td3_mujoco.py
-    # sampler process + learner, shared replay
-    python algos/td3_mujoco.py --sampler async
-    python algos/td3_mujoco.py --env-id Pendulum-v1 --min-steps-learn 1000 --total-timesteps 20000
+    python algos/td3_mujoco.py                     # HalfCheetah-v5, one critic update per env step
+    python algos/td3_mujoco.py --sampler async     # a sampler process fills a shared replay while this one learns
+    python algos/td3_mujoco.py --preset pendulum   # Pendulum-v1 in 20k steps
 
-TD3 (Fujimoto et al. 2018): a deterministic actor with Gaussian exploration noise (0.1), twin Q
-critics with the minimum in the target, target policy smoothing (noise 0.2 clipped at 0.5), and
-the actor and the target networks updated every second critic update (soft updates, tau 0.005).
+TD3 (Fujimoto et al. 2018): a deterministic actor with Gaussian exploration noise (0.1), twin Q critics with the
+minimum in the target, target policy smoothing (noise 0.2 clipped at 0.5), and the actor and the target networks
+updated every second critic update (soft updates, tau 0.005). replay_ratio is samples consumed per env step (256 at
+batch 256: the paper's one critic update per step); n = 1 is the paper's TD3. Actions are in [-1, 1] inside the agent
+and the replay (the noise scales are fractions of half the action range) and scaled to the env's bounds when stepping;
+--normalize-obs keeps running observation statistics, frozen in evaluation and in --export.
 
-Replay rows follow gymnasium's next-step autoreset (see shared/replay.py): a time-limit
-truncation (every MuJoCo v5 episode ends at 1000 steps) bootstraps from the episode's true final
-observation and is never treated as terminal; only termination stops the bootstrap. n = 1 is the
-paper's TD3.
-
-Actions live in [-1, 1] inside the agent and the replay (noise scales are in these units, i.e.
-fractions of half the action range), and are scaled to the env's bounds when stepping. With
---normalize-obs the sampler keeps running observation statistics; the replay stores raw
-observations and both sides normalise with the current statistics; they are saved in the
-checkpoint and frozen in evaluation.
-
-replay_ratio: samples the learner consumes per sampled env step, so updates per env step =
-replay_ratio / batch_size (256 / 256: one critic update per step, as in the paper). Async mode
-holds it from both sides (shared/pacing.py, AsyncReplay): the learner never runs ahead of it
-(`wait_s`), the sampler waits when it is more than max_lag_steps env steps ahead of what the
-learner's updates cover (`sampler_wait_s`).
-
-Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the
-networks in Actor (forward(obs) -> action [N, A] in [-1, 1]) and Critics (forward(obs, action,
-first) -> Q-values [K, N] of the K critics, or of the first `first`); the losses in
-td3_critic_loss and td3_actor_loss (what --compile compiles, with policy_step), the update in
-td3_update, whose returned dict is the row's logged statistics (a new key is a new progress.csv
-column); the schedule in main.
+Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the networks in Actor
+(forward(obs) -> action [N, A] in [-1, 1]) and Critics (forward(obs, action, first) -> Q-values [K, N] of the K
+critics, or of the first `first`); the losses in td3_critic_loss and td3_actor_loss, whose statistics td3_update
+returns (a new key is a new progress.csv column); the evaluation and --export action in Policy; the schedule in main.
 """
 
 from __future__ import annotations
@@ -78,8 +60,7 @@ class Args(RunArgs):
     # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
     # experiment
     preset: Literal["mujoco", "pendulum"] = "mujoco"
-    """named settings to start from (mujoco: the TD3 paper's settings (HalfCheetah-v5); pendulum:
-    Pendulum-v1 in 20k steps); flags given override them"""
+    """named settings, flags given override them (mujoco: the TD3 paper's, HalfCheetah-v5; pendulum: Pendulum-v1, 20k steps)"""
     env_id: str = "HalfCheetah-v5"
     """gymnasium id of an env with a Box action space (MuJoCo v5 envs, Pendulum-v1, ...)"""
     total_timesteps: PositiveInt = 1_000_000
@@ -87,8 +68,7 @@ class Args(RunArgs):
     log_every: PositiveInt = 5_000
     """env steps between progress rows"""
     save_replay: bool = False
-    """each checkpoint also writes the replay (replay.npz, plain arrays); --resume then continues
-    with it"""
+    """each checkpoint also writes the replay (replay.npz, plain arrays); --resume then continues with it"""
     # algorithm
     num_envs: PositiveInt = 1
     """environments stepped together on each rank (torchrun)"""
@@ -97,11 +77,9 @@ class Args(RunArgs):
     batch_size: PositiveInt = 256
     """transitions per gradient step"""
     replay_ratio: PositiveFloat = 256.0
-    """samples consumed per env step (256 with batch 256: one critic update per step, as in the
-    paper)"""
+    """samples consumed per env step (256 with batch 256: one critic update per step, as in the paper)"""
     min_steps_learn: NonNegInt = 25_000
-    """env steps of uniformly random actions collected before learning starts (in each rank's
-    replay)"""
+    """env steps of uniformly random actions collected before learning starts (in each rank's replay)"""
     learning_rate: Annotated[float, Range(gt=0, lt=1)] = 3e-4
     """Adam step size of the actor and the critics"""
     hidden: PositiveInt = 256
@@ -109,7 +87,7 @@ class Args(RunArgs):
     gamma: Fraction = 0.99
     """discount"""
     tau: Annotated[float, Range(gt=0, le=1)] = 0.005
-    """soft target update: the target critics move this fraction of the way every update"""
+    """soft target update: the target networks move this fraction of the way every actor update"""
     n_step_return: PositiveInt = 1
     """steps summed before bootstrapping"""
     exploration_noise: NonNegFloat = 0.1
@@ -121,19 +99,15 @@ class Args(RunArgs):
     policy_delay: PositiveInt = 2
     """critic updates per actor and target update"""
     normalize_obs: bool = False
-    """normalise observations with running statistics (saved in the checkpoint, frozen in
-    evaluation)"""
+    """normalise observations with running statistics (saved in the checkpoint, frozen in evaluation)"""
     # infrastructure
     sampler: Literal["serial", "parallel", "async"] = "serial"
-    """serial, parallel (AsyncVectorEnv worker processes) or async (sampler process appending to a
-    shared replay while the learner trains)"""
+    """serial, parallel (AsyncVectorEnv worker processes) or async (a sampler process appending to a shared replay)"""
     max_lag_steps: NonNegInt = 1_000
-    """async: the sampler waits when it is this many env steps ahead of the learner's updates (0:
-    never waits)"""
+    """async: the sampler waits when it is this many env steps ahead of the learner's updates (0: never waits)"""
 
 
-# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps
-# its default.
+# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps its default.
 PRESETS = {
     "mujoco": Args(),
     # rl-baselines3-zoo's td3.yml Pendulum-v1 budget (20k steps), learning after 1000 random steps.
@@ -144,8 +118,8 @@ PRESETS = {
 
 
 def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
-    """One env, made in the process that steps it: a wrapper added here reaches every sampling mode;
-    plug your own env in here (shared/envs.py says how to register one)."""
+    """One env, made in the process that steps it: a wrapper added here reaches every sampling mode; plug your own env
+    in here (shared/envs.py says how to register one)."""
 
     def thunk() -> gym.Env:
         return gym.make(args.env_id, render_mode="rgb_array" if render else None)
@@ -153,9 +127,9 @@ def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
     return thunk
 
 
-def scale_action(action: np.ndarray, space: gym.spaces.Box) -> np.ndarray:
-    """[-1, 1] -> [low, high] of the env."""
-    return space.low + (action + 1.0) * 0.5 * (space.high - space.low)
+def scale_action(action, low, high):
+    """[-1, 1] -> [low, high]: numpy arrays when sampling, tensors in Policy."""
+    return low + (action + 1.0) * 0.5 * (high - low)
 
 
 # ----------------------------------------------------------------------------------------- networks
@@ -174,11 +148,11 @@ class Actor(nn.Module):
         return self.net(obs)  # [N, A]
 
 
+# Batched rather than two plain MLPs: one kernel per layer for both critics (small kernels are launch-bound on a GPU),
+# and two MLPs would draw other initial weights.
 class Critics(nn.Module):
-    """K independent Q(s, a) MLPs evaluated as one batched MLP: each layer is one batched matmul
-    over all K (weights [K, in, out]), so twin critics launch one kernel per layer instead of two
-    (on a GPU small kernels are launch-bound; on a CPU it costs the same as two). Initialised
-    like nn.Linear (uniform +-1/sqrt(fan_in))."""
+    """K independent Q(s, a) MLPs evaluated as one: each layer is one batched matmul over all K (weights [K, in, out]),
+    initialised like nn.Linear (uniform +-1/sqrt(fan_in))."""
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: int, k: int = 2):
         super().__init__()
@@ -191,8 +165,7 @@ class Critics(nn.Module):
             self.biases.append(nn.Parameter(torch.empty(k, 1, fan_out).uniform_(-bound, bound)))
 
     def forward(self, obs: torch.Tensor, action: torch.Tensor, first: int | None = None) -> torch.Tensor:
-        """Q-values [K, N] of all K critics, or [first, N] of the first `first` only (TD3's actor
-        loss uses Q1)."""
+        """Q-values [K, N] of all K critics, or [first, N] of the first `first` only (TD3's actor loss uses Q1)."""
         k = len(self.weights[0]) if first is None else first
         x = torch.cat([obs, action], dim=-1)  # [N, S + A]
         x = x.unsqueeze(0).expand(k, -1, -1)  # [k, N, S + A]
@@ -203,6 +176,21 @@ class Critics(nn.Module):
         return x.squeeze(-1)  # [K, N]
 
 
+class Policy(nn.Module):
+    """Evaluation and --export: raw observations [B, S] -> the actor's action scaled to the env's bounds [B, A], no
+    exploration noise; the observation statistics are read, never updated."""
+
+    def __init__(self, actor: Actor, obs_norm: ObsNorm, space: gym.spaces.Box):
+        super().__init__()
+        self.actor = actor
+        self.obs_norm = obs_norm
+        self.register_buffer("low", torch.as_tensor(space.low, dtype=torch.float32))
+        self.register_buffer("high", torch.as_tensor(space.high, dtype=torch.float32))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return scale_action(self.actor(self.obs_norm.normalize(obs.float())), self.low, self.high)
+
+
 # ----------------------------------------------------------------------------------------- sampling
 
 Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated", "truncated"])
@@ -210,15 +198,15 @@ Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated",
 
 @compiled
 def policy_step(actor: Actor, obs: torch.Tensor, bf16: bool) -> torch.Tensor:
-    """The acting step: the actor's actions [B, A] in [-1, 1] at observations [B, S], before the
-    exploration noise (drawn on the host, from the stepper's generator)."""
+    """The acting step: the actor's actions [B, A] in [-1, 1] at observations [B, S], before the exploration noise
+    (drawn on the host, from the stepper's generator)."""
     with autocast(obs.device, bf16):
         return actor(obs).float()
 
 
 class EnvStepper:
-    """Steps the envs one step at a time; keeps per-env episode state. Actions: uniform in [-1, 1]
-    before learning starts, then the actor's plus Gaussian exploration noise, clipped to [-1, 1]."""
+    """Steps the envs one step at a time; keeps per-env episode state. Actions: uniform in [-1, 1] before learning
+    starts, then the actor's plus Gaussian exploration noise, clipped to [-1, 1]."""
 
     def __init__(self, envs, args: Args, obs_norm: ObsNorm, seed: int):
         self.envs = envs
@@ -233,18 +221,16 @@ class EnvStepper:
 
     @torch.no_grad()
     def step(self, actor: Actor, random: bool, device: torch.device) -> tuple:
-        """One step of every env; returns the replay row [1, B] and the episodes that ended
-        [(return, length)]."""
+        """One step of every env; returns the replay row [1, B] and the episodes that ended [(return, length)]."""
         self.obs_norm.update(self.obs[~self.final_row])
         if random:
             action = self.rng.uniform(-1.0, 1.0, (self.args.num_envs,) + self.space.shape).astype(np.float32)
-        else:
-            # [B, S], one copy
-            obs = upload_batch({"observation": self.obs}, self.obs_norm, device)["observation"]
-            action = to_host(policy_step(actor, obs, self.args.bf16))  # the one copy a step makes
+        else:  # one copy each way per step
+            obs = upload_batch({"observation": self.obs}, self.obs_norm, device)["observation"]  # [B, S]
+            action = to_host(policy_step(actor, obs, self.args.bf16))
             noise = self.rng.normal(0.0, self.args.exploration_noise, action.shape)
             action = np.clip(action + noise, -1.0, 1.0).astype(np.float32)
-        next_obs, reward, term, trunc, _ = self.envs.step(scale_action(action, self.space))
+        next_obs, reward, term, trunc, _ = self.envs.step(scale_action(action, self.space.low, self.space.high))
         reward = np.where(self.final_row, 0.0, reward)
         row = Step(self.obs[None].astype(np.float32), action[None], reward[None].astype(np.float32), term[None], trunc[None])
         self.ep_return += reward
@@ -260,15 +246,14 @@ class EnvStepper:
 
 
 def to_tensors(batch, obs_norm: ObsNorm, device: torch.device) -> dict:
-    """Replay batch (numpy, [N, ...]) -> the update's float tensors, observations normalised."""
+    """Replay batch (numpy, [N, ...]) -> the update's float tensors in one copy to the device, observations normalised."""
     fields = ("observation", "next_observation", "action", "n_step_return", "terminated_n", "bootstrap_discount")
-    # one copy to a GPU
     return upload_batch({k: getattr(batch, k) for k in fields}, obs_norm, device)
 
 
 def critic_target(batch: dict, target_actor: Actor, target_critics: Critics, args: Args) -> torch.Tensor:
-    """n-step targets [N]: R + (1 - terminated_n) gamma^k min_j Q'_j(s', clip(mu'(s') + clip(noise),
-    -1, 1)). A truncation inside the window bootstraps from the episode's final observation s'."""
+    """n-step targets [N]: R + (1 - terminated_n) gamma^k min_j Q'_j(s', clip(mu'(s') + clip(noise), -1, 1)).
+    A truncation inside the window bootstraps from the episode's final observation s'."""
     with torch.no_grad():
         next_action = target_actor(batch["next_observation"]).float()
         smoothing = (torch.randn_like(next_action) * args.policy_noise).clamp(-args.noise_clip, args.noise_clip)
@@ -279,14 +264,11 @@ def critic_target(batch: dict, target_actor: Actor, target_critics: Critics, arg
 
 @compiled
 def td3_critic_loss(target_actor: Actor, critics: Critics, target_critics: Critics, b: dict, args: Args) -> tuple:
-    """The twin critics' loss on the batch ``b`` (smoothed targets under no_grad) and its
-    statistics, detached."""
+    """The twin critics' loss on the batch ``b`` (smoothed targets under no_grad) and its statistics, detached."""
     with autocast(b["action"].device, args.bf16):
         y = critic_target(b, target_actor, target_critics, args)  # [N]
         q = critics(b["observation"], b["action"]).float()  # [2, N]
     loss = ((q - y) ** 2).mean(1).sum()
-    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per
-    # update.
     return loss, {"qf_loss": loss.detach(), "q_values": q.detach().mean()}
 
 
@@ -297,31 +279,19 @@ def td3_actor_loss(actor: Actor, critics: Critics, obs: torch.Tensor, bf16: bool
         return -critics(obs, actor(obs), first=1)[0].float().mean()
 
 
-def td3_update(
-    actor,
-    target_actor,
-    critics,
-    target_critics,
-    optimizers: dict,
-    batch,
-    obs_norm: ObsNorm,
-    args: Args,
-    update_actor: bool,
-    device: torch.device,
-) -> dict:
-    """One TD3 critic update from a replay batch; with update_actor also the actor and the soft
-    target updates."""
+def td3_update(actor, target_actor, critics, target_critics, optimizers, batch, obs_norm, args, update_actor, device) -> dict:
+    """One TD3 critic update from a replay batch; with update_actor also the actor and the soft target updates."""
     actor_opt, critic_opt = optimizers["actor_optimizer"], optimizers["critic_optimizer"]
     b = to_tensors(batch, obs_norm, device)
     obs = b["observation"]
 
-    critic_loss, stats = td3_critic_loss(target_actor, critics, target_critics, b, args)
+    critic_loss, critic_stats = td3_critic_loss(target_actor, critics, target_critics, b, args)
     critic_opt.zero_grad(set_to_none=True)
     critic_loss.backward()
     distributed.average_gradients(critics)
     critic_opt.step()
     if not update_actor:
-        return stats
+        return critic_stats
 
     # the actor loss needs dQ/da only: skip the critics' weight gradients
     critics.requires_grad_(False)
@@ -331,20 +301,21 @@ def td3_update(
     distributed.average_gradients(actor)
     actor_opt.step()
     critics.requires_grad_(True)
+
     with torch.no_grad():
-        for target, p in zip(
-            [*target_critics.parameters(), *target_actor.parameters()], [*critics.parameters(), *actor.parameters()]
-        ):
-            target.lerp_(p, args.tau)  # Polyak averaging: target += tau * (p - target)
-    return {**stats, "actor_loss": actor_loss.detach()}
+        for target, online in ((target_critics, critics), (target_actor, actor)):
+            for tp, p in zip(target.parameters(), online.parameters()):
+                tp.lerp_(p, args.tau)  # Polyak averaging: tp += tau * (p - tp)
+    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per update.
+    return {**critic_stats, "actor_loss": actor_loss.detach()}
 
 
 # --------------------------------------------------------------------------------------------- main
 
 
 def make_learner(args: Args, run: Run) -> tuple[Actor, Actor, Critics, Critics, dict, ObsNorm]:
-    """The actor and the critics with their target copies, the optimisers by their checkpoint names,
-    and the observation statistics."""
+    """The actor and the critics with their target copies, the optimisers by their checkpoint names, and the
+    observation statistics."""
     obs_dim, act_dim = int(np.prod(run.obs_space.shape)), int(np.prod(run.act_space.shape))
     actor = Actor(obs_dim, act_dim, args.hidden).to(run.device)
     target_actor = copy.deepcopy(actor).requires_grad_(False)
@@ -365,38 +336,14 @@ def make_replay(args: Args, run: Run) -> ReplayBuffer:
     """Each rank's replay of raw (unnormalised) observations and [-1, 1] actions, n-step returns."""
     obs_dim, act_dim = int(np.prod(run.obs_space.shape)), int(np.prod(run.act_space.shape))
     example = Step(np.zeros(obs_dim, np.float32), np.zeros(act_dim, np.float32), np.float32(0), False, False)
-    return ReplayBuffer(
-        example,
-        args.buffer_size,
-        args.num_envs,
-        discount=args.gamma,
-        n_step_return=args.n_step_return,
-        shared=args.sampler == "async",
-        seed=distributed.rank_seed(args.seed),
-    )
+    n_step = {"discount": args.gamma, "n_step_return": args.n_step_return}
+    seed = distributed.rank_seed(args.seed)
+    return ReplayBuffer(example, args.buffer_size, args.num_envs, **n_step, shared=args.sampler == "async", seed=seed)
 
 
-def act(actor: Actor, obs_norm: ObsNorm, device: torch.device, space: gym.spaces.Box, obs: np.ndarray) -> np.ndarray:
-    """Evaluation policy, for observations [B, obs_dim]: the actor's action, no exploration noise,
-    statistics frozen."""
-    x = obs_norm.normalize(torch.as_tensor(obs, dtype=torch.float32, device=device))
-    return scale_action(actor(x).cpu().numpy(), space)  # [B, act_dim]
-
-
-class ExportedPolicy(nn.Module):
-    """--export: raw observations [B, obs_dim] -> the actor's action [B, act_dim] scaled to the
-    bounds, no exploration noise; the observation statistics and the action bounds are constants
-    of the graph."""
-
-    def __init__(self, actor: Actor, obs_norm: ObsNorm, space: gym.spaces.Box):
-        super().__init__()
-        self.actor, self.obs_norm = actor, obs_norm
-        self.register_buffer("low", torch.as_tensor(space.low, dtype=torch.float32))
-        self.register_buffer("high", torch.as_tensor(space.high, dtype=torch.float32))
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        a = self.actor(self.obs_norm.normalize(obs.float()))  # in [-1, 1]
-        return self.low + (a + 1.0) * 0.5 * (self.high - self.low)
+def act(policy: Policy, device: torch.device, obs: np.ndarray) -> np.ndarray:
+    """Evaluation: Policy's action [B, A] at observations [B, S]."""
+    return policy(torch.as_tensor(obs, dtype=torch.float32, device=device)).cpu().numpy()
 
 
 def main() -> int:
@@ -405,28 +352,18 @@ def main() -> int:
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating("buffer_size", "hidden"):  # sizes this machine cannot hold: exit 2
         actor, target_actor, critics, target_critics, optimizers, obs_norm = make_learner(args, run)
-        # no replay to evaluate or export a checkpoint
-        buffer = None if args.eval_only or args.export else make_replay(args, run)
-    policy = partial(act, actor, obs_norm, run.device, run.act_space)  # for evaluation
-    start = run.begin(
-        policy,
-        buffer,
-        actor=actor,
-        target_actor=target_actor,
-        critics=critics,
-        target_critics=target_critics,
-        **optimizers,
-        obs_norm=obs_norm,
-    )
+        buffer = None if args.eval_only or args.export else make_replay(args, run)  # evaluating or exporting: no replay
+    policy = Policy(actor, obs_norm, run.act_space).to(run.device)
+    saved = dict(actor=actor, target_actor=target_actor, critics=critics, target_critics=target_critics, **optimizers)
+    start = run.begin(partial(act, policy, run.device), buffer, **saved, obs_norm=obs_norm)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
     if args.export:  # with --resume: the deterministic policy as an ONNX file, train nothing
-        return run.export(ExportedPolicy(actor, obs_norm, run.act_space), ["action"])
+        return run.export(policy, ["action"])
     global_step, updates = start.global_step, start.updates
     stats, waits = {}, {}
-    pacer = ReplayPacer(
-        args.replay_ratio / (args.batch_size * run.world), args.min_steps_learn * run.world, *start.replay_origin
-    )
+    updates_per_step = args.replay_ratio / (args.batch_size * run.world)  # per job env step: each update samples on every rank
+    pacer = ReplayPacer(updates_per_step, args.min_steps_learn * run.world, *start.replay_origin)
     with run:
         # this process steps the envs: in turn (serial), or in threads or processes
         if args.sampler != "async":
@@ -438,8 +375,7 @@ def main() -> int:
             if args.sampler != "async":  # one step of every env, into the replay
                 row, episodes = stepper.step(actor, pacer.warming_up(global_step), run.device)
                 buffer.append(row)
-                # the job's env steps: every rank steps as many
-                global_step += args.num_envs * run.world
+                global_step += args.num_envs * run.world  # the job's env steps: every rank steps as many
                 for ret, length in episodes:
                     run.episode(ret, length, global_step)
             else:  # the rows the sampler appended meanwhile; actor is published to it when due
@@ -448,19 +384,9 @@ def main() -> int:
             for _ in range(pacer.due(global_step, updates)):  # replay_ratio samples per env step
                 batch, _ = buffer.sample(args.batch_size)  # [N, ...]
                 updates += 1
-                stats.update(
-                    td3_update(
-                        actor,
-                        target_actor,
-                        critics,
-                        target_critics,
-                        optimizers,
-                        batch,
-                        obs_norm,
-                        args,
-                        updates % args.policy_delay == 0,
-                        run.device,
-                    )
+                update_actor = updates % args.policy_delay == 0
+                stats |= td3_update(
+                    actor, target_actor, critics, target_critics, optimizers, batch, obs_norm, args, update_actor, run.device
                 )
             if run.periodic(global_step, **stats, updates=updates, **waits):
                 break  # --stop-at-return reached, or a signal: finish ends as Ctrl-C does
@@ -473,9 +399,8 @@ def main() -> int:
 
 
 def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: AsyncReplay, proc: SamplerProcess) -> None:
-    """Async sampler process: steps the envs and appends to the shared replay with the newest actor
-    the learner published; waits while it is more than max_lag_steps ahead of what the learner's
-    updates cover."""
+    """Async sampler process: steps the envs and appends to the shared replay with the newest actor the learner
+    published; waits while it is more than max_lag_steps ahead of what the learner's updates cover."""
     torch.set_num_threads(1)
     envs = make_envs(args, make_env, "serial")
     step = link.start_step
@@ -487,12 +412,9 @@ def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: Asyn
             if link.sampler_wait(step, args.max_lag_steps):
                 continue
             link.pull(actor)
-            # uniformly random actions
-            warmup = step < link.pacer.start_step + link.pacer.min_steps_learn
-            row, episodes = stepper.step(actor, warmup, torch.device("cpu"))
+            row, episodes = stepper.step(actor, link.pacer.warming_up(step), torch.device("cpu"))
             buffer.append(row)
-            # counted as global steps, like the learner's
-            step += args.num_envs * distributed.world_size()
+            step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
             link.report(episodes, step)
     finally:
         envs.close()

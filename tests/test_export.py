@@ -70,7 +70,7 @@ def acting(name: str, folder):
     actor, obs_norm = parts[0], parts[-1]  # sac, td3, ddpg: the actor and the observation statistics
     actor.load_state_dict(saved["actor"])
     obs_norm.load_state_dict(saved["obs_norm"])
-    return partial(m.act, actor, obs_norm, CPU, space.act_space), actor, partial(m.make_env, args)
+    return partial(m.act, m.Policy(actor, obs_norm, space.act_space), CPU), actor, partial(m.make_env, args)
 
 
 def recorded(act):
