@@ -1,30 +1,21 @@
-"""A2C (synchronous advantage actor-critic) for Atari and vector envs: serial, parallel, async.
+"""A2C (synchronous advantage actor-critic) for Atari and vector envs: serial, parallel and async sampling.
 
-    # Breakout, 16 envs x 5 steps, serial
-    python algos/a2c_atari.py
-    # ale-py's threaded vector env
-    python algos/a2c_atari.py --sampler parallel
-    # MLP torso, trains in seconds
-    python algos/a2c_atari.py --env-id CartPole-v1 --num-envs 8
+    python algos/a2c_atari.py                        # Breakout, 16 envs x 5 steps, serial sampling
+    python algos/a2c_atari.py --sampler parallel     # ale-py's threaded vector env
+    python algos/a2c_atari.py --preset cartpole      # MLP torso, trains in seconds
 
-One gradient step per rollout on n-step (or GAE) returns. Async mode: the sampler collects
-rollout k+1 while the learner trains on rollout k, so each rollout was sampled by the policy one
-update older (the double buffer bounds the lag at exactly one update). A2C has no ratio of its
-own, so the policy gradient is corrected with a truncated importance weight min(pi / mu, 1)
-(V-trace's rho-bar = 1); in serial and parallel mode it is 1.
+One gradient step per rollout on n-step (or GAE) returns. Async mode samples each rollout with the policy one update
+older, so the policy gradient is corrected with a truncated importance weight min(pi / mu, 1) (V-trace's rho-bar = 1);
+in serial and parallel mode it is 1.
 
-Episode boundaries: envs autoreset on the step after an episode ends (gymnasium's next-step
-mode). That step only resets the env: its row (the final row) is masked out of every loss, and
-its observation is the episode's final one, whose value is the bootstrap target when the episode
-was truncated by the time limit; termination bootstraps nothing.
-On Atari a lost life ends the *training* episode (no bootstrap across it) while the game goes on,
-so logged returns are whole games, unclipped.
+Envs autoreset on the step after an episode ends (gymnasium's next-step mode): that final row only resets the env, so
+it weighs 0 in the loss; its observation is the episode's last, whose value a time-limit truncation bootstraps from.
+On Atari a lost life ends the training episode (no bootstrap across it) while the game goes on: logged returns are
+whole games, unclipped.
 
-Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the
-network in Agent: any nn.Module whose forward(obs) takes observations [N, ...] as the env gives
-them (uint8 frames too) and returns logits [N, A] and values [N]; the loss in a2c_loss, whose
-statistics (and a2c_update's gradient norm) are the row's logged columns (a new key is a new
-progress.csv column); the schedule in main.
+Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the network in Agent, any
+nn.Module whose forward(obs) takes observations [N, ...] as the env gives them and returns logits [N, A] and values
+[N]; the loss in a2c_loss, whose stats dict is logged (a new key is a new progress.csv column); the schedule in main.
 """
 
 from __future__ import annotations
@@ -51,9 +42,9 @@ from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveInt, Range
 from shared.atari import is_atari, make_atari_env
 from shared.buffer import buffer_from_example
 from shared.cli import RunArgs, bad_args, parse_args
-from shared.compiling import compiled, enabled
+from shared.compiling import compiled
 from shared.device import to_host, upload
-from shared.dict_obs import DictTorso, flat, is_dict, nested, obs_example, obs_map, unflat, without_text
+from shared.dict_obs import DictTorso, is_dict, obs_example, without_text
 from shared.envs import action_mask, image_shape, make_envs
 from shared.evaluation import Draws
 from shared.namedarraytuple import namedarraytuple
@@ -69,19 +60,17 @@ class Args(RunArgs):
     # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
     # experiment
     preset: Literal["atari", "cartpole"] = "atari"
-    """named settings to start from (atari: the A2C paper's Atari settings; cartpole: tuned for
-    CartPole-v1); flags given override them"""
+    """named settings to start from (atari: the A2C paper's Atari settings; cartpole: tuned for CartPole-v1); flags given
+    override them"""
     env_id: str = "BreakoutNoFrameskip-v4"
-    """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations
-    (MLP)"""
+    """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations (MLP)"""
     total_timesteps: PositiveInt = 10_000_000
     """agent steps summed over all envs (Atari: 4 emulator frames each)"""
     log_every: PositiveInt = 100
     """rollouts between progress rows"""
     # algorithm
     num_envs: PositiveInt = 16
-    """environments stepped together on each rank (torchrun); the job's batch is ranks x num_envs x
-    num_steps"""
+    """environments stepped together on each rank (torchrun); the job's batch is ranks x num_envs x num_steps"""
     num_steps: PositiveInt = 5
     """steps per env in each rollout"""
     learning_rate: Annotated[float, Range(gt=0, lt=1)] = 7e-4
@@ -97,7 +86,7 @@ class Args(RunArgs):
     gae_lambda: Fraction = 1.0
     """GAE lambda (1: plain n-step returns, the A2C paper's)"""
     norm_adv: bool = False
-    """normalise advantages over the batch"""
+    """normalise advantages over the batch (every rank's)"""
     ent_coef: NonNegFloat = 0.01
     """entropy bonus"""
     vf_coef: NonNegFloat = 0.5
@@ -108,25 +97,21 @@ class Args(RunArgs):
     noop_max: NonNegInt = 30
     """Atari: up to this many random no-ops at reset (paper convention 30)"""
     sticky_actions: Annotated[float, Range(ge=0, lt=1)] = 0.0
-    """Atari: probability of repeating the previous action (0: paper convention, no sticky
-    actions)"""
+    """Atari: probability of repeating the previous action (0: paper convention, no sticky actions)"""
     clip_rewards: bool = True
     """Atari: train on the sign of the reward (logged returns stay unclipped)"""
     life_loss_terminal: bool = True
     """Atari: a lost life ends the training episode for bootstrapping (the game itself goes on)"""
     # infrastructure
     sampler: Literal["serial", "parallel", "async"] = "serial"
-    """serial (one process), parallel (ale-py threads / gymnasium AsyncVectorEnv) or async (sampler
-    process collects rollout k+1 with the parameters of update k-1 while the learner trains on
-    rollout k)"""
+    """serial (one process), parallel (ale-py threads / gymnasium AsyncVectorEnv) or async (sampler process collects rollout
+    k+1 with the parameters of update k-1 while the learner trains on rollout k)"""
 
 
-# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps
-# its default.
+# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps its default.
 PRESETS = {
     "atari": Args(),
-    # Ours, from rl-baselines3-zoo's a2c.yml CartPole-v1 (8 envs, no entropy bonus) with GAE and a
-    # larger step.
+    # Ours, from rl-baselines3-zoo's a2c.yml CartPole-v1 (8 envs, no entropy bonus) with GAE and a larger step.
     "cartpole": Args(
         preset="cartpole",
         env_id="CartPole-v1",
@@ -145,9 +130,8 @@ PRESETS = {
 
 
 def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
-    """One env, made in the process that steps it: a wrapper added here reaches every sampling mode
-    (shared/envs.py). Atari ids get the papers' preprocessing (shared/atari.py), other ids a
-    plain gym.make."""
+    """One env, made in the process that steps it: a wrapper added here reaches every sampling mode. Atari ids get the
+    papers' preprocessing (shared/atari.py), other ids a plain gym.make."""
 
     def thunk() -> gym.Env:
         if is_atari(args.env_id):
@@ -168,9 +152,8 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias: float = 0.0) -> 
 
 
 class Agent(nn.Module):
-    """Nature CNN for images ([C, H, W] or [H, W, C], at least 36x36 pixels; uint8 scaled to [0, 1]
-    inside) or a 64x64 tanh MLP for vectors, with policy and value heads. ``obs_shape`` may be a
-    gymnasium Dict space instead: one encoder per key, concatenated (shared/dict_obs.py)."""
+    """Nature CNN for images ([C, H, W] or [H, W, C], at least 36x36; uint8 scaled to [0, 1] inside) or a 64x64 tanh MLP
+    for vectors, with policy and value heads; for a gymnasium Dict space, one encoder per key (shared/dict_obs.py)."""
 
     def __init__(self, obs_shape: tuple[int, ...] | gym.spaces.Dict, n_actions: int):
         super().__init__()
@@ -180,8 +163,7 @@ class Agent(nn.Module):
             self.torso = DictTorso(obs_shape, layer_init)  # ValueError: an entry it cannot take
             width = self.torso.width
         elif self.image:
-            # ValueError with the reason when the CNN cannot take the images
-            c, h, w = image_shape(obs_shape)
+            c, h, w = image_shape(obs_shape)  # ValueError with the reason when the CNN cannot take the images
             self.channels_last = tuple(obs_shape) != (c, h, w)
             conv = nn.Sequential(
                 layer_init(nn.Conv2d(c, 32, 8, stride=4)),
@@ -203,8 +185,8 @@ class Agent(nn.Module):
         self.actor = layer_init(nn.Linear(width, n_actions), std=0.01)
         self.critic = layer_init(nn.Linear(width, 1), std=1.0)
 
-    def forward(self, obs: torch.Tensor | dict) -> tuple[torch.Tensor, torch.Tensor]:
-        if self.dict:  # a dict of tensors [N, ...] by key
+    def forward(self, obs) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.dict:  # tensors [N, ...] by key
             x = obs
         elif self.image:
             x = obs.permute(0, 3, 1, 2) if self.channels_last else obs  # [N, C, H, W]
@@ -216,13 +198,27 @@ class Agent(nn.Module):
 
 
 def masked(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``logits`` [N, A] with the actions ``mask`` [N, A] forbids at the lowest float: probability 0
-    when sampling, in the log-probabilities and ratios, and no term in the entropy (0 * logit)."""
+    """``logits`` [N, A] with the actions ``mask`` [N, A] forbids at the lowest float: probability 0 when sampling and in
+    the log-probabilities, no term in the entropy (0 * logit). Envs without masks pass all True, which changes nothing."""
     return logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
+
+
+class Policy(nn.Module):
+    """Evaluation and --export: observations [B, ...] (a Dict's: one input per key) -> greedy actions [B] and the
+    policy's logits [B, A] (evaluation samples from them; a deployment masks them itself)."""
+
+    def __init__(self, agent: Agent):
+        super().__init__()
+        self.agent = agent
+
+    def forward(self, obs) -> tuple[torch.Tensor, torch.Tensor]:
+        logits, _ = self.agent(obs)
+        return logits.argmax(1), logits
 
 
 # ----------------------------------------------------------------------------------------- sampling
 
+# ep_*: the episode's totals where episode_end; final_row: the step only reset the env (next-step autoreset)
 Rollout = namedarraytuple(
     "Rollout",
     [
@@ -234,7 +230,6 @@ Rollout = namedarraytuple(
         "reward",
         "terminated",
         "episode_end",
-        # ep_*: totals where episode_end
         "final_row",
         "ep_return",
         "ep_length",
@@ -244,52 +239,33 @@ Bootstrap = namedarraytuple("Bootstrap", ["obs", "final_row"])
 
 
 class EnvState:
-    """What a sampler carries between rollouts, per env: current observation, final_row flag, lives,
+    """What a sampler carries between rollouts, per env: current observation, action mask, final_row flag, lives,
     episode sums."""
 
     def __init__(self, envs, seed: int):
-        obs, info = envs.reset(seed=seed)
-        self.obs = nested(obs)  # a Dict's: a namedarraytuple of its entries
+        self.obs, info = envs.reset(seed=seed)  # a Dict space's: a dict of arrays by key
         n = envs.num_envs
-        # True: this step only resets the env (next-step autoreset)
         self.final_row = np.zeros(n, bool)
-        # [B, A]: all True without one
-        self.mask = action_mask(info, self.final_row, envs.single_action_space.n)
+        self.mask = action_mask(info, self.final_row, envs.single_action_space.n)  # [B, A]: all True without one
         self.lives = np.asarray(info.get("lives", np.zeros(n)), np.int64)
         self.ep_return = np.zeros(n, np.float64)
         self.ep_length = np.zeros(n, np.int64)
 
 
 def rollout_example(obs_space, n_actions: int, T: int, B: int) -> tuple:
-    one = Rollout(
-        obs_example(obs_space),  # a Dict's: a namedarraytuple of its entries
-        np.ones(n_actions, bool),
-        np.int64(0),
-        np.float32(0),
-        np.float32(0),
-        np.float32(0),
-        False,
-        False,
-        False,
-        np.float64(0),
-        np.int64(0),
-    )
-    # [T,B] and [B]
+    """One step of the rollout (allocated [T, B]) and the bootstrap [B]; a Dict's observations: one array per key."""
+    zero = np.float32(0)
+    one = Rollout(obs_example(obs_space), np.ones(n_actions, bool), np.int64(0), zero, zero, zero, False, False, False, 0.0, 0)
     return one, Bootstrap(obs_example(obs_space, (B,)), np.zeros(B, bool))
 
 
 @compiled
-def policy_step(agent: Agent, obs, mask: torch.Tensor | None, bf16: bool) -> tuple:
-    """The acting step: actions [B] sampled from the policy (among the valid ones where ``mask``
-    [B, A] is given), their log-probabilities [B] and the values [B]; ``obs`` [B, ...], or a dict
-    of them."""
-    device = next(iter(obs.values())).device if isinstance(obs, dict) else obs.device
-    with autocast(device, bf16):
+def policy_step(agent: Agent, obs, mask: torch.Tensor, bf16: bool) -> tuple:
+    """The acting step: actions [B] sampled among the valid ones (``mask`` [B, A]), their log-probabilities [B] and the
+    values [B] of observations ``obs`` [B, ...]."""
+    with autocast(mask.device, bf16):
         logits, value = agent(obs)
-    if mask is not None:  # invalid actions get probability 0 (envs without masks skip this)
-        logits = masked(logits, mask)
-    # validation would wait on a GPU twice a step
-    dist = Categorical(logits=logits, validate_args=False)
+    dist = Categorical(logits=masked(logits, mask), validate_args=False)  # validation would wait on a GPU
     action = dist.sample()
     return action, dist.log_prob(action), value
 
@@ -298,16 +274,12 @@ def policy_step(agent: Agent, obs, mask: torch.Tensor | None, bf16: bool) -> tup
 def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device) -> None:
     """Step the envs num_steps times, writing buf [T, B] and the bootstrap observation boot [B]."""
     for t in range(args.num_steps):
-        # one copy: [B, ...] (a Dict's entries: obs.<key>), [B, A]
-        up = upload({**flat("obs", state.obs), "mask": state.mask}, device)
-        # --compile: always the mask (all True changes no logit), so that the graph never changes
-        mask = up["mask"] if enabled() or not state.mask.all() else None
-        action, logprob, value = policy_step(agent, unflat(up, "obs"), mask, args.bf16)
+        up = upload({"obs": state.obs, "mask": state.mask}, device)  # one copy
+        action, logprob, value = policy_step(agent, up["obs"], up["mask"], args.bf16)
         buf.obs[t] = state.obs
         buf.mask[t] = state.mask
         buf.final_row[t] = state.final_row
-        # one copy
-        buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, logprob, value)
+        buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, logprob, value)  # one copy
         next_obs, reward, term, trunc, info = envs.step(buf.action[t])
         lives = np.asarray(info.get("lives", state.lives), np.int64)
         life_lost = (lives < state.lives) & ~state.final_row
@@ -320,7 +292,7 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
         buf.ep_return[t], buf.ep_length[t] = state.ep_return, state.ep_length
         state.ep_return[buf.episode_end[t]] = 0.0
         state.ep_length[buf.episode_end[t]] = 0
-        state.obs = nested(next_obs)
+        state.obs = next_obs
         state.final_row = term | trunc
         state.lives = lives
         state.mask = action_mask(info, state.final_row, state.mask.shape[-1])  # for next_obs
@@ -331,10 +303,9 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
 
 
 def compute_gae(reward, value, next_value, terminated, episode_end, final_row, gamma: float, lam: float):
-    """Advantages and returns, [T, B] numpy, on the host (on a GPU this loop over T would be T x 7
-    tiny kernel launches). Final rows get 0 (they are masked out). `terminated` stops
-    bootstrapping; `episode_end` or `terminated` stops the trace; a truncated row bootstraps from
-    the next row's value, the value of the episode's final observation."""
+    """Advantages and returns [T, B], numpy on the host (on a GPU this loop over T would be T x 7 tiny kernels). Final
+    rows get 0; `terminated` stops bootstrapping, `episode_end` or `terminated` the trace; a truncated row bootstraps
+    from the next row's value, the value of the episode's final observation."""
     T = reward.shape[0]
     next_values = np.concatenate([value[1:], next_value[None]])  # [T, B]: V(s_{t+1})
     delta = reward + gamma * next_values * (1.0 - terminated) - value
@@ -348,55 +319,38 @@ def compute_gae(reward, value, next_value, terminated, episode_end, final_row, g
     return adv, adv + value
 
 
-def mean(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-    """``x``'s mean; over the rows of weight 1 where a padded batch (--compile) has weights."""
-    return x.mean() if weight is None else (x * weight).sum() / weight.sum()
-
-
-def std(x: torch.Tensor, x_mean: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-    """``x``'s (unbiased) standard deviation, around its mean ``x_mean``; weighted as ``mean``."""
-    if weight is None:
-        return x.std()
-    return (((x - x_mean) ** 2 * weight).sum() / (weight.sum() - 1)).sqrt()
-
-
 @compiled
-def a2c_loss(agent: Agent, data: dict, weight, args: Args, device: torch.device) -> tuple:
-    """The A2C loss of the rollout's rows ``data`` (tensors [N, ...]; ``weight`` None or [N]):
-    policy gradient weighted by the (truncated) importance weight, value and entropy; and its
-    statistics, detached."""
-    with autocast(device, args.bf16):
-        logits, value = agent(unflat(data, "obs"))
-    if "mask" in data:
-        logits = masked(logits, data["mask"])
-    dist = Categorical(logits=logits, validate_args=False)
+def a2c_loss(agent: Agent, data: dict, args: Args) -> tuple:
+    """The A2C loss of the rollout's rows ``data`` (tensors [N, ...]; final rows weigh 0): the policy gradient weighted
+    by the (truncated) importance weight, the value loss and the entropy bonus; and its statistics, detached."""
+    with autocast(data["weight"].device, args.bf16):
+        logits, value = agent(data["obs"])
+    dist = Categorical(logits=masked(logits, data["mask"]), validate_args=False)
+    mean = lambda x: (x * data["weight"]).sum() / data["weight"].sum().clamp(min=1)  # over the rows that count
     logprob = dist.log_prob(data["action"])
-    # 1 unless the sampler lagged (async); exactly 1 otherwise, where another batch shape (or TF32,
-    # bf16 on a GPU) could make the recomputed log-probability differ in its last bits
+    # 1 unless the sampler lagged (async); exactly 1 otherwise, where another batch shape (or TF32, bf16 on a GPU) could
+    # make the recomputed log-probability differ in its last bits
     rho = (logprob.detach() - data["logprob"]).exp().clamp(max=1.0) if args.sampler == "async" else torch.ones_like(logprob)
-    adv = data["adv"]
-    if args.norm_adv:
-        adv_mean = mean(adv, weight)
-        adv = (adv - adv_mean) / (std(adv, adv_mean, weight) + 1e-8)
-    pg_loss = -mean(rho * adv * logprob, weight)
-    v_loss = 0.5 * mean((value - data["ret"]) ** 2, weight)
-    entropy = mean(dist.entropy(), weight)
+    pg_loss = -mean(rho * data["adv"] * logprob)
+    v_loss = 0.5 * mean((value - data["ret"]) ** 2)
+    entropy = mean(dist.entropy())
     loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
-    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per
-    # update.
+    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per update.
     stats = {
         "policy_loss": pg_loss.detach(),
         "value_loss": v_loss.detach(),
         "entropy": entropy.detach(),
-        "rho_mean": mean(rho, weight),
+        "rho_mean": mean(rho),
     }
     return loss, stats
 
 
-def a2c_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.device, weight=None) -> dict:
-    """One gradient step on a2c_loss; its statistics and the gradient norm. ``weight``: None, or
-    the row weights of --compile (learn_from)."""
-    loss, stats = a2c_loss(agent, data, weight, args, device)
+def a2c_update(agent: Agent, optimizer, data: dict, args: Args) -> dict:
+    """One gradient step on a2c_loss over the rollout's rows ``data`` [N, ...]; its statistics and the gradient norm."""
+    if args.norm_adv:  # over every rank's rows: their gradients are averaged
+        mean_adv, std = distributed.mean_std(data["adv"], data["weight"])
+        data["adv"] = (data["adv"] - mean_adv) / (std + 1e-8)
+    loss, stats = a2c_loss(agent, data, args)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     distributed.average_gradients(agent)
@@ -407,64 +361,41 @@ def a2c_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
 
 
 def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.device) -> dict:
-    """Returns with the learner's current critic, then the A2C step; buf is [T, B] numpy (possibly
-    shared)."""
+    """Returns with the learner's current critic, then the A2C step over every row of the rollout; ``buf`` [T, B] and
+    ``boot`` [B] are numpy (possibly shared)."""
     T, B = args.num_steps, args.num_envs
-    # The rollout's observations (and masks, where the envs give them): one copy to a GPU.
-    host = {**flat("obs", buf.obs), **flat("boot_obs", boot.obs)}  # a Dict's: one entry a key
-    if enabled() or not np.all(buf.mask):  # --compile: always (one graph), as in collect
-        host["mask"] = buf.mask
-    up = upload(host, device)
-    obs = unflat(up, "obs")  # [T, B, ...], or a dict of them
-    if args.sampler == "async":
-        # The rollout was sampled with the previous parameters: recompute values with the current
-        # critic.
-        with torch.no_grad(), autocast(device, args.bf16):
-            both = obs_map(lambda o, b: torch.cat([o.flatten(0, 1), b]), obs, unflat(up, "boot_obs"))
-            _, values = agent(both)
-        values = to_host(values.float())  # GAE runs on the host
-        value, next_value = values[: T * B].reshape(T, B), values[T * B :]
-    else:
-        # Sampled with the current parameters: the rollout's values are the critic's; only the
-        # bootstrap is new.
-        with torch.no_grad(), autocast(device, args.bf16):
-            _, next_value = agent(unflat(up, "boot_obs"))
-        # GAE: on the host
-        value, next_value = np.asarray(buf.value, np.float32), to_host(next_value.float())
-    fl = lambda x: np.asarray(x, np.float32)
+    up = upload({"obs": buf.obs, "mask": buf.mask, "boot_obs": boot.obs}, device)  # one copy to a GPU
+    i = torch.arange(T * B, device=device)
+    obs = up["obs"][i // B, i % B]  # rows [T * B, ...] of [T, B, ...]
+    with torch.no_grad(), autocast(device, args.bf16):
+        _, next_value = agent(up["boot_obs"])
+        if args.sampler == "async":  # sampled with the previous parameters: the values are the current critic's
+            value, next_value = to_host(agent(obs)[1].view(T, B), next_value)
+        else:
+            value, next_value = np.asarray(buf.value, np.float32), to_host(next_value)
+    f32 = lambda x: np.asarray(x, np.float32)
     adv, ret = compute_gae(
-        fl(buf.reward),
+        f32(buf.reward),
         value,
         next_value,
-        fl(buf.terminated),
-        fl(buf.episode_end),
-        fl(buf.final_row),
+        f32(buf.terminated),
+        f32(buf.episode_end),
+        f32(buf.final_row),
         args.gamma,
         args.gae_lambda,
     )
-    final_row = np.asarray(buf.final_row).reshape(-1)
-    # Eager: the valid rows [N] of T*B (never train on final rows). --compile: every row, the final
-    # ones weighted 0, so that every rollout has the same shape (N varies).
-    rows = {"weight": (~final_row).astype(np.float32)} if enabled() else {"valid": np.flatnonzero(~final_row)}
-    t = upload(
-        {"action": buf.action, "logprob": buf.logprob, "adv": adv, "ret": ret, **rows},  # one copy
-        device,
-    )
-    valid, weight = t.pop("valid", slice(None)), t.pop("weight", None)
-    data = {**flat("obs", obs_map(lambda o: o.flatten(0, 1)[valid], obs)), **{k: v.flatten()[valid] for k, v in t.items()}}
-    if "mask" in up:
-        data["mask"] = up["mask"].flatten(0, 1)[valid]  # [N, A]
-    return a2c_update(agent, optimizer, data, args, device, weight)
+    rows = {"action": buf.action, "logprob": buf.logprob, "adv": adv, "ret": ret, "weight": f32(~buf.final_row)}
+    data = {"obs": obs, "mask": up["mask"].flatten(0, 1), **{k: v.flatten() for k, v in upload(rows, device).items()}}
+    return a2c_update(agent, optimizer, data, args)
 
 
 # ------------------------------------------------------------------------------------------ sampler
 
 
 class Sampler:
-    """Where the learner's rollouts come from. serial/parallel: this process steps the envs with the
-    current parameters; async: a sampler process (``sampler_main``) collects rollout k + 1 into
-    the other slot of a double buffer, with the parameters of update k - 1, while the learner
-    trains on rollout k."""
+    """Where the learner's rollouts come from. serial/parallel: this process steps the envs with the current parameters;
+    async: a sampler process (``sampler_main``) collects rollout k + 1 into the other slot of a double buffer, with the
+    parameters of update k - 1, while the learner trains on rollout k."""
 
     def __init__(self, args: Args, run: Run, agent: Agent, first: int, last: int):
         self.args, self.run = args, run
@@ -482,10 +413,9 @@ class Sampler:
             self.boot = buffer_from_example(boot_example, ())  # [B]
 
     def rollout(self, it: int, agent: Agent, global_step: int) -> tuple[Rollout, Bootstrap]:
-        """Rollout ``it`` [T, B] and its bootstrap [B]; records the episodes that ended in it (at
-        ``global_step``, the job's env steps after it)."""
-        # sampled by the other process with the parameters of update it - 1
-        if self.buffers is not None:
+        """Rollout ``it`` [T, B] and its bootstrap [B]; records the episodes that ended in it (at ``global_step``, the
+        job's env steps after it)."""
+        if self.buffers is not None:  # sampled by the other process with the parameters of update it - 1
             buf, boot = self.buffers.reader_acquire(it, self.worker.check), self.boots[it % 2]
         else:
             buf, boot = self.buf, self.boot
@@ -495,8 +425,7 @@ class Sampler:
         return buf, boot
 
     def release(self, it: int, agent: Agent) -> None:
-        """async: the slot goes back with the new parameters, which rollout it + 2 is collected
-        with."""
+        """async: the slot goes back with the new parameters, which rollout it + 2 is collected with."""
         if self.buffers is not None:
             self.buffers.reader_release(it, module=agent, version=it + 1)
 
@@ -504,82 +433,48 @@ class Sampler:
 # --------------------------------------------------------------------------------------------- main
 
 
-def obs_shape(space: gym.Space) -> tuple[int, ...] | gym.spaces.Dict:
-    """What Agent takes: a Box's shape, or the Dict space itself."""
-    return space if is_dict(space) else space.shape
-
-
 def make_learner(args: Args, run: Run) -> tuple[Agent, torch.optim.Optimizer]:
     """The agent (channels-last for images on a CPU or with --bf16) and its RMSprop optimiser."""
+    obs_shape = run.obs_space if is_dict(run.obs_space) else run.obs_space.shape  # a Dict: the space itself
     try:
-        agent = Agent(obs_shape(run.obs_space), int(run.act_space.n)).to(run.device)
+        agent = Agent(obs_shape, int(run.act_space.n)).to(run.device)
     except ValueError as e:  # observations the network cannot take
         bad_args(f"--env-id {args.env_id}: {e}")
-    images = is_dict(run.obs_space) or len(run.obs_space.shape) == 3
-    # NHWC: faster on a CPU, and for bf16 on a GPU
-    if images and (run.device.type == "cpu" or args.bf16):
-        agent = agent.to(memory_format=torch.channels_last)
+    if (is_dict(run.obs_space) or len(obs_shape) == 3) and (run.device.type == "cpu" or args.bf16):
+        agent = agent.to(memory_format=torch.channels_last)  # NHWC: faster on a CPU, and for bf16 on a GPU
     optimizer = torch.optim.RMSprop(agent.parameters(), lr=args.learning_rate, alpha=args.rmsprop_alpha, eps=args.rmsprop_eps)
     return agent, optimizer
 
 
-def set_learning_rate(optimizer: torch.optim.Optimizer, args: Args, it: int, num_iterations: int) -> float:
-    """The learning rate of iteration ``it`` (annealed linearly to 0 with --anneal-lr), set; returns
-    it."""
-    lr = args.learning_rate * (1.0 - it / num_iterations) if args.anneal_lr else args.learning_rate
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    return lr
-
-
-def act(agent: Agent, device: torch.device, obs, draws: Draws, mask=None) -> np.ndarray:
-    """Evaluation policy: actions [B] sampled from the policy for observations [B, ...] (a dict of
-    them for a Dict space), among the valid actions ``mask`` [B, A] where the env gives one; each
-    episode's sample from its own ``draws`` (Gumbel-max: the argmax of logits plus Gumbel noise is
-    a sample of Categorical(logits))."""
-    logits, _ = agent(obs_map(partial(torch.as_tensor, device=device), obs))
-    if mask is not None:
-        logits = masked(logits, torch.as_tensor(mask, device=device))
-    noise = torch.as_tensor(draws.gumbel(logits.shape[1]), device=device)
-    return (logits + noise).argmax(1).cpu().numpy()
-
-
-class ExportedPolicy(nn.Module):
-    """--export: raw observations [B, ...] (``obs``, or one input per key of a Dict space) ->
-    greedy actions [B] and the policy's logits [B, A] (no action mask: a deployment masks the
-    logits itself)."""
-
-    def __init__(self, agent: Agent):
-        super().__init__()
-        self.agent = agent
-
-    def forward(self, obs) -> tuple[torch.Tensor, torch.Tensor]:
-        logits, _ = self.agent(obs)
-        return logits.argmax(1), logits
+def act(policy: Policy, device: torch.device, obs, draws: Draws, mask: np.ndarray) -> np.ndarray:
+    """Evaluation: each episode samples from the policy among the valid actions with its own ``draws`` (Gumbel-max: the
+    argmax of the logits plus Gumbel noise is a sample of Categorical(logits))."""
+    _, logits = policy(upload(obs, device))
+    noise = upload(draws.gumbel(logits.shape[1]), device)
+    return to_host((masked(logits, upload(mask, device)) + noise).argmax(1))
 
 
 def main() -> int:
-    # each field's range is declared on it; no flag relates to another
-    args = parse_args(Args, PRESETS)
-    # --log-every counts rollouts
-    run = Run(
-        args, SCRIPT, make_env, action_space=gym.spaces.Discrete, iteration_steps=args.num_envs * args.num_steps, dict_obs=True
-    )
+    args = parse_args(Args, PRESETS)  # each field's range is declared on it; no flag relates to another
+    batch = args.num_envs * args.num_steps  # a rank's rollout; --log-every counts rollouts
+    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete, iteration_steps=batch, dict_obs=True)
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating():  # sizes this machine cannot hold: exit 2
         agent, optimizer = make_learner(args, run)
-    start = run.begin(partial(act, agent, run.device), model=agent, optimizer=optimizer)
+    policy = Policy(agent)
+    start = run.begin(partial(act, policy, run.device), model=agent, optimizer=optimizer)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
     if args.export:  # with --resume: the greedy policy as an ONNX file, train nothing
-        return run.export(ExportedPolicy(agent), ["action", "logits"])
-    batch = args.num_envs * args.num_steps * run.world  # the job's: every rank's rollout
+        return run.export(policy, ["action", "logits"])
+    batch *= run.world  # the job's: every rank's rollout
     first, num_iterations = start.global_step // batch, max(args.total_timesteps // batch, 1)
     global_step = start.global_step
     with run:
         sampler = Sampler(args, run, agent, first, num_iterations)
         for it in range(first, num_iterations):
-            lr = set_learning_rate(optimizer, args, it, num_iterations)
+            lr = args.learning_rate * (1.0 - it / num_iterations) if args.anneal_lr else args.learning_rate
+            optimizer.param_groups[0]["lr"] = lr
             global_step += batch
             buf, boot = sampler.rollout(it, agent, global_step)
             stats = learn_from(agent, optimizer, buf, boot, args, run.device)
@@ -595,18 +490,17 @@ def main() -> int:
 
 
 def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, last: int, proc: SamplerProcess) -> None:
-    """Async sampler process: rollout k goes to slot k % 2, collected with the parameters the
-    learner left in that slot when it released rollout k - 2 (update k - 1): exactly one update
-    behind the learner."""
+    """Async sampler process: rollout k goes to slot k % 2, collected with the parameters the learner left in that slot
+    when it released rollout k - 2 (update k - 1): exactly one update behind the learner."""
     envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial", n_threads=proc.n_threads)
     state = EnvState(envs, distributed.env_seed(args.seed, args.num_envs))
-    agent = Agent(obs_shape(envs.single_observation_space), envs.single_action_space.n)
+    space = envs.single_observation_space
+    agent = Agent(space if is_dict(space) else space.shape, envs.single_action_space.n)
     torch.manual_seed(distributed.rank_seed(args.seed + 1))
-    device = torch.device("cpu")
     try:
         for k in range(first, last):
             buf = buffers.writer_acquire(k, proc.check, module=agent)
-            collect(envs, agent, state, buf, boots[k % 2], args, device)
+            collect(envs, agent, state, buf, boots[k % 2], args, torch.device("cpu"))
             buffers.writer_release(k)
     finally:
         envs.close()

@@ -1,39 +1,28 @@
-"""PPO (clipped objective, GAE) for continuous actions (MuJoCo, any Box): every sampler.
+"""PPO (clipped objective, GAE) for continuous actions (MuJoCo, any Box): serial, parallel and async sampling.
 
-    # HalfCheetah-v5, the PPO paper's settings
-    python algos/ppo_mujoco.py
-    # InvertedPendulum-v5 to 1000 in a minute
-    python algos/ppo_mujoco.py --preset pendulum
-    # sampler process + learner
-    python algos/ppo_mujoco.py --sampler async --num-envs 4
-    # 2 ranks, gradients averaged
-    torchrun --standalone --nproc-per-node 2 algos/ppo_mujoco.py
+    python algos/ppo_mujoco.py                                    # HalfCheetah-v5, the PPO paper's settings
+    python algos/ppo_mujoco.py --preset pendulum                  # InvertedPendulum-v5 to 1000 in a minute
+    python algos/ppo_mujoco.py --sampler async --num-envs 4       # sampler process + learner
+    torchrun --standalone --nproc-per-node 2 algos/ppo_mujoco.py  # 2 ranks, gradients averaged
 
-The policy is a diagonal Gaussian: an MLP gives the mean, the log standard deviations are
-parameters of their own (state-independent), and the critic is a separate MLP (Schulman et al.
-2017). Actions are sampled unbounded, trained on as sampled, and clipped to the env's bounds only
-when stepping the env.
+The policy is a diagonal Gaussian: an MLP gives the mean, the log standard deviations are parameters of their own
+(state-independent), and the critic is a separate MLP (Schulman et al. 2017). Actions are sampled unbounded, trained on
+as sampled, and clipped to the env's bounds only when stepping the env.
 
-Observations are normalised by running statistics, and rewards divided by the running standard
-deviation of the discounted return (SB3's VecNormalize, CleanRL's wrappers), both updated once
-per rollout by the learner, from every rank's rollout (shared/normalize.py, RunningNorm), after
-the PPO update: a rollout is sampled and trained on with the same statistics. The observation
-statistics are buffers of the policy, so they travel with its parameters (to the async sampler,
-into the checkpoint, to every rank); evaluation uses them frozen and reports raw returns.
-Statistics of each rank's own observations would not do: on InvertedPendulum the ranks' carts
-drift to opposite sides, the same position reads differently on each, and two ranks stopped
-learning at a return of 50.
+Observations are normalised by running statistics and rewards divided by the running standard deviation of the
+discounted return (SB3's VecNormalize), both updated by the learner after each PPO update from every rank's rollout
+(shared/normalize.py): a rollout is sampled and trained on with the same statistics. The observation statistics are
+buffers of the agent, so they travel with its parameters (to the async sampler, the checkpoint, every rank; one rank's
+own statistics would not do: on InvertedPendulum the ranks' carts drift apart and two ranks stopped learning at 50).
 
-Episode boundaries: envs autoreset on the step after an episode ends (gymnasium's next-step
-mode). That step only resets the env: its row is masked out of every loss, and its observation is
-the episode's final one, whose value is the bootstrap target when the episode was truncated by
-the time limit (every MuJoCo v5 episode ends at 1000 steps); termination bootstraps nothing.
+Envs autoreset on the step after an episode ends (gymnasium's next-step mode): that final row only resets the env, so
+it weighs 0 in every loss; its observation is the episode's last, whose value a time-limit truncation bootstraps from
+(every MuJoCo v5 episode ends at 1000 steps).
 
-Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the
-network in Agent: forward(obs) takes raw observations [N, S] and returns the Gaussian mean [N,
-A], its log-std [N, A] and values [N], with `obs_norm` (the observation statistics) and `log_std`
-beside; the loss in ppo_loss, whose statistics become logged columns (averaged over the
-minibatches: a new key is a new progress.csv column); the schedule in main.
+Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the network in Agent, whose
+forward(obs) takes raw observations [N, S] and returns the Gaussian mean [N, A], its log-std [N, A] and values [N], with
+`obs_norm` (the observation statistics) and `log_std` beside; the loss in ppo_loss, whose stats dict is logged (a new
+key is a new progress.csv column); the schedule in main.
 """
 
 from __future__ import annotations
@@ -60,7 +49,7 @@ from shared import distributed
 from shared.argtypes import Fraction, NonNegFloat, PositiveInt, Range
 from shared.buffer import buffer_from_example
 from shared.cli import RunArgs, bad_args, parse_args
-from shared.compiling import compiled, enabled
+from shared.compiling import compiled
 from shared.device import to_host, upload
 from shared.envs import make_envs
 from shared.namedarraytuple import namedarraytuple
@@ -77,8 +66,8 @@ class Args(RunArgs):
     # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
     # experiment
     preset: Literal["mujoco", "pendulum"] = "mujoco"
-    """named settings to start from (mujoco: the PPO paper's MuJoCo settings; pendulum:
-    InvertedPendulum-v5 in a minute); flags given override them"""
+    """named settings to start from (mujoco: the PPO paper's MuJoCo settings; pendulum: InvertedPendulum-v5 in a minute);
+    flags given override them"""
     env_id: str = "HalfCheetah-v5"
     """gymnasium id of an env with vector observations and a continuous (Box) action space"""
     total_timesteps: PositiveInt = 1_000_000
@@ -87,8 +76,7 @@ class Args(RunArgs):
     """rollouts between progress rows"""
     # algorithm
     num_envs: PositiveInt = 1
-    """environments stepped together on each rank (torchrun); the job's batch is ranks x num_envs x
-    num_steps"""
+    """environments stepped together on each rank (torchrun); the job's batch is ranks x num_envs x num_steps"""
     num_steps: PositiveInt = 2048
     """steps per env in each rollout"""
     learning_rate: Annotated[float, Range(gt=0, lt=1)] = 3e-4
@@ -100,8 +88,7 @@ class Args(RunArgs):
     gae_lambda: Fraction = 0.95
     """GAE lambda"""
     num_minibatches: PositiveInt = 32
-    """minibatches per epoch (their size is the batch / num_minibatches; each rank takes its
-    share)"""
+    """minibatches per epoch (their size is the batch / num_minibatches; each rank takes its share)"""
     update_epochs: PositiveInt = 10
     """passes over each rollout"""
     norm_adv: bool = True
@@ -121,27 +108,22 @@ class Args(RunArgs):
     init_log_std: Annotated[float, Range(ge=-20, le=5)] = 0.0
     """initial log standard deviation of every action dimension"""
     normalize_obs: bool = True
-    """normalise observations by running mean and variance (saved in the checkpoint, frozen in
-    evaluation)"""
+    """normalise observations by running mean and variance (saved in the checkpoint, frozen in evaluation)"""
     normalize_reward: bool = True
     """divide rewards by the running standard deviation of the discounted return"""
     # infrastructure
     sampler: Literal["serial", "parallel", "async"] = "serial"
-    """serial (one process), parallel (envs in worker processes, gymnasium AsyncVectorEnv) or async
-    (sampler process collects rollout k+1 with the parameters of update k-1 while the learner
-    trains on rollout k)"""
+    """serial (one process), parallel (envs in worker processes, gymnasium AsyncVectorEnv) or async (sampler process
+    collects rollout k+1 with the parameters of update k-1 while the learner trains on rollout k)"""
 
 
-# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps
-# its default.
+# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps its default.
 PRESETS = {
-    # The PPO paper's MuJoCo settings (Schulman et al. 2017, table 3), which are SB3's PPO defaults
-    # and CleanRL's ppo_continuous_action.py; obs and reward normalisation as rl-baselines3-zoo's
-    # ppo.yml for MuJoCo.
+    # The PPO paper's MuJoCo settings (Schulman et al. 2017, table 3), which are SB3's PPO defaults and CleanRL's
+    # ppo_continuous_action.py; obs and reward normalisation as rl-baselines3-zoo's ppo.yml for MuJoCo.
     "mujoco": Args(),
-    # InvertedPendulum-v5: the paper's settings over 8 envs (batch 2048 as in the paper, minibatches
-    # of 256), a budget of 150k steps; no reward scaling (every step is worth 1 until the pole
-    # falls).
+    # InvertedPendulum-v5: the paper's settings over 8 envs (batch 2048 as in the paper, minibatches of 256), a budget
+    # of 150k steps; no reward scaling (every step is worth 1 until the pole falls).
     "pendulum": Args(
         preset="pendulum",
         env_id="InvertedPendulum-v5",
@@ -157,8 +139,8 @@ PRESETS = {
 
 
 def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
-    """One env, made in the process that steps it: a wrapper added here reaches every sampling mode;
-    plug your own env in here (shared/envs.py says how to register one)."""
+    """One env, made in the process that steps it: a wrapper added here reaches every sampling mode; plug your own env in
+    here (shared/envs.py says how to register one)."""
 
     def thunk() -> gym.Env:
         return gym.make(args.env_id, render_mode="rgb_array" if render else None)
@@ -176,9 +158,8 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias: float = 0.0) -> 
 
 
 def gaussian(mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-density of action [N, A] under the diagonal Gaussian N(mean, exp(log_std)^2), and its
-    entropy, [N]: log p = sum_i -(a_i - mu_i)^2 / (2 sigma_i^2) - log sigma_i - log(2 pi) / 2 H =
-    sum_i log sigma_i + (1 + log 2 pi) / 2"""
+    """Log-density of action [N, A] under the diagonal Gaussian N(mean, exp(log_std)^2), and its entropy, [N]:
+    log p = sum_i -(a_i - mu_i)^2 / (2 sigma_i^2) - log sigma_i - log(2 pi) / 2,  H = sum_i log sigma_i + (1 + log 2 pi) / 2"""
     z = (action - mean) * torch.exp(-log_std)
     log_prob = (-0.5 * z**2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
     entropy = (log_std + 0.5 * (1.0 + math.log(2 * math.pi))).sum(-1).expand_as(log_prob)
@@ -186,9 +167,8 @@ def gaussian(mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor) ->
 
 
 class Agent(nn.Module):
-    """Policy mean and critic: two separate tanh MLPs on the normalised observation; log_std: one
-    parameter per action dimension; obs_norm: the observation statistics (buffers, updated by the
-    learner)."""
+    """Policy mean and critic: two separate tanh MLPs on the normalised observation; log_std: one parameter per action
+    dimension; obs_norm: the observation statistics (buffers, updated by the learner)."""
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: int, init_log_std: float, normalize_obs: bool = True):
         super().__init__()
@@ -211,10 +191,25 @@ class Agent(nn.Module):
         return mean, self.log_std.expand_as(mean), self.critic(obs).float().squeeze(-1)
 
 
+class Policy(nn.Module):
+    """Evaluation and --export: raw observations [B, ...] -> the deterministic action [B, ...] (the Gaussian's mean,
+    clipped to the action bounds) and the mean [B, A]; the observation statistics are the agent's, read as they are."""
+
+    def __init__(self, agent: Agent, space: gym.spaces.Box):
+        super().__init__()
+        self.agent = agent
+        self.shape = space.shape
+        self.register_buffer("low", torch.as_tensor(space.low, dtype=torch.float32))
+        self.register_buffer("high", torch.as_tensor(space.high, dtype=torch.float32))
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        mean, _, _ = self.agent(obs.float().flatten(1))
+        return mean.reshape(-1, *self.shape).clamp(self.low, self.high), mean
+
+
 # ----------------------------------------------------------------------------------------- sampling
 
-# final_row: the step only resets its env (its row holds the episode's final observation); ep_*: the
-# episode's totals
+# ep_*: the episode's totals where episode_end; final_row: the step only reset the env (next-step autoreset)
 Rollout = namedarraytuple(
     "Rollout",
     [
@@ -235,13 +230,12 @@ Bootstrap = namedarraytuple("Bootstrap", ["obs", "final_row"])
 
 
 class EnvState:
-    """What a sampler carries between rollouts, per env: raw observation, final-row flag, episode
-    sums, and the discounted return so far (whose statistics scale the rewards)."""
+    """What a sampler carries between rollouts, per env: raw observation, final-row flag, episode sums, and the
+    discounted return so far (whose statistics scale the rewards)."""
 
     def __init__(self, envs, seed: int):
         self.obs, _ = envs.reset(seed=seed)
         n = len(self.obs)
-        # True: this step only resets the env (next-step autoreset)
         self.final_row = np.zeros(n, bool)
         self.ep_return = np.zeros(n, np.float64)
         self.ep_length = np.zeros(n, np.int64)
@@ -250,26 +244,18 @@ class EnvState:
 
 
 def rollout_example(obs_dim: int, act_dim: int, B: int) -> tuple:
+    """One step of the rollout (allocated [T, B]) and the bootstrap [B]."""
+    zero = np.float32(0)
     one = Rollout(
-        np.zeros(obs_dim, np.float32),
-        np.zeros(act_dim, np.float32),
-        np.float32(0),
-        np.float32(0),
-        np.float32(0),
-        np.float32(0),
-        False,
-        False,
-        False,
-        np.float64(0),
-        np.int64(0),
+        np.zeros(obs_dim, np.float32), np.zeros(act_dim, np.float32), zero, zero, zero, zero, False, False, False, 0.0, 0
     )
-    return one, Bootstrap(np.zeros((B, obs_dim), np.float32), np.zeros(B, bool))  # [T, B] and [B]
+    return one, Bootstrap(np.zeros((B, obs_dim), np.float32), np.zeros(B, bool))
 
 
 @compiled
 def policy_step(agent: Agent, obs: torch.Tensor, bf16: bool) -> tuple:
-    """The acting step: actions [B, A] sampled from the Gaussian policy, unbounded, their
-    log-densities [B] and the values [B]."""
+    """The acting step: actions [B, A] sampled from the Gaussian policy, unbounded, their log-densities [B] and the
+    values [B]."""
     with autocast(obs.device, bf16):
         action_mean, log_std, value = agent(obs)
     action = action_mean + log_std.exp() * torch.randn_like(action_mean)
@@ -278,13 +264,12 @@ def policy_step(agent: Agent, obs: torch.Tensor, bf16: bool) -> tuple:
 
 @torch.inference_mode()
 def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device) -> None:
-    """Step the envs num_steps times, writing buf [T, B] (raw observations and rewards) and the
-    bootstrap observation boot [B]."""
+    """Step the envs num_steps times, writing buf [T, B] (raw observations and rewards) and the bootstrap observation
+    boot [B]."""
     flat = lambda o: np.asarray(o, np.float32).reshape(len(o), -1)  # [B, S]
     for t in range(args.num_steps):
         buf.obs[t], buf.final_row[t] = flat(state.obs), state.final_row
-        obs = upload({"obs": buf.obs[t]}, device)["obs"]
-        action, logprob, value = policy_step(agent, obs, args.bf16)
+        action, logprob, value = policy_step(agent, upload(buf.obs[t], device), args.bf16)
         buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, logprob, value)
         env_action = buf.action[t].reshape((-1, *state.space.shape))  # [B, A] -> [B, *action shape]
         next_obs, reward, term, trunc, _ = envs.step(np.clip(env_action, state.space.low, state.space.high))
@@ -305,10 +290,9 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
 
 
 def compute_gae(reward, value, next_value, terminated, episode_end, final_row, gamma: float, lam: float):
-    """Advantages and returns, [T, B] numpy (a loop over T of [B] operations: numpy's are several
-    times cheaper than torch's at MuJoCo's few envs). Final rows get 0 (they are masked out);
-    `terminated` stops bootstrapping, `episode_end` stops the trace; a truncated row bootstraps
-    from the next row's value, which is the value of the episode's final observation."""
+    """Advantages and returns [T, B], numpy on the host (a loop over T of [B] operations: numpy's are several times
+    cheaper than torch's at MuJoCo's few envs). Final rows get 0; `terminated` stops bootstrapping, `episode_end` the
+    trace; a truncated row bootstraps from the next row's value, the value of the episode's final observation."""
     T = reward.shape[0]
     next_values = np.concatenate([value[1:], next_value[None]])  # [T, B]: V(s_{t+1})
     delta = reward + gamma * next_values * (1.0 - terminated) - value
@@ -322,72 +306,54 @@ def compute_gae(reward, value, next_value, terminated, episode_end, final_row, g
     return adv, adv + value
 
 
-def mean(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-    """``x``'s mean; over the rows of weight 1 where a padded minibatch (--compile) has weights."""
-    return x.mean() if weight is None else (x * weight).sum() / weight.sum()
-
-
 @compiled
-def ppo_loss(agent: Agent, mb: dict, adv: torch.Tensor, weight, args: Args) -> tuple:
-    """The clipped-PPO loss of one minibatch ``mb`` (tensors [M, ...]; ``adv`` normalised;
-    ``weight`` None or [M]) and its statistics, detached."""
-    with autocast(adv.device, args.bf16):
+def ppo_loss(agent: Agent, mb: dict, args: Args) -> tuple:
+    """The clipped-PPO loss of one minibatch ``mb`` (tensors [M, ...]; advantages normalised; final rows weigh 0) and
+    its statistics, detached."""
+    with autocast(mb["weight"].device, args.bf16):
         action_mean, log_std, value = agent(mb["obs"])
     logprob, entropy = gaussian(action_mean, log_std, mb["action"])
+    mean = lambda x: (x * mb["weight"]).sum() / mb["weight"].sum().clamp(min=1)  # over the rows that count
     logratio = logprob - mb["logprob"]
     ratio = logratio.exp()
-    pg_loss = mean(torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)), weight)
+    adv = mb["adv"]
+    pg_loss = mean(torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)))
     ret, old_v = mb["ret"], mb["value"]
     if args.clip_vloss:
         v_clipped = old_v + (value - old_v).clamp(-args.clip_coef, args.clip_coef)
-        v_loss = 0.5 * mean(torch.max((value - ret) ** 2, (v_clipped - ret) ** 2), weight)
+        v_loss = 0.5 * mean(torch.max((value - ret) ** 2, (v_clipped - ret) ** 2))
     else:
-        v_loss = 0.5 * mean((value - ret) ** 2, weight)
-    entropy = mean(entropy, weight)
+        v_loss = 0.5 * mean((value - ret) ** 2)
+    entropy = mean(entropy)
     loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
-    # Detached tensors, averaged when a row is written (a non-finite one ends the run there): no
-    # wait on a GPU per minibatch. A new key here is a new progress column.
+    # Detached tensors, averaged when a row is written (a non-finite one ends the run there): no wait on a GPU per
+    # minibatch. A new key here is a new progress column.
     ratio, logratio = ratio.detach(), logratio.detach()
     stats = {
         "policy_loss": pg_loss.detach(),
         "value_loss": v_loss.detach(),
         "entropy": entropy.detach(),
-        "approx_kl": mean((ratio - 1) - logratio, weight),
-        "clipfrac": mean(((ratio - 1.0).abs() > args.clip_coef).float(), weight),
+        "approx_kl": mean((ratio - 1) - logratio),
+        "clipfrac": mean(((ratio - 1.0).abs() > args.clip_coef).float()),
     }
     return loss, stats
 
 
-def padded(mb: torch.Tensor, adv: torch.Tensor, size: int | None) -> tuple:
-    """--compile: the minibatch's row indices and advantages padded with rows of weight 0 to
-    ``size`` (one shape for every minibatch of the run); eager (``size`` None): as they are."""
-    if size is None:
-        return mb, adv, None
-    extra = size - len(mb)
-    weight = torch.cat([torch.ones_like(adv), adv.new_zeros(extra)])
-    return torch.cat([mb, mb.new_zeros(extra)]), torch.cat([adv, adv.new_zeros(extra)]), weight
-
-
 def ppo_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.device, generator: torch.Generator) -> dict:
-    """Several epochs of clipped-PPO minibatch steps over the valid rows (not final rows) of one
-    rollout."""
-    n = data["obs"].shape[0]
-    mb_size = max(n // args.num_minibatches, 1)
-    # --compile: the largest minibatch a rollout can give (no final rows), for every minibatch (n,
-    # the rollout's valid rows, varies)
-    size = args.num_envs * args.num_steps // args.num_minibatches if enabled() else None
+    """Several epochs of clipped-PPO minibatch steps over the rollout's rows ``data`` [T, B, ...]. Every minibatch has
+    the same size (one graph under --compile); final rows are in them with weight 0."""
+    T, B = data["weight"].shape
+    mb_size = T * B // args.num_minibatches
     stats = defaultdict(list)  # name -> per-minibatch values: a new name is a new progress column
     for _ in range(args.update_epochs):
-        perm = upload({"perm": torch.randperm(n, generator=generator).numpy()}, device)["perm"]
-        for start in range(0, mb_size * args.num_minibatches, mb_size):  # as many on every rank
-            mb = perm[start : start + mb_size]
-            adv = data["adv"][mb]
+        perm = upload(torch.randperm(T * B, generator=generator).numpy(), device)
+        for start in range(0, T * B, mb_size):
+            i = perm[start : start + mb_size]
+            mb = {k: v[i // B, i % B] for k, v in data.items()}  # rows [M, ...] of [T, B, ...]
             if args.norm_adv:  # over the minibatches of every rank: their gradients are averaged
-                m, s = distributed.mean_std(adv)
-                adv = (adv - m) / (s + 1e-8)
-            mb, adv, weight = padded(mb, adv, size)
-            rows = {k: v[mb] for k, v in data.items() if k != "adv"}  # adv: normalised above
-            loss, mb_stats = ppo_loss(agent, rows, adv, weight, args)
+                mean_adv, std = distributed.mean_std(mb["adv"], mb["weight"])
+                mb["adv"] = (mb["adv"] - mean_adv) / (std + 1e-8)
+            loss, mb_stats = ppo_loss(agent, mb, args)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             distributed.average_gradients(agent)
@@ -401,62 +367,38 @@ def ppo_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
 def learn_from(
     agent: Agent, return_norm: RunningNorm, optimizer, buf, boot, args: Args, device: torch.device, generator
 ) -> dict:
-    """Rewards scaled, GAE with the learner's current critic, the PPO update, then the observation
-    statistics take the rollout; buf is [T, B] numpy (possibly shared)."""
+    """Rewards scaled, GAE with the learner's current critic, the PPO update, then the observation statistics take the
+    rollout; ``buf`` [T, B] and ``boot`` [B] are numpy (possibly shared)."""
     T, B = args.num_steps, args.num_envs
-    # The rollout in one copy to a GPU: obs [T, B, S] raw, the others [T, B]; valid [N] of T*B
-    # (never train on final rows).
+    # One copy to a GPU: raw observations [T, B, S], values [T, B], and the discounted returns of the rows that count.
     up = upload(
-        {
-            "obs": buf.obs,
-            "boot_obs": boot.obs,
-            "action": buf.action,
-            "logprob": buf.logprob,
-            "value": buf.value,
-            "discounted": buf.discounted,
-            "valid": np.flatnonzero(~np.asarray(buf.final_row).reshape(-1)),
-        },
-        device,
+        {"obs": buf.obs, "boot_obs": boot.obs, "value": buf.value, "discounted": buf.discounted[~buf.final_row]}, device
     )
-    obs, valid = up["obs"], up["valid"]
-    if args.sampler == "async":
-        # The rollout was sampled with the previous parameters: recompute values with the current
-        # critic.
-        with torch.no_grad(), autocast(device, args.bf16):
-            _, _, value = agent(torch.cat([obs.flatten(0, 1), up["boot_obs"]]))
-        value, next_value = value.float()[: T * B].view(T, B), value.float()[T * B :]
-    else:
-        # Sampled with the current parameters: the rollout's values are the critic's; only the
-        # bootstrap is new.
-        with torch.no_grad(), autocast(device, args.bf16):
-            _, _, next_value = agent(up["boot_obs"])
-        value, next_value = up["value"].float(), next_value.float()
-    fl = lambda x: np.asarray(x, np.float32)
-    # Reward scaling: the std of every discounted return so far (this rollout's of every rank
-    # included).
-    return_norm.update(up["discounted"].flatten()[valid][:, None])
-    # GAE runs on the host (T small steps): the values and the return variance come over in one
-    # copy.
-    value_h, next_value_h, return_var = to_host(value, next_value, return_norm.var)
-    reward = fl(buf.reward)
+    return_norm.update(up["discounted"][:, None])  # the rewards' scale: every discounted return so far, every rank's
+    with torch.no_grad(), autocast(device, args.bf16):
+        _, _, next_value = agent(up["boot_obs"])
+        # async: sampled with the previous parameters, so the values are the current critic's
+        value = agent(up["obs"].flatten(0, 1))[2].view(T, B) if args.sampler == "async" else up["value"]
+    value, next_value, return_var = to_host(value, next_value, return_norm.var)  # GAE runs on the host
+    f32 = lambda x: np.asarray(x, np.float32)
+    reward = f32(buf.reward)
     if return_norm.enabled:
         scale = np.sqrt(float(return_var[0]) + 1e-8)
         reward = np.clip(reward / scale, -return_norm.clip, return_norm.clip).astype(np.float32)
     adv, ret = compute_gae(
-        reward, value_h, next_value_h, fl(buf.terminated), fl(buf.episode_end), fl(buf.final_row), args.gamma, args.gae_lambda
+        reward, value, next_value, f32(buf.terminated), f32(buf.episode_end), f32(buf.final_row), args.gamma, args.gae_lambda
     )
-    gae = upload({"adv": adv, "ret": ret}, device)  # [T, B] each
-    data = {
-        "obs": obs.flatten(0, 1)[valid],
-        "action": up["action"].flatten(0, 1)[valid],
-        "logprob": up["logprob"].flatten()[valid],
-        "value": value.flatten()[valid],
-        "adv": gae["adv"].flatten()[valid],
-        "ret": gae["ret"].flatten()[valid],
+    rows = {
+        "action": buf.action,
+        "logprob": buf.logprob,
+        "value": value,
+        "adv": adv,
+        "ret": ret,
+        "weight": f32(~buf.final_row),
     }
+    data = {"obs": up["obs"], **upload(rows, device)}  # [T, B, ...] each
     stats = ppo_update(agent, optimizer, data, args, device, generator)
-    # every observation once (the bootstrap one is next rollout's first)
-    agent.obs_norm.update(obs.flatten(0, 1))
+    agent.obs_norm.update(up["obs"].flatten(0, 1))  # every observation once (the bootstrap one is next rollout's first)
     return stats
 
 
@@ -464,10 +406,9 @@ def learn_from(
 
 
 class Sampler:
-    """Where the rollouts come from. serial/parallel: this process collects each with the current
-    parameters; async: a sampler process (``sampler_main``) collects rollout k + 1 while the
-    learner trains on rollout k, in the slots of a double buffer that carry the parameters back
-    to it."""
+    """Where the rollouts come from. serial/parallel: this process collects each with the current parameters; async: a
+    sampler process (``sampler_main``) collects rollout k + 1 while the learner trains on rollout k, in the slots of a
+    double buffer that carry the parameters back to it."""
 
     def __init__(self, args: Args, run: Run, agent: Agent, first: int, last: int):
         self.args = args
@@ -507,86 +448,59 @@ class Sampler:
 
 
 def check_args(args: Args) -> None:
-    """What relates the flags to each other (each field's own range is declared on it): exit 2, one
-    line."""
+    """What relates the flags to each other (each field's own range is declared on it): exit 2, one line."""
     batch = args.num_envs * args.num_steps
     if batch % args.num_minibatches:
         bad_args(f"--num-minibatches {args.num_minibatches} does not divide the batch {batch} (num_envs x num_steps)")
 
 
 def make_learner(args: Args, run: Run) -> tuple:
-    """The agent (its observation statistics included), its optimiser, the minibatch generator and
-    the statistics of the discounted return."""
+    """The agent (its observation statistics included), its optimiser, the minibatch generator and the statistics of the
+    discounted return."""
     if not isinstance(run.obs_space, gym.spaces.Box):
         bad_args(f"--env-id {args.env_id}: PPO here needs Box observations, got {run.obs_space}")
     obs_dim, act_dim = int(np.prod(run.obs_space.shape)), int(np.prod(run.act_space.shape))
     agent = Agent(obs_dim, act_dim, args.hidden, args.init_log_std, args.normalize_obs).to(run.device)
-    # one kernel for all parameters
-    fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}
+    fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}  # one kernel for all parameters
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, **fused)
     generator = torch.Generator().manual_seed(args.seed)
-    # statistics of the discounted return
-    return_norm = RunningNorm(1, args.normalize_reward).to(run.device)
+    return_norm = RunningNorm(1, args.normalize_reward).to(run.device)  # statistics of the discounted return
     return agent, optimizer, generator, return_norm
 
 
-def act(agent: Agent, device: torch.device, space: gym.spaces.Box, obs: np.ndarray) -> np.ndarray:
-    """Evaluation policy, for observations [B, ...]: the Gaussian's mean clipped to the bounds,
-    statistics frozen."""
-    x = torch.as_tensor(np.asarray(obs, np.float32).reshape(len(obs), -1), device=device)
-    mean, _, _ = agent(x)
-    return np.clip(mean.cpu().numpy().reshape(-1, *space.shape), space.low, space.high)
-
-
-class ExportedPolicy(nn.Module):
-    """--export: raw observations [B, ...] -> the evaluation's action [B, ...] (the Gaussian's mean
-    clipped to the bounds) and the mean [B, act_dim]; the observation statistics are constants of
-    the graph."""
-
-    def __init__(self, agent: Agent, space: gym.spaces.Box):
-        super().__init__()
-        self.agent, self.shape = agent, space.shape
-        self.register_buffer("low", torch.as_tensor(space.low, dtype=torch.float32))
-        self.register_buffer("high", torch.as_tensor(space.high, dtype=torch.float32))
-
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mean, _, _ = self.agent(obs.float().flatten(1))
-        action = mean.reshape(-1, *self.shape).clamp(self.low, self.high)
-        return action, mean
+def act(policy: Policy, device: torch.device, obs: np.ndarray) -> np.ndarray:
+    """Evaluation: Policy's deterministic action [B, ...] at observations [B, ...]."""
+    action, _ = policy(upload(obs, device))
+    return to_host(action)
 
 
 def main() -> int:
     args = parse_args(Args, PRESETS, check_args)
-    # --log-every counts rollouts
-    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Box, iteration_steps=args.num_envs * args.num_steps)
+    batch = args.num_envs * args.num_steps  # a rank's rollout; --log-every counts rollouts
+    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Box, iteration_steps=batch)
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating("hidden"):  # sizes this machine cannot hold: exit 2
         agent, optimizer, generator, return_norm = make_learner(args, run)
+    policy = Policy(agent, run.act_space).to(run.device)
     start = run.begin(
-        partial(act, agent, run.device, run.act_space),
-        model=agent,
-        optimizer=optimizer,
-        generator=generator,
-        return_norm=return_norm,
+        partial(act, policy, run.device), model=agent, optimizer=optimizer, generator=generator, return_norm=return_norm
     )
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
     if args.export:  # with --resume: the deterministic policy as an ONNX file, train nothing
-        return run.export(ExportedPolicy(agent, run.act_space), ["action", "mean"])
-    batch = args.num_envs * args.num_steps * run.world  # the job's: every rank's rollout
-    num_iterations = max(args.total_timesteps // batch, 1)
-    # resumed: the rollout after its last
-    global_step, start_iter = start.global_step, start.global_step // batch
+        return run.export(policy, ["action", "mean"])
+    batch *= run.world  # the job's: every rank's rollout
+    first, num_iterations = start.global_step // batch, max(args.total_timesteps // batch, 1)
+    global_step = start.global_step
     with run:
-        sampler = Sampler(args, run, agent, start_iter, num_iterations)
-        for it in range(start_iter, num_iterations):
+        sampler = Sampler(args, run, agent, first, num_iterations)
+        for it in range(first, num_iterations):
             lr = args.learning_rate * (1.0 - it / num_iterations) if args.anneal_lr else args.learning_rate
-            for group in optimizer.param_groups:
-                group["lr"] = lr
+            optimizer.param_groups[0]["lr"] = lr
             global_step += batch
             buf, boot = sampler.rollout(it, agent, global_step)
             stats = learn_from(agent, return_norm, optimizer, buf, boot, args, run.device, generator)
-            sampler.release(it, agent)
+            sampler.release(it, agent)  # async: rollout it + 2 is sampled with the new parameters
             if run.periodic(global_step, learning_rate=lr, **stats):
                 break  # --stop-at-return reached, or a signal: finish ends as Ctrl-C does
         run.finish(global_step)  # the last row, checkpoint and evaluation
@@ -598,21 +512,18 @@ def main() -> int:
 
 
 def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, last: int, proc: SamplerProcess) -> None:
-    """Sampler process: rollout k goes to slot k % 2, collected with the parameters (observation
-    statistics included) the learner left in that slot when it released rollout k - 2 (update k -
-    1): exactly one update behind the learner."""
+    """Sampler process: rollout k goes to slot k % 2, collected with the parameters (observation statistics included)
+    the learner left in that slot when it released rollout k - 2 (update k - 1): exactly one update behind the learner."""
     torch.set_num_threads(1)
     envs = make_envs(args, make_env, "serial")
     state = EnvState(envs, distributed.env_seed(args.seed + first, args.num_envs))
-    obs_dim, act_dim = (int(np.prod(envs.single_observation_space.shape)), int(np.prod(state.space.shape)))
+    obs_dim, act_dim = int(np.prod(envs.single_observation_space.shape)), int(np.prod(state.space.shape))
     agent = Agent(obs_dim, act_dim, args.hidden, args.init_log_std, args.normalize_obs)
-    # the policy's noise: a stream of each rank's own
-    torch.manual_seed(distributed.rank_seed(args.seed + 1))
-    device = torch.device("cpu")
+    torch.manual_seed(distributed.rank_seed(args.seed + 1))  # the policy's noise: a stream of each rank's own
     try:
         for k in range(first, last):
             buf = buffers.writer_acquire(k, proc.check, module=agent)
-            collect(envs, agent, state, buf, boots[k % 2], args, device)
+            collect(envs, agent, state, buf, boots[k % 2], args, torch.device("cpu"))
             buffers.writer_release(k)
     finally:
         envs.close()

@@ -30,8 +30,9 @@ def _data(agent, obs, shift):
         logits, _ = agent(obs)
     dist = torch.distributions.Categorical(logits=logits)
     action = dist.sample()
-    return {"obs": obs, "action": action, "logprob": dist.log_prob(action) + shift,
-            "adv": torch.ones(len(obs)), "ret": torch.zeros(len(obs))}
+    return {"obs": obs, "mask": torch.ones(len(obs), 2, dtype=torch.bool), "action": action,
+            "logprob": dist.log_prob(action) + shift, "adv": torch.ones(len(obs)), "ret": torch.zeros(len(obs)),
+            "weight": torch.ones(len(obs))}
 
 
 def test_importance_weight_is_one_on_policy_and_truncated_off_policy():
@@ -40,18 +41,18 @@ def test_importance_weight_is_one_on_policy_and_truncated_off_policy():
     obs = torch.randn(32, 4)
     args = a2c_atari.Args(env_id="CartPole-v1", sampler="async")  # async: the sampler lags one update
     opt = torch.optim.SGD(agent.parameters(), lr=0.0)
-    on = a2c_atari.a2c_update(agent, opt, _data(agent, obs, 0.0), args, torch.device("cpu"))
+    on = a2c_atari.a2c_update(agent, opt, _data(agent, obs, 0.0), args)
     assert float(on["rho_mean"]) == pytest.approx(1.0)
     # The behaviour policy gave these actions more probability than the learner does now: rho = pi/mu = e^-1.
-    off = a2c_atari.a2c_update(agent, opt, _data(agent, obs, 1.0), args, torch.device("cpu"))
+    off = a2c_atari.a2c_update(agent, opt, _data(agent, obs, 1.0), args)
     assert float(off["rho_mean"]) == pytest.approx(np.exp(-1.0), rel=1e-5)
     # Less probability under the behaviour policy: pi/mu = e > 1 is truncated at 1.
-    off = a2c_atari.a2c_update(agent, opt, _data(agent, obs, -1.0), args, torch.device("cpu"))
+    off = a2c_atari.a2c_update(agent, opt, _data(agent, obs, -1.0), args)
     assert float(off["rho_mean"]) == pytest.approx(1.0)
     # serial and parallel sample with the current parameters: rho is exactly 1, whatever the last bits of the
     # recomputed log-probabilities (another batch shape, TF32 or bf16 on a GPU)
     serial = a2c_atari.Args(env_id="CartPole-v1", sampler="serial")
-    assert float(a2c_atari.a2c_update(agent, opt, _data(agent, obs, 1e-6), serial, torch.device("cpu"))[
+    assert float(a2c_atari.a2c_update(agent, opt, _data(agent, obs, 1e-6), serial)[
         "rho_mean"]) == 1.0
 
 

@@ -302,27 +302,29 @@ def test_rows_of_weight_zero_change_neither_the_ppo_loss_nor_its_gradients():
 
 @pytest.mark.parametrize("sampler", ["serial", "async"])
 def test_a2c_rows_of_weight_zero_change_neither_its_loss_nor_its_gradients(sampler):
-    """a2c under --compile: every row of the rollout, the final ones weighted 0, against the valid rows alone; with
-    advantage normalisation (a weighted mean and std) and the async importance weight."""
+    """a2c's one path (eager and --compile alike): every row of the rollout, the final ones weighted 0, against the rows
+    of weight 1 alone: the same loss, statistics and gradients; with masks and the async importance weight."""
     sys.path.insert(0, str(ROOT / "algos"))
     import a2c_atari
 
     torch.manual_seed(0)
     agent = a2c_atari.Agent((4,), 3)
-    args = a2c_atari.Args(norm_adv=True, sampler=sampler)
+    args = a2c_atari.Args(sampler=sampler)
     n = 24
-    data = {"obs": torch.randn(n, 4), "action": torch.randint(0, 3, (n,)), "logprob": torch.randn(n) - 1.0,
-            "adv": torch.randn(n), "ret": torch.randn(n)}
-    weight = (torch.rand(n) > 0.3).float()
-    valid = weight.bool()
+    data = {"obs": torch.randn(n, 4), "mask": torch.rand(n, 3) > 0.2, "action": torch.randint(0, 3, (n,)),
+            "logprob": torch.randn(n) - 1.0, "adv": torch.randn(n), "ret": torch.randn(n),
+            "weight": (torch.rand(n) > 0.3).float()}
+    data["mask"][torch.arange(n), data["action"]] = True  # the action taken was allowed
+    valid = data["weight"].bool()
 
-    def loss_and_grads(data, weight):
+    def loss_and_grads(data):
         agent.zero_grad()
-        loss, stats = a2c_atari.a2c_loss(agent, data, weight, args, torch.device("cpu"))
+        loss, stats = a2c_atari.a2c_loss(agent, data, args)
         loss.backward()
         return loss, stats, [p.grad.clone() for p in agent.parameters()]
 
-    plain = loss_and_grads({k: v[valid] for k, v in data.items()}, None)
-    weighted = loss_and_grads(data, weight)
+    plain = loss_and_grads({k: v[valid] for k, v in data.items()})
+    weighted = loss_and_grads(data)
+    assert 0 < int(valid.sum()) < n
     for a, b in zip(plain, weighted):
         torch.testing.assert_close(b, a)

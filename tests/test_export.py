@@ -63,10 +63,10 @@ def acting(name: str, folder):
         return m.EvalPolicy(parts[0], CPU, space.act_space), parts[0], partial(m.make_env, args)
     if name in ("ppo_atari.py", "a2c_atari.py"):
         parts[0].load_state_dict(saved["model"])
-        return partial(m.act, parts[0], CPU), parts[0], partial(m.make_env, args)
+        return partial(m.act, m.Policy(parts[0]), CPU), parts[0], partial(m.make_env, args)
     if name == "ppo_mujoco.py":
         parts[0].load_state_dict(saved["model"])
-        return partial(m.act, parts[0], CPU, space.act_space), parts[0], partial(m.make_env, args)
+        return partial(m.act, m.Policy(parts[0], space.act_space), CPU), parts[0], partial(m.make_env, args)
     actor, obs_norm = parts[0], parts[-1]  # sac, td3, ddpg: the actor and the observation statistics
     actor.load_state_dict(saved["actor"])
     obs_norm.load_state_dict(saved["obs_norm"])
