@@ -1,45 +1,29 @@
-"""Recurrent PPO: an LSTM policy for partially observed tasks; serial, parallel and async sampling.
+"""Recurrent PPO: an LSTM policy for partially observed tasks, discrete or continuous actions; serial, parallel and async
+sampling.
 
-The clipped objective and GAE, discrete or continuous actions.
+    python algos/ppo_lstm.py --num-envs 8                        # Breakout, Nature CNN -> LSTM
+    python algos/ppo_lstm.py --preset cartpole                   # CartPole-v1 without velocities
+    python algos/ppo_lstm.py --preset pendulum                   # Pendulum-v1 without angular velocity
+    python algos/ppo_lstm.py --preset cartpole --no-lstm         # the same without memory (the ablation)
+    torchrun --standalone --nproc-per-node 2 algos/ppo_lstm.py   # 2 ranks, gradients averaged
 
-    # Breakout, Nature CNN -> LSTM
-    python algos/ppo_lstm.py --num-envs 8
-    # CartPole-v1 without velocities
-    python algos/ppo_lstm.py --preset cartpole
-    # Pendulum-v1 without angular velocity
-    python algos/ppo_lstm.py --preset pendulum
-    # the same without memory (the ablation)
-    python algos/ppo_lstm.py --preset cartpole --no-lstm
-    # 2 ranks, gradients averaged
-    torchrun --standalone --nproc-per-node 2 algos/ppo_lstm.py
+PPO's clipped objective and GAE, with ppo_atari.py's logits or ppo_mujoco.py's Gaussian (a state-independent log-std).
+The sampler carries each env's LSTM state from step to step and rollout to rollout, and stores the state each env held at
+the rollout's first row; the learner replays the LSTM from there over whole env sequences (minibatches split the envs,
+never time), the state zeroed where an episode starts, so its first pass gives the sampler's log-probabilities and values
+(PPO's first ratio is 1).
 
-One file for both kinds of action: they differ in the head (logits or a Gaussian mean with a
-state-independent log-std, as ppo_atari.py and ppo_mujoco.py) and in three lines of sampling;
-what makes this script what it is, the recurrent state through the rollout, the stored states and
-the whole-sequence minibatches, is the same for both.
+Envs autoreset on the step after an episode ends (gymnasium's next-step mode): that final row only resets the env, so it
+weighs 0 in every loss; its observation is the episode's last, seen with the episode's state, whose value a time-limit
+truncation bootstraps from; the row after it starts from a zero state. On Atari a lost life ends the training episode
+(no bootstrap across it) but neither the game nor the LSTM's memory.
 
-The network: torso (Nature CNN for images, a 64x64 tanh MLP for vectors) -> LSTM -> policy and
-value heads. The sampler carries each env's LSTM state from step to step and from rollout to
-rollout, and the rollout stores the state every env held at its first row. The learner replays
-the LSTM exactly as the sampler ran it: from those states, over whole env sequences (minibatches
-split the envs, never time), the state zeroed at each row where an episode starts. Its first
-forward pass therefore gives the sampler's log-probabilities and values (PPO's first ratio is 1).
-
-Episode boundaries: envs autoreset on the step after an episode ends (gymnasium's next-step
-mode). That step (the final row) only resets the env: it is masked out of every loss, and its
-observation is the episode's final one, seen with the episode's state, whose value is the
-bootstrap target when the episode was truncated by the time limit; termination bootstraps
-nothing. The row after a final row starts an episode: the state is zeroed there. On Atari a lost
-life ends the *training* episode (no bootstrap across it) but neither the game nor the LSTM's
-memory. Observations and rewards can be normalised as ppo_mujoco.py does (--normalize-obs,
---normalize-reward: on in the pendulum preset), and invalid-action masks
-(``info["action_mask"]``) are respected as in ppo_atari.py.
-
-Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the
-network in Agent: forward(obs, state, episode_start) over sequences [T, B, ...] returns the
-policy's outputs, values [T, B] and the state after the last row, policy(out, action, mask) the
-action (sampled when not given), its log-probability and the entropy, initial_state(B) the zero
-state; the loss in ppo_loss, whose statistics become logged columns; the schedule in main.
+Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the network in Agent, any
+nn.Module with `discrete` (Discrete actions, else Box), forward(obs, state, episode_start) from observations [T * B, ...]
+(rows time-major) and the state, zeroed before the rows where episode_start [T, B], to the policy's outputs [T * B, A]
+(logits or a Gaussian's mean), values [T * B] and the last state, policy(out, mask, action) to the action (sampled where
+None), its log-probability and entropy, initial_state(B), obs_norm (observation statistics) and, continuous, log_std;
+the loss in ppo_loss, whose stats dict is logged (a new key is a new progress.csv column); the schedule in main.
 """
 
 from __future__ import annotations
@@ -67,9 +51,9 @@ from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveInt, Range
 from shared.atari import is_atari, make_atari_env
 from shared.buffer import buffer_from_example
 from shared.cli import RunArgs, bad_args, parse_args
-from shared.compiling import compiled, enabled
+from shared.compiling import compiled
 from shared.device import to_host, upload
-from shared.dict_obs import DictTorso, flat, is_dict, nested, obs_example, obs_map, unflat, without_text
+from shared.dict_obs import DictTorso, is_dict, obs_example, without_text
 from shared.envs import action_mask, image_shape, make_envs, observe_only
 from shared.evaluation import Draws
 from shared.namedarraytuple import namedarraytuple
@@ -87,20 +71,19 @@ class Args(RunArgs):
     # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
     # experiment
     preset: Literal["atari", "cartpole", "pendulum"] = "atari"
-    """named settings to start from (atari: CleanRL's ppo_atari_lstm settings; cartpole: CartPole-v1
-    without its velocities, pendulum: Pendulum-v1 without its angular velocity, both with
-    rl-baselines3-zoo's RecurrentPPO settings); flags given override them"""
+    """named settings to start from (atari: CleanRL's ppo_atari_lstm settings; cartpole: CartPole-v1 without its
+    velocities, pendulum: Pendulum-v1 without its angular velocity, both with rl-baselines3-zoo's RecurrentPPO settings);
+    flags given override them"""
     env_id: str = "BreakoutNoFrameskip-v4"
-    """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations
-    (MLP), with discrete (Discrete) or continuous (Box) actions"""
+    """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations (MLP), with discrete
+    (Discrete) or continuous (Box) actions"""
     total_timesteps: PositiveInt = 10_000_000
     """agent steps summed over all envs (Atari: 4 emulator frames each)"""
     log_every: PositiveInt = 1
     """rollouts between progress rows"""
     # algorithm
     num_envs: PositiveInt = 8
-    """environments stepped together on each rank (torchrun); the job's batch is ranks x num_envs x
-    num_steps"""
+    """environments stepped together on each rank (torchrun); the job's batch is ranks x num_envs x num_steps"""
     num_steps: PositiveInt = 128
     """steps per env in each rollout: the length of every sequence the learner replays"""
     learning_rate: Annotated[float, Range(gt=0, lt=1)] = 2.5e-4
@@ -130,46 +113,38 @@ class Args(RunArgs):
     hidden: PositiveInt = 128
     """units of the LSTM (its input: the torso's 512 features for images, 64 for vectors)"""
     lstm: bool = True
-    """use the LSTM; --no-lstm puts a feed-forward layer of the same width in its place (the
-    ablation)"""
+    """use the LSTM; --no-lstm puts a feed-forward layer of the same width in its place (the ablation)"""
     init_log_std: Annotated[float, Range(ge=-20, le=5)] = 0.0
     """continuous actions: initial log standard deviation of every action dimension"""
     normalize_obs: bool = False
-    """vector observations: normalise them by running mean and variance (in the checkpoint, frozen
-    in evaluation)"""
+    """vector observations: normalise them by running mean and variance (in the checkpoint, frozen in evaluation)"""
     normalize_reward: bool = False
     """divide rewards by the running standard deviation of the discounted return"""
     # environment
     observe_indices: tuple[int, ...] = ()
-    """vector observations: keep only these components (0 2 on CartPole: positions without
-    velocities)"""
+    """vector observations: keep only these components (0 2 on CartPole: positions without velocities)"""
     noop_max: NonNegInt = 30
     """Atari: up to this many random no-ops at reset (paper convention 30)"""
     sticky_actions: Annotated[float, Range(ge=0, lt=1)] = 0.0
-    """Atari: probability of repeating the previous action (0: paper convention, no sticky
-    actions)"""
+    """Atari: probability of repeating the previous action (0: paper convention, no sticky actions)"""
     clip_rewards: bool = True
     """Atari: train on the sign of the reward (logged returns stay unclipped)"""
     life_loss_terminal: bool = True
     """Atari: a lost life ends the training episode for bootstrapping (the game itself goes on)"""
     # infrastructure
     sampler: Literal["serial", "parallel", "async"] = "serial"
-    """serial (one process), parallel (ale-py threads / gymnasium AsyncVectorEnv) or async (sampler
-    process collects rollout k+1 with the parameters of update k-1 while the learner trains on
-    rollout k)"""
+    """serial (one process), parallel (ale-py threads / gymnasium AsyncVectorEnv) or async (sampler process collects rollout
+    k+1 with the parameters of update k-1 while the learner trains on rollout k)"""
 
 
-# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps
-# its default.
+# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps its default.
 PRESETS = {
-    # CleanRL's ppo_atari_lstm.py (its LSTM of 128 units, PPO's Atari settings); 4 stacked frames as
-    # everywhere here.
+    # CleanRL's ppo_atari_lstm.py (its LSTM of 128 units, PPO's Atari settings); 4 stacked frames as everywhere here.
     "atari": Args(),
-    # rl-baselines3-zoo, hyperparams/ppo_lstm.yml (RecurrentPPO), CartPoleNoVel-v1: 8 envs x 32
-    # steps, batch 256 in one minibatch, 20 epochs, lr 1e-3 annealed (its clip range is annealed
-    # too; here it stays 0.2), gamma 0.98, lambda 0.8, no entropy bonus; observations and rewards
-    # normalised, as the zoo's published agent (sb3/ppo_lstm-CartPoleNoVel-v1: normalize True).
-    # Ours: an LSTM of 64 units (the zoo's default is 256).
+    # rl-baselines3-zoo, hyperparams/ppo_lstm.yml (RecurrentPPO), CartPoleNoVel-v1: 8 envs x 32 steps, batch 256 in one
+    # minibatch, 20 epochs, lr 1e-3 annealed (its clip range is annealed too; here it stays 0.2), gamma 0.98, lambda 0.8,
+    # no entropy bonus; observations and rewards normalised, as the zoo's published agent (sb3/ppo_lstm-CartPoleNoVel-v1:
+    # normalize True). Ours: an LSTM of 64 units (the zoo's default is 256).
     "cartpole": Args(
         preset="cartpole",
         env_id="CartPole-v1",
@@ -189,11 +164,10 @@ PRESETS = {
         normalize_obs=True,
         normalize_reward=True,
     ),
-    # rl-baselines3-zoo, hyperparams/ppo_lstm.yml, PendulumNoVel-v1: 4096 steps a rollout, 10
-    # epochs, lr 1e-3 constant, gamma 0.9, lambda 0.95, clip 0.2, no entropy bonus. Not the zoo's:
-    # its gSDE exploration (a state-independent log-std here, with which its 100k steps reach about
-    # -450: 200k here), its 4 envs x 1024 steps in minibatches of 128 steps (whole sequences here:
-    # 16 envs x 256 steps, minibatches of 2 envs); observations and rewards normalised as
+    # rl-baselines3-zoo, hyperparams/ppo_lstm.yml, PendulumNoVel-v1: 4096 steps a rollout, 10 epochs, lr 1e-3 constant,
+    # gamma 0.9, lambda 0.95, clip 0.2, no entropy bonus. Not the zoo's: its gSDE exploration (a state-independent
+    # log-std here, with which its 100k steps reach about -450: 200k here), its 4 envs x 1024 steps in minibatches of 128
+    # steps (whole sequences here: 16 envs x 256 steps, minibatches of 2 envs); observations and rewards normalised as
     # ppo_mujoco.py.
     "pendulum": Args(
         preset="pendulum",
@@ -220,9 +194,8 @@ PRESETS = {
 
 
 def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
-    """One env, made in the process that steps it: a wrapper added here reaches every sampling mode
-    (shared/envs.py). Atari ids get the papers' preprocessing (shared/atari.py), other ids a
-    plain gym.make, optionally observing only some entries (the memory tasks)."""
+    """One env, made in the process that steps it: a wrapper added here reaches every sampling mode. Atari ids get the
+    papers' preprocessing (shared/atari.py), other ids a plain gym.make, optionally observing only some entries."""
 
     def thunk() -> gym.Env:
         if is_atari(args.env_id):
@@ -232,10 +205,6 @@ def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
         return observe_only(env, args.observe_indices) if args.observe_indices else env
 
     return thunk
-
-
-def observe_flag(args: Args) -> str:
-    return "--observe-indices " + " ".join(map(str, args.observe_indices))
 
 
 # ------------------------------------------------------------------------------------------ network
@@ -248,15 +217,14 @@ def layer_init(layer: nn.Module, std: float = np.sqrt(2), bias: float = 0.0) -> 
 
 
 def masked(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``logits`` [N, A] with the actions ``mask`` [N, A] forbids at the lowest float: probability 0
-    when sampling, in the log-probabilities and ratios, and no term in the entropy (0 * logit)."""
+    """``logits`` [N, A] with the actions ``mask`` [N, A] forbids at the lowest float: probability 0 when sampling and in
+    the ratios, no term in the entropy (0 * logit). Envs without masks pass all True, which changes nothing."""
     return logits.masked_fill(~mask, torch.finfo(logits.dtype).min)
 
 
 def gaussian(mean: torch.Tensor, log_std: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-density of action [N, A] under the diagonal Gaussian N(mean, exp(log_std)^2), and its
-    entropy, [N]: log p = sum_i -(a_i - mu_i)^2 / (2 sigma_i^2) - log sigma_i - log(2 pi) / 2 H =
-    sum_i log sigma_i + (1 + log 2 pi) / 2"""
+    """Log-density of action [N, A] under the diagonal Gaussian N(mean, exp(log_std)^2), and its entropy, [N]:
+    log p = sum_i -(a_i - mu_i)^2 / (2 sigma_i^2) - log sigma_i - log(2 pi) / 2, H = sum_i log sigma_i + (1 + log 2 pi) / 2"""
     z = (action - mean) * torch.exp(-log_std)
     log_prob = (-0.5 * z**2 - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
     entropy = (log_std + 0.5 * (1.0 + math.log(2 * math.pi))).sum(-1).expand_as(log_prob)
@@ -267,10 +235,9 @@ RnnState = namedarraytuple("RnnState", ["h", "c"])  # each [B, hidden]
 
 
 class Agent(nn.Module):
-    """torso (Nature CNN for images, uint8 scaled inside; 64x64 tanh MLP for vectors) -> LSTM ->
-    policy head (logits, or a Gaussian mean and one log-std per action dimension) and value head.
-    forward takes sequences [T, B, ...], the state at their first row and an episode_start mask
-    [T, B]: where it is set, the state is zeroed before that row (an episode starts there)."""
+    """torso (Nature CNN for images, uint8 scaled inside; 64x64 tanh MLP for vectors; for a gymnasium Dict space, one
+    encoder per key) -> LSTM -> policy head (logits, or a Gaussian mean and one log-std per action dimension) and value
+    head."""
 
     def __init__(
         self,
@@ -282,7 +249,7 @@ class Agent(nn.Module):
         normalize_obs: bool = False,
     ):
         super().__init__()
-        self.dict = is_dict(obs_shape)  # a Dict space: one encoder per key (shared/dict_obs.py)
+        self.dict = is_dict(obs_shape)
         self.image = not self.dict and len(obs_shape) == 3
         self.hidden = hidden
         self.recurrent = lstm
@@ -292,8 +259,7 @@ class Agent(nn.Module):
             self.torso = DictTorso(obs_shape, layer_init)  # ValueError: an entry it cannot take
             width = self.torso.width
         elif self.image:
-            # ValueError with the reason when the CNN cannot take the images
-            c, h, w = image_shape(obs_shape)
+            c, h, w = image_shape(obs_shape)  # ValueError with the reason when the CNN cannot take the images
             self.channels_last = tuple(obs_shape) != (c, h, w)
             conv = nn.Sequential(
                 layer_init(nn.Conv2d(c, 32, 8, stride=4)),
@@ -315,8 +281,7 @@ class Agent(nn.Module):
         self.obs_norm = RunningNorm(obs_dim if vector else 1, normalize_obs and vector)
         if lstm:
             self.core = nn.LSTM(width, hidden)
-            # as CleanRL's ppo_atari_lstm: orthogonal, zero biases
-            for name, p in self.core.named_parameters():
+            for name, p in self.core.named_parameters():  # as CleanRL's ppo_atari_lstm: orthogonal, zero biases
                 nn.init.constant_(p, 0.0) if "bias" in name else nn.init.orthogonal_(p, 1.0)
         else:
             self.core = nn.Sequential(layer_init(nn.Linear(width, hidden)), nn.Tanh())
@@ -329,58 +294,44 @@ class Agent(nn.Module):
         z = torch.zeros(batch, self.hidden, device=device)
         return RnnState(z, z.clone())
 
-    def forward(
-        self, obs: torch.Tensor, state: RnnState, episode_start: torch.Tensor, start_rows: np.ndarray | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, RnnState]:
-        """obs [T, B, ...] -> logits or mean [T, B, A], value [T, B], and the state after the last
-        row. ``start_rows`` [T] (host): whether any of the B sequences starts an episode at each
-        row; the learner knows it from the rollout, and without it it is read from
-        ``episode_start`` (a wait on a GPU)."""
+    def forward(self, obs, state: RnnState, episode_start: torch.Tensor, start_rows: np.ndarray | None = None) -> tuple:
+        """obs [T * B, ...] (rows time-major) -> logits or mean [T * B, A], values [T * B] and the state after the last
+        row. ``start_rows`` [T] (host): whether any sequence starts an episode at each row, which the learner knows from
+        the rollout (without it, it is read from ``episode_start``: a wait on a GPU for more than one row)."""
         T, B = episode_start.shape
-        if self.dict:  # a dict of tensors [T, B, ...] by key
-            x = self.torso(obs_map(lambda o: o.flatten(0, 1), obs)).view(T, B, -1)
+        if self.dict:  # tensors [T * B, ...] by key
+            x = obs
+        elif self.image:
+            x = obs.permute(0, 3, 1, 2) if self.channels_last else obs  # [T * B, C, H, W]
+            x = x.float() / 255.0 if obs.dtype == torch.uint8 else x.float()
         else:
-            x = obs.flatten(0, 1)  # [T*B, ...]
-            if self.image:
-                x = x.permute(0, 3, 1, 2) if self.channels_last else x  # [T*B, C, H, W]
-                x = x.float() / 255.0 if obs.dtype == torch.uint8 else x.float()
-            else:
-                x = self.obs_norm(x.float().flatten(1))
-            x = self.torso(x).view(T, B, -1)
-        if self.recurrent and torch.compiler.is_compiling():
-            # Traced by --compile: Dynamo cannot trace the fused LSTM (shared/rnn.py): the same one
-            # row by row (eager calls, such as evaluation's, keep the fused one)
-            keep = (~episode_start).float().unsqueeze(-1)  # [T, B, 1]
-            x, (hs, cs) = lstm_rows(self.core, x, state.h[None], state.c[None], keep)
-            state = RnnState(hs[0].float(), cs[0].float())
-        elif self.recurrent:
-            # The fused LSTM over each stretch of rows in which no sequence starts an episode; at a
-            # stretch's first row the state is zeroed where one starts. Sampling steps are one
-            # stretch of one row.
-            keep = (~episode_start).float().unsqueeze(-1)  # [T, B, 1]
+            x = self.obs_norm(obs.float().flatten(1))
+        x = self.torso(x).view(T, B, -1)
+        keep = (~episode_start).float().unsqueeze(-1)  # [T, B, 1]: 0 where the state is zeroed before the row
+        if not self.recurrent:
+            x = self.core(x)
+        elif torch.compiler.is_compiling():  # Dynamo cannot trace the fused LSTM (shared/rnn.py): the same, row by row
+            x, (h, c) = lstm_rows(self.core, x, state.h[None], state.c[None], keep)
+            state = RnnState(h[0].float(), c[0].float())
+        else:  # the fused LSTM over each stretch of rows in which no sequence starts an episode
             if start_rows is None:
                 start_rows = episode_start.any(1).cpu().numpy() if T > 1 else np.zeros(1, bool)
             bounds = [0, *(np.flatnonzero(np.asarray(start_rows)[1:]) + 1).tolist(), T]
+            h, c = state.h[None], state.c[None]
             out = []
-            hs = state.h[None]
-            cs = state.c[None]
             for t0, t1 in zip(bounds[:-1], bounds[1:]):
-                o, (hs, cs) = self.core(x[t0:t1], (hs * keep[t0], cs * keep[t0]))
+                o, (h, c) = self.core(x[t0:t1], (h * keep[t0], c * keep[t0]))
                 out.append(o)
-            x, state = (torch.cat(out) if len(out) > 1 else out[0], RnnState(hs[0].float(), cs[0].float()))
-        else:
-            x = self.core(x)
+            x = torch.cat(out)
+            state = RnnState(h[0].float(), c[0].float())
+        x = x.flatten(0, 1)
         return self.actor(x).float(), self.critic(x).float().squeeze(-1), state
 
-    def policy(
-        self, out: torch.Tensor, action: torch.Tensor | None = None, mask: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The action (sampled when not given), its log-probability and the entropy, from the policy
-        head's output [N, A] (logits, masked where ``mask`` [N, A] forbids; or the Gaussian's
-        mean)."""
+    def policy(self, out: torch.Tensor, mask: torch.Tensor, action: torch.Tensor | None = None) -> tuple:
+        """The action (sampled when not given), its log-probability and the entropy, from the policy head's output
+        [N, A]: logits, masked where ``mask`` [N, A] forbids, or the Gaussian's mean (``mask`` unused)."""
         if self.discrete:
-            dist = Categorical(logits=out if mask is None else masked(out, mask), validate_args=False)
-            # (validation would wait on a GPU twice a step)
+            dist = Categorical(logits=masked(out, mask), validate_args=False)  # validation would wait on a GPU
             action = dist.sample() if action is None else action
             return action, dist.log_prob(action), dist.entropy()
         log_std = self.log_std.expand_as(out)
@@ -388,11 +339,29 @@ class Agent(nn.Module):
         return (action, *gaussian(out, log_std, action))
 
 
+class Policy(nn.Module):
+    """Evaluation and --export, one step of B envs: observations [B, ...], the state h, c [B, hidden] and episode_start
+    [B] (the state zeroed first) -> the greedy action (continuous: the mean clipped to the bounds), the logits or mean
+    [B, A] and the next h, c. The observation statistics are the agent's, frozen."""
+
+    def __init__(self, agent: Agent, space: gym.Space):
+        super().__init__()
+        self.agent = agent
+        if not agent.discrete:
+            self.register_buffer("low", torch.as_tensor(space.low, dtype=torch.float32))
+            self.register_buffer("high", torch.as_tensor(space.high, dtype=torch.float32))
+
+    def forward(self, obs, h: torch.Tensor, c: torch.Tensor, episode_start: torch.Tensor) -> tuple:
+        out, _, state = self.agent(obs, RnnState(h, c), episode_start[None])
+        if self.agent.discrete:
+            return out.argmax(1), out, state.h, state.c
+        return out.view(-1, *self.low.shape).clamp(self.low, self.high), out, state.h, state.c
+
+
 # ----------------------------------------------------------------------------------------- sampling
 
-# final_row: the step only resets its env; episode_start: the state is zeroed before this row; ep_*:
-# totals where episode_end; discounted: the discounted return so far (whose statistics scale the
-# rewards)
+# final_row: the step only resets its env; episode_start: the state is zeroed before this row; ep_*: the episode's
+# totals where episode_end; discounted: the discounted return so far (whose statistics scale the rewards)
 Rollout = namedarraytuple(
     "Rollout",
     [
@@ -411,28 +380,23 @@ Rollout = namedarraytuple(
         "ep_length",
     ],
 )
-# Either edge of a rollout, [B]: the state at its first row (h0, c0), the row after its last (obs,
-# episode_start) and the state that row continues from (h, c).
+# Either edge of a rollout, [B]: the state at its first row (h0, c0), the row after its last (obs, episode_start) and
+# the state that row continues from (h, c).
 Bootstrap = namedarraytuple("Bootstrap", ["h0", "c0", "obs", "episode_start", "h", "c"])
 
 
 class EnvState:
-    """What a sampler carries between rollouts, per env: current observation, final-row and
-    episode-start flags, valid actions, the LSTM state (on the sampler's device), lives, episode
-    sums and the discounted return."""
+    """What a sampler carries between rollouts, per env: current observation, final-row and episode-start flags, valid
+    actions, the LSTM state (on the sampler's device), lives, episode sums and the discounted return."""
 
     def __init__(self, envs, seed: int, agent: Agent, device: torch.device):
-        obs, info = envs.reset(seed=seed)
-        self.obs = nested(obs)  # a Dict's: a namedarraytuple of its entries
+        self.obs, info = envs.reset(seed=seed)  # a Dict space's: a dict of arrays by key
         n = envs.num_envs
-        # True: this step only resets the env (next-step autoreset)
-        self.final_row = np.zeros(n, bool)
-        # True: the row after a final row (and the first): a zero state
-        self.episode_start = np.ones(n, bool)
+        self.final_row = np.zeros(n, bool)  # True: this step only resets the env (next-step autoreset)
+        self.episode_start = np.ones(n, bool)  # True: the row after a final row (and the first): a zero state
         self.space = envs.single_action_space
-        n_actions = int(self.space.n) if agent.discrete else 1
-        # [B, A]: all True without one (continuous: A = 1)
-        self.mask = action_mask(info, self.final_row, n_actions)
+        n_actions = int(self.space.n) if agent.discrete else 1  # continuous: a mask of width 1, all True (unused)
+        self.mask = action_mask(info, self.final_row, n_actions)  # [B, A]: all True where the env gives none
         self.rnn = agent.initial_state(n, device)
         self.lives = np.asarray(info.get("lives", np.zeros(n)), np.int64)
         self.ep_return = np.zeros(n, np.float64)
@@ -441,59 +405,35 @@ class EnvState:
 
 
 def rollout_example(obs_space, act_space, hidden: int, B: int) -> tuple:
+    """One step of the rollout (allocated [T, B]) and its edges [B]; a Dict's observations: one array per key."""
     discrete = isinstance(act_space, gym.spaces.Discrete)
     action = np.int64(0) if discrete else np.zeros(int(np.prod(act_space.shape)), np.float32)
-    one = Rollout(
-        obs_example(obs_space),  # a Dict's: a namedarraytuple of its entries
-        np.ones(int(act_space.n) if discrete else 1, bool),
-        action,
-        np.float32(0),
-        np.float32(0),
-        np.float32(0),
-        np.float32(0),
-        False,
-        False,
-        False,
-        False,
-        np.float64(0),
-        np.int64(0),
-    )
+    mask = np.ones(int(act_space.n) if discrete else 1, bool)
+    zero = np.float32(0)
+    one = Rollout(obs_example(obs_space), mask, action, zero, zero, zero, zero, False, False, False, False, 0.0, 0)
     z = np.zeros((B, hidden), np.float32)
-    boot = Bootstrap(z, z, obs_example(obs_space, (B,)), np.zeros(B, bool), z, z)
-    return one, boot  # [T, B] and [B]
+    return one, Bootstrap(z, z, obs_example(obs_space, (B,)), np.zeros(B, bool), z, z)
 
 
 @compiled
-def policy_step(agent: Agent, obs, state: RnnState, start, mask, bf16: bool) -> tuple:
-    """The acting step: one row obs [1, B, ...] from ``state`` (zeroed where ``start`` [1, B]) ->
-    the action [B] (among the valid ones where ``mask`` [B, A] is given), its log-probability [B],
-    the value [B] and the state after the row (``obs``: a dict of them for a Dict space)."""
-    device = next(iter(obs.values())).device if isinstance(obs, dict) else obs.device
-    with autocast(device, bf16):
+def policy_step(agent: Agent, obs, state: RnnState, start: torch.Tensor, mask: torch.Tensor, bf16: bool) -> tuple:
+    """The acting step: observations [B, ...] from ``state`` (zeroed where ``start`` [1, B]) -> actions [B] sampled
+    (among the valid ones, ``mask`` [B, A]), their log-probabilities [B], the values [B] and the next state."""
+    with autocast(mask.device, bf16):
         out, value, state = agent(obs, state, start)
-    action, logprob, _ = agent.policy(out[0], mask=mask)
-    return action, logprob, value[0], state
+    action, logprob, _ = agent.policy(out, mask)
+    return action, logprob, value, state
 
 
 @torch.no_grad()
 def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device) -> None:
     """Step the envs num_steps times, writing buf [T, B] and the rollout's edges boot [B]."""
-    # the state each env's first row continues from
-    boot.h0[:], boot.c0[:] = to_host(state.rnn.h, state.rnn.c)
+    boot.h0[:], boot.c0[:] = to_host(state.rnn.h, state.rnn.c)  # the state each env's first row continues from
     for t in range(args.num_steps):
         buf.obs[t], buf.mask[t] = state.obs, state.mask
         buf.final_row[t], buf.episode_start[t] = state.final_row, state.episode_start
-        up = upload(
-            {
-                **flat("obs", state.obs[None]),  # a Dict's: one entry a key
-                "start": state.episode_start[None],
-                "mask": state.mask,
-            },
-            device,
-        )
-        # envs with invalid actions; --compile: always (all True changes no logit), one graph
-        mask = up["mask"] if enabled() or not state.mask.all() else None
-        action, logprob, value, state.rnn = policy_step(agent, unflat(up, "obs"), state.rnn, up["start"], mask, args.bf16)
+        up = upload({"obs": state.obs, "start": state.episode_start[None], "mask": state.mask}, device)  # one copy
+        action, logprob, value, state.rnn = policy_step(agent, up["obs"], state.rnn, up["start"], up["mask"], args.bf16)
         buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, logprob, value)  # one copy
         env_action = buf.action[t]
         if not agent.discrete:  # sampled unbounded, trained on as sampled, clipped for the env only
@@ -504,8 +444,7 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
         raw = np.where(state.final_row, 0.0, reward)  # a final row's reward belongs to no episode
         train_r = np.sign(raw) if (args.clip_rewards and is_atari(args.env_id)) else raw
         buf.reward[t] = train_r
-        # of the rewards trained on (clipped on Atari): their scale is what --normalize-reward
-        # divides out
+        # of the rewards trained on (clipped on Atari): their scale is what --normalize-reward divides out
         state.discounted = np.where(state.final_row, 0.0, state.discounted * args.gamma + train_r)
         buf.discounted[t] = state.discounted
         buf.terminated[t] = term | (life_lost & args.life_loss_terminal)
@@ -517,7 +456,7 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
         state.ep_length[buf.episode_end[t]] = 0
         # The final row (next) still belongs to the episode; the row after it starts the next one.
         state.episode_start, state.final_row = state.final_row, term | trunc
-        state.obs, state.lives = nested(next_obs), lives
+        state.obs, state.lives = next_obs, lives
         state.mask = action_mask(info, state.final_row, state.mask.shape[1])  # for next_obs
     boot.obs[:], boot.episode_start[:] = state.obs, state.episode_start
     boot.h[:], boot.c[:] = to_host(state.rnn.h, state.rnn.c)
@@ -527,10 +466,9 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
 
 
 def compute_gae(reward, value, next_value, terminated, episode_end, final_row, gamma: float, lam: float):
-    """Advantages and returns, [T, B] numpy, on the host (on a GPU this loop over T would be T x 7
-    tiny kernel launches). Final rows get 0 (they are masked out). `terminated` stops
-    bootstrapping; `episode_end` or `terminated` stops the trace; a truncated row bootstraps from
-    the next row's value, the value of the episode's final observation."""
+    """Advantages and returns [T, B], numpy on the host (on a GPU this loop over T would be T x 7 tiny kernels). Final
+    rows get 0; `terminated` stops bootstrapping, `episode_end` or `terminated` the trace; a truncated row bootstraps
+    from the next row's value, the value of the episode's final observation."""
     T = reward.shape[0]
     next_values = np.concatenate([value[1:], next_value[None]])  # [T, B]: V(s_{t+1})
     delta = reward + gamma * next_values * (1.0 - terminated) - value
@@ -544,178 +482,107 @@ def compute_gae(reward, value, next_value, terminated, episode_end, final_row, g
     return adv, adv + value
 
 
-def minibatches(episode_start: np.ndarray, final_row: np.ndarray, args: Args, generator: torch.Generator):
-    """Each epoch's minibatches: ``envs`` (num_envs / num_minibatches of them, in a random order),
-    the rows [T] at which any of them starts an episode (the LSTM's stretches) and ``valid``, the
-    rows of the flattened [T, n] block that are not final rows (the loss's rows); all from the
-    host's copy of the rollout."""
-    n = args.num_envs // args.num_minibatches
-    for _ in range(args.update_epochs):
-        perm = torch.randperm(args.num_envs, generator=generator).numpy()
-        for start in range(0, args.num_envs, n):
-            envs = np.sort(perm[start : start + n])
-            yield (envs, episode_start[:, envs].any(1), np.flatnonzero(~final_row[:, envs].reshape(-1)))
-
-
-def replay(agent: Agent, data: dict, env, valid, start_rows, args: Args) -> tuple:
-    """The LSTM run again over the sequences ``env`` [n] from their stored states, as the sampler
-    ran it: the log-probabilities of the rollout's actions, the entropies and the values at the
-    ``valid`` rows [N] of [T, n], and ``rows``, which takes the same rows of any rollout tensor
-    [T, B, ...]."""
-    with autocast(env.device, args.bf16):
-        out, value, _ = agent(
-            obs_map(lambda o: o[:, env], unflat(data, "obs")),
-            RnnState(data["h0"][env], data["c0"][env]),
-            data["episode_start"][:, env],
-            start_rows,
-        )
-    # [T, B, ...] -> [N, ...]: the minibatch's valid rows
-    rows = lambda x: x[:, env].flatten(0, 1)[valid]
-    mask = rows(data["mask"]) if "mask" in data else None
-    _, logprob, entropy = agent.policy(out.flatten(0, 1)[valid], rows(data["action"]), mask)
-    return rows, logprob, entropy, value.flatten()[valid]
-
-
-def mean(x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-    """``x``'s mean; over the rows of weight 1 where a padded minibatch (--compile) has weights."""
-    return x.mean() if weight is None else (x * weight).sum() / weight.sum()
-
-
 @compiled
-def ppo_loss(agent: Agent, data: dict, idx: dict, adv, weight, start_rows, args: Args) -> tuple:
-    """The clipped-PPO loss of the sequences ``idx["envs"]`` replayed from their stored states, over
-    their rows ``idx["valid"]`` [N] (``adv`` [N] normalised; ``weight`` None or [N]), and its
-    statistics, detached."""
-    rows, logprob, entropy, value = replay(agent, data, env=idx["envs"], valid=idx["valid"], start_rows=start_rows, args=args)
-    logratio = logprob - rows(data["logprob"])
+def ppo_loss(agent: Agent, mb: dict, state: RnnState, start_rows: np.ndarray, args: Args) -> tuple:
+    """The clipped-PPO loss of whole sequences ``mb`` (rows [T * n, ...], time-major; advantages normalised; final rows
+    weigh 0), replayed from their first states ``state`` [n] as the sampler ran them, and its statistics, detached."""
+    with autocast(mb["weight"].device, args.bf16):
+        out, value, _ = agent(mb["obs"], state, mb["episode_start"].view(args.num_steps, -1), start_rows)
+    _, logprob, entropy = agent.policy(out, mb["mask"], mb["action"])
+    mean = lambda x: (x * mb["weight"]).sum() / mb["weight"].sum().clamp(min=1)  # over the rows that count
+    logratio = logprob - mb["logprob"]
     ratio = logratio.exp()
-    pg_loss = mean(torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)), weight)
-    ret, old_v = rows(data["ret"]), rows(data["value"])
+    adv = mb["adv"]
+    pg_loss = mean(torch.max(-adv * ratio, -adv * ratio.clamp(1 - args.clip_coef, 1 + args.clip_coef)))
+    ret, old_v = mb["ret"], mb["value"]
     if args.clip_vloss:
         v_clipped = old_v + (value - old_v).clamp(-args.clip_coef, args.clip_coef)
-        v_loss = 0.5 * mean(torch.max((value - ret) ** 2, (v_clipped - ret) ** 2), weight)
+        v_loss = 0.5 * mean(torch.max((value - ret) ** 2, (v_clipped - ret) ** 2))
     else:
-        v_loss = 0.5 * mean((value - ret) ** 2, weight)
-    entropy = mean(entropy, weight)
+        v_loss = 0.5 * mean((value - ret) ** 2)
+    entropy = mean(entropy)
     loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss
-    # Detached tensors, averaged when a row is written (a non-finite one ends the run there): no
-    # wait on a GPU per minibatch. A new key here is a new progress column.
+    # Detached tensors, averaged when a row is written (a non-finite one ends the run there): no wait on a GPU per
+    # minibatch. A new key here is a new progress column.
     ratio, logratio = ratio.detach(), logratio.detach()
     stats = {
         "policy_loss": pg_loss.detach(),
         "value_loss": v_loss.detach(),
         "entropy": entropy.detach(),
-        "approx_kl": mean((ratio - 1) - logratio, weight),
-        "clipfrac": mean(((ratio - 1.0).abs() > args.clip_coef).float(), weight),
+        "approx_kl": mean((ratio - 1) - logratio),
+        "clipfrac": mean(((ratio - 1.0).abs() > args.clip_coef).float()),
     }
     return loss, stats
 
 
-def padded(mb: torch.Tensor, adv: torch.Tensor, size: int | None) -> tuple:
-    """--compile: the minibatch's row indices and advantages padded with rows of weight 0 to
-    ``size`` (one shape for every minibatch of the run); eager (``size`` None): as they are."""
-    if size is None:
-        return mb, adv, None
-    extra = size - len(mb)
-    weight = torch.cat([torch.ones_like(adv), adv.new_zeros(extra)])
-    return torch.cat([mb, mb.new_zeros(extra)]), torch.cat([adv, adv.new_zeros(extra)]), weight
-
-
-def ppo_update(
-    agent: Agent, optimizer, data: dict, host: dict, args: Args, device: torch.device, generator: torch.Generator
-) -> dict:
-    """Several epochs of clipped-PPO steps, each on whole env sequences [T, n] replayed from their
-    stored states; the loss runs over their valid rows (not final rows). ``data``: the rollout's
-    tensors [T, B, ...] on the device; ``host``: its episode_start and final_row [T, B] in numpy."""
-    # --compile: every minibatch's valid rows padded to all T x n rows (weight 0): one shape (their
-    # number varies); where episodes start changes no shape there (the LSTM steps row by row)
-    size = args.num_steps * (args.num_envs // args.num_minibatches) if enabled() else None
+def ppo_update(agent: Agent, optimizer, data: dict, state: RnnState, episode_start: np.ndarray, args: Args, device, generator):
+    """Several epochs of clipped-PPO steps over the rollout ``data`` [T, B, ...], each on whole env sequences replayed
+    from their first states ``state`` [B] (``episode_start``: the host's [T, B]). Every minibatch has the same size (one
+    graph under --compile); final rows are in them with weight 0."""
+    T, B = episode_start.shape
+    n = B // args.num_minibatches  # sequences a minibatch
     stats = defaultdict(list)  # name -> per-minibatch values: a new name is a new progress column
-    for envs, start_rows, valid in minibatches(host["episode_start"], host["final_row"], args, generator):
-        idx = upload({"envs": envs, "valid": valid}, device)  # one copy
-        adv = data["adv"][:, idx["envs"]].flatten(0, 1)[idx["valid"]]
-        if args.norm_adv:  # over the minibatches of every rank: their gradients are averaged
-            mean_adv, std = distributed.mean_std(adv)
-            adv = (adv - mean_adv) / (std + 1e-8)
-        idx["valid"], adv, weight = padded(idx["valid"], adv, size)
-        loss, mb_stats = ppo_loss(agent, data, idx, adv, weight, start_rows, args)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        distributed.average_gradients(agent)
-        nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-        optimizer.step()
-        for k, v in mb_stats.items():
-            stats[k].append(v)
+    for _ in range(args.update_epochs):
+        perm = torch.randperm(B, generator=generator).numpy()
+        for first in range(0, B, n):
+            envs = np.sort(perm[first : first + n])
+            seq = upload(envs, device)
+            i = (torch.arange(T, device=device)[:, None] * B + seq).flatten()  # the sequences' rows [T * n], time-major
+            mb = {k: v[i // B, i % B] for k, v in data.items()}
+            if args.norm_adv:  # over the minibatches of every rank: their gradients are averaged
+                mean_adv, std = distributed.mean_std(mb["adv"], mb["weight"])
+                mb["adv"] = (mb["adv"] - mean_adv) / (std + 1e-8)
+            loss, mb_stats = ppo_loss(agent, mb, state[seq], episode_start[:, envs].any(1), args)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            distributed.average_gradients(agent)
+            nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+            optimizer.step()
+            for k, v in mb_stats.items():
+                stats[k].append(v)
     if not agent.discrete:
         stats["action_std"] = agent.log_std.detach().exp().mean()
     return stats
 
 
-def learn_from(
-    agent: Agent, return_norm: RunningNorm, optimizer, buf, boot, args: Args, device: torch.device, generator
-) -> dict:
-    """Rewards scaled (--normalize-reward), GAE with the learner's current critic, the PPO update,
-    then the observation statistics take the rollout; buf [T, B] and boot [B] are numpy (possibly
-    shared)."""
-    T = args.num_steps
-    # The rollout in one copy to a GPU: [T, B, ...] each, and the edges [B, ...].
+def learn_from(agent: Agent, return_norm: RunningNorm, optimizer, buf, boot, args: Args, device: torch.device, generator):
+    """Rewards scaled (--normalize-reward), GAE with the learner's current critic, the PPO update, then the observation
+    statistics take the rollout; ``buf`` [T, B] and ``boot`` [B] are numpy (possibly shared)."""
+    T, B = args.num_steps, args.num_envs
+    final_row = np.asarray(buf.final_row)
+    episode_start = np.asarray(buf.episode_start)
+    start_rows = episode_start.any(1)  # [T] on the host: where the LSTM's stretches end
     host = {
-        **flat("obs", buf.obs),  # a Dict's: one entry a key
-        "episode_start": buf.episode_start,
-        "action": buf.action,
-        "logprob": buf.logprob,
+        "obs": buf.obs,
+        "mask": buf.mask,
+        "episode_start": episode_start,
         "value": buf.value,
-        "discounted": buf.discounted,
-        "h0": boot.h0,
-        "c0": boot.c0,
-        **flat("boot_obs", boot.obs),
-        "boot_start": boot.episode_start,
-        "h": boot.h,
-        "c": boot.c,
-        # [N] of T*B: not final rows
-        "valid": np.flatnonzero(~np.asarray(buf.final_row).reshape(-1)),
+        "boot": boot,
+        "discounted": np.asarray(buf.discounted)[~final_row],  # of the rows that are not final rows
     }
-    if enabled() or not np.all(buf.mask):  # where the envs give masks; --compile: always
-        host["mask"] = buf.mask
-    up = upload(host, device)
-    # [T] on the host: where the LSTM's stretches end
-    start_rows = np.asarray(buf.episode_start).any(1)
-    boot_obs = unflat(up, "boot_obs")
-    if args.sampler == "async":
-        # Sampled with the previous parameters: the values again with the current critic, from the
-        # stored states, over the rollout and the row after it.
-        with torch.no_grad(), autocast(device, args.bf16):
-            _, value, _ = agent(
-                obs_map(lambda o, b: torch.cat([o, b[None]]), unflat(up, "obs"), boot_obs),
-                RnnState(up["h0"], up["c0"]),
-                torch.cat([up["episode_start"], up["boot_start"][None]]),
-                np.append(start_rows, np.any(boot.episode_start)),
-            )
-        value, next_value = value[:T], value[T]
-    else:
-        # Sampled with the current parameters: the rollout's values are the critic's; only the
-        # bootstrap is new, one step from the state the sampler ended with.
-        with torch.no_grad(), autocast(device, args.bf16):
-            _, next_value, _ = agent(obs_map(lambda b: b[None], boot_obs), RnnState(up["h"], up["c"]), up["boot_start"][None])
-        value, next_value = up["value"], next_value[0]
-    # Reward scaling: the std of every discounted return so far (this rollout's of every rank
-    # included).
-    return_norm.update(up.pop("discounted").flatten()[up.pop("valid")][:, None])
-    # GAE runs on the host (T small steps): the values and the return variance come over in one
-    # copy.
-    value_h, next_value_h, return_var = to_host(value, next_value, return_norm.var)
-    fl = lambda x: np.asarray(x, np.float32)
-    reward = fl(buf.reward)
+    up = upload(host, device)  # one copy to a GPU
+    edge = up.pop("boot")
+    with torch.no_grad(), autocast(device, args.bf16):
+        if args.sampler == "async":  # sampled with the previous parameters: the values and the last state again
+            i = torch.arange(T * B, device=device)
+            _, value, last = agent(up["obs"][i // B, i % B], RnnState(edge.h0, edge.c0), up["episode_start"], start_rows)
+            up["value"] = value.view(T, B)
+        else:  # sampled with the current parameters: the rollout's values are the critic's, the state it ended in too
+            last = RnnState(edge.h, edge.c)
+        _, next_value, _ = agent(edge.obs, last, edge.episode_start[None])  # the bootstrap: one step on
+    return_norm.update(up.pop("discounted")[:, None])  # the std of every discounted return so far (every rank's)
+    value, next_value, return_var = to_host(up["value"], next_value, return_norm.var)  # GAE runs on the host
+    f32 = lambda x: np.asarray(x, np.float32)
+    reward = f32(buf.reward)
     if return_norm.enabled:
         scale = np.sqrt(float(return_var[0]) + 1e-8)
         reward = np.clip(reward / scale, -return_norm.clip, return_norm.clip).astype(np.float32)
     adv, ret = compute_gae(
-        reward, value_h, next_value_h, fl(buf.terminated), fl(buf.episode_end), fl(buf.final_row), args.gamma, args.gae_lambda
+        reward, value, next_value, f32(buf.terminated), f32(buf.episode_end), f32(final_row), args.gamma, args.gae_lambda
     )
-    gae = upload({"adv": adv, "ret": ret}, device)  # [T, B] each
-    data = {**up, "value": value, **gae}
-    host = {"episode_start": np.asarray(buf.episode_start), "final_row": np.asarray(buf.final_row)}
-    stats = ppo_update(agent, optimizer, data, host, args, device, generator)
+    rows = {"action": buf.action, "logprob": buf.logprob, "adv": adv, "ret": ret, "weight": f32(~final_row)}
+    data = {**up, **upload(rows, device)}  # [T, B, ...] each
+    stats = ppo_update(agent, optimizer, data, RnnState(edge.h0, edge.c0), episode_start, args, device, generator)
     if agent.obs_norm.enabled:  # every observation once (the bootstrap one is next rollout's first)
         agent.obs_norm.update(up["obs"].flatten(0, 1).flatten(1))
     return stats
@@ -725,10 +592,9 @@ def learn_from(
 
 
 class Sampler:
-    """Where the learner's rollouts come from. serial/parallel: this process steps the envs with the
-    current parameters; async: a sampler process (``sampler_main``) collects rollout k + 1 into
-    the other slot of a double buffer, with the parameters of update k - 1, while the learner
-    trains on rollout k."""
+    """Where the learner's rollouts come from. serial/parallel: this process steps the envs with the current parameters;
+    async: a sampler process (``sampler_main``) collects rollout k + 1 into the other slot of a double buffer, with the
+    parameters of update k - 1, while the learner trains on rollout k."""
 
     def __init__(self, args: Args, run: Run, agent: Agent, first: int, last: int):
         self.args, self.run = args, run
@@ -740,17 +606,15 @@ class Sampler:
         else:
             self.buffers = None
             self.envs = run.hold(make_envs(args, make_env, args.sampler, n_threads=len(run.affinity.learner_cpus)))
-            # A resumed run starts fresh episodes (and states); every env of every rank has a seed
-            # of its own.
+            # A resumed run starts fresh episodes (and states); every env of every rank has a seed of its own.
             self.state = EnvState(self.envs, distributed.env_seed(args.seed + first, args.num_envs), agent, run.device)
             self.buf = buffer_from_example(example, (args.num_steps, args.num_envs))  # [T, B]
             self.boot = buffer_from_example(boot_example, ())  # [B]
 
     def rollout(self, it: int, agent: Agent, global_step: int) -> tuple[Rollout, Bootstrap]:
-        """Rollout ``it`` [T, B] and its bootstrap [B]; records the episodes that ended in it (at
-        ``global_step``, the job's env steps after it)."""
-        # sampled by the other process with the parameters of update it - 1
-        if self.buffers is not None:
+        """Rollout ``it`` [T, B] and its edges [B]; records the episodes that ended in it (at ``global_step``, the job's
+        env steps after it)."""
+        if self.buffers is not None:  # sampled by the other process with the parameters of update it - 1
             buf, boot = self.buffers.reader_acquire(it, self.worker.check), self.boots[it % 2]
         else:
             buf, boot = self.buf, self.boot
@@ -760,8 +624,7 @@ class Sampler:
         return buf, boot
 
     def release(self, it: int, agent: Agent) -> None:
-        """async: the slot goes back with the new parameters, which rollout it + 2 is collected
-        with."""
+        """async: the slot goes back with the new parameters, which rollout it + 2 is collected with."""
         if self.buffers is not None:
             self.buffers.reader_release(it, module=agent, version=it + 1)
 
@@ -770,8 +633,7 @@ class Sampler:
 
 
 def check_args(args: Args) -> None:
-    """What relates the flags to each other (each field's own range is declared on it): exit 2, one
-    line."""
+    """What relates the flags to each other (each field's own range is declared on it): exit 2, one line."""
     if args.num_envs % args.num_minibatches:
         bad_args(
             f"--num-minibatches {args.num_minibatches} does not divide --num-envs {args.num_envs} "
@@ -789,14 +651,10 @@ def make_agent(args: Args, obs_space: gym.Space, act_space: gym.Space) -> Agent:
 
 
 def make_learner(args: Args, run: Run) -> tuple:
-    """The agent (channels-last for images on a CPU or with --bf16; its observation statistics
-    included), its optimiser, the generator of the minibatch order and the statistics of the
-    discounted return."""
+    """The agent (channels-last for images on a CPU or with --bf16; its observation statistics included), its optimiser,
+    the minibatch order's generator and the statistics of the discounted return."""
     if not isinstance(run.act_space, (gym.spaces.Discrete, gym.spaces.Box)):
-        bad_args(
-            f"--env-id {args.env_id}: {SCRIPT} needs a discrete (Discrete) or continuous (Box) "
-            f"action space, got {run.act_space}"
-        )
+        bad_args(f"--env-id {args.env_id}: {SCRIPT} needs Discrete or Box actions, got {run.act_space}")
     if not isinstance(run.obs_space, (gym.spaces.Box, gym.spaces.Dict)):
         bad_args(f"--env-id {args.env_id}: {SCRIPT} needs Box or Dict observations, got {run.obs_space}")
     if is_dict(run.obs_space) and args.normalize_obs:
@@ -804,114 +662,61 @@ def make_learner(args: Args, run: Run) -> tuple:
     try:
         agent = make_agent(args, run.obs_space, run.act_space).to(run.device)
     except ValueError as e:  # observations the network cannot take
-        bad_args(f"--env-id {args.env_id}{' ' + observe_flag(args) if args.observe_indices else ''}: {e}")
-    images = is_dict(run.obs_space) or len(run.obs_space.shape) == 3
-    # NHWC: faster on a CPU, and for bf16 on a GPU
-    if images and (run.device.type == "cpu" or args.bf16):
-        agent = agent.to(memory_format=torch.channels_last)
-    # one kernel for all parameters
-    fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}
+        observed = " --observe-indices " + " ".join(map(str, args.observe_indices)) if args.observe_indices else ""
+        bad_args(f"--env-id {args.env_id}{observed}: {e}")
+    if (is_dict(run.obs_space) or len(run.obs_space.shape) == 3) and (run.device.type == "cpu" or args.bf16):
+        agent = agent.to(memory_format=torch.channels_last)  # NHWC: faster on a CPU, and for bf16 on a GPU
+    fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}  # one kernel for all parameters
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, **fused)
-    # statistics of the discounted return
-    return_norm = RunningNorm(1, args.normalize_reward).to(run.device)
+    return_norm = RunningNorm(1, args.normalize_reward).to(run.device)  # statistics of the discounted return
     return agent, optimizer, torch.Generator().manual_seed(args.seed), return_norm
 
 
-def set_learning_rate(optimizer: torch.optim.Optimizer, args: Args, it: int, num_iterations: int) -> float:
-    """The learning rate of iteration ``it`` (annealed linearly to 0 with --anneal-lr), set; returns
-    it."""
-    lr = args.learning_rate * (1.0 - it / num_iterations) if args.anneal_lr else args.learning_rate
-    for group in optimizer.param_groups:
-        group["lr"] = lr
-    return lr
-
-
 class EvalPolicy:
-    """Evaluation policy for observations [B, ...], each env carrying its LSTM state through its
-    episode (zeroed where ``starts`` [B]): discrete actions sampled as ppo_atari.py's act, among the
-    valid ones ``mask`` [B, A]; continuous ones the Gaussian's mean clipped to the bounds, as
-    ppo_mujoco.py's; observation statistics frozen."""
+    """Evaluation's act: the Policy, each env carrying its LSTM state through its episode (zeroed where ``starts`` [B]);
+    discrete actions sampled among the valid ones ``mask`` [B, A] with each episode's own ``draws`` (Gumbel-max: the
+    argmax of the logits plus Gumbel noise is a sample of Categorical(logits)), continuous ones the Policy's."""
 
-    def __init__(self, agent: Agent, device: torch.device, space: gym.Space):
-        self.agent = agent
+    def __init__(self, policy: Policy, device: torch.device):
+        self.policy = policy
         self.device = device
-        self.space = space
-        self.state = agent.initial_state(0, device)
+        self.state = policy.agent.initial_state(0, device)
 
-    def __call__(self, obs, draws: Draws, starts: np.ndarray, mask=None) -> np.ndarray:
+    def __call__(self, obs, draws: Draws, starts: np.ndarray, mask: np.ndarray | None = None) -> np.ndarray:
         if len(starts) != len(self.state.h):  # another number of envs than the last evaluation
-            self.state = self.agent.initial_state(len(starts), self.device)
-        # one step [1, B, ...]
-        one_step = obs_map(lambda o: torch.as_tensor(o, device=self.device)[None], obs)
-        start = torch.as_tensor(starts, device=self.device)[None]  # [1, B]
-        out, _, self.state = self.agent(one_step, self.state, start)
-        out = out[0]  # [B, A]: logits, or the Gaussian's mean
-        if not self.agent.discrete:
-            mean = out.cpu().numpy().reshape(-1, *self.space.shape)
-            return np.clip(mean, self.space.low, self.space.high)
-        if mask is not None:
-            out = masked(out, torch.as_tensor(mask, device=self.device))
-        noise = torch.as_tensor(draws.gumbel(out.shape[1]), device=self.device)
-        return (out + noise).argmax(1).cpu().numpy()
-
-
-class ExportedPolicy(nn.Module):
-    """--export: one step for B envs: raw observations [B, ...], h, c [B, hidden], episode_start [B]
-    (True: the state zeroed first) -> the evaluation's action (greedy, or the mean clipped to the
-    bounds), the logits or mean [B, A], the next h, c; observation statistics are constants."""
-
-    def __init__(self, agent: Agent, space: gym.Space):
-        super().__init__()
-        self.agent = agent
-        self.shape = () if agent.discrete else space.shape
-        if not agent.discrete:
-            self.register_buffer("low", torch.as_tensor(space.low, dtype=torch.float32))
-            self.register_buffer("high", torch.as_tensor(space.high, dtype=torch.float32))
-
-    def forward(self, obs, h, c, episode_start) -> tuple:
-        one_step = obs_map(lambda o: o[None], obs)  # [1, B, ...]
-        out, _, state = self.agent(one_step, RnnState(h, c), episode_start[None])
-        out = out[0]
-        if self.agent.discrete:
-            return out.argmax(1), out, state.h, state.c
-        action = out.reshape(-1, *self.shape).clamp(self.low, self.high)
-        return action, out, state.h, state.c
+            self.state = self.policy.agent.initial_state(len(starts), self.device)
+        action, out, h, c = self.policy(upload(obs, self.device), *self.state, upload(starts, self.device))
+        self.state = RnnState(h, c)
+        if not self.policy.agent.discrete:
+            return to_host(action)
+        noise = upload(draws.gumbel(out.shape[1]), self.device)
+        return to_host((masked(out, upload(mask, self.device)) + noise).argmax(1))
 
 
 def main() -> int:
     args = parse_args(Args, PRESETS, check_args)
-    # --log-every: rollouts
-    run = Run(args, SCRIPT, make_env, iteration_steps=args.num_envs * args.num_steps, dict_obs=True)
+    batch = args.num_envs * args.num_steps  # a rank's rollout; --log-every counts rollouts
+    run = Run(args, SCRIPT, make_env, iteration_steps=batch, dict_obs=True)
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating("hidden"):  # sizes this machine cannot hold: exit 2
         agent, optimizer, generator, return_norm = make_learner(args, run)
-    start = run.begin(
-        EvalPolicy(agent, run.device, run.act_space),
-        model=agent,
-        optimizer=optimizer,
-        generator=generator,
-        return_norm=return_norm,
-    )
+    policy = Policy(agent, run.act_space).to(run.device)
+    evaluation = EvalPolicy(policy, run.device)
+    start = run.begin(evaluation, model=agent, optimizer=optimizer, generator=generator, return_norm=return_norm)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
     if args.export:  # with --resume: the recurrent policy as an ONNX file, train nothing
-        n = 8  # example rows: the graph's batch axis is dynamic
-        state = agent.initial_state(n)
-        return run.export(
-            ExportedPolicy(agent, run.act_space),
-            ["action", "logits" if agent.discrete else "mean", "h_out", "c_out"],
-            rows=n,
-            h=state.h,
-            c=state.c,
-            episode_start=torch.ones(n, dtype=torch.bool),
-        )
-    batch = args.num_envs * args.num_steps * run.world  # the job's: every rank's rollout
+        state = agent.initial_state(8)  # 8 example rows: the graph's batch axis is dynamic
+        outputs = ["action", "logits" if agent.discrete else "mean", "h_out", "c_out"]
+        return run.export(policy, outputs, rows=8, h=state.h, c=state.c, episode_start=torch.ones(8, dtype=torch.bool))
+    batch *= run.world  # the job's: every rank's rollout
     first, num_iterations = start.global_step // batch, max(args.total_timesteps // batch, 1)
     global_step = start.global_step
     with run:
         sampler = Sampler(args, run, agent, first, num_iterations)
         for it in range(first, num_iterations):
-            lr = set_learning_rate(optimizer, args, it, num_iterations)
+            lr = args.learning_rate * (1.0 - it / num_iterations) if args.anneal_lr else args.learning_rate
+            optimizer.param_groups[0]["lr"] = lr
             global_step += batch
             buf, boot = sampler.rollout(it, agent, global_step)
             stats = learn_from(agent, return_norm, optimizer, buf, boot, args, run.device, generator)
@@ -927,16 +732,14 @@ def main() -> int:
 
 
 def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, last: int, proc: SamplerProcess) -> None:
-    """Async sampler process: rollout k goes to slot k % 2, collected with the parameters
-    (observation statistics included) the learner left in that slot when it released rollout k -
-    2 (update k - 1): exactly one update behind the learner. The LSTM states carry over from
-    rollout to rollout here."""
+    """Async sampler process: rollout k goes to slot k % 2, collected with the parameters (observation statistics
+    included) the learner left in that slot when it released rollout k - 2 (update k - 1): exactly one update behind the
+    learner. The LSTM states carry over from rollout to rollout here."""
     envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial", n_threads=proc.n_threads)
     agent = make_agent(args, envs.single_observation_space, envs.single_action_space)
     device = torch.device("cpu")
     state = EnvState(envs, distributed.env_seed(args.seed + first, args.num_envs), agent, device)
-    # the policy's sampling: a stream of each rank's own
-    torch.manual_seed(distributed.rank_seed(args.seed + 1))
+    torch.manual_seed(distributed.rank_seed(args.seed + 1))  # the policy's sampling: a stream of each rank's own
     try:
         for k in range(first, last):
             buf = buffers.writer_acquire(k, proc.check, module=agent)

@@ -76,9 +76,9 @@ def step_by_step(agent, buf, boot, b: int) -> tuple[np.ndarray, np.ndarray]:
     for t in range(len(buf.obs)):
         if buf.episode_start[t, b]:
             state = agent.initial_state(1)
-        out, value, state = agent(torch.as_tensor(buf.obs[t : t + 1, b : b + 1]), state, no_start)
-        action = torch.as_tensor(buf.action[t : t + 1, b])
-        logprobs.append(agent.policy(out[0], action)[1].item())
+        out, value, state = agent(torch.as_tensor(buf.obs[t, b : b + 1]), state, no_start)
+        action = torch.as_tensor(buf.action[t, b : b + 1])
+        logprobs.append(agent.policy(out, torch.as_tensor(buf.mask[t, b : b + 1]), action)[1].item())
         values.append(value.item())
     return np.array(logprobs, np.float32), np.array(values, np.float32)
 
@@ -107,25 +107,25 @@ def test_the_learner_replays_the_sampler_exactly_across_episode_starts(kind, mon
             np.testing.assert_allclose(buf.logprob[:, b], logprob, rtol=0, atol=1e-6)
             np.testing.assert_allclose(buf.value[:, b], value, rtol=0, atol=1e-6)
 
-    checked = []
+    replayed = []
+    ppo_loss = ppo_lstm.ppo_loss
 
-    def first_epoch(agent, optimizer, data, host, args, device, generator):  # in place of ppo_update
-        batches = list(ppo_lstm.minibatches(host["episode_start"], host["final_row"], args, generator))
-        assert sorted(np.concatenate([envs for envs, _, _ in batches[:2]])) == [0, 1, 2, 3]
+    def checked_loss(agent, mb, state, start_rows, args):  # ppo_loss, after replaying the minibatch as it does
         with torch.no_grad():
-            for envs, start_rows, valid in batches[:2]:  # the first epoch: every env once
-                idx = {"envs": torch.as_tensor(envs), "valid": torch.as_tensor(valid)}
-                rows, logprob, _, value = ppo_lstm.replay(agent, data, idx["envs"], idx["valid"], start_rows, args)
-                assert torch.equal(logprob, rows(data["logprob"])) and torch.equal(value, rows(data["value"]))
-                assert torch.equal((logprob - rows(data["logprob"])).exp(), torch.ones_like(logprob))
-                assert len(valid) == (~buf.final_row[:, envs]).sum()  # final rows are out of the loss
-                checked.append(envs)
-        return {}
+            out, value, _ = agent(mb["obs"], state, mb["episode_start"].view(args.num_steps, -1), start_rows)
+            logprob = agent.policy(out, mb["mask"], mb["action"])[1]
+        assert torch.equal(logprob, mb["logprob"]) and torch.equal(value, mb["value"])  # every row, final rows too
+        loss, stats = ppo_loss(agent, mb, state, start_rows, args)
+        assert stats["approx_kl"] == 0 and stats["clipfrac"] == 0  # the loss's ratios are 1
+        replayed.append(mb["weight"])
+        return loss, stats
 
-    monkeypatch.setattr(ppo_lstm, "ppo_update", first_epoch)
-    ppo_lstm.learn_from(agent, ppo_lstm.RunningNorm(1, False), None, buf, boot, args, torch.device("cpu"),
+    monkeypatch.setattr(ppo_lstm, "ppo_loss", checked_loss)
+    frozen = torch.optim.SGD(agent.parameters(), lr=0.0)  # every minibatch of every epoch replays the sampler's policy
+    ppo_lstm.learn_from(agent, ppo_lstm.RunningNorm(1, False), frozen, buf, boot, args, torch.device("cpu"),
                         torch.Generator())
-    assert len(checked) == 2
+    assert len(replayed) == 2 * args.update_epochs and all(len(w) == 24 * 2 for w in replayed)  # whole sequences
+    assert sum(int(w.sum()) for w in replayed[:2]) == (~buf.final_row).sum()  # an epoch: every row that is not final
 
 
 @pytest.mark.parametrize("seed", range(3))
@@ -147,16 +147,16 @@ def test_gae_matches_definition_with_truncation_and_reset_rows(seed):
 def test_evaluation_policy_carries_its_state_and_starts_afresh_with_each_episode():
     args, envs, agent = short_episodes("discrete")
     envs.close()
-    policy = ppo_lstm.EvalPolicy(agent, torch.device("cpu"), gym.spaces.Discrete(2))
+    policy = ppo_lstm.EvalPolicy(ppo_lstm.Policy(agent, gym.spaces.Discrete(2)), torch.device("cpu"))
     obs = [np.array([[0.1, 0.02], [0.5, 0.5]], np.float32), np.array([[0.12, 0.03], [0.4, 0.6]], np.float32)]
-    draws, start, go_on = Draws(2), np.array([True, True]), np.array([False, False])
+    draws, start, go_on, every = Draws(2), np.array([True, True]), np.array([False, False]), np.ones((2, 2), bool)
     with torch.no_grad():
-        policy(obs[0], draws, start)
+        policy(obs[0], draws, start, every)
         carried = policy.state.h.clone()
-        policy(obs[1], draws, go_on)
+        policy(obs[1], draws, go_on, every)
         assert not torch.equal(policy.state.h[0], carried[0])  # the state moves on within an episode
         moved = policy.state.h.clone()
-        policy(obs[0], draws, np.array([True, False]))  # env 0 starts its next episode, env 1 goes on
+        policy(obs[0], draws, np.array([True, False]), every)  # env 0 starts its next episode, env 1 goes on
         assert torch.equal(policy.state.h[0], carried[0])  # env 0 from zeros
         assert not torch.equal(policy.state.h[1], moved[1])  # env 1 carried its own state on
 
