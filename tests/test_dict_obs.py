@@ -88,13 +88,12 @@ def test_a2c_and_the_recurrent_network_take_the_same_features():
         assert torch.allclose(logits, a2c.actor(reference_features(a2c.torso, obs)), atol=1e-6)
     torch.manual_seed(0)
     lstm = ppo_lstm.Agent(SPACE, gym.spaces.Discrete(5), 16, lstm=False)
-    seq = {k: v.reshape(2, 3, *v.shape[1:]) for k, v in obs.items()}  # [T=2, B=3, ...]
     state = lstm.initial_state(3)
     with torch.no_grad():
-        out, value, _ = lstm(seq, state, torch.zeros(2, 3, dtype=torch.bool))
+        out, value, _ = lstm(obs, state, torch.zeros(2, 3, dtype=torch.bool))  # the 6 rows as [T=2, B=3], time-major
         h = lstm.core(reference_features(lstm.torso, obs))
-    assert torch.allclose(out.flatten(0, 1), lstm.actor(h), atol=1e-6)
-    assert torch.allclose(value.flatten(), lstm.critic(h).squeeze(-1), atol=1e-6)
+    assert torch.allclose(out, lstm.actor(h), atol=1e-6)
+    assert torch.allclose(value, lstm.critic(h).squeeze(-1), atol=1e-6)
 
 
 def test_a_box_network_builds_the_modules_it_always_had():
