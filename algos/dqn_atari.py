@@ -1,42 +1,28 @@
-"""DQN (double, dueling, n-step, prioritized, noisy) for Atari and vector envs, every sampler.
+"""DQN (double, dueling, n-step, prioritized, noisy) for Atari and vector-observation envs.
 
-    # Breakout, double DQN, 1M frame-wise replay
-    python algos/dqn_atari.py
-    # sampler process + learner, shared replay
-    python algos/dqn_atari.py --sampler async
-    python algos/dqn_atari.py --env-id CartPole-v1 --buffer-size 50000 --min-steps-learn 1000 ...
+    python algos/dqn_atari.py                                      # Breakout: double DQN, 1M-step replay (7.1 GB)
+    python algos/dqn_atari.py --preset cartpole --sampler async    # a sampler process fills the replay beside the learner
+    torchrun --standalone --nproc-per-node 2 algos/dqn_atari.py --preset cartpole
 
-Replay rows follow gymnasium's next-step autoreset (see shared/replay.py): the step that only
-resets an env is never trained on, a time-limit truncation bootstraps from the episode's true
-final observation, termination does not bootstrap. On Atari a lost life is terminal for learning
-while the game goes on; logged returns are whole games, unclipped. Frames are stored once each
-(1M transitions in about 7.1 GB). With --noisy the heads' linear layers are factorised noisy
-layers (Fortunato et al. 2018, NoisyNet-DQN): new noise on every forward pass of acting and
-learning, the target network's too; exploration from the noise alone once learning starts (or
-with --noisy-epsilon), uniform actions before; evaluation with the mean weights.
+The settings that matter: replay_ratio, the samples learned per env step (updates per env step: replay_ratio /
+batch_size; 8 is the DQN paper's batch of 32 every 4 steps); target_update_interval; the epsilon schedule (eps_*);
+n_step_return; --double-dqn (on by default), --dueling, --prioritized and --noisy (NoisyNet: the heads' noise explores
+once learning starts; evaluation uses the mean weights). On Atari a lost life is terminal for learning and rewards are
+clipped to their sign; logged returns are whole games, unclipped. Replay rows and autoreset: shared/replay.py; the
+async and torchrun pacing (`wait_s`, `sampler_wait_s`): shared/pacing.py.
 
-replay_ratio: samples the learner consumes per sampled env step, so updates per env step =
-replay_ratio / batch_size (DQN paper: 8 = a batch of 32 every 4 steps). Async mode holds it from
-both sides: the learner never runs ahead of it and logs how long it waited for the sampler
-(`wait_s`, the sampler is the bottleneck); the sampler, which picks up the newest parameters
-between its steps, waits when it is more than max_lag_steps env steps ahead of what the learner's
-updates cover (`sampler_wait_s`, the learner is the bottleneck). Under torchrun steps are the
-job's (every rank's): each update takes batch_size samples on every rank, so the job's replay
-ratio is the one asked for; learning starts when every rank's replay holds min_steps_learn.
-
-Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the
-network in QNetwork and make_network: any nn.Module whose forward(obs, noise) takes observations
-[N, ...] as the env gives them (uint8 frames too) and returns Q-values [N, A] (noise: None or the
-noisy layers' torch.Generator; ignore it if the network has none; check_network refuses --noisy
-and --dueling for a network that cannot honour them); the loss in dqn_update, whose
-returned dict is the row's logged statistics (a new key is a new progress.csv column); the
-schedule (replay ratio, target updates) in main.
+Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the network in QNetwork and
+make_network: any nn.Module whose forward(obs, noise) takes observations [N, ...] as the env gives them (uint8 frames
+too) and returns Q-values [N, A] (noise: None, or the noisy layers' torch.Generator, which a network without them
+ignores; make_network refuses --noisy and --dueling for a network that cannot honour them); the loss in dqn_loss (its
+dict: the row's logged statistics, a new key a new progress.csv column); the schedule (replay ratio, target updates) in
+main.
 """
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -59,7 +45,6 @@ from shared.cli import RunArgs, bad_args, check_replay_sizes, parse_args
 from shared.compiling import compiled
 from shared.device import to_host, upload
 from shared.envs import image_shape, make_envs
-from shared.evaluation import Draws
 from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayPacer
 from shared.precision import autocast
@@ -73,20 +58,18 @@ SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own
 @dataclass
 class Args(RunArgs):
     # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
+
     # experiment
     preset: Literal["atari", "cartpole"] = "atari"
-    """named settings to start from (atari: the Nature DQN settings; cartpole: tuned for
-    CartPole-v1); flags given override them"""
+    """named settings to start from (atari: the Nature DQN paper's; cartpole: tuned for CartPole-v1); flags override them"""
     env_id: str = "BreakoutNoFrameskip-v4"
-    """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations
-    (MLP)"""
+    """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations (MLP)"""
     total_timesteps: PositiveInt = 10_000_000
     """agent steps summed over all envs (Atari: 4 emulator frames each)"""
     log_every: PositiveInt = 10_000
     """env steps between progress rows"""
     save_replay: bool = False
-    """each checkpoint also writes the replay (replay.npz, plain arrays); --resume then continues
-    with it"""
+    """each checkpoint also writes the replay (replay.npz, plain arrays); --resume then continues with it"""
     eval_epsilon: Fraction = 0.05
     """epsilon of the evaluation episodes"""
     # algorithm
@@ -113,16 +96,11 @@ class Args(RunArgs):
     dueling: bool = False
     """dueling head: Q = V + A - mean(A), gradient into the torso scaled by 1/sqrt(2)"""
     noisy: bool = False
-    """noisy nets: the heads' linear layers with factorised Gaussian noise; exploration from the
-    noise alone once learning starts, uniform actions before (the --eps-* flags are ignored;
-    --noisy-epsilon adds epsilon beside the noise), evaluation with the mean weights (and
-    --eval-epsilon)"""
+    """noisy nets: factorised Gaussian noise in the heads explores once learning starts (uniform actions before, no --eps-*)"""
     noisy_sigma: PositiveFloat = 0.5
-    """noisy nets' sigma_0: the noise scales start at sigma_0 / sqrt(fan-in) (0.5 in the NoisyNet
-    paper)"""
+    """noisy nets' sigma_0: the noise scales start at sigma_0 / sqrt(fan-in) (0.5 in the NoisyNet paper)"""
     noisy_epsilon: Fraction = 0.0
-    """noisy nets: epsilon-greedy beside the noise once learning starts (0: the noise alone, as
-    NoisyNet-DQN)"""
+    """noisy nets: epsilon-greedy beside the noise once learning starts (0: the noise alone, as NoisyNet-DQN)"""
     prioritized: bool = False
     """prioritized replay: priorities |TD error|, importance weights with beta annealed to 1"""
     alpha: Fraction = 0.6
@@ -134,8 +112,7 @@ class Args(RunArgs):
     target_update_interval: PositiveInt = 10_000
     """env steps between target-network updates"""
     tau: Annotated[float, Range(gt=0, le=1)] = 1.0
-    """target update: 1 copies the online network (hard); below 1 moves a fraction tau of the way
-    (soft)"""
+    """target update: 1 copies the online network (hard); below 1 moves a fraction tau of the way (soft)"""
     eps_start: Fraction = 1.0
     """exploration epsilon at the start"""
     eps_end: Fraction = 0.1
@@ -150,32 +127,26 @@ class Args(RunArgs):
     noop_max: NonNegInt = 30
     """Atari: up to this many random no-ops at reset (paper convention 30)"""
     sticky_actions: Fraction = 0.0
-    """Atari: probability of repeating the previous action (0: paper convention, no sticky
-    actions)"""
+    """Atari: probability of repeating the previous action (0: paper convention, no sticky actions)"""
     clip_rewards: bool = True
     """Atari: train on the sign of the reward (logged returns stay unclipped)"""
     life_loss_terminal: bool = True
     """Atari: a lost life ends the training episode for bootstrapping (the game itself goes on)"""
     # infrastructure
     sampler: Literal["serial", "parallel", "async"] = "serial"
-    """serial, parallel (ale-py threads / AsyncVectorEnv) or async (sampler process appending to a
-    shared replay while the learner trains)"""
+    """serial, parallel (ale-py threads / AsyncVectorEnv) or async (a sampler process fills a shared replay)"""
     max_lag_steps: NonNegInt = 1_000
-    """async: the sampler waits when it is this many env steps ahead of the learner's updates (0:
-    never waits)"""
+    """async: the sampler waits when it is this many env steps ahead of the learner's updates (0: never waits)"""
 
 
-# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps
-# its default.
+# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps its default.
 PRESETS = {
     "atari": Args(),
-    # Ours, from rl-baselines3-zoo's dqn.yml CartPole-v1 (batch 64, 1000 steps before learning, eps
-    # to 0.02).
+    # Ours, from rl-baselines3-zoo's dqn.yml CartPole-v1 (batch 64, 1000 steps before learning, eps to 0.02).
     "cartpole": Args(
         preset="cartpole",
         env_id="CartPole-v1",
         total_timesteps=100_000,
-        num_envs=4,
         buffer_size=50_000,
         min_steps_learn=1000,
         batch_size=64,
@@ -193,10 +164,9 @@ PRESETS = {
 # ------------------------------------------------------------------------------------- environments
 
 
-def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
-    """One env, made in the process that steps it: a wrapper added here reaches every sampling mode
-    (shared/envs.py). Atari ids get the papers' preprocessing (shared/atari.py), other ids a
-    plain gym.make."""
+def make_env(args: Args, render: bool = False):
+    """One env, made in the process that steps it (a wrapper added here reaches every sampling mode): Atari ids with the
+    papers' preprocessing (shared/atari.py), other ids a plain gym.make."""
 
     def thunk() -> gym.Env:
         if is_atari(args.env_id):
@@ -210,8 +180,7 @@ def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
 
 
 class ScaleGrad(torch.autograd.Function):
-    """Identity forward; multiplies the gradient by `scale` backward (rlpyt's dueling torso
-    scaling)."""
+    """Identity forward; multiplies the gradient by `scale` backward (rlpyt's dueling torso scaling)."""
 
     @staticmethod
     def forward(ctx, x, scale):
@@ -224,14 +193,12 @@ class ScaleGrad(torch.autograd.Function):
 
 
 class NoisyLinear(nn.Module):
-    """Linear layer with factorised Gaussian noise (Fortunato et al. 2018, eqs. 10-11), drawn anew
-    on every call given a generator (one draw for the whole batch [N, p]); without one
-    (evaluation), the mean weights."""
+    """Linear layer with factorised Gaussian noise (Fortunato et al. 2018, eqs. 10-11), drawn anew on every call given a
+    generator (one draw for the whole batch [N, p]); without one (evaluation), the mean weights."""
 
-    # y = (w + sigma_w * eps_w) x + b + sigma_b * eps_b with eps_w = f(e_out) f(e_in)^T,
-    # eps_b = f(e_out), f(e) = sign(e) sqrt(|e|), e ~ N(0, 1): q + p draws instead of q p.
-    # Initialised as in the paper's section 3.2: w, b ~ U(-1/sqrt(p), 1/sqrt(p)),
-    # sigma = sigma_0 / sqrt(p).
+    # y = (w + sigma_w * eps_w) x + b + sigma_b * eps_b with eps_w = f(e_out) f(e_in)^T, eps_b = f(e_out),
+    # f(e) = sign(e) sqrt(|e|), e ~ N(0, 1): q + p draws instead of q p. Initialised as in the paper's section 3.2:
+    # w, b ~ U(-1/sqrt(p), 1/sqrt(p)), sigma = sigma_0 / sqrt(p).
 
     def __init__(self, p: int, q: int, sigma_0: float):
         super().__init__()
@@ -249,16 +216,13 @@ class NoisyLinear(nn.Module):
         e = torch.randn(p + self.weight.shape[0], generator=noise, device=x.device)
         f = e.sign() * e.abs().sqrt()
         f_in, f_out = f[:p], f[p:]
-        # sigma_w * (f_out f_in^T) applied to x without forming the [q, p] noise: (sigma_w (f_in *
-        # x)) * f_out
+        # sigma_w * (f_out f_in^T) applied to x without forming the [q, p] noise: (sigma_w (f_in * x)) * f_out
         return y + (F.linear(x * f_in, self.weight_sigma) + self.bias_sigma) * f_out
 
 
 def float32_out(layers: nn.Sequential, h: torch.Tensor, noise: torch.Generator | None = None) -> torch.Tensor:
-    """A head (linear, ReLU, linear): the hidden layer under the caller's autocast, the output layer
-    in float32: bfloat16 would round Q-values to steps of 1/16 near 10, the size of the TD errors
-    that remain near convergence. Noisy layers take the noise generator (None: their mean
-    weights)."""
+    """A head (linear, ReLU, linear): the hidden layer under the caller's autocast, the output layer in float32 (bfloat16
+    would round Q-values to steps of 1/16 near 10, the size of the TD errors left near convergence)."""
     hidden, relu, out = layers
     z = relu(hidden(h, noise) if isinstance(hidden, NoisyLinear) else hidden(h))
     with torch.autocast(z.device.type, enabled=False):
@@ -267,19 +231,16 @@ def float32_out(layers: nn.Sequential, h: torch.Tensor, noise: torch.Generator |
 
 
 class QNetwork(nn.Module):
-    """Nature CNN for images ([C, H, W] or [H, W, C], at least 36x36; uint8 scaled inside) or a
-    120-84 MLP torso for vectors; plain or dueling Q head, its linear layers noisy when
-    `noisy_sigma` is given. forward(obs, noise): Q-values [N, A]; noise: the generator of the
-    noisy layers' noise, None for their mean weights."""
+    """Nature CNN for images ([C, H, W] or [H, W, C], at least 36x36; uint8 scaled inside) or a 120-84 MLP for vectors,
+    then a plain or dueling Q head, its linear layers noisy when `noisy_sigma` is given. forward(obs, noise): Q-values
+    [N, A]; noise: the noisy layers' generator, None for their mean weights."""
 
     def __init__(self, obs_shape: tuple[int, ...], n_actions: int, dueling: bool, noisy_sigma: float | None = None):
         super().__init__()
         self.image = len(obs_shape) == 3
         self.dueling = dueling
-        self.n_actions = n_actions
         if self.image:
-            # ValueError with the reason when the CNN cannot take the images
-            c, h, w = image_shape(obs_shape)
+            c, h, w = image_shape(obs_shape)  # ValueError with the reason when the CNN cannot take the images
             self.channels_last = tuple(obs_shape) != (c, h, w)
             self.torso = nn.Sequential(
                 nn.Conv2d(c, 32, 8, stride=4),
@@ -290,15 +251,11 @@ class QNetwork(nn.Module):
                 nn.ReLU(),
                 nn.Flatten(),
             )
-            # 64 * 7 * 7 for 84x84 frames
-            width, hidden = self.torso(torch.zeros(1, c, h, w)).shape[1], 512
+            width, hidden = self.torso(torch.zeros(1, c, h, w)).shape[1], 512  # 64 * 7 * 7 for 84x84 frames
         else:
             self.torso = nn.Sequential(nn.Linear(int(np.prod(obs_shape)), 120), nn.ReLU())
             width, hidden = 120, 84
-
-        def linear(p: int, q: int) -> nn.Module:
-            return nn.Linear(p, q) if noisy_sigma is None else NoisyLinear(p, q, noisy_sigma)
-
+        linear = nn.Linear if noisy_sigma is None else partial(NoisyLinear, sigma_0=noisy_sigma)
         self.q = nn.Sequential(linear(width, hidden), nn.ReLU(), linear(hidden, n_actions))
         if dueling:
             self.v = nn.Sequential(linear(width, hidden), nn.ReLU(), linear(hidden, 1))
@@ -311,10 +268,33 @@ class QNetwork(nn.Module):
             x = obs.float().flatten(1)
         h = self.torso(x)
         if not self.dueling:
-            return float32_out(self.q, h, noise)  # [N, A]
+            return float32_out(self.q, h, noise)
         h = ScaleGrad.apply(h, 2**-0.5)  # two streams feed the torso: keep its gradient scale
         adv = float32_out(self.q, h, noise)
         return float32_out(self.v, h, noise) + adv - adv.mean(dim=1, keepdim=True)
+
+
+def make_network(args: Args, obs_shape: tuple[int, ...], n_actions: int) -> nn.Module:
+    """The network, and the one place that refuses a flag it cannot honour (a replaced network, say): exit 2."""
+    net = QNetwork(obs_shape, n_actions, args.dueling, args.noisy_sigma if args.noisy else None)
+    if args.noisy and not any(isinstance(m, NoisyLinear) for m in net.modules()):
+        bad_args("--noisy: the network has no NoisyLinear layer to draw noise for")
+    if args.dueling and not isinstance(net, QNetwork):
+        bad_args(f"--dueling: the dueling head is QNetwork's; {type(net).__name__} has none")
+    return net
+
+
+class Policy(nn.Module):
+    """Raw observations [B, ...] -> greedy actions [B] and Q-values [B, A], noisy layers at their mean weights: what
+    --export writes and what evaluation plays (``act``)."""
+
+    def __init__(self, q_net: nn.Module):
+        super().__init__()
+        self.q_net = q_net
+
+    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q = self.q_net(obs)
+        return q.argmax(1), q
 
 
 # ----------------------------------------------------------------------------------------- sampling
@@ -325,63 +305,60 @@ Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated",
 def epsilons(args: Args, global_step: int) -> np.ndarray:
     """Exploration epsilon per env [B]."""
     if args.noisy:
-        # the noise explores once learning starts; before, uniform actions fill the replay (an untrained noisy net
-        # tends to repeat one action)
+        # the noise explores once learning starts; before, uniform actions fill the replay (an untrained noisy net tends
+        # to repeat one action)
         learning = global_step >= args.min_steps_learn * distributed.world_size()
         return np.full(args.num_envs, args.noisy_epsilon if learning else 1.0)
     if args.vector_epsilon:
-        i = np.arange(args.num_envs)
-        return 0.4 ** (1 + 7 * i / max(args.num_envs - 1, 1))
+        return 0.4 ** (1 + 7 * np.arange(args.num_envs) / max(args.num_envs - 1, 1))
     frac = min(global_step / max(args.eps_decay_steps, 1), 1.0)
     return np.full(args.num_envs, args.eps_start + frac * (args.eps_end - args.eps_start))
 
 
 @compiled
-def greedy_actions(q_net: QNetwork, obs: torch.Tensor, noise, bf16: bool) -> torch.Tensor:
-    """The acting step's forward: the greedy actions [B] in the Q-values of ``obs`` [B, ...]
-    (noisy ones when ``noise`` is a generator)."""
+def greedy_actions(q_net: nn.Module, obs: torch.Tensor, noise, bf16: bool) -> torch.Tensor:
+    """The acting step's greedy actions [B] in the Q-values of ``obs`` [B, ...] (noisy ones given a generator)."""
     with autocast(obs.device, bf16):
-        q = q_net(obs, noise).float()
-    return q.argmax(dim=1)
+        return q_net(obs, noise).float().argmax(dim=1)
+
+
+def act(policy: Policy, device: torch.device, epsilon: float, obs: np.ndarray, draws) -> np.ndarray:
+    """Evaluation: epsilon-greedy, each episode's coin and random action from its own ``draws`` (shared.evaluation)."""
+    greedy, q = policy(torch.as_tensor(obs, device=device))
+    return np.where(draws.random() < epsilon, draws.integers(q.shape[1]), greedy.cpu().numpy())
 
 
 class EnvStepper:
-    """Steps the [B] envs one step at a time with an epsilon-greedy policy (in noisy Q-values, drawn
-    anew each step, when `noise` is a generator); keeps per-env episode state."""
+    """Steps the [B] envs one step at a time, epsilon-greedy (in noisy Q-values, drawn anew each step, when `noise` is a
+    generator); keeps per-env episode state."""
 
     def __init__(self, envs, args: Args, seed: int, noise: torch.Generator | None):
         self.envs = envs
         self.args = args
         self.noise = noise
         self.obs, info = envs.reset(seed=seed)
-        n = args.num_envs
-        self.final_row = np.zeros(n, bool)  # this step only resets the env (next-step autoreset)
-        self.lives = np.asarray(info.get("lives", np.zeros(n)), np.int64)
-        self.ep_return, self.ep_length = np.zeros(n), np.zeros(n, np.int64)
+        self.final_row = np.zeros(args.num_envs, bool)  # this step only resets the env (next-step autoreset)
+        self.lives = np.asarray(info.get("lives", np.zeros(args.num_envs)), np.int64)
+        self.ep_return, self.ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
         self.rng = np.random.default_rng(seed)
 
     @torch.no_grad()
-    def step(self, q_net: QNetwork, eps: np.ndarray, device: torch.device) -> tuple:
-        """One step of every env; returns the replay row [1, B] and the episodes that ended
-        [(return, length)]."""
+    def step(self, q_net: nn.Module, eps: np.ndarray, device: torch.device) -> tuple:
+        """One step of every env: the replay row [1, B] and the episodes that ended [(return, length)]."""
         obs = upload({"obs": self.obs}, device)["obs"]
-        # the one copy a step makes: the envs need the actions
-        greedy = to_host(greedy_actions(q_net, obs, self.noise, self.args.bf16))
+        greedy = to_host(greedy_actions(q_net, obs, self.noise, self.args.bf16))  # the one copy a step makes
         explore = self.rng.random(len(greedy)) < eps
-        n_actions = self.envs.single_action_space.n
-        action = np.where(explore, self.rng.integers(0, n_actions, len(greedy)), greedy)
+        action = np.where(explore, self.rng.integers(0, self.envs.single_action_space.n, len(greedy)), greedy)
         next_obs, reward, term, trunc, info = self.envs.step(action)
         lives = np.asarray(info.get("lives", self.lives), np.int64)
         life_lost = (lives < self.lives) & ~self.final_row
         raw = np.where(self.final_row, 0.0, reward)
-        train_r = np.sign(raw) if (self.args.clip_rewards and is_atari(self.args.env_id)) else raw
+        train_r = (np.sign(raw) if self.args.clip_rewards and is_atari(self.args.env_id) else raw).astype(np.float32)
         terminated = term | (life_lost & self.args.life_loss_terminal)
-        row = Step(
-            self.obs[None], action[None], train_r[None].astype(np.float32), terminated[None], trunc[None], (term | trunc)[None]
-        )
+        episode_end = term | trunc
+        row = Step(self.obs[None], action[None], train_r[None], terminated[None], trunc[None], episode_end[None])
         self.ep_return += raw
         self.ep_length += ~self.final_row
-        episode_end = term | trunc
         episodes = list(zip(self.ep_return[episode_end].tolist(), self.ep_length[episode_end].tolist()))
         self.ep_return[episode_end], self.ep_length[episode_end] = 0.0, 0
         self.obs = next_obs
@@ -393,29 +370,22 @@ class EnvStepper:
 # ---------------------------------------------------------------------------------- loss and update
 
 
-def td_targets(
-    batch, q_net: QNetwork, target_net: QNetwork, double: bool, noise: torch.Generator | None = None
-) -> torch.Tensor:
-    """n-step targets [N]: return + (1 - terminated_n) * gamma^k * Q_target(s_{t+k}, a*), a* from
-    the online net when double, else the target net's max (noisy layers: each network with noise
-    of its own)."""
+def td_targets(batch, q_net, target_net, double: bool, noise: torch.Generator | None = None) -> torch.Tensor:
+    """n-step targets [N]: return + (1 - terminated_n) * gamma^k * Q_target(s_{t+k}, a*), a* the online net's greedy
+    action when double, else the target net's (noisy layers: each network with noise of its own)."""
     with torch.no_grad():
         q_next_target = target_net(batch["next_observation"], noise)
-        if double:
-            a_star = q_net(batch["next_observation"], noise).argmax(dim=1, keepdim=True)
-        else:
-            a_star = q_next_target.argmax(dim=1, keepdim=True)
+        a_star = (q_net(batch["next_observation"], noise) if double else q_next_target).argmax(dim=1, keepdim=True)
         q_next = q_next_target.gather(1, a_star).squeeze(1)
-        return batch["n_step_return"] + (1.0 - batch["terminated_n"]) * batch["bootstrap_discount"] * q_next
+        return batch["n_step_return"] + (1.0 - batch["terminated_n"].float()) * batch["bootstrap_discount"] * q_next
 
 
 @compiled
 def dqn_loss(q_net, target_net, batch: dict, args: Args, noise=None) -> tuple:
-    """The importance-weighted TD loss of one ``batch`` [N, ...], the TD errors [N] (the new
-    priorities) and the statistics, detached (read when a row is written, never per update)."""
-    # Targets in an autocast region of their own: on torch before 2.6, weights cast under no_grad
-    # and reused by the forward with grad in the same region carried no autograd history
-    # (pytorch#112583).
+    """The importance-weighted TD loss of one ``batch`` [N, ...], the TD errors [N] (the new priorities) and the
+    statistics, detached (read when a row is written, never per update)."""
+    # Targets in an autocast region of their own: on torch before 2.6, weights cast under no_grad and reused by the
+    # forward with grad in the same region carried no autograd history (pytorch#112583).
     with autocast(batch["action"].device, args.bf16):
         y = td_targets(batch, q_net, target_net, args.double_dqn, noise).float()
     with autocast(batch["action"].device, args.bf16):
@@ -426,102 +396,64 @@ def dqn_loss(q_net, target_net, batch: dict, args: Args, noise=None) -> tuple:
     return loss, td.detach(), {"td_loss": loss.detach(), "q_values": q.detach().mean()}
 
 
-def dqn_update(
-    q_net,
-    target_net,
-    optimizer,
-    buffer: ReplayBuffer,
-    args: Args,
-    beta: float,
-    device: torch.device,
-    noise: torch.Generator | None = None,
-) -> dict:
+def dqn_update(q_net, target_net, optimizer, buffer: ReplayBuffer, args: Args, beta: float, device, noise=None) -> dict:
     sample, index = buffer.sample(args.batch_size, beta=beta)
     fields = ("observation", "next_observation", "action", "n_step_return", "terminated_n", "bootstrap_discount", "is_weights")
     batch = upload({k: getattr(sample, k) for k in fields}, device)  # one copy to a GPU
-    for k in ("n_step_return", "terminated_n", "bootstrap_discount", "is_weights"):
-        batch[k] = batch[k].float()
     loss, td, stats = dqn_loss(q_net, target_net, batch, args, noise)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     distributed.average_gradients(q_net)
     nn.utils.clip_grad_norm_(q_net.parameters(), args.max_grad_norm)
     optimizer.step()
-    # async on a GPU: the host gathers the next batch while this trains
-    buffer.sample_ahead(args.batch_size, beta)
+    buffer.sample_ahead(args.batch_size, beta)  # async on a GPU: the host gathers the next batch while this trains
     if args.prioritized:  # the one copy an update makes: the sum tree lives on the host
         buffer.update_priorities(index, to_host(td.abs()))
     return stats
-
-
-@torch.no_grad()
-def update_target(q_net: QNetwork, target_net: QNetwork, tau: float) -> None:
-    for p, tp in zip(q_net.parameters(), target_net.parameters()):
-        tp.lerp_(p, tau)
 
 
 # --------------------------------------------------------------------------------------------- main
 
 
 def check_args(args: Args) -> None:
-    """What relates the flags to each other (each field's own range is declared on it): exit 2, one
-    line."""
+    """What relates the flags to each other (each field's own range is declared on it): exit 2, one line."""
     if args.compile and args.noisy:  # a graph break, which --compile refuses
         bad_args("--compile: the --noisy layers draw from a torch.Generator, which it cannot trace")
     check_replay_sizes(args)
 
 
-def make_network(args: Args, obs_shape: tuple[int, ...], n_actions: int) -> nn.Module:
-    net = QNetwork(obs_shape, n_actions, args.dueling, args.noisy_sigma if args.noisy else None)
-    check_network(args, net)
-    return net
-
-
-def check_network(args: Args, net: nn.Module) -> None:
-    """The one place that refuses a flag the network cannot honour (a replaced network, say)."""
-    if args.noisy and not any(isinstance(m, NoisyLinear) for m in net.modules()):
-        bad_args("--noisy: the network has no NoisyLinear layer to draw noise for")
-    if args.dueling and not isinstance(net, QNetwork):
-        bad_args(f"--dueling: the dueling head is QNetwork's; {type(net).__name__} has none")
-
-
-def make_learner(args: Args, run: Run) -> tuple[QNetwork, QNetwork, torch.optim.Optimizer, torch.Generator | None]:
-    """The online network, its target copy, the optimiser and the noisy layers' noise generator
-    (None without --noisy; in the checkpoint, so that a resumed run draws new noise)."""
+def make_learner(args: Args, run: Run) -> tuple[nn.Module, nn.Module, torch.optim.Optimizer, torch.Generator | None]:
+    """The online network, its target copy, the optimiser and the noisy layers' noise generator (None without --noisy;
+    in the checkpoint, so that a resumed run draws new noise)."""
     try:
         q_net = make_network(args, run.obs_space.shape, int(run.act_space.n)).to(run.device)
     except ValueError as e:  # observations the network cannot take
         bad_args(f"--env-id {args.env_id}: {e}")
     target_net = make_network(args, run.obs_space.shape, int(run.act_space.n)).to(run.device)
     target_net.load_state_dict(q_net.state_dict())
-    images = len(run.obs_space.shape) == 3
-    # NHWC: the layout of bf16 tensor-core convolutions
-    if images and run.device.type == "cuda" and args.bf16:
+    if len(run.obs_space.shape) == 3 and run.device.type == "cuda" and args.bf16:  # NHWC: bf16 tensor-core convolutions
         q_net, target_net = (net.to(memory_format=torch.channels_last) for net in (q_net, target_net))
     if args.optimizer == "rmsprop":
         optimizer = torch.optim.RMSprop(q_net.parameters(), lr=args.learning_rate, alpha=0.95, eps=0.01, centered=True)
     else:
-        # one kernel for all parameters
-        fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}
+        fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}  # one kernel for all parameters
         optimizer = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=1.5e-4, **fused)
-    # Seeded apart from the weights' initialisation, the same on every rank (and restored to the
-    # same state): a job's update draws one noise for its whole batch, as one process does.
+    # Seeded apart from the weights' initialisation, the same on every rank (and restored to the same state): a job's
+    # update draws one noise for its whole batch, as one process does.
     noise = torch.Generator(run.device).manual_seed(args.seed + 7_919) if args.noisy else None
     return q_net, target_net, optimizer, noise
 
 
 def make_replay(args: Args, run: Run) -> ReplayBuffer:
     """Each rank's replay: frames stored once each, n-step returns, optionally prioritized."""
-    obs = run.obs_space
-    frame_stack = obs.shape[0] if is_atari(args.env_id) else 1
-    example = Step(np.zeros(obs.shape, obs.dtype), np.int64(0), np.float32(0), False, False, False)
     return ReplayBuffer(
-        example,
+        # an example row: the fields, their shapes and dtypes
+        Step(np.zeros(run.obs_space.shape, run.obs_space.dtype), np.int64(0), np.float32(0), False, False, False),
         args.buffer_size,
         args.num_envs,
         discount=args.gamma,
         n_step_return=args.n_step_return,
-        frame_stack=frame_stack,
+        frame_stack=run.obs_space.shape[0] if is_atari(args.env_id) else 1,
         prioritized=args.prioritized,
         alpha=args.alpha,
         beta=args.beta,
@@ -531,50 +463,26 @@ def make_replay(args: Args, run: Run) -> ReplayBuffer:
     )
 
 
-def act(q_net: QNetwork, device: torch.device, epsilon: float, obs: np.ndarray, draws: Draws) -> np.ndarray:
-    """Evaluation policy: epsilon-greedy in the Q-values of observations [B, ...] (noisy layers:
-    their mean weights), each episode's coin and random action from its own ``draws``."""
-    greedy = q_net(torch.as_tensor(obs, device=device)).argmax(1).cpu().numpy()  # [B]
-    return np.where(draws.random() < epsilon, draws.integers(q_net.n_actions), greedy)
-
-
-class ExportedPolicy(nn.Module):
-    """--export: raw observations [B, ...] -> greedy actions [B] and Q-values [B, A] (noisy
-    layers: their mean weights)."""
-
-    def __init__(self, q_net: QNetwork):
-        super().__init__()
-        self.q_net = q_net
-
-    def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        q = self.q_net(obs)
-        return q.argmax(1), q
-
-
 def main() -> int:
     args = parse_args(Args, PRESETS, check_args)
-    # checks: device, --resume, spaces (exit 2)
-    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete)
+    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete)  # checks: device, --resume, spaces (exit 2)
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating("buffer_size"):  # sizes this machine cannot hold: exit 2
         q_net, target_net, optimizer, noise = make_learner(args, run)
-        # no replay to evaluate or export a checkpoint
         buffer = None if args.eval_only or args.export else make_replay(args, run)
-    policy = partial(act, q_net, run.device, args.eval_epsilon)
+    policy = partial(act, Policy(q_net), run.device, args.eval_epsilon)
     start = run.begin(policy, buffer, model=q_net, target_model=target_net, optimizer=optimizer, noise=noise)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
     if args.export:  # with --resume: the greedy policy as an ONNX file, train nothing
-        return run.export(ExportedPolicy(q_net), ["action", "q_values"])
+        return run.export(Policy(q_net), ["action", "q_values"])
     global_step, updates = start.global_step, start.updates
-    pacer = ReplayPacer(
-        args.replay_ratio / (args.batch_size * run.world), args.min_steps_learn * run.world, *start.replay_origin
-    )
+    updates_per_step = args.replay_ratio / (args.batch_size * run.world)  # the job's: every rank learns from its batch
+    pacer = ReplayPacer(updates_per_step, args.min_steps_learn * run.world, *start.replay_origin)
     stats, waits = {"td_loss": None, "q_values": None}, {}
     next_target = global_step + args.target_update_interval
     with run:
-        # this process steps the envs: in turn (serial), or in threads or processes
-        if args.sampler != "async":
+        if args.sampler != "async":  # this process steps the envs: in turn (serial), or in threads or processes
             envs = run.hold(make_envs(args, make_env, args.sampler, len(run.affinity.learner_cpus)))
             stepper = EnvStepper(envs, args, distributed.env_seed(args.seed + global_step, args.num_envs), noise)
         else:  # a sampler process fills the shared replay (the last section of this file)
@@ -583,22 +491,21 @@ def main() -> int:
             if args.sampler != "async":  # one step of every env, into the replay
                 row, episodes = stepper.step(q_net, epsilons(args, global_step), run.device)
                 buffer.append(row)
-                # the job's env steps: every rank steps as many
-                global_step += args.num_envs * run.world
+                global_step += args.num_envs * run.world  # the job's env steps: every rank steps as many
                 for ret, length in episodes:
                     run.episode(ret, length, global_step)
-            else:  # the rows the sampler appended meanwhile; q_net is published to it when due
-                global_step = sampler.poll(run, q_net, updates)
-                waits = sampler.waits()
+            else:  # the rows the sampler appended meanwhile (and its episodes); q_net is published to it when due
+                global_step, waits = sampler.exchange(run, q_net, updates)
             for _ in range(pacer.due(global_step, updates)):  # replay_ratio samples per env step
                 beta = args.beta + (1.0 - args.beta) * min(global_step / args.total_timesteps, 1.0)
                 stats = dqn_update(q_net, target_net, optimizer, buffer, args, beta, run.device, noise)
                 updates += 1
-            if global_step >= next_target:
-                update_target(q_net, target_net, args.tau)
+            if global_step >= next_target:  # tau 1 copies the online network, below 1 moves the target a fraction tau
+                with torch.no_grad():
+                    for p, tp in zip(q_net.parameters(), target_net.parameters()):
+                        tp.lerp_(p, args.tau)
                 next_target += args.target_update_interval
-            epsilon = float(epsilons(args, global_step).mean())
-            if run.periodic(global_step, epsilon=epsilon, **stats, updates=updates, **waits):
+            if run.periodic(global_step, epsilon=float(epsilons(args, global_step).mean()), **stats, updates=updates, **waits):
                 break  # --stop-at-return reached, or a signal: finish ends as Ctrl-C does
         run.finish(global_step)  # the last row, checkpoint and evaluation
     return run.exit_code
@@ -609,27 +516,20 @@ def main() -> int:
 
 
 def sampler_main(args: Args, buffer: ReplayBuffer, link: AsyncReplay, proc: SamplerProcess) -> None:
-    """Async sampler process: steps the envs and appends to the shared replay with the newest
-    parameters the learner published; waits while it is more than max_lag_steps ahead of what the
-    learner's updates cover."""
-    envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial", n_threads=proc.n_threads)
-    step = link.start_step
-    seed = distributed.env_seed(args.seed + step, args.num_envs)
-    stepper = EnvStepper(envs, args, seed, torch.Generator().manual_seed(seed) if args.noisy else None)
-    q_net = make_network(args, envs.single_observation_space.shape, envs.single_action_space.n)
-    try:
+    """Async sampler process: steps the envs into the shared replay with the newest parameters the learner published,
+    waiting while it is more than max_lag_steps ahead of what the learner's updates cover."""
+    with closing(make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial", proc.n_threads)) as envs:
+        step = link.start_step
+        seed = distributed.env_seed(args.seed + step, args.num_envs)
+        stepper = EnvStepper(envs, args, seed, torch.Generator().manual_seed(seed) if args.noisy else None)
+        q_net = make_network(args, envs.single_observation_space.shape, envs.single_action_space.n)
         while step < args.total_timesteps:
-            proc.check()
-            if link.sampler_wait(step, args.max_lag_steps):
+            if not link.ready(proc, step, q_net, args.max_lag_steps):  # too far ahead of the learner
                 continue
-            link.pull(q_net)
             row, episodes = stepper.step(q_net, epsilons(args, step), torch.device("cpu"))
             buffer.append(row)
-            # counted as global steps, like the learner's
-            step += args.num_envs * distributed.world_size()
+            step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
             link.report(episodes, step)
-    finally:
-        envs.close()
 
 
 if __name__ == "__main__":

@@ -6,12 +6,16 @@ Guarantees
   only the async link is here.
 - ``AsyncReplay`` is the link between an async replay sampler process and its learner, written once.
   ``AsyncReplay.start`` starts the script's sampler process (held by the run) appending to the shared replay.
-  The learner's ``poll(run, module, updates)`` returns the global steps in the replay, records the episodes the
-  sampler finished, publishes the parameters every ``PUBLISH_EVERY`` updates and whenever it has nothing to do
-  (so a sampler waiting on it always sees its newest update count: no deadlock), and then sleeps ``WAIT_S`` and
-  counts the time (``wait_s``: the sampler is the bottleneck). The sampler waits while it is more than
-  ``max_lag_steps`` ahead of what the published updates cover and counts that (``sampler_wait_s``: the learner
-  is the bottleneck), pulls each newly published version, and reports finished episodes with their global step.
+  The learner's one call per loop iteration, ``global_step, waits = link.exchange(run, module, updates)``, returns
+  the global steps in the replay and the wait statistics for the progress row, records the episodes the sampler
+  finished, publishes the parameters every ``PUBLISH_EVERY`` updates and whenever it has nothing to do (so a
+  sampler waiting on it always sees its newest update count: no deadlock), and then sleeps ``WAIT_S`` and counts
+  the time (``wait_s``: the sampler is the bottleneck). The sampler's one call before each env step,
+  ``link.ready(proc, step, module, max_lag_steps)``, is False while it is more than ``max_lag_steps`` ahead of what
+  the published updates cover (it sleeps and counts that: ``sampler_wait_s``, the learner is the bottleneck), and
+  otherwise loads each newly published version into ``module``; the sampler reports finished episodes with their
+  global step. (``poll``/``waits`` and ``sampler_wait``/``pull`` are the two calls' halves, kept for callers that
+  use them.)
 """
 
 from __future__ import annotations
@@ -67,13 +71,10 @@ class ReplayPacer:
 
 
 class AsyncReplay:
-    """The link between an async replay sampler process and its learner; see the module docstring.
-
-    Learner: ``link = AsyncReplay.start(run, buffer, module, pacer, global_step, sampler_main, sampler_args)``;
-    in the loop ``global_step = link.poll(run, module, updates)``, then the updates due; log ``**link.waits()``.
-    Sampler (``sampler_main(*sampler_args, link, proc)``): ``if link.sampler_wait(step,
-    max_lag_steps): continue``, ``link.pull(module)``, step and append, ``link.report(episodes, step)``.
-    """
+    """The link between an async replay sampler process and its learner (see the module docstring). Learner: ``link =
+    AsyncReplay.start(run, buffer, module, pacer, global_step, sampler_main, sampler_args)``, in the loop ``global_step,
+    waits = link.exchange(run, module, updates)``. Sampler (``sampler_main(*sampler_args, link, proc)``): ``if not
+    link.ready(proc, step, module, max_lag_steps): continue``, step and append, ``link.report(episodes, step)``."""
 
     PUBLISH_EVERY = 10  # learner updates between parameter copies (each copies the whole network)
     WAIT_S = 0.002  # learner's sleep while the replay ratio is reached
@@ -138,11 +139,25 @@ class AsyncReplay:
             self.wait_s += time.perf_counter() - t0
         return global_step
 
+    def exchange(self, run: Any, module: Any, updates: int) -> tuple[int, dict[str, float]]:
+        """``poll``, then ``waits``: the global env steps in the replay and the wait statistics of the progress row."""
+        return self.poll(run, module, updates), self.waits()
+
     def waits(self) -> dict[str, float]:
         """Seconds the learner waited for the sampler and the sampler for the learner, for the progress row."""
         return {"wait_s": round(self.wait_s, 2), "sampler_wait_s": round(float(self.sampler_waited[0]), 2)}
 
     # sampler side
+    def ready(self, proc: Any, step: int, module: Any, max_lag_steps: int, chunk_steps: int = 0) -> bool:
+        """Before each env step: ``proc.check()`` (ends the process once the run stops it); False after a short sleep
+        while the sampler at ``step`` is too far ahead of the learner (``sampler_wait``); else True, the newest
+        published parameters loaded into ``module`` (``pull``)."""
+        proc.check()
+        if self.sampler_wait(step, max_lag_steps, chunk_steps):
+            return False
+        self.pull(module)
+        return True
+
     def sampler_wait(self, step: int, max_lag_steps: int, chunk_steps: int = 0) -> bool:
         """True after a short sleep when the sampler at ``step`` is too far ahead of the learner."""
         if not self.pacer.sampler_ahead(step, self.params.version, max_lag_steps, chunk_steps):

@@ -4,10 +4,13 @@ resume (the noise generator's state included), bad arguments."""
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import re
 import shutil
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -197,7 +200,8 @@ def test_noisy_network_draws_anew_each_call_and_evaluates_with_the_mean_weights(
     args.noisy_epsilon = 0.01  # Dopamine's DER: epsilon-greedy beside the noise
     assert np.all(catdqn_atari.epsilons(args, 99) == 1) and np.all(catdqn_atari.epsilons(args, 100) == 0.01)
     loud = catdqn_atari.QNetwork((4, 84, 84), 5, True, torch.linspace(-10, 10, 51), "data-efficient", 50.0)
-    acts = {tuple(catdqn_atari.act(loud, torch.device("cpu"), 0.0, obs.numpy(), Draws(2))) for _ in range(20)}
+    policy = catdqn_atari.Policy(loud)
+    acts = {tuple(catdqn_atari.act(policy, torch.device("cpu"), 0.0, obs.numpy(), Draws(2))) for _ in range(20)}
     assert len(acts) == 1  # evaluation: the mean weights, the same actions every time (however loud the noise)
 
 
@@ -270,14 +274,34 @@ def test_resume_with_the_replay_restores_the_noise_generator(tmp_path):
     assert not all(torch.equal(models["b"][k], models["d"][k]) for k in models["b"])
 
 
-def test_flags_the_network_cannot_honour_are_refused_in_one_place(capsys):
-    net = torch.nn.Linear(4, 2 * 51)  # a replaced network: a plain categorical head, no noisy layers
-    catdqn_atari.check_network(catdqn_atari.Args(), net)
+@pytest.fixture
+def replaced_network():
+    """catdqn_atari.py with its network replaced by a plain categorical head (one nn.Linear, no noisy layers, no dueling
+    head), as a module loaded from a copy inside the repository (a copy finds shared/ from there)."""
+    src = (ROOT / "algos" / "catdqn_atari.py").read_text()
+    built = "QNetwork(obs_shape, n_actions, args.dueling, support, args.network, args.noisy_sigma if args.noisy else None)"
+    assert src.count(built) == 1
+    folder = Path(tempfile.mkdtemp(prefix="tmp_c51_", dir=ROOT))
+    path = folder / "c51_linear.py"
+    path.write_text(src.replace(built, "nn.Linear(int(np.prod(obs_shape)), n_actions * len(support))"))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module  # dataclasses look the module up while Args is made
+    try:
+        spec.loader.exec_module(module)
+        yield module
+    finally:
+        sys.modules.pop(path.stem, None)
+        shutil.rmtree(folder)
+
+
+def test_flags_the_network_cannot_honour_are_refused_in_one_place(replaced_network, capsys):
+    replaced_network.make_network(replaced_network.Args(), (4,), 2)  # no flag: nothing to refuse
     args = catdqn_atari.Args(noisy=True, dueling=True)
-    catdqn_atari.check_network(args, catdqn_atari.make_network(args, (4,), 2))
+    catdqn_atari.make_network(args, (4,), 2)  # the script's network honours both
     for flag, message in [("noisy", "--noisy: the network has no NoisyLinear layer to draw noise for"),
                           ("dueling", "--dueling: the dueling head is QNetwork's; Linear has none")]:
         with pytest.raises(SystemExit) as e:
-            catdqn_atari.check_network(catdqn_atari.Args(**{flag: True}), net)
+            replaced_network.make_network(replaced_network.Args(**{flag: True}), (4,), 2)
         assert e.value.code == 2
         assert capsys.readouterr().err.splitlines() == [f"error: {message}"]

@@ -1,12 +1,18 @@
 """algos/dqn_atari.py: learning on CartPole, double-DQN and n-step targets by hand, Atari smoke runs with resume,
-bad arguments."""
+bad arguments, and a researcher's replacement network (issue 52's edit (b)) learning, evaluated and exported."""
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import re
+import shutil
 import sys
+import tempfile
+from pathlib import Path
 
 import numpy as np
+import onnxruntime
 import pytest
 import torch
 
@@ -216,26 +222,74 @@ def test_async_with_a_tight_lag_bound_does_not_deadlock(tmp_path):
     assert int(rows[-1]["global_step"]) == 4000 and int(rows[-1]["updates"]) > 0
 
 
-class FlatMLP(torch.nn.Module):
-    """A researcher's replacement network: 64-64 over flat observations, no noisy layers."""
+# Researcher edit (b) of issue 52, made in a copy of the script: DQN's network replaced by a plain MLP that meets only
+# the written contract (forward(obs, noise) -> Q-values [N, A]; no other attribute, no NoisyLinear layer). The edit
+# touches one file in two places: the class below added above make_network (10 lines), and the one line of
+# make_network that builds QNetwork(...) now building MLP(...).
+MLP = '''class MLP(nn.Module):
+    """A plain 64-64 MLP over flat observations: forward(obs, noise) -> Q-values [N, A], the noise ignored."""
 
-    def __init__(self, obs_shape, n_actions, *_):
+    def __init__(self, obs_shape: tuple[int, ...], n_actions: int):
         super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(int(np.prod(obs_shape)), 64), torch.nn.ReLU(),
-                                       torch.nn.Linear(64, n_actions))
+        layers = [nn.Linear(int(np.prod(obs_shape)), 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, n_actions)]
+        self.net = nn.Sequential(*layers)
 
-    def forward(self, obs, noise=None):
-        return self.net(obs.flatten(1).float())
+    def forward(self, obs: torch.Tensor, noise: torch.Generator | None = None) -> torch.Tensor:
+        return self.net(obs.float().flatten(1))
 
 
-def test_flags_the_network_cannot_honour_are_refused_in_one_place(capsys):
-    net = FlatMLP((4,), 2)
-    dqn_atari.check_network(dqn_atari.Args(), net)  # no flag: nothing to refuse
-    dqn_atari.check_network(dqn_atari.Args(noisy=True, dueling=True), dqn_atari.make_network(
-        dqn_atari.Args(noisy=True, dueling=True), (4,), 2))  # the script's network honours both
+'''
+QNETWORK = "QNetwork(obs_shape, n_actions, args.dueling, args.noisy_sigma if args.noisy else None)"
+
+
+@pytest.fixture(scope="module")
+def mlp_script():
+    """dqn_atari.py with edit (b), in a folder of its own inside the repository (a copy finds shared/ from there)."""
+    src = (ROOT / "algos" / "dqn_atari.py").read_text()
+    assert src.count(QNETWORK) == 1 and src.count("\ndef make_network(") == 1
+    folder = Path(tempfile.mkdtemp(prefix="tmp_mlp_", dir=ROOT))
+    path = folder / "dqn_mlp.py"
+    edited = src.replace(QNETWORK, "MLP(obs_shape, n_actions)")
+    path.write_text(edited.replace("\ndef make_network(", f"\n{MLP}def make_network("))
+    yield path
+    shutil.rmtree(folder)
+
+
+def load(path: Path):
+    """The script at ``path`` as a module of this process."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = module  # dataclasses look the module up while Args is made
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_plain_mlp_meeting_only_the_written_contract_learns_is_evaluated_and_exported(mlp_script, tmp_path):
+    """Edit (b): the MLP learns CartPole to the learning test's threshold with evaluation on (every 10k steps and at
+    the end, 10 episodes at epsilon 0.05: evaluation reads nothing of the network but its output), and --export writes
+    its greedy policy. The script before issue 52 read ``q_net.n_actions`` in evaluation: AttributeError at 10k steps."""
+    flags = ["--preset", "cartpole", "--no-dueling", "--eval-every", "10000", "--eval-episodes", "10"]
+    out = run(str(mlp_script), *flags, "--stop-at-return", "475", "--out-dir", str(tmp_path), "--run-name", "r",
+              timeout=500)
+    assert out.returncode == 0, out.stderr[-3000:]
+    m = re.search(r"mean return of the last 20 episodes ([\d.]+) >= 475.0 at step (\d+)", out.stdout)
+    assert m and int(m.group(2)) <= 100_000, out.stdout[-2000:]
+    summary = json.loads((tmp_path / "r" / "eval.json").read_text())  # the evaluation at the end
+    assert len(summary["returns"]) == 10 and summary["mean"] >= 400, summary
+    out = run(str(mlp_script), *flags, "--resume", str(tmp_path / "r"), "--export", str(tmp_path / "mlp.onnx"),
+              timeout=300)
+    assert out.returncode == 0 and "exported the policy" in out.stdout, out.stderr[-2000:]
+    session = onnxruntime.InferenceSession(str(tmp_path / "mlp.onnx"), providers=["CPUExecutionProvider"])
+    assert [o.name for o in session.get_outputs()] == ["action", "q_values"]
+
+
+def test_flags_the_network_cannot_honour_are_refused_in_one_place(mlp_script, capsys):
+    edited = load(mlp_script)
+    edited.make_network(edited.Args(), (4,), 2)  # no flag: nothing to refuse
+    dqn_atari.make_network(dqn_atari.Args(noisy=True, dueling=True), (4,), 2)  # the script's network honours both
     for flag, message in [("noisy", "--noisy: the network has no NoisyLinear layer to draw noise for"),
-                          ("dueling", "--dueling: the dueling head is QNetwork's; FlatMLP has none")]:
+                          ("dueling", "--dueling: the dueling head is QNetwork's; MLP has none")]:
         with pytest.raises(SystemExit) as e:
-            dqn_atari.check_network(dqn_atari.Args(**{flag: True}), net)
+            edited.make_network(edited.Args(**{flag: True}), (4,), 2)
         assert e.value.code == 2
         assert capsys.readouterr().err.splitlines() == [f"error: {message}"]
