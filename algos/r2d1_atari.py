@@ -4,38 +4,20 @@
     python algos/r2d1_atari.py
     # sampler process + learner, shared replay
     python algos/r2d1_atari.py --sampler async
-    # memory task: no velocities
-    python algos/r2d1_atari.py --env-id CartPole-v1 --observe-indices 0 2 ...
+    # the memory task: CartPole without its velocities, which only a recurrent agent solves
+    python algos/r2d1_atari.py --preset memory
 
-The network: Nature CNN (MLP for vector observations), a fully connected layer, an LSTM fed with
-that, the previous action (one-hot) and the previous reward, and a dueling head. Replay holds
-sequences of burn_in_steps + sequence_length rows (plus n_step_return rows for the targets)
-starting where the sampler stored its recurrent state, every rnn_state_interval rows. Both
-networks start from that stored state; the burn-in rows only advance it (no gradient, no loss).
-Targets are n-step double-DQN with the invertible value rescaling h, no reward clipping. Sequence
-priorities mix the max and the mean of the absolute TD errors (eta); the sampler computes input
-priorities from the Q-values it acted with, so new sequences are not sampled blind.
+Replay holds sequences of burn_in_steps + sequence_length rows (plus n_step_return rows for the targets) starting
+every rnn_state_interval rows, where the sampler stored its recurrent state. Both networks start from that state; the
+burn-in rows only advance it. Targets are n-step double DQN under the invertible value rescaling h (no reward
+clipping); a sequence's priority mixes the max and the mean of its absolute TD errors (eta), and the sampler gives new
+sequences input priorities from the Q-values it acted with. The recurrent state, previous action and previous reward are
+zeroed at every row that starts an episode. replay_ratio: training rows (burn-in not counted) per env step, as in rlpyt.
 
-Episode boundaries: replay rows follow gymnasium's next-step autoreset (see shared/replay.py).
-Sequences may cross episode boundaries: the recurrent state, previous action and previous reward
-are reset to zeros at every row that starts an episode, in the sampler and in replayed sequences
-alike; rows that only reset the env are left out of the loss; a time-limit truncation bootstraps
-from the episode's final observation. The sampler's recurrent states are not in the checkpoint: a
-resumed run starts every env at a new episode.
-
-replay_ratio: training rows (sequence_length per sequence, burn-in not counted) consumed per env
-step, so updates per env step = replay_ratio / (batch_size * sequence_length), as in rlpyt. Async
-mode holds it from both sides (shared/pacing.py, AsyncReplay): the learner never runs ahead of it
-(`wait_s`), the sampler waits when it is more than max_lag_steps env steps ahead of what the
-learner's updates cover (`sampler_wait_s`). Under torchrun steps are the job's (every rank's):
-each update takes batch_size sequences on every rank, so the job's replay ratio is the one asked
-for; learning starts when every rank's replay holds min_steps_learn.
-
-Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the
-network in R2D1Net: forward(obs, prev_action, prev_reward, state, episode_start) over sequences
-[T, B, ...] returns Q-values [T, B, A] and the state after the last row, initial_state(B) the
-zero state, n_actions the action count; the loss in r2d1_loss (r2d1_update returns the row's
-logged statistics: a new key is a new column); the schedule in main.
+Where to change what: the env in make_env; the network in R2D1Net, any nn.Module with forward(obs, prev_action,
+prev_reward, state, episode_start, start_rows=None) over sequences [T, B, ...] returning Q-values [T, B, A] and the
+state after the last row, and initial_state(B, device) the zero state; the loss in r2d1_loss; the target in
+n_step_target; the acting policy of evaluation and --export in Policy; the schedule in main.
 """
 
 from __future__ import annotations
@@ -79,24 +61,20 @@ class Args(RunArgs):
     # seed, run folder, resume, checkpoints, evaluation, device, bf16: in shared.cli.RunArgs, the same everywhere
     # experiment
     preset: Literal["atari", "memory"] = "atari"
-    """named settings to start from (atari: the R2D2 paper's settings; memory: CartPole-v1 without
-    its velocities, which only a recurrent agent solves); flags given override them"""
+    """named settings to start from (atari: the R2D2 paper's; memory: CartPole-v1 without its velocities); flags override"""
     env_id: str = "BreakoutNoFrameskip-v4"
-    """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations
-    (MLP)"""
+    """gymnasium id: an Atari `*NoFrameskip-v4` game (Nature CNN) or an env with vector observations (MLP)"""
     total_timesteps: PositiveInt = 10_000_000
     """agent steps summed over all envs (Atari: 4 emulator frames each)"""
     log_every: PositiveInt = 10_000
     """env steps between progress rows"""
     save_replay: bool = False
-    """each checkpoint also writes the replay (replay.npz, plain arrays); --resume then continues
-    with it"""
+    """each checkpoint also writes the replay (replay.npz, plain arrays); --resume then continues with it"""
     eval_epsilon: Fraction = 0.01
     """epsilon of the evaluation episodes"""
     # algorithm
     num_envs: PositiveInt = 16
-    """environments stepped together on each rank (torchrun) (each with its own recurrent state and
-    epsilon)"""
+    """environments stepped together on each rank (torchrun), each with its own recurrent state and epsilon"""
     buffer_size: PositiveInt = 1_000_000
     """replay capacity in rows (env steps; each rank's, torchrun)"""
     batch_size: PositiveInt = 64
@@ -104,8 +82,7 @@ class Args(RunArgs):
     sequence_length: PositiveInt = 80
     """training rows per sequence (after the burn-in)"""
     burn_in_steps: NonNegInt = 40
-    """rows at the start of each sequence that only advance the recurrent state (no loss, no
-    gradient)"""
+    """rows at the start of each sequence that only advance the recurrent state (no loss, no gradient)"""
     rnn_state_interval: PositiveInt = 40
     """rows between stored recurrent states: sequences start only there"""
     replay_ratio: PositiveFloat = 1.0
@@ -119,8 +96,7 @@ class Args(RunArgs):
     n_step_return: PositiveInt = 5
     """steps summed before bootstrapping"""
     value_rescale_eps: NonNegFloat = 1e-3
-    """epsilon of the value rescaling h(x) = sign(x)(sqrt(|x| + 1) - 1) + eps x (0 with
-    --no-value-rescale)"""
+    """epsilon of the value rescaling h(x) = sign(x)(sqrt(|x| + 1) - 1) + eps x"""
     value_rescale: bool = True
     """learn h(Q) instead of Q (no reward clipping needed)"""
     alpha: Fraction = 0.9
@@ -134,31 +110,24 @@ class Args(RunArgs):
     max_grad_norm: float = 80.0
     """global gradient-norm clip"""
     hidden: PositiveInt = 512
-    """width of the fully connected layer and the LSTM (Atari; the MLP torso for vector observations
-    uses it too)"""
+    """width of the fully connected layer, the LSTM and the MLP torso (vector observations)"""
     recurrent: bool = True
-    """use the LSTM; --no-recurrent replaces it with a feed-forward layer of the same width (the
-    ablation)"""
+    """use the LSTM; --no-recurrent replaces it with a feed-forward layer of the same width (the ablation)"""
     # environment (Atari ids only)
     noop_max: NonNegInt = 30
     """Atari: up to this many random no-ops at reset (paper convention 30)"""
     sticky_actions: Fraction = 0.0
-    """Atari: probability of repeating the previous action (0: paper convention, no sticky
-    actions)"""
+    """Atari: probability of repeating the previous action (0: paper convention, no sticky actions)"""
     observe_indices: tuple[int, ...] = ()
-    """vector observations: keep only these components (e.g. 0 2 on CartPole: positions without
-    velocities)"""
+    """vector observations: keep only these components (e.g. 0 2 on CartPole: positions without velocities)"""
     # infrastructure
     sampler: Literal["serial", "parallel", "async"] = "serial"
-    """serial, parallel (ale-py threads / AsyncVectorEnv) or async (sampler process appending to a
-    shared replay while the learner trains)"""
+    """serial, parallel (ale-py threads / AsyncVectorEnv) or async (a sampler process filling a shared replay)"""
     max_lag_steps: NonNegInt = 2_000
-    """async: the sampler waits when it is this many env steps ahead of the learner's updates (0:
-    never waits)"""
+    """async: the sampler waits when it is this many env steps ahead of the learner's updates (0: never waits)"""
 
 
-# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps
-# its default.
+# Named starting points: --preset NAME, then any flag overrides them; a field not named keeps its default.
 PRESETS = {
     "atari": Args(),
     # Ours: the memory task of tests/test_r2d1.py (positions only: velocities must be remembered).
@@ -187,9 +156,8 @@ PRESETS = {
 
 
 def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
-    """One env, made in the process that steps it: a wrapper added here reaches every sampling mode
-    (shared/envs.py). Atari ids get the papers' preprocessing (shared/atari.py), other ids a
-    plain gym.make, optionally observing only some entries (the memory task)."""
+    """One env, made in the process that steps it: a wrapper added here reaches every sampling mode. Atari ids get the
+    papers' preprocessing (shared/atari.py), other ids a plain gym.make, optionally observing only some entries."""
 
     def thunk() -> gym.Env:
         if is_atari(args.env_id):
@@ -200,20 +168,14 @@ def make_env(args: Args, render: bool = False) -> Callable[[], gym.Env]:
     return thunk
 
 
-def observe_flag(args: Args) -> str:
-    return "--observe-indices " + " ".join(map(str, args.observe_indices))
-
-
 # ------------------------------------------------------------------------------------------ network
 
 RnnState = namedarraytuple("RnnState", ["h", "c"])  # each [B, hidden]
 
 
 class R2D1Net(nn.Module):
-    """torso -> fc -> LSTM(fc, one-hot previous action, previous reward) -> dueling head.
-    forward takes sequences [T, B, ...] and an episode_start mask [T, B]: where it is set, the
-    recurrent state, the previous action and reward are zeroed before that row (an episode starts
-    there)."""
+    """torso -> fc -> LSTM(fc, one-hot previous action, previous reward) -> dueling head, over sequences [T, B, ...].
+    Where episode_start [T, B] is set, the recurrent state, the previous action and reward are zeroed before that row."""
 
     def __init__(self, obs_shape: tuple[int, ...], n_actions: int, hidden: int, recurrent: bool = True):
         super().__init__()
@@ -247,12 +209,9 @@ class R2D1Net(nn.Module):
         z = torch.zeros(batch, self.hidden, device=device)
         return RnnState(z, z.clone())
 
-    def forward(
-        self, obs, prev_action, prev_reward, state: RnnState, episode_start, start_rows: np.ndarray | None = None
-    ) -> tuple[torch.Tensor, RnnState]:
-        """``start_rows`` [T] (host, optional): whether any of the B sequences starts an episode at
-        each row; the learner knows it from the batch on the host, and without it it is read from
-        ``episode_start`` (a wait on a GPU)."""
+    def forward(self, obs, prev_action, prev_reward, state: RnnState, episode_start, start_rows=None) -> tuple:
+        """``start_rows`` [T] (host, optional): whether any sequence starts an episode at each row; the learner knows it
+        from the batch on the host, and without it it is read from ``episode_start`` (a wait on a GPU)."""
         T, B = episode_start.shape
         x = obs.flatten(0, 1)  # [T*B, ...]
         if self.image:
@@ -264,24 +223,20 @@ class R2D1Net(nn.Module):
         keep = (~episode_start).float().unsqueeze(-1)  # [T, B, 1]
         # one-hot by comparison: F.one_hot checks the range of the actions on the host
         a = (prev_action.long().unsqueeze(-1) == torch.arange(self.n_actions, device=x.device)).float() * keep
-        # [T, B, hidden + A + 1]
-        x = torch.cat([x, a, prev_reward.float().unsqueeze(-1) * keep], dim=-1)
+        x = torch.cat([x, a, prev_reward.float().unsqueeze(-1) * keep], dim=-1)  # [T, B, hidden + A + 1]
         if not self.recurrent:
             return self._head(self.core(x)), state
-        # Traced by --compile: Dynamo cannot trace the fused LSTM; the same LSTM row by row (eager
-        # calls, such as evaluation's, keep the fused one)
+        # Dynamo cannot trace the fused LSTM: under --compile the same LSTM row by row (eager calls keep the fused one)
         if torch.compiler.is_compiling():
             out, (hs, cs) = lstm_rows(self.core, x, state.h[None], state.c[None], keep)
             return self._head(out), RnnState(hs[0], cs[0])
-        # The fused LSTM over each stretch of rows in which no sequence starts an episode; at a
-        # stretch's first row the state is zeroed where one starts. Mostly one stretch; a batch of
-        # 64 Atari sequences holds a few.
+        # The fused LSTM over each stretch of rows in which no sequence starts an episode, the state zeroed at a
+        # stretch's first row where one starts: mostly one stretch; a batch of 64 Atari sequences holds a few.
         if start_rows is None:
             start_rows = episode_start.any(1).cpu().numpy() if T > 1 else np.zeros(1, bool)
         bounds = [0, *(np.flatnonzero(start_rows[1:]) + 1).tolist(), T]
         out = []
-        hs = state.h[None]
-        cs = state.c[None]
+        hs, cs = state.h[None], state.c[None]
         for t0, t1 in zip(bounds[:-1], bounds[1:]):
             o, (hs, cs) = self.core(x[t0:t1], (hs * keep[t0], cs * keep[t0]))
             out.append(o)
@@ -293,6 +248,20 @@ class R2D1Net(nn.Module):
         return self.v(h) + adv - adv.mean(-1, keepdim=True)
 
 
+class Policy(nn.Module):
+    """The greedy policy, one step for B envs, for evaluation and --export: obs [B, ...], the previous action and reward
+    [B], the state h, c [B, hidden] and episode_start [B] (True: all three are zeroed first) -> greedy actions [B],
+    Q-values [B, A] and the next h, c."""
+
+    def __init__(self, net: R2D1Net):
+        super().__init__()
+        self.net = net
+
+    def forward(self, obs, prev_action, prev_reward, h, c, episode_start) -> tuple:
+        q, state = self.net(obs[None], prev_action[None], prev_reward[None], RnnState(h, c), episode_start[None])
+        return q[0].argmax(1), q[0], state.h, state.c
+
+
 # ---------------------------------------------------------------------------------- value rescaling
 
 
@@ -302,87 +271,77 @@ def h(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def h_inv(x: torch.Tensor, eps: float) -> torch.Tensor:
-    """The exact inverse of h: sign(x)(((sqrt(1 + 4 eps (|x| + 1 + eps)) - 1) / (2 eps))^2 - 1)
-    (with eps = 0: sign(x)((|x| + 1)^2 - 1))."""
+    """The exact inverse of h: sign(x)(((sqrt(1 + 4 eps (|x| + 1 + eps)) - 1) / (2 eps))^2 - 1) (eps = 0: sign(x)((|x| +
+    1)^2 - 1))."""
     if eps == 0:
         return torch.sign(x) * ((x.abs() + 1.0) ** 2 - 1.0)
     return torch.sign(x) * (((torch.sqrt(1.0 + 4.0 * eps * (x.abs() + 1.0 + eps)) - 1.0) / (2.0 * eps)) ** 2 - 1.0)
 
 
+def n_step_target(ret, not_done, discount, q_boot, args: Args) -> torch.Tensor:
+    """h(ret + not_done * discount * h^-1(q_boot)), the n-step target of the learner and of the sampler's priorities;
+    without h under --no-value-rescale."""
+    if not args.value_rescale:
+        return ret + not_done * discount * q_boot
+    return h(ret + not_done * discount * h_inv(q_boot, args.value_rescale_eps), args.value_rescale_eps)
+
+
 # ----------------------------------------------------------------------------------------- sampling
 
-Row = namedarraytuple(
-    "Row", ["observation", "action", "reward", "terminated", "truncated", "prev_action", "prev_reward", "rnn_state"]
-)
+Row = namedarraytuple("Row", "observation action reward terminated truncated prev_action prev_reward rnn_state")
 
 
 def epsilons(num_envs: int) -> np.ndarray:
-    """Ape-X / R2D2 vector epsilon: env i explores with 0.4^(1 + 7 i / (N - 1)), fixed over the run
-    [B]."""
-    i = np.arange(num_envs)
-    return 0.4 ** (1 + 7 * i / max(num_envs - 1, 1))
+    """Ape-X / R2D2 vector epsilon: env i explores with 0.4^(1 + 7 i / (N - 1)), fixed over the run [B]."""
+    return 0.4 ** (1 + 7 * np.arange(num_envs) / max(num_envs - 1, 1))
 
 
 def sequence_priorities(td: np.ndarray, valid: np.ndarray, eta: float) -> np.ndarray:
-    """Per-sequence priority [B] from absolute TD errors [T, B] over the valid rows:
-    eta * max + (1 - eta) * mean (0 where no row is valid)."""
+    """Per-sequence priority [B] from absolute TD errors [T, B] over the valid rows: eta * max + (1 - eta) * mean (0
+    where no row is valid)."""
     a = np.where(valid, np.abs(td), 0.0)
     n = valid.sum(0)
     return eta * a.max(0) + (1 - eta) * a.sum(0) / np.maximum(n, 1)
 
 
+def priority_shift(args: Args) -> int:
+    """State slots from a sequence's start to the chunk that completes it: where the chunk's input priorities land."""
+    return -(-(args.burn_in_steps + args.sequence_length + args.n_step_return) // args.rnn_state_interval)
+
+
 @compiled
 def q_step(net: R2D1Net, up: dict, state: RnnState) -> tuple:
-    """The acting step's forward over one row [1, B, ...]: Q-values [B, A], the recurrent state
-    the row starts from (zeroed where an episode starts) and the state after it."""
-    keep = (~up["start"][0]).float().unsqueeze(-1)
-    state = RnnState(state.h * keep, state.c * keep)  # before this row
-    q, new_state = net(up["obs"], up["prev_action"], up["prev_reward"], state, up["start"])
+    """The acting step over one row of B envs: Q-values [B, A], the recurrent state the row starts from (zeroed where
+    an episode starts) and the state after it."""
+    keep = (~up["episode_start"]).float().unsqueeze(-1)
+    state = RnnState(state.h * keep, state.c * keep)
+    q, new_state = net(up["obs"][None], up["prev_action"][None], up["prev_reward"][None], state, up["episode_start"][None])
     return q[0].float(), state, new_state
 
 
 class EnvStepper:
-    """Steps the [B] envs one step at a time epsilon-greedily, one recurrent state per env; returns
-    replay chunks of rnn_state_interval rows with the input priorities of the sequence
-    input_priority_shift slots back."""
+    """Steps the B envs epsilon-greedily, one recurrent state per env; returns replay chunks of rnn_state_interval rows
+    with the input priorities of the sequence priority_shift slots back."""
 
     def __init__(self, envs, args: Args, net: R2D1Net, seed: int):
         self.envs, self.args = envs, args
         self.obs, _ = envs.reset(seed=seed)
         n = args.num_envs
         self.final_row = np.zeros(n, bool)  # this row only resets the env (next-step autoreset)
-        # this row starts an episode: zero state, previous action and reward
-        self.episode_start = np.ones(n, bool)
+        self.episode_start = np.ones(n, bool)  # this row starts an episode: zero state, previous action and reward
         self.prev_action, self.prev_reward = np.zeros(n, np.int64), np.zeros(n, np.float32)
-        # on the net's device from the start
-        self.state = net.initial_state(n, next(net.parameters()).device)
+        self.state = net.initial_state(n, next(net.parameters()).device)  # on the net's device from the start
         self.ep_return, self.ep_length = np.zeros(n), np.zeros(n, np.int64)
         self.rng = np.random.default_rng(seed)
         self.eps = epsilons(n)
-        # rows of the chunk being collected (their recurrent states apart, on the device)
-        self.rows: list = []
-        self.states: list = []
-        # Rows kept to compute input priorities: the sequence starting shift slots back ends in this
-        # chunk.
-        I = args.rnn_state_interval
-        self.shift = -(-(args.burn_in_steps + args.sequence_length + args.n_step_return) // I)
-        # [(q_taken, q_max, reward, terminated, truncated, final_row)] per row, newest last
-        self.history: list = []
+        self.rows, self.states = [], []  # the chunk being collected, its recurrent states apart (on the device)
+        self.shift = priority_shift(args)
+        self.history = []  # (q_taken, q_max, reward, terminated, truncated, final_row) per row, newest last
 
     @torch.no_grad()
     def step(self, net: R2D1Net, device: torch.device) -> tuple:
-        """One step of every env; returns (chunk or None, priorities or None, episodes [(return,
-        length)])."""
-        # [1, B, ...] each, one copy
-        up = upload(
-            {
-                "obs": self.obs[None],
-                "prev_action": self.prev_action[None],
-                "prev_reward": self.prev_reward[None],
-                "start": self.episode_start[None],
-            },
-            device,
-        )
+        """One step of every env; returns (chunk or None, priorities or None, episodes [(return, length)])."""
+        up = upload({k: getattr(self, k) for k in ("obs", "prev_action", "prev_reward", "episode_start")}, device)
         q, state, new_state = q_step(net, up, self.state)
         q = to_host(q)  # [B, A]
         greedy = q.argmax(1)
@@ -394,16 +353,15 @@ class EnvStepper:
         prev_r = np.where(self.episode_start, 0.0, self.prev_reward).astype(np.float32)
         self.rows.append(Row(self.obs, action, reward, term, trunc, prev_a, prev_r, None))
         self.states.append(state)
-        self.history.append((q[np.arange(len(action)), action], q.max(1), reward, term, trunc, self.final_row.copy()))
+        self.history.append((q[np.arange(len(action)), action], q.max(1), reward, term, trunc, self.final_row))
         self.ep_return += reward
         self.ep_length += ~self.final_row
         episode_end = term | trunc
         episodes = list(zip(self.ep_return[episode_end].tolist(), self.ep_length[episode_end].tolist()))
         self.ep_return[episode_end], self.ep_length[episode_end] = 0.0, 0
         self.state = new_state
-        # The row after a final row starts an episode.
         self.obs = next_obs
-        self.episode_start = self.final_row
+        self.episode_start = self.final_row  # the row after a final row starts an episode
         self.final_row = episode_end
         self.prev_action, self.prev_reward = action, reward
         if len(self.rows) < self.args.rnn_state_interval:
@@ -415,8 +373,8 @@ class EnvStepper:
         return chunk, priorities, episodes
 
     def flush(self) -> Row | None:
-        """The rows collected so far as one chunk [T, B, ...] (None if none); their recurrent states
-        come to the host here, in one copy per chunk."""
+        """The rows collected so far as one chunk [T, B, ...] (None if none); their recurrent states come to the host
+        here, in one copy per chunk."""
         if not self.rows:
             return None
         h, c = to_host(torch.stack([s.h for s in self.states]), torch.stack([s.c for s in self.states]))
@@ -425,27 +383,23 @@ class EnvStepper:
         return chunk
 
     def input_priorities(self) -> np.ndarray:
-        """Priorities [1, B] of the sequence starting at the oldest kept row, from the Q-values the
-        sampler acted with (no target network, no double DQN: only those exist here): h(R +
-        gamma^k h^-1(max_a Q(s_{t+k}, a)))
-        - Q(s_t, a_t) over the training rows, mixed as in the learner."""
+        """Priorities [1, B] of the sequence starting at the oldest kept row: the learner's TD errors from the Q-values
+        the sampler acted with (no target network, no double DQN: max_a Q at the bootstrap row), mixed as the learner's."""
         a = self.args
-        # [W, B]
-        q_taken, q_max, reward, terminated, truncated, final_row = (np.stack(x) for x in zip(*self.history))
+        q_taken, q_max, reward, terminated, truncated, final_row = (np.stack(x) for x in zip(*self.history))  # [W, B]
         L = a.burn_in_steps + a.sequence_length
-        n = a.n_step_return
-        eps = a.value_rescale_eps
-        ret, alive = np.zeros((L, q_taken.shape[1])), np.ones((L, q_taken.shape[1]), bool)
-        k, not_done = np.zeros_like(ret, dtype=np.int64), np.ones_like(ret)
-        for j in range(n):
+        # the replay's n-step returns (shared/replay.py) of the sequence's rows: ret, terminated_n, k = n_taken
+        ret = np.zeros((L, reward.shape[1]))
+        alive = np.ones_like(ret, bool)
+        terminated_n = np.zeros_like(ret, bool)
+        k = np.zeros_like(ret, np.int64)
+        for j in range(a.n_step_return):
             ret += np.where(alive, a.gamma**j * reward[j : L + j], 0.0)
             k += alive
-            not_done = np.where(alive & terminated[j : L + j], 0.0, not_done)
+            terminated_n |= alive & terminated[j : L + j]
             alive &= ~(terminated[j : L + j] | truncated[j : L + j])
-        boot = q_max[np.arange(L)[:, None] + k, np.arange(q_taken.shape[1])]
-        rescale = (lambda x: h(torch.as_tensor(x), eps).numpy()) if a.value_rescale else (lambda x: x)
-        unscale = (lambda x: h_inv(torch.as_tensor(x), eps).numpy()) if a.value_rescale else (lambda x: x)
-        y = rescale(ret + not_done * a.gamma**k * unscale(boot))
+        boot = q_max[np.arange(L)[:, None] + k, np.arange(reward.shape[1])]
+        y = n_step_target(*map(torch.as_tensor, (ret, 1.0 - terminated_n, a.gamma**k, boot)), a).numpy()
         td = (y - q_taken[:L])[a.burn_in_steps :]
         return sequence_priorities(td, ~final_row[a.burn_in_steps : L], a.eta)[None]
 
@@ -455,18 +409,14 @@ class EnvStepper:
 
 @compiled
 def r2d1_loss(net: R2D1Net, target_net: R2D1Net, b: dict, args: Args) -> tuple:
-    """Loss over the training rows of a batch of sequences; returns (loss, |TD| [L, B], valid
-    [L, B]). b holds tensors [W, B, ...] with W = burn_in + sequence_length + n_step_return rows,
-    and init_rnn_state."""
+    """Double-DQN loss over the training rows of sequences b [W, B, ...] (W = burn_in + sequence_length +
+    n_step_return rows) starting from b["init_rnn_state"]; returns (loss, |TD| [L, B], valid [L, B])."""
     burn = args.burn_in_steps
     L = args.sequence_length
-    eps = args.value_rescale_eps
-    rescale = (lambda x: h(x, eps)) if args.value_rescale else (lambda x: x)
-    unscale = (lambda x: h_inv(x, eps)) if args.value_rescale else (lambda x: x)
+    train = slice(burn, burn + L)
     inputs = (b["observation"], b["prev_action"], b["prev_reward"])
-    # [W, B]; rows [W] on the host: where any sequence starts (to_tensors knows it)
-    starts = b["episode_start"]
-    rows = b["start_rows"] if "start_rows" in b else starts.any(1).cpu().numpy()
+    starts = b["episode_start"]  # [W, B]
+    rows = b["start_rows"] if "start_rows" in b else starts.any(1).cpu().numpy()  # [W] on the host (to_tensors knows it)
     state = b["init_rnn_state"]
     # burn-in: advances the online state only; the target net sees the whole sequence
     with torch.no_grad():
@@ -475,101 +425,66 @@ def r2d1_loss(net: R2D1Net, target_net: R2D1Net, b: dict, args: Args) -> tuple:
         q_target, _ = target_net(*inputs, b["init_rnn_state"], starts, rows)  # [W, B, A]
     # [L+n, B, A]
     q, _ = net(*(x[burn:] for x in inputs), RnnState(state.h.detach(), state.c.detach()), starts[burn:], rows[burn:])
-    # [L, B]
-    q_taken = q[:L].gather(-1, b["action"][burn : burn + L].long().unsqueeze(-1)).squeeze(-1)
-    k = b["n_taken"][burn : burn + L].long()  # rows to the bootstrap row, relative
-    # [L, B]
-    boot_row = (torch.arange(L, device=k.device).unsqueeze(1) + k).clamp(max=q.shape[0] - 1)
+    q_taken = q[:L].gather(-1, b["action"][train].long().unsqueeze(-1)).squeeze(-1)  # [L, B]
+    k = b["n_taken"][train].long()  # rows to the bootstrap row, relative
+    boot_row = (torch.arange(L, device=k.device).unsqueeze(1) + k).clamp(max=q.shape[0] - 1)  # [L, B]
     with torch.no_grad():
-        # double DQN: the online net picks the action
-        a_star = q.detach().argmax(-1).gather(0, boot_row)
+        a_star = q.argmax(-1).gather(0, boot_row)  # double DQN: the online net picks the action
         q_next = q_target[burn:].gather(0, boot_row.unsqueeze(-1).expand(-1, -1, q.shape[-1]))
         q_next = q_next.gather(-1, a_star.unsqueeze(-1)).squeeze(-1)  # [L, B]
-        ret = b["n_step_return"][burn : burn + L]
-        not_done = 1.0 - b["terminated_n"][burn : burn + L].float()
-        y = rescale(ret + not_done * b["bootstrap_discount"][burn : burn + L] * unscale(q_next))
-    valid = ~b["final_row"][burn : burn + L]  # rows that only reset the env carry no transition
+        not_done = 1.0 - b["terminated_n"][train].float()
+        y = n_step_target(b["n_step_return"][train], not_done, b["bootstrap_discount"][train], q_next, args)
+    valid = ~b["final_row"][train]  # rows that only reset the env carry no transition
     td = y - q_taken
     per_seq = (0.5 * td**2 * valid).sum(0) / valid.sum(0).clamp(min=1)  # [B]
     loss = (b["is_weights"] * per_seq).mean()
     return loss, td.detach().abs(), valid
 
 
-def to_tensors(batch, device: torch.device, extra: dict | None = None) -> dict:
-    """Replay batch (numpy), and ``extra`` host arrays, -> tensors on the device in one upload;
-    floats as float32. Atari frames travel once each (frames [U, H, W] and frame_index [W, B, C])
-    and are stacked on the device into observation [W, B, C, H, W]."""
-    fields = [
-        "action",
-        "prev_action",
-        "prev_reward",
-        "n_step_return",
-        "terminated_n",
-        "n_taken",
-        "bootstrap_discount",
-        "final_row",
-        "episode_start",
-        "is_weights",
-    ]
-    fields += ["frames", "frame_index"] if "frames" in batch else ["observation"]
-    out = upload(
-        {**{k: getattr(batch, k) for k in fields}, "h": batch.init_rnn_state.h, "c": batch.init_rnn_state.c, **(extra or {})},
-        device,
-    )
+def to_tensors(batch, device: torch.device) -> dict:
+    """A replay batch on the device in one upload. Atari frames travel once each (frames [U, H, W] and frame_index
+    [W, B, C]) and are stacked on the device into observation [W, B, C, H, W]."""
+    unused = ("reward", "terminated", "truncated", "truncated_n", "init_rnn_state")
+    state = {"h": batch.init_rnn_state.h, "c": batch.init_rnn_state.c}
+    out = upload({**{k: v for k, v in batch.items() if k not in unused}, **state}, device)
     if "frames" in out:
         out["observation"] = out.pop("frames")[out.pop("frame_index")]
-    for k in ("prev_reward", "n_step_return", "bootstrap_discount", "is_weights"):
-        out[k] = out[k].float()
     out["init_rnn_state"] = RnnState(out.pop("h"), out.pop("c"))
-    # [W] on the host: where the LSTM's stretches end
-    out["start_rows"] = np.asarray(batch.episode_start).any(1)
+    out["start_rows"] = np.asarray(batch.episode_start).any(1)  # [W] on the host: where the LSTM's stretches end
     return out
 
 
-def r2d1_update(
-    net, target_net, optimizer, buffer: SequenceReplayBuffer, args: Args, beta: float, device: torch.device
-) -> dict:
+def r2d1_update(net, target_net, optimizer, buffer: SequenceReplayBuffer, args: Args, beta: float, device) -> dict:
+    """One gradient step on a prioritized batch of sequences, their priorities written back; returns the row's logged
+    statistics (a new key is a new progress.csv column)."""
     batch, index = buffer.sample(args.batch_size, beta=beta)
-    burn, L = args.burn_in_steps, args.sequence_length
-    # [L, B], as r2d1_loss's, known on the host
-    valid = ~np.asarray(batch.final_row)[burn : burn + L]
-    # The rows of td that are transitions, for a statistic: a boolean mask would wait on a GPU.
-    b = to_tensors(batch, device, {"valid_rows": np.flatnonzero(valid)})
-    loss, td, _ = r2d1_loss(net, target_net, b, args)
+    loss, td, valid = r2d1_loss(net, target_net, to_tensors(batch, device), args)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     distributed.average_gradients(net)
     nn.utils.clip_grad_norm_(net.parameters(), args.max_grad_norm)
     optimizer.step()
-    # async on a GPU: the host gathers the next batch while this trains
-    buffer.sample_ahead(args.batch_size, beta)
-    # The one copy an update makes: the sum tree lives on the host.
-    buffer.update_priorities(index, sequence_priorities(to_host(td), valid, args.eta))
-    # Detached tensors: read when a row is written (a non-finite one ends the run there), never per
-    # update.
-    return {"td_loss": loss.detach(), "td_abs": td.flatten()[b["valid_rows"]].mean()}
+    buffer.sample_ahead(args.batch_size, beta)  # async on a GPU: the host gathers the next batch while this trains
+    td, valid = to_host(td, valid)  # the one copy an update makes: the sum tree lives on the host
+    buffer.update_priorities(index, sequence_priorities(td, valid, args.eta))
+    # Tensors, read when a row is written (a non-finite one ends the run there), never per update.
+    return {"td_loss": loss.detach(), "td_abs": torch.from_numpy(td[valid]).mean()}
 
 
 # --------------------------------------------------------------------------------------------- main
 
 
 def check_args(args: Args) -> None:
-    """What relates the flags to each other (each field's own range is declared on it): exit 2, one
-    line."""
-    rows = args.burn_in_steps + args.sequence_length + args.n_step_return
-    if args.buffer_size // args.num_envs < 2 * rows + 2 * args.rnn_state_interval:
-        bad_args(
-            f"--buffer-size {args.buffer_size} holds {args.buffer_size // args.num_envs} rows "
-            f"per env; sequences need {rows} (burn-in + sequence + n-step), and twice that is "
-            "the minimum"
-        )
+    """What relates the flags to each other (each field's own range is declared on it): exit 2, one line."""
+    rows = args.burn_in_steps + args.sequence_length + args.n_step_return  # a sequence and its n-step targets
+    held = args.buffer_size // args.num_envs
+    need = 2 * (rows + args.rnn_state_interval)
+    if held < need:
+        bad_args(f"--buffer-size {args.buffer_size} holds {held} rows per env, under twice a sequence + interval: {need}")
     per_env = args.min_steps_learn // args.num_envs
     sequences = args.num_envs * max((per_env - rows) // args.rnn_state_interval + 1, 0)
     if sequences < args.batch_size:
-        bad_args(
-            f"--min-steps-learn {args.min_steps_learn} gives {sequences} complete sequences, "
-            f"fewer than --batch-size {args.batch_size}"
-        )
+        bad_args(f"--min-steps-learn {args.min_steps_learn} gives {sequences} sequences, under --batch-size {args.batch_size}")
     if args.observe_indices and is_atari(args.env_id):
         bad_args("--observe-indices applies to vector observations, not Atari frames")
     if args.bf16:  # bfloat16 targets would be garbage: h_inv(1.0) comes out as -1.0 instead of 2.99
@@ -578,37 +493,23 @@ def check_args(args: Args) -> None:
 
 def make_learner(args: Args, run: Run) -> tuple[R2D1Net, R2D1Net, torch.optim.Optimizer]:
     """The online network, its target copy and the optimiser."""
-    n_actions = int(run.act_space.n)
     try:
-        net = R2D1Net(run.obs_space.shape, n_actions, args.hidden, args.recurrent).to(run.device)
+        net = R2D1Net(run.obs_space.shape, run.act_space.n, args.hidden, args.recurrent).to(run.device)
     except ValueError as e:  # observations the network cannot take
-        bad_args(f"--env-id {args.env_id}{' ' + observe_flag(args) if args.observe_indices else ''}: {e}")
-    target_net = R2D1Net(run.obs_space.shape, n_actions, args.hidden, args.recurrent).to(run.device)
+        bad_args(f"--env-id {args.env_id}: {e}")
+    target_net = R2D1Net(run.obs_space.shape, run.act_space.n, args.hidden, args.recurrent).to(run.device)
     target_net.load_state_dict(net.state_dict())
-    # one kernel for all parameters
-    fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}
+    fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}  # one kernel for all parameters
     optimizer = torch.optim.Adam(net.parameters(), lr=args.learning_rate, eps=1e-3, **fused)
     return net, target_net, optimizer
 
 
 def make_replay(args: Args, run: Run) -> SequenceReplayBuffer:
-    """Each rank's replay: sequences of burn-in + sequence_length rows (plus n_step_return for the
-    targets) from every rnn_state_interval-th row, prioritized, with the sampler's input
-    priorities."""
+    """Each rank's replay: prioritized sequences of burn-in + sequence_length rows (plus n_step_return for the targets)
+    from every rnn_state_interval-th row, with the sampler's input priorities."""
     obs = run.obs_space
-    frame_stack = obs.shape[0] if is_atari(args.env_id) else 1
-    zeros = np.zeros(args.hidden, np.float32)
-    example = Row(
-        np.zeros(obs.shape, obs.dtype),
-        np.int64(0),
-        np.float32(0),
-        False,
-        False,
-        np.int64(0),
-        np.float32(0),
-        RnnState(zeros, zeros),
-    )
-    sampler_shift = -(-(args.burn_in_steps + args.sequence_length + args.n_step_return) // args.rnn_state_interval)
+    state = RnnState(np.zeros(args.hidden, np.float32), np.zeros(args.hidden, np.float32))
+    example = Row(np.zeros(obs.shape, obs.dtype), np.int64(0), np.float32(0), False, False, np.int64(0), np.float32(0), state)
     return SequenceReplayBuffer(
         example,
         args.buffer_size,
@@ -617,11 +518,11 @@ def make_replay(args: Args, run: Run) -> SequenceReplayBuffer:
         rnn_state_interval=args.rnn_state_interval,
         discount=args.gamma,
         n_step_return=args.n_step_return,
-        frame_stack=frame_stack,
+        frame_stack=obs.shape[0] if is_atari(args.env_id) else 1,
         prioritized=True,
         alpha=args.alpha,
         beta=args.beta,
-        input_priority_shift=sampler_shift,
+        input_priority_shift=priority_shift(args),
         shared=args.sampler == "async",
         seed=distributed.rank_seed(args.seed),
         unique_frames=True,
@@ -630,13 +531,11 @@ def make_replay(args: Args, run: Run) -> SequenceReplayBuffer:
 
 
 class EvalPolicy:
-    """Evaluation policy for observations [B, ...]: eval_epsilon-greedy, each env carrying its
-    recurrent state, previous action and previous reward through its episode (``starts`` [B]: a
-    new one begins there, and the network zeroes all three), each episode's coin and random action
-    from its own ``draws``."""
+    """Evaluation's act: the Policy, eval_epsilon-greedy with each episode's own draws, each env carrying its recurrent
+    state and previous action through its episode (``starts``: a new one begins there)."""
 
     def __init__(self, net: R2D1Net, device: torch.device, epsilon: float):
-        self.net = net
+        self.net, self.policy = net, Policy(net)
         self.device = device
         self.epsilon = epsilon
         self.state, self.prev_action = None, np.zeros(0, np.int64)
@@ -646,61 +545,32 @@ class EvalPolicy:
             self.state = self.net.initial_state(len(starts), self.device)
             self.prev_action = np.zeros(len(starts), np.int64)
         t = partial(torch.as_tensor, device=self.device)
-        q, self.state = self.net(  # one step [1, B]
-            t(obs)[None], t(self.prev_action)[None], t(rewards)[None], self.state, t(starts)[None]
-        )
-        greedy = q[0].argmax(1).cpu().numpy()  # [B]
+        greedy, q, h, c = self.policy(t(obs), t(self.prev_action), t(rewards), *self.state, t(starts))
+        self.state = RnnState(h, c)
         explore = draws.random() < self.epsilon
-        self.prev_action = np.where(explore, draws.integers(self.net.n_actions), greedy)
+        self.prev_action = np.where(explore, draws.integers(q.shape[1]), greedy.cpu().numpy())
         return self.prev_action
-
-
-class ExportedPolicy(nn.Module):
-    """--export: one step of the recurrent policy for B envs: raw observations [B, ...], the
-    previous action [B] and reward [B], the state h, c [B, hidden] and episode_start [B] (True:
-    all three are zeroed first) -> greedy actions [B], Q-values [B, A] and the next h, c."""
-
-    def __init__(self, net: R2D1Net):
-        super().__init__()
-        self.net = net
-
-    def forward(self, obs, prev_action, prev_reward, h, c, episode_start) -> tuple:
-        q, state = self.net(obs[None], prev_action[None], prev_reward[None], RnnState(h, c), episode_start[None])
-        return q[0].argmax(1), q[0], state.h, state.c
 
 
 def main() -> int:
     args = parse_args(Args, PRESETS, check_args)
-    # checks: device, --resume, spaces (exit 2)
-    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete)
+    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete)  # checks: device, --resume, spaces (exit 2)
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating("buffer_size", "hidden"):  # sizes this machine cannot hold: exit 2
         net, target_net, optimizer = make_learner(args, run)
-        # no replay to evaluate or export a checkpoint
-        buffer = None if args.eval_only or args.export else make_replay(args, run)
+        buffer = None if args.eval_only or args.export else make_replay(args, run)  # no replay to evaluate or export
     policy = EvalPolicy(net, run.device, args.eval_epsilon)
     start = run.begin(policy, buffer, model=net, target_model=target_net, optimizer=optimizer)
     if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
         return run.evaluate_only()
-    if args.export:  # with --resume: the greedy recurrent policy as an ONNX file, train nothing
-        n = 8  # example rows: the graph's batch axis is dynamic
-        state = net.initial_state(n)
-        return run.export(
-            ExportedPolicy(net),
-            ["action", "q_values", "h_out", "c_out"],
-            rows=n,
-            prev_action=torch.zeros(n, dtype=torch.long),
-            prev_reward=torch.zeros(n),
-            h=state.h,
-            c=state.c,
-            episode_start=torch.ones(n, dtype=torch.bool),
-        )
+    if args.export:  # with --resume: the greedy policy as ONNX (8 example rows: the batch axis is dynamic), train nothing
+        state = net.initial_state(8)
+        zeros = torch.zeros(8)
+        inputs = dict(prev_action=zeros.long(), prev_reward=zeros, h=state.h, c=state.c, episode_start=zeros.bool())
+        return run.export(Policy(net), ["action", "q_values", "h_out", "c_out"], rows=8, **inputs)
     global_step, updates = start.global_step, start.updates
-    pacer = ReplayPacer(
-        args.replay_ratio / (args.batch_size * args.sequence_length * run.world),
-        args.min_steps_learn * run.world,
-        *start.replay_origin,
-    )
+    rows_per_update = args.batch_size * args.sequence_length * run.world  # the job's training rows
+    pacer = ReplayPacer(args.replay_ratio / rows_per_update, args.min_steps_learn * run.world, *start.replay_origin)
     stats, waits = {"td_loss": None, "td_abs": None}, {}
     with run:
         # this process steps the envs: in turn (serial), or in threads or processes
@@ -728,7 +598,7 @@ def main() -> int:
                 global_step = in_replay = sampler.poll(run, net, updates)
                 waits = sampler.waits()
             due = pacer.due(in_replay, updates) if len(buffer) >= args.batch_size else 0
-            for _ in range(due):  # replay_ratio samples per env step
+            for _ in range(due):  # replay_ratio training rows per env step
                 beta = args.beta + (1.0 - args.beta) * min(in_replay / args.total_timesteps, 1.0)
                 stats = r2d1_update(net, target_net, optimizer, buffer, args, beta, run.device)
                 updates += 1
@@ -745,9 +615,8 @@ def main() -> int:
 
 
 def sampler_main(args: Args, buffer: SequenceReplayBuffer, link: AsyncReplay, proc: SamplerProcess) -> None:
-    """Async sampler process: steps the envs and appends chunks to the shared replay with the newest
-    parameters the learner published; waits while it is more than max_lag_steps ahead of the
-    learner's updates."""
+    """Async sampler process: steps the envs and appends chunks to the shared replay with the newest parameters the
+    learner published; waits while it is more than max_lag_steps ahead of the learner's updates."""
     envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial", n_threads=proc.n_threads)
     net = R2D1Net(envs.single_observation_space.shape, envs.single_action_space.n, args.hidden, args.recurrent)
     step = link.start_step
