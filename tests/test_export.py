@@ -60,7 +60,7 @@ def acting(name: str, folder):
         return m.EvalPolicy(parts[0], CPU, 0.0), parts[0], partial(m.make_env, args)
     if name == "ppo_lstm.py":
         parts[0].load_state_dict(saved["model"])
-        return m.EvalPolicy(parts[0], CPU, space.act_space), parts[0], partial(m.make_env, args)
+        return m.EvalPolicy(m.Policy(parts[0], space.act_space), CPU), parts[0], partial(m.make_env, args)
     if name in ("ppo_atari.py", "a2c_atari.py"):
         parts[0].load_state_dict(saved["model"])
         return partial(m.act, m.Policy(parts[0]), CPU), parts[0], partial(m.make_env, args)
