@@ -326,7 +326,7 @@ class QNetwork(nn.Module):
         h = self.torso(x)
         if self.dueling:
             h = ScaleGrad.apply(h, 2**-0.5)  # two streams feed the torso: keep its gradient scale
-        logits = float32_out(self.q, h, noise).view(len(h), -1, len(self.support))  # [N, A, K]
+        logits = float32_out(self.q, h, noise).unflatten(1, (-1, len(self.support)))  # [N, A, K]
         if self.dueling:
             logits = float32_out(self.v, h, noise).unsqueeze(1) + logits - logits.mean(dim=1, keepdim=True)
         return logits.float().log_softmax(dim=-1)  # float32 whatever the autocast: the projection needs it
