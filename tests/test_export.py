@@ -54,7 +54,7 @@ def acting(name: str, folder):
     m, args, space, parts, saved = learner(name, folder)
     if name in ("dqn_atari.py", "catdqn_atari.py"):
         parts[0].load_state_dict(saved["model"])
-        return partial(m.act, parts[0], CPU, 0.0), parts[0], partial(m.make_env, args)
+        return partial(m.act, m.Policy(parts[0]), CPU, 0.0), parts[0], partial(m.make_env, args)
     if name == "r2d1_atari.py":
         parts[0].load_state_dict(saved["model"])
         return m.EvalPolicy(parts[0], CPU, 0.0), parts[0], partial(m.make_env, args)
@@ -165,7 +165,7 @@ def test_a_cnn_policy_exports_with_uint8_frames_scaled_inside(tmp_path):
         obs, *_ = env.step(int(rng.integers(4)))
     env.close()
     batch = torch.as_tensor(np.stack(frames))
-    worst = export(m.ExportedPolicy(net), {"obs": batch}, ["action", "q_values"], tmp_path / "cnn.onnx")
+    worst = export(m.Policy(net), {"obs": batch}, ["action", "q_values"], tmp_path / "cnn.onnx")
     session = onnxruntime.InferenceSession(str(tmp_path / "cnn.onnx"), providers=["CPUExecutionProvider"])
     assert session.get_inputs()[0].type == "tensor(uint8)"
     action, q = session.run(None, {"obs": batch.numpy()})
