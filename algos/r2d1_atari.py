@@ -300,8 +300,7 @@ def sequence_priorities(td: np.ndarray, valid: np.ndarray, eta: float) -> np.nda
     """Per-sequence priority [B] from absolute TD errors [T, B] over the valid rows: eta * max + (1 - eta) * mean (0
     where no row is valid)."""
     a = np.where(valid, np.abs(td), 0.0)
-    n = valid.sum(0)
-    return eta * a.max(0) + (1 - eta) * a.sum(0) / np.maximum(n, 1)
+    return eta * a.max(0) + (1 - eta) * a.sum(0) / np.maximum(valid.sum(0), 1)
 
 
 def priority_shift(args: Args) -> int:

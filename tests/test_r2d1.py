@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from functools import partial
 
 import numpy as np
 import pytest
@@ -29,6 +30,7 @@ sys.path.insert(0, str(ROOT / "algos"))
 import r2d1_atari as r2d1
 
 from shared.envs import make_envs
+from shared.evaluation import play
 from shared.replay import SequenceReplayBuffer
 
 # CartPole with the velocities removed: position and angle only, so acting well needs memory.
@@ -223,6 +225,26 @@ def test_sampler_stores_zero_state_and_previous_action_at_episode_starts():
     assert starts.sum() > 4 and (~starts).sum() > 100
     assert np.all(h[starts] == 0) and np.all(np.abs(h[~starts]).sum(-1) > 0)
     assert np.all(prev_a[starts] == 0) and np.all(prev_r[starts] == 0) and prev_r[~starts].mean() > 0.9
+
+
+def test_evaluation_reads_only_the_written_network_contract():
+    """Evaluation needs only forward(...) and initial_state(B, device): a network with nothing else (no n_actions)
+    plays epsilon-greedy episodes, the action count taken from its Q-values."""
+    class Contract(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = r2d1.R2D1Net((2,), 2, 8)
+
+        def initial_state(self, batch, device=None):
+            return self.inner.initial_state(batch, device)
+
+        def forward(self, obs, prev_action, prev_reward, state, episode_start, start_rows=None):
+            return self.inner(obs, prev_action, prev_reward, state, episode_start, start_rows)
+
+    act = r2d1.EvalPolicy(Contract(), torch.device("cpu"), epsilon=0.5)
+    make_env = partial(r2d1.make_env, r2d1.Args(env_id="CartPole-v1", observe_indices=(0, 2)))
+    episodes = play(make_env, act, 4, seed=0, envs=2)
+    assert len(episodes.returns) == 4 and act.state.h.shape == (2, 8)
 
 
 # ---------------------------------------------------------------------------------------------- runs
