@@ -1,11 +1,11 @@
 """Dict observations for the on-policy scripts (ppo_atari.py, a2c_atari.py, ppo_lstm.py): the per-key torso and
-the helpers that carry a Dict observation through a rollout.
+the rollout's allocation.
 
 Guarantees
 - ``obs_keys(space)``: the keys of a gymnasium ``Dict`` observation space that the scripts take, sorted (as
   gymnasium's ``Dict`` sorts them): its ``Box`` and ``Discrete`` entries. ``Text`` entries (MiniGrid's
-  ``mission``, and any space whose samples are strings, as MiniGrid's own ``MissionSpace``) are dropped, here
-  and in ``nested``; any other entry (a nested ``Dict``, ``Tuple``,
+  ``mission``, and any space whose samples are strings, as MiniGrid's own ``MissionSpace``) are dropped (here, and by
+  ``without_text`` in the scripts' ``make_env``); any other entry (a nested ``Dict``, ``Tuple``,
   ``MultiDiscrete``, ``MultiBinary``, ...) raises ``ValueError`` naming the key and its space.
 - ``without_text(env)``: ``env`` with the string entries of its Dict observations filtered out
   (``gymnasium.wrappers.FilterObservation``), so that gymnasium's ``AsyncVectorEnv`` (shared memory) can step
@@ -16,15 +16,9 @@ Guarantees
   shape, dtype)``, as the scripts made it before; for a ``Dict`` an ``Obs`` namedarraytuple of one such array
   per key of ``obs_keys`` (a ``Discrete`` entry: its integer, int64), which nests inside the rollout's
   namedarraytuple, in private or shared memory (the async double buffer) alike.
-- ``nested(obs)``: an observation (or a batch of them) as the env gives it, in the rollout's form: a ``Box``'s
-  array is returned as it is (the same object); a dict becomes the ``Obs`` namedarraytuple of its numeric
-  entries in sorted key order (strings, a ``Text`` entry's values, are dropped), which ``buf.obs[t] =`` writes
-  field by field.
-- ``flat(name, obs)`` and ``unflat(d, name)``: an observation as entries of the dict of arrays that
-  ``shared.device.upload`` sends in one copy and the scripts' loss functions index row-wise: ``{name: obs}``
-  for an array (so a Box run builds the very same dict), ``{"name.key": leaf}`` for a Dict observation;
-  ``unflat`` takes them back out (the array, or a dict ``{key: tensor}``). ``obs_map(fn, *obs)`` applies
-  ``fn`` to an array, or key by key to dicts (``fn(x)`` itself for arrays: the same operations as before).
+- A rollout's ``Obs`` namedarraytuple takes the env's dict observation as it comes (``buf.obs[t] = obs``: its
+  fields written by name) and ``shared.device.upload`` takes it nested in a batch: the scripts carry a Dict
+  observation through sampling and learning with no helper of this module.
 - ``DictTorso(space, layer_init)``: one encoder per key of ``obs_keys``, built in sorted key order (so the
   parameters' initial draws are the same for the same space and seed): a 3-D ``uint8`` ``Box`` (an image,
   ``[C, H, W]`` or ``[H, W, C]``) with both sides at least 36 pixels is taken as pixels: scaled to [0, 1]
@@ -53,10 +47,9 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from shared.namedarraytuple import is_namedarraytuple, namedarraytuple
+from shared.namedarraytuple import namedarraytuple
 
-__all__ = ["GRID_SCALE", "MIN_SMALL_SIDE", "DictTorso", "flat", "is_dict", "is_text", "nested", "obs_example",
-           "obs_keys", "obs_map", "unflat", "without_text"]
+__all__ = ["GRID_SCALE", "MIN_SMALL_SIDE", "DictTorso", "is_dict", "is_text", "obs_example", "obs_keys", "without_text"]
 
 MIN_SMALL_SIDE = 7  # the small CNN's 2x2 convolution, 2x2 max-pool, then two 2x2 convolutions
 NATURE_SIDE = 36  # shared.envs.MIN_IMAGE_SIDE: the Nature CNN from this size up
@@ -115,39 +108,6 @@ def obs_example(space: gym.Space, leading: tuple = ()) -> Any:
         return np.zeros(tuple(leading) + tuple(space.shape), space.dtype)
     keys = obs_keys(space)
     return namedarraytuple("Obs", keys)(*(_leaf_example(space.spaces[k], tuple(leading)) for k in keys))
-
-
-def nested(obs: Any) -> Any:
-    """The env's observation in the rollout's form (see the module docstring)."""
-    if not isinstance(obs, dict):
-        return obs
-    keep = {k: np.asarray(v) for k, v in obs.items()}
-    keys = sorted(k for k, v in keep.items() if v.dtype.kind in "biuf")
-    return namedarraytuple("Obs", keys)(*(keep[k] for k in keys))
-
-
-def flat(name: str, obs: Any) -> dict:
-    """``{name: obs}``, or ``{"name.key": leaf}`` for a Dict observation (see the module docstring)."""
-    if is_namedarraytuple(obs):
-        return {f"{name}.{k}": v for k, v in obs.items()}
-    if isinstance(obs, dict):
-        return {f"{name}.{k}": v for k, v in obs.items()}
-    return {name: obs}
-
-
-def unflat(d: dict, name: str) -> Any:
-    """What ``flat(name, obs)`` spread into ``d``: ``d[name]``, or ``{key: d["name.key"]}``."""
-    if name in d:
-        return d[name]
-    prefix = name + "."
-    return {k[len(prefix) :]: v for k, v in d.items() if k.startswith(prefix)}
-
-
-def obs_map(fn: Callable, *obs: Any) -> Any:
-    """``fn(*obs)`` for arrays; key by key for dicts of them."""
-    if isinstance(obs[0], dict):
-        return {k: fn(*(o[k] for o in obs)) for k in obs[0]}
-    return fn(*obs)
 
 
 def _chw(shape: tuple) -> tuple[bool, int, int, int]:

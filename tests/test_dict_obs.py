@@ -15,7 +15,8 @@ import pytest
 import torch
 
 from shared.buffer import buffer_from_example
-from shared.dict_obs import DictTorso, flat, nested, obs_example, obs_keys, unflat, without_text
+from shared.device import upload
+from shared.dict_obs import DictTorso, obs_example, obs_keys, without_text
 from tests import dict_env  # noqa: F401  (registers the DictCue envs in this process)
 from tests.helpers import ROOT, progress, refusal, run
 
@@ -107,8 +108,8 @@ def test_a_box_network_builds_the_modules_it_always_had():
     example = obs_example(box, (5,))
     assert type(example) is np.ndarray and example.shape == (5, 4, 84, 84) and example.dtype == np.uint8
     frames = np.ones((5, 4, 84, 84), np.uint8)
-    assert nested(frames) is frames and flat("obs", frames) == {"obs": frames}
-    assert unflat({"obs": frames, "x": 1}, "obs") is frames
+    up = upload({"obs": frames}, torch.device("cpu"))
+    assert list(up) == ["obs"] and torch.equal(up["obs"], torch.as_tensor(frames))
 
 
 def test_the_rollout_holds_a_dict_in_private_and_shared_memory():
@@ -118,12 +119,15 @@ def test_the_rollout_holds_a_dict_in_private_and_shared_memory():
     env_obs = {k: v.numpy() for k, v in sample(4).items()} | {"mission": ("go",) * 4}
     for shared in (False, True):
         buf = buffer_from_example(example, (3, 4), shared=shared)  # [T, B]
-        buf[1] = nested(env_obs)  # field by field; the strings dropped
+        buf[1] = env_obs  # the env's dict, field by field by name; the strings not written
         for k in example._fields:
             assert np.array_equal(getattr(buf, k)[1], env_obs[k]) and not getattr(buf, k)[0].any()
-    up = flat("obs", buf[1:])
-    assert list(up) == ["obs.direction", "obs.grid", "obs.pixels", "obs.vec"]
-    assert list(unflat({**up, "mask": 1}, "obs")) == ["direction", "grid", "pixels", "vec"]
+    up = upload({"obs": buf[1:], "mask": np.ones(3, bool)}, torch.device("cpu"))  # one batch, the Dict nested in it
+    assert type(up["obs"]) is type(example) and up["obs"]._fields == example._fields
+    for k in example._fields:
+        assert torch.equal(getattr(up["obs"], k), torch.as_tensor(getattr(buf, k)[1:]))
+    rows = torch.tensor([0, 5])  # rows by number of [T, B] = [2, 4], as the PPO family's minibatches take them
+    assert torch.equal(up["obs"][rows // 4, rows % 4].vec, torch.as_tensor(buf.vec[1:].reshape(8, 2, 3)[rows]))
 
 
 def test_strings_are_dropped_and_other_entries_refused_by_name():
