@@ -281,9 +281,9 @@ class Run:
                 self.tracker = tracking.start(args, self.path, self.script)
             except RuntimeError as e:
                 bad_args(str(e))
-        if replay is not None and self.device.type == "cuda":
-            # A replay script's updates and steps keep their shapes: cuDNN may pick the fastest convolutions once.
-            # (On-policy minibatches change size with the valid rows of each rollout, where it would re-benchmark.)
+        if self.device.type == "cuda":
+            # Every script's steps and updates keep their shapes (the PPO family's minibatches are all of one size):
+            # cuDNN may pick the fastest convolutions once.
             torch.backends.cudnn.benchmark = True
         start = Start()
         if self.resumed is not None:
