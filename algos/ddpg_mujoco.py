@@ -272,7 +272,6 @@ def ddpg_update(actor, target_actor, critic, target_critic, optimizers, batch, o
     """One DDPG update from a replay batch: critic, actor, then the soft target updates."""
     actor_opt, critic_opt = optimizers
     b = to_tensors(batch, obs_norm, device)
-    obs = b["observation"]
 
     critic_loss, critic_stats = ddpg_critic_loss(target_actor, critic, target_critic, b, args.bf16)
     critic_opt.zero_grad(set_to_none=True)
@@ -282,7 +281,7 @@ def ddpg_update(actor, target_actor, critic, target_critic, optimizers, batch, o
 
     # the actor loss needs dQ/da only: skip the critic's weight gradients
     critic.requires_grad_(False)
-    actor_loss = ddpg_actor_loss(actor, critic, obs, args.bf16)
+    actor_loss = ddpg_actor_loss(actor, critic, b["observation"], args.bf16)
     actor_opt.zero_grad(set_to_none=True)
     actor_loss.backward()
     distributed.average_gradients(actor)

@@ -299,7 +299,6 @@ def sac_update(actor, critics, target_critics, log_alpha, optimizers, batch, obs
     """One SAC update from a replay batch: critics, actor, temperature, then soft targets."""
     actor_opt, critic_opt = optimizers["actor_optimizer"], optimizers["critic_optimizer"]
     b = to_tensors(batch, obs_norm, device)
-    obs = b["observation"]
     target_entropy = -float(b["action"].shape[1])  # -|A|
     alpha = log_alpha.exp().detach()
 
@@ -311,7 +310,7 @@ def sac_update(actor, critics, target_critics, log_alpha, optimizers, batch, obs
 
     # the actor loss needs dQ/da only: skip the critics' weight gradients
     critics.requires_grad_(False)
-    actor_loss, log_pi = sac_actor_loss(actor, critics, obs, alpha, args.bf16)
+    actor_loss, log_pi = sac_actor_loss(actor, critics, b["observation"], alpha, args.bf16)
     actor_opt.zero_grad(set_to_none=True)
     actor_loss.backward()
     distributed.average_gradients(actor)

@@ -283,7 +283,6 @@ def td3_update(actor, target_actor, critics, target_critics, optimizers, batch, 
     """One TD3 critic update from a replay batch; with update_actor also the actor and the soft target updates."""
     actor_opt, critic_opt = optimizers["actor_optimizer"], optimizers["critic_optimizer"]
     b = to_tensors(batch, obs_norm, device)
-    obs = b["observation"]
 
     critic_loss, critic_stats = td3_critic_loss(target_actor, critics, target_critics, b, args)
     critic_opt.zero_grad(set_to_none=True)
@@ -295,7 +294,7 @@ def td3_update(actor, target_actor, critics, target_critics, optimizers, batch, 
 
     # the actor loss needs dQ/da only: skip the critics' weight gradients
     critics.requires_grad_(False)
-    actor_loss = td3_actor_loss(actor, critics, obs, args.bf16)
+    actor_loss = td3_actor_loss(actor, critics, b["observation"], args.bf16)
     actor_opt.zero_grad(set_to_none=True)
     actor_loss.backward()
     distributed.average_gradients(actor)
