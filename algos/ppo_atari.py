@@ -131,27 +131,6 @@ PRESETS = {
     ),
 }
 
-# Named starting points: --preset NAME, then any flag overrides them. Every field not named keeps its default.
-PRESETS = {
-    "atari": Args(),
-    # rl-baselines3-zoo, hyperparams/ppo.yml, CartPole-v1 (its clip range is annealed too; here it stays 0.2).
-    "cartpole": Args(
-        preset="cartpole",
-        env_id="CartPole-v1",
-        total_timesteps=100_000,
-        num_envs=8,
-        num_steps=32,
-        num_minibatches=1,
-        update_epochs=20,
-        gae_lambda=0.8,
-        gamma=0.98,
-        ent_coef=0.0,
-        learning_rate=1e-3,
-        clip_coef=0.2,
-        clip_vloss=False,
-    ),
-}
-
 # ------------------------------------------------------------------------------------- environments
 
 
