@@ -165,8 +165,8 @@ PRESETS = {
 
 
 def make_env(args: Args, render: bool = False):
-    """One env, made in the process that steps it (a wrapper added here reaches every sampling mode): Atari ids with the
-    papers' preprocessing (shared/atari.py), other ids a plain gym.make."""
+    """A thunk making one env in the process that steps it (a wrapper added here reaches every sampling mode): Atari ids
+    with the papers' preprocessing (shared/atari.py), other ids a plain gym.make."""
 
     def thunk() -> gym.Env:
         if is_atari(args.env_id):
