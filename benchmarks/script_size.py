@@ -1,5 +1,5 @@
 """The scripts' reading size against issue 52's targets, in one table: lines, code lines (not blank, comment or
-docstring: ../shared/tools/code_lines.py's rule), docstring lines, names imported from shared/, and the code lines
+docstring: a line holding a token outside them counts), docstring lines, names imported from shared/, and the code lines
 shared verbatim (stripped, 15 characters or more) by all six replay scripts, by dqn/catdqn and by ppo_atari/a2c.
 
     python benchmarks/script_size.py
