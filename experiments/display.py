@@ -93,7 +93,7 @@ class Display:
         for c in ("run", "state", "cpus", "step", "return", "SPS", "ETA"):
             t.add_column(c, justify="left" if c in ("run", "state", "cpus") else "right",
                          overflow="fold" if c == "run" else "ellipsis")
-        colour = {"running": "cyan", "done": "green", "failed": "red", "interrupted": "yellow"}
+        colour = {"running": "cyan", "done": "green", "failed": "red", "interrupted": "yellow", "pruned": "magenta"}
         for r in self.runs:
             rec = self.records[r.rel]
             p = prog.get(r.rel) or {}

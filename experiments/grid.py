@@ -155,7 +155,8 @@ def parse_level(items: Sequence[str], where: str) -> list[tuple[str, list[str]]]
     return out
 
 
-def load_file(path: Path) -> dict:
+def load_file(path: Path, extra: Sequence[str] = ()) -> dict:
+    """The file form (``experiments/launch.py``); ``extra``: the keys a caller adds (``experiments/tune.py``)."""
     try:
         text = path.read_text()
     except OSError as e:
@@ -171,10 +172,10 @@ def load_file(path: Path) -> dict:
         raise LaunchError(f"--config {path}: {e}") from None
     if not isinstance(data, dict):
         raise LaunchError(f"--config {path}: expected a table of keys")
-    unknown = set(data) - {"root", "scripts", "env_ids", "seeds", "flags", "levels"}
+    known = ["root", "scripts", "env_ids", "seeds", "flags", "levels", *extra]
+    unknown = set(data) - set(known)
     if unknown:
-        raise LaunchError(f"--config {path}: unknown keys {sorted(unknown)} (root, scripts, env_ids, seeds, flags, "
-                          f"levels)")
+        raise LaunchError(f"--config {path}: unknown keys {sorted(unknown)} ({', '.join(known)})")
     levels = data.get("levels", [])
     if not isinstance(levels, list) or not all(isinstance(lv, dict) for lv in levels):
         raise LaunchError(f"--config {path}: levels must be a list of tables (name = flags)")

@@ -48,6 +48,8 @@ class Launcher:
         self.stop_timeout, self.meta = stop_timeout, meta
         self.children: dict[int, Child] = {}
         self.free = [s.index for s in slots]
+        self.queue: list[Trial] = []
+        self.ended: list[tuple[Trial, str]] = []  # (run, state) of each run reaped, for a caller that follows them
         self.stop_signal: int | None = None
         self.signals = 0
 
@@ -88,6 +90,7 @@ class Launcher:
             run = child.run
             state = end_attempt(run, self.records[run.rel], rc, child.signalled)
             self.save(run)
+            self.ended.append((run, state))
             took = fmt_duration(time.time() - child.started)
             if state == "failed":
                 self.display.note(f"failed {run.rel} (exit {rc}, {took}): {self.records[run.rel]['error']}")
@@ -95,40 +98,33 @@ class Launcher:
                 self.display.note(f"{state} {run.rel} (exit {rc}, {took})")
             write_status(self.runs, self.records)
 
-    def stop_children(self) -> None:
+    def stop_children(self, runs: list[Trial] | None = None) -> None:
+        """SIGTERM every running script (or those of ``runs``): each writes a checkpoint and exits 130; its end is
+        recorded as interrupted when reaped."""
         for child in self.children.values():
-            if not child.signalled:
+            if not child.signalled and (runs is None or child.run in runs):
                 child.signalled = True
                 with contextlib.suppress(ProcessLookupError):
                     child.proc.send_signal(signal.SIGTERM)  # the script (or torchrun) itself: it checkpoints
 
-    def run_all(self, todo: list[Trial]) -> bool:
-        """Start ``todo`` as slots free; returns False when stopped by a signal."""
-        queue = list(todo)
+    def step(self) -> None:
+        """Start what the queue holds as slots free (in queue order; a run needing more slots waits), reap the runs
+        that ended, refresh the display."""
+        for run in list(self.queue):
+            if run.nproc <= len(self.free):
+                self.queue.remove(run)
+                self.start(run)
+                write_status(self.runs, self.records)
+        self.reap()
+        self.display.tick()
+
+    @contextlib.contextmanager
+    def supervising(self):
+        """SIGINT and SIGTERM set ``stop_signal`` while inside; however the block ends (an error included), every
+        run still running has its session SIGKILLed and is reaped, and the old handlers come back."""
         old = {s: signal.signal(s, self.on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
-            while queue or self.children:
-                if self.stop_signal is not None:
-                    break
-                for run in list(queue):
-                    if run.nproc <= len(self.free):
-                        queue.remove(run)
-                        self.start(run)
-                        write_status(self.runs, self.records)
-                self.reap()
-                self.display.tick()
-                time.sleep(0.1)
-            if self.stop_signal is None:
-                return True
-            self.display.note(f"{signal.Signals(self.stop_signal).name}: stopping {len(self.children)} running "
-                              f"run(s) (they write a checkpoint)")
-            self.stop_children()
-            deadline, counted = time.time() + self.stop_timeout, self.signals
-            while self.children and time.time() < deadline and self.signals == counted:
-                self.reap()
-                self.display.tick()
-                time.sleep(0.1)
-            return False
+            yield self
         finally:
             for child in self.children.values():  # past the deadline, a second signal, or an error here
                 child.signalled = True
@@ -139,3 +135,29 @@ class Launcher:
                 time.sleep(0.05)
             for s, h in old.items():
                 signal.signal(s, h)
+
+    def stop_all(self) -> None:
+        """After a signal: SIGTERM every running run and wait up to ``stop_timeout`` for their checkpoints (a
+        second signal stops waiting); what is left is killed when ``supervising`` ends."""
+        self.display.note(f"{signal.Signals(self.stop_signal).name}: stopping {len(self.children)} running "
+                          f"run(s) (they write a checkpoint)")
+        self.stop_children()
+        deadline, counted = time.time() + self.stop_timeout, self.signals
+        while self.children and time.time() < deadline and self.signals == counted:
+            self.reap()
+            self.display.tick()
+            time.sleep(0.1)
+
+    def run_all(self, todo: list[Trial]) -> bool:
+        """Start ``todo`` as slots free; returns False when stopped by a signal."""
+        self.queue = list(todo)
+        with self.supervising():
+            while self.queue or self.children:
+                if self.stop_signal is not None:
+                    break
+                self.step()
+                time.sleep(0.1)
+            if self.stop_signal is None:
+                return True
+            self.stop_all()
+            return False

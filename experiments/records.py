@@ -4,10 +4,10 @@ the same command again carries on where the last one stopped.
 Guarantees
 - ``launch.json`` holds the run's grid cell (script, env id, seed, variant, common flags, torchrun processes), the
   git commit and package versions of the launch, the state (``STATES``: queued, submitted, running, done,
-  failed, interrupted), the exit code, the last ``error:`` line of its stderr and every attempt (its exact
-  command, resumed or not, host, cores, GPUs, slots and affinity codes, start and end, exit code). Every write
-  of it (and of the root's ``experiment.json`` and ``status.json``) is atomic (``shared/files.py``): a crash
-  leaves the previous version, never a broken file.
+  failed, interrupted; pruned: a run of a trial that ``experiments/tune.py`` stopped), the exit code, the last
+  ``error:`` line of its stderr and every attempt (its exact command, resumed or not, host, cores, GPUs, slots
+  and affinity codes, start and end, exit code). Every write of it (and of the root's ``experiment.json`` and
+  ``status.json``) is atomic (``shared/files.py``): a crash leaves the previous version, never a broken file.
 - A run is finished when its record says done with exit 0 and its ``checkpoint.pt`` exists; the launcher skips
   it. Any other run is started again: resumed with ``--resume <run folder>`` where a checkpoint exists, else
   afresh, the files an earlier attempt left (its progress.csv, which the script would append to) moved to
@@ -40,7 +40,7 @@ __all__ = ["EXIT_INTERRUPTED", "STATES", "begin_attempt", "end_attempt", "finish
            "now", "package_versions", "read_json", "write_json"]
 
 EXIT_INTERRUPTED = 130
-STATES = ("queued", "submitted", "running", "done", "failed", "interrupted")
+STATES = ("queued", "submitted", "running", "done", "failed", "interrupted", "pruned")  # pruned: tune.py
 KEEP_ON_FRESH = {"launch.json", "stdout.log", "stderr.log", ".stale"}  # what a fresh start leaves in place
 
 

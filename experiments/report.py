@@ -102,7 +102,11 @@ class Group:
 def train_score(progress: Path, last: int) -> tuple[float | None, int]:
     """Mean of the last ``last`` training episodes from progress.csv rows (each row's return_mean weighted by the
     episodes it covers); returns (score, episodes used)."""
-    rows = read_rows(progress)
+    return rows_score(read_rows(progress), last)
+
+
+def rows_score(rows: list[dict[str, str]], last: int) -> tuple[float | None, int]:
+    """``train_score`` over rows already read (``shared.progress.read_rows``), e.g. those up to some step."""
     chunks, prev = [], 0
     for r in rows:
         try:
