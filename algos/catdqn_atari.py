@@ -23,8 +23,6 @@ torch.Generator; make_network refuses --noisy and --dueling for a network that c
 (its dict: the row's logged statistics, a new key a new progress.csv column); the schedule in main.
 """
 
-from __future__ import annotations
-
 import sys
 from contextlib import closing
 from dataclasses import dataclass
@@ -48,15 +46,13 @@ from shared.atari import is_atari, make_atari_env
 from shared.cli import RunArgs, bad_args, check_replay_sizes, parse_args
 from shared.compiling import compiled
 from shared.device import to_host, upload
-from shared.envs import image_shape, make_envs
+from shared.envs import Episodes, image_shape, make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayPacer
 from shared.precision import autocast
 from shared.procs import SamplerProcess
 from shared.replay import ReplayBuffer, prefetch_on
 from shared.run import Run
-
-SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own name
 
 
 @dataclass
@@ -401,7 +397,7 @@ class EnvStepper:
         self.obs, info = envs.reset(seed=seed)
         self.final_row = np.zeros(args.num_envs, bool)  # this step only resets the env (next-step autoreset)
         self.lives = np.asarray(info.get("lives", np.zeros(args.num_envs)), np.int64)
-        self.ep_return, self.ep_length = np.zeros(args.num_envs), np.zeros(args.num_envs, np.int64)
+        self.episodes = Episodes(args.num_envs)  # each env's return and length so far
         self.rng = np.random.default_rng(seed)
 
     @torch.no_grad()
@@ -419,10 +415,7 @@ class EnvStepper:
         terminated = term | (life_lost & self.args.life_loss_terminal)
         episode_end = term | trunc
         row = Step(self.obs[None], action[None], train_r[None], terminated[None], trunc[None], episode_end[None])
-        self.ep_return += raw
-        self.ep_length += ~self.final_row
-        episodes = list(zip(self.ep_return[episode_end].tolist(), self.ep_length[episode_end].tolist()))
-        self.ep_return[episode_end], self.ep_length[episode_end] = 0.0, 0
+        episodes = self.episodes.step(raw, ~self.final_row, episode_end)  # [(return, length)] of those that ended
         self.obs = next_obs
         self.final_row = episode_end
         self.lives = lives
@@ -542,7 +535,7 @@ def make_replay(args: Args, run: Run) -> ReplayBuffer:
 
 def main() -> int:
     args = parse_args(Args, PRESETS, check_args)
-    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete)  # checks: device, --resume, spaces (exit 2)
+    run = Run(args, __file__, make_env, action_space=gym.spaces.Discrete)  # checks: device, --resume, spaces (exit 2)
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating("buffer_size", "n_atoms"):  # sizes this machine cannot hold: exit 2
         q_net, target_net, optimizer, noise = make_learner(args, run)
@@ -569,8 +562,7 @@ def main() -> int:
                 row, episodes = stepper.step(q_net, epsilons(args, global_step), run.device)
                 buffer.append(row)
                 global_step += args.num_envs * run.world  # the job's env steps: every rank steps as many
-                for ret, length in episodes:
-                    run.episode(ret, length, global_step)
+                run.episodes(episodes, global_step)
             else:  # the rows the sampler appended meanwhile (and its episodes); q_net is published to it when due
                 global_step, waits = sampler.exchange(run, q_net, updates)
             for _ in range(pacer.due(global_step, updates)):  # replay_ratio samples per env step

@@ -15,8 +15,6 @@ nn.Module whose forward(obs) takes observations [N, ...] as the env gives them a
 [N]; the loss in ppo_loss, whose stats dict is logged (a new key is a new progress.csv column); the schedule in main.
 """
 
-from __future__ import annotations
-
 import sys
 from collections import defaultdict
 from collections.abc import Callable
@@ -49,8 +47,6 @@ from shared.namedarraytuple import namedarraytuple
 from shared.precision import autocast
 from shared.procs import DoubleBuffer, SamplerProcess
 from shared.run import Run
-
-SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own name
 
 
 @dataclass
@@ -493,7 +489,7 @@ def act(policy: Policy, device: torch.device, obs, draws: Draws, mask: np.ndarra
 def main() -> int:
     args = parse_args(Args, PRESETS, check_args)
     batch = args.num_envs * args.num_steps  # a rank's rollout; --log-every counts rollouts
-    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete, iteration_steps=batch, dict_obs=True)
+    run = Run(args, __file__, make_env, action_space=gym.spaces.Discrete, iteration_steps=batch, dict_obs=True)
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating():  # sizes this machine cannot hold: exit 2
         agent, optimizer, generator = make_learner(args, run)

@@ -26,8 +26,6 @@ None), its log-probability and entropy, initial_state(B), obs_norm (observation 
 the loss in ppo_loss, whose stats dict is logged (a new key is a new progress.csv column); the schedule in main.
 """
 
-from __future__ import annotations
-
 import math
 import sys
 from collections import defaultdict
@@ -62,8 +60,6 @@ from shared.precision import autocast
 from shared.procs import DoubleBuffer, SamplerProcess
 from shared.rnn import lstm_rows
 from shared.run import Run
-
-SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own name
 
 
 @dataclass
@@ -654,9 +650,9 @@ def make_learner(args: Args, run: Run) -> tuple:
     """The agent (channels-last for images on a CPU or with --bf16; its observation statistics included), its optimiser,
     the minibatch order's generator and the statistics of the discounted return."""
     if not isinstance(run.act_space, (gym.spaces.Discrete, gym.spaces.Box)):
-        bad_args(f"--env-id {args.env_id}: {SCRIPT} needs Discrete or Box actions, got {run.act_space}")
+        bad_args(f"--env-id {args.env_id}: {run.script} needs Discrete or Box actions, got {run.act_space}")
     if not isinstance(run.obs_space, (gym.spaces.Box, gym.spaces.Dict)):
-        bad_args(f"--env-id {args.env_id}: {SCRIPT} needs Box or Dict observations, got {run.obs_space}")
+        bad_args(f"--env-id {args.env_id}: {run.script} needs Box or Dict observations, got {run.obs_space}")
     if is_dict(run.obs_space) and args.normalize_obs:
         bad_args(f"--env-id {args.env_id}: --normalize-obs applies to Box vectors, not Dict observations")
     try:
@@ -696,7 +692,7 @@ class EvalPolicy:
 def main() -> int:
     args = parse_args(Args, PRESETS, check_args)
     batch = args.num_envs * args.num_steps  # a rank's rollout; --log-every counts rollouts
-    run = Run(args, SCRIPT, make_env, iteration_steps=batch, dict_obs=True)
+    run = Run(args, __file__, make_env, iteration_steps=batch, dict_obs=True)
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating("hidden"):  # sizes this machine cannot hold: exit 2
         agent, optimizer, generator, return_norm = make_learner(args, run)

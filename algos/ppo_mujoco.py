@@ -25,8 +25,6 @@ forward(obs) takes raw observations [N, S] and returns the Gaussian mean [N, A],
 key is a new progress.csv column); the schedule in main.
 """
 
-from __future__ import annotations
-
 import math
 import sys
 from collections import defaultdict
@@ -57,8 +55,6 @@ from shared.normalize import RunningNorm
 from shared.precision import autocast
 from shared.procs import DoubleBuffer, SamplerProcess
 from shared.run import Run
-
-SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own name
 
 
 @dataclass
@@ -477,7 +473,7 @@ def act(policy: Policy, device: torch.device, obs: np.ndarray) -> np.ndarray:
 def main() -> int:
     args = parse_args(Args, PRESETS, check_args)
     batch = args.num_envs * args.num_steps  # a rank's rollout; --log-every counts rollouts
-    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Box, iteration_steps=batch)
+    run = Run(args, __file__, make_env, action_space=gym.spaces.Box, iteration_steps=batch)
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating("hidden"):  # sizes this machine cannot hold: exit 2
         agent, optimizer, generator, return_norm = make_learner(args, run)

@@ -20,8 +20,6 @@ state after the last row, and initial_state(B, device) the zero state; the loss 
 n_step_target; the acting policy of evaluation and --export in Policy; the schedule in main.
 """
 
-from __future__ import annotations
-
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,7 +42,7 @@ from shared.atari import is_atari, make_atari_env
 from shared.cli import RunArgs, bad_args, parse_args
 from shared.compiling import compiled
 from shared.device import to_host, upload
-from shared.envs import image_shape, make_envs, observe_only
+from shared.envs import Episodes, image_shape, make_envs, observe_only
 from shared.evaluation import Draws
 from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayPacer
@@ -52,8 +50,6 @@ from shared.procs import SamplerProcess
 from shared.replay import SequenceReplayBuffer, prefetch_on
 from shared.rnn import lstm_rows
 from shared.run import Run
-
-SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own name
 
 
 @dataclass
@@ -330,7 +326,7 @@ class EnvStepper:
         self.episode_start = np.ones(n, bool)  # this row starts an episode: zero state, previous action and reward
         self.prev_action, self.prev_reward = np.zeros(n, np.int64), np.zeros(n, np.float32)
         self.state = net.initial_state(n, next(net.parameters()).device)  # on the net's device from the start
-        self.ep_return, self.ep_length = np.zeros(n), np.zeros(n, np.int64)
+        self.episodes = Episodes(n)  # each env's return and length so far
         self.rng = np.random.default_rng(seed)
         self.eps = epsilons(n)
         self.rows, self.states = [], []  # the chunk being collected, its recurrent states apart (on the device)
@@ -353,11 +349,8 @@ class EnvStepper:
         self.rows.append(Row(self.obs, action, reward, term, trunc, prev_a, prev_r, None))
         self.states.append(state)
         self.history.append((q[np.arange(len(action)), action], q.max(1), reward, term, trunc, self.final_row))
-        self.ep_return += reward
-        self.ep_length += ~self.final_row
         episode_end = term | trunc
-        episodes = list(zip(self.ep_return[episode_end].tolist(), self.ep_length[episode_end].tolist()))
-        self.ep_return[episode_end], self.ep_length[episode_end] = 0.0, 0
+        episodes = self.episodes.step(reward, ~self.final_row, episode_end)  # [(return, length)] of those that ended
         self.state = new_state
         self.obs = next_obs
         self.episode_start = self.final_row  # the row after a final row starts an episode
@@ -553,7 +546,7 @@ class EvalPolicy:
 
 def main() -> int:
     args = parse_args(Args, PRESETS, check_args)
-    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Discrete)  # checks: device, --resume, spaces (exit 2)
+    run = Run(args, __file__, make_env, action_space=gym.spaces.Discrete)  # checks: device, --resume, spaces (exit 2)
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating("buffer_size", "hidden"):  # sizes this machine cannot hold: exit 2
         net, target_net, optimizer = make_learner(args, run)
@@ -590,12 +583,11 @@ def main() -> int:
                     buffer.append(chunk, priorities)
                 # the job's env steps: every rank steps as many
                 global_step += args.num_envs * run.world
-                for ret, length in episodes:
-                    run.episode(ret, length, global_step)
+                run.episodes(episodes, global_step)
                 in_replay = step0 + (buffer.cursor - rows0) * args.num_envs * run.world
             else:  # the chunks the sampler appended meanwhile; net is published to it when due
-                global_step = in_replay = sampler.poll(run, net, updates)
-                waits = sampler.waits()
+                global_step, waits = sampler.exchange(run, net, updates)
+                in_replay = global_step
             due = pacer.due(in_replay, updates) if len(buffer) >= args.batch_size else 0
             for _ in range(due):  # replay_ratio training rows per env step
                 beta = args.beta + (1.0 - args.beta) * min(in_replay / args.total_timesteps, 1.0)
@@ -622,10 +614,8 @@ def sampler_main(args: Args, buffer: SequenceReplayBuffer, link: AsyncReplay, pr
     stepper = EnvStepper(envs, args, net, distributed.env_seed(args.seed + step, args.num_envs))
     try:
         while step < args.total_timesteps:
-            proc.check()
-            if link.sampler_wait(step, args.max_lag_steps, chunk_steps=args.num_envs * args.rnn_state_interval):
-                continue
-            link.pull(net)
+            if not link.ready(proc, step, net, args.max_lag_steps, chunk_steps=args.num_envs * args.rnn_state_interval):
+                continue  # too far ahead of the learner
             chunk, priorities, episodes = stepper.step(net, torch.device("cpu"))
             if chunk is not None:
                 buffer.append(chunk, priorities)

@@ -17,8 +17,6 @@ critics, or of the first `first`); the losses in td3_critic_loss and td3_actor_l
 returns (a new key is a new progress.csv column); the evaluation and --export action in Policy; the schedule in main.
 """
 
-from __future__ import annotations
-
 import copy
 import math
 import sys
@@ -43,7 +41,7 @@ from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveFloat, Pos
 from shared.cli import RunArgs, check_replay_sizes, parse_args
 from shared.compiling import compiled
 from shared.device import to_host
-from shared.envs import make_envs
+from shared.envs import Episodes, make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import ObsNorm, upload_batch
 from shared.pacing import AsyncReplay, ReplayPacer
@@ -51,8 +49,6 @@ from shared.precision import autocast
 from shared.procs import SamplerProcess
 from shared.replay import ReplayBuffer
 from shared.run import Run
-
-SCRIPT = Path(__file__).stem  # a copy of this file labels its runs with its own name
 
 
 @dataclass
@@ -215,7 +211,7 @@ class EnvStepper:
         self.obs, _ = envs.reset(seed=seed)
         n = args.num_envs
         self.final_row = np.zeros(n, bool)  # this step only resets the env (next-step autoreset)
-        self.ep_return, self.ep_length = np.zeros(n), np.zeros(n, np.int64)
+        self.episodes = Episodes(n)  # each env's return and length so far
         self.rng = np.random.default_rng(seed)
         self.space = envs.single_action_space
 
@@ -233,11 +229,8 @@ class EnvStepper:
         next_obs, reward, term, trunc, _ = self.envs.step(scale_action(action, self.space.low, self.space.high))
         reward = np.where(self.final_row, 0.0, reward)
         row = Step(self.obs[None].astype(np.float32), action[None], reward[None].astype(np.float32), term[None], trunc[None])
-        self.ep_return += reward
-        self.ep_length += ~self.final_row
         episode_end = term | trunc
-        episodes = list(zip(self.ep_return[episode_end].tolist(), self.ep_length[episode_end].tolist()))
-        self.ep_return[episode_end], self.ep_length[episode_end] = 0.0, 0
+        episodes = self.episodes.step(reward, ~self.final_row, episode_end)  # [(return, length)] of those that ended
         self.obs, self.final_row = next_obs, episode_end
         return row, episodes
 
@@ -347,7 +340,7 @@ def act(policy: Policy, device: torch.device, obs: np.ndarray) -> np.ndarray:
 
 def main() -> int:
     args = parse_args(Args, PRESETS, check_replay_sizes)
-    run = Run(args, SCRIPT, make_env, action_space=gym.spaces.Box, bounded=True, stop_window=10)
+    run = Run(args, __file__, make_env, action_space=gym.spaces.Box, bounded=True, stop_window=10)
     run.setup()  # this process: TF32, Ctrl-C/SIGTERM, the torchrun job, cores, seeds
     with run.allocating("buffer_size", "hidden"):  # sizes this machine cannot hold: exit 2
         actor, target_actor, critics, target_critics, optimizers, obs_norm = make_learner(args, run)
@@ -375,11 +368,9 @@ def main() -> int:
                 row, episodes = stepper.step(actor, pacer.warming_up(global_step), run.device)
                 buffer.append(row)
                 global_step += args.num_envs * run.world  # the job's env steps: every rank steps as many
-                for ret, length in episodes:
-                    run.episode(ret, length, global_step)
+                run.episodes(episodes, global_step)
             else:  # the rows the sampler appended meanwhile; actor is published to it when due
-                global_step = sampler.poll(run, actor, updates)
-                waits = sampler.waits()
+                global_step, waits = sampler.exchange(run, actor, updates)
             for _ in range(pacer.due(global_step, updates)):  # replay_ratio samples per env step
                 batch, _ = buffer.sample(args.batch_size)  # [N, ...]
                 updates += 1
@@ -407,10 +398,8 @@ def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: Asyn
     actor = Actor(int(np.prod(envs.single_observation_space.shape)), int(np.prod(stepper.space.shape)), args.hidden)
     try:
         while step < args.total_timesteps:
-            proc.check()
-            if link.sampler_wait(step, args.max_lag_steps):
+            if not link.ready(proc, step, actor, args.max_lag_steps):  # too far ahead of the learner
                 continue
-            link.pull(actor)
             row, episodes = stepper.step(actor, link.pacer.warming_up(step), torch.device("cpu"))
             buffer.append(row)
             step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's

@@ -25,6 +25,9 @@ Guarantees
   MaskablePPO's and PettingZoo's masks, passed through ``info``); every action where an env gives none and on a
   final row (its action is ignored: it only resets the env). A mask that allows no action raises ValueError
   naming the env.
+- ``Episodes(n_envs).step(reward, counted, ended)``: each env's running return (float64) and length; returns
+  ``[(return, length)]`` of the envs whose episode ended at this step, in env order, and starts their tallies again.
+  A step with ``counted`` False (a final row that only resets the env) adds its reward but not to the length.
 - ``observe_only(env, indices)``: ``env`` whose observations are only the given entries of its ``Box`` (the memory
   tasks: CartPole without velocities); ``ValueError`` with a readable reason when they do not fit (``env`` is
   closed then).
@@ -43,8 +46,8 @@ import numpy as np
 from shared import signals
 from shared.atari import is_atari, make_atari_env, make_atari_vector_env
 
-__all__ = ["MIN_IMAGE_SIDE", "action_mask", "close_envs", "image_shape", "make_envs", "observe_only", "probe_spaces",
-           "standard_atari", "vector_env"]
+__all__ = ["MIN_IMAGE_SIDE", "Episodes", "action_mask", "close_envs", "image_shape", "make_envs", "observe_only",
+           "probe_spaces", "standard_atari", "vector_env"]
 
 MIN_IMAGE_SIDE = 36  # the Nature CNN's three convolutions (8/4, 4/2, 3/1) need at least this many pixels a side
 
@@ -139,6 +142,21 @@ def action_mask(info: dict, final_row: Any, n_actions: int) -> np.ndarray:
     if len(empty):
         raise ValueError(f"env {int(empty[0])}: its action mask allows no action")
     return mask
+
+
+class Episodes:
+    """Each env's return and length so far, and the episodes that end: the bookkeeping every sampler keeps."""
+
+    def __init__(self, n_envs: int):
+        self.ret, self.length = np.zeros(n_envs), np.zeros(n_envs, np.int64)
+
+    def step(self, reward: np.ndarray, counted: np.ndarray, ended: np.ndarray) -> list[tuple[float, int]]:
+        """Add one step of every env (``reward``, ``counted``, ``ended``: [B]); [(return, length)] of those that ended."""
+        self.ret += reward
+        self.length += counted
+        episodes = list(zip(self.ret[ended].tolist(), self.length[ended].tolist()))
+        self.ret[ended], self.length[ended] = 0.0, 0
+        return episodes
 
 
 def observe_only(env: gym.Env, indices: tuple[int, ...]) -> gym.Env:

@@ -77,7 +77,7 @@ import re
 import sys
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -160,11 +160,12 @@ class Run:
                  dict_obs: bool = False):
         import gymnasium as gym
 
-        self.args, self.script, self.make_env, self.stop_window = args, script, make_env, stop_window
+        # the script's __file__ (or its name): a copy of a script labels its runs with its own file name
+        self.args, self.script, self.make_env, self.stop_window = args, Path(script).stem, make_env, stop_window
         self.device = resolve_device(args.device, getattr(args, "bf16", False))
         self.resumed, ckpt_file = checkpoint.load(args.resume, args.env_id) if args.resume else (None, None)
         self.path = ckpt_file.parent if ckpt_file is not None else \
-            Path(args.out_dir) / (args.run_name or f"{args.env_id}__{script}__{args.seed}__{int(time.time())}")
+            Path(args.out_dir) / (args.run_name or f"{args.env_id}__{self.script}__{args.seed}__{int(time.time())}")
         try:
             self.obs_space, self.act_space = probe_spaces(make_env(args))
         except (ValueError, IndexError) as e:
@@ -176,9 +177,9 @@ class Run:
                                              and np.all(np.isfinite(self.act_space.high)))):
                 kind = "discrete (Discrete)" if action_space is gym.spaces.Discrete else \
                     f"{'bounded ' if bounded else ''}continuous (Box)"
-                bad_args(f"--env-id {args.env_id}: {script} needs a {kind} action space, got {self.act_space}")
+                bad_args(f"--env-id {args.env_id}: {self.script} needs a {kind} action space, got {self.act_space}")
         if isinstance(self.obs_space, gym.spaces.Dict) and not dict_obs:
-            bad_args(f"--env-id {args.env_id}: {script} needs a Box observation space, got a Dict "
+            bad_args(f"--env-id {args.env_id}: {self.script} needs a Box observation space, got a Dict "
                      f"({', '.join(self.obs_space.spaces)}); ppo_atari.py, a2c_atari.py and ppo_lstm.py take Dict "
                      "observations")
         if iteration_steps:  # the rollout's observations alone, before a network or a sampler is made
@@ -341,6 +342,11 @@ class Run:
     def episode(self, ret: float, length: int, global_step: int) -> None:
         """Record one finished episode (its true, unclipped return)."""
         self.progress.episode(ret, length, global_step)
+
+    def episodes(self, episodes: Iterable[tuple[float, int]], global_step: int) -> None:
+        """Record the finished episodes [(return, length)] of one step."""
+        for ret, length in episodes:
+            self.progress.episode(ret, length, global_step)
 
     def periodic(self, global_step: int, **values: Any) -> bool:
         """Rows, evaluation and checkpoints when due; True when ``--stop-at-return`` is reached."""
