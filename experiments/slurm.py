@@ -18,6 +18,9 @@ Guarantees
   recording an exit is failed (interrupted after a signal).
 - The jobs import this module by name (``experiments.slurm``): the repository root is put on their
   ``PYTHONPATH``.
+- ``submit_workers`` (``experiments/tune.py --slurm --workers N``): N jobs, each one tune process (``TuneWorker``)
+  with its node's slots, all on one study's storage; a worker's timeout SIGTERMs its tune process (its trials go
+  back to the study's queue) and requeues the job.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from experiments.process import kill_session, pid_runs, start_process
 from experiments.records import EXIT_INTERRUPTED, begin_attempt, end_attempt, now, read_json, write_json
 from experiments.status import write_status
 
-__all__ = ["SlurmRun", "slurm_alive", "submit"]
+__all__ = ["SlurmRun", "TuneWorker", "slurm_alive", "submit", "submit_workers"]
 
 try:
     from submitit.helpers import Checkpointable as _Checkpointable
@@ -213,3 +216,110 @@ def submit(a: argparse.Namespace, todo: list[Trial], runs: list[Trial], records:
         records[r.rel] = rec
     write_status(runs, records)
     return EXIT_INTERRUPTED if stopped is not None else -1  # -1: summarise
+
+
+# ---------------------------------------------------------------------------------------------- tune workers
+
+
+class TuneWorker(_Checkpointable):
+    """One ``experiments/tune.py`` process as a job (``tune.py --slurm --workers N``): the tune process runs on
+    the job's node with that node's slots, sharing the study's storage with the other workers. On submitit's
+    timeout signal it gets SIGTERM (its runs checkpoint, its trials go back to the study's queue) and the job
+    requeues itself; the requeued worker takes the trials up again. It fails (for submitit) unless the tune
+    process exits 0."""
+
+    stop_timeout = 300.0
+
+    def __call__(self, spec: dict) -> int:
+        job = os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID") or str(os.getpid())
+        folder = Path(spec["root"]) / ".workers" / job
+        folder.mkdir(parents=True, exist_ok=True)
+        self._proc = start_process(spec["command"], folder, dict(os.environ, PYTHONUNBUFFERED="1"))
+        try:
+            while self._proc.poll() is None:
+                time.sleep(0.5)
+        except KeyboardInterrupt:  # the local executor's cancel
+            self._terminate()
+            raise
+        finally:
+            kill_session(self._proc.pid)
+        if self._proc.returncode != 0:
+            raise RuntimeError(f"tune worker exit {self._proc.returncode} (see {folder}/stderr.log)")
+        return 0
+
+    def _terminate(self) -> None:
+        proc = getattr(self, "_proc", None)
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        deadline = time.time() + self.stop_timeout
+        while proc.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        kill_session(proc.pid)
+        proc.wait()
+
+    def checkpoint(self, spec: dict):  # submitit: on the timeout (USR2) signal, before requeuing
+        import submitit
+
+        self._terminate()
+        return submitit.helpers.DelayedSubmission(TuneWorker(), spec)
+
+    def __getstate__(self) -> dict:  # a Popen does not pickle
+        return {}
+
+
+def submit_workers(a: argparse.Namespace, command: list[str], root: Path) -> int:
+    """``a.workers`` jobs each running ``command`` (the tune without its SLURM options) with ``a.cpus_per_worker``
+    CPUs; with ``--cluster local`` or ``--wait``: waits for them (Ctrl-C/SIGTERM cancels them: each tune process
+    stops its runs and re-queues its trials) and returns 0 when every worker exited 0, else 1."""
+    try:
+        import submitit
+    except ImportError:
+        raise LaunchError("--slurm needs submitit (pip install -r requirements.txt)") from None
+    executor = submitit.AutoExecutor(folder=root / ".submitit" / "%j", cluster=None if a.cluster == "auto" else a.cluster)
+    extra = dict(kv.split("=", 1) for kv in a.slurm_param)
+    params: dict[str, Any] = dict(timeout_min=a.time, cpus_per_task=a.cpus_per_worker or a.cores_per_run, nodes=1,
+                                  tasks_per_node=1, name=f"tune-{root.name}", slurm_array_parallelism=a.workers,
+                                  slurm_additional_parameters={"requeue": True, **extra})
+    if a.gpus_per_worker:
+        params["gpus_per_node"] = a.gpus_per_worker
+    if a.partition:
+        params["slurm_partition"] = a.partition
+    if a.mem_gb:
+        params["mem_gb"] = a.mem_gb
+    executor.update_parameters(**params)
+    root.mkdir(parents=True, exist_ok=True)
+    jobs = executor.map_array(job_fn_tune(), [{"root": str(root), "command": command}] * a.workers)
+    print(f"{len(jobs)} tune worker(s) submitted ({executor.cluster}): {', '.join(j.job_id for j in jobs)}; logs in "
+          f"{root}/.workers/", flush=True)
+    if not (a.wait or executor.cluster in ("local", "debug")):
+        return 0
+    stopped = None
+
+    def on_signal(signum, frame):
+        nonlocal stopped
+        stopped = signum
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while not all(j.done() for j in jobs) and stopped is None:
+            time.sleep(0.5)
+        if stopped is not None:
+            for j in jobs:
+                with contextlib.suppress(Exception):
+                    j.cancel(check=False)
+            deadline = time.time() + a.stop_timeout + 30
+            while not all(j.done() for j in jobs) and time.time() < deadline:
+                time.sleep(0.5)
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+    if stopped is not None:
+        return EXIT_INTERRUPTED
+    failed = [j.job_id for j in jobs if j.state not in ("COMPLETED", "FINISHED") and j.exception() is not None]
+    return 1 if failed else 0
+
+
+def job_fn_tune() -> TuneWorker:
+    job_fn()  # the repository root on PYTHONPATH, as for the runs' jobs
+    return TuneWorker()

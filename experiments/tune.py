@@ -801,9 +801,9 @@ class Tune:
 
     def on_ended(self, run: Trial, state: str) -> None:
         tr = self.by_run[run.rel]
-        if tr.state == "pruning":
+        if tr.state in ("pruning", "pruned"):  # runs ending together: the trial may be told pruned at the first
             self.mark_pruned(run)
-            if not self.children_of(tr):
+            if tr.state == "pruning" and not self.children_of(tr):
                 self.finish_pruned(tr)
             return
         if tr.state != "running":
@@ -1205,6 +1205,25 @@ def dry_run(st: Setup, a: argparse.Namespace) -> int:
     return 0
 
 
+SLURM_OPTIONS = {"--workers": 1, "--cluster": 1, "--partition": 1, "--time": 1, "--cpus-per-worker": 1,
+                 "--gpus-per-worker": 1, "--mem-gb": 1, "--slurm-param": 1, "--slurm": 0, "--wait": 0}
+
+
+def worker_command(argv: list[str], tail: list[str]) -> list[str]:
+    """This tune's command line without its SLURM options: what each worker job runs (paths made absolute)."""
+    out, i = [], 0
+    while i < len(argv):
+        name = argv[i].split("=", 1)[0]
+        if name in SLURM_OPTIONS:
+            i += 1 + (SLURM_OPTIONS[name] if "=" not in argv[i] else 0)
+            continue
+        out.append(argv[i])
+        i += 1
+    if out and not out[0].startswith("-"):  # the root, relative to this directory
+        out[0] = str(Path(out[0]).resolve())
+    return [sys.executable, str(Path(__file__).resolve()), *out, "--plain", *(["--", *tail] if tail else [])]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     tail: list[str] = []
@@ -1229,7 +1248,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if a.slurm:
             from experiments.slurm import submit_workers
 
-            return submit_workers(a, argv, tail, st.root)
+            return submit_workers(a, worker_command(argv, tail), st.root)
         return Tune(st, a).run()
     except LaunchError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
