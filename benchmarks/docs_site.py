@@ -153,7 +153,7 @@ def table(header: list[str], rows: list[list[str]]) -> str:
 
 
 def num(x: float, digits: int = 1) -> str:
-    return "-" if x != x else f"{x:,.{digits}f}"
+    return "-" if x != x else f"{x:.{digits}f}"
 
 
 # ------------------------------------------------------------------------------------- a script's structure
@@ -269,13 +269,16 @@ def about_markdown(name: str, s: dict) -> str:
 def structure_markdown(name: str, s: dict) -> str:
     out = [f"Read top to bottom, `algos/{name}.py` is these sections, in this order (its section markers, "
            "`# ---- name`), each with the functions and classes it defines:\n"]
-    rows = []
+    rows, previous = [], None
     for e in s["entries"]:
         what = escape(e.summary, table=True)
         if e.members:
             what += (" " if what else "") + "Methods: " + ", ".join(f"`{m}`" for m in e.members) + "."
-        rows.append([escape(e.section, True), f"`{e.name}`", e.kind, str(e.line), what])
-    out.append(table(["section", "name", "kind", "line", "what it is (its docstring's first sentence)"], rows))
+        section = f"**{escape(e.section, True)}**" if e.section != previous else ""
+        previous = e.section
+        kind = {"class": "class ", "function": "", "value": ""}[e.kind]
+        rows.append([section, f"{kind}`{e.name}`<br>line {e.line}", what])
+    out.append(table(["section", "name", "what it is (its docstring's first sentence)"], rows))
     defined = {e.name for e in s["entries"]}
     flags = s["args"]
     start, end, body = s["main"]
@@ -296,6 +299,9 @@ def structure_markdown(name: str, s: dict) -> str:
                        "<br>".join(f"`{x}`" for x in st) or "none"] for p, c, st in s["presets"]]))
     logged = ", ".join(f"`{k}`" for k in s["stats"])
     extra = ", ".join(f"`{k}`" for k in s["periodic"])
+    if "**waits" in s["periodic"]:
+        extra += (" (`waits`: `wait_s` and `sampler_wait_s`, the seconds the learner and the sampler waited for each "
+                  "other in async mode and under torchrun, `shared/pacing.py`)")
     out.append("\n#### What a progress row logs\n\nEvery row of `progress.csv` (and the TensorBoard scalars) starts "
                "with " + ", ".join(f"`{c}`" for c in BASE_COLUMNS) + f"; this script adds the statistics its "
                f"losses return, {logged}, and what `main` passes to `run.periodic`: {extra} (read from the source).\n")
@@ -390,9 +396,11 @@ def quote(prefix: str, bullets: tuple[str, ...] = (), rows: tuple[str, ...] = ()
                 raise KeyError(f"notebook section {title!r}: no table row contains any of {rows}")
             body = "\n\n".join(kept) + "\n"
         anchor = slugify(title.replace("`", ""), "-")
-        head = "#" * level + f" {escape(title)}\n\n" if level else ""
-        note = (f"*From the lab notebook, [{escape(title)}](../results/notebook.md#{anchor})"
-                f"{' (the rows of this script)' if rows else ''}{' (excerpt)' if bullets else ''}:*\n\n")
+        short, _, command = title.partition(" (`")  # the heading without its command, which the note gives
+        head = "#" * level + f" {escape(short)}\n\n" if level else ""
+        command = f" (`{command}" if command else ""
+        note = (f"From [the lab notebook](../results/notebook.md#{anchor}){command}"
+                f"{', the rows of this script' if rows else ''}{', an excerpt' if bullets else ''}:\n\n")
         return head + note + demote(fix_images(body.strip(), ctx.images), level - 2 if level else 2) + "\n"
 
     return block
