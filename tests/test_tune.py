@@ -112,6 +112,12 @@ def ppo_fields():
 ])
 def test_search_strings_are_checked_against_the_scripts_args(ppo_fields, monkeypatch, tmp_path, capsys, item, message):
     monkeypatch.setattr(tune, "script_fields", lambda path: ppo_fields)
+
+    def started(*_):
+        raise AssertionError(f"{item}: the tune started, the search was not refused")
+
+    monkeypatch.setattr(tune, "Tune", started)
+    monkeypatch.setattr(tune, "dry_run", started)
     root = tmp_path / "tune"
     code = tune.main([str(root), "--script", "ppo_atari", "--seeds", "1", "--trials", "2", "--search", item,
                       "--", "--clip-coef", "0.2"])
