@@ -46,7 +46,7 @@ from shared.atari import is_atari, make_atari_env
 from shared.cli import RunArgs, bad_args, check_replay_sizes, parse_args
 from shared.compiling import compiled
 from shared.device import to_host, upload
-from shared.envs import Episodes, image_shape, make_envs
+from shared.envs import EpisodeTally, image_shape, make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayPacer
 from shared.precision import autocast
@@ -397,7 +397,7 @@ class EnvStepper:
         self.obs, info = envs.reset(seed=seed)
         self.final_row = np.zeros(args.num_envs, bool)  # this step only resets the env (next-step autoreset)
         self.lives = np.asarray(info.get("lives", np.zeros(args.num_envs)), np.int64)
-        self.episodes = Episodes(args.num_envs)  # each env's return and length so far
+        self.episodes = EpisodeTally(args.num_envs)  # each env's return and length so far
         self.rng = np.random.default_rng(seed)
 
     @torch.no_grad()

@@ -42,7 +42,7 @@ from shared.atari import is_atari, make_atari_env
 from shared.cli import RunArgs, bad_args, parse_args
 from shared.compiling import compiled
 from shared.device import to_host, upload
-from shared.envs import Episodes, image_shape, make_envs, observe_only
+from shared.envs import EpisodeTally, image_shape, make_envs, observe_only
 from shared.evaluation import Draws
 from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayPacer
@@ -326,7 +326,7 @@ class EnvStepper:
         self.episode_start = np.ones(n, bool)  # this row starts an episode: zero state, previous action and reward
         self.prev_action, self.prev_reward = np.zeros(n, np.int64), np.zeros(n, np.float32)
         self.state = net.initial_state(n, next(net.parameters()).device)  # on the net's device from the start
-        self.episodes = Episodes(n)  # each env's return and length so far
+        self.episodes = EpisodeTally(n)  # each env's return and length so far
         self.rng = np.random.default_rng(seed)
         self.eps = epsilons(n)
         self.rows, self.states = [], []  # the chunk being collected, its recurrent states apart (on the device)

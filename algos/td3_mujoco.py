@@ -41,7 +41,7 @@ from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveFloat, Pos
 from shared.cli import RunArgs, check_replay_sizes, parse_args
 from shared.compiling import compiled
 from shared.device import to_host
-from shared.envs import Episodes, make_envs
+from shared.envs import EpisodeTally, make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import ObsNorm, upload_batch
 from shared.pacing import AsyncReplay, ReplayPacer
@@ -211,7 +211,7 @@ class EnvStepper:
         self.obs, _ = envs.reset(seed=seed)
         n = args.num_envs
         self.final_row = np.zeros(n, bool)  # this step only resets the env (next-step autoreset)
-        self.episodes = Episodes(n)  # each env's return and length so far
+        self.episodes = EpisodeTally(n)  # each env's return and length so far
         self.rng = np.random.default_rng(seed)
         self.space = envs.single_action_space
 

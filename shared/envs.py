@@ -25,7 +25,7 @@ Guarantees
   MaskablePPO's and PettingZoo's masks, passed through ``info``); every action where an env gives none and on a
   final row (its action is ignored: it only resets the env). A mask that allows no action raises ValueError
   naming the env.
-- ``Episodes(n_envs).step(reward, counted, ended)``: each env's running return (float64) and length; returns
+- ``EpisodeTally(n_envs).step(reward, counted, ended)``: each env's running return (float64) and length; returns
   ``[(return, length)]`` of the envs whose episode ended at this step, in env order, and starts their tallies again.
   A step with ``counted`` False (a final row that only resets the env) adds its reward but not to the length.
 - ``observe_only(env, indices)``: ``env`` whose observations are only the given entries of its ``Box`` (the memory
@@ -46,7 +46,7 @@ import numpy as np
 from shared import signals
 from shared.atari import is_atari, make_atari_env, make_atari_vector_env
 
-__all__ = ["MIN_IMAGE_SIDE", "Episodes", "action_mask", "close_envs", "image_shape", "make_envs", "observe_only",
+__all__ = ["MIN_IMAGE_SIDE", "EpisodeTally", "action_mask", "close_envs", "image_shape", "make_envs", "observe_only",
            "probe_spaces", "standard_atari", "vector_env"]
 
 MIN_IMAGE_SIDE = 36  # the Nature CNN's three convolutions (8/4, 4/2, 3/1) need at least this many pixels a side
@@ -144,7 +144,7 @@ def action_mask(info: dict, final_row: Any, n_actions: int) -> np.ndarray:
     return mask
 
 
-class Episodes:
+class EpisodeTally:
     """Each env's return and length so far, and the episodes that end: the bookkeeping every sampler keeps."""
 
     def __init__(self, n_envs: int):

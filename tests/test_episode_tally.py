@@ -1,4 +1,4 @@
-"""shared.envs.Episodes against a per-env loop: the returns and lengths the replay scripts' samplers record."""
+"""shared.envs.EpisodeTally against a per-env loop: the returns and lengths the replay scripts' samplers record."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.envs import Episodes
+from shared.envs import EpisodeTally
 
 
 def reference(rewards, counted, ended):
@@ -32,7 +32,7 @@ def reference(rewards, counted, ended):
     min_size=1, max_size=30)))
 def test_episodes_match_a_per_env_loop(steps):
     rewards, counted, ended = zip(*steps)
-    tally = Episodes(len(rewards[0]))
+    tally = EpisodeTally(len(rewards[0]))
     got = [tally.step(np.array(r), np.array(c), np.array(e)) for r, c, e in zip(rewards, counted, ended)]
     want = reference(rewards, counted, ended)
     assert [[length for _, length in s] for s in got] == [[length for _, length in s] for s in want]
@@ -42,7 +42,7 @@ def test_episodes_match_a_per_env_loop(steps):
 
 
 def test_a_final_row_adds_its_reward_but_not_a_step():
-    tally = Episodes(2)
+    tally = EpisodeTally(2)
     assert tally.step(np.array([1.0, 2.0]), np.array([True, True]), np.array([False, True])) == [(2.0, 1)]
     # env 1's next step only resets it (a final row): its reward is 0 and it is not counted
     assert tally.step(np.array([3.0, 0.0]), np.array([True, False]), np.array([True, False])) == [(4.0, 2)]
