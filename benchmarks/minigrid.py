@@ -80,7 +80,7 @@ def ours_flags() -> list[str]:
         str(z["gae_lambda"]),
         "--ent-coef",
         str(z["ent_coef"]),
-        # the evaluation policy (act) takes Box observations until it is converted: training returns only
+        # training returns only, the figure SB3's Monitor gives (the evaluation takes Dict observations too)
         "--eval-episodes",
         "0",
     ]

@@ -9,6 +9,13 @@ Guarantees
   (``shared.argtypes``: ``PositiveInt``, ``Fraction``, ...), every float finite, the checks every run needs
   (``check_common``), and the script's own ``check(args)`` for what relates fields to each other
   (``check_replay_sizes`` for a transition replay's sizes).
+- ``--resume RUN`` starts from the flags RUN last trained with (``args`` of its newest ``config.json`` or
+  ``config.resume-N.json``; ``recorded_flags``): they are the defaults, a flag given overrides one. A flag in
+  ``RESUME_MAY_CHANGE`` (how long, where and how the run runs, logs, checkpoints and evaluates) may differ from the
+  recorded value; any other that differs (the env, the network, the algorithm's settings, the seed, the preset)
+  exits 2 naming the flag, the recorded and the given value, before anything is written. ``resume_changes(args)``
+  lists the flags that differ, for the banner and the resumed run's config. A run folder with no recorded flags
+  (made before they were recorded) resumes with the flags given, as before, after one line saying so.
 - ``resolve_device`` turns ``auto|cpu|cuda|cuda:N`` into a device (under torchrun, ``cuda`` is the local rank's
   GPU); a device that does not exist, or one explicit GPU index for several ranks on one machine, exits 2.
 - Memory: what a run allocates is checked against the memory left where it is allocated (``shared.buffer``),
@@ -21,6 +28,7 @@ import contextlib
 import dataclasses
 import importlib
 import io
+import json
 import math
 import os
 import sys
@@ -32,9 +40,19 @@ from typing import Annotated, Any, NoReturn
 from shared.argtypes import NonNegFloat, NonNegInt, Range
 from shared.precision import cpu_has_bf16
 
-__all__ = ["RunArgs", "bad_args", "check_common", "check_replay_sizes", "parse_args", "resolve_device"]
+__all__ = ["RESUME_MAY_CHANGE", "RunArgs", "bad_args", "check_common", "check_replay_sizes", "parse_args",
+           "recorded_flags", "resolve_device", "resume_changes"]
 
 EXIT_BAD_ARGS = 2
+
+# The flags a resumed run (training, --eval-only or --export) may change: how long it trains, where and on what it
+# runs, how it samples (the same algorithm in every mode), logs, checkpoints and evaluates. Every other flag is the
+# run's own: the env, the networks, the replay, the algorithm's settings, the seed and the preset.
+RESUME_MAY_CHANGE = frozenset({
+    "resume", "out_dir", "run_name", "total_timesteps", "log_every", "checkpoint_every", "checkpoint_minutes",
+    "eval_episodes", "eval_envs", "eval_every", "eval_epsilon", "eval_only", "export", "capture_video",
+    "stop_at_return", "device", "sampler", "max_lag_steps", "compile", "bf16", "save_replay", "track",
+    "wandb_project_name", "wandb_entity"})
 
 
 def bad_args(message: str) -> NoReturn:
@@ -70,8 +88,9 @@ class RunArgs:
     game, episode i seeded with seed + 100,000 + i: on Atari up to 27k agent steps, on MuJoCo 1,000 steps"""
     eval_envs: Annotated[int, Range(ge=1, le=256)] = 16
     """envs that play the evaluation episodes at once, one batched forward pass per step (Atari: the games step
-    in one worker process per usable CPU, only the envs with an episode left stepping); an episode's return does
-    not depend on it"""
+    in one worker process per usable CPU, only the envs with an episode left stepping); every M plays the same
+    episodes (seeds, random draws), but a batch of another size may round the network's output differently in the
+    last bits: continuous-action returns then differ by about 1e-5, a greedy action only where two values tie"""
     eval_every: NonNegInt = 0
     """global env steps between evaluations during training, in envs of their own (0: none)"""
     eval_only: bool = False
@@ -120,18 +139,28 @@ def check_declared(args: Any) -> None:
 
 def parse_args(cls: type, presets: dict[str, Any] | None = None, check: typing.Callable[[Any], None] | None = None,
                ) -> Any:
-    """``tyro.cli(cls)`` with presets, one-line errors and every check (see the module docstring)."""
+    """``tyro.cli(cls)`` with presets, a resumed run's recorded flags, one-line errors and every check (see the
+    module docstring)."""
     import tyro
 
-    default = None
-    if presets:
-        argv, name = sys.argv[1:], next(iter(presets))
-        for i, a in enumerate(argv):
-            if a == "--preset" and i + 1 < len(argv):
-                name = argv[i + 1]
-            elif a.startswith("--preset="):
-                name = a.split("=", 1)[1]
-        default = presets.get(name)  # an unknown name: tyro names the choices below
+    argv = sys.argv[1:]
+    presets = presets or {}
+    resume = _given(argv, "--resume")
+    config = _recorded_config(resume) if resume else None
+    recorded = None if config is None else config["args"]
+    if recorded is not None:  # the run's own flags are the defaults; the preset is among them
+        script = Path(getattr(sys.modules.get(cls.__module__), "__file__", None) or "?").stem
+        theirs = config.get("script", script)
+        if theirs != script and set(recorded) != {f.name for f in dataclasses.fields(cls)}:  # not a copy of this one
+            bad_args(f"--resume {resume}: the checkpoint was written by {theirs}, not {script}")
+        if "--eval-only" in argv and not recorded.get("eval_episodes"):  # trained without a final evaluation
+            recorded = {**recorded, "eval_episodes": RunArgs.eval_episodes}
+        default = _defaults_from(cls, presets, recorded)
+    else:
+        if resume and Path(resume).exists():
+            print(f"note: --resume {resume}: the run folder records no flags (it was made before they were): the "
+                  f"flags given here are used, so give the ones it was started with", file=sys.stderr, flush=True)
+        default = presets.get(_given(argv, "--preset") or next(iter(presets), ""))  # an unknown name: tyro says
     captured = io.StringIO()
     try:
         with contextlib.redirect_stderr(captured):
@@ -140,11 +169,80 @@ def parse_args(cls: type, presets: dict[str, Any] | None = None, check: typing.C
         if e.code in (0, None):
             raise
         bad_args(_first_paragraph(captured.getvalue()))
+    if recorded is not None:
+        for name, (was, now) in resume_changes(args).items():
+            if name not in RESUME_MAY_CHANGE:
+                bad_args(f"--resume {resume}: {_flag(name)} is the run's own setting ({was!r} there, {now!r} given); "
+                         f"a resumed run may change only how long, where and how it runs, logs and evaluates "
+                         f"(docs/contract.md)")
     check_declared(args)
     check_common(args)
     if check is not None:
         check(args)
     return args
+
+
+# What a command does with the run, not a setting of it: never reported as a change (the run folder is --resume's).
+_WHAT_TO_DO = {"resume", "out_dir", "run_name", "eval_only", "export"}
+
+
+def _given(argv: list[str], flag: str) -> str | None:
+    """The value of ``flag`` on the command line (``--flag V`` or ``--flag=V``; the last one), else None."""
+    value = None
+    for i, a in enumerate(argv):
+        if a == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif a.startswith(flag + "="):
+            value = a.split("=", 1)[1]
+    return value
+
+
+def recorded_flags(resume: str) -> dict[str, Any] | None:
+    """The flags the run at ``resume`` (its folder or checkpoint file) last trained with, as its newest config file
+    records them (``config.resume-N.json`` of the latest resume, else ``config.json``); None when it records none
+    (a folder made before they were recorded, or no folder there: ``--resume`` then says what is missing)."""
+    config = _recorded_config(resume)
+    return None if config is None else config["args"]
+
+
+def _recorded_config(resume: str) -> dict[str, Any] | None:
+    folder = Path(resume) if Path(resume).is_dir() else Path(resume).parent
+    step = lambda p: int(p.stem.rsplit("-", 1)[1]) if p.stem.rsplit("-", 1)[1].isdigit() else -1
+    for file in [*sorted(folder.glob("config.resume-*.json"), key=step, reverse=True), folder / "config.json"]:
+        try:
+            config = json.loads(file.read_text())
+        except (OSError, ValueError):
+            continue
+        if isinstance(config, dict) and isinstance(config.get("args"), dict):
+            return config
+    return None
+
+
+def _defaults_from(cls: type, presets: dict[str, Any], recorded: dict[str, Any]) -> Any:
+    """An instance of ``cls`` holding the recorded flags, on top of the recorded preset (or the defaults) for a
+    flag the run did not record (one added since); a recorded flag this script does not have is named and left."""
+    base = presets.get(recorded.get("preset")) or next(iter(presets.values()), None) or cls()
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(recorded) - names)
+    if unknown:
+        print(f"warning: --resume: the run records flags this script does not have, left out: "
+              f"{', '.join(map(_flag, unknown))}", file=sys.stderr, flush=True)
+    values = {}
+    for name in names & set(recorded):
+        value = recorded[name]  # JSON: a tuple was written as a list
+        values[name] = tuple(value) if isinstance(getattr(base, name), tuple) and isinstance(value, list) else value
+    return dataclasses.replace(base, **values)
+
+
+def resume_changes(args: Any) -> dict[str, tuple[Any, Any]]:
+    """The settings of ``args`` whose value differs from the run ``args.resume`` recorded: name -> (recorded, now);
+    ``--resume``, ``--eval-only``, ``--export`` and the run folder's flags are what the command does, not settings.
+    Empty for a new run and for a run that records no flags. Compared as JSON holds them (a tuple as a list)."""
+    recorded = recorded_flags(args.resume) if getattr(args, "resume", "") else None
+    if recorded is None:
+        return {}
+    now = json.loads(json.dumps(dataclasses.asdict(args), default=str))
+    return {k: (recorded[k], v) for k, v in now.items() if k in recorded and recorded[k] != v and k not in _WHAT_TO_DO}
 
 
 def _first_paragraph(text: str) -> str:

@@ -38,7 +38,10 @@ Guarantees
   ``state_dict``; one given as None is left out: a part only some flags build) is loaded from the checkpoint
   (exit 2 if it does not fit), and with ``--save-replay`` the replay too; every rank gets rank 0's parameters
   and then a random stream of its own; the run folder is created (``config.json``, ``progress.csv``,
-  TensorBoard: ``shared.progress``). Returns the ``Start``.
+  TensorBoard: ``shared.progress``; a resumed run's ``config.resume-N.json`` says under ``resumed`` whether its
+  flags came from the run folder and which were changed). One line says what the command does (the steps it
+  trains, or the checkpoint it evaluates or exports), and for a resumed run one more the changed flags. Returns
+  the ``Start``.
 - ``periodic(global_step, **values)``, once per loop iteration: an evaluation every ``--eval-every`` steps (its
   mean goes into the next row as ``eval_return``), a progress row every ``--log-every`` steps (rollouts for an
   on-policy script, which gives ``iteration_steps``), a checkpoint every ``--checkpoint-every`` steps and every
@@ -89,7 +92,7 @@ from shared.affinity import available_cpus, make_affinity
 from shared.atari import is_atari
 from shared.buffer import NotEnoughMemory, available_memory, check_fits, unchecked
 from shared.checkpoint import Start
-from shared.cli import bad_args, resolve_device
+from shared.cli import bad_args, recorded_flags, resolve_device, resume_changes
 from shared.envs import close_envs, probe_spaces
 from shared.evaluation import play
 from shared.files import WriteError, write_text
@@ -164,6 +167,9 @@ class Run:
         self.args, self.script, self.make_env, self.stop_window = args, Path(script).stem, make_env, stop_window
         self.device = resolve_device(args.device, getattr(args, "bf16", False))
         self.resumed, ckpt_file = checkpoint.load(args.resume, args.env_id) if args.resume else (None, None)
+        # --resume: whether the run folder recorded its flags (parse_args started from them), and what differs now
+        self._recorded = bool(args.resume) and recorded_flags(args.resume) is not None
+        self._changes = resume_changes(args)
         self.path = ckpt_file.parent if ckpt_file is not None else \
             Path(args.out_dir) / (args.run_name or f"{args.env_id}__{self.script}__{args.seed}__{int(time.time())}")
         try:
@@ -309,8 +315,17 @@ class Run:
                       "checkpoint": start.global_step + t if t else None}
         self._last_checkpoint_t = time.time()
         compiled = f"  compiled ({compiling.backend()})" if compiling.enabled() else ""
-        self._say(f"run folder {self.path}  sampler {args.sampler}  device {self.device}{compiled}  steps "
-                  f"{start.global_step}..{args.total_timesteps}")
+        if exporting:
+            doing = f"exporting the policy at step {start.global_step} to {args.export}"
+        elif evaluating:
+            doing = f"evaluating the policy at step {start.global_step}: {args.eval_episodes} episodes, {args.eval_envs} envs"
+        else:
+            doing = f"steps {start.global_step}..{args.total_timesteps}"
+        self._say(f"run folder {self.path}  sampler {args.sampler}  device {self.device}{compiled}  {doing}")
+        if self.resumed is not None:
+            changed = ", ".join(f"{'--' + k.replace('_', '-')} {was!r} -> {now!r}" for k, (was, now) in self._changes.items())
+            recorded = "its recorded flags" if self._recorded else "the flags given (the run records none)"
+            self._say(f"resumed with {recorded}; changed here: {changed or 'none'}")
         return start
 
     def _open_folder(self, start_step: int, evaluating: bool) -> None:
@@ -325,6 +340,9 @@ class Run:
             config_file = self.path / f"config.resume-{start_step}.json"
         self._config = {"args": config, "versions": _versions(), "hardware": _hardware(self.device),
                         "script": self.script}
+        if self.resumed is not None:  # which flags came from the run, which were changed
+            self._config["resumed"] = {"from": str(self.args.resume), "recorded_flags": self._recorded,
+                                       "changed": {k: list(v) for k, v in self._changes.items()}}
         if not evaluating:
             self._config_file = config_file
             write_text(config_file, lambda f: json.dump(self._config, f, indent=2, default=str))

@@ -293,8 +293,9 @@ def test_a_two_rank_run_resumes_in_one_process(tmp_path):
     rc, _, err = wait(launch(torchrun(script("ppo_atari.py"), *PPO_CARTPOLE, "--total-timesteps", "2048",
                                       "--out-dir", str(tmp_path), "--run-name", "r")), 300, str(tmp_path))
     assert rc == 0, err[-3000:]
-    rc, out, err = wait(launch([sys.executable, script("ppo_atari.py"), *PPO_CARTPOLE, "--total-timesteps", "3072",
-                                "--resume", str(tmp_path / "r")]), 300, str(tmp_path))
+    # bare: the run's flags come back from its folder
+    rc, out, err = wait(launch([sys.executable, script("ppo_atari.py"), "--total-timesteps", "3072", "--resume",
+                                str(tmp_path / "r")]), 300, str(tmp_path))
     assert rc == 0, err[-3000:]
     steps = [int(r["global_step"]) for r in progress(tmp_path / "r")]
     assert steps[-1] == 3072 and steps == sorted(set(steps))
