@@ -138,9 +138,10 @@ def copied_scripts():
     paths = {}
     for name in ("ppo_atari.py", "dqn_atari.py"):
         src = (ROOT / "algos" / name).read_text()
-        marker = "SCRIPT = Path(__file__).stem"
+        marker = "from shared.run import Run\n"  # the last import: the envs are registered after it
+        assert src.count(marker) == 1
         dst = sub / f"my_{name}"
-        dst.write_text(src.replace(marker, CUSTOM_ENV + "\n" + marker, 1))
+        dst.write_text(src.replace(marker, marker + CUSTOM_ENV, 1))
         paths[name] = dst
     yield paths
     shutil.rmtree(ROOT / folder)
@@ -243,7 +244,8 @@ def test_a_wrapper_added_to_ppo_atari_make_env_reaches_every_sampling_mode(sampl
         edited = src.replace(atari, atari.replace("return ", "return Marked(") + ")", 1)
         changed = [a for a, b in zip(src.splitlines(), edited.splitlines()) if a != b]
         assert len(changed) == 1  # the edit: one line of make_env (the wrapper's class aside)
-        edited = edited.replace("SCRIPT = Path(__file__).stem", MARKING_WRAPPER + "\n\nSCRIPT = Path(__file__).stem", 1)
+        assert edited.count("from shared.run import Run\n") == 1
+        edited = edited.replace("from shared.run import Run\n", "from shared.run import Run\n" + MARKING_WRAPPER + "\n", 1)
         edited = edited.replace("import sys\n", "import os\nimport sys\n", 1)
         (folder / "wrapped_ppo.py").write_text(edited)
         marks = tmp_path / "marks"
