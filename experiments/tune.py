@@ -76,6 +76,7 @@ import fcntl
 import json
 import math
 import os
+import random
 import shlex
 import socket
 import subprocess
@@ -447,7 +448,13 @@ def make_storage(url: str | None, root: Path):
         kwargs = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else {}
         if url.startswith("sqlite:///"):
             Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-        return optuna.storages.RDBStorage(url, engine_kwargs=kwargs), url
+        for attempt in range(5):  # two processes creating a new database's tables at once: the later one retries
+            try:
+                return optuna.storages.RDBStorage(url, engine_kwargs=kwargs), url
+            except Exception as e:
+                if "already exists" not in str(e) or attempt == 4:
+                    raise
+                time.sleep(0.5 + random.random())
     except Exception as e:  # an unknown dialect, a missing driver, a server that does not answer
         raise LaunchError(f"--storage {url}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
 
@@ -646,7 +653,8 @@ class Tune:
 
         self.st, self.a = st, a
         self.host, self.pid = socket.gethostname(), os.getpid()
-        self.storage, self.storage_url = make_storage(st.storage, st.root)
+        with self.root_lock():  # the processes of one root create a new study database one at a time
+            self.storage, self.storage_url = make_storage(st.storage, st.root)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.sampler = make_sampler(st.sampler, a.sampler_seed, st.space)
         self.pruner = make_pruner(st.pruner)

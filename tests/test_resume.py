@@ -146,7 +146,7 @@ CARTPOLE_DQN = ["--env-id", "CartPole-v1", "--num-envs", "2", "--total-timesteps
 @pytest.mark.parametrize("name, flags, sampler", [
     ("ppo_atari.py", ["--preset", "cartpole", "--total-timesteps", "512", "--num-envs", "2", "--num-steps", "64"],
      "serial"),
-    ("dqn_atari.py", CARTPOLE_DQN, "async")])
+    pytest.param("dqn_atari.py", CARTPOLE_DQN, "async", marks=pytest.mark.slow)])  # CI time: the slow matrix too
 def test_eval_only_export_and_training_resume_with_no_other_flag(name, flags, sampler, tmp_path):
     first = run(name, *flags, "--sampler", sampler, "--eval-episodes", "2", "--eval-envs", "2", "--out-dir",
                 str(tmp_path), "--run-name", "r", timeout=300)

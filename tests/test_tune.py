@@ -237,7 +237,7 @@ def test_an_interrupted_tune_resumed_with_the_same_command_ends_with_exactly_tri
 
 
 @two_cores
-@pytest.mark.parametrize("storage", ["sqlite", "journal"])
+@pytest.mark.parametrize("storage", ["sqlite", pytest.param("journal", marks=pytest.mark.slow)])  # journal: CI time
 def test_two_tune_processes_share_one_study_without_overlap(tmp_path, storage):
     """Two processes, one core each. sqlite: the default storage in one shared root (asks serialised by its lock);
     journal: one journal file and two roots (nothing shared but the storage: a surplus ask is failed unrun)."""
