@@ -201,7 +201,7 @@ def test_the_masked_policy_never_takes_a_masked_action_and_learns_the_best_valid
     evaluation); the best valid action is learned (16 is the best return, a uniform valid policy gets 16/3)."""
     out = run("ppo_lstm.py", "--env-id", "tests.masked_env:MaskedChoice-v0", "--num-envs", "8", "--num-steps", "32",
               "--learning-rate", "2.5e-3", "--no-anneal-lr", "--clip-coef", "0.2", "--num-minibatches", "4",
-              "--hidden", "32", "--total-timesteps", "30000", "--log-every", "10", "--eval-episodes", "5",
+              "--hidden", "32", "--total-timesteps", "16384", "--log-every", "10", "--eval-episodes", "5",
               "--out-dir", str(tmp_path), "--run-name", "r")
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [r for r in progress(tmp_path / "r") if r["return_mean"]]
