@@ -13,20 +13,26 @@ Guarantees
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 from experiments.grid import Trial
 from experiments.records import STATES
 from experiments.status import fmt_duration, fmt_steps, progress_of
 
-__all__ = ["Display"]
+__all__ = ["Display", "LiveView"]
 
 
-class Display:
-    """A rich table refreshed in place on a terminal; plain lines otherwise."""
+class LiveView:
+    """What the launcher's and the tuner's views share: on a terminal (rich installed, not ``plain``) a table
+    (``table()``) refreshed in place at most once a second, with no refresh thread (forking the runs' children
+    stays safe); otherwise timestamped lines (``note``) and ``summary_line()`` every ``status_every`` seconds.
+    Rendering errors of the types in ``TOLERATE`` are skipped, not raised (a view must not stop the runs)."""
 
-    def __init__(self, runs: list[Trial], records: dict[str, dict], plain: bool, status_every: float):
-        self.runs, self.records, self.status_every = runs, records, status_every
+    TOLERATE: tuple[type[BaseException], ...] = ()
+
+    def __init__(self, plain: bool, status_every: float):
+        self.status_every = status_every
         self.live = None
         self._last_summary = time.time()
         self._last_refresh = 0.0
@@ -37,11 +43,16 @@ class Display:
 
                 self.console = Console()
                 if self.console.is_terminal:
-                    # auto_refresh=False: no refresh thread, so forking children stays safe
                     self.live = Live(console=self.console, auto_refresh=False, transient=False)
                     self.live.start()
             except ImportError:
                 self.live = None
+
+    def table(self):
+        raise NotImplementedError
+
+    def summary_line(self) -> str:
+        raise NotImplementedError
 
     def note(self, line: str) -> None:
         stamp = time.strftime("%H:%M:%S")
@@ -49,6 +60,33 @@ class Display:
             self.live.console.print(f"{stamp} {line}", markup=False, highlight=False)
         else:
             print(f"{stamp} {line}", flush=True)
+
+    def tick(self, force: bool = False) -> None:
+        now = time.time()
+        if self.live is not None:
+            if force or now - self._last_refresh >= 1.0:
+                with contextlib.suppress(*self.TOLERATE):
+                    self.live.update(self.table(), refresh=True)
+                self._last_refresh = now
+        elif self.status_every > 0 and now - self._last_summary >= self.status_every:
+            with contextlib.suppress(*self.TOLERATE):
+                self.note(self.summary_line())
+            self._last_summary = now
+
+    def close(self) -> None:
+        if self.live is not None:
+            with contextlib.suppress(*self.TOLERATE):
+                self.live.update(self.table(), refresh=True)
+            self.live.stop()
+            self.live = None
+
+
+class Display(LiveView):
+    """The launcher's runs: a rich table refreshed in place on a terminal; plain lines otherwise."""
+
+    def __init__(self, runs: list[Trial], records: dict[str, dict], plain: bool, status_every: float):
+        self.runs, self.records = runs, records
+        super().__init__(plain, status_every)
 
     def stats(self) -> tuple[dict[str, dict], str, dict[str, int]]:
         prog = {r.rel: progress_of(r) for r in self.runs if self.records[r.rel]["state"] in
@@ -108,19 +146,3 @@ class Display:
                       f"{fmt_steps(p.get('step'))}/{fmt_steps(p.get('total') or r.total_from_flags())}", ret, sps,
                       run_eta)
         return t
-
-    def tick(self, force: bool = False) -> None:
-        now = time.time()
-        if self.live is not None:
-            if force or now - self._last_refresh >= 1.0:
-                self.live.update(self.table(), refresh=True)
-                self._last_refresh = now
-        elif self.status_every > 0 and now - self._last_summary >= self.status_every:
-            self.note(self.summary_line())
-            self._last_summary = now
-
-    def close(self) -> None:
-        if self.live is not None:
-            self.live.update(self.table(), refresh=True)
-            self.live.stop()
-            self.live = None

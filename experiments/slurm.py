@@ -31,6 +31,7 @@ import os
 import signal
 import subprocess
 import time
+import types
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,24 @@ class SlurmRun(_Checkpointable):
         return {}
 
 
+@contextlib.contextmanager
+def stop_signals():
+    """While inside: SIGINT and SIGTERM are recorded (``stop.signum``), not raised, so the caller can stop its jobs
+    its own way; the previous handlers are restored on the way out."""
+    stop = types.SimpleNamespace(signum=None)
+
+    def on_signal(signum, frame):
+        stop.signum = signum
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+
 def run_spec(run: Trial, cores_per_run: int) -> dict:
     return {"root": str(run.root), "script": run.script, "script_path": run.script_path, "env_id": run.env_id,
             "seed": run.seed, "variant": [[n, list(f)] for n, f in run.variant], "common": list(run.common),
@@ -179,22 +198,15 @@ def submit(a: argparse.Namespace, todo: list[Trial], runs: list[Trial], records:
     if not (a.wait or executor.cluster in ("local", "debug")):
         display.note(f"{len(submitted)} job(s) submitted; `launch.py {root} --status` shows their states")
         return 0
-    stopped = None
-
-    def on_signal(signum, frame):
-        nonlocal stopped
-        stopped = signum
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with stop_signals() as stop:
         while not all(job.done() for _, job in submitted):
-            if stopped is not None:
+            if stop.signum is not None:
                 break
             for r in runs:
                 records[r.rel] = read_json(r.folder / "launch.json") or records[r.rel]
             display.tick()
             time.sleep(0.5)
-        if stopped is not None and executor.cluster in ("local", "debug"):
+        if stop.signum is not None and executor.cluster in ("local", "debug"):
             display.note("stopping the local jobs (their scripts write a checkpoint)")
             pids = [read_json(r.folder / "launch.json").get("pid") for r, _ in submitted]
             for _, job in submitted:
@@ -203,19 +215,16 @@ def submit(a: argparse.Namespace, todo: list[Trial], runs: list[Trial], records:
             deadline = time.time() + a.stop_timeout
             while any(pid_runs(p, r.folder) for p, (r, _) in zip(pids, submitted)) and time.time() < deadline:
                 time.sleep(0.2)
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
     for r, job in submitted:
         rec = read_json(r.folder / "launch.json") or records[r.rel]
         if rec.get("state") in ("submitted", "running") and not pid_runs(rec.get("pid"), r.folder):
-            rec.update(state="interrupted" if stopped else "failed", pid=None,
-                       error=rec.get("error") or None if stopped else
+            rec.update(state="interrupted" if stop.signum else "failed", pid=None,
+                       error=rec.get("error") or None if stop.signum else
                        f"error: job {job.job_id} ended without recording an exit (see {root}/.submitit/)")
             write_json(r.folder / "launch.json", rec)
         records[r.rel] = rec
     write_status(runs, records)
-    return EXIT_INTERRUPTED if stopped is not None else -1  # -1: summarise
+    return EXIT_INTERRUPTED if stop.signum is not None else -1  # -1: summarise
 
 
 # ---------------------------------------------------------------------------------------------- tune workers
@@ -294,27 +303,17 @@ def submit_workers(a: argparse.Namespace, command: list[str], root: Path) -> int
           f"{root}/.workers/", flush=True)
     if not (a.wait or executor.cluster in ("local", "debug")):
         return 0
-    stopped = None
-
-    def on_signal(signum, frame):
-        nonlocal stopped
-        stopped = signum
-
-    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        while not all(j.done() for j in jobs) and stopped is None:
+    with stop_signals() as stop:
+        while not all(j.done() for j in jobs) and stop.signum is None:
             time.sleep(0.5)
-        if stopped is not None:
+        if stop.signum is not None:
             for j in jobs:
                 with contextlib.suppress(Exception):
                     j.cancel(check=False)
             deadline = time.time() + a.stop_timeout + 30
             while not all(j.done() for j in jobs) and time.time() < deadline:
                 time.sleep(0.5)
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
-    if stopped is not None:
+    if stop.signum is not None:
         return EXIT_INTERRUPTED
     failed = [j.job_id for j in jobs if j.state not in ("COMPLETED", "FINISHED") and j.exception() is not None]
     return 1 if failed else 0

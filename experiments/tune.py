@@ -93,6 +93,7 @@ if sys.path and sys.path[0] and Path(sys.path[0]).resolve() == _HERE:
     del sys.path[0]
 sys.path.insert(0, str(next(p for p in _HERE.parents if (p / "shared" / "__init__.py").exists())))
 
+from experiments.display import LiveView
 from experiments.grid import RESERVED, LaunchError, Trial, build_grid, load_file, resolve_script, split_flags
 from experiments.local import Launcher
 from experiments.records import (
@@ -379,14 +380,21 @@ def _spec_args(text: str, where: str) -> tuple[str, dict]:
     return name.strip(), kwargs
 
 
+def _optuna_class(text: str, flag: str, names: dict[str, str], module, base: type) -> tuple[str, type, dict]:
+    """``NAME[:KEY=VALUE,...]`` -> (class name, the class in ``module``, its keyword arguments); a short name from
+    ``names`` or a class name of ``module`` deriving from ``base``, else a LaunchError naming the choices."""
+    name, kwargs = _spec_args(text, flag)
+    cls_name = names.get(name.lower().replace("_", "-"), name)
+    cls = getattr(module, cls_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise LaunchError(f"{flag} {text!r}: unknown (one of {', '.join(names)}, or an {module.__name__} class)")
+    return cls_name, cls, kwargs
+
+
 def make_sampler(text: str, seed: int | None, space: list[Param]):
     import optuna
 
-    name, kwargs = _spec_args(text, "--sampler")
-    cls_name = SAMPLERS.get(name.lower().replace("_", "-"), name)
-    cls = getattr(optuna.samplers, cls_name, None)
-    if not (isinstance(cls, type) and issubclass(cls, optuna.samplers.BaseSampler)):
-        raise LaunchError(f"--sampler {text!r}: unknown (one of {', '.join(SAMPLERS)}, or an optuna.samplers class)")
+    cls_name, cls, kwargs = _optuna_class(text, "--sampler", SAMPLERS, optuna.samplers, optuna.samplers.BaseSampler)
     if cls_name == "GridSampler" and "search_space" not in kwargs:
         if any(p.kind != "cat" and p.step is None and p.kind != "int" for p in space):
             raise LaunchError("--sampler grid: every searched float needs a step (float:LOW:HIGH:step=Q) or cat: values")
@@ -418,11 +426,7 @@ def _params_of(cls) -> set[str]:
 def make_pruner(text: str):
     import optuna
 
-    name, kwargs = _spec_args(text, "--pruner")
-    cls_name = PRUNERS.get(name.lower().replace("_", "-"), name)
-    cls = getattr(optuna.pruners, cls_name, None)
-    if not (isinstance(cls, type) and issubclass(cls, optuna.pruners.BasePruner)):
-        raise LaunchError(f"--pruner {text!r}: unknown (one of {', '.join(PRUNERS)}, or an optuna.pruners class)")
+    cls_name, cls, kwargs = _optuna_class(text, "--pruner", PRUNERS, optuna.pruners, optuna.pruners.BasePruner)
     if cls_name == "PatientPruner" and "wrapped_pruner" not in kwargs:
         kwargs["wrapped_pruner"] = optuna.pruners.MedianPruner()
         kwargs.setdefault("patience", 1)
@@ -1005,33 +1009,18 @@ class Tune:
         return 0
 
 
-class TuneDisplay:
+class TuneDisplay(LiveView):
     """The study while it runs: on a terminal (rich, not ``--plain``) one table refreshed in place at most once a
     second (trial, state, value or latest intermediate value, flags, this process's runs done and their step); plain
     lines otherwise, one per event and a summary every ``status_every`` seconds. No refresh thread."""
 
     SHOWN = 30  # the table's rows: the best trial and the latest ones
+    TOLERATE = (Exception,)  # a storage hiccup must not stop the runs' supervision
 
     def __init__(self, tune: Tune, plain: bool, status_every: float):
-        self.tune, self.status_every = tune, status_every
-        self.live = None
-        self._last_summary = self._last_refresh = time.time()
-        if not plain:
-            with contextlib.suppress(ImportError):
-                from rich.console import Console
-                from rich.live import Live
-
-                console = Console()
-                if console.is_terminal:
-                    self.live = Live(console=console, auto_refresh=False, transient=False)
-                    self.live.start()
-
-    def note(self, line: str) -> None:
-        stamp = time.strftime("%H:%M:%S")
-        if self.live is not None:
-            self.live.console.print(f"{stamp} {line}", markup=False, highlight=False)
-        else:
-            print(f"{stamp} {line}", flush=True)
+        self.tune = tune
+        super().__init__(plain, status_every)
+        self._last_refresh = time.time()
 
     def summary_line(self) -> str:
         c, best = self.tune.counts(), self._best()
@@ -1072,25 +1061,6 @@ class TuneDisplay:
             t.add_row(str(tr.number), f"[{colour.get(tr.state, 'white')}]{state}[/]",
                       f"{value:.4g}" if value is not None else "-", runs, tr.user_attrs.get("flags", ""))
         return t
-
-    def tick(self, force: bool = False) -> None:
-        now = time.time()
-        if self.live is not None:
-            if force or now - self._last_refresh >= 1.0:
-                with contextlib.suppress(Exception):  # a storage hiccup must not stop the runs' supervision
-                    self.live.update(self.table(), refresh=True)
-                self._last_refresh = now
-        elif self.status_every > 0 and now - self._last_summary >= self.status_every:
-            with contextlib.suppress(Exception):
-                self.note(self.summary_line())
-            self._last_summary = now
-
-    def close(self) -> None:
-        if self.live is not None:
-            with contextlib.suppress(Exception):
-                self.live.update(self.table(), refresh=True)
-            self.live.stop()
-            self.live = None
 
 
 # ---------------------------------------------------------------------------------------------- results
