@@ -234,13 +234,13 @@ def _defaults_from(cls: type, presets: dict[str, Any], recorded: dict[str, Any])
     return dataclasses.replace(base, **values)
 
 
-def resume_changes(args: Any) -> dict[str, tuple[Any, Any]]:
+def resume_changes(args: Any) -> dict[str, tuple[Any, Any]] | None:
     """The settings of ``args`` whose value differs from the run ``args.resume`` recorded: name -> (recorded, now);
     ``--resume``, ``--eval-only``, ``--export`` and the run folder's flags are what the command does, not settings.
-    Empty for a new run and for a run that records no flags. Compared as JSON holds them (a tuple as a list)."""
+    None for a new run and for a run that records no flags. Compared as JSON holds them (a tuple as a list)."""
     recorded = recorded_flags(args.resume) if getattr(args, "resume", "") else None
     if recorded is None:
-        return {}
+        return None
     now = json.loads(json.dumps(dataclasses.asdict(args), default=str))
     return {k: (recorded[k], v) for k, v in now.items() if k in recorded and recorded[k] != v and k not in _WHAT_TO_DO}
 

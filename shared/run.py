@@ -92,7 +92,7 @@ from shared.affinity import available_cpus, make_affinity
 from shared.atari import is_atari
 from shared.buffer import NotEnoughMemory, available_memory, check_fits, unchecked
 from shared.checkpoint import Start
-from shared.cli import bad_args, recorded_flags, resolve_device, resume_changes
+from shared.cli import bad_args, resolve_device, resume_changes
 from shared.envs import close_envs, probe_spaces
 from shared.evaluation import play
 from shared.files import WriteError, write_text
@@ -167,9 +167,9 @@ class Run:
         self.args, self.script, self.make_env, self.stop_window = args, Path(script).stem, make_env, stop_window
         self.device = resolve_device(args.device, getattr(args, "bf16", False))
         self.resumed, ckpt_file = checkpoint.load(args.resume, args.env_id) if args.resume else (None, None)
-        # --resume: whether the run folder recorded its flags (parse_args started from them), and what differs now
-        self._recorded = bool(args.resume) and recorded_flags(args.resume) is not None
-        self._changes = resume_changes(args)
+        # --resume: what differs from the flags the run folder recorded (None: it recorded none, or a new run)
+        changes = resume_changes(args)
+        self._recorded, self._changes = changes is not None, changes or {}
         self.path = ckpt_file.parent if ckpt_file is not None else \
             Path(args.out_dir) / (args.run_name or f"{args.env_id}__{self.script}__{args.seed}__{int(time.time())}")
         try:
