@@ -542,10 +542,8 @@ def main() -> int:
         buffer = None if args.eval_only or args.export else make_replay(args, run)
     policy = partial(act, Policy(q_net), run.device, args.eval_epsilon)
     start = run.begin(policy, buffer, model=q_net, target_model=target_net, optimizer=optimizer, noise=noise)
-    if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
-        return run.evaluate_only()
-    if args.export:  # with --resume: the greedy policy as an ONNX file, train nothing
-        return run.export(Policy(q_net), ["action", "q_values"])
+    if args.eval_only or args.export:  # with --resume: evaluate the checkpoint's policy or export it, train nothing
+        return run.evaluate_or_export(Policy(q_net), ["action", "q_values"])
     global_step, updates = start.global_step, start.updates
     updates_per_step = args.replay_ratio / (args.batch_size * run.world)  # the job's: every rank learns from its batch
     pacer = ReplayPacer(updates_per_step, args.min_steps_learn * run.world, *start.replay_origin)

@@ -334,10 +334,8 @@ def main() -> int:
     named_optimizers = {"actor_optimizer": optimizers[0], "critic_optimizer": optimizers[1]}  # the checkpoint's names
     saved = dict(actor=actor, target_actor=target_actor, critic=critic, target_critic=target_critic, **named_optimizers)
     start = run.begin(partial(act, policy, run.device), buffer, **saved, obs_norm=obs_norm)
-    if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
-        return run.evaluate_only()
-    if args.export:  # with --resume: the deterministic policy as an ONNX file, train nothing
-        return run.export(policy, ["action"])
+    if args.eval_only or args.export:  # with --resume: evaluate the checkpoint's policy or export it, train nothing
+        return run.evaluate_or_export(policy, ["action"])
     global_step, updates = start.global_step, start.updates
     stats, waits = {}, {}
     updates_per_step = args.replay_ratio / (args.batch_size * run.world)  # per job env step: each update samples on every rank

@@ -444,8 +444,7 @@ class Sampler:
         else:
             buf, boot = self.buf, self.boot
             collect(self.envs, agent, self.state, buf, boot, self.args, self.run.device)
-        for ret, length in zip(buf.ep_return[buf.episode_end], buf.ep_length[buf.episode_end]):
-            self.run.episode(float(ret), int(length), global_step)
+        self.run.episodes(zip(buf.ep_return[buf.episode_end].tolist(), buf.ep_length[buf.episode_end].tolist()), global_step)
         return buf, boot
 
     def release(self, it: int, agent: Agent) -> None:
@@ -495,10 +494,8 @@ def main() -> int:
         agent, optimizer, generator = make_learner(args, run)
     policy = Policy(agent)
     start = run.begin(partial(act, policy, run.device), model=agent, optimizer=optimizer, generator=generator)
-    if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
-        return run.evaluate_only()
-    if args.export:  # with --resume: the greedy policy as an ONNX file, train nothing
-        return run.export(policy, ["action", "logits"])
+    if args.eval_only or args.export:  # with --resume: evaluate the checkpoint's policy or export it, train nothing
+        return run.evaluate_or_export(policy, ["action", "logits"])
     batch *= run.world  # the job's: every rank's rollout
     first, num_iterations = start.global_step // batch, max(args.total_timesteps // batch, 1)
     global_step = start.global_step

@@ -615,8 +615,7 @@ class Sampler:
         else:
             buf, boot = self.buf, self.boot
             collect(self.envs, agent, self.state, buf, boot, self.args, self.run.device)
-        for ret, length in zip(buf.ep_return[buf.episode_end], buf.ep_length[buf.episode_end]):
-            self.run.episode(float(ret), int(length), global_step)
+        self.run.episodes(zip(buf.ep_return[buf.episode_end].tolist(), buf.ep_length[buf.episode_end].tolist()), global_step)
         return buf, boot
 
     def release(self, it: int, agent: Agent) -> None:
@@ -699,12 +698,11 @@ def main() -> int:
     policy = Policy(agent, run.act_space).to(run.device)
     evaluation = EvalPolicy(policy, run.device)
     start = run.begin(evaluation, model=agent, optimizer=optimizer, generator=generator, return_norm=return_norm)
-    if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
-        return run.evaluate_only()
-    if args.export:  # with --resume: the recurrent policy as an ONNX file, train nothing
+    if args.eval_only or args.export:  # with --resume: evaluate the checkpoint's policy or export it, train nothing
         state = agent.initial_state(8)  # 8 example rows: the graph's batch axis is dynamic
         outputs = ["action", "logits" if agent.discrete else "mean", "h_out", "c_out"]
-        return run.export(policy, outputs, rows=8, h=state.h, c=state.c, episode_start=torch.ones(8, dtype=torch.bool))
+        starts = torch.ones(8, dtype=torch.bool)
+        return run.evaluate_or_export(policy, outputs, rows=8, h=state.h, c=state.c, episode_start=starts)
     batch *= run.world  # the job's: every rank's rollout
     first, num_iterations = start.global_step // batch, max(args.total_timesteps // batch, 1)
     global_step = start.global_step

@@ -553,13 +553,11 @@ def main() -> int:
         buffer = None if args.eval_only or args.export else make_replay(args, run)  # no replay to evaluate or export
     policy = EvalPolicy(net, run.device, args.eval_epsilon)
     start = run.begin(policy, buffer, model=net, target_model=target_net, optimizer=optimizer)
-    if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
-        return run.evaluate_only()
-    if args.export:  # with --resume: the greedy policy as ONNX (8 example rows: the batch axis is dynamic), train nothing
-        state = net.initial_state(8)
+    if args.eval_only or args.export:  # with --resume: evaluate the checkpoint's policy or export it, train nothing
+        state = net.initial_state(8)  # 8 example rows: the graph's batch axis is dynamic
         zeros = torch.zeros(8)
         inputs = dict(prev_action=zeros.long(), prev_reward=zeros, h=state.h, c=state.c, episode_start=zeros.bool())
-        return run.export(Policy(net), ["action", "q_values", "h_out", "c_out"], rows=8, **inputs)
+        return run.evaluate_or_export(Policy(net), ["action", "q_values", "h_out", "c_out"], rows=8, **inputs)
     global_step, updates = start.global_step, start.updates
     rows_per_update = args.batch_size * args.sequence_length * run.world  # the job's training rows
     pacer = ReplayPacer(args.replay_ratio / rows_per_update, args.min_steps_learn * run.world, *start.replay_origin)

@@ -371,10 +371,8 @@ def main() -> int:
     policy = Policy(actor, obs_norm, run.act_space).to(run.device)
     saved = dict(actor=actor, critics=critics, target_critics=target_critics, log_alpha=log_alpha, **optimizers)
     start = run.begin(partial(act, policy, run.device), buffer, **saved, obs_norm=obs_norm)
-    if args.eval_only:  # with --resume: play the checkpoint's policy, train nothing
-        return run.evaluate_only()
-    if args.export:  # with --resume: the deterministic policy as an ONNX file, train nothing
-        return run.export(policy, ["action", "mean"])
+    if args.eval_only or args.export:  # with --resume: evaluate the checkpoint's policy or export it, train nothing
+        return run.evaluate_or_export(policy, ["action", "mean"])
     global_step, updates = start.global_step, start.updates
     stats, waits = {}, {}
     updates_per_step = args.replay_ratio / (args.batch_size * run.world)  # per job env step: each update samples on every rank

@@ -125,7 +125,8 @@ class AsyncReplay:
         the global env steps in the replay (in a torchrun job: the world size times the slowest rank's steps)."""
         self.alive()
         while not self.episodes.empty():
-            run.episode(*self.episodes.get())
+            ret, length, step = self.episodes.get()
+            run.episodes([(ret, length)], step)
         # torchrun: counted as global steps (every rank's sampler steps as many), and the slowest rank's count,
         # so that every rank finds the same number of updates due.
         steps = (self._buffer.cursor - self._rows0) * self.num_envs * distributed.world_size()

@@ -3,13 +3,13 @@
 A script's ``main`` makes these calls, in this order (``docs/contract.md`` has the whole contract)::
 
     args = parse_args(Args, PRESETS, check_args)              # shared.cli: flags, presets, checks (exit 2)
-    run = Run(args, SCRIPT, make_env, action_space=Discrete)  # checks: device, --resume, spaces (exit 2)
+    run = Run(args, __file__, make_env, action_space=Discrete)  # checks: device, --resume, spaces (exit 2)
     run.setup()                                               # TF32, signals, torchrun, cores, seeds
     with run.allocating("buffer_size", "hidden"):             # what this machine cannot hold: exit 2
         ...networks, optimizers and the replay, built as the algorithm needs...
     start = run.begin(policy, model=net, optimizer=opt)       # restore or start, the run folder
-    if args.eval_only:
-        return run.evaluate_only()
+    if args.eval_only or args.export:                         # with --resume: train nothing
+        return run.evaluate_or_export(policy_module, ["action", ...])
     with run:                                                 # Ctrl-C, SIGTERM, failures: see below
         envs = run.hold(make_envs(...))
         for ...:                                              # the algorithm's loop
@@ -357,12 +357,8 @@ class Run:
 
     # ------------------------------------------------------------------------------------------ the loop
 
-    def episode(self, ret: float, length: int, global_step: int) -> None:
-        """Record one finished episode (its true, unclipped return)."""
-        self.progress.episode(ret, length, global_step)
-
     def episodes(self, episodes: Iterable[tuple[float, int]], global_step: int) -> None:
-        """Record the finished episodes [(return, length)] of one step."""
+        """Record the episodes [(return, length)] that ended by ``global_step`` (true, unclipped returns)."""
         for ret, length in episodes:
             self.progress.episode(ret, length, global_step)
 
@@ -497,6 +493,11 @@ class Run:
         self._eval_return, self._evaluated_at = summary["mean"], global_step
         self._say(f"evaluation over {len(returns)} episodes at step {global_step}: mean return "
                   f"{summary['mean']:.1f}")
+
+    def evaluate_or_export(self, policy: Any, outputs: list[str], rows: int = 8, **inputs: Any) -> int:
+        """The two commands that train nothing, ``--eval-only`` and ``--export FILE`` (both with ``--resume``):
+        ``evaluate_only()`` or ``export(policy, outputs, rows, **inputs)``; returns the exit code."""
+        return self.evaluate_only() if self.args.eval_only else self.export(policy, outputs, rows, **inputs)
 
     def evaluate_only(self) -> int:
         """``--resume RUN --eval-only``: evaluate the checkpoint's policy into the run folder, train nothing;

@@ -217,10 +217,10 @@ class _FakeRun:
     world = 2
 
     def __init__(self):
-        self.episodes = []
+        self.recorded = []
 
-    def episode(self, ret, length, step):
-        self.episodes.append((ret, length, step))
+    def episodes(self, episodes, step):
+        self.recorded += [(ret, length, step) for ret, length in episodes]
 
 
 class _Buffer:

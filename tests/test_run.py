@@ -180,9 +180,9 @@ def test_the_stop_rule_needs_n_episodes_at_or_above_the_threshold(tmp_path, caps
     run.begin(lambda obs, last_reward: 0)
     with run:
         for r in [1.0, 9.0, 11.0]:
-            run.episode(r, 1, 0)
+            run.episodes([(r, 1)], 0)
         assert not run.periodic(10)  # the last 2 average 10.0
-        run.episode(12.0, 1, 0)
+        run.episodes([(12.0, 1)], 0)
         assert run.periodic(42)
         run.finish(42)
     assert "mean return of the last 2 episodes 11.5 >= 11.5 at step 42: stopping" in capsys.readouterr().out
@@ -192,7 +192,7 @@ def test_no_threshold_never_stops(tmp_path):
     run, _ = new_run(tmp_path)
     with run:
         for _ in range(30):
-            run.episode(1e6, 1, 0)
+            run.episodes([(1e6, 1)], 0)
         assert not run.periodic(1)
         run.finish(1)
 

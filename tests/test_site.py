@@ -263,7 +263,10 @@ def test_every_page_loads_in_chromium_without_errors_and_search_finds_a_script(s
     page, found = open_page(browser, served)
     query = page.locator("input.md-search__input")  # in the header at this width
     query.click()
-    query.fill("ppo_atari")
+    # Material's search answers key presses once its worker has built the index: fill() sends no key events, and
+    # keys typed before the index is ready can be dropped (the search then never runs: a flaky test before).
+    page.locator(".md-search-result__meta", has_text="Type to start searching").wait_for(timeout=30_000)
+    query.press_sequentially("ppo_atari")
     hit = page.locator(".md-search-result__item a[href*='algos/ppo_atari/']").first
     hit.wait_for(state="visible", timeout=20_000)
     titles = page.locator(".md-search-result__item").all_inner_texts()
