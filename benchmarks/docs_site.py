@@ -659,8 +659,8 @@ RESULTS_BY_SCRIPT: dict[str, list[Block]] = {
     "ppo_atari": [
         recheck_block("ppo_atari"),
         quote("Atari learning, Breakout"),
-        figure("atari_breakout.png", "Breakout, 500k agent steps: ppo_atari.py and a2c_atari.py beside SB3's PPO, one "
-               "seed each (benchmarks/atari_learning.py)"),
+        figure("atari_breakout.png", "Breakout, 500k agent steps: ppo_atari.py and a2c_atari.py, one seed each "
+               "(benchmarks/atari_learning.py; SB3's PPO is in the table)"),
         minigrid_block(),
         quote("Learning curves, CartPole-v1 (", level=4),
         quote("PPO training vs Stable-Baselines3"),
@@ -672,8 +672,8 @@ RESULTS_BY_SCRIPT: dict[str, list[Block]] = {
     "a2c_atari": [
         recheck_block("a2c_atari"),
         quote("Atari learning, Breakout"),
-        figure("atari_breakout.png", "Breakout, 500k agent steps: ppo_atari.py and a2c_atari.py beside SB3's PPO, one "
-               "seed each (benchmarks/atari_learning.py)"),
+        figure("atari_breakout.png", "Breakout, 500k agent steps: ppo_atari.py and a2c_atari.py, one seed each "
+               "(benchmarks/atari_learning.py; SB3's PPO is in the table)"),
         quote("Learning curves, CartPole-v1 (", level=4),
         quote("`--compile` against eager", rows=("a2c_atari",)),
     ],
