@@ -517,8 +517,7 @@ class Run:
                 self.tracker.finish(self.exit_code)
             distributed.end()  # on every path: the process group is left
 
-    def export(self, policy: Any, outputs: list[str], rows: int = 8, state_inputs: tuple[str, ...] = (),
-               **inputs: Any) -> int:
+    def export(self, policy: Any, outputs: list[str], rows: int = 8, **inputs: Any) -> int:
         """``--resume RUN --export FILE``: write ``policy`` (its ``forward`` takes ``obs``, a tensor or a dict of
         them by a Dict space's keys, and ``inputs`` by name) as ONNX, checked against torch on ``rows``
         observations of the env's space (``shared.export``); train nothing. Returns the exit code."""
@@ -541,7 +540,7 @@ class Run:
             else:
                 obs = torch.as_tensor(np.stack(samples))
                 names = ["obs", *inputs]
-            worst = export(policy, {"obs": obs, **inputs}, outputs, self.args.export, state_inputs)
+            worst = export(policy, {"obs": obs, **inputs}, outputs, self.args.export)
             self._say(f"exported the policy of step {self.global_step} to {self.args.export} ({', '.join(names)} in; "
                       f"{', '.join(outputs)} out; onnxruntime within {worst:.1g} of torch)")
             self.exit_code = 0
