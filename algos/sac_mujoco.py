@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from shared import distributed
 from shared.argtypes import Fraction, NonNegInt, PositiveFloat, PositiveInt, Range
 from shared.cli import RunArgs, check_replay_sizes, parse_args
-from shared.compiling import compiled
+from shared.compiling import compiled, graphed
 from shared.device import to_host
 from shared.envs import EpisodeTally, make_envs
 from shared.namedarraytuple import namedarraytuple
@@ -201,6 +201,7 @@ class Policy(nn.Module):
 Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated", "truncated"])
 
 
+@graphed
 @compiled
 def policy_step(actor: Actor, obs: torch.Tensor, bf16: bool) -> torch.Tensor:
     """The acting step: actions [B, A] in [-1, 1] sampled from the policy at observations [B, S]."""
@@ -288,10 +289,11 @@ def sac_alpha_loss(log_alpha: torch.Tensor, log_pi: torch.Tensor, target_entropy
     return -(log_alpha * (log_pi + target_entropy)).mean()
 
 
-def sac_update(actor, critics, target_critics, log_alpha, optimizers, batch, obs_norm: ObsNorm, args: Args, device) -> dict:
-    """One SAC update from a replay batch: critics, actor, temperature, then soft targets."""
+@graphed
+def sac_update(actor, critics, target_critics, log_alpha, optimizers, b: dict, args: Args) -> dict:
+    """One SAC update from the batch ``b`` (tensors [N, ...]): critics, actor, temperature, then soft targets (one CUDA
+    graph under --compile on a GPU)."""
     actor_opt, critic_opt = optimizers["actor_optimizer"], optimizers["critic_optimizer"]
-    b = to_tensors(batch, obs_norm, device)
     target_entropy = -float(b["action"].shape[1])  # -|A|
     alpha = log_alpha.exp().detach()
 
@@ -394,7 +396,8 @@ def main() -> int:
                 global_step, waits = sampler.exchange(run, actor, updates)
             for _ in range(pacer.due(global_step, updates)):  # replay_ratio samples per env step
                 batch, _ = buffer.sample(args.batch_size)  # [N, ...]
-                stats = sac_update(actor, critics, target_critics, log_alpha, optimizers, batch, obs_norm, args, run.device)
+                b = to_tensors(batch, obs_norm, run.device)
+                stats = sac_update(actor, critics, target_critics, log_alpha, optimizers, b, args)
                 updates += 1
             if run.periodic(global_step, **stats, updates=updates, **waits):
                 break  # --stop-at-return reached, or a signal: finish ends as Ctrl-C does

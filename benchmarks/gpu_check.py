@@ -73,9 +73,9 @@ def _figures() -> dict[str, tuple[str, str, str]]:
     figs["sb3-ppo-cuda"] = ("ppo_training", f"sb3('{BREAKOUT}', {PPO_STEPS}, 'cuda')", "SPS")
     # the envs alone, random actions (no policy, no GPU): what bounds the PPO figures above if the GPU does not
     figs["ppo-envs-serial"] = ("ppo_sampling", f"envs_only('{BREAKOUT}', 8, 'serial', 10.0)", "SPS")
-    # SAC's update alone, four ways (benchmarks/update_speed.py): where compiled SAC's 156 SPS on the H200 went, and
-    # what one CUDA graph for the whole update (LeanRL's way) would gain
-    for mode in ("eager", "compile", "graph", "graph-compile"):
+    # SAC's update alone (benchmarks/update_speed.py): eager, --compile (the whole update one CUDA graph), the same
+    # without the capture, and the capture of eager kernels
+    for mode in ("eager", "compile", "compile-no-graph", "graph-eager"):
         figs[f"sac-update-{mode}-cuda"] = ("update_speed", f"sac_updates_per_second('cuda', '{mode}')", "updates/s")
     figs["sac-update-eager-cpu"] = ("update_speed", "sac_updates_per_second('cpu', 'eager')", "updates/s")
     pair("sac-serial", "continuous_training", f"ours('sac_mujoco.py', 'HalfCheetah-v5', {SAC_STEPS}, 'serial', [], "

@@ -1,35 +1,29 @@
-"""SAC's update alone, in updates per second, four ways side by side on one device: where a compiled SAC's time per
-step goes on a GPU, and what capturing the whole update as one CUDA graph would gain.
-
-Compiled SAC on an H200 ran 155.8 SPS (6.4 ms per step, one update per step) where LeanRL reports 725 on an H100
-(docs/gpu.md). ``--compile`` today compiles the three losses and the acting step (CUDA graphs through torch's
-``reduce-overhead``); the backward calls, the three optimiser steps, zeroing the gradients and the target update
-run eagerly, one launch at a time, and each compiled call pays its Python wrappers. LeanRL instead captures the
-whole update, backward and optimiser steps included, as one CUDA graph. This measures the update of
-``algos/sac_mujoco.py`` (its own ``sac_update``, networks and losses, imported, not copied) on a replay-shaped
-batch uploaded from numpy each time, as the script does:
+"""SAC's update alone, in updates per second, side by side on one device: what ``--compile`` does to the update of
+``algos/sac_mujoco.py`` (its own ``sac_update``, networks and losses, imported, not copied), on a replay-shaped batch
+uploaded from numpy each time, as the script does:
 
 - ``eager``: as the script runs without ``--compile``;
-- ``compile``: as with ``--compile`` (``shared.compiling.enable``);
-- ``graph`` (CUDA only): the same ``sac_update`` captured once as one ``torch.cuda.CUDAGraph`` after three warm-up
-  updates on a side stream, then replayed, the uploaded batch copied into the captured one first (Adam made
-  ``capturable``, so its step counts live on the GPU);
-- ``graph-compile`` (CUDA only): as ``graph`` with the three losses compiled without CUDA graphs of their own
-  (inductor's fused kernels inside the one captured graph, as LeanRL does).
+- ``compile``: as with ``--compile`` (``shared.compiling.enable``): the losses compiled by inductor and, on CUDA, the
+  whole update (forward, backward, optimiser steps, target update) one CUDA graph, replayed (``@graphed``);
+- ``compile-no-graph`` (CUDA only): the same without the capture (``RL_COMPILE_GRAPHS=0``): the graph protocol's
+  copies, then every kernel launched one at a time;
+- ``graph-eager`` (CUDA only): the capture of eager kernels (dynamo's ``eager`` backend): what the graph alone gains.
 
-On a CPU only the first two run; ``--hidden 8 --batch-size 8`` makes the arithmetic negligible, so that what is
-left is the host's own cost per update: the part a GPU cannot hide unless the update is one graph.
+Before issue 61 (27e77f9, one H200): eager 136.7, the old ``--compile`` (each loss its own CUDA graph, backward and
+optimiser steps launched one at a time) 192.8, the whole update captured by hand 1,853.5, with compiled losses
+2,642.6 updates/s. On a CPU only the first two run; ``--hidden 8 --batch-size 8`` makes the arithmetic
+negligible, so that what is left is the host's own cost per update.
 
     python benchmarks/update_speed.py [--device cpu] [--hidden 256] [--batch-size 256] [--updates 300]
-                                      [--modes eager compile graph graph-compile]
+                                      [--modes eager compile compile-no-graph graph-eager]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
-import warnings
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -37,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "algos"))
 
-MODES = ("eager", "compile", "graph", "graph-compile")
+MODES = ("eager", "compile", "compile-no-graph", "graph-eager")
+CUDA_ONLY = ("compile-no-graph", "graph-eager")
 OBS_DIM, ACT_DIM = 17, 6  # HalfCheetah
 
 
@@ -55,7 +50,7 @@ def sac_updates_per_second(device: str, mode: str, hidden: int = 256, batch_size
     dev = torch.device(device)
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
-    if mode.startswith("graph") and dev.type != "cuda":
+    if mode in CUDA_ONLY and dev.type != "cuda":
         raise ValueError(f"{mode} needs a CUDA device")
     torch.manual_seed(1)
     args = sac.Args(hidden=hidden, batch_size=batch_size)
@@ -68,18 +63,18 @@ def sac_updates_per_second(device: str, mode: str, hidden: int = 256, batch_size
                             action=np.tanh(f32(batch_size, ACT_DIM)), n_step_return=f32(batch_size),
                             terminated_n=np.zeros(batch_size, np.float32),
                             bootstrap_discount=np.full(batch_size, 0.99, np.float32))
-    update = lambda: sac.sac_update(actor, critics, target_critics, log_alpha, optimizers, batch,
-                                    obs_norm, args, dev)
-    saved = {name: getattr(sac, name) for name in ("sac_critic_loss", "sac_actor_loss", "sac_alpha_loss",
-                                                   "to_tensors")}
+
+    def update():
+        b = sac.to_tensors(batch, obs_norm, dev)
+        return sac.sac_update(actor, critics, target_critics, log_alpha, optimizers, b, args)
+
+    env = {"compile-no-graph": ("RL_COMPILE_GRAPHS", "0"), "graph-eager": ("RL_COMPILE_BACKEND", "eager")}.get(mode)
+    saved_env = os.environ.get(env[0]) if env else None
     try:
-        if mode == "compile":
+        if env:
+            os.environ[env[0]] = env[1]
+        if mode != "eager":
             compiling.enable(dev)
-        if mode == "graph-compile":  # the losses as inductor kernels, no CUDA graphs of their own
-            for name in ("sac_critic_loss", "sac_actor_loss", "sac_alpha_loss"):
-                setattr(sac, name, torch.compile(saved[name].__wrapped__, fullgraph=True, dynamic=False))
-        if mode.startswith("graph"):
-            update = _graphed(sac, saved["to_tensors"], update, optimizers, batch, obs_norm, dev)
         for _ in range(max(3, updates // 4)):
             update()
         _sync(dev)
@@ -100,39 +95,11 @@ def sac_updates_per_second(device: str, mode: str, hidden: int = 256, batch_size
                                f"alpha unchanged")
         return updates / seconds
     finally:
-        for name, fn in saved.items():
-            setattr(sac, name, fn)
         compiling.disable()
-
-
-def _graphed(sac, to_tensors, update, optimizers, batch, obs_norm, dev):
-    """``update`` captured once as one CUDA graph; the returned function uploads the batch, copies it into the
-    captured tensors and replays the graph (module docstring)."""
-    import torch
-
-    for opt in optimizers.values():  # Adam keeps its step counts on the GPU, as capture needs
-        for group in opt.param_groups:
-            group["capturable"] = True
-    static = to_tensors(batch, obs_norm, dev)
-    sac.to_tensors = lambda *_: static  # sac_update reads the captured batch
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side), warnings.catch_warnings():  # warm-up off the capture: Adam's state, compiling
-        warnings.filterwarnings("ignore", message=".*capturable=True.*")  # Adam says it runs outside a capture
-        for _ in range(3):
-            update()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = update()
-
-    def replay():
-        for key, value in to_tensors(batch, obs_norm, dev).items():
-            static[key].copy_(value, non_blocking=True)
-        graph.replay()
-        return out
-
-    return replay
+        if env and saved_env is None:
+            os.environ.pop(env[0], None)
+        elif env:
+            os.environ[env[0]] = saved_env
 
 
 def _sync(dev) -> None:
@@ -161,9 +128,9 @@ def main() -> int:
             p.error(f"--device {a.device}: no CUDA device here")
     except RuntimeError as e:
         p.error(f"--device {a.device}: {e}")
-    if a.modes and device.type != "cuda" and any(m.startswith("graph") for m in a.modes):
-        p.error(f"the graph modes need a CUDA device, not {a.device}")
-    modes = a.modes or [m for m in MODES if device.type == "cuda" or not m.startswith("graph")]
+    if a.modes and device.type != "cuda" and any(m in CUDA_ONLY for m in a.modes):
+        p.error(f"{', '.join(CUDA_ONLY)} need a CUDA device, not {a.device}")
+    modes = a.modes or [m for m in MODES if device.type == "cuda" or m not in CUDA_ONLY]
     print(f"SAC update (HalfCheetah shapes), hidden {a.hidden}, batch {a.batch_size}, {a.updates} timed updates, "
           f"device {a.device}")
     base = None

@@ -11,7 +11,8 @@ Guarantees
   naming the script that wrote it or the flags that differ (``resume_mismatch``). A generator saved on another
   kind of device (a CUDA run's Philox state resumed on a CPU, or the reverse: states of another size) is reseeded
   from a hash of the saved state, with one warning line: the run goes on, deterministically, with other draws
-  than it would have made. ``state_of(objects)`` is the inverse, for ``save``.
+  than it would have made. ``state_of(objects)`` is the inverse, for ``save``; an optimiser's learning rate is
+  saved as a number and not ``capturable`` (``portable``), as a ``--compile`` run on a GPU leaves neither.
 - ``--save-replay``: ``save_replay`` writes the buffer as plain arrays (``replay.npz``) before the checkpoint
   that records its cursor; ``restore_replay`` restores it only when it is that checkpoint's, ends its episodes
   as a time limit would (the envs start afresh) and says so; a missing or stale replay gives one warning.
@@ -89,9 +90,19 @@ def state_of(objects: dict[str, Any]) -> dict[str, Any]:
             out[name] = obj.get_state()
         elif isinstance(obj, torch.Tensor):
             out[name] = obj.detach()
+        elif isinstance(obj, torch.optim.Optimizer):
+            out[name] = portable(obj.state_dict())
         else:
             out[name] = obj.state_dict()
     return out
+
+
+def portable(optimizer_state: dict) -> dict:
+    """An optimiser's state as an eager run on any device loads it: a learning rate that a CUDA graph made a device
+    tensor (``shared.compiling``) saved as a number, not ``capturable`` (which a CPU optimiser refuses)."""
+    groups = [{**g, "lr": float(g["lr"]), "capturable": False} if "capturable" in g else {**g, "lr": float(g["lr"])}
+              for g in optimizer_state["param_groups"]]
+    return {**optimizer_state, "param_groups": groups}
 
 
 def restore(resumed: dict, objects: dict[str, Any], args: Any, script: str) -> None:

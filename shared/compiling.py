@@ -1,34 +1,51 @@
-"""``--compile``: a script's acting step and update loss through ``torch.compile``; eager otherwise.
+"""``--compile``: a script's losses through ``torch.compile``, and each update and acting step one CUDA graph on a GPU.
 
-A script marks what it compiles with ``@compiled``. Such a function runs as written (eager: the reference)
-until ``enable(device)`` is called, which ``Run.setup()`` does under ``--compile``; from then on, in this
-process, each call goes through ``torch.compile(fn, fullgraph=True, dynamic=False)``.
+A script marks a loss or a forward pass ``@compiled`` and a whole update or acting step ``@graphed``. Both run as
+written (eager: the reference) until ``enable(device)`` is called, which ``Run.setup()`` does under ``--compile``.
 
-Guarantees
-- ``fullgraph``: a graph break is an error at the first call (torch's message names the line), never a silent
-  fallback to eager pieces. ``dynamic=False``: a new shape, dtype or Python constant is a recompile, never a
-  silently slower symbolic graph; the scripts keep their shapes static (the PPO family's minibatches are all of
-  one size, the final rows in them weighted 0).
+``@compiled`` (from ``enable`` on, in this process)
+- Each call goes through ``torch.compile(fn, fullgraph=True, dynamic=False)``: a graph break is an error at the
+  first call (torch's message names the line), never a silent fallback to eager pieces; a new shape, dtype or
+  Python constant is a recompile, never a silently slower symbolic graph (the scripts keep their shapes static:
+  the PPO family's minibatches are all of one size, the final rows in them weighted 0).
 - The backward is compiled with the forward (AOTAutograd, not lazily at the first ``backward()``), so that
   ``report()`` counts every graph and the seconds spent compiling them: ``{"compiled_graphs": n, "compile_s":
   s}``. A count that grows after the first iterations is a recompile; with ``RL_COMPILE_STRICT=1`` (the tests)
-  a recompile is an error.
-- On CUDA the graphs are replayed as CUDA graphs (``mode="reduce-overhead"``: torch's own, no extra
-  dependency). A CUDA graph's outputs live in memory its next replay overwrites, so every tensor a compiled
-  function returns is cloned (a few tiny copies), and each call begins a new CUDA-graph step. The gradients the
-  backward graph writes are not cloned: every script clears them (``zero_grad(set_to_none=True)``) before each
-  backward and steps before the next compiled call; accumulating gradients over several calls would need a copy.
-- ``RL_COMPILE_BACKEND`` picks torch's backend (default ``inductor``; ``aot_eager`` traces the same graphs,
-  forward and backward, without generating code: how the tests check graph breaks and recompiles cheaply).
-- Random draws inside a compiled function (a policy's sample, SAC's noise) come from inductor's own generator,
-  seeded by torch's: a compiled run samples from the same distributions as an eager one, not the same numbers
-  (``aot_eager`` draws eager's, and so does inductor with ``RL_COMPILE_EAGER_RANDOM=1``). Updates without random
-  draws agree with eager within float rounding.
-- A ``--sampler async`` sampler process never calls ``enable``: it acts eagerly, on the CPU.
-- What stays outside a graph by design: the env step, host-device copies, the replay's gather, the call of
-  ``loss.backward()`` (it runs the compiled backward graph), the gradient all-reduce under torchrun, gradient
-  clipping and the optimiser step (a fused Adam is already one kernel; torch's optimisers break graphs on
-  purpose, pytorch issue 104053), and the target networks' update (one in-place lerp per parameter tensor).
+  a recompile is an error. ``RL_COMPILE_BACKEND`` picks torch's backend (default ``inductor``; ``aot_eager``
+  traces the same graphs without generating code: how the tests check graph breaks and recompiles cheaply).
+- No CUDA graphs of its own (inductor's default mode): on a GPU the ``@graphed`` call around it captures its
+  kernels with everything else.
+
+``@graphed`` (from ``enable`` on, in this process): one call is one CUDA graph replay
+- The call's tensor arguments (inside dicts, lists, tuples and namedarraytuples too) are its data: each call
+  copies them into the graph's static inputs, which were allocated at its first call, one copy per tensor, and
+  none for a tensor that is the one copied last time and unchanged since (same object, same version: the PPO
+  family's rollout, copied once for all its minibatches). A tensor that requires grad (a parameter, SAC's log
+  alpha) is state, as are modules, optimisers and every other argument: used in place, never copied. Python
+  values (bools, ints, floats, strings; TD3's ``update_actor``) and the identity of every other argument pick
+  the graph: another value is another graph (TD3's delayed actor update has its own). More than
+  ``MAX_GRAPHS`` graphs for one function is an error (a value that changes every call must be a tensor).
+- On CUDA, each graph is captured at the third call with its key, after two calls run as written on a side
+  stream (they are the run's real first updates: optimiser state, cuDNN's choices and compiling happen there,
+  no update is repeated), and every later call replays it: forward, loss, backward, clipping, optimiser steps
+  and target updates in one launch. Before the first call the optimisers among the arguments are made
+  ``capturable`` (Adam's step counts on the device) and their learning rates become device tensors: anneal
+  one with ``set_lr``; replacing it by a number in the param group is an error at the next call, never a
+  change the graph silently ignores.
+- Random draws inside a graph (a policy's sample, SAC's and TD3's noise) differ between replays (torch's CUDA
+  generator advances its offset at each replay) and follow the same distributions as eager's.
+- The outputs are copied out of the graph (its next replay overwrites them): one stack for the scalar
+  statistics, one copy for each other tensor. Gradients stay in the graph's memory, as does anything else the
+  function leaves in modules (``.grad``); the parameters and optimiser states are the live ones.
+- ``collective(op)``: an operation that must not be captured (torchrun's all-reduce over NCCL) runs at once
+  outside a capture; inside one it ends the graph, runs between it and the next at every replay, and the call
+  goes on in a new graph of the same memory pool. ``shared.distributed`` sends every all-reduce through it, so
+  the gradients are averaged between graphs and equal on every rank.
+- On the CPU (and on CUDA with ``RL_COMPILE_GRAPHS=0``) the same protocol runs without the capture: static
+  inputs copied in, the function called on them, outputs copied out; so the CPU tests exercise everything but
+  the capture itself. ``report()`` adds ``cuda_graphs``, the graphs captured so far.
+- An async sampler process never calls ``enable``: it acts eagerly, on the CPU. What stays outside every graph:
+  the env step, host-device copies, the replay's gather and the host's GAE.
 (torch is imported where it is used: ``shared.run`` imports this module without it.)
 """
 
@@ -40,35 +57,33 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-__all__ = ["backend", "compiled", "disable", "enable", "enabled", "report"]
+__all__ = ["MAX_GRAPHS", "backend", "collective", "compiled", "disable", "enable", "enabled", "graphed", "report",
+           "set_lr"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+MAX_GRAPHS = 8  # graphs one @graphed function may capture; more means a changing Python value (module docstring)
+WARMUP_CALLS = 2  # calls of a key run as written before its capture (optimiser state, cuDNN, compiling)
 
-_state: dict[str, Any] = {"device": None, "graphs": 0, "seconds": 0.0, "skips": 0}
+_state: dict[str, Any] = {"device": None, "graphs": 0, "seconds": 0.0, "cuda_graphs": 0, "capture": None}
 
 
 def enable(device: Any) -> None:
-    """From now on, in this process, every ``@compiled`` function is compiled for ``device``."""
+    """From now on, in this process, every ``@compiled`` function is compiled for ``device`` and every ``@graphed``
+    one runs the graph protocol (captured on CUDA)."""
     import torch
     import torch._dynamo.config
-    import torch._dynamo.utils
     import torch._functorch.config
     import torch._inductor.config
 
     torch._functorch.config.force_non_lazy_backward_lowering = True  # the backward compiles with the forward
-    strict = os.environ.get("RL_COMPILE_STRICT") == "1"
-    torch._dynamo.config.error_on_recompile = strict
-    # A CUDA graph inductor cannot capture (a mutated input, a CPU tensor, an unsafe op) is skipped with a log line
-    # nobody sees by default and the kernels then run one launch at a time: counted in report(), an error if strict.
-    torch._inductor.config.triton.cudagraph_or_error = strict
+    torch._dynamo.config.error_on_recompile = os.environ.get("RL_COMPILE_STRICT") == "1"
     # Lets a compiled function read an nn.LSTM's weights: shared.rnn.lstm_rows steps it (the fused kernel
     # fails to compile for some inputs, torch 2.13: shared/rnn.py).
     torch._dynamo.config.allow_rnn = True
     # RL_COMPILE_EAGER_RANDOM=1: inductor draws eager's random numbers (slower), so that a compiled run can be
     # compared with an eager one number for number (the slow tier's numerics test).
     torch._inductor.config.fallback_random = os.environ.get("RL_COMPILE_EAGER_RANDOM") == "1"
-    skips = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"]  # process-wide: counted from here on
-    _state.update(device=torch.device(device), graphs=0, seconds=0.0, skips=skips)
+    _state.update(device=torch.device(device), graphs=0, seconds=0.0, cuda_graphs=0, capture=None)
 
 
 def disable() -> None:
@@ -84,15 +99,17 @@ def enabled() -> bool:
     return _state["device"] is not None
 
 
-def report() -> dict[str, float]:
-    """The graphs compiled so far in this process and the seconds spent compiling them; on CUDA with inductor also
-    the graphs it ran without a CUDA graph since ``enable`` (``cudagraph_skips``: 0 unless something keeps a graph
-    from capture)."""
-    out = {"compiled_graphs": _state["graphs"], "compile_s": round(_state["seconds"], 3)}
-    if _state["device"] is not None and _state["device"].type == "cuda" and backend() == "inductor":
-        import torch._dynamo.utils
+def capturing() -> bool:
+    """Whether this process is capturing a CUDA graph now: the host must not read the device."""
+    return _state["capture"] is not None
 
-        out["cudagraph_skips"] = torch._dynamo.utils.counters["inductor"]["cudagraph_skips"] - _state["skips"]
+
+def report() -> dict[str, float]:
+    """The graphs compiled so far in this process and the seconds spent compiling them; on CUDA also the CUDA graphs
+    captured (``cuda_graphs``)."""
+    out = {"compiled_graphs": _state["graphs"], "compile_s": round(_state["seconds"], 3)}
+    if _state["device"] is not None and _state["device"].type == "cuda":
+        out["cuda_graphs"] = _state["cuda_graphs"]
     return out
 
 
@@ -108,20 +125,214 @@ def compiled(fn: F) -> F:
         if device is None:
             return fn(*args, **kwargs)
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
-        cuda_graphs = device.type == "cuda"
         if device not in cache:
-            mode = "reduce-overhead" if cuda_graphs and backend() == "inductor" else None
-            cache[device] = torch.compile(fn, fullgraph=True, dynamic=False, backend=backend(), mode=mode)
-        if cuda_graphs:
-            torch.compiler.cudagraph_mark_step_begin()
+            cache[device] = torch.compile(fn, fullgraph=True, dynamic=False, backend=backend())
         start = time.perf_counter()
         out = cache[device](*args, **kwargs)
         new = torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs
         if new:  # this call compiled (the run time of one call is in the figure too: small beside compiling)
             _state["graphs"] += new
             _state["seconds"] += time.perf_counter() - start
-        if cuda_graphs:
-            out = torch.utils._pytree.tree_map_only(torch.Tensor, torch.clone, out)
         return out
 
     return call  # type: ignore[return-value]
+
+
+def set_lr(optimizer: Any, lr: float) -> None:
+    """Every param group's learning rate to ``lr``: in place where it is a tensor (a captured graph reads it)."""
+    for group in optimizer.param_groups:
+        if hasattr(group["lr"], "fill_"):
+            group["lr"].fill_(lr)
+        else:
+            group["lr"] = lr
+
+
+def collective(op: Callable[[], Any]) -> None:
+    """``op()`` now; inside a capture, between this graph and the next at every replay (module docstring)."""
+    capture = _state["capture"]
+    if capture is None:
+        op()
+    else:
+        capture.cut(op)
+
+
+def graphed(fn: F) -> F:
+    """``fn`` as written; under ``enable`` each call is a replay of one CUDA graph on CUDA, the same protocol without
+    the capture elsewhere (module docstring)."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    entries: dict[Any, _Graph] = {}
+
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        device = _state["device"]
+        if device is None:
+            return fn(*args, **kwargs)
+        leaves, spec = pytree.tree_flatten((args, kwargs))
+        data = [isinstance(x, torch.Tensor) and not x.requires_grad for x in leaves]
+        key = (spec, torch.is_grad_enabled(), *(_key(x, d) for x, d in zip(leaves, data)))
+        entry = entries.get(key)
+        if entry is None:
+            if len(entries) >= MAX_GRAPHS:
+                raise RuntimeError(f"@graphed {fn.__qualname__}: a {MAX_GRAPHS + 1}th graph; an argument's value or "
+                                   f"shape changes between calls (pass a changing number as a tensor)")
+            capture = device.type == "cuda" and os.environ.get("RL_COMPILE_GRAPHS", "1") != "0"
+            entry = entries[key] = _Graph(fn, leaves, data, spec, capture)
+        return entry(leaves)
+
+    return call  # type: ignore[return-value]
+
+
+def _key(x: Any, data: bool) -> Any:
+    import torch
+
+    if data:
+        return ("data", tuple(x.shape), x.stride(), x.dtype, x.device)
+    if isinstance(x, (bool, int, float, str, type(None))):
+        return (type(x), x)
+    if isinstance(x, torch.Tensor):
+        return ("state", id(x), tuple(x.shape), x.dtype, x.device)
+    return ("object", id(x))
+
+
+class _Graph:
+    """One key of a ``@graphed`` function: its static inputs, its capture (CUDA) and how a call runs it."""
+
+    def __init__(self, fn: Callable, leaves: list, data: list[bool], spec: Any, capture: bool):
+        import torch
+
+        self.fn, self.spec, self.data, self.capture = fn, spec, data, capture
+        self.leaves = list(leaves)  # the state objects are held: their ids stay theirs while this graph lives
+        self.static = {i: torch.empty_like(x) for i, x in enumerate(leaves) if data[i]}
+        self.last: dict[int, tuple[Any, int]] = {}  # position -> (tensor, version) copied there last
+        self.calls, self.graphs, self.between, self.out = 0, [], [], None
+        self.lrs = [group["lr"] for opt in self._optimizers() for group in opt.param_groups]
+        if capture:
+            import torch
+
+            self.side = torch.cuda.Stream()
+            self._prepare_optimizers()
+
+    def _optimizers(self) -> list:
+        import torch
+
+        return [x for x in self.leaves if isinstance(x, torch.optim.Optimizer)]
+
+    def _prepare_optimizers(self) -> None:
+        """Capturable optimisers: step counts on the parameters' device, learning rates device tensors."""
+        import torch
+
+        self.lrs = []
+        for opt in self._optimizers():
+            for group in opt.param_groups:
+                device = group["params"][0].device
+                group["capturable"] = True
+                if not isinstance(group["lr"], torch.Tensor):
+                    group["lr"] = torch.tensor(float(group["lr"]), device=device)
+                self.lrs.append(group["lr"])
+                for p in group["params"]:
+                    step = opt.state.get(p, {}).get("step")
+                    if isinstance(step, torch.Tensor) and step.device != device:
+                        opt.state[p]["step"] = step.to(device)
+
+    def _copy_in(self, leaves: list) -> list:
+        args = list(self.leaves)
+        for i, static in self.static.items():
+            x, last = leaves[i], self.last.get(i)
+            if last is None or last[0] is not x or last[1] != x._version:
+                static.copy_(x, non_blocking=True)
+                self.last[i] = (x, x._version)  # held: its id cannot pass to another tensor meanwhile
+            args[i] = static
+        return args
+
+    def __call__(self, leaves: list) -> Any:
+        import torch
+        import torch.utils._pytree as pytree
+
+        lrs = [group["lr"] for opt in self._optimizers() for group in opt.param_groups]
+        if self.capture and any(a is not b for a, b in zip(lrs, self.lrs)):
+            raise RuntimeError(f"@graphed {self.fn.__qualname__}: an optimiser's learning rate was replaced; "
+                               "anneal it with shared.compiling.set_lr (the graph reads the tensor it captured)")
+        args = self._copy_in(leaves)
+        self.calls += 1
+        if self.capture and self.calls > WARMUP_CALLS:
+            if not self.graphs:
+                self._capture(args)
+            for i, graph in enumerate(self.graphs):
+                graph.replay()
+                if i < len(self.between):
+                    self.between[i]()
+            return _copy_out(self.out)
+        a, k = pytree.tree_unflatten(args, self.spec)
+        versions = {i: s._version for i, s in self.static.items()}
+        if self.capture:  # a warm-up call, on a side stream as a capture will be
+            self.side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.side):
+                out = self.fn(*a, **k)
+            torch.cuda.current_stream().wait_stream(self.side)
+        else:
+            out = _copy_out(self.fn(*a, **k))
+        changed = [i for i, s in self.static.items() if s._version != versions[i]]
+        if changed:  # a replay would write the static copy, never the caller's tensor
+            raise RuntimeError(f"@graphed {self.fn.__qualname__} writes its data argument(s) {changed} in place; "
+                               "return the new values instead (or pass a tensor that requires grad: state)")
+        return out
+
+    def _capture(self, args: list) -> None:
+        import torch
+        import torch.utils._pytree as pytree
+
+        a, k = pytree.tree_unflatten(args, self.spec)
+        torch.cuda.synchronize()
+        capture = _Capture(self, torch.cuda.graph_pool_handle())
+        with torch.cuda.stream(self.side):
+            _state["capture"] = capture
+            try:
+                capture.begin()
+                self.out = self.fn(*a, **k)
+                capture.end()
+            finally:
+                _state["capture"] = None
+        torch.cuda.current_stream().wait_stream(self.side)
+        _state["cuda_graphs"] += len(self.graphs)
+
+
+class _Capture:
+    """The graphs of one capture, cut where ``collective`` is called."""
+
+    def __init__(self, owner: _Graph, pool: Any):
+        self.owner, self.pool, self.graph = owner, pool, None
+
+    def begin(self) -> None:
+        import torch
+
+        self.graph = torch.cuda.CUDAGraph()
+        self.graph.capture_begin(pool=self.pool, capture_error_mode="thread_local")
+
+    def end(self) -> None:
+        self.graph.capture_end()
+        self.owner.graphs.append(self.graph)
+
+    def cut(self, op: Callable[[], Any]) -> None:
+        self.end()
+        self.owner.between.append(op)
+        self.begin()
+
+
+def _copy_out(out: Any) -> Any:
+    """``out`` with every tensor copied: the 0-d floating ones in one stack, the others one by one."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    leaves, spec = pytree.tree_flatten(out)
+    scalars = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.dim() == 0 and x.dtype == torch.float32]
+    copies = list(leaves)
+    if scalars:
+        stacked = torch.stack([leaves[i].detach() for i in scalars]).unbind()
+        for i, x in zip(scalars, stacked):
+            copies[i] = x
+    for i, x in enumerate(leaves):
+        if isinstance(x, torch.Tensor) and i not in scalars:
+            copies[i] = x.detach().clone()
+    return pytree.tree_unflatten(copies, spec)

@@ -23,7 +23,8 @@ Guarantees
 - ``env_seed(seed, num_envs)`` gives rank r's env i the seed ``seed + r * num_envs + i`` (gymnasium adds i):
   every env of the job gets a distinct seed.
 - ``average_gradients(module)`` replaces each gradient by the mean over ranks: with equal per-rank batches,
-  the gradient of the concatenated batch. ``mean_std(x)`` is ``x.mean(), x.std()`` over every rank's ``x``.
+  the gradient of the concatenated batch. Every all-reduce goes through ``shared.compiling.collective``: inside
+  a ``@graphed`` update's capture it runs between two graphs at each replay, never inside one. ``mean_std(x)`` is ``x.mean(), x.std()`` over every rank's ``x``.
 - ``any_rank(*flags)``, ``min_over_ranks(n)`` and ``gather_objects(obj)`` are the agreements the loops need:
   every decision that changes how many collectives a rank runs (a stop, how many updates are due) is reduced
   first, so no rank waits in a collective its peers skipped.
@@ -37,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from shared import signals
+from shared import compiling, signals
 
 __all__ = ["TIMEOUT_S", "RanksDiverged", "any_rank", "average_gradients", "check_in_sync", "end", "env_seed",
            "gather_objects", "in_lockstep", "is_main", "local_rank", "lost_peer", "mean_std", "min_over_ranks",
@@ -179,7 +180,7 @@ def average_gradients(*modules: Any) -> None:
     if not grads:
         return
     flat = torch.cat([g.reshape(-1) for g in grads])
-    dist.all_reduce(flat)
+    compiling.collective(lambda: dist.all_reduce(flat))  # inside a CUDA graph's capture: between two graphs
     flat /= world_size()
     offset = 0
     for g in grads:
@@ -199,7 +200,7 @@ def mean_std(x: Any, weight: Any = None) -> tuple[Any, Any]:
     if in_lockstep():
         import torch.distributed as dist
 
-        dist.all_reduce(s)
+        compiling.collective(lambda: dist.all_reduce(s))
     n = s[2]
     mean = s[0] / n.clamp(min=1)
     var = (s[1] - n * mean * mean) / (n - 1).clamp(min=1)
@@ -218,12 +219,12 @@ def moments(x: Any) -> tuple[Any, Any, Any]:
     if in_lockstep():
         import torch.distributed as dist
 
-        dist.all_reduce(s)
+        compiling.collective(lambda: dist.all_reduce(s))
     n = s[-1]
     mean = s[:-1] / n.clamp(min=1.0)
     sq = ((x - mean) ** 2).sum(0)
     if in_lockstep():
-        dist.all_reduce(sq)
+        compiling.collective(lambda: dist.all_reduce(sq))
     return n, mean, sq / n.clamp(min=1.0)
 
 

@@ -1,0 +1,274 @@
+"""``shared.compiling.graphed``: a whole update (or acting step) as one CUDA graph under ``--compile``.
+
+The CPU tests run the protocol without the capture (static inputs copied in, the same function called, outputs
+copied out) and check what it promises: eager and graphed updates agree, data is copied and state is used in place,
+a changing Python value is another graph (and too many an error), a function that writes its data argument is
+refused, outputs survive the next call. The ``cuda`` tests add the capture itself: compiled and captured updates
+agree with eager ones over 20 updates, random draws differ between replays, a learning rate anneals through
+``set_lr`` and a replaced one is refused, and a collective cuts the capture into graphs run around it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+from shared import compiling
+
+
+def on_cuda(test):
+    """Marked ``cuda`` and skipped where torch sees no CUDA device."""
+    return pytest.mark.cuda(pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")(test))
+
+
+@pytest.fixture
+def enabled(request):
+    """``compiling.enable`` on the device of the test's parameter (default cpu), ``disable`` after."""
+    device = getattr(request, "param", "cpu")
+    compiling.enable(device)
+    yield torch.device(device)
+    compiling.disable()
+
+
+def make_learner(device, lr=1e-2, seed=0):
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 3)).to(device)
+    target = nn.Sequential(nn.Linear(4, 32), nn.ReLU(), nn.Linear(32, 3)).to(device)
+    target.load_state_dict(net.state_dict())
+    target.requires_grad_(False)
+    opt = torch.optim.Adam(net.parameters(), lr=lr, fused=device.type in ("cpu", "cuda"))
+    return net, target, opt
+
+
+def td_update(net, target, opt, b: dict, gamma: float) -> dict:
+    """A DQN-like update with no random draw: loss, backward, clipping, Adam, soft target update."""
+    q = net(b["obs"]).gather(1, b["action"][:, None])[:, 0]
+    with torch.no_grad():
+        y = b["reward"] + gamma * target(b["next_obs"]).max(1).values
+    loss = ((q - y) ** 2).mean()
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    norm = nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+    opt.step()
+    with torch.no_grad():
+        for tp, p in zip(target.parameters(), net.parameters()):
+            tp.lerp_(p, 0.1)
+    return {"loss": loss.detach(), "grad_norm": norm, "q": q.detach()}
+
+
+graphed_td_update = compiling.graphed(td_update)
+
+
+def batches(n: int, device, seed: int = 1) -> list[dict]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        out.append({"obs": torch.randn(16, 4, generator=g), "action": torch.randint(0, 3, (16,), generator=g),
+                    "reward": torch.randn(16, generator=g), "next_obs": torch.randn(16, 4, generator=g)})
+    return [{k: v.to(device) for k, v in b.items()} for b in out]
+
+
+def train(update, device, n: int = 20) -> tuple[list, list]:
+    net, target, opt = make_learner(device)
+    stats = [update(net, target, opt, b, 0.9) for b in batches(n, device)]
+    return [p.detach().cpu().clone() for p in (*net.parameters(), *target.parameters())], stats
+
+
+@pytest.mark.unit
+def test_without_enable_a_graphed_function_is_the_function():
+    seen = []
+    f = compiling.graphed(lambda x: seen.append(x) or x * 2)
+    x = torch.ones(3)
+    assert torch.equal(f(x), x * 2) and seen[0] is x  # the caller's tensor itself, no static copy
+
+
+@pytest.mark.unit
+def test_the_protocol_on_the_cpu_updates_as_eager_does(enabled):
+    """20 updates through the protocol (static inputs, outputs copied out) give eager's parameters bit for bit and
+    the same statistics, each call's own (an output is not overwritten by the next call)."""
+    compiling.disable()
+    eager, eager_stats = train(td_update, torch.device("cpu"))
+    compiling.enable("cpu")
+    graphed, graphed_stats = train(graphed_td_update, torch.device("cpu"))
+    for a, b in zip(eager, graphed):
+        assert torch.equal(a, b)
+    for a, b in zip(eager_stats, graphed_stats):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    assert len({float(s["loss"]) for s in graphed_stats}) == 20  # each row its own update's
+
+
+@pytest.mark.unit
+def test_data_is_copied_into_static_inputs_once_per_change_and_state_is_used_in_place(enabled):
+    seen = []
+
+    @compiling.graphed
+    def f(w, x):
+        seen.append(x)
+        with torch.no_grad():
+            w.add_(x.sum())
+        return x + 1
+
+    w = torch.zeros((), requires_grad=True)  # state: requires grad
+    x = torch.ones(3)
+    f(w, x)
+    f(w, x)
+    assert seen[0] is seen[1] and seen[0] is not x  # one static input, not the caller's tensor
+    assert float(w.detach()) == 6.0  # the caller's parameter, written in place
+    copies = []
+    real_copy = torch.Tensor.copy_
+    try:
+        torch.Tensor.copy_ = lambda self, src, non_blocking=False: copies.append(1) or real_copy(self, src)
+        f(w, x)  # the same tensor, unchanged: no copy
+        assert copies == []
+        x.add_(1)  # changed in place: copied again
+        out = f(w, x)
+        assert copies == [1] and torch.equal(out, torch.full((3,), 3.0))
+        f(w, torch.ones(3))  # another tensor: copied
+        assert copies == [1, 1]
+    finally:
+        torch.Tensor.copy_ = real_copy
+
+
+@pytest.mark.unit
+def test_a_python_value_picks_the_graph_and_too_many_graphs_is_an_error(enabled):
+    calls = []
+    f = compiling.graphed(lambda x, flag: calls.append(flag) or (x * 2 if flag else x))
+    x = torch.ones(2)
+    assert torch.equal(f(x, True), x * 2) and torch.equal(f(x, False), x)  # TD3's delayed actor: two graphs
+    for i in range(compiling.MAX_GRAPHS - 2):
+        f(x, float(i))
+    with pytest.raises(RuntimeError, match="pass a changing number as a tensor"):
+        f(x, 99.0)
+
+
+@pytest.mark.unit
+def test_a_function_that_writes_its_data_argument_is_refused(enabled):
+    """A replay would write the static copy, never the caller's tensor: refused at the first call."""
+
+    @compiling.graphed
+    def f(x):
+        x.mul_(2)
+        return x
+
+    with pytest.raises(RuntimeError, match="writes its data argument"):
+        f(torch.ones(2))
+
+
+@pytest.mark.unit
+def test_set_lr_anneals_a_number_or_a_tensor_in_place():
+    net, _, opt = make_learner(torch.device("cpu"))
+    compiling.set_lr(opt, 0.5)
+    assert opt.param_groups[0]["lr"] == 0.5
+    opt.param_groups[0]["lr"] = torch.tensor(0.1)
+    t = opt.param_groups[0]["lr"]
+    compiling.set_lr(opt, 0.25)
+    assert opt.param_groups[0]["lr"] is t and float(t) == 0.25
+
+
+@pytest.mark.unit
+def test_collective_runs_at_once_outside_a_capture():
+    ran = []
+    compiling.collective(lambda: ran.append(1))
+    assert ran == [1]
+
+
+@pytest.mark.unit
+def test_a_checkpoint_holds_a_portable_learning_rate():
+    """A capturable optimiser with a device-tensor learning rate is saved as an eager CPU run loads it."""
+    from shared.checkpoint import state_of
+
+    net, _, opt = make_learner(torch.device("cpu"))
+    opt.param_groups[0]["lr"] = torch.tensor(0.01)
+    opt.param_groups[0]["capturable"] = True
+    saved = state_of({"optimizer": opt})["optimizer"]
+    assert saved["param_groups"][0]["lr"] == pytest.approx(0.01) and not saved["param_groups"][0]["capturable"]
+    fresh = make_learner(torch.device("cpu"))[2]
+    fresh.load_state_dict(saved)
+    net(torch.ones(1, 4)).sum().backward()
+    fresh.step()  # a capturable CPU optimiser would refuse this
+
+
+# ---------------------------------------------------------------------------------------------- CUDA
+
+
+@on_cuda
+@pytest.mark.parametrize("enabled", ["cuda"], indirect=True)
+@pytest.mark.parametrize("compile_losses", [False, True])
+def test_captured_updates_agree_with_eager_over_20_updates(enabled, compile_losses):
+    """Forward, backward, clipping, Adam (capturable, device learning rate) and the target update in one graph:
+    eager's parameters within float rounding after 20 updates, 18 of them replays."""
+    compiling.disable()
+    eager, eager_stats = train(td_update, enabled)
+    compiling.enable(enabled)
+    update = compiling.graphed(compiling.compiled(td_update) if compile_losses else td_update)
+    graphed, graphed_stats = train(update, enabled)
+    assert compiling.report()["cuda_graphs"] == 1
+    for a, b in zip(eager, graphed):
+        torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
+    for a, b in zip(eager_stats, graphed_stats):
+        torch.testing.assert_close(b["loss"], a["loss"], rtol=1e-4, atol=1e-5)
+
+
+@on_cuda
+@pytest.mark.parametrize("enabled", ["cuda"], indirect=True)
+def test_random_draws_differ_between_replays(enabled):
+    @compiling.graphed
+    @compiling.compiled
+    def sample(logits):
+        return torch.distributions.Categorical(logits=logits, validate_args=False).sample(), torch.randn(1000,
+                                                                                                          device=logits.device)
+
+    logits = torch.zeros(4096, 6, device=enabled)
+    draws = [sample(logits) for _ in range(6)]  # 2 warm-up calls, then the capture and 3 replays
+    assert compiling.report()["cuda_graphs"] == 1
+    for i in range(len(draws)):
+        for j in range(i):
+            assert not torch.equal(draws[i][0], draws[j][0]) and not torch.equal(draws[i][1], draws[j][1])
+    counts = torch.bincount(torch.cat([d[0] for d in draws[2:]]), minlength=6).float()
+    assert (counts / counts.sum() - 1 / 6).abs().max() < 0.02  # still uniform
+    normal = torch.cat([d[1] for d in draws[2:]])
+    assert abs(float(normal.mean())) < 0.1 and abs(float(normal.std()) - 1) < 0.1
+
+
+@on_cuda
+@pytest.mark.parametrize("enabled", ["cuda"], indirect=True)
+def test_a_learning_rate_anneals_through_set_lr_and_a_replaced_one_is_an_error(enabled):
+    net, target, opt = make_learner(enabled, lr=0.0)
+    b = batches(1, enabled)[0]
+    for _ in range(3):  # warm-up twice, then captured with lr 0: nothing moves
+        graphed_td_update(net, target, opt, b, 0.9)
+    before = [p.detach().clone() for p in net.parameters()]
+    graphed_td_update(net, target, opt, b, 0.9)
+    assert all(torch.equal(a, p) for a, p in zip(before, net.parameters()))
+    compiling.set_lr(opt, 1e-2)
+    graphed_td_update(net, target, opt, b, 0.9)
+    assert not any(torch.equal(a, p) for a, p in zip(before, net.parameters()))
+    opt.param_groups[0]["lr"] = 1e-3
+    with pytest.raises(RuntimeError, match="set_lr"):
+        graphed_td_update(net, target, opt, b, 0.9)
+
+
+@on_cuda
+@pytest.mark.parametrize("enabled", ["cuda"], indirect=True)
+def test_a_collective_cuts_the_capture_and_runs_between_the_graphs(enabled):
+    """What torchrun's all-reduce does inside a captured update: here a stand-in on one GPU that doubles the
+    gradient between the backward graph and the optimiser's."""
+    ran = []
+
+    @compiling.graphed
+    def step(w, x):
+        loss = (w * x).sum()
+        w.grad = None
+        loss.backward()
+        g = w.grad
+        compiling.collective(lambda: ran.append(1) or g.mul_(2))
+        with torch.no_grad():
+            w.sub_(g)
+        return loss.detach()
+
+    w = torch.zeros(3, device=enabled, requires_grad=True)
+    x = torch.ones(3, device=enabled)
+    for _ in range(5):  # 2 eager, the capture (nothing runs) and its replay, 1 replay
+        step(w, x)
+    assert compiling.report()["cuda_graphs"] == 2 and len(ran) == 2 + 2
+    torch.testing.assert_close(w, torch.full((3,), -10.0, device=enabled))
