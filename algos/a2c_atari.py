@@ -40,7 +40,7 @@ from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveInt, Range
 from shared.atari import is_atari, make_atari_env
 from shared.buffer import buffer_from_example
 from shared.cli import RunArgs, bad_args, parse_args
-from shared.compiling import compiled
+from shared.compiling import compiled, graphed, set_lr
 from shared.device import to_host, upload
 from shared.dict_obs import DictTorso, is_dict, obs_example, without_text
 from shared.envs import action_mask, image_shape, make_envs
@@ -255,6 +255,7 @@ def rollout_example(obs_space, n_actions: int, T: int, B: int) -> tuple:
     return one, Bootstrap(obs_example(obs_space, (B,)), np.zeros(B, bool))
 
 
+@graphed
 @compiled
 def policy_step(agent: Agent, obs, mask: torch.Tensor, bf16: bool) -> tuple:
     """The acting step: actions [B] sampled among the valid ones (``mask`` [B, A]), their log-probabilities [B] and the
@@ -341,8 +342,10 @@ def a2c_loss(agent: Agent, data: dict, args: Args) -> tuple:
     return loss, stats
 
 
+@graphed
 def a2c_update(agent: Agent, optimizer, data: dict, args: Args) -> dict:
-    """One gradient step on a2c_loss over the rollout's rows ``data`` [N, ...]; its statistics and the gradient norm."""
+    """One gradient step on a2c_loss over the rollout's rows ``data`` [N, ...] (one CUDA graph under --compile on a
+    GPU); its statistics and the gradient norm."""
     if args.norm_adv:  # over every rank's rows: their gradients are averaged
         mean_adv, std = distributed.mean_std(data["adv"], data["weight"])
         data["adv"] = (data["adv"] - mean_adv) / (std + 1e-8)
@@ -467,7 +470,7 @@ def main() -> int:
         sampler = Sampler(args, run, agent, first, num_iterations)
         for it in range(first, num_iterations):
             lr = args.learning_rate * (1.0 - it / num_iterations) if args.anneal_lr else args.learning_rate
-            optimizer.param_groups[0]["lr"] = lr
+            set_lr(optimizer, lr)  # in place: under --compile on a GPU the update's graph reads it
             global_step += batch
             buf, boot = sampler.rollout(it, agent, global_step)
             stats = learn_from(agent, optimizer, buf, boot, args, run.device)

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from shared import distributed
 from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveFloat, PositiveInt, Range
 from shared.cli import RunArgs, check_replay_sizes, parse_args
-from shared.compiling import compiled
+from shared.compiling import compiled, graphed
 from shared.device import to_host
 from shared.envs import EpisodeTally, make_envs
 from shared.namedarraytuple import namedarraytuple
@@ -183,6 +183,7 @@ class Policy(nn.Module):
 Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated", "truncated"])
 
 
+@graphed
 @compiled
 def policy_step(actor: Actor, obs: torch.Tensor, bf16: bool) -> torch.Tensor:
     """The acting step: the actor's actions [B, A] in [-1, 1] at observations [B, S], before the exploration noise
@@ -261,10 +262,11 @@ def ddpg_actor_loss(actor: Actor, critic: Critics, obs: torch.Tensor, bf16: bool
         return -critic(obs, actor(obs)).float().mean()
 
 
-def ddpg_update(actor, target_actor, critic, target_critic, optimizers, batch, obs_norm, args, device) -> dict:
-    """One DDPG update from a replay batch: critic, actor, then the soft target updates."""
+@graphed
+def ddpg_update(actor, target_actor, critic, target_critic, optimizers, b: dict, args: Args) -> dict:
+    """One DDPG update from the batch ``b`` (tensors [N, ...]): critic, actor, then the soft target updates (one CUDA
+    graph under --compile on a GPU)."""
     actor_opt, critic_opt = optimizers
-    b = to_tensors(batch, obs_norm, device)
 
     critic_loss, critic_stats = ddpg_critic_loss(target_actor, critic, target_critic, b, args.bf16)
     critic_opt.zero_grad(set_to_none=True)
@@ -357,7 +359,8 @@ def main() -> int:
                 global_step, waits = sampler.exchange(run, actor, updates)
             for _ in range(pacer.due(global_step, updates)):  # replay_ratio samples per env step
                 batch, _ = buffer.sample(args.batch_size)  # [N, ...]
-                stats = ddpg_update(actor, target_actor, critic, target_critic, optimizers, batch, obs_norm, args, run.device)
+                b = to_tensors(batch, obs_norm, run.device)
+                stats = ddpg_update(actor, target_actor, critic, target_critic, optimizers, b, args)
                 updates += 1
             if run.periodic(global_step, **stats, updates=updates, **waits):
                 break  # --stop-at-return reached, or a signal: finish ends as Ctrl-C does

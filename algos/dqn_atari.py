@@ -40,7 +40,7 @@ from shared import distributed
 from shared.argtypes import Fraction, NonNegInt, PositiveFloat, PositiveInt, Range
 from shared.atari import is_atari, make_atari_env
 from shared.cli import RunArgs, bad_args, check_replay_sizes, parse_args
-from shared.compiling import compiled
+from shared.compiling import compiled, graphed
 from shared.device import to_host, upload
 from shared.envs import EpisodeTally, image_shape, make_envs
 from shared.namedarraytuple import namedarraytuple
@@ -311,6 +311,7 @@ def epsilons(args: Args, global_step: int) -> np.ndarray:
     return np.full(args.num_envs, args.eps_start + frac * (args.eps_end - args.eps_start))
 
 
+@graphed
 @compiled
 def greedy_actions(q_net: nn.Module, obs: torch.Tensor, noise, bf16: bool) -> torch.Tensor:
     """The acting step's greedy actions [B] in the Q-values of ``obs`` [B, ...] (noisy ones given a generator)."""
@@ -389,16 +390,24 @@ def dqn_loss(q_net, target_net, batch: dict, args: Args, noise=None) -> tuple:
     return loss, td.detach(), {"td_loss": loss.detach(), "q_values": q.detach().mean()}
 
 
-def dqn_update(q_net, target_net, optimizer, buffer: ReplayBuffer, args: Args, beta: float, device, noise=None) -> dict:
-    sample, index = buffer.sample(args.batch_size, beta=beta)
-    fields = ("observation", "next_observation", "action", "n_step_return", "terminated_n", "bootstrap_discount", "is_weights")
-    batch = upload({k: getattr(sample, k) for k in fields}, device)  # one copy to a GPU
+@graphed
+def dqn_step(q_net, target_net, optimizer, batch: dict, args: Args, noise=None) -> tuple:
+    """One gradient step on ``batch`` [N, ...] (one CUDA graph under --compile on a GPU): the TD errors [N] and the
+    statistics."""
     loss, td, stats = dqn_loss(q_net, target_net, batch, args, noise)
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     distributed.average_gradients(q_net)
     nn.utils.clip_grad_norm_(q_net.parameters(), args.max_grad_norm)
     optimizer.step()
+    return td, stats
+
+
+def dqn_update(q_net, target_net, optimizer, buffer: ReplayBuffer, args: Args, beta: float, device, noise=None) -> dict:
+    sample, index = buffer.sample(args.batch_size, beta=beta)
+    fields = ("observation", "next_observation", "action", "n_step_return", "terminated_n", "bootstrap_discount", "is_weights")
+    batch = upload({k: getattr(sample, k) for k in fields}, device)  # one copy to a GPU
+    td, stats = dqn_step(q_net, target_net, optimizer, batch, args, noise)
     buffer.sample_ahead(args.batch_size, beta)  # async on a GPU: the host gathers the next batch while this trains
     if args.prioritized:  # the one copy an update makes: the sum tree lives on the host
         buffer.update_priorities(index, to_host(td.abs()))

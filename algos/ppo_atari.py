@@ -38,7 +38,7 @@ from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveInt, Range
 from shared.atari import is_atari, make_atari_env
 from shared.buffer import buffer_from_example
 from shared.cli import RunArgs, bad_args, parse_args
-from shared.compiling import compiled
+from shared.compiling import compiled, graphed, set_lr
 from shared.device import to_host, upload
 from shared.dict_obs import DictTorso, is_dict, obs_example, without_text
 from shared.envs import action_mask, image_shape, make_envs
@@ -260,6 +260,7 @@ def rollout_example(obs_space, n_actions: int, T: int, B: int) -> tuple:
     return one, Bootstrap(obs_example(obs_space, (B,)), np.zeros(B, bool))
 
 
+@graphed
 @compiled
 def policy_step(agent: Agent, obs, mask: torch.Tensor, bf16: bool) -> tuple:
     """The acting step: actions [B] sampled among the valid ones (``mask`` [B, A]), their log-probabilities [B] and the
@@ -353,6 +354,24 @@ def ppo_loss(agent: Agent, mb: dict, args: Args) -> tuple:
     return loss, stats
 
 
+@graphed
+def ppo_step(agent: Agent, optimizer, data: dict, i: torch.Tensor, args: Args) -> dict:
+    """One clipped-PPO step on the rollout's rows ``i`` [M] of ``data`` [T, B, ...] (one CUDA graph under --compile on a
+    GPU); its statistics."""
+    B = data["weight"].shape[1]
+    mb = {k: v[i // B, i % B] for k, v in data.items()}  # rows [M, ...] of [T, B, ...]
+    if args.norm_adv:  # over the minibatches of every rank: their gradients are averaged
+        mean_adv, std = distributed.mean_std(mb["adv"], mb["weight"])
+        mb["adv"] = (mb["adv"] - mean_adv) / (std + 1e-8)
+    loss, stats = ppo_loss(agent, mb, args)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    distributed.average_gradients(agent)
+    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+    optimizer.step()
+    return stats
+
+
 def ppo_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.device, generator: torch.Generator) -> dict:
     """Several epochs of clipped-PPO minibatch steps over the rollout's rows ``data`` [T, B, ...]. Every minibatch has
     the same size (one graph under --compile); final rows are in them with weight 0."""
@@ -362,18 +381,7 @@ def ppo_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
     for _ in range(args.update_epochs):
         perm = upload(torch.randperm(T * B, generator=generator).numpy(), device)
         for start in range(0, T * B, mb_size):
-            i = perm[start : start + mb_size]
-            mb = {k: v[i // B, i % B] for k, v in data.items()}  # rows [M, ...] of [T, B, ...]
-            if args.norm_adv:  # over the minibatches of every rank: their gradients are averaged
-                mean_adv, std = distributed.mean_std(mb["adv"], mb["weight"])
-                mb["adv"] = (mb["adv"] - mean_adv) / (std + 1e-8)
-            loss, mb_stats = ppo_loss(agent, mb, args)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            distributed.average_gradients(agent)
-            nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-            optimizer.step()
-            for k, v in mb_stats.items():
+            for k, v in ppo_step(agent, optimizer, data, perm[start : start + mb_size], args).items():
                 stats[k].append(v)
     return stats
 
@@ -503,7 +511,7 @@ def main() -> int:
         sampler = Sampler(args, run, agent, first, num_iterations)
         for it in range(first, num_iterations):
             lr = args.learning_rate * (1.0 - it / num_iterations) if args.anneal_lr else args.learning_rate
-            optimizer.param_groups[0]["lr"] = lr
+            set_lr(optimizer, lr)  # in place: under --compile on a GPU the update's graph reads it
             global_step += batch
             buf, boot = sampler.rollout(it, agent, global_step)
             stats = learn_from(agent, optimizer, buf, boot, args, run.device, generator)

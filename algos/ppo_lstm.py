@@ -49,7 +49,7 @@ from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveInt, Range
 from shared.atari import is_atari, make_atari_env
 from shared.buffer import buffer_from_example
 from shared.cli import RunArgs, bad_args, parse_args
-from shared.compiling import compiled
+from shared.compiling import compiled, enabled, graphed, set_lr
 from shared.device import to_host, upload
 from shared.dict_obs import DictTorso, is_dict, obs_example, without_text
 from shared.envs import action_mask, image_shape, make_envs, observe_only
@@ -411,6 +411,7 @@ def rollout_example(obs_space, act_space, hidden: int, B: int) -> tuple:
     return one, Bootstrap(z, z, obs_example(obs_space, (B,)), np.zeros(B, bool), z, z)
 
 
+@graphed
 @compiled
 def policy_step(agent: Agent, obs, state: RnnState, start: torch.Tensor, mask: torch.Tensor, bf16: bool) -> tuple:
     """The acting step: observations [B, ...] from ``state`` (zeroed where ``start`` [1, B]) -> actions [B] sampled
@@ -511,6 +512,25 @@ def ppo_loss(agent: Agent, mb: dict, state: RnnState, start_rows: np.ndarray, ar
     return loss, stats
 
 
+@graphed
+def ppo_step(agent: Agent, optimizer, data: dict, state: RnnState, seq: torch.Tensor, start_rows, args: Args) -> dict:
+    """One clipped-PPO step on the whole env sequences ``seq`` [n] of the rollout ``data`` [T, B, ...], replayed from
+    their first states (one CUDA graph under --compile on a GPU); its statistics."""
+    T, B = data["weight"].shape
+    i = (torch.arange(T, device=seq.device)[:, None] * B + seq).flatten()  # the sequences' rows [T * n], time-major
+    mb = {k: v[i // B, i % B] for k, v in data.items()}
+    if args.norm_adv:  # over the minibatches of every rank: their gradients are averaged
+        mean_adv, std = distributed.mean_std(mb["adv"], mb["weight"])
+        mb["adv"] = (mb["adv"] - mean_adv) / (std + 1e-8)
+    loss, stats = ppo_loss(agent, mb, state[seq], start_rows, args)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    distributed.average_gradients(agent)
+    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+    optimizer.step()
+    return stats
+
+
 def ppo_update(agent: Agent, optimizer, data: dict, state: RnnState, episode_start: np.ndarray, args: Args, device, generator):
     """Several epochs of clipped-PPO steps over the rollout ``data`` [T, B, ...], each on whole env sequences replayed
     from their first states ``state`` [B] (``episode_start``: the host's [T, B]). Every minibatch has the same size (one
@@ -522,19 +542,9 @@ def ppo_update(agent: Agent, optimizer, data: dict, state: RnnState, episode_sta
         perm = torch.randperm(B, generator=generator).numpy()
         for first in range(0, B, n):
             envs = np.sort(perm[first : first + n])
-            seq = upload(envs, device)
-            i = (torch.arange(T, device=device)[:, None] * B + seq).flatten()  # the sequences' rows [T * n], time-major
-            mb = {k: v[i // B, i % B] for k, v in data.items()}
-            if args.norm_adv:  # over the minibatches of every rank: their gradients are averaged
-                mean_adv, std = distributed.mean_std(mb["adv"], mb["weight"])
-                mb["adv"] = (mb["adv"] - mean_adv) / (std + 1e-8)
-            loss, mb_stats = ppo_loss(agent, mb, state[seq], episode_start[:, envs].any(1), args)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            distributed.average_gradients(agent)
-            nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-            optimizer.step()
-            for k, v in mb_stats.items():
+            # [T] on the host: where the fused LSTM's stretches end (eager); compiled, the LSTM runs row by row
+            start_rows = None if enabled() else episode_start[:, envs].any(1)
+            for k, v in ppo_step(agent, optimizer, data, state, upload(envs, device), start_rows, args).items():
                 stats[k].append(v)
     if not agent.discrete:
         stats["action_std"] = agent.log_std.detach().exp().mean()
@@ -710,7 +720,7 @@ def main() -> int:
         sampler = Sampler(args, run, agent, first, num_iterations)
         for it in range(first, num_iterations):
             lr = args.learning_rate * (1.0 - it / num_iterations) if args.anneal_lr else args.learning_rate
-            optimizer.param_groups[0]["lr"] = lr
+            set_lr(optimizer, lr)  # in place: under --compile on a GPU the update's graph reads it
             global_step += batch
             buf, boot = sampler.rollout(it, agent, global_step)
             stats = learn_from(agent, return_norm, optimizer, buf, boot, args, run.device, generator)

@@ -47,7 +47,7 @@ from shared import distributed
 from shared.argtypes import Fraction, NonNegFloat, PositiveInt, Range
 from shared.buffer import buffer_from_example
 from shared.cli import RunArgs, bad_args, parse_args
-from shared.compiling import compiled
+from shared.compiling import compiled, graphed, set_lr
 from shared.device import to_host, upload
 from shared.envs import make_envs
 from shared.namedarraytuple import namedarraytuple
@@ -248,6 +248,7 @@ def rollout_example(obs_dim: int, act_dim: int, B: int) -> tuple:
     return one, Bootstrap(np.zeros((B, obs_dim), np.float32), np.zeros(B, bool))
 
 
+@graphed
 @compiled
 def policy_step(agent: Agent, obs: torch.Tensor, bf16: bool) -> tuple:
     """The acting step: actions [B, A] sampled from the Gaussian policy, unbounded, their log-densities [B] and the
@@ -335,6 +336,24 @@ def ppo_loss(agent: Agent, mb: dict, args: Args) -> tuple:
     return loss, stats
 
 
+@graphed
+def ppo_step(agent: Agent, optimizer, data: dict, i: torch.Tensor, args: Args) -> dict:
+    """One clipped-PPO step on the rollout's rows ``i`` [M] of ``data`` [T, B, ...] (one CUDA graph under --compile on a
+    GPU); its statistics."""
+    B = data["weight"].shape[1]
+    mb = {k: v[i // B, i % B] for k, v in data.items()}  # rows [M, ...] of [T, B, ...]
+    if args.norm_adv:  # over the minibatches of every rank: their gradients are averaged
+        mean_adv, std = distributed.mean_std(mb["adv"], mb["weight"])
+        mb["adv"] = (mb["adv"] - mean_adv) / (std + 1e-8)
+    loss, stats = ppo_loss(agent, mb, args)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    distributed.average_gradients(agent)
+    nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
+    optimizer.step()
+    return stats
+
+
 def ppo_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.device, generator: torch.Generator) -> dict:
     """Several epochs of clipped-PPO minibatch steps over the rollout's rows ``data`` [T, B, ...]. Every minibatch has
     the same size (one graph under --compile); final rows are in them with weight 0."""
@@ -344,18 +363,7 @@ def ppo_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
     for _ in range(args.update_epochs):
         perm = upload(torch.randperm(T * B, generator=generator).numpy(), device)
         for start in range(0, T * B, mb_size):
-            i = perm[start : start + mb_size]
-            mb = {k: v[i // B, i % B] for k, v in data.items()}  # rows [M, ...] of [T, B, ...]
-            if args.norm_adv:  # over the minibatches of every rank: their gradients are averaged
-                mean_adv, std = distributed.mean_std(mb["adv"], mb["weight"])
-                mb["adv"] = (mb["adv"] - mean_adv) / (std + 1e-8)
-            loss, mb_stats = ppo_loss(agent, mb, args)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            distributed.average_gradients(agent)
-            nn.utils.clip_grad_norm_(agent.parameters(), args.max_grad_norm)
-            optimizer.step()
-            for k, v in mb_stats.items():
+            for k, v in ppo_step(agent, optimizer, data, perm[start : start + mb_size], args).items():
                 stats[k].append(v)
     return {**stats, "action_std": agent.log_std.detach().exp().mean()}
 
@@ -489,7 +497,7 @@ def main() -> int:
         sampler = Sampler(args, run, agent, first, num_iterations)
         for it in range(first, num_iterations):
             lr = args.learning_rate * (1.0 - it / num_iterations) if args.anneal_lr else args.learning_rate
-            optimizer.param_groups[0]["lr"] = lr
+            set_lr(optimizer, lr)  # in place: under --compile on a GPU the update's graph reads it
             global_step += batch
             buf, boot = sampler.rollout(it, agent, global_step)
             stats = learn_from(agent, return_norm, optimizer, buf, boot, args, run.device, generator)

@@ -40,7 +40,7 @@ from shared import distributed
 from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveFloat, PositiveInt, Range
 from shared.atari import is_atari, make_atari_env
 from shared.cli import RunArgs, bad_args, parse_args
-from shared.compiling import compiled
+from shared.compiling import compiled, enabled, graphed
 from shared.device import to_host, upload
 from shared.envs import EpisodeTally, image_shape, make_envs, observe_only
 from shared.evaluation import Draws
@@ -304,6 +304,7 @@ def priority_shift(args: Args) -> int:
     return -(-(args.burn_in_steps + args.sequence_length + args.n_step_return) // args.rnn_state_interval)
 
 
+@graphed
 @compiled
 def q_step(net: R2D1Net, up: dict, state: RnnState) -> tuple:
     """The acting step over one row of B envs: Q-values [B, A], the recurrent state the row starts from (zeroed where
@@ -408,7 +409,8 @@ def r2d1_loss(net: R2D1Net, target_net: R2D1Net, b: dict, args: Args) -> tuple:
     train = slice(burn, burn + L)
     inputs = (b["observation"], b["prev_action"], b["prev_reward"])
     starts = b["episode_start"]  # [W, B]
-    rows = b["start_rows"] if "start_rows" in b else starts.any(1).cpu().numpy()  # [W] on the host (to_tensors knows it)
+    # [W] on the host (to_tensors knows it); compiled: unused (the LSTM runs row by row), so not an input of the graph
+    rows = b["start_rows"] if "start_rows" in b else np.zeros(len(starts), bool)
     state = b["init_rnn_state"]
     # burn-in: advances the online state only; the target net sees the whole sequence
     with torch.no_grad():
@@ -442,25 +444,34 @@ def to_tensors(batch, device: torch.device) -> dict:
     if "frames" in out:
         out["observation"] = out.pop("frames")[out.pop("frame_index")]
     out["init_rnn_state"] = RnnState(out.pop("h"), out.pop("c"))
-    out["start_rows"] = np.asarray(batch.episode_start).any(1)  # [W] on the host: where the LSTM's stretches end
+    if not enabled():  # eager: where the fused LSTM's stretches end, [W] on the host
+        out["start_rows"] = np.asarray(batch.episode_start).any(1)
     return out
+
+
+@graphed
+def r2d1_step(net, target_net, optimizer, b: dict, args: Args) -> tuple:
+    """One gradient step on the sequences ``b`` (one CUDA graph under --compile on a GPU): the loss, |TD| [L, B] and
+    the valid rows [L, B]."""
+    loss, td, valid = r2d1_loss(net, target_net, b, args)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    distributed.average_gradients(net)
+    nn.utils.clip_grad_norm_(net.parameters(), args.max_grad_norm)
+    optimizer.step()
+    return loss.detach(), td, valid
 
 
 def r2d1_update(net, target_net, optimizer, buffer: SequenceReplayBuffer, args: Args, beta: float, device) -> dict:
     """One gradient step on a prioritized batch of sequences, their priorities written back; returns the row's logged
     statistics (a new key is a new progress.csv column)."""
     batch, index = buffer.sample(args.batch_size, beta=beta)
-    loss, td, valid = r2d1_loss(net, target_net, to_tensors(batch, device), args)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    distributed.average_gradients(net)
-    nn.utils.clip_grad_norm_(net.parameters(), args.max_grad_norm)
-    optimizer.step()
+    loss, td, valid = r2d1_step(net, target_net, optimizer, to_tensors(batch, device), args)
     buffer.sample_ahead(args.batch_size, beta)  # async on a GPU: the host gathers the next batch while this trains
     td, valid = to_host(td, valid)  # the one copy an update makes: the sum tree lives on the host
     buffer.update_priorities(index, sequence_priorities(td, valid, args.eta))
     # Tensors, read when a row is written (a non-finite one ends the run there), never per update.
-    return {"td_loss": loss.detach(), "td_abs": torch.from_numpy(td[valid]).mean()}
+    return {"td_loss": loss, "td_abs": torch.from_numpy(td[valid]).mean()}
 
 
 # --------------------------------------------------------------------------------------------- main

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from shared import distributed
 from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveFloat, PositiveInt, Range
 from shared.cli import RunArgs, check_replay_sizes, parse_args
-from shared.compiling import compiled
+from shared.compiling import compiled, graphed
 from shared.device import to_host
 from shared.envs import EpisodeTally, make_envs
 from shared.namedarraytuple import namedarraytuple
@@ -192,6 +192,7 @@ class Policy(nn.Module):
 Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated", "truncated"])
 
 
+@graphed
 @compiled
 def policy_step(actor: Actor, obs: torch.Tensor, bf16: bool) -> torch.Tensor:
     """The acting step: the actor's actions [B, A] in [-1, 1] at observations [B, S], before the exploration noise
@@ -272,10 +273,11 @@ def td3_actor_loss(actor: Actor, critics: Critics, obs: torch.Tensor, bf16: bool
         return -critics(obs, actor(obs), first=1)[0].float().mean()
 
 
-def td3_update(actor, target_actor, critics, target_critics, optimizers, batch, obs_norm, args, update_actor, device) -> dict:
-    """One TD3 critic update from a replay batch; with update_actor also the actor and the soft target updates."""
+@graphed
+def td3_update(actor, target_actor, critics, target_critics, optimizers, b: dict, args: Args, update_actor: bool) -> dict:
+    """One TD3 critic update from the batch ``b`` (tensors [N, ...]); with update_actor also the actor and the soft
+    target updates (under --compile on a GPU one CUDA graph each way)."""
     actor_opt, critic_opt = optimizers["actor_optimizer"], optimizers["critic_optimizer"]
-    b = to_tensors(batch, obs_norm, device)
 
     critic_loss, critic_stats = td3_critic_loss(target_actor, critics, target_critics, b, args)
     critic_opt.zero_grad(set_to_none=True)
@@ -373,9 +375,8 @@ def main() -> int:
                 batch, _ = buffer.sample(args.batch_size)  # [N, ...]
                 updates += 1
                 update_actor = updates % args.policy_delay == 0
-                stats |= td3_update(
-                    actor, target_actor, critics, target_critics, optimizers, batch, obs_norm, args, update_actor, run.device
-                )
+                b = to_tensors(batch, obs_norm, run.device)
+                stats |= td3_update(actor, target_actor, critics, target_critics, optimizers, b, args, update_actor)
             if run.periodic(global_step, **stats, updates=updates, **waits):
                 break  # --stop-at-return reached, or a signal: finish ends as Ctrl-C does
         run.finish(global_step)  # the last row, checkpoint and evaluation

@@ -97,6 +97,20 @@ def _figures() -> dict[str, tuple[str, str, str]]:
     pair("ppo-parallel", "ppo_training", f"ours('{BREAKOUT}', {PPO_STEPS}, 'parallel', [], 'DEV')")
     pair("ppo-async", "ppo_training", f"ours('{BREAKOUT}', {PPO_STEPS}, 'async', [], 'DEV')")
     pair("c51-serial", "dqn_training", f"ours('catdqn_atari.py', '{BREAKOUT}', {DQN_STEPS}, 'serial', [], 'DEV')")
+    # --compile, each update and acting step one CUDA graph (issue 61), beside LeanRL's H100 figures (docs/gpu.md)
+    for sampler in ("parallel", "async"):
+        figs[f"ppo-{sampler}-compile-cuda"] = ("ppo_training", f"ours('{BREAKOUT}', {PPO_STEPS}, '{sampler}', "
+                                                               "['--compile'], 'cuda')", "SPS")
+    for script in ("td3", "ddpg"):
+        figs[f"{script}-serial-compile-cuda"] = ("continuous_training", f"ours('{script}_mujoco.py', 'HalfCheetah-v5', "
+                                                                        f"{SAC_STEPS}, 'serial', ['--compile'], 'cuda')",
+                                                 "SPS")
+    figs["ppo-mujoco-compile-cuda"] = ("ppo_mujoco_training", "ours('HalfCheetah-v5', 3 * 2048, 1, 'serial', 'cuda', "
+                                                              "('--compile',))", "SPS")
+    figs["c51-serial-compile-cuda"] = ("dqn_training", f"ours('catdqn_atari.py', '{BREAKOUT}', {DQN_STEPS}, 'serial', "
+                                                       "['--compile'], 'cuda')", "SPS")
+    figs["r2d1-learner-compile-cuda"] = ("r2d1_speed", "learner_sequences_per_second(5, torch.device('cuda'), 2500.0, "
+                                                       "compile=True)", "sequences/s")
     return figs
 
 

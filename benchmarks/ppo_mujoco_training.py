@@ -33,11 +33,11 @@ def device_name(spec: str) -> str:
     return f"{'cuda' if torch.cuda.is_available() else 'cpu'} (auto)"
 
 
-def ours(env_id: str, steps: int, num_envs: int, sampler: str, device: str) -> float:
+def ours(env_id: str, steps: int, num_envs: int, sampler: str, device: str, extra: tuple = ()) -> float:
     with tempfile.TemporaryDirectory() as out:
         cmd = [sys.executable, str(ROOT / "algos" / "ppo_mujoco.py"), "--env-id", env_id, "--total-timesteps",
                str(steps), "--num-envs", str(num_envs), "--num-steps", str(2048 // num_envs), "--sampler", sampler,
-               "--eval-episodes", "0", "--out-dir", out, "--run-name", "b", "--device", device]
+               "--eval-episodes", "0", "--out-dir", out, "--run-name", "b", "--device", device, *extra]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
         with open(Path(out) / "b" / "progress.csv") as f:
             rows = list(csv.DictReader(f))

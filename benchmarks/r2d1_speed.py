@@ -48,10 +48,12 @@ def script_sps(env_id: str, num_envs: int, sampler: str, steps: int, learn_from:
     return sps(before), sps(after), int(rows[-1]["updates"])
 
 
-def learner_sequences_per_second(repeats: int, device, episode_length: float, unique_frames: bool = True) -> float:
-    """Sequences per second of ``repeats`` timed updates on ``device`` (a torch.device), after one untimed, on
-    random frames whose episodes end with probability 1 / ``episode_length`` at each row. ``unique_frames``: the
-    batch carries each frame once and the learner stacks them (as the script does), else the replay stacks them."""
+def learner_sequences_per_second(repeats: int, device, episode_length: float, unique_frames: bool = True,
+                                 compile: bool = False) -> float:
+    """Sequences per second of ``repeats`` timed updates on ``device`` (a torch.device), after one untimed (three
+    with ``compile``: ``--compile``'s graphs are compiled and captured there), on random frames whose episodes end
+    with probability 1 / ``episode_length`` at each row. ``unique_frames``: the batch carries each frame once and
+    the learner stacks them (as the script does), else the replay stacks them."""
     import numpy as np
     import r2d1_atari as r2d1
     import torch
@@ -83,12 +85,18 @@ def learner_sequences_per_second(repeats: int, device, episode_length: float, un
         if device.type == "cuda":
             torch.cuda.synchronize(device)
 
-    r2d1.r2d1_update(net, target, opt, buf, args, 0.6, device)
+    from shared import compiling
+
+    if compile:
+        compiling.enable(device)
+    for _ in range(3 if compile else 1):
+        r2d1.r2d1_update(net, target, opt, buf, args, 0.6, device)
     sync()
     t0 = time.perf_counter()
     for _ in range(repeats):
         r2d1.r2d1_update(net, target, opt, buf, args, 0.6, device)
     sync()
+    compiling.disable()
     return repeats * args.batch_size / (time.perf_counter() - t0)
 
 

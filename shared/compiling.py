@@ -160,7 +160,6 @@ def graphed(fn: F) -> F:
     """``fn`` as written; under ``enable`` each call is a replay of one CUDA graph on CUDA, the same protocol without
     the capture elsewhere (module docstring)."""
     import torch
-    import torch.utils._pytree as pytree
 
     entries: dict[Any, _Graph] = {}
 
@@ -169,9 +168,11 @@ def graphed(fn: F) -> F:
         device = _state["device"]
         if device is None:
             return fn(*args, **kwargs)
-        leaves, spec = pytree.tree_flatten((args, kwargs))
+        leaves: list = []
+        spec = _flatten((args, kwargs), leaves)
         data = [isinstance(x, torch.Tensor) and not x.requires_grad for x in leaves]
-        key = (spec, torch.is_grad_enabled(), *(_key(x, d) for x, d in zip(leaves, data)))
+        modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
+        key = (spec, modes, *(_key(x, d) for x, d in zip(leaves, data)))
         entry = entries.get(key)
         if entry is None:
             if len(entries) >= MAX_GRAPHS:
@@ -182,6 +183,28 @@ def graphed(fn: F) -> F:
         return entry(leaves)
 
     return call  # type: ignore[return-value]
+
+
+def _flatten(x: Any, leaves: list) -> Any:
+    """The leaves of dicts, lists, tuples and namedtuples (namedarraytuples) nested in ``x``, appended to ``leaves``;
+    returns the structure (hashable), which ``_unflatten`` fills again."""
+    if isinstance(x, dict):
+        return (dict, tuple(x), tuple(_flatten(v, leaves) for v in x.values()))
+    if isinstance(x, (list, tuple)) and (type(x) in (list, tuple) or hasattr(x, "_fields")):
+        return (type(x), None, tuple(_flatten(v, leaves) for v in x))
+    leaves.append(x)
+    return None
+
+
+def _unflatten(spec: Any, leaves: Any) -> Any:
+    """``spec`` (from ``_flatten``) with its leaves taken in order from the iterator ``leaves``."""
+    if spec is None:
+        return next(leaves)
+    kind, keys, children = spec
+    values = [_unflatten(c, leaves) for c in children]
+    if kind is dict:
+        return dict(zip(keys, values))
+    return kind(values) if kind in (list, tuple) else kind(*values)
 
 
 def _key(x: Any, data: bool) -> Any:
@@ -204,20 +227,30 @@ class _Graph:
 
         self.fn, self.spec, self.data, self.capture = fn, spec, data, capture
         self.leaves = list(leaves)  # the state objects are held: their ids stay theirs while this graph lives
-        self.static = {i: torch.empty_like(x) for i, x in enumerate(leaves) if data[i]}
+        self.block = _span([x for x, d in zip(leaves, data) if d])  # (start, bytes, offsets) of one upload, or None
+        with torch.inference_mode(False):  # normal tensors, also for a call in inference mode: copied into every call
+            self._allocate(leaves, data)
         self.last: dict[int, tuple[Any, int]] = {}  # position -> (tensor, version) copied there last
         self.calls, self.graphs, self.between, self.out = 0, [], [], None
-        self.lrs = [group["lr"] for opt in self._optimizers() for group in opt.param_groups]
+        self.optimizers = [x for x in leaves if isinstance(x, torch.optim.Optimizer)]
+        self.lrs = [group["lr"] for opt in self.optimizers for group in opt.param_groups]
         if capture:
-            import torch
-
             self.side = torch.cuda.Stream()
             self._prepare_optimizers()
 
-    def _optimizers(self) -> list:
+    def _allocate(self, leaves: list, data: list[bool]) -> None:
         import torch
 
-        return [x for x in self.leaves if isinstance(x, torch.optim.Optimizer)]
+        if self.block is None:
+            self.static = {i: torch.empty_like(x) for i, x in enumerate(leaves) if data[i]}
+        else:  # views of one static block at the upload's own offsets: a call's batch is one copy
+            start, size, _ = self.block
+            self.block_static = torch.empty(size, dtype=torch.uint8, device=leaves[data.index(True)].device)
+            self.static = {i: _view(self.block_static, x, x.storage_offset() * x.element_size() - start)
+                           for i, x in enumerate(leaves) if data[i]}
+
+    def _optimizers(self) -> list:
+        return self.optimizers
 
     def _prepare_optimizers(self) -> None:
         """Capturable optimisers: step counts on the parameters' device, learning rates device tensors."""
@@ -238,17 +271,22 @@ class _Graph:
 
     def _copy_in(self, leaves: list) -> list:
         args = list(self.leaves)
+        if self.block is not None and not all(_seen(self.last.get(i), leaves[i]) for i in self.static):
+            block = _span([leaves[i] for i in self.static])
+            if block is not None and block[1:] == self.block[1:]:  # the same layout in one storage: one copy
+                x = leaves[next(iter(self.static))]
+                self.block_static.copy_(_bytes(x, block[0], block[1]), non_blocking=True)
+                self.last = {i: (leaves[i], _version(leaves[i])) for i in self.static}
         for i, static in self.static.items():
-            x, last = leaves[i], self.last.get(i)
-            if last is None or last[0] is not x or last[1] != x._version:
+            x = leaves[i]
+            if not _seen(self.last.get(i), x):
                 static.copy_(x, non_blocking=True)
-                self.last[i] = (x, x._version)  # held: its id cannot pass to another tensor meanwhile
+                self.last[i] = (x, _version(x))  # held: its id cannot pass to another tensor meanwhile
             args[i] = static
         return args
 
     def __call__(self, leaves: list) -> Any:
         import torch
-        import torch.utils._pytree as pytree
 
         lrs = [group["lr"] for opt in self._optimizers() for group in opt.param_groups]
         if self.capture and any(a is not b for a, b in zip(lrs, self.lrs)):
@@ -264,7 +302,7 @@ class _Graph:
                 if i < len(self.between):
                     self.between[i]()
             return _copy_out(self.out)
-        a, k = pytree.tree_unflatten(args, self.spec)
+        a, k = _unflatten(self.spec, iter(args))
         versions = {i: s._version for i, s in self.static.items()}
         if self.capture:  # a warm-up call, on a side stream as a capture will be
             self.side.wait_stream(torch.cuda.current_stream())
@@ -281,9 +319,8 @@ class _Graph:
 
     def _capture(self, args: list) -> None:
         import torch
-        import torch.utils._pytree as pytree
 
-        a, k = pytree.tree_unflatten(args, self.spec)
+        a, k = _unflatten(self.spec, iter(args))
         torch.cuda.synchronize()
         capture = _Capture(self, torch.cuda.graph_pool_handle())
         with torch.cuda.stream(self.side):
@@ -320,19 +357,59 @@ class _Capture:
         self.begin()
 
 
-def _copy_out(out: Any) -> Any:
-    """``out`` with every tensor copied: the 0-d floating ones in one stack, the others one by one."""
-    import torch
-    import torch.utils._pytree as pytree
+def _seen(last: Any, x: Any) -> bool:
+    """Whether ``x`` is the tensor copied last (``last``: (tensor, version)) and unchanged since."""
+    return last is not None and last[0] is x and last[1] is not None and last[1] == _version(x)
 
-    leaves, spec = pytree.tree_flatten(out)
+
+def _version(x: Any) -> Any:
+    """``x``'s version counter; None for an inference tensor, which has none (so it is copied at every call)."""
+    return None if x.is_inference() else x._version
+
+
+def _span(tensors: list) -> Any:
+    """``(first byte, bytes, offsets)`` of tensors that are all views of one storage (one upload), else None."""
+    if len(tensors) < 2 or any(t.untyped_storage().data_ptr() != tensors[0].untyped_storage().data_ptr()
+                               for t in tensors):
+        return None
+    if any(t.numel() == 0 for t in tensors):
+        return None
+    ends = [(t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size()
+            for t in tensors]
+    starts = [t.storage_offset() * t.element_size() for t in tensors]
+    first = min(starts)
+    if any((b - first) % t.element_size() for b, t in zip(starts, tensors)):
+        return None
+    return first, max(ends) - first, tuple((b - first, tuple(t.shape), t.stride(), t.dtype) for b, t in zip(starts, tensors))
+
+
+def _bytes(x: Any, start: int, size: int) -> Any:
+    """Bytes ``start .. start + size`` of ``x``'s storage, as a uint8 tensor."""
+    import torch
+
+    return torch.empty(0, dtype=torch.uint8, device=x.device).set_(x.untyped_storage(), start, (size,))
+
+
+def _view(block: Any, like: Any, byte_offset: int) -> Any:
+    """A tensor of ``like``'s dtype, shape and strides in ``block``'s storage from ``byte_offset``."""
+    import torch
+
+    return torch.empty(0, dtype=like.dtype, device=block.device).set_(
+        block.untyped_storage(), byte_offset // like.element_size(), tuple(like.shape), like.stride())
+
+
+def _copy_out(out: Any) -> Any:
+    """``out`` with every tensor copied: the 0-d float32 ones in one stack, the others one by one."""
+    import torch
+
+    leaves: list = []
+    spec = _flatten(out, leaves)
     scalars = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.dim() == 0 and x.dtype == torch.float32]
-    copies = list(leaves)
     if scalars:
-        stacked = torch.stack([leaves[i].detach() for i in scalars]).unbind()
-        for i, x in zip(scalars, stacked):
-            copies[i] = x
+        for i, x in zip(scalars, torch.stack([leaves[i].detach() for i in scalars]).unbind()):
+            leaves[i] = x
+    scalar = set(scalars)
     for i, x in enumerate(leaves):
-        if isinstance(x, torch.Tensor) and i not in scalars:
-            copies[i] = x.detach().clone()
-    return pytree.tree_unflatten(copies, spec)
+        if isinstance(x, torch.Tensor) and i not in scalar:
+            leaves[i] = x.detach().clone()
+    return _unflatten(spec, iter(leaves))

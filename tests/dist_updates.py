@@ -86,8 +86,8 @@ def updates(part: int | None) -> dict[str, torch.Tensor]:
                             terminated_n=(rng.random(N) < 0.2).astype(np.float32), bootstrap_discount=np.full(N, 0.99))
     batch = SimpleNamespace(**{k: _half(v, part) for k, v in vars(batch).items()})
     args = ddpg_mujoco.Args(bf16=False, tau=0.5)
-    ddpg_mujoco.ddpg_update(actor, target_actor, critic, target_critic, (_sgd(actor), _sgd(critic)), batch,
-                            ObsNorm(OBS, enabled=False), args, torch.device("cpu"))
+    b = ddpg_mujoco.to_tensors(batch, ObsNorm(OBS, enabled=False), torch.device("cpu"))
+    ddpg_mujoco.ddpg_update(actor, target_actor, critic, target_critic, (_sgd(actor), _sgd(critic)), b, args)
     for name, m in (("actor", actor), ("critic", critic), ("target_actor", target_actor),
                     ("target_critic", target_critic)):
         out.update({f"ddpg.{name}.{k}": v.clone() for k, v in m.state_dict().items()})
@@ -130,6 +130,10 @@ def rows(folder: str) -> bool:
 
 
 if __name__ == "__main__":
+    if os.environ.get("DIST_GRAPHED") == "1":  # each update through the --compile protocol (shared.compiling)
+        from shared import compiling
+
+        compiling.enable("cpu")
     distributed.start(torch.device("cpu"))
     result = updates(distributed.rank())
     everything = distributed.gather_objects(result)  # both ranks' parameters, to show they are identical

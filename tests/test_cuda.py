@@ -57,6 +57,17 @@ def test_every_script_compiles_to_cuda_graphs_without_a_recompile(name, tmp_path
     assert config["compile"]["compiled_graphs"] > 0 and config["compile"]["cuda_graphs"] >= 2, config["compile"]
 
 
+@pytest.mark.parametrize("name", ["ppo_atari", "dqn_atari"])
+def test_async_learners_compile_to_cuda_graphs_without_a_recompile(name, tmp_path):
+    """--sampler async --compile: the learner's update one CUDA graph, no recompile (issue 61 found async compiled
+    slower than eager); the sampler process acts eagerly on the CPU."""
+    out = run(f"{name}.py", *RUNS[name], *COMMON, "--device", "cuda", "--compile", "--sampler", "async",
+              "--out-dir", str(tmp_path), "--run-name", "r", env={"RL_COMPILE_STRICT": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    config = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert config["compile"]["cuda_graphs"] >= 1, config["compile"]
+
+
 def test_a_gpu_checkpoint_loads_with_plain_torch_load_on_a_machine_without_one(tmp_path):
     out = run("dqn_atari.py", *RUNS["dqn_atari"], *COMMON, "--device", "cuda", "--out-dir", str(tmp_path),
               "--run-name", "r")

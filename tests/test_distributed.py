@@ -128,12 +128,16 @@ def test_every_env_of_every_rank_gets_its_own_seed(monkeypatch):
 # ---------------------------------------------------------------------------------------------- two ranks
 
 
-def test_averaged_gradients_equal_the_gradient_of_the_whole_batch_and_rows_cover_every_rank(tmp_path):
+@pytest.mark.parametrize("graphed", [False, pytest.param(True, marks=pytest.mark.slow)])
+def test_averaged_gradients_equal_the_gradient_of_the_whole_batch_and_rows_cover_every_rank(graphed, tmp_path):
     """PPO (on-policy), DQN (value-based) and DDPG (actor-critic): two ranks with half a batch each end with the
     parameters one process reaches on the whole batch; the ranks' parameters are identical; a nudged parameter
-    is caught; a progress row counts every rank's episodes."""
+    is caught; a progress row counts every rank's episodes. ``graphed``: the ranks run the --compile protocol
+    (shared.compiling.graphed: static inputs, the all-reduce through ``collective``; aot_eager), the single
+    process eager."""
     port, out = free_port(), tmp_path / "ranks.pt"
-    procs = [launch([sys.executable, "-m", "tests.dist_updates", str(out), str(tmp_path)], rank_env(r, 2, port))
+    env = {"DIST_GRAPHED": "1", "RL_COMPILE_BACKEND": "aot_eager", "RL_COMPILE_STRICT": "1"} if graphed else {}
+    procs = [launch([sys.executable, "-m", "tests.dist_updates", str(out), str(tmp_path)], {**rank_env(r, 2, port), **env})
              for r in range(2)]
     for p in procs:
         rc, _, err = wait(p, 180, str(tmp_path))

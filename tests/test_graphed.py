@@ -40,12 +40,19 @@ def make_learner(device, lr=1e-2, seed=0):
     return net, target, opt
 
 
-def td_update(net, target, opt, b: dict, gamma: float) -> dict:
-    """A DQN-like update with no random draw: loss, backward, clipping, Adam, soft target update."""
+def td_loss(net, target, b: dict, gamma: float) -> tuple:
     q = net(b["obs"]).gather(1, b["action"][:, None])[:, 0]
     with torch.no_grad():
         y = b["reward"] + gamma * target(b["next_obs"]).max(1).values
-    loss = ((q - y) ** 2).mean()
+    return ((q - y) ** 2).mean(), q
+
+
+compiled_td_loss = compiling.compiled(td_loss)
+
+
+def td_update(net, target, opt, b: dict, gamma: float, loss_fn=td_loss) -> dict:
+    """A DQN-like update with no random draw: loss, backward, clipping, Adam, soft target update."""
+    loss, q = loss_fn(net, target, b, gamma)
     opt.zero_grad(set_to_none=True)
     loss.backward()
     norm = nn.utils.clip_grad_norm_(net.parameters(), 1.0)
@@ -68,9 +75,9 @@ def batches(n: int, device, seed: int = 1) -> list[dict]:
     return [{k: v.to(device) for k, v in b.items()} for b in out]
 
 
-def train(update, device, n: int = 20) -> tuple[list, list]:
+def train(update, device, n: int = 20, loss_fn=td_loss) -> tuple[list, list]:
     net, target, opt = make_learner(device)
-    stats = [update(net, target, opt, b, 0.9) for b in batches(n, device)]
+    stats = [update(net, target, opt, b, 0.9, loss_fn) for b in batches(n, device)]
     return [p.detach().cpu().clone() for p in (*net.parameters(), *target.parameters())], stats
 
 
@@ -125,6 +132,34 @@ def test_data_is_copied_into_static_inputs_once_per_change_and_state_is_used_in_
         assert copies == [1] and torch.equal(out, torch.full((3,), 3.0))
         f(w, torch.ones(3))  # another tensor: copied
         assert copies == [1, 1]
+    finally:
+        torch.Tensor.copy_ = real_copy
+
+
+@pytest.mark.unit
+def test_a_batch_uploaded_as_one_block_is_copied_in_one_copy(enabled):
+    """shared.device.upload's tensors are views of one block: the graph's static inputs mirror its layout, and a
+    call copies the whole batch at once (a different layout falls back to a copy per tensor)."""
+    import numpy as np
+
+    from shared.device import Uploader
+
+    up = Uploader(torch.device("cpu"), pack=True)
+    f = compiling.graphed(lambda b: {k: v * 2 for k, v in b.items()})
+    rng = np.random.default_rng(0)
+    batch = lambda: up({"obs": rng.normal(size=(5, 3)).astype(np.float32), "action": rng.integers(0, 4, 5),
+                        "done": rng.random(5) < 0.5})
+    f(batch())
+    copies = []
+    real_copy = torch.Tensor.copy_
+    try:
+        torch.Tensor.copy_ = lambda self, src, non_blocking=False: copies.append(1) or real_copy(self, src)
+        b = batch()
+        out = f(b)
+        assert copies == [1]
+        assert all(torch.equal(out[k], b[k] * 2) for k in b)
+        f({k: v.clone() for k, v in b.items()})  # a storage each: one copy each
+        assert copies == [1, 1, 1, 1]
     finally:
         torch.Tensor.copy_ = real_copy
 
@@ -200,8 +235,7 @@ def test_captured_updates_agree_with_eager_over_20_updates(enabled, compile_loss
     compiling.disable()
     eager, eager_stats = train(td_update, enabled)
     compiling.enable(enabled)
-    update = compiling.graphed(compiling.compiled(td_update) if compile_losses else td_update)
-    graphed, graphed_stats = train(update, enabled)
+    graphed, graphed_stats = train(graphed_td_update, enabled, loss_fn=compiled_td_loss if compile_losses else td_loss)
     assert compiling.report()["cuda_graphs"] == 1
     for a, b in zip(eager, graphed):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5)
@@ -268,7 +302,7 @@ def test_a_collective_cuts_the_capture_and_runs_between_the_graphs(enabled):
 
     w = torch.zeros(3, device=enabled, requires_grad=True)
     x = torch.ones(3, device=enabled)
-    for _ in range(5):  # 2 eager, the capture (nothing runs) and its replay, 1 replay
+    for _ in range(5):  # 2 eager, the capture (nothing runs) and its replay, 2 replays
         step(w, x)
-    assert compiling.report()["cuda_graphs"] == 2 and len(ran) == 2 + 2
+    assert compiling.report()["cuda_graphs"] == 2 and len(ran) == 2 + 3
     torch.testing.assert_close(w, torch.full((3,), -10.0, device=enabled))
