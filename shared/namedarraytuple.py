@@ -10,6 +10,9 @@ Guarantees
 - Classes pickle by their schema (name and fields), not by module path, so instances and classes made anywhere
   (inside a function, in a script run as ``__main__``) unpickle in a child started with ``spawn``; unpickling
   returns the one class registered for that schema, so ``type(a) is type(b)`` holds across pickling.
+- ``torch.compile`` (fullgraph, torch 2.11 and later) traces them as namedtuples: building, indexing, reading
+  fields and returning or taking one. Dynamo before 2.13 reads namedtuple's ``_field_defaults`` (empty here) and
+  cannot trace ``tuple.__new__`` on a class it got from ``type(self)``, so results are built by calling the class.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ class _NamedArrayTupleBase(tuple):
     _fields: tuple[str, ...] = ()
 
     def __new__(cls, *args: Any, **kwargs: Any):
+        if not kwargs and len(args) == len(cls._fields):  # the common case, and how indexing builds its result
+            return tuple.__new__(cls, args)
         if len(args) > len(cls._fields):
             raise TypeError(f"{cls.__name__} takes {len(cls._fields)} fields, got {len(args)}")
         values = list(args) + [_MISSING] * (len(cls._fields) - len(args))
@@ -50,14 +55,14 @@ class _NamedArrayTupleBase(tuple):
 
     @classmethod
     def _make(cls, iterable: Iterable[Any]):
-        values = tuple(iterable)
+        values = list(iterable)
         if len(values) != len(cls._fields):
             raise TypeError(f"{cls.__name__} expects {len(cls._fields)} values, got {len(values)}")
-        return tuple.__new__(cls, values)
+        return cls(*values)
 
     def __getitem__(self, loc: Any):
         try:
-            return tuple.__new__(type(self), (None if v is None else v[loc] for v in self))
+            return type(self)(*[None if v is None else v[loc] for v in self])
         except IndexError as e:
             raise IndexError(f"{type(self).__name__}[{loc!r}]: {e}") from e
 
@@ -86,7 +91,7 @@ class _NamedArrayTupleBase(tuple):
 
     def get(self, index: int) -> Any:
         """Plain tuple indexing: the ``index``-th field itself."""
-        return tuple.__getitem__(self, index)
+        return tuple(self)[index]
 
     def items(self) -> Iterator[tuple[str, Any]]:
         return zip(self._fields, self)
@@ -140,7 +145,7 @@ def namedarraytuple(typename: str, field_names: Iterable[str] | str) -> type:
     key = (typename, fields)
     cls = _CLASSES.get(key)
     if cls is None:
-        namespace = {"__slots__": (), "_fields": fields, "__module__": __name__}
+        namespace = {"__slots__": (), "_fields": fields, "_field_defaults": {}, "__module__": __name__}
         namespace.update({f: _field_property(i, f) for i, f in enumerate(fields)})
         cls = _NamedArrayTupleMeta(typename, (_NamedArrayTupleBase,), namespace)
         cls.__qualname__ = typename

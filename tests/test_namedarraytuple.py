@@ -73,10 +73,7 @@ def test_same_schema_gives_same_class():
 
 
 @settings(max_examples=60, deadline=None)
-@given(
-    shape=st.lists(st.integers(1, 4), min_size=1, max_size=3),
-    data=st.data(),
-)
+@given(shape=st.lists(st.integers(1, 4), min_size=1, max_size=3), data=st.data())
 def test_indexing_matches_per_field_indexing(shape, data):
     a = np.arange(int(np.prod(shape))).reshape(shape)
     p = Outer(a, Point(a * 2, a.astype(float) / 3), None)
@@ -128,6 +125,62 @@ def test_map_structure_keeps_none_and_types():
     out = map_structure(lambda x: x + 1, _nested(2))
     assert type(out) is Outer and out.extra is None
     np.testing.assert_array_equal(out.inner.x, [1, 2])
+
+
+# ---------------------------------------------------------------- under torch.compile (dynamo 2.11 and later)
+
+
+def _fullgraph(fn):
+    import torch
+
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="eager", fullgraph=True)
+
+
+def _assert_same(a, b):
+    import torch
+
+    assert type(a) is type(b)
+    if isinstance(a, tuple):
+        assert len(a) == len(b)
+        for x, y in zip(a, b):
+            _assert_same(x, y)
+    elif a is not None:
+        torch.testing.assert_close(a, b)
+
+
+def test_compiled_function_builds_indexes_and_returns_namedarraytuples():
+    """The recurrent scripts' pattern (a state built inside a compiled function, indexed, returned): dynamo traces
+    the classes as namedtuples, and before 2.13 it read ``_field_defaults`` and failed at the constructor."""
+    import torch
+
+    def f(x):
+        p = Outer(x, Point(x * 2, x + 1), None)
+        q = p[1:]  # a slice of every field, the nested one too; None stays None
+        h = q.inner.x.sum(0)
+        r = Point(h, y=h * 3)  # a field by keyword
+        return q, p[0], r, q.obs.sum() + p.get(0)[2].sum()
+
+    x = torch.arange(12.0).reshape(4, 3)
+    _assert_same(_fullgraph(f)(x), f(x))
+    out = _fullgraph(f)(x)
+    assert type(out[0]) is Outer and type(out[0].inner) is Point and out[0].extra is None
+    assert out[1].obs.shape == (3,) and out[2].y.shape == (3,)
+
+
+def test_compiled_function_takes_namedarraytuples_and_the_tuple_methods_trace():
+    """Passed in, indexed from the end, ``_replace``, ``_make``, ``_asdict``, ``items``, ``len``, ``in`` and
+    map_structure inside one graph."""
+    import torch
+
+    def f(p):
+        q = p[-2:]._replace(extra=p.obs * 0)
+        doubled = map_structure(lambda t: t * 2, q)
+        total = sum(v.sum() for _, v in doubled.inner.items()) + q._asdict()["obs"].sum()
+        return doubled, Point._make([total, q.inner.y.max()]), len(p) if "inner" in p else -1
+
+    p = Outer(torch.arange(8.0).reshape(4, 2), Point(torch.arange(4.0), torch.ones(4)), None)
+    _assert_same(_fullgraph(f)(p), f(p))
 
 
 # ---------------------------------------------------------------- buffers and shared memory
@@ -205,7 +258,7 @@ def test_derived_arrays_are_private_and_deepcopy_copies():
     assert pickle.loads(pickle.dumps(b)).tolist() == [1.0] * 5
 
 
-SCRIPT = '''
+SCRIPT = """
 import multiprocessing as mp, sys
 import numpy as np
 sys.path.insert(0, {root!r})
@@ -224,7 +277,7 @@ if __name__ == "__main__":
     print(q.get(timeout=60))
     p.join()
     sys.exit(p.exitcode)
-'''
+"""
 
 
 def test_class_defined_in_a_main_script_crosses_spawn(tmp_path):
