@@ -24,7 +24,8 @@ Guarantees
   every env of the job gets a distinct seed.
 - ``average_gradients(module)`` replaces each gradient by the mean over ranks: with equal per-rank batches,
   the gradient of the concatenated batch. Every all-reduce goes through ``shared.compiling.collective``: inside
-  a ``@graphed`` update's capture it runs between two graphs at each replay, never inside one. ``mean_std(x)`` is ``x.mean(), x.std()`` over every rank's ``x``.
+  a ``@graphed`` update's capture it runs between two graphs at each replay, never inside one. ``mean_std(x)``
+  is ``x.mean(), x.std()`` over every rank's ``x``.
 - ``any_rank(*flags)``, ``min_over_ranks(n)`` and ``gather_objects(obj)`` are the agreements the loops need:
   every decision that changes how many collectives a rank runs (a stop, how many updates are due) is reduced
   first, so no rank waits in a collective its peers skipped.
