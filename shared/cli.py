@@ -106,9 +106,9 @@ class RunArgs:
     device: str = "auto"
     """auto (cuda if available), cpu, cuda or cuda:N"""
     compile: bool = False
-    """torch.compile the acting step and the update's loss and backward (fullgraph, static shapes; CUDA graphs on a
-    GPU; shared.compiling): the first iterations compile (a minute or more on a CPU), the rows then carry
-    compiled_graphs and compile_s. Eager stays the reference; checkpoints load either way"""
+    """torch.compile the acting step and the losses (fullgraph, static shapes), and on a GPU each whole update and acting
+    step one CUDA graph (shared.compiling): the first iterations compile (a minute or more on a CPU), the rows then
+    carry compiled_graphs and compile_s (cuda_graphs on a GPU). Eager stays the reference; checkpoints load either way"""
     bf16: bool = False
     """run the networks under bfloat16 autocast: fast on recent GPUs and on CPUs with AMX or AVX512-BF16; about 10x
     slower on other CPUs (a warning says so at start)"""
