@@ -409,16 +409,19 @@ def r2d1_loss(net: R2D1Net, target_net: R2D1Net, b: dict, args: Args) -> tuple:
     train = slice(burn, burn + L)
     inputs = (b["observation"], b["prev_action"], b["prev_reward"])
     starts = b["episode_start"]  # [W, B]
-    # [W] on the host (to_tensors knows it); compiled: unused (the LSTM runs row by row), so not an input of the graph
-    rows = b["start_rows"] if "start_rows" in b else np.zeros(len(starts), bool)
+    # [W] on the host (to_tensors knows it; without it the net reads the device); compiled: not given, the LSTM runs
+    # row by row
+    rows = b.get("start_rows")
+    part = lambda s: None if rows is None else rows[s]
     state = b["init_rnn_state"]
     # burn-in: advances the online state only; the target net sees the whole sequence
     with torch.no_grad():
         if burn:
-            _, state = net(*(x[:burn] for x in inputs), state, starts[:burn], rows[:burn])
+            _, state = net(*(x[:burn] for x in inputs), state, starts[:burn], part(slice(burn)))
         q_target, _ = target_net(*inputs, b["init_rnn_state"], starts, rows)  # [W, B, A]
     # [L+n, B, A]
-    q, _ = net(*(x[burn:] for x in inputs), RnnState(state.h.detach(), state.c.detach()), starts[burn:], rows[burn:])
+    state = RnnState(state.h.detach(), state.c.detach())
+    q, _ = net(*(x[burn:] for x in inputs), state, starts[burn:], part(slice(burn, None)))
     q_taken = q[:L].gather(-1, b["action"][train].long().unsqueeze(-1)).squeeze(-1)  # [L, B]
     k = b["n_taken"][train].long()  # rows to the bootstrap row, relative
     boot_row = (torch.arange(L, device=k.device).unsqueeze(1) + k).clamp(max=q.shape[0] - 1)  # [L, B]

@@ -32,8 +32,8 @@ import numpy as np
 from shared.cli import bad_args
 from shared.files import atomic_write
 
-__all__ = ["RUN_FLAGS", "Start", "load", "restore", "restore_replay", "resume_mismatch", "save", "save_replay",
-           "state_of"]
+__all__ = ["RUN_FLAGS", "Start", "load", "portable", "restore", "restore_replay", "resume_mismatch", "save",
+           "save_replay", "state_of"]
 
 # Flags that change nothing the checkpoint holds: left out when naming the flags a mismatch may come from.
 RUN_FLAGS = {"preset", "resume", "out_dir", "run_name", "total_timesteps", "checkpoint_every", "checkpoint_minutes",

@@ -40,7 +40,8 @@ written (eager: the reference) until ``enable(device)`` is called, which ``Run.s
 - ``collective(op)``: an operation that must not be captured (torchrun's all-reduce over NCCL) runs at once
   outside a capture; inside one it ends the graph, runs between it and the next at every replay, and the call
   goes on in a new graph of the same memory pool. ``shared.distributed`` sends every all-reduce through it, so
-  the gradients are averaged between graphs and equal on every rank.
+  the gradients are averaged between graphs and equal on every rank (a graph captured under torchrun keeps its
+  all-reduces for its life: the scripts run no update after ``distributed.end()``).
 - On the CPU (and on CUDA with ``RL_COMPILE_GRAPHS=0``) the same protocol runs without the capture: static
   inputs copied in, the function called on them, outputs copied out; so the CPU tests exercise everything but
   the capture itself. ``report()`` adds ``cuda_graphs``, the graphs captured so far.
@@ -65,6 +66,7 @@ MAX_GRAPHS = 8  # graphs one @graphed function may capture; more means a changin
 WARMUP_CALLS = 2  # calls of a key run as written before its capture (optimiser state, cuDNN, compiling)
 
 _state: dict[str, Any] = {"device": None, "graphs": 0, "seconds": 0.0, "cuda_graphs": 0, "capture": None}
+_graphed_entries: list[dict] = []  # each @graphed function's graphs: dropped by enable and disable
 
 
 def enable(device: Any) -> None:
@@ -84,11 +86,18 @@ def enable(device: Any) -> None:
     # compared with an eager one number for number (the slow tier's numerics test).
     torch._inductor.config.fallback_random = os.environ.get("RL_COMPILE_EAGER_RANDOM") == "1"
     _state.update(device=torch.device(device), graphs=0, seconds=0.0, cuda_graphs=0, capture=None)
+    _drop_graphs()
 
 
 def disable() -> None:
-    """Back to eager (tests that run several scripts in one process)."""
+    """Back to eager (tests that run several scripts in one process); every captured graph is dropped."""
     _state["device"] = None
+    _drop_graphs()
+
+
+def _drop_graphs() -> None:
+    for entries in _graphed_entries:
+        entries.clear()
 
 
 def backend() -> str:
@@ -97,11 +106,6 @@ def backend() -> str:
 
 def enabled() -> bool:
     return _state["device"] is not None
-
-
-def capturing() -> bool:
-    """Whether this process is capturing a CUDA graph now: the host must not read the device."""
-    return _state["capture"] is not None
 
 
 def report() -> dict[str, float]:
@@ -162,6 +166,7 @@ def graphed(fn: F) -> F:
     import torch
 
     entries: dict[Any, _Graph] = {}
+    _graphed_entries.append(entries)
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -226,17 +231,18 @@ class _Graph:
         import torch
 
         self.fn, self.spec, self.data, self.capture = fn, spec, data, capture
-        self.leaves = list(leaves)  # the state objects are held: their ids stay theirs while this graph lives
+        # the state objects are held (their ids stay theirs while this graph lives); the first call's data is not
+        self.leaves = [None if d else x for x, d in zip(leaves, data)]
         self.block = _span([x for x, d in zip(leaves, data) if d])  # (start, bytes, offsets) of one upload, or None
         with torch.inference_mode(False):  # normal tensors, also for a call in inference mode: copied into every call
             self._allocate(leaves, data)
         self.last: dict[int, tuple[Any, int]] = {}  # position -> (tensor, version) copied there last
         self.calls, self.graphs, self.between, self.out = 0, [], [], None
         self.optimizers = [x for x in leaves if isinstance(x, torch.optim.Optimizer)]
-        self.lrs = [group["lr"] for opt in self.optimizers for group in opt.param_groups]
         if capture:
             self.side = torch.cuda.Stream()
             self._prepare_optimizers()
+        self.lrs = [group["lr"] for opt in self.optimizers for group in opt.param_groups]
 
     def _allocate(self, leaves: list, data: list[bool]) -> None:
         import torch
@@ -249,21 +255,16 @@ class _Graph:
             self.static = {i: _view(self.block_static, x, x.storage_offset() * x.element_size() - start)
                            for i, x in enumerate(leaves) if data[i]}
 
-    def _optimizers(self) -> list:
-        return self.optimizers
-
     def _prepare_optimizers(self) -> None:
         """Capturable optimisers: step counts on the parameters' device, learning rates device tensors."""
         import torch
 
-        self.lrs = []
-        for opt in self._optimizers():
+        for opt in self.optimizers:
             for group in opt.param_groups:
                 device = group["params"][0].device
                 group["capturable"] = True
                 if not isinstance(group["lr"], torch.Tensor):
                     group["lr"] = torch.tensor(float(group["lr"]), device=device)
-                self.lrs.append(group["lr"])
                 for p in group["params"]:
                     step = opt.state.get(p, {}).get("step")
                     if isinstance(step, torch.Tensor) and step.device != device:
@@ -288,7 +289,7 @@ class _Graph:
     def __call__(self, leaves: list) -> Any:
         import torch
 
-        lrs = [group["lr"] for opt in self._optimizers() for group in opt.param_groups]
+        lrs = [group["lr"] for opt in self.optimizers for group in opt.param_groups]
         if self.capture and any(a is not b for a, b in zip(lrs, self.lrs)):
             raise RuntimeError(f"@graphed {self.fn.__qualname__}: an optimiser's learning rate was replaced; "
                                "anneal it with shared.compiling.set_lr (the graph reads the tensor it captured)")
@@ -309,6 +310,7 @@ class _Graph:
             with torch.cuda.stream(self.side):
                 out = self.fn(*a, **k)
             torch.cuda.current_stream().wait_stream(self.side)
+            out = _copy_out(out)  # as a replay's: an output that is a static input is overwritten by the next call
         else:
             out = _copy_out(self.fn(*a, **k))
         changed = [i for i, s in self.static.items() if s._version != versions[i]]
@@ -329,6 +331,13 @@ class _Graph:
                 capture.begin()
                 self.out = self.fn(*a, **k)
                 capture.end()
+            except BaseException:  # no partial graph is ever replayed: the next call captures again
+                try:
+                    capture.graph.capture_end()
+                except RuntimeError:
+                    pass
+                self.graphs, self.between = [], []
+                raise
             finally:
                 _state["capture"] = None
         torch.cuda.current_stream().wait_stream(self.side)
@@ -377,6 +386,9 @@ def _span(tensors: list) -> Any:
     ends = [(t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size()
             for t in tensors]
     starts = [t.storage_offset() * t.element_size() for t in tensors]
+    spans = sorted(zip(starts, ends))
+    if any(b < e for (_, e), (b, _) in zip(spans, spans[1:])):  # overlapping views: their copies would clash
+        return None
     first = min(starts)
     if any((b - first) % t.element_size() for b, t in zip(starts, tensors)):
         return None

@@ -175,6 +175,21 @@ def test_burn_in_rows_do_not_enter_the_loss_or_the_gradient():
     assert r2d1.r2d1_loss(net, target, b3, args)[0].item() != pytest.approx(loss.item(), rel=1e-6)
 
 
+def test_the_loss_without_the_hosts_start_rows_reads_them_from_the_batch():
+    """A batch without ``start_rows`` (what --compile's graph gets, and any other caller) splits the fused LSTM where
+    an episode starts, as with them: not straight through (the fallback the review of issue 61 found lost)."""
+    torch.manual_seed(0)
+    net, target = r2d1.R2D1Net((2,), 2, 16), r2d1.R2D1Net((2,), 2, 16)
+    args = r2d1.Args(burn_in_steps=4, sequence_length=6, n_step_return=2)
+    b = loss_batch()
+    b["episode_start"][6, 1] = True
+    with_rows = r2d1.r2d1_loss(net, target, {**b, "start_rows": b["episode_start"].any(1).numpy()}, args)[0]
+    without = r2d1.r2d1_loss(net, target, b, args)[0]
+    ignoring = r2d1.r2d1_loss(net, target, {**b, "start_rows": np.zeros(12, bool)}, args)[0]
+    assert without.item() == pytest.approx(with_rows.item(), rel=1e-6)
+    assert ignoring.item() != pytest.approx(with_rows.item(), rel=1e-6)  # the check can fail
+
+
 def test_target_uses_the_online_argmax_at_the_bootstrap_row_and_stops_at_done():
     # A network whose Q does not depend on the state: the online net prefers action 1, the target values action 0
     # at 10 and action 1 at 2. Double DQN bootstraps h^-1(2); termination bootstraps nothing.
