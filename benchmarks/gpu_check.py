@@ -17,8 +17,9 @@ From the repository root, in this order, each part within its own budget and all
    no ``--maxfail``; a cut kills the whole process tree it leaves;
 3. ``figures``: short GPU figures (``--figure-s`` each), every one a call of the benchmark's own function
    (``benchmarks/ppo_training.py``'s ``ours`` and ``sb3``, ...) on ``--device cuda`` beside the same on
-   ``--device cpu``: PPO Breakout (serial, parallel, async) and SAC HalfCheetah against Stable-Baselines3 on the
-   GPU, DQN and C51 Breakout, R2D1's learner sequences/s;
+   ``--device cpu``: first every script's ``--compile`` figure (each update one CUDA graph; LeanRL's H100 figures
+   beside them in docs/gpu.md), then PPO Breakout (serial, parallel, async) and SAC HalfCheetah against
+   Stable-Baselines3 on the GPU, DQN and C51 Breakout, R2D1's learner sequences/s;
 4. ``unit`` (``--unit``): ``python -m pytest -m unit`` on the node's torch;
 5. ``OUT/summary.txt``, rewritten after every test and figure (one screen: what passed, what failed with its first
    error lines, every figure with its command), ``OUT/results.json`` (what ``--redo`` reads) and every log.
@@ -57,8 +58,8 @@ PPO_STEPS, SAC_STEPS, DQN_STEPS = 3072, 1000, 2000  # 3 rollouts (2 timed); 1,00
 
 
 def _figures() -> dict[str, tuple[str, str, str]]:
-    """name -> (benchmark module, call of its function, unit), in the order they run: pairs (cuda, then the same
-    on cpu) of what matters most first, so that a budget cut drops the least."""
+    """name -> (benchmark module, call of its function, unit), in the order they run: the compiled GPU figures first,
+    then pairs (cuda, then the same on cpu) of what matters most, so that a budget cut drops the least."""
     figs: dict[str, tuple[str, str, str]] = {}
 
     def pair(name: str, module: str, call: str, unit: str = "SPS") -> None:
@@ -111,7 +112,11 @@ def _figures() -> dict[str, tuple[str, str, str]]:
                                                        "['--compile'], 'cuda')", "SPS")
     figs["r2d1-learner-compile-cuda"] = ("r2d1_speed", "learner_sequences_per_second(5, torch.device('cuda'), 2500.0, "
                                                        "compile=True)", "sequences/s")
-    return figs
+    # most valuable first (issue 61): the compiled figures beside LeanRL's, then the eager ones and the CPU side
+    first = ["ppo-parallel-compile-cuda", "ppo-async-compile-cuda", "sac-serial-compile-cuda", "td3-serial-compile-cuda",
+             "ppo-mujoco-compile-cuda", "dqn-serial-compile-cuda", "c51-serial-compile-cuda", "ddpg-serial-compile-cuda",
+             "ppo-serial-compile-cuda", "sac-update-compile-cuda", "sac-profile-compile-cuda", "r2d1-learner-compile-cuda"]
+    return {**{k: figs[k] for k in first}, **{k: v for k, v in figs.items() if k not in first}}
 
 
 FIGURES = _figures()
