@@ -67,6 +67,7 @@ WARMUP_CALLS = 2  # calls of a key run as written before its capture (optimiser 
 
 _state: dict[str, Any] = {"device": None, "graphs": 0, "seconds": 0.0, "cuda_graphs": 0, "capture": None}
 _graphed_entries: list[dict] = []  # each @graphed function's graphs: dropped by enable and disable
+_Tensor: list = [None]  # torch.Tensor, once a function is graphed (torch is imported where it is used)
 
 
 def enable(device: Any) -> None:
@@ -165,6 +166,8 @@ def graphed(fn: F) -> F:
     the capture elsewhere (module docstring)."""
     import torch
 
+    _Tensor[0] = torch.Tensor
+
     entries: dict[Any, _Graph] = {}
     _graphed_entries.append(entries)
 
@@ -175,15 +178,14 @@ def graphed(fn: F) -> F:
             return fn(*args, **kwargs)
         leaves: list = []
         spec = _flatten((args, kwargs), leaves)
-        data = [isinstance(x, torch.Tensor) and not x.requires_grad for x in leaves]
-        modes = (torch.is_grad_enabled(), torch.is_inference_mode_enabled())
-        key = (spec, modes, *(_key(x, d) for x, d in zip(leaves, data)))
+        key = (spec, torch.is_grad_enabled(), torch.is_inference_mode_enabled(), *map(_key, leaves))
         entry = entries.get(key)
         if entry is None:
             if len(entries) >= MAX_GRAPHS:
                 raise RuntimeError(f"@graphed {fn.__qualname__}: a {MAX_GRAPHS + 1}th graph; an argument's value or "
                                    f"shape changes between calls (pass a changing number as a tensor)")
             capture = device.type == "cuda" and os.environ.get("RL_COMPILE_GRAPHS", "1") != "0"
+            data = [isinstance(x, torch.Tensor) and not x.requires_grad for x in leaves]
             entry = entries[key] = _Graph(fn, leaves, data, spec, capture)
         return entry(leaves)
 
@@ -194,9 +196,9 @@ def _flatten(x: Any, leaves: list) -> Any:
     """The leaves of dicts, lists, tuples and namedtuples (namedarraytuples) nested in ``x``, appended to ``leaves``;
     returns the structure (hashable), which ``_unflatten`` fills again."""
     if isinstance(x, dict):
-        return (dict, tuple(x), tuple(_flatten(v, leaves) for v in x.values()))
+        return (dict, tuple(x), tuple([_flatten(v, leaves) for v in x.values()]))
     if isinstance(x, (list, tuple)) and (type(x) in (list, tuple) or hasattr(x, "_fields")):
-        return (type(x), None, tuple(_flatten(v, leaves) for v in x))
+        return (type(x), None, tuple([_flatten(v, leaves) for v in x]))
     leaves.append(x)
     return None
 
@@ -212,16 +214,14 @@ def _unflatten(spec: Any, leaves: Any) -> Any:
     return kind(values) if kind in (list, tuple) else kind(*values)
 
 
-def _key(x: Any, data: bool) -> Any:
-    import torch
+_VALUES = {bool, int, float, str, type(None)}
 
-    if data:
-        return ("data", tuple(x.shape), x.stride(), x.dtype, x.device)
-    if isinstance(x, (bool, int, float, str, type(None))):
-        return (type(x), x)
-    if isinstance(x, torch.Tensor):
-        return ("state", id(x), tuple(x.shape), x.dtype, x.device)
-    return ("object", id(x))
+
+def _key(x: Any) -> Any:
+    """A leaf's part of the graph key: a data tensor's layout, a Python value, or the identity of anything else."""
+    if isinstance(x, _Tensor[0]):
+        return id(x) if x.requires_grad else (x.shape, x.stride(), x.dtype, x.device)
+    return (type(x), x) if type(x) in _VALUES else id(x)
 
 
 class _Graph:
