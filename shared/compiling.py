@@ -47,7 +47,8 @@ written (eager: the reference) until ``enable(device)`` is called, which ``Run.s
   the capture itself. ``report()`` adds ``cuda_graphs``, the graphs captured so far.
 - An async sampler process never calls ``enable``: it acts eagerly, on the CPU. What stays outside every graph:
   the env step, host-device copies, the replay's gather and the host's GAE.
-(torch is imported where it is used: ``shared.run`` imports this module without it.)
+Imports only ``shared.namedarraytuple`` (its structure walk), and torch where it is used: ``shared.run`` imports
+this module without it.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from shared.namedarraytuple import flatten_structure, unflatten_structure
+
 __all__ = ["MAX_GRAPHS", "backend", "collective", "compiled", "disable", "enable", "enabled", "graphed", "report",
            "set_lr"]
 
@@ -67,7 +70,7 @@ WARMUP_CALLS = 2  # calls of a key run as written before its capture (optimiser 
 
 _state: dict[str, Any] = {"device": None, "graphs": 0, "seconds": 0.0, "cuda_graphs": 0, "capture": None}
 _graphed_entries: list[dict] = []  # each @graphed function's graphs: dropped by enable and disable
-_Tensor: list = [None]  # torch.Tensor, once a function is graphed (torch is imported where it is used)
+_VALUES = {bool, int, float, str, type(None)}  # Python values that pick a graph by their value
 
 
 def enable(device: Any) -> None:
@@ -166,10 +169,14 @@ def graphed(fn: F) -> F:
     the capture elsewhere (module docstring)."""
     import torch
 
-    _Tensor[0] = torch.Tensor
-
     entries: dict[Any, _Graph] = {}
     _graphed_entries.append(entries)
+
+    def key(x: Any) -> Any:
+        """A leaf's part of the graph key: a data tensor's layout, a Python value, or the identity of anything else."""
+        if isinstance(x, torch.Tensor):
+            return id(x) if x.requires_grad else (x.shape, x.stride(), x.dtype, x.device)
+        return (type(x), x) if type(x) in _VALUES else id(x)
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -177,51 +184,19 @@ def graphed(fn: F) -> F:
         if device is None:
             return fn(*args, **kwargs)
         leaves: list = []
-        spec = _flatten((args, kwargs), leaves)
-        key = (spec, torch.is_grad_enabled(), torch.is_inference_mode_enabled(), *map(_key, leaves))
-        entry = entries.get(key)
+        spec = flatten_structure((args, kwargs), leaves)
+        graph_key = (spec, torch.is_grad_enabled(), torch.is_inference_mode_enabled(), *map(key, leaves))
+        entry = entries.get(graph_key)
         if entry is None:
             if len(entries) >= MAX_GRAPHS:
                 raise RuntimeError(f"@graphed {fn.__qualname__}: a {MAX_GRAPHS + 1}th graph; an argument's value or "
                                    f"shape changes between calls (pass a changing number as a tensor)")
             capture = device.type == "cuda" and os.environ.get("RL_COMPILE_GRAPHS", "1") != "0"
             data = [isinstance(x, torch.Tensor) and not x.requires_grad for x in leaves]
-            entry = entries[key] = _Graph(fn, leaves, data, spec, capture)
+            entry = entries[graph_key] = _Graph(fn, leaves, data, spec, capture)
         return entry(leaves)
 
     return call  # type: ignore[return-value]
-
-
-def _flatten(x: Any, leaves: list) -> Any:
-    """The leaves of dicts, lists, tuples and namedtuples (namedarraytuples) nested in ``x``, appended to ``leaves``;
-    returns the structure (hashable), which ``_unflatten`` fills again."""
-    if isinstance(x, dict):
-        return (dict, tuple(x), tuple([_flatten(v, leaves) for v in x.values()]))
-    if isinstance(x, (list, tuple)) and (type(x) in (list, tuple) or hasattr(x, "_fields")):
-        return (type(x), None, tuple([_flatten(v, leaves) for v in x]))
-    leaves.append(x)
-    return None
-
-
-def _unflatten(spec: Any, leaves: Any) -> Any:
-    """``spec`` (from ``_flatten``) with its leaves taken in order from the iterator ``leaves``."""
-    if spec is None:
-        return next(leaves)
-    kind, keys, children = spec
-    values = [_unflatten(c, leaves) for c in children]
-    if kind is dict:
-        return dict(zip(keys, values))
-    return kind(values) if kind in (list, tuple) else kind(*values)
-
-
-_VALUES = {bool, int, float, str, type(None)}
-
-
-def _key(x: Any) -> Any:
-    """A leaf's part of the graph key: a data tensor's layout, a Python value, or the identity of anything else."""
-    if isinstance(x, _Tensor[0]):
-        return id(x) if x.requires_grad else (x.shape, x.stride(), x.dtype, x.device)
-    return (type(x), x) if type(x) in _VALUES else id(x)
 
 
 class _Graph:
@@ -230,7 +205,7 @@ class _Graph:
     def __init__(self, fn: Callable, leaves: list, data: list[bool], spec: Any, capture: bool):
         import torch
 
-        self.fn, self.spec, self.data, self.capture = fn, spec, data, capture
+        self.fn, self.spec, self.capture = fn, spec, capture
         # the state objects are held (their ids stay theirs while this graph lives); the first call's data is not
         self.leaves = [None if d else x for x, d in zip(leaves, data)]
         self.block = _span([x for x, d in zip(leaves, data) if d])  # (start, bytes, offsets) of one upload, or None
@@ -289,8 +264,8 @@ class _Graph:
     def __call__(self, leaves: list) -> Any:
         import torch
 
-        lrs = [group["lr"] for opt in self.optimizers for group in opt.param_groups]
-        if self.capture and any(a is not b for a, b in zip(lrs, self.lrs)):
+        lrs = [group["lr"] for opt in self.optimizers for group in opt.param_groups] if self.capture else []
+        if any(a is not b for a, b in zip(lrs, self.lrs)):
             raise RuntimeError(f"@graphed {self.fn.__qualname__}: an optimiser's learning rate was replaced; "
                                "anneal it with shared.compiling.set_lr (the graph reads the tensor it captured)")
         args = self._copy_in(leaves)
@@ -303,7 +278,7 @@ class _Graph:
                 if i < len(self.between):
                     self.between[i]()
             return _copy_out(self.out)
-        a, k = _unflatten(self.spec, iter(args))
+        a, k = unflatten_structure(self.spec, iter(args))
         versions = {i: s._version for i, s in self.static.items()}
         if self.capture:  # a warm-up call, on a side stream as a capture will be
             self.side.wait_stream(torch.cuda.current_stream())
@@ -322,7 +297,7 @@ class _Graph:
     def _capture(self, args: list) -> None:
         import torch
 
-        a, k = _unflatten(self.spec, iter(args))
+        a, k = unflatten_structure(self.spec, iter(args))
         torch.cuda.synchronize()
         capture = _Capture(self, torch.cuda.graph_pool_handle())
         with torch.cuda.stream(self.side):
@@ -415,7 +390,7 @@ def _copy_out(out: Any) -> Any:
     import torch
 
     leaves: list = []
-    spec = _flatten(out, leaves)
+    spec = flatten_structure(out, leaves)
     scalars = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.dim() == 0 and x.dtype == torch.float32]
     if scalars:
         for i, x in zip(scalars, torch.stack([leaves[i].detach() for i in scalars]).unbind()):
@@ -424,4 +399,4 @@ def _copy_out(out: Any) -> Any:
     for i, x in enumerate(leaves):
         if isinstance(x, torch.Tensor) and i not in scalar:
             leaves[i] = x.detach().clone()
-    return _unflatten(spec, iter(leaves))
+    return unflatten_structure(spec, iter(leaves))

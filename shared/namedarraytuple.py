@@ -10,6 +10,8 @@ Guarantees
 - Classes pickle by their schema (name and fields), not by module path, so instances and classes made anywhere
   (inside a function, in a script run as ``__main__``) unpickle in a child started with ``spawn``; unpickling
   returns the one class registered for that schema, so ``type(a) is type(b)`` holds across pickling.
+- ``flatten_structure`` / ``unflatten_structure``: the leaves of a structure as ``map_structure`` walks it, in
+  order, and a hashable shape that rebuilds it with every type (``shared.compiling``'s graphs key on it).
 - ``torch.compile`` (fullgraph, torch 2.11 and later) traces them as namedtuples: building, indexing, reading
   fields and returning or taking one. Dynamo before 2.13 reads namedtuple's ``_field_defaults`` (empty here) and
   cannot trace ``tuple.__new__`` on a class it got from ``type(self)``, so results are built by calling the class.
@@ -21,7 +23,7 @@ import copyreg
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-__all__ = ["namedarraytuple", "is_namedarraytuple", "map_structure"]
+__all__ = ["flatten_structure", "is_namedarraytuple", "map_structure", "namedarraytuple", "unflatten_structure"]
 
 _CLASSES: dict[tuple[str, tuple[str, ...]], type] = {}
 
@@ -185,3 +187,25 @@ def map_structure(fn: Callable[[Any], Any], struct: Any) -> Any:
     if isinstance(struct, dict):
         return {k: map_structure(fn, v) for k, v in struct.items()}
     return fn(struct)
+
+
+def flatten_structure(struct: Any, leaves: list) -> Any:
+    """The leaves of the structure (as ``map_structure`` walks it; ``None`` is a leaf here) appended to ``leaves`` in
+    order; returns its shape, hashable, which ``unflatten_structure`` fills again."""
+    if isinstance(struct, dict):
+        return (dict, tuple(struct), tuple([flatten_structure(v, leaves) for v in struct.values()]))
+    if isinstance(struct, (tuple, list)):
+        return (type(struct), None, tuple([flatten_structure(v, leaves) for v in struct]))
+    leaves.append(struct)
+    return None
+
+
+def unflatten_structure(shape: Any, leaves: Iterator[Any]) -> Any:
+    """The structure ``shape`` (from ``flatten_structure``) with its leaves taken in order from the iterator."""
+    if shape is None:
+        return next(leaves)
+    kind, keys, children = shape
+    values = [unflatten_structure(c, leaves) for c in children]
+    if kind is dict:
+        return dict(zip(keys, values))
+    return kind(values) if kind in (list, tuple) or not hasattr(kind, "_fields") else kind(*values)

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.buffer import SharedArray, buffer_from_example, shared_zeros
-from shared.namedarraytuple import is_namedarraytuple, map_structure, namedarraytuple
+from shared.namedarraytuple import flatten_structure, is_namedarraytuple, map_structure, namedarraytuple, unflatten_structure
 from tests.helpers import our_shm
 
 Point = namedarraytuple("Point", ["x", "y"])
@@ -290,3 +290,19 @@ def test_class_defined_in_a_main_script_crosses_spawn(tmp_path):
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "('Transition', 1.0, True)"
+
+
+def test_flatten_structure_round_trips_what_map_structure_walks():
+    """shared.compiling's graphs key on the shape and copy the leaves: the shape is hashable and equal for equal
+    structures, and filling it again rebuilds every type (dicts, lists, tuples, namedtuples, namedarraytuples)."""
+    from collections import namedtuple
+
+    Pair = namedtuple("Pair", "a b")
+    S = namedarraytuple("S", ["x", "y"])
+    struct = ({"obs": 1, "state": S(2, None)}, [3, Pair(4, 5)], "six")
+    leaves = []
+    shape = flatten_structure(struct, leaves)
+    assert leaves == [1, 2, None, 3, 4, 5, "six"] and hash(shape) == hash(flatten_structure(struct, []))
+    again = unflatten_structure(shape, iter(leaves))
+    assert again == struct and type(again[0]["state"]) is S and type(again[1][1]) is Pair
+    assert map_structure(lambda v: v, struct) == again
