@@ -68,8 +68,22 @@ def launch(root: Path, games: list[str], seeds: list[int], cores: int, tail: lis
     launcher = _module("launch")
     code = 0
     for seed in seeds:
-        argv = [str(root), "--scripts", SCRIPT, "--env-ids", *map(env_id, games), "--seeds", str(seed),
-                "--cores-per-run", str(cores), "--plain", "--status-every", "600", "--flags", FLAGS]
+        argv = [
+            str(root),
+            "--scripts",
+            SCRIPT,
+            "--env-ids",
+            *map(env_id, games),
+            "--seeds",
+            str(seed),
+            "--cores-per-run",
+            str(cores),
+            "--plain",
+            "--status-every",
+            "600",
+            "--flags",
+            FLAGS,
+        ]
         rc = launcher.main(argv + (["--", *tail] if tail else []))
         code = code or rc
         if rc not in (0, 1):  # 1: some run failed (the others went on); anything else: the launch itself stopped
@@ -81,8 +95,10 @@ def table(root: Path, games: list[str], reps: int) -> str:
     """Per game: ours beside DER, random and human; then the human-normalised aggregates of both."""
     report = _module("report")
     groups = {g.env_id: g for g in report.collect(root, "eval", 100, False) if g.script == SCRIPT}
-    lines = ["| game | seeds | ours: mean (min-max) | DER (published) | random | human | ours HNS | DER HNS |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| game | seeds | ours: mean (min-max) | DER (published) | random | human | ours HNS | DER HNS |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     ours_hns, der_hns = {}, {}
     for game in games:
         lo, hi, der = SCORES[game]
@@ -103,19 +119,22 @@ def table(root: Path, games: list[str], reps: int) -> str:
         x = np.stack([ours_hns[g][:n] for g in done], axis=1)  # [runs, games]
         from rliable import metrics
 
-        funcs = lambda s: np.array([metrics.aggregate_mean(s), metrics.aggregate_median(s),
-                                    metrics.aggregate_iqm(s)])
+        funcs = lambda s: np.array([metrics.aggregate_mean(s), metrics.aggregate_median(s), metrics.aggregate_iqm(s)])
         point, ci = report._bootstrap({"ours": x}, funcs, reps=reps, random_state=np.random.RandomState(0))
         d = np.array([der_hns[g] for g in done])
         names = ("mean", "median", "IQM")
         ci_lo, ci_hi = ci["ours"]  # NaN with one seed a game (report._bootstrap): no interval printed
         band = ["" if np.isnan(ci_lo[i]) else f" [{ci_lo[i]:.3f}, {ci_hi[i]:.3f}]" for i in range(3)]
-        rows = [f"| {k} | {point['ours'][i]:.3f}{band[i]} | "
-                f"{[d.mean(), np.median(d), metrics.aggregate_iqm(d[None])][i]:.3f} |" for i, k in enumerate(names)]
-        out += (f"\n\nHuman-normalised over {len(done)} games ({', '.join(done)}), {n} seed(s) each ("
-                f"{'95% stratified bootstrap intervals, rliable' if n > 1 else 'one seed: no interval'}; DER: its "
-                f"published per-game means)\n\n| | ours | DER |\n"
-                "| --- | --- | --- |\n" + "\n".join(rows))
+        rows = [
+            f"| {k} | {point['ours'][i]:.3f}{band[i]} | {[d.mean(), np.median(d), metrics.aggregate_iqm(d[None])][i]:.3f} |"
+            for i, k in enumerate(names)
+        ]
+        out += (
+            f"\n\nHuman-normalised over {len(done)} games ({', '.join(done)}), {n} seed(s) each ("
+            f"{'95% stratified bootstrap intervals, rliable' if n > 1 else 'one seed: no interval'}; DER: its "
+            f"published per-game means)\n\n| | ours | DER |\n"
+            "| --- | --- | --- |\n" + "\n".join(rows)
+        )
     return out
 
 
@@ -124,12 +143,17 @@ def main(argv: list[str] | None = None) -> int:
     tail: list[str] = []
     if "--" in argv:
         i = argv.index("--")
-        argv, tail = argv[:i], argv[i + 1:]
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+        argv, tail = argv[:i], argv[i + 1 :]
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("root", type=Path, help="the experiment's folder (outside the repository: replays are large)")
-    p.add_argument("--games", nargs="+", default=list(SCORES), choices=list(SCORES), metavar="GAME",
-                   help=f"games, in the order they run (default: {' '.join(SCORES)})")
+    p.add_argument(
+        "--games",
+        nargs="+",
+        default=list(SCORES),
+        choices=list(SCORES),
+        metavar="GAME",
+        help=f"games, in the order they run (default: {' '.join(SCORES)})",
+    )
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2], help="seeds, each over every game before the next")
     p.add_argument("--cores-per-run", type=int, default=1, help="physical cores per run (default 1)")
     p.add_argument("--report-only", action="store_true", help="only the tables, from the runs finished so far")
@@ -141,13 +165,13 @@ def main(argv: list[str] | None = None) -> int:
         code = launch(root, a.games, a.seeds, a.cores_per_run, tail)
     if not root.is_dir():
         p.exit(2, f"error: {root} is not a folder\n")
-    (root / "reference.json").write_text(json.dumps(
-        {env_id(g): {"random": lo, "human": hi} for g, (lo, hi, _) in SCORES.items()}, indent=1))
+    (root / "reference.json").write_text(
+        json.dumps({env_id(g): {"random": lo, "human": hi} for g, (lo, hi, _) in SCORES.items()}, indent=1)
+    )
     if not list(root.rglob("eval.json")):
         print("no finished runs yet")
         return code
-    _module("report").main([str(root), "--reference", str(root / "reference.json"), "--source", "eval",
-                            "--reps", str(a.reps)])
+    _module("report").main([str(root), "--reference", str(root / "reference.json"), "--source", "eval", "--reps", str(a.reps)])
     print(table(root, a.games, a.reps))
     return code
 

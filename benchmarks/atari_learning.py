@@ -68,8 +68,20 @@ def sb3_ppo(env_id: str, steps: int, seed: int, out: Path) -> None:
 
     gym.register_envs(ale_py)
     env = VecFrameStack(make_atari_env(env_id, n_envs=8, seed=seed), n_stack=4)
-    model = PPO("CnnPolicy", env, n_steps=128, batch_size=256, n_epochs=4, learning_rate=linear(2.5e-4),
-                clip_range=linear(0.1), ent_coef=0.01, vf_coef=0.5, seed=seed, device="cpu", verbose=0)
+    model = PPO(
+        "CnnPolicy",
+        env,
+        n_steps=128,
+        batch_size=256,
+        n_epochs=4,
+        learning_rate=linear(2.5e-4),
+        clip_range=linear(0.1),
+        ent_coef=0.01,
+        vf_coef=0.5,
+        seed=seed,
+        device="cpu",
+        verbose=0,
+    )
     t0 = time.time()
     with open(out / "episodes.csv", "w", newline="") as f:
         writer = csv.writer(f)
@@ -120,11 +132,38 @@ def launch(name: str, cpu: int, a: argparse.Namespace, out: Path) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     script, extra = RUNS[name]
     if script == "sb3":
-        cmd = [sys.executable, __file__, "--sb3-worker", name, "--env-id", a.env_id, "--steps", str(a.steps),
-               "--seed", str(a.seed), "--out-dir", str(out)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--sb3-worker",
+            name,
+            "--env-id",
+            a.env_id,
+            "--steps",
+            str(a.steps),
+            "--seed",
+            str(a.seed),
+            "--out-dir",
+            str(out),
+        ]
     else:
-        cmd = [sys.executable, str(ROOT / "algos" / script), "--env-id", a.env_id, "--total-timesteps", str(a.steps),
-               "--seed", str(a.seed), "--eval-episodes", "0", "--out-dir", str(folder), "--run-name", "run", *extra]
+        cmd = [
+            sys.executable,
+            str(ROOT / "algos" / script),
+            "--env-id",
+            a.env_id,
+            "--total-timesteps",
+            str(a.steps),
+            "--seed",
+            str(a.seed),
+            "--eval-episodes",
+            "0",
+            "--out-dir",
+            str(folder),
+            "--run-name",
+            "run",
+            *extra,
+        ]
     with open(folder / "log.txt", "w") as log:
         code = subprocess.run(["taskset", "-c", str(cpu), *cmd], stdout=log, stderr=subprocess.STDOUT).returncode
     if code == 0 and script != "sb3":
@@ -135,8 +174,7 @@ def launch(name: str, cpu: int, a: argparse.Namespace, out: Path) -> int:
 def report(a: argparse.Namespace, out: Path) -> None:
     marks = sorted({m for m in (100_000, 250_000, 500_000, a.steps) if m <= a.steps})
     print(f"{a.env_id}, {a.steps} agent steps ({4 * a.steps} frames), seed {a.seed} (one seed per run)")
-    print("mean return of the last 100 games at each step (games counted so far); random agent "
-          f"{RANDOM_BREAKOUT} on Breakout")
+    print(f"mean return of the last 100 games at each step (games counted so far); random agent {RANDOM_BREAKOUT} on Breakout")
     print(f"{'run':<10}" + "".join(f"{m:>20}" for m in marks) + f"{'SPS':>9}")
     curves = {}
     for name in a.runs:
@@ -159,8 +197,13 @@ def report(a: argparse.Namespace, out: Path) -> None:
     for name, eps in curves.items():
         curve(ax, name, [eps], window=100)
     ax.axhline(RANDOM_BREAKOUT, color="gray", lw=0.8, ls="--", label="random")
-    save(fig, a.png, xlabel="agent steps (4 frames each)", ylabel="game score, mean of the last 100 games",
-         title=f"{a.env_id}, seed {a.seed}")
+    save(
+        fig,
+        a.png,
+        xlabel="agent steps (4 frames each)",
+        ylabel="game score, mean of the last 100 games",
+        title=f"{a.env_id}, seed {a.seed}",
+    )
 
 
 def main() -> None:

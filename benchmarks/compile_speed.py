@@ -28,25 +28,30 @@ RUNS = {  # a preset each, long enough for several rows after compiling
     "a2c_atari": ["--preset", "cartpole", "--total-timesteps", "16384", "--log-every", "16"],
     "ppo_mujoco": ["--preset", "pendulum", "--total-timesteps", "16384"],
     "ppo_lstm": ["--preset", "cartpole", "--total-timesteps", "8192"],
-    "dqn_atari": ["--preset", "cartpole", "--total-timesteps", "6000", "--min-steps-learn", "1000", "--log-every",
-                  "1000"],
-    "catdqn_atari": ["--preset", "cartpole", "--total-timesteps", "6000", "--min-steps-learn", "1000",
-                     "--log-every", "1000"],
-    "r2d1_atari": ["--preset", "memory", "--total-timesteps", "6000", "--min-steps-learn", "1000", "--log-every",
-                   "1000"],
-    "sac_mujoco": ["--preset", "pendulum", "--total-timesteps", "3000", "--min-steps-learn", "500", "--log-every",
-                   "500"],
-    "td3_mujoco": ["--preset", "pendulum", "--total-timesteps", "3000", "--min-steps-learn", "500", "--log-every",
-                   "500"],
-    "ddpg_mujoco": ["--preset", "pendulum", "--total-timesteps", "3000", "--min-steps-learn", "500", "--log-every",
-                    "500"],
+    "dqn_atari": ["--preset", "cartpole", "--total-timesteps", "6000", "--min-steps-learn", "1000", "--log-every", "1000"],
+    "catdqn_atari": ["--preset", "cartpole", "--total-timesteps", "6000", "--min-steps-learn", "1000", "--log-every", "1000"],
+    "r2d1_atari": ["--preset", "memory", "--total-timesteps", "6000", "--min-steps-learn", "1000", "--log-every", "1000"],
+    "sac_mujoco": ["--preset", "pendulum", "--total-timesteps", "3000", "--min-steps-learn", "500", "--log-every", "500"],
+    "td3_mujoco": ["--preset", "pendulum", "--total-timesteps", "3000", "--min-steps-learn", "500", "--log-every", "500"],
+    "ddpg_mujoco": ["--preset", "pendulum", "--total-timesteps", "3000", "--min-steps-learn", "500", "--log-every", "500"],
 }
 
 
 def progress(script: str, device: str, flags: list[str], env: dict) -> list[dict]:
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, str(ROOT / "algos" / f"{script}.py"), *RUNS[script], *COMMON, "--device", device,
-               "--out-dir", out, "--run-name", "b", *flags]
+        cmd = [
+            sys.executable,
+            str(ROOT / "algos" / f"{script}.py"),
+            *RUNS[script],
+            *COMMON,
+            "--device",
+            device,
+            "--out-dir",
+            out,
+            "--run-name",
+            "b",
+            *flags,
+        ]
         done = subprocess.run(cmd, capture_output=True, text=True, env=env)
         if done.returncode:
             raise RuntimeError(f"{script} {' '.join(flags)}: exit {done.returncode}\n{done.stderr[-2000:]}")
@@ -67,8 +72,10 @@ def main() -> None:
     a = p.parse_args()
     env = {**os.environ, "RL_COMPILE_BACKEND": a.backend}
     print(f"device {a.device}  backend {a.backend}  torch threads: the scripts' own")
-    print(f"{'script':<14} {'eager SPS':>10} {'compiled SPS':>13} {'ratio':>7} {'compile s':>10} {'graphs':>7} "
-          f"{'window (steps)':>16}")
+    print(
+        f"{'script':<14} {'eager SPS':>10} {'compiled SPS':>13} {'ratio':>7} {'compile s':>10} {'graphs':>7} "
+        f"{'window (steps)':>16}"
+    )
     for script in a.scripts:
         compiled = progress(script, a.device, ["--compile"], env)
         eager = progress(script, a.device, [], env)
@@ -77,8 +84,11 @@ def main() -> None:
         first = min(first, len(compiled) - 2)  # at least one row's interval
         e, c = sps(eager, first), sps(compiled, first)
         window = f"{compiled[first]['global_step']}..{compiled[-1]['global_step']}"
-        print(f"{script:<14} {e:>10.0f} {c:>13.0f} {c / e:>7.2f} {float(compiled[-1]['compile_s']):>10.1f} "
-              f"{final:>7} {window:>16}", flush=True)
+        print(
+            f"{script:<14} {e:>10.0f} {c:>13.0f} {c / e:>7.2f} {float(compiled[-1]['compile_s']):>10.1f} "
+            f"{final:>7} {window:>16}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

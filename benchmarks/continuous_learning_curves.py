@@ -36,7 +36,7 @@ def episodes(folder: Path) -> list[tuple[int, float]]:
 
 def first_reached(eps: list[tuple[int, float]], threshold: float, window: int = 10) -> int | None:
     for i in range(window, len(eps) + 1):
-        if sum(r for _, r in eps[i - window:i]) / window >= threshold:
+        if sum(r for _, r in eps[i - window : i]) / window >= threshold:
             return eps[i - 1][0]
     return None
 
@@ -47,15 +47,41 @@ def pendulum(steps: int, out_png: Path) -> None:
         for sampler in ("serial", "parallel", "async"):
             n = "2" if sampler == "parallel" else "1"
             with tempfile.TemporaryDirectory() as out:
-                subprocess.run([sys.executable, str(ROOT / "algos" / script), "--env-id", "Pendulum-v1", "--sampler",
-                                sampler, "--num-envs", n, "--min-steps-learn", "1000", "--total-timesteps", str(steps),
-                                "--log-every", "1000", "--eval-episodes", "0", "--out-dir", out, "--run-name", "p"],
-                               check=True, capture_output=True, text=True)
+                subprocess.run(
+                    [
+                        sys.executable,
+                        str(ROOT / "algos" / script),
+                        "--env-id",
+                        "Pendulum-v1",
+                        "--sampler",
+                        sampler,
+                        "--num-envs",
+                        n,
+                        "--min-steps-learn",
+                        "1000",
+                        "--total-timesteps",
+                        str(steps),
+                        "--log-every",
+                        "1000",
+                        "--eval-episodes",
+                        "0",
+                        "--out-dir",
+                        out,
+                        "--run-name",
+                        "p",
+                    ],
+                    check=True,
+                    capture_output=True,
+                    text=True,
+                )
                 eps = episodes(Path(out) / "p")
             reached = first_reached(eps, -250.0)
             last = sum(r for _, r in eps[-10:]) / len(eps[-10:])
-            print(f"Pendulum-v1  {script:<15} {sampler:<8} mean of 10 >= -250 at step "
-                  f"{reached if reached else 'never':>6}  last 10 episodes {last:8.1f}", flush=True)
+            print(
+                f"Pendulum-v1  {script:<15} {sampler:<8} mean of 10 >= -250 at step "
+                f"{reached if reached else 'never':>6}  last 10 episodes {last:8.1f}",
+                flush=True,
+            )
             curves[f"{script} {sampler}"] = eps
     plot(curves, "Pendulum-v1 (episode returns, mean of 10)", out_png)
 
@@ -68,12 +94,29 @@ def halfcheetah(minutes: float, scripts: list[str], out_png: Path) -> None:
     cpus = sorted(os.sched_getaffinity(0))
     curves = {}
     for first in range(0, len(scripts), len(cpus)):
-        group = scripts[first:first + len(cpus)]
-        procs = {s: subprocess.Popen([sys.executable, str(ROOT / "algos" / s), "--total-timesteps", "1000000",
-                                      "--log-every", "5000", "--eval-episodes", "0", "--out-dir", str(out),
-                                      "--run-name", s], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     preexec_fn=lambda c=cpu: os.sched_setaffinity(0, {c}))
-                 for s, cpu in zip(group, cpus)}
+        group = scripts[first : first + len(cpus)]
+        procs = {
+            s: subprocess.Popen(
+                [
+                    sys.executable,
+                    str(ROOT / "algos" / s),
+                    "--total-timesteps",
+                    "1000000",
+                    "--log-every",
+                    "5000",
+                    "--eval-episodes",
+                    "0",
+                    "--out-dir",
+                    str(out),
+                    "--run-name",
+                    s,
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                preexec_fn=lambda c=cpu: os.sched_setaffinity(0, {c}),
+            )
+            for s, cpu in zip(group, cpus)
+        }
         deadline = time.time() + minutes * 60
         while time.time() < deadline and any(p.poll() is None for p in procs.values()):
             time.sleep(1.0)
@@ -88,14 +131,16 @@ def halfcheetah(minutes: float, scripts: list[str], out_png: Path) -> None:
                 rows = list(csv.DictReader(f))
             returns = [r for _, r in eps]
             last = sum(returns[-5:]) / max(len(returns[-5:]), 1)
-            best = max((sum(returns[i - 5:i]) / 5 for i in range(5, len(returns) + 1)), default=0.0)
+            best = max((sum(returns[i - 5 : i]) / 5 for i in range(5, len(returns) + 1)), default=0.0)
             steps = int(rows[-1]["global_step"]) if rows else 0
             took = float(rows[-1]["wall_time_s"]) / 60 if rows else 0.0
-            print(f"HalfCheetah-v5  {s:<15} {steps:>7} steps in {took:4.1f} min "
-                  f"(one CPU)  last 5 episodes {last:8.1f}  best mean of 5 {best:8.1f}", flush=True)
+            print(
+                f"HalfCheetah-v5  {s:<15} {steps:>7} steps in {took:4.1f} min "
+                f"(one CPU)  last 5 episodes {last:8.1f}  best mean of 5 {best:8.1f}",
+                flush=True,
+            )
             curves[s] = eps
-    plot(curves, f"HalfCheetah-v5, {minutes:.0f} minutes each on one CPU (episode returns, mean of 5)", out_png,
-         window=5)
+    plot(curves, f"HalfCheetah-v5, {minutes:.0f} minutes each on one CPU (episode returns, mean of 5)", out_png, window=5)
 
 
 def plot(curves: dict, title: str, out_png: Path, window: int = 10) -> None:

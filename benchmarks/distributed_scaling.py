@@ -28,17 +28,49 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-PPO_CARTPOLE = ["--num-steps", "32", "--num-minibatches", "1", "--update-epochs", "20", "--gae-lambda", "0.8",
-                "--gamma", "0.98", "--ent-coef", "0", "--learning-rate", "1e-3", "--clip-coef", "0.2",
-                "--no-clip-vloss"]
+PPO_CARTPOLE = [
+    "--num-steps",
+    "32",
+    "--num-minibatches",
+    "1",
+    "--update-epochs",
+    "20",
+    "--gae-lambda",
+    "0.8",
+    "--gamma",
+    "0.98",
+    "--ent-coef",
+    "0",
+    "--learning-rate",
+    "1e-3",
+    "--clip-coef",
+    "0.2",
+    "--no-clip-vloss",
+]
 
 
-def train(script: str, env_id: str, steps: int, ranks: int, num_envs: int, seed: int, extra: list[str],
-          out: Path, name: str) -> dict:
+def train(
+    script: str, env_id: str, steps: int, ranks: int, num_envs: int, seed: int, extra: list[str], out: Path, name: str
+) -> dict:
     """One job of ``ranks`` ranks; returns its SPS, wall time and (step, return_mean) rows."""
-    args = [str(ROOT / "algos" / script), "--env-id", env_id, "--total-timesteps", str(steps), "--num-envs",
-            str(num_envs), "--seed", str(seed), "--eval-episodes", "0", "--out-dir", str(out), "--run-name", name,
-            *extra]
+    args = [
+        str(ROOT / "algos" / script),
+        "--env-id",
+        env_id,
+        "--total-timesteps",
+        str(steps),
+        "--num-envs",
+        str(num_envs),
+        "--seed",
+        str(seed),
+        "--eval-episodes",
+        "0",
+        "--out-dir",
+        str(out),
+        "--run-name",
+        name,
+        *extra,
+    ]
     if ranks == 1:
         cmd = [sys.executable, *args]
     else:
@@ -52,7 +84,8 @@ def train(script: str, env_id: str, steps: int, ranks: int, num_envs: int, seed:
         rows = list(csv.DictReader(f))
     first, last = rows[0], rows[-1]
     sps = (int(last["global_step"]) - int(first["global_step"])) / max(
-        float(last["wall_time_s"]) - float(first["wall_time_s"]), 1e-9)
+        float(last["wall_time_s"]) - float(first["wall_time_s"]), 1e-9
+    )
     curve = [(int(r["global_step"]), float(r["return_mean"])) for r in rows if r["return_mean"]]
     return {"sps": sps, "wall": wall, "curve": curve}
 
@@ -71,11 +104,16 @@ def main() -> None:
     p.add_argument("--num-envs", type=int, default=8, help="envs per rank for weak scaling; the job's for strong")
     p.add_argument("--ranks", type=int, nargs="+", default=[1, 2])
     p.add_argument("--seeds", type=int, nargs="+", default=[1])
-    p.add_argument("--extra", nargs=argparse.REMAINDER, default=None,
-                   help="flags passed to the script (default for ppo_atari.py on CartPole: rl-zoo's settings)")
+    p.add_argument(
+        "--extra",
+        nargs=argparse.REMAINDER,
+        default=None,
+        help="flags passed to the script (default for ppo_atari.py on CartPole: rl-zoo's settings)",
+    )
     a = p.parse_args()
-    extra = a.extra if a.extra is not None else (PPO_CARTPOLE if a.script == "ppo_atari.py" and
-                                                 a.env_id == "CartPole-v1" else [])
+    extra = (
+        a.extra if a.extra is not None else (PPO_CARTPOLE if a.script == "ppo_atari.py" and a.env_id == "CartPole-v1" else [])
+    )
     results: dict[tuple[str, int], list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for seed in a.seeds:
@@ -86,15 +124,19 @@ def main() -> None:
                     envs = a.num_envs if kind == "weak" else a.num_envs // n
                     r = train(a.script, a.env_id, a.steps, n, envs, seed, extra, Path(tmp), f"{kind}{n}s{seed}")
                     results.setdefault((kind if n > 1 else "one", n), []).append(r)
-                    print(f"seed {seed}  {n} rank(s)  {kind:>6}  {envs} envs/rank  SPS {r['sps']:.0f}  "
-                          f"wall {r['wall']:.0f} s", flush=True)
+                    print(
+                        f"seed {seed}  {n} rank(s)  {kind:>6}  {envs} envs/rank  SPS {r['sps']:.0f}  wall {r['wall']:.0f} s",
+                        flush=True,
+                    )
 
     mean = lambda xs: sum(xs) / len(xs)
     base = mean([r["sps"] for r in results[("one", 1)]])
     checkpoints = [a.steps // 4, a.steps // 2, a.steps]
     print(f"\n{a.script} on {a.env_id}, {a.steps} job steps, seeds {a.seeds}, this machine's cores split among ranks")
-    print(f"| ranks | scaling | envs per rank | SPS | vs 1 rank | efficiency | return at "
-          f"{' / '.join(f'{c // 1000}k' for c in checkpoints)} |")
+    print(
+        f"| ranks | scaling | envs per rank | SPS | vs 1 rank | efficiency | return at "
+        f"{' / '.join(f'{c // 1000}k' for c in checkpoints)} |"
+    )
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for (kind, n), runs in results.items():
         sps = mean([r["sps"] for r in runs])
@@ -103,8 +145,10 @@ def main() -> None:
         for c in checkpoints:
             vals = [v for v in (at(r["curve"], c) for r in runs) if v is not None]
             rets.append(f"{mean(vals):.0f}" if vals else "-")
-        print(f"| {n} | {kind if n > 1 else '-'} | {envs} | {sps:.0f} | {sps / base:.2f}x | "
-              f"{sps / base / n:.0%} | {' / '.join(rets)} |")
+        print(
+            f"| {n} | {kind if n > 1 else '-'} | {envs} | {sps:.0f} | {sps / base:.2f}x | "
+            f"{sps / base / n:.0%} | {' / '.join(rets)} |"
+        )
 
 
 if __name__ == "__main__":

@@ -47,8 +47,18 @@ RESULTS = ROOT / "benchmarks" / "results"
 NOTEBOOK = RESULTS / "README.md"
 OUT = ROOT / "docs" / "generated"
 IMG = "../generated/img"  # the pages that include generated Markdown sit one folder below docs/
-SCRIPTS = ["ppo_atari", "a2c_atari", "ppo_lstm", "ppo_mujoco", "dqn_atari", "catdqn_atari", "r2d1_atari", "sac_mujoco",
-           "td3_mujoco", "ddpg_mujoco"]
+SCRIPTS = [
+    "ppo_atari",
+    "a2c_atari",
+    "ppo_lstm",
+    "ppo_mujoco",
+    "dqn_atari",
+    "catdqn_atari",
+    "r2d1_atari",
+    "sac_mujoco",
+    "td3_mujoco",
+    "ddpg_mujoco",
+]
 BASE_COLUMNS = ["global_step", "wall_time_s", "sps", "episodes", "return_mean"]
 
 
@@ -121,8 +131,10 @@ def docstring_markdown(doc: str, names: set[str] = frozenset()) -> str:
             while block and not block[-1].strip():
                 block.pop()
             body = textwrap.dedent("\n".join(block))
-            shell = all(not ln.strip() or re.match(r"\s*(python|torchrun|taskset|#|srun|sbatch|pip|\w+=)", ln)
-                        for ln in body.splitlines())
+            shell = all(
+                not ln.strip() or re.match(r"\s*(python|torchrun|taskset|#|srun|sbatch|pip|\w+=)", ln)
+                for ln in body.splitlines()
+            )
             out += ["```" + ("bash" if shell else "text"), body, "```", ""]
             continue
         if i + 1 < len(lines) and re.fullmatch(r"-{3,}", lines[i + 1].strip()) and line.strip():
@@ -188,9 +200,12 @@ def structure(path: Path) -> dict:
     def segment(node) -> str:  # ast.get_source_segment splits the whole source at every call: slow here
         first, last = node.lineno - 1, node.end_lineno - 1
         if first == last:
-            return lines[first].encode()[node.col_offset:node.end_col_offset].decode()
-        part = [lines[first].encode()[node.col_offset:].decode(), *lines[first + 1:last],
-                lines[last].encode()[:node.end_col_offset].decode()]
+            return lines[first].encode()[node.col_offset : node.end_col_offset].decode()
+        part = [
+            lines[first].encode()[node.col_offset :].decode(),
+            *lines[first + 1 : last],
+            lines[last].encode()[: node.end_col_offset].decode(),
+        ]
         return "\n".join(part)
 
     sections = _sections(lines)
@@ -200,8 +215,11 @@ def structure(path: Path) -> dict:
         line = getattr(node, "lineno", 0)
         if isinstance(node, ast.ClassDef | ast.FunctionDef):
             kind = "class" if isinstance(node, ast.ClassDef) else "function"
-            members = [b.name for b in node.body if isinstance(b, ast.FunctionDef) and not b.name.startswith("__")] \
-                if kind == "class" else []
+            members = (
+                [b.name for b in node.body if isinstance(b, ast.FunctionDef) and not b.name.startswith("__")]
+                if kind == "class"
+                else []
+            )
             deco = [ast.unparse(d) for d in getattr(node, "decorator_list", [])]
             summary = first_sentence(ast.get_docstring(node))
             if node.name == "Args" and not summary:
@@ -215,8 +233,9 @@ def structure(path: Path) -> dict:
             name = node.targets[0].id
             if name not in ("ROOT", "SCRIPT", "PRESETS") and isinstance(node.value, ast.Call):
                 comment = lines[line - 2].lstrip("# ").strip() if line > 1 and lines[line - 2].startswith("#") else ""
-                entries.append(Entry(section_at(line), "value", name, line,
-                                     comment or f"`{ast.unparse(node.value.func)}(...)`", []))
+                entries.append(
+                    Entry(section_at(line), "value", name, line, comment or f"`{ast.unparse(node.value.func)}(...)`", [])
+                )
         if isinstance(node, ast.ClassDef) and node.name == "Args":
             group = ""
             for i, b in enumerate(node.body):
@@ -236,9 +255,10 @@ def structure(path: Path) -> dict:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "PRESETS" for t in node.targets):
             prev_end = node.lineno
             for k, v in zip(node.value.keys, node.value.values):
-                comment = [ln.strip().lstrip("#").strip() for ln in lines[prev_end:k.lineno - 1] if ln.strip().startswith("#")]
-                settings = [f"{kw.arg}={segment(kw.value)}" for kw in getattr(v, "keywords", [])
-                            if kw.arg != "preset"]
+                comment = [
+                    ln.strip().lstrip("#").strip() for ln in lines[prev_end : k.lineno - 1] if ln.strip().startswith("#")
+                ]
+                settings = [f"{kw.arg}={segment(kw.value)}" for kw in getattr(v, "keywords", []) if kw.arg != "preset"]
                 presets.append((k.value, " ".join(comment), settings))
                 prev_end = v.end_lineno
     for node in ast.walk(tree):  # the statistics a row logs: the keys of the dicts of detached values, and periodic's
@@ -252,23 +272,38 @@ def structure(path: Path) -> dict:
             if isinstance(t.value, ast.Name) and t.value.id == "stats" and isinstance(t.slice, ast.Constant):
                 keys.add(t.slice.value)
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "periodic":
-            periodic = [kw.arg for kw in node.keywords if kw.arg] + [f"**{ast.unparse(kw.value)}" for kw in node.keywords
-                                                                     if kw.arg is None]
-    return {"doc": ast.get_docstring(tree) or "", "lines": len(lines), "source": source, "sections": sections,
-            "entries": entries, "args": args, "presets": presets, "stats": sorted(keys), "periodic": periodic,
-            "main": main_source}
+            periodic = [kw.arg for kw in node.keywords if kw.arg] + [
+                f"**{ast.unparse(kw.value)}" for kw in node.keywords if kw.arg is None
+            ]
+    return {
+        "doc": ast.get_docstring(tree) or "",
+        "lines": len(lines),
+        "source": source,
+        "sections": sections,
+        "entries": entries,
+        "args": args,
+        "presets": presets,
+        "stats": sorted(keys),
+        "periodic": periodic,
+        "main": main_source,
+    }
 
 
 def about_markdown(name: str, s: dict) -> str:
     names = {e.name for e in s["entries"]}
     doc = s["doc"]
-    return (f"The script's own summary (the docstring of `algos/{name}.py`, {s['lines']} lines today):\n\n"
-            + "\n".join("> " + ln if ln else ">" for ln in docstring_markdown(doc, names).splitlines()) + "\n")
+    return (
+        f"The script's own summary (the docstring of `algos/{name}.py`, {s['lines']} lines today):\n\n"
+        + "\n".join("> " + ln if ln else ">" for ln in docstring_markdown(doc, names).splitlines())
+        + "\n"
+    )
 
 
 def structure_markdown(name: str, s: dict) -> str:
-    out = [f"Read top to bottom, `algos/{name}.py` is these sections, in this order (its section markers, "
-           "`# ---- name`), each with the functions and classes it defines:\n"]
+    out = [
+        f"Read top to bottom, `algos/{name}.py` is these sections, in this order (its section markers, "
+        "`# ---- name`), each with the functions and classes it defines:\n"
+    ]
     rows, previous = [], None
     for e in s["entries"]:
         what = escape(e.summary, table=True)
@@ -283,28 +318,54 @@ def structure_markdown(name: str, s: dict) -> str:
     flags = s["args"]
     start, end, body = s["main"]
     if body:
-        out.append(f"\n#### The loop: `main` (lines {start}-{end})\n\n`main` is the whole algorithm in the order it runs: "
-                   "the run's lifecycle calls (`shared.run.Run`, see [the contract](../contract.md#how-a-script-is-built))"
-                   " around the loop over iterations.\n\n```python\n" + body + "\n```\n")
-    out.append(f"\n#### Flags (`Args`)\n\nThe script's own flags, after the run flags every script shares "
-               f"(`shared.cli.RunArgs`: see [the contract](../contract.md#command-line)). "
-               f"`python algos/{name}.py --help` prints the same.\n")
-    out.append(table(["group", "flag", "default", "help"],
-                     [[escape(g, True), f"`--{f.replace('_', '-')}`", f"`{d}`".replace("|", "\\|"), escape(h, True)]
-                      for g, f, d, h in flags]))
-    out.append("\n#### Presets (`PRESETS`)\n\n`--preset NAME` starts from these settings; any flag given overrides "
-               "them. The comments are the script's, with the sources of the values.\n")
-    out.append(table(["preset", "where the values come from", "settings it changes"],
-                     [[f"`{p}`", code_names(c, defined).replace("|", "\\|") or "the defaults above",
-                       "<br>".join(f"`{x}`" for x in st) or "none"] for p, c, st in s["presets"]]))
+        out.append(
+            f"\n#### The loop: `main` (lines {start}-{end})\n\n`main` is the whole algorithm in the order it runs: "
+            "the run's lifecycle calls (`shared.run.Run`, see [the contract](../contract.md#how-a-script-is-built))"
+            " around the loop over iterations.\n\n```python\n" + body + "\n```\n"
+        )
+    out.append(
+        f"\n#### Flags (`Args`)\n\nThe script's own flags, after the run flags every script shares "
+        f"(`shared.cli.RunArgs`: see [the contract](../contract.md#command-line)). "
+        f"`python algos/{name}.py --help` prints the same.\n"
+    )
+    out.append(
+        table(
+            ["group", "flag", "default", "help"],
+            [
+                [escape(g, True), f"`--{f.replace('_', '-')}`", f"`{d}`".replace("|", "\\|"), escape(h, True)]
+                for g, f, d, h in flags
+            ],
+        )
+    )
+    out.append(
+        "\n#### Presets (`PRESETS`)\n\n`--preset NAME` starts from these settings; any flag given overrides "
+        "them. The comments are the script's, with the sources of the values.\n"
+    )
+    out.append(
+        table(
+            ["preset", "where the values come from", "settings it changes"],
+            [
+                [
+                    f"`{p}`",
+                    code_names(c, defined).replace("|", "\\|") or "the defaults above",
+                    "<br>".join(f"`{x}`" for x in st) or "none",
+                ]
+                for p, c, st in s["presets"]
+            ],
+        )
+    )
     logged = ", ".join(f"`{k}`" for k in s["stats"])
     extra = ", ".join(f"`{k}`" for k in s["periodic"])
     if "**waits" in s["periodic"]:
-        extra += (" (`waits`: `wait_s` and `sampler_wait_s`, the seconds the learner and the sampler waited for each "
-                  "other in async mode and under torchrun, `shared/pacing.py`)")
-    out.append("\n#### What a progress row logs\n\nEvery row of `progress.csv` (and the TensorBoard scalars) starts "
-               "with " + ", ".join(f"`{c}`" for c in BASE_COLUMNS) + f"; this script adds the statistics its "
-               f"losses return, {logged}, and what `main` passes to `run.periodic`: {extra} (read from the source).\n")
+        extra += (
+            " (`waits`: `wait_s` and `sampler_wait_s`, the seconds the learner and the sampler waited for each "
+            "other in async mode and under torchrun, `shared/pacing.py`)"
+        )
+    out.append(
+        "\n#### What a progress row logs\n\nEvery row of `progress.csv` (and the TensorBoard scalars) starts "
+        "with " + ", ".join(f"`{c}`" for c in BASE_COLUMNS) + f"; this script adds the statistics its "
+        f"losses return, {logged}, and what `main` passes to `run.periodic`: {extra} (read from the source).\n"
+    )
     fence = "````"
     listing = textwrap.indent(f'{fence}python linenums="1"\n{s["source"].rstrip()}\n{fence}', "    ")
     out.append(f'\n??? abstract "The whole script, `algos/{name}.py` ({s["lines"]} lines)"\n\n{listing}\n')
@@ -316,10 +377,15 @@ def presets_markdown(all_structures: dict[str, dict]) -> str:
     rows = []
     for name, s in all_structures.items():
         for p, comment, settings in s["presets"]:
-            rows.append([f"[`{name}`](algos/{name}.md)", f"`--preset {p}`",
-                         escape(" ".join(comment.split()[:40]) + (" ..." if len(comment.split()) > 40 else ""), True)
-                         or "the script's defaults",
-                         ", ".join(f"`{x}`" for x in settings if x.split("=")[0] in ("env_id", "total_timesteps")) or "-"])
+            rows.append(
+                [
+                    f"[`{name}`](algos/{name}.md)",
+                    f"`--preset {p}`",
+                    escape(" ".join(comment.split()[:40]) + (" ..." if len(comment.split()) > 40 else ""), True)
+                    or "the script's defaults",
+                    ", ".join(f"`{x}`" for x in settings if x.split("=")[0] in ("env_id", "total_timesteps")) or "-",
+                ]
+            )
     return table(["script", "preset", "where its values come from (the script's comment)", "env and budget"], rows)
 
 
@@ -341,8 +407,10 @@ class Notebook:
     def find(self, prefix: str) -> tuple[str, str]:
         hits = [t for t in self.sections if t.startswith(prefix)]
         if len(hits) != 1:
-            raise KeyError(f"{self.path}: {len(hits)} sections start with {prefix!r} (the site "
-                           f"quotes exactly one; headings: {', '.join(repr(t) for t in self.sections)})")
+            raise KeyError(
+                f"{self.path}: {len(hits)} sections start with {prefix!r} (the site "
+                f"quotes exactly one; headings: {', '.join(repr(t) for t in self.sections)})"
+            )
         return hits[0], self.sections[hits[0]]
 
 
@@ -399,8 +467,10 @@ def quote(prefix: str, bullets: tuple[str, ...] = (), rows: tuple[str, ...] = ()
         short, _, command = title.partition(" (`")  # the heading without its command, which the note gives
         head = "#" * level + f" {escape(short)}\n\n" if level else ""
         command = f" (`{command}" if command else ""
-        note = (f"From [the lab notebook](../results/notebook.md#{anchor}){command}"
-                f"{', the rows of this script' if rows else ''}{', an excerpt' if bullets else ''}:\n\n")
+        note = (
+            f"From [the lab notebook](../results/notebook.md#{anchor}){command}"
+            f"{', the rows of this script' if rows else ''}{', an excerpt' if bullets else ''}:\n\n"
+        )
         return head + note + demote(fix_images(body.strip(), ctx.images), level - 2 if level else 2) + "\n"
 
     return block
@@ -435,15 +505,26 @@ def recheck_block(script: str | None = None, level: int = 4) -> Block:
         rows = []
         for name, rec in picked:
             mean, lo, hi = rc.interval(rec["values"])
-            rows.append([name, f"`{rec['command']}`", str(len(rec["values"])),
-                         f"**{num(mean)}** [{num(lo)}, {num(hi)}]", ", ".join(num(v, 0) for v in rec["values"]),
-                         rec["commit"], rec.get("date", "-"), escape(rec.get("cpu", "-"), True)])
+            rows.append(
+                [
+                    name,
+                    f"`{rec['command']}`",
+                    str(len(rec["values"])),
+                    f"**{num(mean)}** [{num(lo)}, {num(hi)}]",
+                    ", ".join(num(v, 0) for v in rec["values"]),
+                    rec["commit"],
+                    rec.get("date", "-"),
+                    escape(rec.get("cpu", "-"), True),
+                ]
+            )
         head = "#" * level + " Several seeds, re-measured by one command\n\n" if level else ""
-        return (head + "The figure of a run is the mean return of the training episodes that end in the last tenth "
-                "of its steps; over seeds: the mean and a 95% percentile-bootstrap interval (`benchmarks/recheck.py`, "
-                "which re-measures them: `taskset -c 0 python benchmarks/recheck.py`). From "
-                "`benchmarks/results/recheck.json`.\n\n"
-                + table(["figure", "command", "seeds", "mean [95% interval]", "per seed", "commit", "date", "CPU"], rows))
+        return (
+            head + "The figure of a run is the mean return of the training episodes that end in the last tenth "
+            "of its steps; over seeds: the mean and a 95% percentile-bootstrap interval (`benchmarks/recheck.py`, "
+            "which re-measures them: `taskset -c 0 python benchmarks/recheck.py`). From "
+            "`benchmarks/results/recheck.json`.\n\n"
+            + table(["figure", "command", "seeds", "mean [95% interval]", "per seed", "commit", "date", "CPU"], rows)
+        )
 
     return block
 
@@ -463,8 +544,9 @@ def _mean_interval(scores: tuple[float, ...]) -> tuple[float, float, float, floa
         return mean, std, mean, mean
     from rliable import metrics
 
-    _, cis = report()._bootstrap({"g": x}, lambda s: np.array([metrics.aggregate_mean(s)]), reps=2000,
-                                 random_state=np.random.RandomState(0))
+    _, cis = report()._bootstrap(
+        {"g": x}, lambda s: np.array([metrics.aggregate_mean(s)]), reps=2000, random_state=np.random.RandomState(0)
+    )
     return mean, std, float(cis["g"][0, 0]), float(cis["g"][1, 0])
 
 
@@ -482,8 +564,15 @@ def _stats_row(g, label: str | None = None) -> list[str]:
 STATS_HEADER = ["run", "env", "seeds", "mean", "std", "95% CI of the mean", "per seed", "score"]
 
 
-def experiment(folders: list[tuple[str, str]], script: str | None, title: str, caption: str, smooth: int = 1,
-               last: int = 100, level: int = 4) -> Block:
+def experiment(
+    folders: list[tuple[str, str]],
+    script: str | None,
+    title: str,
+    caption: str,
+    smooth: int = 1,
+    last: int = 100,
+    level: int = 4,
+) -> Block:
     """Run folders of launcher experiments under benchmarks/results (``(folder, label)``; the label names a variant
     when several folders hold the same script and env): the table of final scores over seeds
     (``experiments/report.py``: eval.json's mean, else the last ``last`` training episodes; rliable's 95%
@@ -502,12 +591,14 @@ def experiment(folders: list[tuple[str, str]], script: str | None, title: str, c
                 rows.append(_stats_row(g, name))
                 runs = [pl.read_run(r.folder)[2] for r in g.runs]
                 curves.setdefault(g.env_id, []).append((f"{g.script}" + (f", {label}" if label else ""), runs))
-        out = ["#" * level + f" {escape(title)}\n" if level else "",
-               f"From `benchmarks/results/{'`, `'.join(f for f, _ in folders)}` (each run's `progress.csv`, "
-               "`config.json`, `eval.json`, `launch.json`). Score: `eval` is the mean of the evaluation episodes "
-               f"after training (`eval.json`), `train` the mean of the last {last} training episodes; the interval is "
-               "rliable's stratified bootstrap over seeds (`experiments/report.py`), none with one seed.\n",
-               table(STATS_HEADER, rows)]
+        out = [
+            "#" * level + f" {escape(title)}\n" if level else "",
+            f"From `benchmarks/results/{'`, `'.join(f for f, _ in folders)}` (each run's `progress.csv`, "
+            "`config.json`, `eval.json`, `launch.json`). Score: `eval` is the mean of the evaluation episodes "
+            f"after training (`eval.json`), `train` the mean of the last {last} training episodes; the interval is "
+            "rliable's stratified bootstrap over seeds (`experiments/report.py`), none with one seed.\n",
+            table(STATS_HEADER, rows),
+        ]
         for env_id, lines in curves.items():
             png = re.sub(r"[^a-z0-9]+", "_", f"{script or 'all'} {title} {env_id}".lower()).strip("_") + ".png"
             if png in ctx.figures:
@@ -519,9 +610,11 @@ def experiment(folders: list[tuple[str, str]], script: str | None, title: str, c
             pl.save(fig, ctx.out / "img" / png, ylabel="training return (mean per progress row)")
             _close(fig)
             ctx.figures.append(png)
-            out.append(f"\n![{escape(env_id)}: {escape(caption)}]({IMG}/{png})\n\n*{escape(env_id)}: {escape(caption)}; "
-                       f"the mean over seeds, the band from the lowest to the highest seed"
-                       f"{f', each smoothed over {smooth} rows' if smooth > 1 else ''}.*\n")
+            out.append(
+                f"\n![{escape(env_id)}: {escape(caption)}]({IMG}/{png})\n\n*{escape(env_id)}: {escape(caption)}; "
+                f"the mean over seeds, the band from the lowest to the highest seed"
+                f"{f', each smoothed over {smooth} rows' if smooth > 1 else ''}.*\n"
+            )
         return "\n".join(out)
 
     return block
@@ -541,13 +634,14 @@ def atari100k_block(level: int = 4, curves: bool = True) -> Block:
     def block(ctx: Context) -> str:
         a100 = _module(ROOT / "benchmarks" / "atari100k.py", "benchmarks_atari100k")
         root = RESULTS / "atari100k"
-        out = ["#" * level + " Atari 100k: data-efficient Rainbow beside the published scores\n" if level else "",
-               "`python algos/catdqn_atari.py --preset atari100k --env-id GAME --seed S`, run by `python "
-               "benchmarks/atari100k.py`; ours: the mean over seeds of each run's 100 evaluation episodes after "
-               "100k agent steps. DER: data-efficient Rainbow as published (van Hasselt et al. 2019, tabulated "
-               "in the SPR paper); random and human: the Atari 100k reference scores; HNS: human-normalised score. "
-               "From `benchmarks/results/atari100k/` and the published scores in `benchmarks/atari100k.py`.\n",
-               ]
+        out = [
+            "#" * level + " Atari 100k: data-efficient Rainbow beside the published scores\n" if level else "",
+            "`python algos/catdqn_atari.py --preset atari100k --env-id GAME --seed S`, run by `python "
+            "benchmarks/atari100k.py`; ours: the mean over seeds of each run's 100 evaluation episodes after "
+            "100k agent steps. DER: data-efficient Rainbow as published (van Hasselt et al. 2019, tabulated "
+            "in the SPR paper); random and human: the Atari 100k reference scores; HNS: human-normalised score. "
+            "From `benchmarks/results/atari100k/` and the published scores in `benchmarks/atari100k.py`.\n",
+        ]
         if "atari100k" not in ctx.cache:
             games = [g for g in report().collect(root, "eval", 100, False) if g.script == "catdqn_atari"]
             ctx.cache["atari100k"] = games, a100.table(root, list(a100.SCORES), 2000), [_stats_row(g) for g in games]
@@ -569,16 +663,23 @@ def atari100k_block(level: int = 4, curves: bool = True) -> Block:
             for ax, g in zip(flat, games):
                 pl.curve(ax, "catdqn_atari", [pl.read_run(r.folder)[2] for r in g.runs], 5)
                 ax.set_title(g.env_id.replace("NoFrameskip-v4", ""))
-            for ax in flat[len(games):]:
+            for ax in flat[len(games) :]:
                 ax.axis("off")
-            pl.save(fig, ctx.out / "img" / "atari100k_curves.png", axes=flat[:len(games)], xlabel="agent steps",
-                    ylabel="training return")
+            pl.save(
+                fig,
+                ctx.out / "img" / "atari100k_curves.png",
+                axes=flat[: len(games)],
+                xlabel="agent steps",
+                ylabel="training return",
+            )
             plt.close(fig)
             ctx.figures.append("atari100k_curves.png")
         if curves:
-            out.append(f"\n![Atari 100k training curves]({IMG}/atari100k_curves.png)\n\n*Training returns (whole games) "
-                       "against agent steps, each game's mean over seeds with the band from the lowest to the highest "
-                       "seed, smoothed over 5 rows. The score above is the evaluation after training, not this curve.*\n")
+            out.append(
+                f"\n![Atari 100k training curves]({IMG}/atari100k_curves.png)\n\n*Training returns (whole games) "
+                "against agent steps, each game's mean over seeds with the band from the lowest to the highest "
+                "seed, smoothed over 5 rows. The score above is the evaluation after training, not this curve.*\n"
+            )
         return "\n".join(out)
 
     return block
@@ -597,13 +698,20 @@ def minigrid_block(level: int = 4) -> Block:
             seeds = sorted(summary[side].values(), key=lambda r: r["seed"])
             values = [r["final_return"] for r in seeds]
             mean, lo, hi = rc.interval(values)
-            rows.append([label, str(len(values)), f"**{num(mean, 3)}** [{num(lo, 3)}, {num(hi, 3)}]",
-                         ", ".join(f"{r['seed']}: {num(r['final_return'], 3)}" for r in seeds)])
+            rows.append(
+                [
+                    label,
+                    str(len(values)),
+                    f"**{num(mean, 3)}** [{num(lo, 3)}, {num(hi, 3)}]",
+                    ", ".join(f"{r['seed']}: {num(r['final_return'], 3)}" for r in seeds),
+                ]
+            )
             runs = []
             for r in seeds:
                 with open(root / f"{side}_{r['seed']}" / "progress.csv", newline="") as f:
-                    runs.append([(float(x["global_step"]), float(x["return_mean"])) for x in csv.DictReader(f)
-                                 if x.get("return_mean")])
+                    runs.append(
+                        [(float(x["global_step"]), float(x["return_mean"])) for x in csv.DictReader(f) if x.get("return_mean")]
+                    )
             lines.append((label.replace("`", ""), runs))
         fig, axes = pl.figure()
         for label, runs in lines:
@@ -612,13 +720,15 @@ def minigrid_block(level: int = 4) -> Block:
         pl.save(fig, ctx.out / "img" / "minigrid_doorkey.png", ylabel="training return (mean per progress row)")
         _close(fig)
         ctx.figures.append("minigrid_doorkey.png")
-        return ("#" * level + " MiniGrid DoorKey 5x5 from its Dict observation, beside Stable-Baselines3\n\n"
-                "rl-baselines3-zoo's PPO settings on both sides, 100k steps; the figure is the mean return of the "
-                "episodes of the last tenth, over seeds with a 95% percentile-bootstrap interval. From "
-                "`benchmarks/results/minigrid/100k/` (`summary.json` and each run's `progress.csv`).\n\n"
-                + table(["implementation", "seeds", "final return [95% interval]", "per seed"], rows)
-                + f"\n![MiniGrid DoorKey]({IMG}/minigrid_doorkey.png)\n\n*MiniGrid-DoorKey-5x5, ours and SB3: the mean over "
-                "3 seeds, the band from the lowest to the highest seed, smoothed over 3 rows.*\n")
+        return (
+            "#" * level + " MiniGrid DoorKey 5x5 from its Dict observation, beside Stable-Baselines3\n\n"
+            "rl-baselines3-zoo's PPO settings on both sides, 100k steps; the figure is the mean return of the "
+            "episodes of the last tenth, over seeds with a 95% percentile-bootstrap interval. From "
+            "`benchmarks/results/minigrid/100k/` (`summary.json` and each run's `progress.csv`).\n\n"
+            + table(["implementation", "seeds", "final return [95% interval]", "per seed"], rows)
+            + f"\n![MiniGrid DoorKey]({IMG}/minigrid_doorkey.png)\n\n*MiniGrid-DoorKey-5x5, ours and SB3: the mean over "
+            "3 seeds, the band from the lowest to the highest seed, smoothed over 3 rows.*\n"
+        )
 
     return block
 
@@ -635,15 +745,19 @@ def run_folder_markdown() -> str:
     ev = json.loads((folder / "eval.json").read_text())
     short = {k: config[k] for k in list(config)[:6] if k != "args"}
     args = config.get("args", {})
-    return (f"A real one, committed with the results: `{rel}/` (`python algos/ppo_mujoco.py --env-id Hopper-v5 "
-            f"--total-timesteps 1000000`, run by the launcher, which adds `launch.json`). Its files: "
-            + ", ".join(f"`{n}`" for n in files) + ". The checkpoint is not kept in the repository.\n\n"
-            f"`config.json` holds the exact arguments ({len(args)} of them) and the facts of the run:\n\n"
-            "```json\n" + json.dumps({**short, "args": {k: args[k] for k in list(args)[:8]} | {"...": "..."}}, indent=1)
-            + "\n```\n\n`progress.csv`, one row per `--log-every` (its first rows and its last):\n\n"
-            + table([f"`{h}`" for h in header], [[c if len(c) < 12 else f"{float(c):.4g}" for c in r] for r in rows])
-            + f"\n`eval.json`: the {len(ev.get('returns', []))} evaluation episodes after training "
-            f"(keys: {', '.join(f'`{k}`' for k in ev)}).\n")
+    return (
+        f"A real one, committed with the results: `{rel}/` (`python algos/ppo_mujoco.py --env-id Hopper-v5 "
+        f"--total-timesteps 1000000`, run by the launcher, which adds `launch.json`). Its files: "
+        + ", ".join(f"`{n}`" for n in files)
+        + ". The checkpoint is not kept in the repository.\n\n"
+        f"`config.json` holds the exact arguments ({len(args)} of them) and the facts of the run:\n\n"
+        "```json\n"
+        + json.dumps({**short, "args": {k: args[k] for k in list(args)[:8]} | {"...": "..."}}, indent=1)
+        + "\n```\n\n`progress.csv`, one row per `--log-every` (its first rows and its last):\n\n"
+        + table([f"`{h}`" for h in header], [[c if len(c) < 12 else f"{float(c):.4g}" for c in r] for r in rows])
+        + f"\n`eval.json`: the {len(ev.get('returns', []))} evaluation episodes after training "
+        f"(keys: {', '.join(f'`{k}`' for k in ev)}).\n"
+    )
 
 
 def docstring_page(path: Path) -> str:
@@ -659,8 +773,11 @@ RESULTS_BY_SCRIPT: dict[str, list[Block]] = {
     "ppo_atari": [
         recheck_block("ppo_atari"),
         quote("Atari learning, Breakout"),
-        figure("atari_breakout.png", "Breakout, 500k agent steps: ppo_atari.py and a2c_atari.py, one seed each "
-               "(benchmarks/atari_learning.py; SB3's PPO is in the table)"),
+        figure(
+            "atari_breakout.png",
+            "Breakout, 500k agent steps: ppo_atari.py and a2c_atari.py, one seed each "
+            "(benchmarks/atari_learning.py; SB3's PPO is in the table)",
+        ),
         minigrid_block(),
         quote("Learning curves, CartPole-v1 (", level=4),
         quote("PPO training vs Stable-Baselines3"),
@@ -672,22 +789,25 @@ RESULTS_BY_SCRIPT: dict[str, list[Block]] = {
     "a2c_atari": [
         recheck_block("a2c_atari"),
         quote("Atari learning, Breakout"),
-        figure("atari_breakout.png", "Breakout, 500k agent steps: ppo_atari.py and a2c_atari.py, one seed each "
-               "(benchmarks/atari_learning.py; SB3's PPO is in the table)"),
+        figure(
+            "atari_breakout.png",
+            "Breakout, 500k agent steps: ppo_atari.py and a2c_atari.py, one seed each "
+            "(benchmarks/atari_learning.py; SB3's PPO is in the table)",
+        ),
         quote("Learning curves, CartPole-v1 (", level=4),
         quote("`--compile` against eager", rows=("a2c_atari",)),
     ],
     "ppo_lstm": [
         recheck_block("ppo_lstm"),
-        experiment([("ppo_lstm-breakout-500k", "")], "ppo_lstm", "Breakout, 500k agent steps",
-                   "ppo_lstm.py, one seed", smooth=10),
+        experiment(
+            [("ppo_lstm-breakout-500k", "")], "ppo_lstm", "Breakout, 500k agent steps", "ppo_lstm.py, one seed", smooth=10
+        ),
         quote("Recurrent PPO vs sb3-contrib RecurrentPPO"),
         quote("`--compile` against eager", rows=("ppo_lstm",)),
     ],
     "ppo_mujoco": [
         recheck_block("ppo_mujoco"),
-        experiment([("ppo-hopper-1m", "")], "ppo_mujoco", "Hopper-v5, 1M steps, 3 seeds",
-                   "ppo_mujoco.py, 1M steps", smooth=5),
+        experiment([("ppo-hopper-1m", "")], "ppo_mujoco", "Hopper-v5, 1M steps, 3 seeds", "ppo_mujoco.py, 1M steps", smooth=5),
         quote("TD3 and SAC at 100k steps", bullets=("PPO Hopper",)),
         quote("Learning, PPO on InvertedPendulum-v5 and HalfCheetah-v5"),
         quote("PPO for continuous actions vs Stable-Baselines3"),
@@ -717,8 +837,12 @@ RESULTS_BY_SCRIPT: dict[str, list[Block]] = {
         quote("`--compile` against eager", rows=("r2d1_atari",)),
     ],
     "sac_mujoco": [
-        experiment([("offpolicy-100k", "")], "sac_mujoco", "HalfCheetah-v5 and Hopper-v5, 100k steps, 3 seeds",
-                   "sac_mujoco.py, 100k steps"),
+        experiment(
+            [("offpolicy-100k", "")],
+            "sac_mujoco",
+            "HalfCheetah-v5 and Hopper-v5, 100k steps, 3 seeds",
+            "sac_mujoco.py, 100k steps",
+        ),
         quote("TD3 and SAC at 100k steps", bullets=("SAC HalfCheetah", "SAC Hopper")),
         quote("Learning curves, Pendulum-v1"),
         quote("Learning curves, HalfCheetah-v5, 30 minutes"),
@@ -726,9 +850,16 @@ RESULTS_BY_SCRIPT: dict[str, list[Block]] = {
         quote("`--compile` against eager", rows=("sac_mujoco",)),
     ],
     "td3_mujoco": [
-        experiment([("offpolicy-100k", "the preset"), ("td3-start10k-100k", "10k random steps (the paper's)"),
-                    ("td3-paper-100k", "the paper's hyperparameters")], "td3_mujoco",
-                   "HalfCheetah-v5 and Hopper-v5, 100k steps, 3 seeds", "td3_mujoco.py, 100k steps"),
+        experiment(
+            [
+                ("offpolicy-100k", "the preset"),
+                ("td3-start10k-100k", "10k random steps (the paper's)"),
+                ("td3-paper-100k", "the paper's hyperparameters"),
+            ],
+            "td3_mujoco",
+            "HalfCheetah-v5 and Hopper-v5, 100k steps, 3 seeds",
+            "td3_mujoco.py, 100k steps",
+        ),
         quote("TD3 and SAC at 100k steps", bullets=("TD3 HalfCheetah", "TD3 Hopper")),
         quote("Learning curves, Pendulum-v1"),
         quote("Learning curves, HalfCheetah-v5, 30 minutes"),
@@ -736,8 +867,7 @@ RESULTS_BY_SCRIPT: dict[str, list[Block]] = {
         quote("`--compile` against eager", rows=("td3_mujoco",)),
     ],
     "ddpg_mujoco": [
-        experiment([("ddpg-100k", "")], "ddpg_mujoco", "HalfCheetah-v5, 100k steps, 3 seeds",
-                   "ddpg_mujoco.py, 100k steps"),
+        experiment([("ddpg-100k", "")], "ddpg_mujoco", "HalfCheetah-v5, 100k steps, 3 seeds", "ddpg_mujoco.py, 100k steps"),
         quote("TD3 and SAC at 100k steps", bullets=("DDPG HalfCheetah",)),
         quote("Learning curves, Pendulum-v1"),
         quote("Learning curves, HalfCheetah-v5, 30 minutes"),
@@ -749,13 +879,23 @@ RESULTS_BY_SCRIPT: dict[str, list[Block]] = {
 RESULTS_PAGES: dict[str, list[Block]] = {
     "atari100k": [atari100k_block(level=0)],
     "mujoco": [
-        experiment([("offpolicy-100k", ""), ("ddpg-100k", "")], None, "TD3, SAC and DDPG at 100k steps",
-                   "100k steps, 3 seeds", level=3),
-        experiment([("td3-start10k-100k", "10k random steps (the paper's)"),
-                    ("td3-paper-100k", "the paper's hyperparameters")], "td3_mujoco",
-                   "TD3 with the paper's settings", "td3_mujoco.py, the paper's settings", level=3),
-        experiment([("ppo-hopper-1m", "")], "ppo_mujoco", "PPO, Hopper-v5, 1M steps", "ppo_mujoco.py, 1M steps",
-                   smooth=5, level=3),
+        experiment(
+            [("offpolicy-100k", ""), ("ddpg-100k", "")],
+            None,
+            "TD3, SAC and DDPG at 100k steps",
+            "100k steps, 3 seeds",
+            level=3,
+        ),
+        experiment(
+            [("td3-start10k-100k", "10k random steps (the paper's)"), ("td3-paper-100k", "the paper's hyperparameters")],
+            "td3_mujoco",
+            "TD3 with the paper's settings",
+            "td3_mujoco.py, the paper's settings",
+            level=3,
+        ),
+        experiment(
+            [("ppo-hopper-1m", "")], "ppo_mujoco", "PPO, Hopper-v5, 1M steps", "ppo_mujoco.py, 1M steps", smooth=5, level=3
+        ),
         quote("TD3 and SAC at 100k steps", level=3),
     ],
     "cheap": [recheck_block(None, level=0)],
@@ -867,9 +1007,11 @@ def on_files(files, config, **kwargs):
         doc = ast.get_docstring(ast.parse((ROOT / "shared" / f"{m}.py").read_text())) or ""
         rows.append([f"[`shared.{m}`]({m}.md)", escape(first_sentence(doc), True)])
         files.append(File.generated(config, f"api/{m}.md", content=f"# `shared.{m}`\n\n::: shared.{m}\n"))
-    index = ("# API of shared/\n\nThe scripts import what is hard to get right and identical across algorithms from "
-             "`shared/`; a researcher who copies a script reads what it imports. Each page is the module's "
-             "docstrings, as `help()` would show them.\n\n" + table(["module", "what it is"], rows))
+    index = (
+        "# API of shared/\n\nThe scripts import what is hard to get right and identical across algorithms from "
+        "`shared/`; a researcher who copies a script reads what it imports. Each page is the module's "
+        "docstrings, as `help()` would show them.\n\n" + table(["module", "what it is"], rows)
+    )
     files.append(File.generated(config, "api/index.md", content=index))
     return files
 

@@ -34,12 +34,44 @@ def device_name(spec: str) -> str:
 
 def ours(script: str, env_id: str, steps: int, sampler: str, extra: list[str], device: str) -> float:
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, str(ROOT / "algos" / script), "--env-id", env_id, "--sampler", sampler,
-               "--total-timesteps", str(LEARN_FROM + steps), "--num-envs", "4", "--replay-ratio", "8",
-               "--batch-size", "32", "--optimizer", "adam", "--learning-rate", "1e-4", "--target-update-interval",
-               "1000", "--no-double-dqn", "--buffer-size", "100000", "--min-steps-learn", str(LEARN_FROM),
-               "--log-every", "1000", "--eval-episodes", "0", "--out-dir", out, "--run-name", "b", "--device", device,
-               *extra]
+        cmd = [
+            sys.executable,
+            str(ROOT / "algos" / script),
+            "--env-id",
+            env_id,
+            "--sampler",
+            sampler,
+            "--total-timesteps",
+            str(LEARN_FROM + steps),
+            "--num-envs",
+            "4",
+            "--replay-ratio",
+            "8",
+            "--batch-size",
+            "32",
+            "--optimizer",
+            "adam",
+            "--learning-rate",
+            "1e-4",
+            "--target-update-interval",
+            "1000",
+            "--no-double-dqn",
+            "--buffer-size",
+            "100000",
+            "--min-steps-learn",
+            str(LEARN_FROM),
+            "--log-every",
+            "1000",
+            "--eval-episodes",
+            "0",
+            "--out-dir",
+            out,
+            "--run-name",
+            "b",
+            "--device",
+            device,
+            *extra,
+        ]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
         with open(Path(out) / "b" / "progress.csv") as f:
             rows = [r for r in csv.DictReader(f) if int(r["global_step"]) >= LEARN_FROM + 1000]
@@ -68,9 +100,21 @@ def sb3(env_id: str, steps: int, device: str) -> float:
 
     gym.register_envs(ale_py)
     env = VecFrameStack(make_atari_env(env_id, n_envs=4, seed=1), n_stack=4)
-    model = DQN("CnnPolicy", env, buffer_size=100_000, learning_starts=LEARN_FROM, batch_size=32, train_freq=1,
-                gradient_steps=1, target_update_interval=1000, learning_rate=1e-4, optimize_memory_usage=False,
-                seed=1, device=device, verbose=0)
+    model = DQN(
+        "CnnPolicy",
+        env,
+        buffer_size=100_000,
+        learning_starts=LEARN_FROM,
+        batch_size=32,
+        train_freq=1,
+        gradient_steps=1,
+        target_update_interval=1000,
+        learning_rate=1e-4,
+        optimize_memory_usage=False,
+        seed=1,
+        device=device,
+        verbose=0,
+    )
     clock = Clock()
     model.learn(total_timesteps=LEARN_FROM + steps, callback=clock)
     sps = (model.num_timesteps - clock.s0) / (time.perf_counter() - clock.t0)
@@ -82,12 +126,12 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env-id", default="BreakoutNoFrameskip-v4")
     p.add_argument("--steps", type=int, default=6000, help="env steps measured after learning starts")
-    p.add_argument("--device", default="cpu",
-                   help="auto, cpu, cuda or cuda:N: our scripts' --device and SB3's device= (default: cpu)")
+    p.add_argument(
+        "--device", default="cpu", help="auto, cpu, cuda or cuda:N: our scripts' --device and SB3's device= (default: cpu)"
+    )
     a = p.parse_args()
     base = sb3(a.env_id, a.steps, a.device)
-    print(f"{a.env_id}: env steps per second once learning runs (replay ratio 8, batch 32), "
-          f"device {device_name(a.device)}")
+    print(f"{a.env_id}: env steps per second once learning runs (replay ratio 8, batch 32), device {device_name(a.device)}")
     print(f"Stable-Baselines3 DQN              {base:7.1f} SPS")
     for script in ("dqn_atari.py", "catdqn_atari.py"):
         for sampler in ("serial", "parallel", "async"):

@@ -88,8 +88,9 @@ def main() -> None:
     args = parse_args(C.Args, C.PRESETS, C.check_args)
     net = C.make_network(args, (4, 84, 84), n_actions).eval()
     for b in (1, a.envs):
-        act = partial(C.act, net, torch.device("cpu"), args.eval_epsilon,
-                      rng.integers(0, 256, (b, 4, 84, 84), dtype=np.uint8), Draws(b))
+        act = partial(
+            C.act, net, torch.device("cpu"), args.eval_epsilon, rng.integers(0, 256, (b, 4, 84, 84), dtype=np.uint8), Draws(b)
+        )
         with torch.no_grad():
             per_step(act, 30)  # warm-up
             row[f"act, batch {b}, per observation"] = per_step(act, 300) / b
@@ -97,8 +98,10 @@ def main() -> None:
         print(f"{name:42s} {us:8.0f} us")
     old = row["gym env, one step"] + row["act, batch 1, per observation"]
     new = row[f"{a.envs} gym envs in {procs} processes, per env"] + row[f"act, batch {a.envs}, per observation"]
-    print(f"one-env loop {old:.0f} us a step, vector of {a.envs} {new:.0f} us an env step: at most {old / new:.2f}x "
-          f"(torch threads {torch.get_num_threads()})")
+    print(
+        f"one-env loop {old:.0f} us a step, vector of {a.envs} {new:.0f} us an env step: at most {old / new:.2f}x "
+        f"(torch threads {torch.get_num_threads()})"
+    )
 
 
 if __name__ == "__main__":

@@ -49,10 +49,22 @@ ROOT = Path(__file__).resolve().parents[1]
 MARK = "GPU_CHECK_RUN"  # in the environment of every process this check starts (tests/test_gpu_check.py looks)
 SCRIPTS = sorted(p.stem for p in (ROOT / "algos").glob("*.py"))
 REQUIRED = ["torch", "numpy", "gymnasium", "ale_py", "mujoco", "glfw", "tyro", "cv2", "numba", "pytest", "hypothesis"]
-OPTIONAL = ["stable_baselines3", "xdist", "sb3_contrib", "tensorboard", "matplotlib", "pandas", "rich", "rliable",
-            "arch", "submitit", "moviepy", "wandb", "psutil"]
-ENVS = ["CartPole-v1", "Pendulum-v1", "InvertedPendulum-v5", "HalfCheetah-v5", "BreakoutNoFrameskip-v4",
-        "ale-py vector env"]
+OPTIONAL = [
+    "stable_baselines3",
+    "xdist",
+    "sb3_contrib",
+    "tensorboard",
+    "matplotlib",
+    "pandas",
+    "rich",
+    "rliable",
+    "arch",
+    "submitit",
+    "moviepy",
+    "wandb",
+    "psutil",
+]
+ENVS = ["CartPole-v1", "Pendulum-v1", "InvertedPendulum-v5", "HalfCheetah-v5", "BreakoutNoFrameskip-v4", "ale-py vector env"]
 BREAKOUT = "BreakoutNoFrameskip-v4"
 PPO_STEPS, SAC_STEPS, DQN_STEPS = 3072, 1000, 2000  # 3 rollouts (2 timed); 1,000 steps learning; 2,000 learning
 
@@ -69,8 +81,11 @@ def _figures() -> dict[str, tuple[str, str, str]]:
     pair("ppo-serial", "ppo_training", f"ours('{BREAKOUT}', {PPO_STEPS}, 'serial', [], 'DEV')")
     # --compile beside eager on the same GPU (issue 42; LeanRL's H100 figures in docs/gpu.md): compiling happens in
     # the first rollout and update, before each benchmark's timed window.
-    figs["ppo-serial-compile-cuda"] = ("ppo_training", f"ours('{BREAKOUT}', {PPO_STEPS}, 'serial', ['--compile'], "
-                                                       "'cuda')", "SPS")
+    figs["ppo-serial-compile-cuda"] = (
+        "ppo_training",
+        f"ours('{BREAKOUT}', {PPO_STEPS}, 'serial', ['--compile'], 'cuda')",
+        "SPS",
+    )
     figs["sb3-ppo-cuda"] = ("ppo_training", f"sb3('{BREAKOUT}', {PPO_STEPS}, 'cuda')", "SPS")
     # the envs alone, random actions (no policy, no GPU): what bounds the PPO figures above if the GPU does not
     figs["ppo-envs-serial"] = ("ppo_sampling", f"envs_only('{BREAKOUT}', 8, 'serial', 10.0)", "SPS")
@@ -79,43 +94,73 @@ def _figures() -> dict[str, tuple[str, str, str]]:
     for mode in ("eager", "compile", "compile-no-graph", "graph-eager"):
         figs[f"sac-update-{mode}-cuda"] = ("update_speed", f"sac_updates_per_second('cuda', '{mode}')", "updates/s")
     figs["sac-update-eager-cpu"] = ("update_speed", "sac_updates_per_second('cpu', 'eager')", "updates/s")
-    pair("sac-serial", "continuous_training", f"ours('sac_mujoco.py', 'HalfCheetah-v5', {SAC_STEPS}, 'serial', [], "
-                                              "'DEV')")
+    pair("sac-serial", "continuous_training", f"ours('sac_mujoco.py', 'HalfCheetah-v5', {SAC_STEPS}, 'serial', [], 'DEV')")
     figs["sb3-sac-cuda"] = ("continuous_training", f"sb3('sac', 'HalfCheetah-v5', {SAC_STEPS}, 'cuda')", "SPS")
-    figs["sac-serial-compile-cuda"] = ("continuous_training", f"ours('sac_mujoco.py', 'HalfCheetah-v5', {SAC_STEPS}, "
-                                                              "'serial', ['--compile'], 'cuda')", "SPS")
+    figs["sac-serial-compile-cuda"] = (
+        "continuous_training",
+        f"ours('sac_mujoco.py', 'HalfCheetah-v5', {SAC_STEPS}, 'serial', ['--compile'], 'cuda')",
+        "SPS",
+    )
     # the same compiled SAC under cProfile: where the host's time per step goes (the figure's log holds the table)
-    figs["sac-profile-compile-cuda"] = ("continuous_training", f"ours('sac_mujoco.py', 'HalfCheetah-v5', {SAC_STEPS}, "
-                                                               "'serial', ['--compile'], 'cuda', profile_top=30)",
-                                        "SPS")
+    figs["sac-profile-compile-cuda"] = (
+        "continuous_training",
+        f"ours('sac_mujoco.py', 'HalfCheetah-v5', {SAC_STEPS}, 'serial', ['--compile'], 'cuda', profile_top=30)",
+        "SPS",
+    )
     pair("dqn-serial", "dqn_training", f"ours('dqn_atari.py', '{BREAKOUT}', {DQN_STEPS}, 'serial', [], 'DEV')")
-    figs["dqn-serial-compile-cuda"] = ("dqn_training", f"ours('dqn_atari.py', '{BREAKOUT}', {DQN_STEPS}, 'serial', "
-                                                       "['--compile'], 'cuda')", "SPS")
-    figs["r2d1-learner-cuda"] = ("r2d1_speed", "learner_sequences_per_second(5, torch.device('cuda'), 2500.0)",
-                                 "sequences/s")
-    figs["r2d1-learner-cpu"] = ("r2d1_speed", "learner_sequences_per_second(1, torch.device('cpu'), 2500.0)",
-                                "sequences/s")
+    figs["dqn-serial-compile-cuda"] = (
+        "dqn_training",
+        f"ours('dqn_atari.py', '{BREAKOUT}', {DQN_STEPS}, 'serial', ['--compile'], 'cuda')",
+        "SPS",
+    )
+    figs["r2d1-learner-cuda"] = ("r2d1_speed", "learner_sequences_per_second(5, torch.device('cuda'), 2500.0)", "sequences/s")
+    figs["r2d1-learner-cpu"] = ("r2d1_speed", "learner_sequences_per_second(1, torch.device('cpu'), 2500.0)", "sequences/s")
     pair("ppo-parallel", "ppo_training", f"ours('{BREAKOUT}', {PPO_STEPS}, 'parallel', [], 'DEV')")
     pair("ppo-async", "ppo_training", f"ours('{BREAKOUT}', {PPO_STEPS}, 'async', [], 'DEV')")
     pair("c51-serial", "dqn_training", f"ours('catdqn_atari.py', '{BREAKOUT}', {DQN_STEPS}, 'serial', [], 'DEV')")
     # --compile, each update and acting step one CUDA graph (issue 61), beside LeanRL's H100 figures (docs/gpu.md)
     for sampler in ("parallel", "async"):
-        figs[f"ppo-{sampler}-compile-cuda"] = ("ppo_training", f"ours('{BREAKOUT}', {PPO_STEPS}, '{sampler}', "
-                                                               "['--compile'], 'cuda')", "SPS")
+        figs[f"ppo-{sampler}-compile-cuda"] = (
+            "ppo_training",
+            f"ours('{BREAKOUT}', {PPO_STEPS}, '{sampler}', ['--compile'], 'cuda')",
+            "SPS",
+        )
     for script in ("td3", "ddpg"):
-        figs[f"{script}-serial-compile-cuda"] = ("continuous_training", f"ours('{script}_mujoco.py', 'HalfCheetah-v5', "
-                                                                        f"{SAC_STEPS}, 'serial', ['--compile'], 'cuda')",
-                                                 "SPS")
-    figs["ppo-mujoco-compile-cuda"] = ("ppo_mujoco_training", "ours('HalfCheetah-v5', 3 * 2048, 1, 'serial', 'cuda', "
-                                                              "('--compile',))", "SPS")
-    figs["c51-serial-compile-cuda"] = ("dqn_training", f"ours('catdqn_atari.py', '{BREAKOUT}', {DQN_STEPS}, 'serial', "
-                                                       "['--compile'], 'cuda')", "SPS")
-    figs["r2d1-learner-compile-cuda"] = ("r2d1_speed", "learner_sequences_per_second(5, torch.device('cuda'), 2500.0, "
-                                                       "compile=True)", "sequences/s")
+        figs[f"{script}-serial-compile-cuda"] = (
+            "continuous_training",
+            f"ours('{script}_mujoco.py', 'HalfCheetah-v5', {SAC_STEPS}, 'serial', ['--compile'], 'cuda')",
+            "SPS",
+        )
+    figs["ppo-mujoco-compile-cuda"] = (
+        "ppo_mujoco_training",
+        "ours('HalfCheetah-v5', 3 * 2048, 1, 'serial', 'cuda', ('--compile',))",
+        "SPS",
+    )
+    figs["c51-serial-compile-cuda"] = (
+        "dqn_training",
+        f"ours('catdqn_atari.py', '{BREAKOUT}', {DQN_STEPS}, 'serial', ['--compile'], 'cuda')",
+        "SPS",
+    )
+    figs["r2d1-learner-compile-cuda"] = (
+        "r2d1_speed",
+        "learner_sequences_per_second(5, torch.device('cuda'), 2500.0, compile=True)",
+        "sequences/s",
+    )
     # most valuable first (issue 61): the compiled figures beside LeanRL's, then the eager ones and the CPU side
-    first = ["ppo-parallel-compile-cuda", "ppo-async-compile-cuda", "sac-serial-compile-cuda", "td3-serial-compile-cuda",
-             "ppo-mujoco-compile-cuda", "dqn-serial-compile-cuda", "c51-serial-compile-cuda", "ddpg-serial-compile-cuda",
-             "ppo-serial-compile-cuda", "sac-update-compile-cuda", "sac-profile-compile-cuda", "r2d1-learner-compile-cuda"]
+    first = [
+        "ppo-parallel-compile-cuda",
+        "ppo-async-compile-cuda",
+        "sac-serial-compile-cuda",
+        "td3-serial-compile-cuda",
+        "ppo-mujoco-compile-cuda",
+        "dqn-serial-compile-cuda",
+        "c51-serial-compile-cuda",
+        "ddpg-serial-compile-cuda",
+        "ppo-serial-compile-cuda",
+        "sac-update-compile-cuda",
+        "sac-profile-compile-cuda",
+        "r2d1-learner-compile-cuda",
+    ]
     return {**{k: figs[k] for k in first}, **{k: v for k, v in figs.items() if k not in first}}
 
 
@@ -151,6 +196,7 @@ except subprocess.CalledProcessError as e:  # the script's own error, which the 
 
 
 # --- processes: every one this check starts stays its descendant (a subreaper), and a cut kills them all ---------
+
 
 def _subreaper() -> None:
     """Orphans of the processes this check starts are re-parented to it (not to init), so a cut finds them all."""
@@ -251,6 +297,7 @@ def run_cmd(cmd: list[str], log: Path, timeout: float, env: dict | None = None) 
 
 # --- the probe: imports, envs, CUDA, versions (run in a child, one JSON line per check) -----------------------------
 
+
 def probe(full: bool = True) -> None:
     """Print one JSON line per check: ``{"check", "ok", "detail"}``, then ``{"versions": {...}}``. Without
     ``full``, only torch's versions and the CUDA checks (a rerun that leaves out the imports and envs)."""
@@ -313,12 +360,21 @@ def probe(full: bool = True) -> None:
 
     import torch
 
-    v = {"python": sys.version.split()[0], "torch": torch.__version__, "cuda_build": torch.version.cuda,
-         "cores": len(os.sched_getaffinity(0)), "cuda": torch.cuda.is_available()}
+    v = {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "cuda_build": torch.version.cuda,
+        "cores": len(os.sched_getaffinity(0)),
+        "cuda": torch.cuda.is_available(),
+    }
     if v["cuda"]:
-        v.update(gpu=torch.cuda.get_device_name(0), capability=".".join(map(str, torch.cuda.get_device_capability(0))),
-                 gpu_memory_gib=round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1),
-                 gpus=torch.cuda.device_count(), cudnn=torch.backends.cudnn.version())
+        v.update(
+            gpu=torch.cuda.get_device_name(0),
+            capability=".".join(map(str, torch.cuda.get_device_capability(0))),
+            gpu_memory_gib=round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1),
+            gpus=torch.cuda.device_count(),
+            cudnn=torch.backends.cudnn.version(),
+        )
 
         def matmul() -> str:
             a, b = torch.randn(1024, 1024, dtype=torch.float64), torch.randn(1024, 1024, dtype=torch.float64)
@@ -414,6 +470,7 @@ def pytest_runtest_logreport(report):
 
 # --- the check --------------------------------------------------------------------------------------------------
 
+
 def wheel_name(path: Path) -> tuple[str, str]:
     """(distribution name, normalized as importlib.metadata finds it; version) of a wheel file's name."""
     name, ver = path.name.split("-")[:2]
@@ -422,6 +479,7 @@ def wheel_name(path: Path) -> tuple[str, str]:
 
 def older(have: str, want: str) -> bool:
     """Whether version ``have`` is older than ``want`` (their leading numbers compared: enough for releases)."""
+
     def nums(v: str) -> tuple[int, ...]:
         return tuple(int(x) for x in re.match(r"[\d.]*", v).group().split(".") if x)
 
@@ -444,13 +502,25 @@ class Check:
         self.out.mkdir(parents=True, exist_ok=True)
         self.t0 = time.monotonic()
         self.deadline = self.t0 + args.budget
-        self.env = {**os.environ, MARK: str(self.out), "PYTHONUNBUFFERED": "1",
-                    "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), str(ROOT / "benchmarks"),
-                                                                os.environ.get("PYTHONPATH")]))}
+        self.env = {
+            **os.environ,
+            MARK: str(self.out),
+            "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH")])),
+        }
         self.prev = json.loads((Path(args.redo) / "results.json").read_text()) if args.redo else None
-        self.r: dict = {"started": datetime.datetime.now().isoformat(timespec="seconds"), "argv": sys.argv[1:],
-                        "budget_s": args.budget, "status": "running", "node": {}, "install": {}, "checks": [],
-                        "parts_asked": args.parts, "parts": {}, "figures": {}}
+        self.r: dict = {
+            "started": datetime.datetime.now().isoformat(timespec="seconds"),
+            "argv": sys.argv[1:],
+            "budget_s": args.budget,
+            "status": "running",
+            "node": {},
+            "install": {},
+            "checks": [],
+            "parts_asked": args.parts,
+            "parts": {},
+            "figures": {},
+        }
         # a part the earlier run had and this one does not redo stays as it was, so that this run's results.json
         # holds everything known (the next --redo reads it)
         for name, part in ((self.prev or {}).get("parts") or {}).items():
@@ -490,8 +560,10 @@ class Check:
             rc, cut, _ = run_cmd(cmd, log, min(120, self.left()), self.env)
             if rc != 0 and not cut:  # a read-only site-packages: the user's own
                 rc, cut, _ = run_cmd([*cmd[:4], "--user", *cmd[4:]], log, min(120, self.left()), self.env)
-            self.r["install"].update(state="installed" if rc == 0 else f"pip failed (exit {rc}), see install.log",
-                                     installed=[label for _, label in todo])
+            self.r["install"].update(
+                state="installed" if rc == 0 else f"pip failed (exit {rc}), see install.log",
+                installed=[label for _, label in todo],
+            )
         self.say(f"install: {self.r['install']['state']}")
 
     def checks(self) -> bool:
@@ -514,22 +586,37 @@ class Check:
         node = self.r["node"]
         failed = [c for c in self.r["checks"] if c["ok"] is False]
         if cut or rc != 0 or "torch" not in node:
-            failed.append({"check": "the checks themselves", "ok": False,
-                           "detail": f"cut after {self.a.checks_s:.0f} s" if cut else f"exit {rc}, see checks.log"})
+            failed.append(
+                {
+                    "check": "the checks themselves",
+                    "ok": False,
+                    "detail": f"cut after {self.a.checks_s:.0f} s" if cut else f"exit {rc}, see checks.log",
+                }
+            )
         if node.get("driver") and node.get("cuda") is False:
-            failed.append({"check": "torch sees the GPU", "ok": False,
-                           "detail": f"nvidia-smi: {node['driver']}, torch.cuda.is_available() is False"})
+            failed.append(
+                {
+                    "check": "torch sees the GPU",
+                    "ok": False,
+                    "detail": f"nvidia-smi: {node['driver']}, torch.cuda.is_available() is False",
+                }
+            )
         self.r["checks"] += [c for c in failed if c not in self.r["checks"]]
-        self.say(f"checks: {sum(c['ok'] is True for c in self.r['checks'])} passed, {len(failed)} failed; "
-                 f"{versions_line(node)}")
+        self.say(
+            f"checks: {sum(c['ok'] is True for c in self.r['checks'])} passed, {len(failed)} failed; {versions_line(node)}"
+        )
         return not failed
 
     def _driver(self) -> str:
         if not shutil.which("nvidia-smi"):
             return ""
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=20)
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            )
             return out.stdout.strip().splitlines()[0] if out.stdout.strip() else out.stderr.strip()[:200]
         except (OSError, subprocess.SubprocessError) as e:
             return f"nvidia-smi failed: {e}"
@@ -542,21 +629,37 @@ class Check:
             return
         prev = ((self.prev or {}).get("parts", {}).get(part) or {}).get("tests", {})
         done = {i for i, t in prev.items() if t["outcome"] in ("passed", "skipped")}
-        reports, collected, skip = (self.out / f"{part}.jsonl", self.out / f"{part}.collected",
-                                    self.out / f"{part}.skip")
+        reports, collected, skip = (self.out / f"{part}.jsonl", self.out / f"{part}.collected", self.out / f"{part}.skip")
         for f in (reports, collected):
             f.unlink(missing_ok=True)
         skip.write_text("".join(i + "\n" for i in sorted(done)))
         xdist = workers > 1 and importable("xdist")
-        cmd = [sys.executable, "-m", "pytest", "-p", "gpu_check", "-m", mark, "-v", "--tb=short", "-o",
-               "console_output_style=classic", *(["-n", str(workers)] if xdist else []),
-               *shlex.split(self.a.pytest_args)]
+        cmd = [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "gpu_check",
+            "-m",
+            mark,
+            "-v",
+            "--tb=short",
+            "-o",
+            "console_output_style=classic",
+            *(["-n", str(workers)] if xdist else []),
+            *shlex.split(self.a.pytest_args),
+        ]
         p["cmd"] = " ".join(["python", *cmd[1:]])
         p["workers"] = workers if xdist else 1
         if workers > 1 and not xdist:
             p["note"] = "pytest-xdist missing: one at a time"
-        env = {**self.env, "GPU_CHECK_REPORTS": str(reports), "GPU_CHECK_COLLECTED": str(collected),
-               "GPU_CHECK_SKIP": str(skip), **({"GPU_CHECK_ORDER": "1"} if order else {})}
+        env = {
+            **self.env,
+            "GPU_CHECK_REPORTS": str(reports),
+            "GPU_CHECK_COLLECTED": str(collected),
+            "GPU_CHECK_SKIP": str(skip),
+            **({"GPU_CHECK_ORDER": "1"} if order else {}),
+        }
         self.say(f"{part}: {p['cmd']} (within {budget:.0f} s)")
         self.save()
         t_end = time.monotonic() + budget
@@ -643,8 +746,11 @@ class Check:
             tmp.mkdir()
             # inductor's cache stays where it was (it follows TMPDIR): the compiled figures reuse what the cuda
             # tests compiled
-            env = {**self.env, "TMPDIR": str(tmp),
-                   "TORCHINDUCTOR_CACHE_DIR": self.env.get("TORCHINDUCTOR_CACHE_DIR") or inductor_cache_dir()}
+            env = {
+                **self.env,
+                "TMPDIR": str(tmp),
+                "TORCHINDUCTOR_CACHE_DIR": self.env.get("TORCHINDUCTOR_CACHE_DIR") or inductor_cache_dir(),
+            }
             try:
                 rc, cut, wall = run_cmd([sys.executable, "-c", code], log, budget, env)
                 got = progress_at_cut(tmp) if rc is None else None
@@ -694,7 +800,8 @@ class Check:
             cut = [n for n, p in self.r["parts"].items() if str(p.get("state", "")).startswith("cut")]
             cut += [n for n, f in self.r["figures"].items() if f["state"].startswith(("cut", "not run"))]
             self.r["status"] = ("finished" if self.left() > 0 else "budget spent") + (
-                f", cut or not run: {', '.join(cut)}" if cut else "")
+                f", cut or not run: {', '.join(cut)}" if cut else ""
+            )
         except Interrupted as e:
             self.r["status"] = f"interrupted ({e})"
         finally:
@@ -774,13 +881,20 @@ def all_passed(r: dict) -> bool:
 
 # --- the summary ------------------------------------------------------------------------------------------------
 
+
 def versions_line(v: dict) -> str:
     if not v.get("torch"):
         return "versions unknown"
-    gpu = (f"{v.get('gpu')} (sm {v.get('capability')}, {v.get('gpu_memory_gib')} GiB, {v.get('gpus')} GPU), "
-           f"driver {v.get('driver', '').split(',')[-1].strip() or '?'}, " if v.get("cuda") else "no CUDA device, ")
-    return (f"{gpu}torch {v['torch']}, CUDA {v.get('cuda_build')}, cuDNN {v.get('cudnn', '-')}, "
-            f"Python {v.get('python')}, {v.get('cores')} cores")
+    gpu = (
+        f"{v.get('gpu')} (sm {v.get('capability')}, {v.get('gpu_memory_gib')} GiB, {v.get('gpus')} GPU), "
+        f"driver {v.get('driver', '').split(',')[-1].strip() or '?'}, "
+        if v.get("cuda")
+        else "no CUDA device, "
+    )
+    return (
+        f"{gpu}torch {v['torch']}, CUDA {v.get('cuda_build')}, cuDNN {v.get('cudnn', '-')}, "
+        f"Python {v.get('python')}, {v.get('cores')} cores"
+    )
 
 
 def counts_line(p: dict) -> str:
@@ -788,8 +902,7 @@ def counts_line(p: dict) -> str:
     by = {o: sum(t["outcome"] == o for t in tests.values()) for o in ("passed", "failed", "error", "skipped")}
     not_run = len(set(p.get("collected", [])) - set(tests))
     earlier = sum(bool(t.get("earlier")) for t in tests.values())
-    parts = [f"{by['passed']} passed" + (f" ({earlier} in the earlier run)" if earlier else ""),
-             f"{by['failed']} failed"]
+    parts = [f"{by['passed']} passed" + (f" ({earlier} in the earlier run)" if earlier else ""), f"{by['failed']} failed"]
     parts += [f"{by[k]} {k}" for k in ("error", "skipped") if by[k]]
     parts += [f"{not_run} not run"] if not_run else []
     return ", ".join(parts) + f"; {p.get('state')}" + (f", {p['wall_s']} s" if "wall_s" in p else "")
@@ -800,8 +913,13 @@ def ratio(name: str, figs: dict) -> str:
     against Stable-Baselines3's on cuda ("1.8x sb3")."""
     value = (figs.get(name) or {}).get("value")
     algo = name.split("-")[0]
-    other, label = ((name[:-4] + "-cuda", "gpu {:.2f}x") if name.endswith("-cpu") else
-                    (f"sb3-{algo}-cuda", "{:.2f}x sb3") if name in BESIDE_SB3 else (None, ""))
+    other, label = (
+        (name[:-4] + "-cuda", "gpu {:.2f}x")
+        if name.endswith("-cpu")
+        else (f"sb3-{algo}-cuda", "{:.2f}x sb3")
+        if name in BESIDE_SB3
+        else (None, "")
+    )
     base = (figs.get(other) or {}).get("value")
     if not value or not base:
         return ""
@@ -811,29 +929,41 @@ def ratio(name: str, figs: dict) -> str:
 def summary(r: dict, out: Path) -> str:
     """One screen: the node, each part's outcome with the first lines of every failure, every figure with its
     command; what was cut or not run says so."""
-    lines = [f"GPU check {r['started']}: {r['status']}, {r.get('elapsed_s', 0):.0f} of {r['budget_s']:.0f} s "
-             f"({' '.join(r['argv'])})", "node: " + versions_line(r["node"])]
+    lines = [
+        f"GPU check {r['started']}: {r['status']}, {r.get('elapsed_s', 0):.0f} of {r['budget_s']:.0f} s "
+        f"({' '.join(r['argv'])})",
+        "node: " + versions_line(r["node"]),
+    ]
     inst = r.get("install", {})
     if inst.get("state") not in (None, "off"):
-        lines.append(f"install: {inst['state']}" + (f" {', '.join(inst['installed'])}" if inst.get("installed")
-                                                     else "")
-                     + (f"; kept the node's own {', '.join(inst['kept'])}" if inst.get("kept") else ""))
+        lines.append(
+            f"install: {inst['state']}"
+            + (f" {', '.join(inst['installed'])}" if inst.get("installed") else "")
+            + (f"; kept the node's own {', '.join(inst['kept'])}" if inst.get("kept") else "")
+        )
     checks = r.get("checks", [])
     bad = [c for c in checks if c["ok"] is False]
     left_out = "checks" not in r.get("parts_asked", ["checks"])
-    lines.append(("checks: left out (torch's versions and the CUDA checks only), " if left_out else "checks: ")
-                 + f"{sum(c['ok'] is True for c in checks)} passed, {len(bad)} failed"
-                 + "".join(f"\n  FAILED {c['check']}: {c['detail']}" for c in bad))
+    lines.append(
+        ("checks: left out (torch's versions and the CUDA checks only), " if left_out else "checks: ")
+        + f"{sum(c['ok'] is True for c in checks)} passed, {len(bad)} failed"
+        + "".join(f"\n  FAILED {c['check']}: {c['detail']}" for c in bad)
+    )
     opt = [c for c in checks if c["ok"] is None]
     lines += [f"  {c['check']}: {c['detail']}" for c in opt]
     for name, p in r.get("parts", {}).items():
         if name == "figures":
             continue
         extra = p.get("cmd", "").split("console_output_style=classic")[-1].strip()
-        head = (f"{name} tests (python -m pytest -m {name} {extra}".rstrip() + f", {p.get('workers', 1)} worker(s))"
-                if "cmd" in p else f"{name} tests")
-        lines.append(f"{head}: {counts_line(p) if 'tests' in p and 'cmd' in p else p.get('state')}"
-                     + (f" [{p['note']}]" if p.get("note") else ""))
+        head = (
+            f"{name} tests (python -m pytest -m {name} {extra}".rstrip() + f", {p.get('workers', 1)} worker(s))"
+            if "cmd" in p
+            else f"{name} tests"
+        )
+        lines.append(
+            f"{head}: {counts_line(p) if 'tests' in p and 'cmd' in p else p.get('state')}"
+            + (f" [{p['note']}]" if p.get("note") else "")
+        )
         bad = [(i, t) for i, t in p.get("tests", {}).items() if t["outcome"] in ("failed", "error")]
         for i, t in bad[:MAX_FAILURES]:
             err = t["error"].replace("\n", "\n      ")
@@ -848,12 +978,13 @@ def summary(r: dict, out: Path) -> str:
     if fp and not figs:
         lines.append(f"figures: {fp.get('state')}")
     if figs:
-        lines.append("figures (each: python -c \"import sys, torch; sys.path[:0] = ['benchmarks']; "
-                     "import MODULE; print(MODULE.CALL)\" from the repository root):")
+        lines.append(
+            "figures (each: python -c \"import sys, torch; sys.path[:0] = ['benchmarks']; "
+            'import MODULE; print(MODULE.CALL)" from the repository root):'
+        )
         for n, f in figs.items():
             val = f"{f['value']:9.1f} {f['unit']:<11}" if f.get("value") is not None else f"{f['state'][:21]:<21}"
-            lines.append(f"  {n:<18} {val} {ratio(n, figs):<10} {f['cmd']}"
-                         + (" [earlier run]" if f.get("earlier") else ""))
+            lines.append(f"  {n:<18} {val} {ratio(n, figs):<10} {f['cmd']}" + (" [earlier run]" if f.get("earlier") else ""))
             if f.get("value") is None and len(f["state"]) > 21:  # a cut's progress, a skip's reason: in full
                 lines.append(f"      {f['state']}")
             if f.get("error"):
@@ -868,9 +999,12 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("out", help="folder for the summary, results.json and every log")
     p.add_argument("--budget", type=float, default=480, help="seconds for everything (default 480)")
-    p.add_argument("--parts", default="checks,cuda,figures",
-                   help="comma-separated, in order: checks (install, imports, envs; without it only torch's "
-                        "versions and the CUDA checks), cuda, figures, unit (default checks,cuda,figures)")
+    p.add_argument(
+        "--parts",
+        default="checks,cuda,figures",
+        help="comma-separated, in order: checks (install, imports, envs; without it only torch's "
+        "versions and the CUDA checks), cuda, figures, unit (default checks,cuda,figures)",
+    )
     p.add_argument("--unit", action="store_true", help="add the unit tier (python -m pytest -m unit), about 3 min")
     p.add_argument("--checks-s", type=float, default=150, help="seconds for the imports, envs and CUDA checks")
     p.add_argument("--cuda-s", type=float, default=220, help="seconds for the cuda test set (default 220)")
@@ -879,11 +1013,13 @@ def main() -> int:
     p.add_argument("--figures", nargs="*", help=f"which figures, in order (default all: {' '.join(FIGURES)})")
     p.add_argument("--unit-s", type=float, default=240, help="seconds for the unit tier (default 240)")
     p.add_argument("--unit-workers", type=int, default=1, help="pytest-xdist workers for the unit tier (default 1)")
-    p.add_argument("--pytest-args", default="",
-                   help="more pytest arguments for the cuda and unit parts, e.g. '-k sync' or a test file")
+    p.add_argument(
+        "--pytest-args", default="", help="more pytest arguments for the cuda and unit parts, e.g. '-k sync' or a test file"
+    )
     p.add_argument("--wheels", default=str(ROOT / ".whl"), help="wheel folder to install from ('' for none)")
-    p.add_argument("--redo", metavar="PREV_OUT",
-                   help="an earlier run's folder: run only the tests and figures that did not pass there")
+    p.add_argument(
+        "--redo", metavar="PREV_OUT", help="an earlier run's folder: run only the tests and figures that did not pass there"
+    )
     a = p.parse_args()
     a.parts = [x for x in a.parts.split(",") if x] + (["unit"] if a.unit and "unit" not in a.parts else [])
     bad = set(a.parts) - {"checks", "cuda", "figures", "unit"}

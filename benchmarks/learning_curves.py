@@ -19,20 +19,77 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-DQN_CARTPOLE = ["--num-envs", "4", "--buffer-size", "50000", "--min-steps-learn", "1000", "--batch-size", "64",
-                "--eps-decay-steps", "20000", "--eps-end", "0.02", "--n-step-return", "3", "--replay-ratio", "16",
-                "--learning-rate", "1e-3", "--dueling", "--target-update-interval", "250"]
+DQN_CARTPOLE = [
+    "--num-envs",
+    "4",
+    "--buffer-size",
+    "50000",
+    "--min-steps-learn",
+    "1000",
+    "--batch-size",
+    "64",
+    "--eps-decay-steps",
+    "20000",
+    "--eps-end",
+    "0.02",
+    "--n-step-return",
+    "3",
+    "--replay-ratio",
+    "16",
+    "--learning-rate",
+    "1e-3",
+    "--dueling",
+    "--target-update-interval",
+    "250",
+]
 # The settings the test suite uses (tests/test_*.py), and each script's step budget and threshold there.
-BUDGET = {"ppo_atari.py": (150_000, 450), "a2c_atari.py": (150_000, 450), "dqn_atari.py": (100_000, 475),
-          "catdqn_atari.py": (100_000, 475)}
+BUDGET = {
+    "ppo_atari.py": (150_000, 450),
+    "a2c_atari.py": (150_000, 450),
+    "dqn_atari.py": (100_000, 475),
+    "catdqn_atari.py": (100_000, 475),
+}
 CONFIGS = {
     "dqn_atari.py": DQN_CARTPOLE + ["--optimizer", "adam", "--log-every", "2000"],
     "catdqn_atari.py": DQN_CARTPOLE + ["--v-min", "0", "--v-max", "100", "--log-every", "2000"],
-    "ppo_atari.py": ["--num-envs", "8", "--num-steps", "32", "--num-minibatches", "1", "--update-epochs", "20",
-                     "--gae-lambda", "0.8", "--gamma", "0.98", "--ent-coef", "0", "--learning-rate", "1e-3",
-                     "--clip-coef", "0.2", "--no-clip-vloss"],
-    "a2c_atari.py": ["--num-envs", "8", "--num-steps", "8", "--ent-coef", "0", "--gamma", "0.98", "--gae-lambda", "0.9",
-                     "--learning-rate", "2e-3", "--norm-adv", "--log-every", "10"],
+    "ppo_atari.py": [
+        "--num-envs",
+        "8",
+        "--num-steps",
+        "32",
+        "--num-minibatches",
+        "1",
+        "--update-epochs",
+        "20",
+        "--gae-lambda",
+        "0.8",
+        "--gamma",
+        "0.98",
+        "--ent-coef",
+        "0",
+        "--learning-rate",
+        "1e-3",
+        "--clip-coef",
+        "0.2",
+        "--no-clip-vloss",
+    ],
+    "a2c_atari.py": [
+        "--num-envs",
+        "8",
+        "--num-steps",
+        "8",
+        "--ent-coef",
+        "0",
+        "--gamma",
+        "0.98",
+        "--gae-lambda",
+        "0.9",
+        "--learning-rate",
+        "2e-3",
+        "--norm-adv",
+        "--log-every",
+        "10",
+    ],
 }
 
 
@@ -41,9 +98,26 @@ def run(script: str, sampler: str, steps: int, seed: int, threshold: float, full
     `full` a second run's over the whole budget."""
 
     def command(out: str, *extra: str) -> list[str]:
-        return [sys.executable, str(ROOT / "algos" / script), "--env-id", "CartPole-v1", "--sampler", sampler,
-                "--total-timesteps", str(steps), "--seed", str(seed), "--eval-episodes", "0", "--out-dir", out,
-                "--run-name", "c", *CONFIGS[script], *extra]
+        return [
+            sys.executable,
+            str(ROOT / "algos" / script),
+            "--env-id",
+            "CartPole-v1",
+            "--sampler",
+            sampler,
+            "--total-timesteps",
+            str(steps),
+            "--seed",
+            str(seed),
+            "--eval-episodes",
+            "0",
+            "--out-dir",
+            out,
+            "--run-name",
+            "c",
+            *CONFIGS[script],
+            *extra,
+        ]
 
     def curve(out: str) -> list[tuple[int, float]]:
         with open(Path(out) / "c" / "progress.csv") as f:
@@ -51,8 +125,7 @@ def run(script: str, sampler: str, steps: int, seed: int, threshold: float, full
 
     reached = None
     with tempfile.TemporaryDirectory() as out:
-        res = subprocess.run(command(out, "--stop-at-return", str(threshold)), check=True, capture_output=True,
-                             text=True)
+        res = subprocess.run(command(out, "--stop-at-return", str(threshold)), check=True, capture_output=True, text=True)
         m = re.search(r"mean return of the last 20 episodes .*?(?:at step (\d+))?: stopping", res.stdout)
         rows = curve(out)
         if m:
@@ -81,8 +154,7 @@ def main() -> None:
             curves[(script, sampler)] = rows
             final = rows[-1][1] if rows else float("nan")
             where = f"{reached} (>= {threshold})" if reached else "not reached"
-            print(f"{script:<16} {sampler:<9} {steps:>7} {where:>19} "
-                  f"{final:>18.1f}")
+            print(f"{script:<16} {sampler:<9} {steps:>7} {where:>19} {final:>18.1f}")
     from plot import curve, figure, save
 
     fig, axes = figure(len(a.scripts), width=5.5, height=4)

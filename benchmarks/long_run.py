@@ -22,8 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-FIELDS = ["minute", "global_step", "processes", "rss_mib", "private_mib", "shared_mib", "fds", "memfds",
-          "memfd_mib"]
+FIELDS = ["minute", "global_step", "processes", "rss_mib", "private_mib", "shared_mib", "fds", "memfds", "memfd_mib"]
 
 
 def tree(root: int) -> list[int]:
@@ -94,10 +93,17 @@ def sample(root: int, out: Path, minute: float) -> dict:
     for p in pids:
         segments.update(memfds(p))
     mib = lambda key: round(sum(k.get(key, 0) for k in kib) / 1024, 1)
-    return {"minute": round(minute, 2), "global_step": global_step(out), "processes": len(pids),
-            "rss_mib": mib("VmRSS"), "private_mib": mib("RssAnon"), "shared_mib": mib("RssShmem"),
-            "fds": sum(fd_count(p) for p in pids), "memfds": len(segments),
-            "memfd_mib": round(sum(segments.values()) / 2**20, 1)}
+    return {
+        "minute": round(minute, 2),
+        "global_step": global_step(out),
+        "processes": len(pids),
+        "rss_mib": mib("VmRSS"),
+        "private_mib": mib("RssAnon"),
+        "shared_mib": mib("RssShmem"),
+        "fds": sum(fd_count(p) for p in pids),
+        "memfds": len(segments),
+        "memfd_mib": round(sum(segments.values()) / 2**20, 1),
+    }
 
 
 def main() -> int:
@@ -150,20 +156,23 @@ def main() -> int:
 
     print(f"\ncommand: {' '.join(command)}")
     if early is not None:
-        print(f"the run ended by itself after {(time.monotonic() - start) / 60:.1f} minutes, exit code {early} "
-              f"(see {args.out / 'run.log'})")
+        print(
+            f"the run ended by itself after {(time.monotonic() - start) / 60:.1f} minutes, exit code {early} "
+            f"(see {args.out / 'run.log'})"
+        )
     else:
         print(f"stopped with SIGINT after {args.minutes:g} minutes: exit code {code} in {ended_in:.1f} s")
-    print(f"left behind 5 s after its exit: {len(left)} processes {left}, {len(shm_left)} /dev/shm entries "
-          f"{shm_left}")
+    print(f"left behind 5 s after its exit: {len(left)} processes {left}, {len(shm_left)} /dev/shm entries {shm_left}")
     steady = [r for r in rows if r["global_step"] >= args.after_step]
     if len(steady) < 2:
         print(f"fewer than two samples at or after step {args.after_step}: nothing to compare")
         return 1
     first, last = steady[0], steady[-1]
     hours = (last["minute"] - first["minute"]) / 60
-    print(f"from minute {first['minute']:g} (step {first['global_step']}) to minute {last['minute']:g} "
-          f"(step {last['global_step']}), {len(steady)} samples:")
+    print(
+        f"from minute {first['minute']:g} (step {first['global_step']}) to minute {last['minute']:g} "
+        f"(step {last['global_step']}), {len(steady)} samples:"
+    )
     print(f"{'':>14} {'first':>10} {'last':>10} {'max':>10} {'last/first':>11} {'per hour':>10}")
     for key in FIELDS[2:]:
         a, b, top = first[key], last[key], max(r[key] for r in steady)

@@ -37,10 +37,37 @@ ENV = "tests.masked_env:MaskedChoice-v0"
 def ours(steps: int, seed: int) -> tuple[float, float]:
     """(SPS, mean return of the last 10% of steps) of one ppo_atari.py run."""
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, str(ROOT / "algos" / "ppo_atari.py"), "--env-id", ENV, "--num-envs", "4",
-               "--num-steps", "64", "--num-minibatches", "4", "--update-epochs", "4", "--learning-rate", "2.5e-3",
-               "--no-anneal-lr", "--ent-coef", "0.01", "--total-timesteps", str(steps), "--log-every", "1",
-               "--eval-episodes", "0", "--seed", str(seed), "--out-dir", out, "--run-name", "b"]
+        cmd = [
+            sys.executable,
+            str(ROOT / "algos" / "ppo_atari.py"),
+            "--env-id",
+            ENV,
+            "--num-envs",
+            "4",
+            "--num-steps",
+            "64",
+            "--num-minibatches",
+            "4",
+            "--update-epochs",
+            "4",
+            "--learning-rate",
+            "2.5e-3",
+            "--no-anneal-lr",
+            "--ent-coef",
+            "0.01",
+            "--total-timesteps",
+            str(steps),
+            "--log-every",
+            "1",
+            "--eval-episodes",
+            "0",
+            "--seed",
+            str(seed),
+            "--out-dir",
+            out,
+            "--run-name",
+            "b",
+        ]
         subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
         with open(Path(out) / "b" / "progress.csv") as f:
             rows = list(csv.DictReader(f))
@@ -60,9 +87,22 @@ def maskable_ppo(steps: int, seed: int) -> tuple[float, float]:
         return Monitor(ActionMasker(masked_env.MaskedChoice(), lambda env: env.unwrapped.mask()))
 
     envs = DummyVecEnv([make for _ in range(4)])
-    model = MaskablePPO("MlpPolicy", envs, learning_rate=2.5e-3, n_steps=64, batch_size=64, n_epochs=4, gamma=0.99,
-                        gae_lambda=0.95, clip_range=0.2, ent_coef=0.01, vf_coef=0.5, max_grad_norm=0.5, seed=seed,
-                        device="cpu")
+    model = MaskablePPO(
+        "MlpPolicy",
+        envs,
+        learning_rate=2.5e-3,
+        n_steps=64,
+        batch_size=64,
+        n_epochs=4,
+        gamma=0.99,
+        gae_lambda=0.95,
+        clip_range=0.2,
+        ent_coef=0.01,
+        vf_coef=0.5,
+        max_grad_norm=0.5,
+        seed=seed,
+        device="cpu",
+    )
     t0 = time.perf_counter()
     model.learn(steps)
     sps = steps / (time.perf_counter() - t0)
@@ -92,8 +132,10 @@ def main() -> None:
     print("| --- | --- | --- |")
     for name, rs in results.items():
         sps, ret = zip(*rs)
-        print(f"| {name} | {np.mean(sps):.0f} ({', '.join(f'{s:.0f}' for s in sps)}) | {np.mean(ret):.2f} "
-              f"({', '.join(f'{r:.2f}' for r in ret)}) |")
+        print(
+            f"| {name} | {np.mean(sps):.0f} ({', '.join(f'{s:.0f}' for s in sps)}) | {np.mean(ret):.2f} "
+            f"({', '.join(f'{r:.2f}' for r in ret)}) |"
+        )
     ratio = np.mean([s for s, _ in results["ppo_atari.py"]]) / np.mean([s for s, _ in results["MaskablePPO"]])
     print(f"SPS ratio ppo_atari.py / MaskablePPO: {ratio:.2f}x")
 

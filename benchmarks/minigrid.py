@@ -115,13 +115,7 @@ def run_ours(out: Path, seed: int) -> dict:
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
     rows = list(csv.DictReader(open(out / f"ours_{seed}" / "progress.csv")))
     ret, n = final_return(rows, int(rows[-1]["global_step"]))
-    return {
-        "seed": seed,
-        "final_return": ret,
-        "final_episodes": n,
-        "wall_s": time.time() - t0,
-        "command": " ".join(cmd[1:]),
-    }
+    return {"seed": seed, "final_return": ret, "final_episodes": n, "wall_s": time.time() - t0, "command": " ".join(cmd[1:])}
 
 
 def run_sb3(out: Path, seed: int) -> dict:

@@ -71,8 +71,14 @@ def curve(ax, label: str, runs: Sequence[Points], window: int = 1, **style) -> N
         ax.fill_between(x, lo, hi, color=line.get_color(), alpha=0.2, lw=0)
 
 
-def save(fig, out: str | Path, axes: Sequence | None = None, xlabel: str = "env steps",
-         ylabel: str = "episode return", title: str | None = None) -> None:
+def save(
+    fig,
+    out: str | Path,
+    axes: Sequence | None = None,
+    xlabel: str = "env steps",
+    ylabel: str = "episode return",
+    title: str | None = None,
+) -> None:
     """Label ``axes`` (default: all), add legends, and write ``out`` (folders created)."""
     for ax in axes if axes is not None else fig.axes:
         ax.set_xlabel(xlabel)
@@ -120,8 +126,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         for script, runs in sorted(scripts.items()):
             curve(ax, script, runs, a.smooth)
         ax.set_title(env_id)
-    save(fig, a.out, xlabel="env steps (every rank's)" if a.x == "global_step" else "wall time (s)",
-         ylabel="return (mean of the episodes per progress row)")
+    save(
+        fig,
+        a.out,
+        xlabel="env steps (every rank's)" if a.x == "global_step" else "wall time (s)",
+        ylabel="return (mean of the episodes per progress row)",
+    )
     return 0
 
 

@@ -43,10 +43,36 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 TASKS = {  # preset: (env id, observed entries, zoo settings for RecurrentPPO, steps)
-    "cartpole": ("CartPole-v1", [0, 2], dict(n_steps=32, batch_size=256, n_epochs=20, learning_rate=1e-3,
-                                            anneal=True, clip_range=0.2, gamma=0.98, gae_lambda=0.8), 8),
-    "pendulum": ("Pendulum-v1", [0, 1], dict(n_steps=256, batch_size=128, n_epochs=10, learning_rate=1e-3,
-                                            anneal=False, clip_range=0.2, gamma=0.9, gae_lambda=0.95), 16),
+    "cartpole": (
+        "CartPole-v1",
+        [0, 2],
+        dict(
+            n_steps=32,
+            batch_size=256,
+            n_epochs=20,
+            learning_rate=1e-3,
+            anneal=True,
+            clip_range=0.2,
+            gamma=0.98,
+            gae_lambda=0.8,
+        ),
+        8,
+    ),
+    "pendulum": (
+        "Pendulum-v1",
+        [0, 1],
+        dict(
+            n_steps=256,
+            batch_size=128,
+            n_epochs=10,
+            learning_rate=1e-3,
+            anneal=False,
+            clip_range=0.2,
+            gamma=0.9,
+            gae_lambda=0.95,
+        ),
+        16,
+    ),
 }
 
 
@@ -66,15 +92,30 @@ def curve(ends: list[tuple[int, float]], steps: int, bins: int = 10) -> list[flo
 def ours(task: str, steps: int, seed: int, sampler: str = "serial", extra: tuple[str, ...] = ()) -> tuple:
     """(SPS from the end of the first rollout, [(global step, return)] of its episodes) of one ppo_lstm.py run."""
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, str(ROOT / "algos" / "ppo_lstm.py"), "--preset", task, "--total-timesteps",
-               str(steps), "--seed", str(seed), "--sampler", sampler, "--eval-episodes", "0", "--out-dir", out,
-               "--run-name", "b", *extra]
+        cmd = [
+            sys.executable,
+            str(ROOT / "algos" / "ppo_lstm.py"),
+            "--preset",
+            task,
+            "--total-timesteps",
+            str(steps),
+            "--seed",
+            str(seed),
+            "--sampler",
+            sampler,
+            "--eval-episodes",
+            "0",
+            "--out-dir",
+            out,
+            "--run-name",
+            "b",
+            *extra,
+        ]
         subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
         with open(Path(out) / "b" / "progress.csv") as f:
             rows = list(csv.DictReader(f))
     first, last = rows[0], rows[-1]
-    sps = (int(last["global_step"]) - int(first["global_step"])) / (float(last["wall_time_s"]) -
-                                                                     float(first["wall_time_s"]))
+    sps = (int(last["global_step"]) - int(first["global_step"])) / (float(last["wall_time_s"]) - float(first["wall_time_s"]))
     # Each row's mean stands for the episodes that ended since the row before, at that row's step.
     ends, seen = [], 0
     for r in rows:
@@ -95,12 +136,29 @@ def recurrent_ppo(task: str, steps: int, seed: int, subprocesses: bool = False) 
     env_id, keep, zoo, num_envs = TASKS[task]
     s = dict(zoo)
     anneal, lr = s.pop("anneal"), s.pop("learning_rate")
-    env = VecNormalize(make_vec_env(filtered_env, n_envs=num_envs, seed=seed, env_kwargs={"env_id": env_id,
-                                                                                         "keep": keep},
-                                    vec_env_cls=SubprocVecEnv if subprocesses else DummyVecEnv), gamma=s["gamma"])
-    model = RecurrentPPO("MlpLstmPolicy", env, learning_rate=(lambda f: f * lr) if anneal else lr, ent_coef=0.0,
-                         vf_coef=0.5, max_grad_norm=0.5, seed=seed, device="cpu", verbose=0,
-                         policy_kwargs=dict(lstm_hidden_size=64, shared_lstm=True, enable_critic_lstm=False), **s)
+    env = VecNormalize(
+        make_vec_env(
+            filtered_env,
+            n_envs=num_envs,
+            seed=seed,
+            env_kwargs={"env_id": env_id, "keep": keep},
+            vec_env_cls=SubprocVecEnv if subprocesses else DummyVecEnv,
+        ),
+        gamma=s["gamma"],
+    )
+    model = RecurrentPPO(
+        "MlpLstmPolicy",
+        env,
+        learning_rate=(lambda f: f * lr) if anneal else lr,
+        ent_coef=0.0,
+        vf_coef=0.5,
+        max_grad_norm=0.5,
+        seed=seed,
+        device="cpu",
+        verbose=0,
+        policy_kwargs=dict(lstm_hidden_size=64, shared_lstm=True, enable_critic_lstm=False),
+        **s,
+    )
 
     class Record(BaseCallback):
         def __init__(self):
@@ -130,8 +188,9 @@ def filtered_env(env_id: str, keep: list[int], render_mode=None):
 
     env = gym.make(env_id, render_mode=render_mode)
     space, idx = env.observation_space, np.array(keep)
-    return gym.wrappers.TransformObservation(env, lambda o: o[idx],
-                                             gym.spaces.Box(space.low[idx], space.high[idx], dtype=space.dtype))
+    return gym.wrappers.TransformObservation(
+        env, lambda o: o[idx], gym.spaces.Box(space.low[idx], space.high[idx], dtype=space.dtype)
+    )
 
 
 def fmt(xs) -> str:
@@ -146,36 +205,48 @@ def learning(tasks: list[str], seeds: list[int], steps: dict[str, int]) -> None:
             results["ppo_lstm.py"].append(ours(task, n, seed))
             results["RecurrentPPO"].append(recurrent_ppo(task, n, seed))
             results["ppo_lstm.py --no-lstm"].append(ours(task, n, seed, extra=("--no-lstm",)))
-        print(f"\n{task} ({TASKS[task][0]}, entries {TASKS[task][1]}), {n} steps, seeds {seeds}: mean return of "
-              f"the episodes ending in each tenth of the run (mean over seeds), and the last tenth per seed")
+        print(
+            f"\n{task} ({TASKS[task][0]}, entries {TASKS[task][1]}), {n} steps, seeds {seeds}: mean return of "
+            f"the episodes ending in each tenth of the run (mean over seeds), and the last tenth per seed"
+        )
         print("| implementation | curve, tenths 1-10 | last tenth (per seed) | SPS |")
         print("| --- | --- | --- | --- |")
         for name, rs in results.items():
             curves = np.array([curve(ends, n) for _, ends in rs])
             mean = np.nanmean(curves, 0) if np.isfinite(curves).any() else curves[0]
             last = curves[:, -1]
-            print(f"| {name} | {fmt(mean)} | {np.nanmean(last):.1f} ({fmt(last)}) | "
-                  f"{np.mean([s for s, _ in rs]):.0f} |", flush=True)
+            print(
+                f"| {name} | {fmt(mean)} | {np.nanmean(last):.1f} ({fmt(last)}) | {np.mean([s for s, _ in rs]):.0f} |",
+                flush=True,
+            )
 
 
 def speed(sps_steps: int) -> None:
     print(f"\nTraining SPS, cartpole task (8 envs x 32 steps, 20 epochs), {sps_steps} steps per run, one seed")
-    base = {"DummyVecEnv": recurrent_ppo("cartpole", sps_steps, 1)[0],
-            "SubprocVecEnv": recurrent_ppo("cartpole", sps_steps, 1, subprocesses=True)[0]}
+    base = {
+        "DummyVecEnv": recurrent_ppo("cartpole", sps_steps, 1)[0],
+        "SubprocVecEnv": recurrent_ppo("cartpole", sps_steps, 1, subprocesses=True)[0],
+    }
     for name, sps in base.items():
         print(f"| RecurrentPPO, {name} | {sps:.0f} SPS | |", flush=True)
     for sampler, peer in (("serial", "DummyVecEnv"), ("parallel", "SubprocVecEnv"), ("async", "DummyVecEnv")):
         sps = ours("cartpole", sps_steps, 1, sampler)[0]
-        print(f"| ppo_lstm.py --sampler {sampler} | {sps:.0f} SPS | {sps / base[peer]:.2f}x RecurrentPPO with {peer} "
-              f"|", flush=True)
+        print(
+            f"| ppo_lstm.py --sampler {sampler} | {sps:.0f} SPS | {sps / base[peer]:.2f}x RecurrentPPO with {peer} |",
+            flush=True,
+        )
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks", nargs="+", default=list(TASKS), choices=list(TASKS))
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    p.add_argument("--steps", type=int, default=None,
-                   help="env steps of each learning run (default: the preset's, cartpole 100k, pendulum 200k)")
+    p.add_argument(
+        "--steps",
+        type=int,
+        default=None,
+        help="env steps of each learning run (default: the preset's, cartpole 100k, pendulum 200k)",
+    )
     p.add_argument("--sps-steps", type=int, default=20_480, help="env steps of each speed run (0: no speed runs)")
     p.add_argument("--no-learning", action="store_true", help="the speed runs alone")
     a = p.parse_args()

@@ -33,9 +33,25 @@ def device_name(spec: str) -> str:
 
 def ours(env_id: str, steps: int, sampler: str, extra: list[str], device: str) -> float:
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, str(ROOT / "algos" / "ppo_atari.py"), "--env-id", env_id, "--total-timesteps",
-               str(steps), "--sampler", sampler, "--eval-episodes", "0", "--out-dir", out, "--run-name", "b",
-               "--device", device, *extra]
+        cmd = [
+            sys.executable,
+            str(ROOT / "algos" / "ppo_atari.py"),
+            "--env-id",
+            env_id,
+            "--total-timesteps",
+            str(steps),
+            "--sampler",
+            sampler,
+            "--eval-episodes",
+            "0",
+            "--out-dir",
+            out,
+            "--run-name",
+            "b",
+            "--device",
+            device,
+            *extra,
+        ]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
         with open(Path(out) / "b" / "progress.csv") as f:
             rows = list(csv.DictReader(f))
@@ -54,9 +70,23 @@ def sb3(env_id: str, steps: int, device: str) -> float:
 
     gym.register_envs(ale_py)
     env = VecFrameStack(make_atari_env(env_id, n_envs=8, seed=1), n_stack=4)
-    model = PPO("CnnPolicy", env, n_steps=128, batch_size=256, n_epochs=4, learning_rate=2.5e-4, clip_range=0.1,
-                ent_coef=0.01, vf_coef=0.5, gae_lambda=0.95, gamma=0.99, max_grad_norm=0.5, seed=1, device=device,
-                verbose=0)
+    model = PPO(
+        "CnnPolicy",
+        env,
+        n_steps=128,
+        batch_size=256,
+        n_epochs=4,
+        learning_rate=2.5e-4,
+        clip_range=0.1,
+        ent_coef=0.01,
+        vf_coef=0.5,
+        gae_lambda=0.95,
+        gamma=0.99,
+        max_grad_norm=0.5,
+        seed=1,
+        device=device,
+        verbose=0,
+    )
     sps = sb3_sps(model, steps)
     env.close()
     return sps
@@ -88,8 +118,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--env-id", default="BreakoutNoFrameskip-v4")
     p.add_argument("--steps", type=int, default=10240, help="agent steps per measurement (1024 per rollout)")
-    p.add_argument("--device", default="cpu",
-                   help="auto, cpu, cuda or cuda:N: our scripts' --device and SB3's device= (default: cpu)")
+    p.add_argument(
+        "--device", default="cpu", help="auto, cpu, cuda or cuda:N: our scripts' --device and SB3's device= (default: cpu)"
+    )
     a = p.parse_args()
     base = sb3(a.env_id, a.steps, a.device)
     print(f"{a.env_id}, {a.steps} agent steps per run, device {device_name(a.device)}")

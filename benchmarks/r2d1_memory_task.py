@@ -25,12 +25,32 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30_000)
     a = p.parse_args()
     curves = {}
-    for label, extra in (("LSTM serial", ["--sampler", "serial"]), ("LSTM parallel", ["--sampler", "parallel"]),
-                         ("LSTM async", ["--sampler", "async"]), ("feed-forward serial", ["--no-recurrent"])):
+    for label, extra in (
+        ("LSTM serial", ["--sampler", "serial"]),
+        ("LSTM parallel", ["--sampler", "parallel"]),
+        ("LSTM async", ["--sampler", "async"]),
+        ("feed-forward serial", ["--no-recurrent"]),
+    ):
         with tempfile.TemporaryDirectory() as out:
-            subprocess.run([sys.executable, str(ROOT / "algos" / "r2d1_atari.py"), *MEMORY_TASK, *extra,
-                            "--total-timesteps", str(a.steps), "--log-every", "2000", "--out-dir", out, "--run-name",
-                            "m"], check=True, capture_output=True, text=True)
+            subprocess.run(
+                [
+                    sys.executable,
+                    str(ROOT / "algos" / "r2d1_atari.py"),
+                    *MEMORY_TASK,
+                    *extra,
+                    "--total-timesteps",
+                    str(a.steps),
+                    "--log-every",
+                    "2000",
+                    "--out-dir",
+                    out,
+                    "--run-name",
+                    "m",
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            )
             with open(Path(out) / "m" / "progress.csv") as f:
                 rows = [(int(r["global_step"]), float(r["return_mean"])) for r in csv.DictReader(f) if r["return_mean"]]
         last = sum(r for _, r in rows[-3:]) / len(rows[-3:])
@@ -41,8 +61,12 @@ def main() -> None:
     fig, (ax,) = figure(width=8)
     for label, rows in curves.items():
         curve(ax, label, [rows])
-    save(fig, ROOT / "benchmarks" / "results" / "r2d1_memory_task.png", ylabel="mean episode return (per 2k steps)",
-         title="R2D1 memory task: CartPole-v1 without velocities")
+    save(
+        fig,
+        ROOT / "benchmarks" / "results" / "r2d1_memory_task.png",
+        ylabel="mean episode return (per 2k steps)",
+        title="R2D1 memory task: CartPole-v1 without velocities",
+    )
 
 
 if __name__ == "__main__":

@@ -24,14 +24,35 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "algos"))
 
 
-def script_sps(env_id: str, num_envs: int, sampler: str, steps: int, learn_from: int,
-               device: str) -> tuple[float, float, int]:
+def script_sps(env_id: str, num_envs: int, sampler: str, steps: int, learn_from: int, device: str) -> tuple[float, float, int]:
     """(sampling SPS before learning, training SPS after, updates done) from one run's progress.csv."""
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, str(ROOT / "algos" / "r2d1_atari.py"), "--env-id", env_id, "--sampler", sampler,
-               "--num-envs", str(num_envs), "--total-timesteps", str(learn_from + steps), "--min-steps-learn",
-               str(learn_from), "--buffer-size", "200000", "--log-every", str(steps // 4), "--eval-episodes", "0",
-               "--out-dir", out, "--run-name", "b", "--device", device]
+        cmd = [
+            sys.executable,
+            str(ROOT / "algos" / "r2d1_atari.py"),
+            "--env-id",
+            env_id,
+            "--sampler",
+            sampler,
+            "--num-envs",
+            str(num_envs),
+            "--total-timesteps",
+            str(learn_from + steps),
+            "--min-steps-learn",
+            str(learn_from),
+            "--buffer-size",
+            "200000",
+            "--log-every",
+            str(steps // 4),
+            "--eval-episodes",
+            "0",
+            "--out-dir",
+            out,
+            "--run-name",
+            "b",
+            "--device",
+            device,
+        ]
         subprocess.run(cmd, check=True, capture_output=True, text=True)
         with open(Path(out) / "b" / "progress.csv") as f:
             rows = list(csv.DictReader(f))
@@ -48,8 +69,9 @@ def script_sps(env_id: str, num_envs: int, sampler: str, steps: int, learn_from:
     return sps(before), sps(after), int(rows[-1]["updates"])
 
 
-def learner_sequences_per_second(repeats: int, device, episode_length: float, unique_frames: bool = True,
-                                 compile: bool = False) -> float:
+def learner_sequences_per_second(
+    repeats: int, device, episode_length: float, unique_frames: bool = True, compile: bool = False
+) -> float:
     """Sequences per second of ``repeats`` timed updates on ``device`` (a torch.device), after one untimed (three
     with ``compile``: ``--compile``'s graphs are compiled and captured there), on random frames whose episodes end
     with probability 1 / ``episode_length`` at each row. ``unique_frames``: the batch carries each frame once and
@@ -62,18 +84,42 @@ def learner_sequences_per_second(repeats: int, device, episode_length: float, un
 
     args = r2d1.Args()
     B = 16
-    ex = r2d1.Row(np.zeros((4, 84, 84), np.uint8), np.int64(0), np.float32(0), False, False, np.int64(0),
-                  np.float32(0), r2d1.RnnState(np.zeros(512, np.float32), np.zeros(512, np.float32)))
-    buf = SequenceReplayBuffer(ex, 20_000, B, sequence_length=120, rnn_state_interval=40, discount=0.997,
-                               n_step_return=5, frame_stack=4, prioritized=True, alpha=0.9, beta=0.6,
-                               unique_frames=unique_frames)
+    ex = r2d1.Row(
+        np.zeros((4, 84, 84), np.uint8),
+        np.int64(0),
+        np.float32(0),
+        False,
+        False,
+        np.int64(0),
+        np.float32(0),
+        r2d1.RnnState(np.zeros(512, np.float32), np.zeros(512, np.float32)),
+    )
+    buf = SequenceReplayBuffer(
+        ex,
+        20_000,
+        B,
+        sequence_length=120,
+        rnn_state_interval=40,
+        discount=0.997,
+        n_step_return=5,
+        frame_stack=4,
+        prioritized=True,
+        alpha=0.9,
+        beta=0.6,
+        unique_frames=unique_frames,
+    )
     rng = np.random.default_rng(0)
     for _ in range(10):
-        chunk = r2d1.Row(rng.integers(0, 255, (40, B, 4, 84, 84), dtype=np.uint8), rng.integers(0, 4, (40, B)),
-                         rng.random((40, B), dtype=np.float32), rng.random((40, B)) < 1 / episode_length,
-                         np.zeros((40, B), bool),
-                         rng.integers(0, 4, (40, B)), rng.random((40, B), dtype=np.float32),
-                         r2d1.RnnState(np.zeros((40, B, 512), np.float32), np.zeros((40, B, 512), np.float32)))
+        chunk = r2d1.Row(
+            rng.integers(0, 255, (40, B, 4, 84, 84), dtype=np.uint8),
+            rng.integers(0, 4, (40, B)),
+            rng.random((40, B), dtype=np.float32),
+            rng.random((40, B)) < 1 / episode_length,
+            np.zeros((40, B), bool),
+            rng.integers(0, 4, (40, B)),
+            rng.random((40, B), dtype=np.float32),
+            r2d1.RnnState(np.zeros((40, B, 512), np.float32), np.zeros((40, B, 512), np.float32)),
+        )
         buf.append(chunk)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # as shared.run.Run sets
@@ -135,25 +181,38 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20_000, help="env steps measured after learning starts")
     p.add_argument("--learn-from", type=int, default=10_000)
     p.add_argument("--repeats", type=int, default=3, help="learner updates timed (0: skip)")
-    p.add_argument("--episode-length", type=float, default=2500,
-                   help="mean episode length in the learner's batches (2,500: an episode starts inside 96%% of "
-                        "batches of 64 x 125 rows, as in Atari)")
+    p.add_argument(
+        "--episode-length",
+        type=float,
+        default=2500,
+        help="mean episode length in the learner's batches (2,500: an episode starts inside 96%% of "
+        "batches of 64 x 125 rows, as in Atari)",
+    )
     p.add_argument("--samplers", nargs="*", default=["serial", "parallel", "async"])
-    p.add_argument("--device", default="cpu",
-                   help="auto, cpu, cuda or cuda:N: the script's --device and the learner measurement's (default: cpu)")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="auto, cpu, cuda or cuda:N: the script's --device and the learner measurement's (default: cpu)",
+    )
     a = p.parse_args()
     from shared.cli import resolve_device
 
     device = resolve_device(a.device)  # as the script resolves it; a bad or missing device exits 2 here
     if a.repeats:
         core, hit = core_sequences_per_second(4 * a.repeats, a.episode_length)
-        print(f"recurrent core alone on cpu: {core:.1f} sequences/s (forward and backward, 64 x 125 rows; an episode "
-              f"starts inside {hit:.0%} of the batches)", flush=True)
+        print(
+            f"recurrent core alone on cpu: {core:.1f} sequences/s (forward and backward, 64 x 125 rows; an episode "
+            f"starts inside {hit:.0%} of the batches)",
+            flush=True,
+        )
         for unique in (False, True):  # side by side: frames stacked by the replay, or sent once and stacked here
             seq = learner_sequences_per_second(a.repeats, device, a.episode_length, unique)
-            print(f"learner on {device}, {'unique frames' if unique else 'stacked frames'}: {seq:.1f} sequences/s "
-                  f"({seq * 120:.0f} rows/s incl. burn-in) at batch 64 x (40 + 80 + 5), episodes of "
-                  f"{a.episode_length:.0f} rows on average", flush=True)
+            print(
+                f"learner on {device}, {'unique frames' if unique else 'stacked frames'}: {seq:.1f} sequences/s "
+                f"({seq * 120:.0f} rows/s incl. burn-in) at batch 64 x (40 + 80 + 5), episodes of "
+                f"{a.episode_length:.0f} rows on average",
+                flush=True,
+            )
     print(f"{a.env_id}, {a.num_envs} envs, device {device}: env steps per second", flush=True)
     for sampler in a.samplers:
         s, t, u = script_sps(a.env_id, a.num_envs, sampler, a.steps, a.learn_from, a.device)

@@ -67,8 +67,19 @@ def one_run(name: str, seed: int, log: Path | None) -> tuple[float, float]:
     """(figure, wall seconds) of one seed of ``name``."""
     script, flags = FIGURES[name]
     with tempfile.TemporaryDirectory() as out:
-        cmd = [sys.executable, str(ROOT / "algos" / script), *flags, "--seed", str(seed), "--eval-episodes", "0",
-               "--out-dir", out, "--run-name", "r"]
+        cmd = [
+            sys.executable,
+            str(ROOT / "algos" / script),
+            *flags,
+            "--seed",
+            str(seed),
+            "--eval-episodes",
+            "0",
+            "--out-dir",
+            out,
+            "--run-name",
+            "r",
+        ]
         t = time.perf_counter()
         done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
         wall = time.perf_counter() - t
@@ -103,8 +114,9 @@ def verdict(published: list[float], today: list[float]) -> str:
 
 def commit() -> str:
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "algos", "shared"], capture_output=True,
-                           text=True, cwd=ROOT).stdout.strip()
+    dirty = subprocess.run(
+        ["git", "status", "--porcelain", "--", "algos", "shared"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
     return (head.stdout.strip() or "unknown") + ("+changes" if dirty else "")
 
 
@@ -117,11 +129,12 @@ def cpu() -> str:
 
 
 def markdown(published: dict) -> str:
-    lines = ["| figure | command | seeds | mean [95% interval] | per seed | commit |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = ["| figure | command | seeds | mean [95% interval] | per seed | commit |", "| --- | --- | --- | --- | --- | --- |"]
     for name, rec in published.items():
-        lines.append(f"| {name} | `{rec['command']}` | {len(rec['values'])} | {fmt(rec['values'])} | "
-                     f"{', '.join(f'{v:.0f}' for v in rec['values'])} | {rec['commit']} |")
+        lines.append(
+            f"| {name} | `{rec['command']}` | {len(rec['values'])} | {fmt(rec['values'])} | "
+            f"{', '.join(f'{v:.0f}' for v in rec['values'])} | {rec['commit']} |"
+        )
     return "\n".join(lines)
 
 
@@ -150,15 +163,24 @@ def main() -> int:
             values.append(v)
             walls.append(wall)
         shown = f"{fmt(pub['values'])} ({len(pub['values'])}, {pub['commit']})" if pub else "-"
-        print(f"{name:<22} {shown:<32} {fmt(values):<32} {verdict(pub['values'], values) if pub else '-':<9} "
-              f"{', '.join(f'{v:.0f}' for v in values)}  ({np.mean(walls):.0f} s a run)", flush=True)
+        print(
+            f"{name:<22} {shown:<32} {fmt(values):<32} {verdict(pub['values'], values) if pub else '-':<9} "
+            f"{', '.join(f'{v:.0f}' for v in values)}  ({np.mean(walls):.0f} s a run)",
+            flush=True,
+        )
         if args.record:  # read again first: another recheck may have recorded other figures meanwhile
             script, flags = FIGURES[name]
             published = json.loads(PUBLISHED.read_text()) if PUBLISHED.exists() else {}
-            published[name] = {"command": f"python algos/{script} {' '.join(flags)} --seed S", "seeds": seeds,
-                               "values": [round(v, 2) for v in values], "commit": today_commit,
-                               "date": time.strftime("%Y-%m-%d"), "cpu": cpu(),
-                               "cores": len(os.sched_getaffinity(0)), "seconds_a_run": round(float(np.mean(walls)))}
+            published[name] = {
+                "command": f"python algos/{script} {' '.join(flags)} --seed S",
+                "seeds": seeds,
+                "values": [round(v, 2) for v in values],
+                "commit": today_commit,
+                "date": time.strftime("%Y-%m-%d"),
+                "cpu": cpu(),
+                "cores": len(os.sched_getaffinity(0)),
+                "seconds_a_run": round(float(np.mean(walls))),
+            }
             PUBLISHED.write_text(json.dumps(published, indent=1) + "\n")
     return 0
 

@@ -47,8 +47,7 @@ def chunk(t0: int, Tc: int, B: int, rng: np.random.Generator) -> Step:
     obs = np.empty((Tc, B, 4) + FRAME, np.uint8)
     obs[:] = ((t0 + np.arange(Tc)) % 251).astype(np.uint8)[:, None, None, None, None]
     done = rng.random((Tc, B)) < 0.001
-    return Step(obs, rng.integers(0, 18, (Tc, B)), rng.random((Tc, B), np.float32), done, np.zeros((Tc, B), bool),
-                done)
+    return Step(obs, rng.integers(0, 18, (Tc, B)), rng.random((Tc, B), np.float32), done, np.zeros((Tc, B), bool), done)
 
 
 def fill_framewise(capacity: int, B: int, shared: bool) -> tuple[int, float]:
@@ -104,8 +103,12 @@ print(open("/proc/self/status").read().split("VmRSS:")[1].split()[0])
 def script_footprint(B: int) -> int:
     import subprocess
 
-    out = subprocess.run([sys.executable, "-c", SCRIPT_FOOTPRINT.format(algos=str(ROOT / "algos"), B=B)],
-                         capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT_FOOTPRINT.format(algos=str(ROOT / "algos"), B=B)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return int(out.stdout.strip().splitlines()[-1]) * 1024
 
 
@@ -131,12 +134,16 @@ def main() -> None:
 
     print(f"\nat {args.capacity:,} transitions:")
     ours, secs = fill_framewise(args.capacity, args.envs, args.shared)
-    print(f"  frame-wise (measured RSS)   {ours / GB:7.3f} GB   (frames alone {frames_only / GB:.3f} GB; "
-          f"filled in {secs:.0f} s; target <= 7.5 GB: {'met' if ours <= 7.5 * GB else 'NOT met'})")
+    print(
+        f"  frame-wise (measured RSS)   {ours / GB:7.3f} GB   (frames alone {frames_only / GB:.3f} GB; "
+        f"filled in {secs:.0f} s; target <= 7.5 GB: {'met' if ours <= 7.5 * GB else 'NOT met'})"
+    )
     footprint = script_footprint(args.envs)
     total = ours + footprint
-    print(f"  dqn_atari.py total: buffer {ours / GB:.3f} GB + the script's own process {footprint / GB:.3f} GB "
-          f"= {total / GB:.3f} GB (target <= 7.5 GB: {'met' if total <= 7.5 * GB else 'NOT met'})")
+    print(
+        f"  dqn_atari.py total: buffer {ours / GB:.3f} GB + the script's own process {footprint / GB:.3f} GB "
+        f"= {total / GB:.3f} GB (target <= 7.5 GB: {'met' if total <= 7.5 * GB else 'NOT met'})"
+    )
     for with_next in (False, True):
         s = stacked_bytes(args.capacity, with_next)
         label = "stacked obs+next (computed)" if with_next else "stacked obs (computed)     "

@@ -64,8 +64,7 @@ def main() -> None:
     print(f"{a.capacity:,} transitions x {a.envs} envs, frame-wise, prioritized")
     print("| | bytes | seconds | GB/s |\n| --- | --- | --- | --- |")
     print(f"| held in memory (the bound) | {held / GB:.2f} GB | copy {copy_s:.1f} | {held / GB / copy_s:.2f} |")
-    print(f"| replay.npz written | {size / GB:.2f} GB ({size / held:.3f}x) | {save_s:.1f} | "
-          f"{size / GB / save_s:.2f} |")
+    print(f"| replay.npz written | {size / GB:.2f} GB ({size / held:.3f}x) | {save_s:.1f} | {size / GB / save_s:.2f} |")
     print(f"| replay.npz loaded | | {load_s:.1f} | {size / GB / load_s:.2f} |")
 
 

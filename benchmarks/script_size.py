@@ -15,8 +15,18 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 # the ceilings: 1.8x CleanRL's counterpart; ppo_lstm, r2d1 and a2c by their own rule (a2c: ppo_atari's)
-LIMITS = {"ppo_atari": 484, "dqn_atari": 396, "catdqn_atari": 441, "sac_mujoco": 473, "td3_mujoco": 471,
-          "ddpg_mujoco": 381, "ppo_mujoco": 522, "ppo_lstm": 624, "r2d1_atari": 500, "a2c_atari": None}
+LIMITS = {
+    "ppo_atari": 484,
+    "dqn_atari": 396,
+    "catdqn_atari": 441,
+    "sac_mujoco": 473,
+    "td3_mujoco": 471,
+    "ddpg_mujoco": 381,
+    "ppo_mujoco": 522,
+    "ppo_lstm": 624,
+    "r2d1_atari": 500,
+    "a2c_atari": None,
+}
 TOTAL = 4200
 REPLAY = ["dqn_atari", "catdqn_atari", "r2d1_atari", "sac_mujoco", "td3_mujoco", "ddpg_mujoco"]
 

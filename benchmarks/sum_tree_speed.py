@@ -126,9 +126,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="alternating slices of each implementation")
     args = parser.parse_args()
     T = args.capacity // args.envs
-    print(f"capacity {T * args.envs:,} leaves ({T} rows x {args.envs} envs); "
-          f"one cycle = append 1 row + sample + update;"
-          f" medians of {args.rounds} alternating slices")
+    print(
+        f"capacity {T * args.envs:,} leaves ({T} rows x {args.envs} envs); "
+        f"one cycle = append 1 row + sample + update;"
+        f" medians of {args.rounds} alternating slices"
+    )
     print(f"{'batch':>6} {'ours cycles/s':>14} {'loop cycles/s':>14} {'ratio':>7}   {'ours samples/s':>15}")
     ours_state, loop_state = make_ours(T, args.envs), make_loop(T, args.envs)
     for batch in (32, 512):
@@ -139,8 +141,11 @@ def main() -> None:
             loop.append(run_loop(loop_state, T, args.envs, batch, args.seconds))
             ratio.append(ours[-1] / loop[-1])
         o, lp, r = np.median(ours), np.median(loop), np.median(ratio)
-        print(f"{batch:>6} {o:>14,.0f} {lp:>14,.0f} {r:>6.1f}x   {o * batch:>15,.0f}   "
-              f"(ratio per round {min(ratio):.1f}x to {max(ratio):.1f}x)", flush=True)
+        print(
+            f"{batch:>6} {o:>14,.0f} {lp:>14,.0f} {r:>6.1f}x   {o * batch:>15,.0f}   "
+            f"(ratio per round {min(ratio):.1f}x to {max(ratio):.1f}x)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -36,8 +36,7 @@ CUDA_ONLY = ("compile-no-graph", "graph-eager")
 OBS_DIM, ACT_DIM = 17, 6  # HalfCheetah
 
 
-def sac_updates_per_second(device: str, mode: str, hidden: int = 256, batch_size: int = 256,
-                           updates: int = 300) -> float:
+def sac_updates_per_second(device: str, mode: str, hidden: int = 256, batch_size: int = 256, updates: int = 300) -> float:
     """Updates per second of ``algos/sac_mujoco.py``'s ``sac_update`` run ``mode`` way on ``device``, timed over
     ``updates`` updates after ``updates // 4`` untimed ones (compiling and capturing happen in those)."""
     import gymnasium as gym
@@ -59,10 +58,14 @@ def sac_updates_per_second(device: str, mode: str, hidden: int = 256, batch_size
     actor, critics, target_critics, log_alpha, optimizers, obs_norm = sac.make_learner(args, run)
     rng = np.random.default_rng(1)
     f32 = lambda *shape: rng.standard_normal(shape).astype(np.float32)
-    batch = SimpleNamespace(observation=f32(batch_size, OBS_DIM), next_observation=f32(batch_size, OBS_DIM),
-                            action=np.tanh(f32(batch_size, ACT_DIM)), n_step_return=f32(batch_size),
-                            terminated_n=np.zeros(batch_size, np.float32),
-                            bootstrap_discount=np.full(batch_size, 0.99, np.float32))
+    batch = SimpleNamespace(
+        observation=f32(batch_size, OBS_DIM),
+        next_observation=f32(batch_size, OBS_DIM),
+        action=np.tanh(f32(batch_size, ACT_DIM)),
+        n_step_return=f32(batch_size),
+        terminated_n=np.zeros(batch_size, np.float32),
+        bootstrap_discount=np.full(batch_size, 0.99, np.float32),
+    )
 
     def update():
         b = sac.to_tensors(batch, obs_norm, dev)
@@ -91,8 +94,9 @@ def sac_updates_per_second(device: str, mode: str, hidden: int = 256, batch_size
         after = (*actor.parameters(), *critics.parameters(), log_alpha)
         unchanged = [i for i, (a, b) in enumerate(zip(before, after)) if torch.equal(a, b)]
         if unchanged:
-            raise RuntimeError(f"{mode}: the updates left parameter tensors {unchanged} of actor, critics and log "
-                               f"alpha unchanged")
+            raise RuntimeError(
+                f"{mode}: the updates left parameter tensors {unchanged} of actor, critics and log alpha unchanged"
+            )
         return updates / seconds
     finally:
         compiling.disable()
@@ -131,8 +135,10 @@ def main() -> int:
     if a.modes and device.type != "cuda" and any(m in CUDA_ONLY for m in a.modes):
         p.error(f"{', '.join(CUDA_ONLY)} need a CUDA device, not {a.device}")
     modes = a.modes or [m for m in MODES if device.type == "cuda" or m not in CUDA_ONLY]
-    print(f"SAC update (HalfCheetah shapes), hidden {a.hidden}, batch {a.batch_size}, {a.updates} timed updates, "
-          f"device {a.device}")
+    print(
+        f"SAC update (HalfCheetah shapes), hidden {a.hidden}, batch {a.batch_size}, {a.updates} timed updates, "
+        f"device {a.device}"
+    )
     base = None
     for mode in modes:
         ups = sac_updates_per_second(a.device, mode, a.hidden, a.batch_size, a.updates)

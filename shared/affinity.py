@@ -116,8 +116,13 @@ class Affinity:
         _apply(self.worker_cpus[i], len(physical_cores(self.worker_cpus[i])) if self.pin else 1, self.pin)
 
 
-def make_affinity(mode: str = "serial", n_workers: int | None = None, cpus: tuple[int, ...] | None = None,
-                  pin: bool | None = None, gpu_learner: bool = False) -> Affinity:
+def make_affinity(
+    mode: str = "serial",
+    n_workers: int | None = None,
+    cpus: tuple[int, ...] | None = None,
+    pin: bool | None = None,
+    gpu_learner: bool = False,
+) -> Affinity:
     """Split ``cpus`` (default: all available) for a run in ``mode`` with ``n_workers`` sampler workers.
 
     ``n_workers`` defaults to one per physical core (``parallel``) or one holding every core left after the
@@ -158,8 +163,9 @@ def make_affinity(mode: str = "serial", n_workers: int | None = None, cpus: tupl
     return Affinity(tuple(c for g in learner_cores for c in g), workers, n_learn, pin)
 
 
-def slot_code(run_slot: int, n_slots: int, mode: str = "serial", n_workers: int | None = None,
-              cpus: tuple[int, ...] | None = None) -> str:
+def slot_code(
+    run_slot: int, n_slots: int, mode: str = "serial", n_workers: int | None = None, cpus: tuple[int, ...] | None = None
+) -> str:
     """Affinity code for run ``run_slot`` of ``n_slots`` sharing this machine (disjoint physical cores)."""
     cores = physical_cores(cpus)
     if not 1 <= n_slots <= len(cores):

@@ -25,8 +25,12 @@ class Range:
     le: float | None = None
 
     def allows(self, v: float) -> bool:
-        return ((self.gt is None or v > self.gt) and (self.ge is None or v >= self.ge)
-                and (self.lt is None or v < self.lt) and (self.le is None or v <= self.le))
+        return (
+            (self.gt is None or v > self.gt)
+            and (self.ge is None or v >= self.ge)
+            and (self.lt is None or v < self.lt)
+            and (self.le is None or v <= self.le)
+        )
 
     def __str__(self) -> str:
         if (self.gt, self.ge, self.lt, self.le) == (0, None, None, None):

@@ -42,22 +42,40 @@ def register_atari() -> None:
 def make_atari_env(env_id: str, noop_max: int = 30, sticky_actions: float = 0.0, render: bool = False) -> gym.Env:
     """One preprocessed Atari env: observations [4, 84, 84] uint8."""
     register_atari()
-    env = gym.make(env_id, max_episode_steps=ATARI_MAX_FRAMES, render_mode="rgb_array" if render else None,
-                   repeat_action_probability=sticky_actions)
-    env = gym.wrappers.AtariPreprocessing(env, noop_max=noop_max, frame_skip=FRAME_SKIP, screen_size=SCREEN,
-                                          terminal_on_life_loss=False, grayscale_obs=True)
+    env = gym.make(
+        env_id,
+        max_episode_steps=ATARI_MAX_FRAMES,
+        render_mode="rgb_array" if render else None,
+        repeat_action_probability=sticky_actions,
+    )
+    env = gym.wrappers.AtariPreprocessing(
+        env, noop_max=noop_max, frame_skip=FRAME_SKIP, screen_size=SCREEN, terminal_on_life_loss=False, grayscale_obs=True
+    )
     return gym.wrappers.FrameStackObservation(env, STACK, padding_type="zero")
 
 
-def make_atari_vector_env(env_id: str, num_envs: int, num_threads: int = 1, noop_max: int = 30,
-                          sticky_actions: float = 0.0) -> gym.vector.VectorEnv:
+def make_atari_vector_env(
+    env_id: str, num_envs: int, num_threads: int = 1, noop_max: int = 30, sticky_actions: float = 0.0
+) -> gym.vector.VectorEnv:
     """``num_envs`` games stepped by ale-py's C++ threads, preprocessed as ``make_atari_env``, next-step
     autoreset (gymnasium's default for vector envs)."""
     from ale_py.vector_env import AtariVectorEnv
 
     # Raw rewards and whole games: clipping or splitting at life loss here would lose the true score.
-    return AtariVectorEnv(ale_game(env_id), num_envs, num_threads=num_threads, noop_max=noop_max,
-                          frameskip=FRAME_SKIP, img_height=SCREEN, img_width=SCREEN, stack_num=STACK,
-                          grayscale=True, repeat_action_probability=sticky_actions,
-                          max_num_frames_per_episode=ATARI_MAX_FRAMES, reward_clipping=False, episodic_life=False,
-                          use_fire_reset=False, autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+    return AtariVectorEnv(
+        ale_game(env_id),
+        num_envs,
+        num_threads=num_threads,
+        noop_max=noop_max,
+        frameskip=FRAME_SKIP,
+        img_height=SCREEN,
+        img_width=SCREEN,
+        stack_num=STACK,
+        grayscale=True,
+        repeat_action_probability=sticky_actions,
+        max_num_frames_per_episode=ATARI_MAX_FRAMES,
+        reward_clipping=False,
+        episodic_life=False,
+        use_fire_reset=False,
+        autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP,
+    )

@@ -35,8 +35,7 @@ import numpy as np
 
 from shared.namedarraytuple import map_structure
 
-__all__ = ["NotEnoughMemory", "SharedArray", "available_memory", "buffer_from_example", "check_fits", "shared_zeros",
-           "zeros"]
+__all__ = ["NotEnoughMemory", "SharedArray", "available_memory", "buffer_from_example", "check_fits", "shared_zeros", "zeros"]
 
 
 class NotEnoughMemory(MemoryError):
@@ -44,8 +43,9 @@ class NotEnoughMemory(MemoryError):
 
     def __init__(self, what: str, needed: int, available: int):
         self.what, self.needed, self.available = what, needed, available
-        super().__init__(f"{what} needs {needed / 2**30:.1f} GiB, and {available / 2**30:.1f} GiB of memory are "
-                         f"available here")
+        super().__init__(
+            f"{what} needs {needed / 2**30:.1f} GiB, and {available / 2**30:.1f} GiB of memory are available here"
+        )
 
 
 def available_memory() -> int:

@@ -32,13 +32,41 @@ import numpy as np
 from shared.cli import bad_args
 from shared.files import atomic_write
 
-__all__ = ["RUN_FLAGS", "Start", "load", "portable", "restore", "restore_replay", "resume_mismatch", "save",
-           "save_replay", "state_of"]
+__all__ = [
+    "RUN_FLAGS",
+    "Start",
+    "load",
+    "portable",
+    "restore",
+    "restore_replay",
+    "resume_mismatch",
+    "save",
+    "save_replay",
+    "state_of",
+]
 
 # Flags that change nothing the checkpoint holds: left out when naming the flags a mismatch may come from.
-RUN_FLAGS = {"preset", "resume", "out_dir", "run_name", "total_timesteps", "checkpoint_every", "checkpoint_minutes",
-             "log_every", "eval_episodes", "eval_epsilon", "capture_video", "stop_at_return", "sampler", "device",
-             "seed", "max_lag_steps", "eval_every", "eval_only", "save_replay"}
+RUN_FLAGS = {
+    "preset",
+    "resume",
+    "out_dir",
+    "run_name",
+    "total_timesteps",
+    "checkpoint_every",
+    "checkpoint_minutes",
+    "log_every",
+    "eval_episodes",
+    "eval_epsilon",
+    "capture_video",
+    "stop_at_return",
+    "sampler",
+    "device",
+    "seed",
+    "max_lag_steps",
+    "eval_every",
+    "eval_only",
+    "save_replay",
+}
 
 
 @dataclass(frozen=True)
@@ -69,10 +97,8 @@ def load(path: str | os.PathLike, env_id: str) -> tuple[dict, Path]:
         state = torch.load(p, map_location="cpu", weights_only=True)
     except Exception as e:  # torch's weights_only refusal is a page of advice: its reason is the line that counts
         lines = [ln.strip() for ln in re.sub(r"\x1b\[[0-9;]*m", "", str(e)).splitlines() if ln.strip()] or [""]
-        reason = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("WeightsUnpickler error:")),
-                      lines[0])
-        bad_args(f"--resume {path}: not a checkpoint these scripts wrote ({type(e).__name__}: "
-                 f"{reason.split('. ')[0][:200]})")
+        reason = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("WeightsUnpickler error:")), lines[0])
+        bad_args(f"--resume {path}: not a checkpoint these scripts wrote ({type(e).__name__}: {reason.split('. ')[0][:200]})")
     if not isinstance(state, dict) or not isinstance(state.get("args"), dict) or "global_step" not in state:
         bad_args(f"--resume {path}: not a checkpoint these scripts wrote (no args and global_step in it)")
     if state["args"].get("env_id") != env_id:
@@ -100,8 +126,10 @@ def state_of(objects: dict[str, Any]) -> dict[str, Any]:
 def portable(optimizer_state: dict) -> dict:
     """An optimiser's state as an eager run on any device loads it: a learning rate that a CUDA graph made a device
     tensor (``shared.compiling``) saved as a number, not ``capturable`` (which a CPU optimiser refuses)."""
-    groups = [{**g, "lr": float(g["lr"]), "capturable": False} if "capturable" in g else {**g, "lr": float(g["lr"])}
-              for g in optimizer_state["param_groups"]]
+    groups = [
+        {**g, "lr": float(g["lr"]), "capturable": False} if "capturable" in g else {**g, "lr": float(g["lr"])}
+        for g in optimizer_state["param_groups"]
+    ]
     return {**optimizer_state, "param_groups": groups}
 
 
@@ -131,9 +159,12 @@ def restore_generator(name: str, generator: Any, state: Any) -> None:
         return
     seed = int.from_bytes(hashlib.sha256(state.numpy().tobytes()).digest()[:8], "little")
     generator.manual_seed(seed)
-    print(f"warning: --resume: the generator {name!r} was saved on another kind of device than "
-          f"{generator.device.type}; reseeded from its state, the run goes on with other random draws",
-          file=sys.stderr, flush=True)
+    print(
+        f"warning: --resume: the generator {name!r} was saved on another kind of device than "
+        f"{generator.device.type}; reseeded from its state, the run goes on with other random draws",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def resume_mismatch(resumed: dict, args: Any, script: str, error: Exception) -> NoReturn:
@@ -142,11 +173,16 @@ def resume_mismatch(resumed: dict, args: Any, script: str, error: Exception) -> 
     theirs = resumed.get("script", "an older version of a script")
     if theirs != script and set(resumed["args"]) != set(vars(args)):
         bad_args(f"--resume: the checkpoint was written by {theirs}, not {script}")
-    changed = [f"--{k.replace('_', '-')} ({v!r} there, {vars(args)[k]!r} here)" for k, v in resumed["args"].items()
-               if k in vars(args) and k not in RUN_FLAGS and vars(args)[k] != v]
+    changed = [
+        f"--{k.replace('_', '-')} ({v!r} there, {vars(args)[k]!r} here)"
+        for k, v in resumed["args"].items()
+        if k in vars(args) and k not in RUN_FLAGS and vars(args)[k] != v
+    ]
     reason = str(error).strip().splitlines()[0][:160]
-    bad_args(f"--resume: the checkpoint (written by {theirs}) does not fit the networks these flags build; flags that "
-             f"differ from its: {', '.join(changed) or 'none'} ({type(error).__name__}: {reason})")
+    bad_args(
+        f"--resume: the checkpoint (written by {theirs}) does not fit the networks these flags build; flags that "
+        f"differ from its: {', '.join(changed) or 'none'} ({type(error).__name__}: {reason})"
+    )
 
 
 def save(path: Path, state: dict) -> None:
@@ -173,15 +209,22 @@ def save_replay(path: Path, buffer: Any) -> None:
 def restore_replay(path: Path, buffer: Any, resumed: dict) -> bool:
     """Restore ``buffer`` from ``path`` if it is the checkpoint's (see the module docstring); True if restored."""
     if not path.is_file() or "replay_cursor" not in resumed:
-        print(f"warning: --save-replay: no replay saved with the checkpoint in {path.parent}: starting with an "
-              f"empty replay", file=sys.stderr, flush=True)
+        print(
+            f"warning: --save-replay: no replay saved with the checkpoint in {path.parent}: starting with an empty replay",
+            file=sys.stderr,
+            flush=True,
+        )
         return False
     try:
         with np.load(path, allow_pickle=False) as f:
             rows = int(f["state"][0])  # the cursor
         if rows != int(resumed["replay_cursor"]):
-            print(f"warning: --save-replay: {path} is not the checkpoint's (rows {rows}, the checkpoint's "
-                  f"{resumed['replay_cursor']}): starting with an empty replay", file=sys.stderr, flush=True)
+            print(
+                f"warning: --save-replay: {path} is not the checkpoint's (rows {rows}, the checkpoint's "
+                f"{resumed['replay_cursor']}): starting with an empty replay",
+                file=sys.stderr,
+                flush=True,
+            )
             return False
         buffer.load(path)
     except (ValueError, OSError, KeyError) as e:

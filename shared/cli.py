@@ -40,27 +40,57 @@ from typing import Annotated, Any, NoReturn
 from shared.argtypes import NonNegFloat, NonNegInt, Range
 from shared.precision import cpu_has_bf16
 
-__all__ = ["RESUME_MAY_CHANGE", "RunArgs", "bad_args", "check_common", "check_replay_sizes", "parse_args",
-           "recorded_flags", "resolve_device", "resume_changes"]
+__all__ = [
+    "RESUME_MAY_CHANGE",
+    "RunArgs",
+    "bad_args",
+    "check_common",
+    "check_replay_sizes",
+    "parse_args",
+    "recorded_flags",
+    "resolve_device",
+    "resume_changes",
+]
 
 EXIT_BAD_ARGS = 2
 
 # The flags a resumed run (training, --eval-only or --export) may change: how long it trains, where and on what it
 # runs, how it samples (the same algorithm in every mode), logs, checkpoints and evaluates. Every other flag is the
 # run's own: the env, the networks, the replay, the algorithm's settings, the seed and the preset.
-RESUME_MAY_CHANGE = frozenset({
-    "resume", "out_dir", "run_name", "total_timesteps", "log_every", "checkpoint_every", "checkpoint_minutes",
-    "eval_episodes", "eval_envs", "eval_every", "eval_epsilon", "eval_only", "export", "capture_video",
-    "stop_at_return", "device", "sampler", "max_lag_steps", "compile", "bf16", "save_replay", "track",
-    "wandb_project_name", "wandb_entity"})
+RESUME_MAY_CHANGE = frozenset(
+    {
+        "resume",
+        "out_dir",
+        "run_name",
+        "total_timesteps",
+        "log_every",
+        "checkpoint_every",
+        "checkpoint_minutes",
+        "eval_episodes",
+        "eval_envs",
+        "eval_every",
+        "eval_epsilon",
+        "eval_only",
+        "export",
+        "capture_video",
+        "stop_at_return",
+        "device",
+        "sampler",
+        "max_lag_steps",
+        "compile",
+        "bf16",
+        "save_replay",
+        "track",
+        "wandb_project_name",
+        "wandb_entity",
+    }
+)
 
 
 def bad_args(message: str) -> NoReturn:
     """One readable line and exit code 2 (bad arguments)."""
     print(f"error: {message}", file=sys.stderr, flush=True)
     sys.exit(EXIT_BAD_ARGS)
-
-
 
 
 @dataclass
@@ -137,8 +167,7 @@ def check_declared(args: Any) -> None:
                 bad_args(f"{_flag(f.name)} must be {meta}, got {value}")
 
 
-def parse_args(cls: type, presets: dict[str, Any] | None = None, check: typing.Callable[[Any], None] | None = None,
-               ) -> Any:
+def parse_args(cls: type, presets: dict[str, Any] | None = None, check: typing.Callable[[Any], None] | None = None) -> Any:
     """``tyro.cli(cls)`` with presets, a resumed run's recorded flags, one-line errors and every check (see the
     module docstring)."""
     import tyro
@@ -158,8 +187,12 @@ def parse_args(cls: type, presets: dict[str, Any] | None = None, check: typing.C
         default = _defaults_from(cls, presets, recorded)
     else:
         if resume and Path(resume).exists():
-            print(f"note: --resume {resume}: the run folder records no flags (it was made before they were): the "
-                  f"flags given here are used, so give the ones it was started with", file=sys.stderr, flush=True)
+            print(
+                f"note: --resume {resume}: the run folder records no flags (it was made before they were): the "
+                f"flags given here are used, so give the ones it was started with",
+                file=sys.stderr,
+                flush=True,
+            )
         default = presets.get(_given(argv, "--preset") or next(iter(presets), ""))  # an unknown name: tyro says
     captured = io.StringIO()
     try:
@@ -172,9 +205,11 @@ def parse_args(cls: type, presets: dict[str, Any] | None = None, check: typing.C
     if recorded is not None:
         for name, (was, now) in resume_changes(args).items():
             if name not in RESUME_MAY_CHANGE:
-                bad_args(f"--resume {resume}: {_flag(name)} is the run's own setting ({was!r} there, {now!r} given); "
-                         f"a resumed run may change only how long, where and how it runs, logs and evaluates "
-                         f"(docs/contract.md)")
+                bad_args(
+                    f"--resume {resume}: {_flag(name)} is the run's own setting ({was!r} there, {now!r} given); "
+                    f"a resumed run may change only how long, where and how it runs, logs and evaluates "
+                    f"(docs/contract.md)"
+                )
     check_declared(args)
     check_common(args)
     if check is not None:
@@ -225,8 +260,11 @@ def _defaults_from(cls: type, presets: dict[str, Any], recorded: dict[str, Any])
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(recorded) - names)
     if unknown:
-        print(f"warning: --resume: the run records flags this script does not have, left out: "
-              f"{', '.join(map(_flag, unknown))}", file=sys.stderr, flush=True)
+        print(
+            f"warning: --resume: the run records flags this script does not have, left out: {', '.join(map(_flag, unknown))}",
+            file=sys.stderr,
+            flush=True,
+        )
     values = {}
     for name in names & set(recorded):
         value = recorded[name]  # JSON: a tuple was written as a list
@@ -251,7 +289,7 @@ def _first_paragraph(text: str) -> str:
     lines = [ln.strip().strip("\u2502").strip() for ln in text.splitlines()]
     rule = lambda ln: ln.startswith(("\u256d", "\u2570", "\u2500")) or (len(ln) > 8 and set(ln) == {"-"})
     if any(set(ln) == {"-"} for ln in lines):  # plain text: skip the title, up to the first rule
-        lines = lines[next(i for i, ln in enumerate(lines) if rule(ln)):]
+        lines = lines[next(i for i, ln in enumerate(lines) if rule(ln)) :]
     first: list[str] = []
     for ln in lines:
         if not ln or rule(ln):
@@ -271,8 +309,9 @@ def check_replay_sizes(args: Any) -> None:
     if args.buffer_size < max(args.batch_size, args.min_steps_learn, window + args.num_envs):
         bad_args(f"--buffer-size {args.buffer_size} is smaller than --min-steps-learn or --batch-size")
     if args.min_steps_learn < args.batch_size + window:
-        bad_args(f"--min-steps-learn {args.min_steps_learn} leaves fewer valid transitions than --batch-size "
-                 f"{args.batch_size}")
+        bad_args(
+            f"--min-steps-learn {args.min_steps_learn} leaves fewer valid transitions than --batch-size {args.batch_size}"
+        )
 
 
 def check_common(args: Any) -> None:
@@ -321,8 +360,10 @@ def check_common(args: Any) -> None:
         except ImportError as e:
             bad_args(f"--env-id {args.env_id}: cannot import {module} ({e})")
     if env_name not in gym.registry:
-        bad_args(f"--env-id {args.env_id!r} is not a registered gymnasium environment (a custom env must be "
-                 f"registered when the script is imported, or named as module:EnvId)")
+        bad_args(
+            f"--env-id {args.env_id!r} is not a registered gymnasium environment (a custom env must be "
+            f"registered when the script is imported, or named as module:EnvId)"
+        )
     entry = str(gym.spec(env_name).entry_point or "")
     if not is_atari(args.env_id) and "ale_py" in entry:
         bad_args(f"--env-id {args.env_id}: use the *NoFrameskip-v4 Atari ids, which get the papers' preprocessing")
@@ -354,8 +395,10 @@ def resolve_device(spec: str, bf16: bool = False):
         if not torch.cuda.is_available():
             bad_args(f"--device {spec}: CUDA is not available on this machine")
         if device.index is not None and local_ranks > 1:
-            bad_args(f"--device {spec}: {local_ranks} ranks on this machine would share one GPU; give --device cuda "
-                     f"(each rank takes the GPU of its local rank)")
+            bad_args(
+                f"--device {spec}: {local_ranks} ranks on this machine would share one GPU; give --device cuda "
+                f"(each rank takes the GPU of its local rank)"
+            )
         if device.index is None and _world_size() > 1:
             if local_ranks > torch.cuda.device_count():
                 bad_args(f"--nproc-per-node {local_ranks} is more than the {torch.cuda.device_count()} GPU(s) here")
@@ -367,9 +410,12 @@ def resolve_device(spec: str, bf16: bool = False):
         device = torch.device("cuda", torch.cuda.current_device()) if device.index is None else device
         # Every CUDA call that names no device (autocast's bf16 check, events, pinned memory) means this one.
         torch.cuda.set_device(device)
-    if bf16 and ((device.type == "cpu" and not cpu_has_bf16())
-                 or (device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0))):
+    if bf16 and (
+        (device.type == "cpu" and not cpu_has_bf16())
+        or (device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 0))
+    ):
         what = "a CPU without AVX512-BF16 or AMX" if device.type == "cpu" else "a GPU older than Ampere (sm_80)"
-        print(f"warning: --bf16 on {what}: bfloat16 is emulated there, expect it slower than fp32", file=sys.stderr,
-              flush=True)
+        print(
+            f"warning: --bf16 on {what}: bfloat16 is emulated there, expect it slower than fp32", file=sys.stderr, flush=True
+        )
     return device

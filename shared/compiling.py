@@ -61,8 +61,7 @@ from typing import Any, TypeVar
 
 from shared.namedarraytuple import flatten_structure, unflatten_structure
 
-__all__ = ["MAX_GRAPHS", "backend", "collective", "compiled", "disable", "enable", "enabled", "graphed", "report",
-           "set_lr"]
+__all__ = ["MAX_GRAPHS", "backend", "collective", "compiled", "disable", "enable", "enabled", "graphed", "report", "set_lr"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 MAX_GRAPHS = 8  # graphs one @graphed function may capture; more means a changing Python value (module docstring)
@@ -189,8 +188,10 @@ def graphed(fn: F) -> F:
         entry = entries.get(graph_key)
         if entry is None:
             if len(entries) >= MAX_GRAPHS:
-                raise RuntimeError(f"@graphed {fn.__qualname__}: a {MAX_GRAPHS + 1}th graph; an argument's value or "
-                                   f"shape changes between calls (pass a changing number as a tensor)")
+                raise RuntimeError(
+                    f"@graphed {fn.__qualname__}: a {MAX_GRAPHS + 1}th graph; an argument's value or "
+                    f"shape changes between calls (pass a changing number as a tensor)"
+                )
             capture = device.type == "cuda" and os.environ.get("RL_COMPILE_GRAPHS", "1") != "0"
             data = [isinstance(x, torch.Tensor) and not x.requires_grad for x in leaves]
             entry = entries[graph_key] = _Graph(fn, leaves, data, spec, capture)
@@ -227,8 +228,11 @@ class _Graph:
         else:  # views of one static block at the upload's own offsets: a call's batch is one copy
             start, size, _ = self.block
             self.block_static = torch.empty(size, dtype=torch.uint8, device=leaves[data.index(True)].device)
-            self.static = {i: _view(self.block_static, x, x.storage_offset() * x.element_size() - start)
-                           for i, x in enumerate(leaves) if data[i]}
+            self.static = {
+                i: _view(self.block_static, x, x.storage_offset() * x.element_size() - start)
+                for i, x in enumerate(leaves)
+                if data[i]
+            }
 
     def _prepare_optimizers(self) -> None:
         """Capturable optimisers: step counts on the parameters' device, learning rates device tensors."""
@@ -266,8 +270,10 @@ class _Graph:
 
         lrs = [group["lr"] for opt in self.optimizers for group in opt.param_groups] if self.capture else []
         if any(a is not b for a, b in zip(lrs, self.lrs)):
-            raise RuntimeError(f"@graphed {self.fn.__qualname__}: an optimiser's learning rate was replaced; "
-                               "anneal it with shared.compiling.set_lr (the graph reads the tensor it captured)")
+            raise RuntimeError(
+                f"@graphed {self.fn.__qualname__}: an optimiser's learning rate was replaced; "
+                "anneal it with shared.compiling.set_lr (the graph reads the tensor it captured)"
+            )
         args = self._copy_in(leaves)
         self.calls += 1
         if self.capture and self.calls > WARMUP_CALLS:
@@ -290,8 +296,10 @@ class _Graph:
             out = _copy_out(self.fn(*a, **k))
         changed = [i for i, s in self.static.items() if s._version != versions[i]]
         if changed:  # a replay would write the static copy, never the caller's tensor
-            raise RuntimeError(f"@graphed {self.fn.__qualname__} writes its data argument(s) {changed} in place; "
-                               "return the new values instead (or pass a tensor that requires grad: state)")
+            raise RuntimeError(
+                f"@graphed {self.fn.__qualname__} writes its data argument(s) {changed} in place; "
+                "return the new values instead (or pass a tensor that requires grad: state)"
+            )
         return out
 
     def _capture(self, args: list) -> None:
@@ -353,13 +361,13 @@ def _version(x: Any) -> Any:
 
 def _span(tensors: list) -> Any:
     """``(first byte, bytes, offsets)`` of tensors that are all views of one storage (one upload), else None."""
-    if len(tensors) < 2 or any(t.untyped_storage().data_ptr() != tensors[0].untyped_storage().data_ptr()
-                               for t in tensors):
+    if len(tensors) < 2 or any(t.untyped_storage().data_ptr() != tensors[0].untyped_storage().data_ptr() for t in tensors):
         return None
     if any(t.numel() == 0 for t in tensors):
         return None
-    ends = [(t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size()
-            for t in tensors]
+    ends = [
+        (t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride())) + 1) * t.element_size() for t in tensors
+    ]
     starts = [t.storage_offset() * t.element_size() for t in tensors]
     spans = sorted(zip(starts, ends))
     if any(b < e for (_, e), (b, _) in zip(spans, spans[1:])):  # overlapping views: their copies would clash
@@ -382,7 +390,8 @@ def _view(block: Any, like: Any, byte_offset: int) -> Any:
     import torch
 
     return torch.empty(0, dtype=like.dtype, device=block.device).set_(
-        block.untyped_storage(), byte_offset // like.element_size(), tuple(like.shape), like.stride())
+        block.untyped_storage(), byte_offset // like.element_size(), tuple(like.shape), like.stride()
+    )
 
 
 def _copy_out(out: Any) -> Any:

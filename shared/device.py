@@ -104,7 +104,7 @@ def upload(arrays: Any, device: Any) -> Any:
 
 
 def _is_node(x: Any) -> str:
-    """"dict", "tuple" (a namedarraytuple) or "" (a leaf: an array, or None)."""
+    """ "dict", "tuple" (a namedarraytuple) or "" (a leaf: an array, or None)."""
     if isinstance(x, dict):
         return "dict"
     return "tuple" if isinstance(x, tuple) and hasattr(x, "_fields") else ""

@@ -89,8 +89,10 @@ def obs_keys(space: gym.spaces.Dict) -> list[str]:
         if isinstance(sub, (gym.spaces.Box, gym.spaces.Discrete)):
             keys.append(key)
         elif not is_text(sub):
-            raise ValueError(f"Dict observation key {key!r} is a {type(sub).__name__} ({sub}); the network takes "
-                             f"Box (images, vectors) and Discrete entries (Text entries are dropped)")
+            raise ValueError(
+                f"Dict observation key {key!r} is a {type(sub).__name__} ({sub}); the network takes "
+                f"Box (images, vectors) and Discrete entries (Text entries are dropped)"
+            )
     if not keys:
         raise ValueError(f"Dict observation space {space} has no Box or Discrete entry")
     return keys
@@ -143,9 +145,7 @@ class DictTorso(nn.Module):
             else:
                 discrete = isinstance(sub, gym.spaces.Discrete)
                 n_in = int(sub.n) if discrete else int(np.prod(sub.shape))
-                encoder = nn.Sequential(
-                    layer_init(nn.Linear(n_in, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh()
-                )
+                encoder = nn.Sequential(layer_init(nn.Linear(n_in, 64)), nn.Tanh(), layer_init(nn.Linear(64, 64)), nn.Tanh())
                 width, last = 64, False
                 self.kinds.append("discrete" if discrete else "vector")
             self.channels_last.append(last)
@@ -181,8 +181,10 @@ class DictTorso(nn.Module):
             )
             width = 64
         else:
-            raise ValueError(f"Dict observation key {key!r}: image of shape {tuple(shape)} ({h}x{w}); the small "
-                             f"CNN needs at least {MIN_SMALL_SIDE}x{MIN_SMALL_SIDE} pixels")
+            raise ValueError(
+                f"Dict observation key {key!r}: image of shape {tuple(shape)} ({h}x{w}); the small "
+                f"CNN needs at least {MIN_SMALL_SIDE}x{MIN_SMALL_SIDE} pixels"
+            )
         n_flat = conv(torch.zeros(1, c, h, w)).shape[1]
         return nn.Sequential(*conv, layer_init(nn.Linear(n_flat, width)), nn.ReLU()), width
 

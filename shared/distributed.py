@@ -41,9 +41,28 @@ import numpy as np
 
 from shared import compiling, signals
 
-__all__ = ["TIMEOUT_S", "RanksDiverged", "any_rank", "average_gradients", "check_in_sync", "end", "env_seed",
-           "gather_objects", "in_lockstep", "is_main", "local_rank", "lost_peer", "mean_std", "min_over_ranks",
-           "moments", "rank", "rank_seed", "share", "start", "world_size"]
+__all__ = [
+    "TIMEOUT_S",
+    "RanksDiverged",
+    "any_rank",
+    "average_gradients",
+    "check_in_sync",
+    "end",
+    "env_seed",
+    "gather_objects",
+    "in_lockstep",
+    "is_main",
+    "local_rank",
+    "lost_peer",
+    "mean_std",
+    "min_over_ranks",
+    "moments",
+    "rank",
+    "rank_seed",
+    "share",
+    "start",
+    "world_size",
+]
 
 TIMEOUT_S = 30.0  # longest wait in any collective; torchrun SIGKILLs a rank 30 s after asking it to stop
 SLOW_TIMEOUT_S = 3600.0  # a gather after an evaluation: ranks may play episodes of very different lengths
@@ -282,12 +301,15 @@ def check_in_sync() -> None:
         # parameters always give equal checksums (a float sum may differ in its last bits between GPU models).
         # One host transfer for all of them (a .item() per parameter would sync a GPU once per tensor). A module of
         # buffers alone (a RunningNorm of returns) has no parameters to compare: 0.
-        sums = [int(torch.stack([_bits(p).sum() for p in ps]).sum().cpu()) if (ps := _params(m)) else 0
-                for m in _state["modules"]]
+        sums = [
+            int(torch.stack([_bits(p).sum() for p in ps]).sum().cpu()) if (ps := _params(m)) else 0 for m in _state["modules"]
+        ]
     every = gather_objects(sums)
     for i, mine in enumerate(every[0]):
         differing = [r for r, theirs in enumerate(every) if theirs[i] != mine]
         if differing:
             name = type(_state["modules"][i]).__name__
-            raise RanksDiverged(f"the parameters of {name} (module {i}) on rank(s) {differing} differ from rank "
-                                f"0's: the ranks' updates were not the same")
+            raise RanksDiverged(
+                f"the parameters of {name} (module {i}) on rank(s) {differing} differ from rank "
+                f"0's: the ranks' updates were not the same"
+            )

@@ -46,21 +46,35 @@ import numpy as np
 from shared import signals
 from shared.atari import is_atari, make_atari_env, make_atari_vector_env
 
-__all__ = ["MIN_IMAGE_SIDE", "EpisodeTally", "action_mask", "close_envs", "image_shape", "make_envs", "observe_only",
-           "probe_spaces", "standard_atari", "vector_env"]
+__all__ = [
+    "MIN_IMAGE_SIDE",
+    "EpisodeTally",
+    "action_mask",
+    "close_envs",
+    "image_shape",
+    "make_envs",
+    "observe_only",
+    "probe_spaces",
+    "standard_atari",
+    "vector_env",
+]
 
 MIN_IMAGE_SIDE = 36  # the Nature CNN's three convolutions (8/4, 4/2, 3/1) need at least this many pixels a side
 
 
-def make_envs(args: Any, make_env: Callable[..., Callable[[], gym.Env]], mode: str, n_threads: int = 1,
-              ) -> gym.vector.VectorEnv:
+def make_envs(
+    args: Any, make_env: Callable[..., Callable[[], gym.Env]], mode: str, n_threads: int = 1
+) -> gym.vector.VectorEnv:
     """[B] envs of ``make_env(args)``: serial in this process; parallel in worker processes, or in ale-py's
     threads for the unchanged Atari env (see the module docstring)."""
     if mode == "parallel" and is_atari(args.env_id):
         if standard_atari(args, make_env):
             return make_atari_vector_env(args.env_id, args.num_envs, n_threads, args.noop_max, args.sticky_actions)
-        print(f"make_env changes the Atari env of shared/atari.py: its {args.num_envs} envs step in worker "
-              "processes, not in ale-py's threads", flush=True)
+        print(
+            f"make_env changes the Atari env of shared/atari.py: its {args.num_envs} envs step in worker "
+            "processes, not in ale-py's threads",
+            flush=True,
+        )
     return vector_env([make_env(args) for _ in range(args.num_envs)], mode)
 
 
@@ -125,9 +139,11 @@ def image_shape(obs_shape: tuple[int, ...]) -> tuple[int, int, int]:
     channels_last = obs_shape[2] < obs_shape[0]
     c, h, w = (obs_shape[2], obs_shape[0], obs_shape[1]) if channels_last else obs_shape
     if min(h, w) < MIN_IMAGE_SIDE:
-        raise ValueError(f"observation shape {obs_shape}: the Nature CNN needs images of at least "
-                         f"{MIN_IMAGE_SIDE}x{MIN_IMAGE_SIDE} pixels, got {h}x{w}; resize them "
-                         f"(gymnasium.wrappers.ResizeObservation) or give the network a smaller torso")
+        raise ValueError(
+            f"observation shape {obs_shape}: the Nature CNN needs images of at least "
+            f"{MIN_IMAGE_SIDE}x{MIN_IMAGE_SIDE} pixels, got {h}x{w}; resize them "
+            f"(gymnasium.wrappers.ResizeObservation) or give the network a smaller torso"
+        )
     return int(c), int(h), int(w)
 
 

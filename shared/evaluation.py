@@ -92,8 +92,15 @@ class Draws:
         return np.stack([rng.gumbel(size=k) for rng in self._rngs]).astype(np.float32)
 
 
-def play(make_env: Callable[[bool], Callable[[], Any]], act: Callable[..., Any], episodes: int, seed: int,
-         envs: int = 1, video_dir: Path | None = None, procs: int = 1) -> Episodes:
+def play(
+    make_env: Callable[[bool], Callable[[], Any]],
+    act: Callable[..., Any],
+    episodes: int,
+    seed: int,
+    envs: int = 1,
+    video_dir: Path | None = None,
+    procs: int = 1,
+) -> Episodes:
     """The returns and lengths of ``episodes`` evaluation episodes (see the module docstring)."""
     import torch
 
@@ -238,8 +245,7 @@ class _Here:
             env.close()
 
 
-def _env_worker(blob: bytes, rows: list[int], video_dir: Path | None, cpu: int, conn: Any, parent: int,
-                stop: Any) -> None:
+def _env_worker(blob: bytes, rows: list[int], video_dir: Path | None, cpu: int, conn: Any, parent: int, stop: Any) -> None:
     """A worker process of ``_Workers``: makes the envs ``rows`` of the thunks in ``blob`` (cloudpickled: the
     scripts' thunks are closures), sends their action space, then answers ``(what, rows, values)`` requests,
     "reset" with seeds and "step" with actions, by the envs' replies, until asked to stop; its envs are closed on
@@ -277,8 +283,7 @@ class _Workers:
         try:
             for w in range(procs):
                 mine, theirs = CTX.Pipe()
-                args = (blob, list(range(w, self.n, procs)), video_dir, cpus[(first + w) % len(cpus)], theirs,
-                        os.getpid())
+                args = (blob, list(range(w, self.n, procs)), video_dir, cpus[(first + w) % len(cpus)], theirs, os.getpid())
                 signals.defer()  # a started worker is always in the list that close() stops
                 try:
                     self._workers.append((Worker(_env_worker, args, name=f"evaluation env worker {w}"), mine))
@@ -350,5 +355,6 @@ class _Workers:
             worker.stop(timeout=0)
             conn.close()
         if ok and ended:
-            raise EvaluationError(f"closing the evaluation envs: {'; '.join(ended)} (ended after {CLOSE_S:.0f} s "
-                                  "if it shows no error)")
+            raise EvaluationError(
+                f"closing the evaluation envs: {'; '.join(ended)} (ended after {CLOSE_S:.0f} s if it shows no error)"
+            )

@@ -35,8 +35,9 @@ class ExportError(RuntimeError):
     """The exported graph does not compute what the policy computes."""
 
 
-def export(policy: Any, inputs: dict[str, Any], outputs: list[str], path: str | Path,
-           state_inputs: tuple[str, ...] = ()) -> float:
+def export(
+    policy: Any, inputs: dict[str, Any], outputs: list[str], path: str | Path, state_inputs: tuple[str, ...] = ()
+) -> float:
     """Write ``policy`` to ``path`` as ONNX and check it (see the module docstring)."""
     import numpy as np
     import onnx
@@ -65,8 +66,16 @@ def export(policy: Any, inputs: dict[str, Any], outputs: list[str], path: str | 
         with torch.no_grad(), warnings.catch_warnings():
             for kind in (FutureWarning, UserWarning):  # deprecations and notes inside torch's exporter
                 warnings.simplefilter("ignore", kind)
-            program = torch.onnx.export(policy, (), kwargs=inputs, dynamic_shapes=shapes, input_names=list(leaves),
-                                        output_names=outputs, dynamo=True, verbose=False)
+            program = torch.onnx.export(
+                policy,
+                (),
+                kwargs=inputs,
+                dynamic_shapes=shapes,
+                input_names=list(leaves),
+                output_names=outputs,
+                dynamo=True,
+                verbose=False,
+            )
             program.save(str(written))
             onnx.checker.check_model(str(written), full_check=True)
             session = onnxruntime.InferenceSession(str(written), providers=["CPUExecutionProvider"])

@@ -45,15 +45,15 @@ class ObsNorm:
     def __init__(self, dim: int, enabled: bool = True, shared: bool = False, clip: float = 10.0):
         self.dim, self.enabled, self.clip = int(dim), bool(enabled), float(clip)
         self.stats = (shared_zeros if shared else np.zeros)(2 * self.dim + 1, np.float64)  # mean, var, count
-        self.stats[self.dim:2 * self.dim], self.stats[-1] = 1.0, 1e-4
+        self.stats[self.dim : 2 * self.dim], self.stats[-1] = 1.0, 1e-4
 
     @property
     def mean(self) -> np.ndarray:
-        return self.stats[:self.dim]
+        return self.stats[: self.dim]
 
     @property
     def var(self) -> np.ndarray:
-        return self.stats[self.dim:2 * self.dim]
+        return self.stats[self.dim : 2 * self.dim]
 
     @property
     def count(self) -> float:
@@ -68,11 +68,11 @@ class ObsNorm:
         batch_mean = np.add.reduce(x, 0) / n
         batch_var = np.add.reduce((x - batch_mean) ** 2, 0) / n
         mean, var, total = merge_moments(self.mean, self.var, count, batch_mean, batch_var, n)
-        self.stats[:self.dim], self.stats[self.dim:2 * self.dim], self.stats[-1] = mean, var, total
+        self.stats[: self.dim], self.stats[self.dim : 2 * self.dim], self.stats[-1] = mean, var, total
 
     def moments(self) -> np.ndarray:
         """Mean and variance as one float32 array ``[2 * D]``, to send with a batch (``normalize``'s ``stats``)."""
-        return np.asarray(self.stats[:2 * self.dim], np.float32)
+        return np.asarray(self.stats[: 2 * self.dim], np.float32)
 
     def normalize(self, obs, stats=None):
         """torch tensor ``[..., D]`` -> normalised float32 tensor on the same device; ``stats``: ``moments()``
@@ -80,7 +80,7 @@ class ObsNorm:
         if not self.enabled:
             return obs
         s = torch.as_tensor(self.moments(), device=obs.device) if stats is None else stats
-        return ((obs - s[:self.dim]) / torch.sqrt(s[self.dim:] + 1e-8)).clamp(-self.clip, self.clip)
+        return ((obs - s[: self.dim]) / torch.sqrt(s[self.dim :] + 1e-8)).clamp(-self.clip, self.clip)
 
     def state_dict(self):
         """The statistics as one float64 tensor ``[mean, var, count]`` (what the checkpoint holds)."""

@@ -33,8 +33,16 @@ from shared.procs import CTX, SharedParameters, Worker
 __all__ = ["AsyncReplay", "ReplayPacer", "sampler_ahead"]
 
 
-def sampler_ahead(step: int, version: int, start_step: int, start_updates: int, min_steps_learn: int,
-                  updates_per_step: float, max_lag_steps: int, chunk_steps: int = 0) -> bool:
+def sampler_ahead(
+    step: int,
+    version: int,
+    start_step: int,
+    start_updates: int,
+    min_steps_learn: int,
+    updates_per_step: float,
+    max_lag_steps: int,
+    chunk_steps: int = 0,
+) -> bool:
     """Async replay pacing, sampler side: True when the sampler, at global env step ``step``, is more than
     ``max_lag_steps`` ahead of the data the learner needs for its updates so far (``version`` = its update count,
     ``start_updates`` at ``start_step``) *and its next one*, plus ``chunk_steps`` (data the learner only sees
@@ -66,8 +74,16 @@ class ReplayPacer:
         return step < self.start_step + self.min_steps_learn
 
     def sampler_ahead(self, step: int, version: int, max_lag_steps: int, chunk_steps: int = 0) -> bool:
-        return sampler_ahead(step, version, self.start_step, self.start_updates, self.min_steps_learn,
-                             self.updates_per_step, max_lag_steps, chunk_steps)
+        return sampler_ahead(
+            step,
+            version,
+            self.start_step,
+            self.start_updates,
+            self.min_steps_learn,
+            self.updates_per_step,
+            max_lag_steps,
+            chunk_steps,
+        )
 
 
 class AsyncReplay:
@@ -100,8 +116,16 @@ class AsyncReplay:
 
     # learner side
     @classmethod
-    def start(cls, run: Any, buffer: Any, module: Any, pacer: ReplayPacer, global_step: int,
-              sampler_main: Callable[..., None], sampler_args: tuple) -> AsyncReplay:
+    def start(
+        cls,
+        run: Any,
+        buffer: Any,
+        module: Any,
+        pacer: ReplayPacer,
+        global_step: int,
+        sampler_main: Callable[..., None],
+        sampler_args: tuple,
+    ) -> AsyncReplay:
         """Start ``sampler_main(*sampler_args, link, proc)`` (``run.start_sampler``; ``sampler_args[0]`` is the
         script's Args), appending ``args.num_envs`` envs' rows to the shared ``buffer`` with the newest parameters
         of ``module``."""

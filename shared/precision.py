@@ -39,7 +39,10 @@ def cpu_has_bf16() -> bool:
 def sampler_bf16(bf16: bool) -> bool:
     """Whether a sampler process runs its forward passes in bfloat16 (see the module docstring)."""
     if bf16 and not cpu_has_bf16():
-        print("warning: --bf16: the sampler process acts in float32 (this CPU has no native bfloat16)",
-              file=sys.stderr, flush=True)
+        print(
+            "warning: --bf16: the sampler process acts in float32 (this CPU has no native bfloat16)",
+            file=sys.stderr,
+            flush=True,
+        )
         return False
     return bf16

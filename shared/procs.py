@@ -39,8 +39,17 @@ from shared import signals
 from shared.buffer import buffer_from_example, shared_zeros
 from shared.sync import locked, wait_for
 
-__all__ = ["CTX", "DoubleBuffer", "SamplerProcess", "SharedParameters", "Worker", "WorkerError",
-           "parent_alive_check", "sampler_entry", "session_processes"]
+__all__ = [
+    "CTX",
+    "DoubleBuffer",
+    "SamplerProcess",
+    "SharedParameters",
+    "Worker",
+    "WorkerError",
+    "parent_alive_check",
+    "sampler_entry",
+    "session_processes",
+]
 
 CTX = mp.get_context("spawn")
 
@@ -83,8 +92,9 @@ class Worker:
         self.name = name
         self.stop_event = CTX.Event()
         self._errors = CTX.Queue()
-        self._proc = CTX.Process(target=_child_main, name=name,
-                                 args=(target, args, self.stop_event, self._errors, os.getpid()))
+        self._proc = CTX.Process(
+            target=_child_main, name=name, args=(target, args, self.stop_event, self._errors, os.getpid())
+        )
         # The child imports the script (spawn) before _child_main ignores Ctrl-C: it starts with SIGINT blocked
         # (shared.signals.sigint_blocked), so that a Ctrl-C meanwhile cannot raise in the middle of an import.
         # start() returns once the child has read its arguments (after its import, if they pass a pipe's 64 KiB),

@@ -68,8 +68,9 @@ def read_rows(path: Path, last_bytes: int | None = None) -> list[dict[str, str]]
     if start > len(first):
         lines = lines[1:]
     complete = [ln for ln in lines if ln.endswith(("\n", "\r"))]
-    return [dict(zip(header, row + [""] * (len(header) - len(row))))
-            for row in csv.reader(complete) if row and row[0].isdigit()]
+    return [
+        dict(zip(header, row + [""] * (len(header) - len(row)))) for row in csv.reader(complete) if row and row[0].isdigit()
+    ]
 
 
 def _duration(seconds: float) -> str:
@@ -80,8 +81,15 @@ def _duration(seconds: float) -> str:
 class ProgressLog:
     """``progress.csv`` + TensorBoard + console for one run folder (see the module docstring)."""
 
-    def __init__(self, path: Path | None, total_steps: int, start_step: int = 0, counters: dict | None = None,
-                 resumed: bool = False, read_only: bool = False):
+    def __init__(
+        self,
+        path: Path | None,
+        total_steps: int,
+        start_step: int = 0,
+        counters: dict | None = None,
+        resumed: bool = False,
+        read_only: bool = False,
+    ):
         from torch.utils.tensorboard import SummaryWriter
 
         counters = counters or {}
@@ -114,8 +122,7 @@ class ProgressLog:
         # purge_step: TensorBoard drops the events past the checkpoint that an earlier process wrote. flush_secs: its
         # writer thread sleeps at most this long; a Ctrl-C inside add_scalar can lose the wake-up of its queue, and
         # close() then waits for the thread's next wake-up (it was 2 minutes at the default: a hung Ctrl-C).
-        self.tb = SummaryWriter(str(path), purge_step=start_step + 1 if resumed and not read_only else None,
-                                flush_secs=5)
+        self.tb = SummaryWriter(str(path), purge_step=start_step + 1 if resumed and not read_only else None, flush_secs=5)
 
     def episode(self, ret: float, length: int, global_step: int) -> None:
         """Record one finished episode (its true, unclipped return)."""
@@ -151,8 +158,14 @@ class ProgressLog:
         sps = (global_step - self._last_step) / max(now - self._last_t, 1e-9)
         self._last_t, self._last_step, self.last_step = now, global_step, global_step
         ret_mean = float(np.mean(self._returns)) if self._returns else None
-        row = {"global_step": global_step, "wall_time_s": round(now - self._t0, 3), "sps": round(sps, 1),
-               "episodes": self.episodes, "return_mean": ret_mean, **values}
+        row = {
+            "global_step": global_step,
+            "wall_time_s": round(now - self._t0, 3),
+            "sps": round(sps, 1),
+            "episodes": self.episodes,
+            "return_mean": ret_mean,
+            **values,
+        }
         new = [k for k in row if k not in self.columns]
         if new and self.writes:
             self._add_columns(new)
@@ -166,8 +179,7 @@ class ProgressLog:
         self.tb.add_scalar("charts/SPS", sps, global_step)
         for k, v in values.items():
             if v is not None:
-                self.tb.add_scalar(k if "/" in k else f"{'charts' if k in CHART_KEYS else 'losses'}/{k}", v,
-                                   global_step)
+                self.tb.add_scalar(k if "/" in k else f"{'charts' if k in CHART_KEYS else 'losses'}/{k}", v, global_step)
         self._returns.clear()
         if self.writes:
             print(self._console(global_step, sps, ret_mean, values), flush=True)
@@ -180,8 +192,10 @@ class ProgressLog:
         pct = 100.0 * step / max(self.total_steps, 1)
         rm = f"{ret_mean:.1f}" if ret_mean is not None else "-"
         extra = "  ".join(f"{k} {v:.4g}" for k, v in values.items() if isinstance(v, (int, float)))
-        return (f"step {step:>9}/{self.total_steps} ({pct:3.0f}%)  sps {sps:>6.0f}  eta {eta}  return {rm:>7}  "
-                f"episodes {self.episodes:>5}  {extra}")
+        return (
+            f"step {step:>9}/{self.total_steps} ({pct:3.0f}%)  sps {sps:>6.0f}  eta {eta}  return {rm:>7}  "
+            f"episodes {self.episodes:>5}  {extra}"
+        )
 
     def _merge_ranks(self, values: dict[str, Any]) -> None:
         every = distributed.gather_objects((self._pending, values))
@@ -191,8 +205,11 @@ class ProgressLog:
                 self._add_episode(ret, length, step)
         for k, v in values.items():
             theirs = [vals.get(k) for _, vals in every]
-            if isinstance(v, (int, float)) and all(isinstance(t, (int, float)) for t in theirs) and \
-                    any(t != v for t in theirs):
+            if (
+                isinstance(v, (int, float))
+                and all(isinstance(t, (int, float)) for t in theirs)
+                and any(t != v for t in theirs)
+            ):
                 values[k] = float(np.mean(theirs))
 
     def _add_columns(self, new: list[str]) -> None:

@@ -78,8 +78,17 @@ def prefetch_on(device: Any, sampler: str) -> bool:
 class _Storage:
     """The ``[T, B]`` arrays and the append logic shared by both buffers."""
 
-    def __init__(self, example: Any, T: int, B: int, discount: float, n_step_return: int, frame_stack: int,
-                 shared: bool, skip_fields: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        example: Any,
+        T: int,
+        B: int,
+        discount: float,
+        n_step_return: int,
+        frame_stack: int,
+        shared: bool,
+        skip_fields: tuple[str, ...] = (),
+    ):
         if not is_namedarraytuple(example):
             raise ValueError("example must be a namedarraytuple of one time step (no leading dims)")
         for f in _REQUIRED:
@@ -90,8 +99,7 @@ class _Storage:
                 raise ValueError(f"example field {f!r} clashes with a field the buffer computes")
         obs = np.asarray(example.observation)
         if frame_stack > 1 and (obs.ndim < 2 or obs.shape[0] != frame_stack):
-            raise ValueError(f"frame_stack={frame_stack} needs observations shaped [{frame_stack}, ...], "
-                             f"got {obs.shape}")
+            raise ValueError(f"frame_stack={frame_stack} needs observations shaped [{frame_stack}, ...], got {obs.shape}")
         self.T, self.B, self.n, self.C = T, B, n_step_return, frame_stack
         self.discount = float(discount)
         self.example = map_structure(np.asarray, example)
@@ -231,8 +239,11 @@ class _Storage:
     def gather(self, rows: np.ndarray, b: np.ndarray, unique_frames: bool = False) -> dict[str, np.ndarray]:
         """Every stored field plus the derived flags at ``(rows, b)`` (copies); with ``unique_frames`` (frame-wise
         storage) ``frames`` and ``frame_index`` (see ``unique_frames``) in place of ``observation``."""
-        out = {name: (None if x is None else map_structure(lambda a: a[rows, b], x))
-               for name, x in self.data.items() if name != "observation"}
+        out = {
+            name: (None if x is None else map_structure(lambda a: a[rows, b], x))
+            for name, x in self.data.items()
+            if name != "observation"
+        }
         if unique_frames and self.frames is not None:
             out["frames"], out["frame_index"] = self.unique_frames(rows, b)
         else:
@@ -285,8 +296,9 @@ def _sum_tree(T: int, B: int, shared: bool) -> SumTree:
     return SumTree(T, B, shared=shared)
 
 
-def _check_common(size: int, B: int, discount: float, n_step_return: int, frame_stack: int, alpha: float,
-                  beta: float, priority_eps: float) -> None:
+def _check_common(
+    size: int, B: int, discount: float, n_step_return: int, frame_stack: int, alpha: float, beta: float, priority_eps: float
+) -> None:
     if B < 1:
         raise ValueError(f"B must be positive, got {B}")
     if size < B:
@@ -311,8 +323,18 @@ class _Base:
     storage: _Storage
     tree: SumTree | None
 
-    def _setup(self, shared: bool, mp_context: str, prioritized: bool, alpha: float, beta: float,
-               default_priority: float | None, priority_eps: float, seed: int | None, prefetch: bool) -> None:
+    def _setup(
+        self,
+        shared: bool,
+        mp_context: str,
+        prioritized: bool,
+        alpha: float,
+        beta: float,
+        default_priority: float | None,
+        priority_eps: float,
+        seed: int | None,
+        prefetch: bool,
+    ) -> None:
         self.shared, self.prioritized, self.prefetch = shared, prioritized, prefetch
         self._ahead: tuple | None = None  # (batch_size, (batch, index)) drawn by sample_ahead
         self.alpha, self.beta, self.priority_eps = float(alpha), float(beta), float(priority_eps)
@@ -507,8 +529,10 @@ class _Base:
                     raise ValueError(f"the saved replay has no {name!r}: it was written by another buffer")
                 src = saved[name]
                 if src.shape != dst.shape or src.dtype != dst.dtype:
-                    raise ValueError(f"the saved replay's {name!r} is {src.dtype}{list(src.shape)}, this buffer's "
-                                     f"{dst.dtype}{list(dst.shape)}: other flags built it")
+                    raise ValueError(
+                        f"the saved replay's {name!r} is {src.dtype}{list(src.shape)}, this buffer's "
+                        f"{dst.dtype}{list(dst.shape)}: other flags built it"
+                    )
                 dst[...] = src
             self.rng.bit_generator.state = json.loads(str(saved["rng_state"]))
 
@@ -535,10 +559,24 @@ class ReplayBuffer(_Base):
     (ones when uniform), each ``[batch_size, ...]``; ``index`` goes back to ``update_priorities``.
     """
 
-    def __init__(self, example: Any, size: int, B: int, discount: float = 0.99, n_step_return: int = 1,
-                 frame_stack: int = 1, prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
-                 default_priority: float | None = None, priority_eps: float = 1e-6, shared: bool = False,
-                 mp_context: str = "spawn", seed: int | None = None, prefetch: bool = False):
+    def __init__(
+        self,
+        example: Any,
+        size: int,
+        B: int,
+        discount: float = 0.99,
+        n_step_return: int = 1,
+        frame_stack: int = 1,
+        prioritized: bool = False,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        default_priority: float | None = None,
+        priority_eps: float = 1e-6,
+        shared: bool = False,
+        mp_context: str = "spawn",
+        seed: int | None = None,
+        prefetch: bool = False,
+    ):
         _check_common(size, B, discount, n_step_return, frame_stack, alpha, beta, priority_eps)
         T = math.ceil(size / B)
         self.history = frame_stack - 1  # rows before a sample that must still hold its data
@@ -548,8 +586,7 @@ class ReplayBuffer(_Base):
         self.T, self.B, self.n_step_return = T, B, n_step_return
         self.tree = _sum_tree(T, B, shared) if prioritized else None
         self._setup(shared, mp_context, prioritized, alpha, beta, default_priority, priority_eps, seed, prefetch)
-        fields = list(self.storage.example._fields) + ["next_observation", *_DERIVED, "bootstrap_discount",
-                                                       "is_weights"]
+        fields = list(self.storage.example._fields) + ["next_observation", *_DERIVED, "bootstrap_discount", "is_weights"]
         self._batch_cls = namedarraytuple("ReplayBatch", fields)
 
     def valid_window(self, cursor: int) -> tuple[int, int]:
@@ -612,12 +649,28 @@ class SequenceReplayBuffer(_Base):
     states, shifted back by ``input_priority_shift`` state slots (rlpyt's ``input_priority_shift``).
     """
 
-    def __init__(self, example: Any, size: int, B: int, sequence_length: int, rnn_state_interval: int,
-                 discount: float = 0.997, n_step_return: int = 1, frame_stack: int = 1, prioritized: bool = False,
-                 alpha: float = 0.6, beta: float = 0.4, default_priority: float | None = None,
-                 priority_eps: float = 1e-6, input_priority_shift: int = 0, shared: bool = False,
-                 mp_context: str = "spawn", seed: int | None = None, unique_frames: bool = False,
-                 prefetch: bool = False):
+    def __init__(
+        self,
+        example: Any,
+        size: int,
+        B: int,
+        sequence_length: int,
+        rnn_state_interval: int,
+        discount: float = 0.997,
+        n_step_return: int = 1,
+        frame_stack: int = 1,
+        prioritized: bool = False,
+        alpha: float = 0.6,
+        beta: float = 0.4,
+        default_priority: float | None = None,
+        priority_eps: float = 1e-6,
+        input_priority_shift: int = 0,
+        shared: bool = False,
+        mp_context: str = "spawn",
+        seed: int | None = None,
+        unique_frames: bool = False,
+        prefetch: bool = False,
+    ):
         _check_common(size, B, discount, n_step_return, frame_stack, alpha, beta, priority_eps)
         if sequence_length < 1:
             raise ValueError(f"sequence_length must be positive, got {sequence_length}")
@@ -631,8 +684,10 @@ class SequenceReplayBuffer(_Base):
         T = math.ceil(size / B / I) * I  # whole state slots
         self.history = frame_stack - 1
         if T < sequence_length + n_step_return + self.history + I:
-            raise ValueError(f"size={size} gives {T} rows per env; too few for sequences of {sequence_length} "
-                             f"+ n_step_return {n_step_return} + frame history {self.history} + interval {I}")
+            raise ValueError(
+                f"size={size} gives {T} rows per env; too few for sequences of {sequence_length} "
+                f"+ n_step_return {n_step_return} + frame history {self.history} + interval {I}"
+            )
         self.storage = _Storage(example, T, B, discount, n_step_return, frame_stack, shared, skip_fields=("rnn_state",))
         self.T, self.B, self.n_step_return = T, B, n_step_return
         self.sequence_length, self.interval, self.input_priority_shift = sequence_length, I, input_priority_shift
@@ -667,13 +722,16 @@ class SequenceReplayBuffer(_Base):
                 if self.tree is None:
                     raise ValueError("priorities given to a buffer that is not prioritized")
                 if np.shape(priorities) != (len(new_slots), self.B):
-                    raise ValueError(f"priorities must have shape [{len(new_slots)}, {self.B}] (one row per "
-                                     f"stored state in this chunk), got {np.shape(priorities)}")
+                    raise ValueError(
+                        f"priorities must have shape [{len(new_slots)}, {self.B}] (one row per "
+                        f"stored state in this chunk), got {np.shape(priorities)}"
+                    )
             s, end = self.storage.append(samples, Tc)
             if len(new_slots):
                 src = new_slots * I - s
-                _set_leaves(self.rnn_state, new_slots % self.n_slots,
-                            map_structure(lambda x: np.asarray(x)[src], samples.rnn_state))
+                _set_leaves(
+                    self.rnn_state, new_slots % self.n_slots, map_structure(lambda x: np.asarray(x)[src], samples.rnn_state)
+                )
             lo, hi = self.valid_window(end)
             if self.tree is not None and len(new_slots):
                 # New slots get the default; input priorities land input_priority_shift slots back.

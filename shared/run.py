@@ -124,9 +124,14 @@ def _hardware(device: Any) -> dict[str, Any]:
 
     out: dict[str, Any] = {"device": str(device), "cpu": platform.processor() or platform.machine()}
     if device.type == "cuda":
-        out.update(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
-                   cudnn=torch.backends.cudnn.version(), tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
-                   tf32_conv=torch.backends.cudnn.allow_tf32, cudnn_benchmark=torch.backends.cudnn.benchmark)
+        out.update(
+            gpu=torch.cuda.get_device_name(device),
+            cuda=torch.version.cuda,
+            cudnn=torch.backends.cudnn.version(),
+            tf32_matmul=torch.backends.cuda.matmul.allow_tf32,
+            tf32_conv=torch.backends.cudnn.allow_tf32,
+            cudnn_benchmark=torch.backends.cudnn.benchmark,
+        )
     return out
 
 
@@ -141,8 +146,7 @@ def _refused_allocation(e: BaseException) -> str | None:
     asked = re.search(r"allocate (\d+) bytes", text)  # torch's CPU allocator
     if isinstance(e, MemoryError) or asked:  # numpy's refusal names its size
         what = f"{int(asked.group(1)) / 2**30:.1f} GiB in one tensor" if asked else first[:200]
-        return f"the allocation was refused ({what}), and {available_memory() / 2**30:.1f} GiB of memory are " \
-               f"available here"
+        return f"the allocation was refused ({what}), and {available_memory() / 2**30:.1f} GiB of memory are available here"
     return None
 
 
@@ -158,9 +162,17 @@ def _leaves(space: Any) -> list:
 class Run:
     """One run; see the module docstring."""
 
-    def __init__(self, args: Any, script: str, make_env: Callable, action_space: type | None = None,
-                 bounded: bool = False, stop_window: int = 20, iteration_steps: int | None = None,
-                 dict_obs: bool = False):
+    def __init__(
+        self,
+        args: Any,
+        script: str,
+        make_env: Callable,
+        action_space: type | None = None,
+        bounded: bool = False,
+        stop_window: int = 20,
+        iteration_steps: int | None = None,
+        dict_obs: bool = False,
+    ):
         import gymnasium as gym
 
         # the script's __file__ (or its name): a copy of a script labels its runs with its own file name
@@ -170,8 +182,11 @@ class Run:
         # --resume: what differs from the flags the run folder recorded (None: it recorded none, or a new run)
         changes = resume_changes(args)
         self._recorded, self._changes = changes is not None, changes or {}
-        self.path = ckpt_file.parent if ckpt_file is not None else \
-            Path(args.out_dir) / (args.run_name or f"{args.env_id}__{self.script}__{args.seed}__{int(time.time())}")
+        self.path = (
+            ckpt_file.parent
+            if ckpt_file is not None
+            else Path(args.out_dir) / (args.run_name or f"{args.env_id}__{self.script}__{args.seed}__{int(time.time())}")
+        )
         try:
             self.obs_space, self.act_space = probe_spaces(make_env(args))
         except (ValueError, IndexError) as e:
@@ -179,19 +194,23 @@ class Run:
         if action_space is not None:
             box = isinstance(self.act_space, gym.spaces.Box)
             if not isinstance(self.act_space, action_space) or (
-                    bounded and box and not (np.all(np.isfinite(self.act_space.low))
-                                             and np.all(np.isfinite(self.act_space.high)))):
-                kind = "discrete (Discrete)" if action_space is gym.spaces.Discrete else \
-                    f"{'bounded ' if bounded else ''}continuous (Box)"
+                bounded and box and not (np.all(np.isfinite(self.act_space.low)) and np.all(np.isfinite(self.act_space.high)))
+            ):
+                kind = (
+                    "discrete (Discrete)"
+                    if action_space is gym.spaces.Discrete
+                    else f"{'bounded ' if bounded else ''}continuous (Box)"
+                )
                 bad_args(f"--env-id {args.env_id}: {self.script} needs a {kind} action space, got {self.act_space}")
         if isinstance(self.obs_space, gym.spaces.Dict) and not dict_obs:
-            bad_args(f"--env-id {args.env_id}: {self.script} needs a Box observation space, got a Dict "
-                     f"({', '.join(self.obs_space.spaces)}); ppo_atari.py, a2c_atari.py and ppo_lstm.py take Dict "
-                     "observations")
+            bad_args(
+                f"--env-id {args.env_id}: {self.script} needs a Box observation space, got a Dict "
+                f"({', '.join(self.obs_space.spaces)}); ppo_atari.py, a2c_atari.py and ppo_lstm.py take Dict "
+                "observations"
+            )
         if iteration_steps:  # the rollout's observations alone, before a network or a sampler is made
             copies = 2 if args.sampler == "async" else 1  # the async double buffer's two slots
-            obs_bytes = sum(int(np.prod(space.shape)) * np.dtype(space.dtype).itemsize
-                            for space in _leaves(self.obs_space))
+            obs_bytes = sum(int(np.prod(space.shape)) * np.dtype(space.dtype).itemsize for space in _leaves(self.obs_space))
             try:
                 check_fits(copies * iteration_steps * obs_bytes, f"a rollout of {iteration_steps} steps")
             except NotEnoughMemory as e:
@@ -308,11 +327,16 @@ class Run:
         self._open_folder(start.global_step, evaluating)
         t = args.checkpoint_every
         # On-policy rows fall on multiples of --log-every iterations, also after a resume between two of them.
-        first_row = (start.global_step // self._row_every + 1) * self._row_every if self._iterations else \
-            start.global_step + self._row_every
-        self._next = {"row": first_row,
-                      "eval": start.global_step + args.eval_every if args.eval_every else None,
-                      "checkpoint": start.global_step + t if t else None}
+        first_row = (
+            (start.global_step // self._row_every + 1) * self._row_every
+            if self._iterations
+            else start.global_step + self._row_every
+        )
+        self._next = {
+            "row": first_row,
+            "eval": start.global_step + args.eval_every if args.eval_every else None,
+            "checkpoint": start.global_step + t if t else None,
+        }
         self._last_checkpoint_t = time.time()
         compiled = f"  compiled ({compiling.backend()})" if compiling.enabled() else ""
         if exporting:
@@ -338,16 +362,19 @@ class Run:
         config_file = self.path / "config.json"
         if start_step and config_file.exists():  # resumed: keep the first config, record the new one beside it
             config_file = self.path / f"config.resume-{start_step}.json"
-        self._config = {"args": config, "versions": _versions(), "hardware": _hardware(self.device),
-                        "script": self.script}
+        self._config = {"args": config, "versions": _versions(), "hardware": _hardware(self.device), "script": self.script}
         if self.resumed is not None:  # which flags came from the run, which were changed
-            self._config["resumed"] = {"from": str(self.args.resume), "recorded_flags": self._recorded,
-                                       "changed": {k: list(v) for k, v in self._changes.items()}}
+            self._config["resumed"] = {
+                "from": str(self.args.resume),
+                "recorded_flags": self._recorded,
+                "changed": {k: list(v) for k, v in self._changes.items()},
+            }
         if not evaluating:
             self._config_file = config_file
             write_text(config_file, lambda f: json.dump(self._config, f, indent=2, default=str))
-        self.progress = ProgressLog(self.path, self.args.total_timesteps, start_step, counters,
-                                    resumed=self.resumed is not None, read_only=evaluating)
+        self.progress = ProgressLog(
+            self.path, self.args.total_timesteps, start_step, counters, resumed=self.resumed is not None, read_only=evaluating
+        )
         if self.tracker is not None:  # every TensorBoard scalar to W&B as well
             self.progress.tb = self.tracker.tee(self.progress.tb)
 
@@ -396,8 +423,9 @@ class Run:
         for k in values:
             v = row.get(k)
             if isinstance(v, float) and not math.isfinite(v):
-                raise FloatingPointError(f"{k} is {v} at step {self.global_step}: training diverged (the last "
-                                         f"checkpoint is kept)")
+                raise FloatingPointError(
+                    f"{k} is {v} at step {self.global_step}: training diverged (the last checkpoint is kept)"
+                )
 
     def _should_stop(self, global_step: int) -> bool:
         threshold = getattr(self.args, "stop_at_return", None)
@@ -409,8 +437,10 @@ class Run:
             self._interrupted = True
             return True
         if reached:
-            self._say(f"mean return of the last {self.stop_window} episodes {mean:.1f} >= {threshold} at step "
-                      f"{global_step}: stopping")
+            self._say(
+                f"mean return of the last {self.stop_window} episodes {mean:.1f} >= {threshold} at step "
+                f"{global_step}: stopping"
+            )
         return reached
 
     # ------------------------------------------------------------------------------------------ the end
@@ -456,9 +486,14 @@ class Run:
         self._last_checkpoint_t = time.time()
 
     def _write_checkpoint(self) -> None:
-        state = {**checkpoint.state_of(self._objects), "global_step": self.global_step, "updates": self.updates,
-                 "args": vars(self.args).copy(), "script": self.script,
-                 "run": {"episodes": self.progress.episodes, "wall_time_s": self.progress.wall_time()}}
+        state = {
+            **checkpoint.state_of(self._objects),
+            "global_step": self.global_step,
+            "updates": self.updates,
+            "args": vars(self.args).copy(),
+            "script": self.script,
+            "run": {"episodes": self.progress.episodes, "wall_time_s": self.progress.wall_time()},
+        }
         if self._replay is not None:  # first the replay, then the checkpoint that names its cursor
             try:
                 checkpoint.save_replay(self.path / "replay.npz", self._replay)
@@ -467,9 +502,12 @@ class Run:
                 # no replay; the checkpoint names none, so a resume starts with an empty one
                 if not isinstance(e.__cause__, SAMPLER_FAILURES):
                     raise
-                print(f"warning: --save-replay: the replay is not saved, the sampler process that shares it "
-                      f"failed ({type(e.__cause__).__name__}); the checkpoint is written without it",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"warning: --save-replay: the replay is not saved, the sampler process that shares it "
+                    f"failed ({type(e.__cause__).__name__}); the checkpoint is written without it",
+                    file=sys.stderr,
+                    flush=True,
+                )
         checkpoint.save(self.path / "checkpoint.pt", state)
 
     def _evaluate(self, global_step: int, video: bool = False) -> None:
@@ -478,9 +516,15 @@ class Run:
         if not distributed.in_lockstep() and not self.writes:
             return
         args = self.args
-        returns, lengths = play(partial(self.make_env, args), self._policy, args.eval_episodes, args.seed,
-                                envs=args.eval_envs, video_dir=self.path / "videos" if video and self.writes else None,
-                                procs=len(available_cpus()) if is_atari(args.env_id) else 1)  # emulation: worth it
+        returns, lengths = play(
+            partial(self.make_env, args),
+            self._policy,
+            args.eval_episodes,
+            args.seed,
+            envs=args.eval_envs,
+            video_dir=self.path / "videos" if video and self.writes else None,
+            procs=len(available_cpus()) if is_atari(args.env_id) else 1,
+        )  # emulation: worth it
         for r in returns:
             self.progress.tb.add_scalar("eval/episodic_return", r, global_step)
         summary = {"global_step": global_step, "returns": returns, "mean": float(np.mean(returns)), "lengths": lengths}
@@ -491,8 +535,7 @@ class Run:
             if newest is not None:
                 self.tracker.video(newest, global_step)
         self._eval_return, self._evaluated_at = summary["mean"], global_step
-        self._say(f"evaluation over {len(returns)} episodes at step {global_step}: mean return "
-                  f"{summary['mean']:.1f}")
+        self._say(f"evaluation over {len(returns)} episodes at step {global_step}: mean return {summary['mean']:.1f}")
 
     def evaluate_or_export(self, policy: Any, outputs: list[str], rows: int = 8, **inputs: Any) -> int:
         """The two commands that train nothing, ``--eval-only`` and ``--export FILE`` (both with ``--resume``):
@@ -534,15 +577,20 @@ class Run:
             self.obs_space.seed(self.args.seed)
             samples = [self.obs_space.sample() for _ in range(rows)]
             if isinstance(self.obs_space, gym.spaces.Dict):  # one input per key a network takes
-                obs = {k: torch.as_tensor(np.stack([s[k] for s in samples])) for k, sub in self.obs_space.items()
-                       if isinstance(sub, (gym.spaces.Box, gym.spaces.Discrete))}
+                obs = {
+                    k: torch.as_tensor(np.stack([s[k] for s in samples]))
+                    for k, sub in self.obs_space.items()
+                    if isinstance(sub, (gym.spaces.Box, gym.spaces.Discrete))
+                }
                 names = [*obs, *inputs]
             else:
                 obs = torch.as_tensor(np.stack(samples))
                 names = ["obs", *inputs]
             worst = export(policy, {"obs": obs, **inputs}, outputs, self.args.export)
-            self._say(f"exported the policy of step {self.global_step} to {self.args.export} ({', '.join(names)} in; "
-                      f"{', '.join(outputs)} out; onnxruntime within {worst:.1g} of torch)")
+            self._say(
+                f"exported the policy of step {self.global_step} to {self.args.export} ({', '.join(names)} in; "
+                f"{', '.join(outputs)} out; onnxruntime within {worst:.1g} of torch)"
+            )
             self.exit_code = 0
         except ExportError as e:
             print(f"error: --export {self.args.export}: {e}", file=sys.stderr, flush=True)
@@ -550,8 +598,11 @@ class Run:
             print("interrupted: export stopped, no file written", file=sys.stderr, flush=True)
             self.exit_code = EXIT_INTERRUPTED
         except Exception as e:  # the exporter, onnx's checker or the disk: one line, no traceback
-            print(f"error: --export {self.args.export}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"error: --export {self.args.export}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
+                file=sys.stderr,
+                flush=True,
+            )
         finally:
             self.progress.close()
             if self.tracker is not None:
@@ -587,12 +638,20 @@ class Run:
             elif kind is not None and issubclass(kind, SAMPLER_FAILURES):
                 print(error, file=sys.stderr)
                 self.save()  # the learner is intact: keep what it learned
-                print(f"error: the sampler process failed ({kind.__name__}); the learner's checkpoint at step "
-                      f"{self.global_step} is written", file=sys.stderr, flush=True)
+                print(
+                    f"error: the sampler process failed ({kind.__name__}); the learner's checkpoint at step "
+                    f"{self.global_step} is written",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 self.exit_code = 1
             elif kind is not None and distributed.lost_peer(error):
-                print(f"error: rank {distributed.rank()} lost contact with another rank, which failed, was killed or "
-                      f"hung ({str(error).splitlines()[0][:200]})", file=sys.stderr, flush=True)
+                print(
+                    f"error: rank {distributed.rank()} lost contact with another rank, which failed, was killed or "
+                    f"hung ({str(error).splitlines()[0][:200]})",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 self.exit_code = 1
             elif kind is not None and issubclass(kind, WriteError):
                 print(f"error: {error}", file=sys.stderr, flush=True)
@@ -603,8 +662,11 @@ class Run:
                 self.exit_code = 1
         except (WriteError, FloatingPointError) as e:  # no checkpoint of an interrupted or failed run: not
             # written (disk full), or not to be written (its statistics were not finite)
-            print(f"error: {type(e).__name__}: {e}" if isinstance(e, FloatingPointError) else f"error: {e}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"error: {type(e).__name__}: {e}" if isinstance(e, FloatingPointError) else f"error: {e}",
+                file=sys.stderr,
+                flush=True,
+            )
             self.exit_code = 1
         finally:
             for thing in reversed(self._held):

@@ -344,8 +344,7 @@ class SumTree:
         """Make absolute rows ``[lo, hi)`` the valid ones (both ends only move forward; ``hi - lo <= T``)."""
         self._apply(0, self._no_rows, lo, hi, move=True)
 
-    def append(self, abs_start: int, priorities: np.ndarray | float | None, lo: int, hi: int,
-               n_rows: int | None = None):
+    def append(self, abs_start: int, priorities: np.ndarray | float | None, lo: int, hi: int, n_rows: int | None = None):
         """``set_pending(abs_start, priorities, n_rows)`` then ``move_window(lo, hi)``, in one compiled call (what a
         replay does per appended chunk); nothing is written if either would raise."""
         self._apply(abs_start, self._rows(priorities, n_rows), lo, hi, move=True)
@@ -385,8 +384,7 @@ class SumTree:
         """
         abs_rows, b_idx, p = _flat(abs_rows, np.int64), _flat(b_idx, np.int64), _flat(priorities, np.float64)
         if not (abs_rows.shape == b_idx.shape == p.shape):
-            raise ValueError(f"abs_rows, b_idx and priorities differ in length: {abs_rows.shape}, {b_idx.shape}, "
-                             f"{p.shape}")
+            raise ValueError(f"abs_rows, b_idx and priorities differ in length: {abs_rows.shape}, {b_idx.shape}, {p.shape}")
         written = _update(self._plain, self._meta_plain, abs_rows, b_idx, p)
         if written == -1:
             raise ValueError("priorities must be finite and non-negative")

@@ -51,8 +51,11 @@ class Tracker:
         try:
             self.run.log({**values, "global_step": step})
         except Exception as e:  # W&B's trouble never ends the training run
-            print(f"warning: Weights & Biases stopped logging ({type(e).__name__}: {e}); training goes on",
-                  file=sys.stderr, flush=True)
+            print(
+                f"warning: Weights & Biases stopped logging ({type(e).__name__}: {e}); training goes on",
+                file=sys.stderr,
+                flush=True,
+            )
             self.run = None
 
     def tee(self, writer: Any) -> Any:
@@ -66,8 +69,11 @@ class Tracker:
             try:
                 video = wandb.Video(str(path), format="mp4")
             except Exception as e:
-                print(f"warning: Weights & Biases could not take the video {path} ({type(e).__name__}: {e})",
-                      file=sys.stderr, flush=True)
+                print(
+                    f"warning: Weights & Biases could not take the video {path} ({type(e).__name__}: {e})",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 return
             self.log({"eval/video": video}, step)
 
@@ -77,8 +83,7 @@ class Tracker:
         try:
             self.run.finish(exit_code=exit_code)
         except Exception as e:
-            print(f"warning: Weights & Biases did not close the run ({type(e).__name__}: {e})", file=sys.stderr,
-                  flush=True)
+            print(f"warning: Weights & Biases did not close the run ({type(e).__name__}: {e})", file=sys.stderr, flush=True)
         self.run = None
 
 
@@ -110,15 +115,25 @@ def start(args: Any, path: Path, script: str) -> Tracker:
         # Under torchrun the other ranks wait for this one in init_process_group for distributed.TIMEOUT_S: W&B
         # gives up before they do, so that its failure is this rank's exit 2, not their timeout.
         timeout = {"init_timeout": 25} if int(os.environ.get("WORLD_SIZE", 1)) > 1 else {}
-        run = wandb.init(project=args.wandb_project_name, entity=args.wandb_entity or None, name=path.name, id=run_id,
-                         resume="allow", config=config, dir=str(path), settings=wandb.Settings(**timeout))
+        run = wandb.init(
+            project=args.wandb_project_name,
+            entity=args.wandb_entity or None,
+            name=path.name,
+            id=run_id,
+            resume="allow",
+            config=config,
+            dir=str(path),
+            settings=wandb.Settings(**timeout),
+        )
         run.define_metric("global_step")
         run.define_metric("*", step_metric="global_step")
     except Exception as e:
         if created and not any(path.iterdir()):
             path.rmdir()  # nothing started: no empty run folder left behind
-        raise RuntimeError(f"Weights & Biases did not start ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
-                           "log in with `wandb login`, or run offline with WANDB_MODE=offline") from None
+        raise RuntimeError(
+            f"Weights & Biases did not start ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
+            "log in with `wandb login`, or run offline with WANDB_MODE=offline"
+        ) from None
     if not id_file.exists():
         id_file.write_text(run_id + "\n")
     return Tracker(run)

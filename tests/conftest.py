@@ -53,7 +53,11 @@ def pytest_collection_modifyitems(config, items):
         if not hasattr(item, "function"):
             continue
         seen: set = set()
-        fixtures = [d.func for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs
-                    if getattr(d.func, "__module__", "").startswith("tests")]  # pytest's own start nothing
+        fixtures = [
+            d.func
+            for defs in item._fixtureinfo.name2fixturedefs.values()
+            for d in defs
+            if getattr(d.func, "__module__", "").startswith("tests")
+        ]  # pytest's own start nothing
         if not any(starts_a_script(f, seen) for f in [item.function, *fixtures]):
             item.add_marker(pytest.mark.unit)

@@ -42,12 +42,30 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 ROOT = Path(__file__).resolve().parents[1]
 ROW_TIME = {  # shared/ functions whose syncs happen once per row, evaluation or checkpoint, or before the loop
-    "run.py": {"_row", "_evaluate", "save", "finish", "begin", "evaluate_only", "_last_row", "__exit__",
-               "__init__", "__enter__"},
-    "progress.py": None, "evaluation.py": None, "checkpoint.py": None,  # None: the whole module
+    "run.py": {
+        "_row",
+        "_evaluate",
+        "save",
+        "finish",
+        "begin",
+        "evaluate_only",
+        "_last_row",
+        "__exit__",
+        "__init__",
+        "__enter__",
+    },
+    "progress.py": None,
+    "evaluation.py": None,
+    "checkpoint.py": None,  # None: the whole module
 }
-SYNC_OPS = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.equal.default",
-            "aten.masked_select.default", "aten.unique.default", "aten._unique2.default"}
+SYNC_OPS = {
+    "aten._local_scalar_dense.default",
+    "aten.nonzero.default",
+    "aten.equal.default",
+    "aten.masked_select.default",
+    "aten.unique.default",
+    "aten._unique2.default",
+}
 
 sites: collections.Counter = collections.Counter()
 
@@ -79,7 +97,8 @@ class CountSyncs(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = str(func)
         bool_index = name == "aten.index.Tensor" and any(
-            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or ()))
+            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or ())
+        )
         if name in SYNC_OPS or bool_index:
             sites[where()] += 1
         return func(*args, **(kwargs or {}))
@@ -95,13 +114,29 @@ def _counted(method):
 
 in_loop = False  # inside ``with run:``, where the script's loop runs
 host_made: dict = {}  # id -> weak reference of each tensor a factory made on the host (tensors compare by value)
-HOST_FACTORIES = ("zeros", "ones", "empty", "full", "arange", "rand", "randn", "randint", "randperm", "from_numpy",
-                  "as_tensor", "tensor", "zeros_like", "ones_like", "empty_like")
+HOST_FACTORIES = (
+    "zeros",
+    "ones",
+    "empty",
+    "full",
+    "arange",
+    "rand",
+    "randn",
+    "randint",
+    "randperm",
+    "from_numpy",
+    "as_tensor",
+    "tensor",
+    "zeros_like",
+    "ones_like",
+    "empty_like",
+)
 
 
 def _counted_factory(make, copies_up: bool):
     """A torch factory whose results made on the host (no ``device``) are remembered in ``host_made``; with
     ``copies_up`` (as_tensor, tensor), counted when it brings host data to a device in the loop."""
+
     def wrapper(*args, **kwargs):
         if kwargs.get("device") is None:
             out = make(*args, **kwargs)
@@ -118,9 +153,9 @@ def _counted_factory(make, copies_up: bool):
 
 def _counted_move(method):
     """``Tensor.to``/``Tensor.cuda``, counted when a tensor made on the host goes to a device in the loop."""
+
     def wrapper(self, *args, **kwargs):
-        to_device = method.__name__ == "cuda" or "device" in kwargs or any(
-            isinstance(a, (str, torch.device)) for a in args)
+        to_device = method.__name__ == "cuda" or "device" in kwargs or any(isinstance(a, (str, torch.device)) for a in args)
         made = host_made.get(id(self))
         if in_loop and to_device and made is not None and made() is self:
             sites[where()] += 1

@@ -24,19 +24,31 @@ N_CUES, LENGTH = 3, 16
 class DictCue(gym.Env):
     metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
 
-    def __init__(self, side: int = 7, cue_in_image: bool = False, masked: bool = False, continuous: bool = False,
-                 bad: bool = False, render_mode: str | None = None):
+    def __init__(
+        self,
+        side: int = 7,
+        cue_in_image: bool = False,
+        masked: bool = False,
+        continuous: bool = False,
+        bad: bool = False,
+        render_mode: str | None = None,
+    ):
         self.side, self.cue_in_image, self.masked, self.render_mode = side, cue_in_image, masked, render_mode
         self.continuous = continuous
-        self.observation_space = gym.spaces.Dict({
-            "cue": gym.spaces.Discrete(N_CUES),
-            "image": gym.spaces.Box(0, 255, (side, side, 3), np.uint8),
-            "vec": gym.spaces.Box(-1.0, 1.0, (2,), np.float32),
-            "mission": gym.spaces.Text(32, charset="abcdefghijklmnopqrstuvwxyz "),
-            **({"bits": gym.spaces.MultiBinary(3)} if bad else {}),
-        })
-        self.action_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32) if continuous else \
-            gym.spaces.Discrete(N_CUES + 1 if masked else N_CUES)
+        self.observation_space = gym.spaces.Dict(
+            {
+                "cue": gym.spaces.Discrete(N_CUES),
+                "image": gym.spaces.Box(0, 255, (side, side, 3), np.uint8),
+                "vec": gym.spaces.Box(-1.0, 1.0, (2,), np.float32),
+                "mission": gym.spaces.Text(32, charset="abcdefghijklmnopqrstuvwxyz "),
+                **({"bits": gym.spaces.MultiBinary(3)} if bad else {}),
+            }
+        )
+        self.action_space = (
+            gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+            if continuous
+            else gym.spaces.Discrete(N_CUES + 1 if masked else N_CUES)
+        )
 
     def _obs(self) -> tuple[dict, dict]:
         rng = self.np_random

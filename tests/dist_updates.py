@@ -6,6 +6,7 @@ parameters to OUT, with what ``check_in_sync`` says of a nudged parameter and wh
 holds. ``updates(None)`` in one process runs the same updates on the whole batches. The optimizers are SGD with
 step size 1, so the parameter change is the (averaged) gradient itself.
 """
+
 from __future__ import annotations
 
 import os
@@ -48,11 +49,18 @@ def updates(part: int | None) -> dict[str, torch.Tensor]:
     torch.manual_seed(0)
     agent = ppo_atari.Agent((OBS,), N_ACTIONS)
     distributed.share(agent)
-    data = {"obs": rng.normal(size=(N, OBS)), "action": rng.integers(0, N_ACTIONS, N),
-            "logprob": rng.normal(-1.1, 0.1, N), "value": rng.normal(size=N), "adv": rng.normal(1.0, 2.0, N),
-            "ret": rng.normal(size=N)}
-    data = {k: torch.as_tensor(_half(v, part)).float() if k != "action" else torch.as_tensor(_half(v, part))
-            for k, v in data.items()}
+    data = {
+        "obs": rng.normal(size=(N, OBS)),
+        "action": rng.integers(0, N_ACTIONS, N),
+        "logprob": rng.normal(-1.1, 0.1, N),
+        "value": rng.normal(size=N),
+        "adv": rng.normal(1.0, 2.0, N),
+        "ret": rng.normal(size=N),
+    }
+    data = {
+        k: torch.as_tensor(_half(v, part)).float() if k != "action" else torch.as_tensor(_half(v, part))
+        for k, v in data.items()
+    }
     data = {k: v.unsqueeze(1) for k, v in data.items()}  # [T, B = 1, ...], as a rollout
     data["mask"] = torch.ones(len(data["action"]), 1, N_ACTIONS, dtype=torch.bool)
     data["weight"] = torch.ones(len(data["action"]), 1)
@@ -64,14 +72,19 @@ def updates(part: int | None) -> dict[str, torch.Tensor]:
     torch.manual_seed(1)
     q_net, target = dqn_atari.QNetwork((OBS,), N_ACTIONS, True), dqn_atari.QNetwork((OBS,), N_ACTIONS, True)
     distributed.share(q_net, target)
-    sample = SimpleNamespace(observation=rng.normal(size=(N, OBS)).astype(np.float32),
-                             next_observation=rng.normal(size=(N, OBS)).astype(np.float32),
-                             action=rng.integers(0, N_ACTIONS, N), n_step_return=rng.normal(size=N),
-                             terminated_n=rng.random(N) < 0.2, bootstrap_discount=np.full(N, 0.99**3),
-                             is_weights=rng.uniform(0.5, 1.0, N))
+    sample = SimpleNamespace(
+        observation=rng.normal(size=(N, OBS)).astype(np.float32),
+        next_observation=rng.normal(size=(N, OBS)).astype(np.float32),
+        action=rng.integers(0, N_ACTIONS, N),
+        n_step_return=rng.normal(size=N),
+        terminated_n=rng.random(N) < 0.2,
+        bootstrap_discount=np.full(N, 0.99**3),
+        is_weights=rng.uniform(0.5, 1.0, N),
+    )
     sample = SimpleNamespace(**{k: _half(v, part) for k, v in vars(sample).items()})
-    buffer = SimpleNamespace(sample=lambda batch_size, beta: (sample, None), update_priorities=lambda *a: None,
-                             sample_ahead=lambda *a: None)
+    buffer = SimpleNamespace(
+        sample=lambda batch_size, beta: (sample, None), update_priorities=lambda *a: None, sample_ahead=lambda *a: None
+    )
     args = dqn_atari.Args(max_grad_norm=1e9, double_dqn=True, prioritized=False)
     dqn_atari.dqn_update(q_net, target, _sgd(q_net), buffer, args, 0.4, torch.device("cpu"))
     out.update({f"dqn.{k}": v.clone() for k, v in q_net.state_dict().items()})
@@ -81,15 +94,19 @@ def updates(part: int | None) -> dict[str, torch.Tensor]:
     actor, critic = ddpg_mujoco.Actor(OBS, ACT, 32), ddpg_mujoco.Critics(OBS, ACT, 32, k=1)
     target_actor, target_critic = ddpg_mujoco.Actor(OBS, ACT, 32), ddpg_mujoco.Critics(OBS, ACT, 32, k=1)
     distributed.share(actor, critic, target_actor, target_critic)
-    batch = SimpleNamespace(observation=rng.normal(size=(N, OBS)), next_observation=rng.normal(size=(N, OBS)),
-                            action=rng.uniform(-1, 1, (N, ACT)), n_step_return=rng.normal(size=N),
-                            terminated_n=(rng.random(N) < 0.2).astype(np.float32), bootstrap_discount=np.full(N, 0.99))
+    batch = SimpleNamespace(
+        observation=rng.normal(size=(N, OBS)),
+        next_observation=rng.normal(size=(N, OBS)),
+        action=rng.uniform(-1, 1, (N, ACT)),
+        n_step_return=rng.normal(size=N),
+        terminated_n=(rng.random(N) < 0.2).astype(np.float32),
+        bootstrap_discount=np.full(N, 0.99),
+    )
     batch = SimpleNamespace(**{k: _half(v, part) for k, v in vars(batch).items()})
     args = ddpg_mujoco.Args(bf16=False, tau=0.5)
     b = ddpg_mujoco.to_tensors(batch, ObsNorm(OBS, enabled=False), torch.device("cpu"))
     ddpg_mujoco.ddpg_update(actor, target_actor, critic, target_critic, (_sgd(actor), _sgd(critic)), b, args)
-    for name, m in (("actor", actor), ("critic", critic), ("target_actor", target_actor),
-                    ("target_critic", target_critic)):
+    for name, m in (("actor", actor), ("critic", critic), ("target_actor", target_actor), ("target_critic", target_critic)):
         out.update({f"ddpg.{name}.{k}": v.clone() for k, v in m.state_dict().items()})
     distributed.check_in_sync()  # the last modules shared: identical on both ranks
     return out
@@ -120,7 +137,7 @@ def rows(folder: str) -> bool:
     if distributed.is_main():  # rank 0 alone writes
         path.mkdir(parents=True, exist_ok=True)
     log = ProgressLog(path if distributed.is_main() else None, 100)
-    for ret in ([1.0, 2.0, 3.0] if distributed.rank() == 0 else [10.0]):
+    for ret in [1.0, 2.0, 3.0] if distributed.rank() == 0 else [10.0]:
         log.episode(ret, 5, 50)
     log.row(100, loss=float(distributed.rank()), updates=7)
     mean = log.recent_mean(4)
@@ -137,8 +154,11 @@ if __name__ == "__main__":
     distributed.start(torch.device("cpu"))
     result = updates(distributed.rank())
     everything = distributed.gather_objects(result)  # both ranks' parameters, to show they are identical
-    report = {"ranks": everything, "diverged": distributed.gather_objects(diverge()),
-              "stop": distributed.gather_objects(rows(sys.argv[2]))}
+    report = {
+        "ranks": everything,
+        "diverged": distributed.gather_objects(diverge()),
+        "stop": distributed.gather_objects(rows(sys.argv[2])),
+    }
     if distributed.rank() == 0:
         torch.save(report, sys.argv[1])
     distributed.end()

@@ -27,12 +27,20 @@ def script(name: str) -> str:
     return str(ROOT / "algos" / name)
 
 
-def run(name: str, *args: str, timeout: float = 600, cwd: Path | None = None,
-        env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+def run(
+    name: str, *args: str, timeout: float = 600, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
     """Run ``algos/<name>`` to completion in its own session (``env`` added to this process's environment); fails
     the test if it leaves a process behind."""
-    proc = subprocess.Popen([sys.executable, script(name), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=cwd, start_new_session=True, env={**os.environ, **(env or {})})
+    proc = subprocess.Popen(
+        [sys.executable, script(name), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=cwd,
+        start_new_session=True,
+        env={**os.environ, **(env or {})},
+    )
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -72,11 +80,15 @@ def refusal(name: str, *args: str, setup: bool = False) -> list[str]:
         return self
 
     err, code = io.StringIO(), None
-    with mock.patch.object(sys, "argv", [script(name), *args]), \
-            mock.patch.object(Run, "setup", setup_keeping_this_process if setup else no_setup), \
-            mock.patch.object(Run, "__enter__", started), mock.patch.object(Run, "evaluate_only", started), \
-            warnings.catch_warnings(record=True) as caught, \
-            contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+    with (
+        mock.patch.object(sys, "argv", [script(name), *args]),
+        mock.patch.object(Run, "setup", setup_keeping_this_process if setup else no_setup),
+        mock.patch.object(Run, "__enter__", started),
+        mock.patch.object(Run, "evaluate_only", started),
+        warnings.catch_warnings(record=True) as caught,
+        contextlib.redirect_stderr(err),
+        contextlib.redirect_stdout(io.StringIO()),
+    ):
         warnings.simplefilter("always")
         try:
             code = module.main()
@@ -130,8 +142,13 @@ def progress(run_dir: Path) -> list[dict]:
 
 def start(name: str, *args: str) -> subprocess.Popen:
     """Start ``algos/<name>`` in its own session without waiting for it."""
-    return subprocess.Popen([sys.executable, script(name), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, script(name), *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def wait_for_progress_row(run_dir: Path, proc: subprocess.Popen, timeout: float = 120) -> None:

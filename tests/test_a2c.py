@@ -18,8 +18,19 @@ CARTPOLE = ["--preset", "cartpole", "--eval-episodes", "0"]  # the learning test
 
 
 def test_a2c_learns_cartpole_serial(tmp_path):
-    out = run("a2c_atari.py", *CARTPOLE, "--total-timesteps", "150000", "--stop-at-return", "450",
-              "--out-dir", str(tmp_path), "--run-name", "r", timeout=400)
+    out = run(
+        "a2c_atari.py",
+        *CARTPOLE,
+        "--total-timesteps",
+        "150000",
+        "--stop-at-return",
+        "450",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "r",
+        timeout=400,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert re.search(r"mean return of the last 20 episodes ([\d.]+) >= 450", out.stdout), out.stdout[-2000:]
     assert int(progress(tmp_path / "r")[-1]["global_step"]) <= 150_000
@@ -30,9 +41,15 @@ def _data(agent, obs, shift):
         logits, _ = agent(obs)
     dist = torch.distributions.Categorical(logits=logits)
     action = dist.sample()
-    return {"obs": obs, "mask": torch.ones(len(obs), 2, dtype=torch.bool), "action": action,
-            "logprob": dist.log_prob(action) + shift, "adv": torch.ones(len(obs)), "ret": torch.zeros(len(obs)),
-            "weight": torch.ones(len(obs))}
+    return {
+        "obs": obs,
+        "mask": torch.ones(len(obs), 2, dtype=torch.bool),
+        "action": action,
+        "logprob": dist.log_prob(action) + shift,
+        "adv": torch.ones(len(obs)),
+        "ret": torch.zeros(len(obs)),
+        "weight": torch.ones(len(obs)),
+    }
 
 
 def test_importance_weight_is_one_on_policy_and_truncated_off_policy():
@@ -52,27 +69,24 @@ def test_importance_weight_is_one_on_policy_and_truncated_off_policy():
     # serial and parallel sample with the current parameters: rho is exactly 1, whatever the last bits of the
     # recomputed log-probabilities (another batch shape, TF32 or bf16 on a GPU)
     serial = a2c_atari.Args(env_id="CartPole-v1", sampler="serial")
-    assert float(a2c_atari.a2c_update(agent, opt, _data(agent, obs, 1e-6), serial)[
-        "rho_mean"]) == 1.0
+    assert float(a2c_atari.a2c_update(agent, opt, _data(agent, obs, 1e-6), serial)["rho_mean"]) == 1.0
 
 
 # Atari parallel sampling (ale-py's vector env) is tested frame for frame in test_atari.py and here with the slow
 # tests, for CI's 30 minutes.
-@pytest.mark.parametrize("sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow),
-                                     pytest.param("async", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow), pytest.param("async", marks=pytest.mark.slow)]
+)
 def test_atari_smoke_checkpoint_and_resume(sampler, tmp_path):
-    common = ["--num-envs", "4", "--num-steps", "5", "--log-every", "2", "--eval-episodes", "0",
-              "--sampler", sampler]
-    out = run("a2c_atari.py", *common, "--total-timesteps", "80", "--out-dir", str(tmp_path), "--run-name", "a",
-              timeout=300)
+    common = ["--num-envs", "4", "--num-steps", "5", "--log-every", "2", "--eval-episodes", "0", "--sampler", sampler]
+    out = run("a2c_atari.py", *common, "--total-timesteps", "80", "--out-dir", str(tmp_path), "--run-name", "a", timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     run_dir = tmp_path / "a"
     assert [int(r["global_step"]) for r in progress(run_dir)] == [40, 80]
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     a2c_atari.Agent((4, 84, 84), 4).load_state_dict(ckpt["model"])
     assert ckpt["global_step"] == 80
-    out = run("a2c_atari.py", *common, "--total-timesteps", "120", "--resume", str(run_dir / "checkpoint.pt"),
-              timeout=300)
+    out = run("a2c_atari.py", *common, "--total-timesteps", "120", "--resume", str(run_dir / "checkpoint.pt"), timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert [int(r["global_step"]) for r in progress(run_dir)] == [40, 80, 120]
 

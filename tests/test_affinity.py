@@ -32,8 +32,9 @@ def test_bad_codes_raise_value_error(code):
         Affinity.decode(code)
 
 
-@given(cpus=st.lists(st.integers(0, 31), min_size=1, max_size=16, unique=True).map(tuple),
-       n_workers=st.none() | st.integers(0, 8))
+@given(
+    cpus=st.lists(st.integers(0, 31), min_size=1, max_size=16, unique=True).map(tuple), n_workers=st.none() | st.integers(0, 8)
+)
 def test_async_split_keeps_learner_and_workers_apart(cpus, n_workers):
     a = make_affinity("async", n_workers, cpus)
     used = set(a.learner_cpus) | {c for w in a.worker_cpus for c in w}
@@ -47,8 +48,9 @@ def test_async_split_keeps_learner_and_workers_apart(cpus, n_workers):
 def test_async_gives_its_one_sampler_every_core_the_learner_leaves_and_a_gpu_learner_one_core(monkeypatch):
     """Every script's async mode runs one sampler process (worker 0): it holds all the non-learner cores (not one
     of them, the others idle) with a torch thread per core; a GPU learner keeps one core (review F18)."""
-    monkeypatch.setattr("shared.affinity.physical_cores",
-                        lambda cpus=None: [(c,) for c in (cpus if cpus is not None else range(8))])
+    monkeypatch.setattr(
+        "shared.affinity.physical_cores", lambda cpus=None: [(c,) for c in (cpus if cpus is not None else range(8))]
+    )
     cpu_learner = make_affinity("async", cpus=tuple(range(8)))
     assert cpu_learner.learner_cpus == (0, 1, 2, 3) and cpu_learner.worker_cpus == ((4, 5, 6, 7),)
     gpu_learner = make_affinity("async", cpus=tuple(range(8)), gpu_learner=True)

@@ -35,8 +35,9 @@ def test_ale_game_names():
 
 
 def test_serial_and_parallel_atari_preprocess_and_account_identically():
-    serial = gym.vector.SyncVectorEnv([lambda: make_atari_env("BreakoutNoFrameskip-v4", noop_max=0)],
-                                      autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP)
+    serial = gym.vector.SyncVectorEnv(
+        [lambda: make_atari_env("BreakoutNoFrameskip-v4", noop_max=0)], autoreset_mode=gym.vector.AutoresetMode.NEXT_STEP
+    )
     parallel = make_atari_vector_env("BreakoutNoFrameskip-v4", 1, num_threads=1, noop_max=0)
     try:
         o1, i1 = serial.reset(seed=3)
@@ -78,8 +79,13 @@ NETWORKS = {
 def forward(name: str, net: torch.nn.Module, obs: torch.Tensor) -> torch.Tensor:
     if name == "r2d1":
         n = obs.shape[0]
-        q, _ = net(obs[None], torch.zeros(1, n, dtype=torch.long), torch.zeros(1, n), net.initial_state(n),
-                   torch.zeros(1, n, dtype=torch.bool))
+        q, _ = net(
+            obs[None],
+            torch.zeros(1, n, dtype=torch.long),
+            torch.zeros(1, n),
+            net.initial_state(n),
+            torch.zeros(1, n, dtype=torch.bool),
+        )
         return q[0]
     out = net(obs)
     return out[0] if isinstance(out, tuple) else out
@@ -103,7 +109,7 @@ def test_networks_refuse_images_too_small_with_the_reason(name):
         NETWORKS[name]((3, 24, 24))
 
 
-CUSTOM_ENV = '''
+CUSTOM_ENV = """
 from gymnasium.envs.classic_control.cartpole import CartPoleEnv
 
 
@@ -125,7 +131,7 @@ class TinyImage(gym.Env):
 # Custom envs registered when this script is imported: spawned processes import the script again.
 gym.register("ShortCartPole-v0", entry_point=CartPoleEnv, max_episode_steps=50)
 gym.register("TinyImage-v0", entry_point=TinyImage)
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -148,16 +154,44 @@ def copied_scripts():
 
 
 @pytest.mark.parametrize("sampler", ["serial", "parallel", "async"])
-@pytest.mark.parametrize("name, flags", [
-    ("ppo_atari.py", ["--num-envs", "2", "--num-steps", "16", "--total-timesteps", "128"]),
-    pytest.param("dqn_atari.py", ["--num-envs", "2", "--total-timesteps", "400", "--buffer-size", "500",
-                                  "--min-steps-learn", "100", "--batch-size", "16", "--log-every", "100"],
-                 marks=pytest.mark.slow),  # ppo_atari's copy in CI, for its 30 minutes
-])
-def test_a_copy_anywhere_in_the_repo_with_a_custom_env_runs_in_every_mode(copied_scripts, name, flags, sampler,
-                                                                          tmp_path):
-    out = run(str(copied_scripts[name]), "--env-id", "ShortCartPole-v0", "--sampler", sampler, *flags,
-              "--eval-episodes", "1", "--out-dir", str(tmp_path), timeout=180)
+@pytest.mark.parametrize(
+    "name, flags",
+    [
+        ("ppo_atari.py", ["--num-envs", "2", "--num-steps", "16", "--total-timesteps", "128"]),
+        pytest.param(
+            "dqn_atari.py",
+            [
+                "--num-envs",
+                "2",
+                "--total-timesteps",
+                "400",
+                "--buffer-size",
+                "500",
+                "--min-steps-learn",
+                "100",
+                "--batch-size",
+                "16",
+                "--log-every",
+                "100",
+            ],
+            marks=pytest.mark.slow,
+        ),  # ppo_atari's copy in CI, for its 30 minutes
+    ],
+)
+def test_a_copy_anywhere_in_the_repo_with_a_custom_env_runs_in_every_mode(copied_scripts, name, flags, sampler, tmp_path):
+    out = run(
+        str(copied_scripts[name]),
+        "--env-id",
+        "ShortCartPole-v0",
+        "--sampler",
+        sampler,
+        *flags,
+        "--eval-episodes",
+        "1",
+        "--out-dir",
+        str(tmp_path),
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     (run_dir,) = tmp_path.iterdir()
     assert run_dir.name.startswith(f"ShortCartPole-v0__my_{name[:-3]}__1__")  # the copy names its runs
@@ -166,8 +200,7 @@ def test_a_copy_anywhere_in_the_repo_with_a_custom_env_runs_in_every_mode(copied
 
 
 def test_an_image_env_the_cnn_cannot_take_exits_2_with_one_line(copied_scripts, tmp_path):
-    out = run(str(copied_scripts["ppo_atari.py"]), "--env-id", "TinyImage-v0", "--out-dir", str(tmp_path),
-              timeout=120)
+    out = run(str(copied_scripts["ppo_atari.py"]), "--env-id", "TinyImage-v0", "--out-dir", str(tmp_path), timeout=120)
     assert out.returncode == 2, out.stderr[-3000:]
     assert out.stderr.count("\n") == 1 and "at least 36x36" in out.stderr, out.stderr
     assert not any(tmp_path.iterdir())  # nothing started
@@ -250,11 +283,33 @@ def test_a_wrapper_added_to_ppo_atari_make_env_reaches_every_sampling_mode(sampl
         (folder / "wrapped_ppo.py").write_text(edited)
         marks = tmp_path / "marks"
         marks.mkdir()
-        out = subprocess.run([sys.executable, str(folder / "wrapped_ppo.py"), "--env-id", "BreakoutNoFrameskip-v4",
-                              "--sampler", sampler, "--num-envs", "2", "--num-steps", "16", "--total-timesteps",
-                              "64", "--eval-episodes", "1", "--out-dir", str(tmp_path / "runs"), "--run-name", "w"],
-                             capture_output=True, text=True, timeout=600, cwd=ROOT,
-                             env={**os.environ, "MARKS": str(marks)})
+        out = subprocess.run(
+            [
+                sys.executable,
+                str(folder / "wrapped_ppo.py"),
+                "--env-id",
+                "BreakoutNoFrameskip-v4",
+                "--sampler",
+                sampler,
+                "--num-envs",
+                "2",
+                "--num-steps",
+                "16",
+                "--total-timesteps",
+                "64",
+                "--eval-episodes",
+                "1",
+                "--out-dir",
+                str(tmp_path / "runs"),
+                "--run-name",
+                "w",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            cwd=ROOT,
+            env={**os.environ, "MARKS": str(marks)},
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         seen = [int(v) for f in marks.iterdir() for v in f.read_text().split()]
         evaluated = json.loads((tmp_path / "runs" / "w" / "eval.json").read_text())["lengths"][0]
@@ -269,9 +324,24 @@ def test_an_atari_script_evaluates_its_own_games_in_worker_processes(tmp_path):
     """ppo_atari.py on Pong, evaluated on 2 envs: its ``make_env`` (a closure in the script's ``__main__``) reaches
     the spawned evaluation workers (one per CPU, on 2 or more CPUs), and eval.json holds 2 whole games with their
     lengths (an untrained policy loses 0-21: hundreds of steps)."""
-    out = run(str(ROOT / "algos" / "ppo_atari.py"), "--env-id", "PongNoFrameskip-v4", "--num-envs", "2", "--num-steps",
-              "16", "--total-timesteps", "32", "--eval-episodes", "2", "--eval-envs", "2", "--out-dir", str(tmp_path),
-              timeout=300)
+    out = run(
+        str(ROOT / "algos" / "ppo_atari.py"),
+        "--env-id",
+        "PongNoFrameskip-v4",
+        "--num-envs",
+        "2",
+        "--num-steps",
+        "16",
+        "--total-timesteps",
+        "32",
+        "--eval-episodes",
+        "2",
+        "--eval-envs",
+        "2",
+        "--out-dir",
+        str(tmp_path),
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     (run_dir,) = tmp_path.iterdir()
     saved = json.loads((run_dir / "eval.json").read_text())

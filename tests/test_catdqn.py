@@ -48,8 +48,7 @@ def project_by_loop(p, r, d, z):
 
 
 @settings(max_examples=40, deadline=None)
-@given(K=st.integers(2, 21), N=st.integers(1, 6), seed=st.integers(0, 2**31),
-       on_grid=st.booleans(), terminal=st.booleans())
+@given(K=st.integers(2, 21), N=st.integers(1, 6), seed=st.integers(0, 2**31), on_grid=st.booleans(), terminal=st.booleans())
 def test_projection_matches_a_per_atom_loop(K, N, seed, on_grid, terminal):
     rng = np.random.default_rng(seed)
     z = np.linspace(-5.0, 5.0, K)
@@ -57,8 +56,7 @@ def test_projection_matches_a_per_atom_loop(K, N, seed, on_grid, terminal):
     # Rewards past both ends, inside, and (on_grid) exactly on atoms with discount 1: every branch of the split.
     r = rng.choice(z, N) if on_grid else rng.uniform(-12, 12, N)
     d = np.zeros(N) if terminal else (np.ones(N) if on_grid else rng.uniform(0, 1, N))
-    got = catdqn_atari.project(torch.tensor(p, dtype=torch.float64), torch.tensor(r), torch.tensor(d),
-                               torch.tensor(z))
+    got = catdqn_atari.project(torch.tensor(p, dtype=torch.float64), torch.tensor(r), torch.tensor(d), torch.tensor(z))
     expected = project_by_loop(p, r, d, z)
     np.testing.assert_allclose(got.numpy(), expected, atol=1e-9)
     np.testing.assert_allclose(got.sum(1).numpy(), 1.0, atol=1e-9)  # no mass lost
@@ -75,8 +73,20 @@ def test_terminal_target_puts_all_mass_at_the_return():
 @pytest.mark.slow
 @pytest.mark.parametrize("noisy", [[], ["--noisy"]], ids=["epsilon-greedy", "noisy"])
 def test_c51_learns_cartpole_serial(noisy, tmp_path):
-    out = run("catdqn_atari.py", *CARTPOLE, *noisy, "--total-timesteps", "100000", "--stop-at-return", "475",
-              "--out-dir", str(tmp_path), "--run-name", "r", timeout=500)
+    out = run(
+        "catdqn_atari.py",
+        *CARTPOLE,
+        *noisy,
+        "--total-timesteps",
+        "100000",
+        "--stop-at-return",
+        "475",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "r",
+        timeout=500,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     m = re.search(r"mean return of the last 20 episodes ([\d.]+) >= 475.0 at step (\d+)", out.stdout)
     assert m and int(m.group(2)) <= 100_000, out.stdout[-2000:]
@@ -84,15 +94,37 @@ def test_c51_learns_cartpole_serial(noisy, tmp_path):
 
 # With the slow tests (dqn_atari.py's sampler code, tested there; the atari100k preset's smoke keeps C51 on Atari
 # in CI, for its 30 minutes).
-@pytest.mark.parametrize("sampler", [pytest.param("serial", marks=pytest.mark.slow),
-                                     pytest.param("parallel", marks=pytest.mark.slow),
-                                     pytest.param("async", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "sampler",
+    [
+        pytest.param("serial", marks=pytest.mark.slow),
+        pytest.param("parallel", marks=pytest.mark.slow),
+        pytest.param("async", marks=pytest.mark.slow),
+    ],
+)
 def test_atari_smoke_small_buffer_checkpoint_and_resume(sampler, tmp_path):
-    common = ["--num-envs", "4", "--buffer-size", "2000", "--min-steps-learn", "200", "--log-every", "200",
-              "--eval-episodes", "0", "--sampler", sampler, "--double-dqn", "--dueling", "--prioritized",
-              "--n-step-return", "3"]
-    out = run("catdqn_atari.py", *common, "--total-timesteps", "400", "--out-dir", str(tmp_path), "--run-name", "a",
-              timeout=300)
+    common = [
+        "--num-envs",
+        "4",
+        "--buffer-size",
+        "2000",
+        "--min-steps-learn",
+        "200",
+        "--log-every",
+        "200",
+        "--eval-episodes",
+        "0",
+        "--sampler",
+        sampler,
+        "--double-dqn",
+        "--dueling",
+        "--prioritized",
+        "--n-step-return",
+        "3",
+    ]
+    out = run(
+        "catdqn_atari.py", *common, "--total-timesteps", "400", "--out-dir", str(tmp_path), "--run-name", "a", timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     run_dir = tmp_path / "a"
     assert [int(r["global_step"]) for r in progress(run_dir)] == [200, 400]
@@ -149,8 +181,7 @@ def test_noisy_layer_output_has_the_definitions_mean_and_variance(script):
         y = torch.cat([layer(x, gen) for _ in range(n)]).double()  # [n, 3]: one draw per call
         mean = layer(x, None)[0].double()
         e_abs = math.sqrt(2 / math.pi)
-        var = e_abs * (e_abs * (layer.weight_sigma.double() ** 2 * x.double() ** 2).sum(1)
-                       + layer.bias_sigma.double() ** 2)
+        var = e_abs * (e_abs * (layer.weight_sigma.double() ** 2 * x.double() ** 2).sum(1) + layer.bias_sigma.double() ** 2)
     assert torch.allclose(mean, (layer.weight @ x[0] + layer.bias).double())
     assert torch.all((y.mean(0) - mean).abs() < 5 * (var / n).sqrt()), (y.mean(0), mean)
     assert torch.allclose(y.var(0), var, rtol=0.05), (y.var(0), var)
@@ -167,9 +198,9 @@ def test_noisy_layer_noise_is_factorised_and_shared_by_the_batch(script):
     with torch.no_grad():
         y = layer(x, torch.Generator().manual_seed(3))
         bias_noise = (y[0] - layer.bias) / layer.bias_sigma  # f_out [q]
-        w_noise = (y[1:p + 1] - y[0]).T - layer.weight  # [q, p]: column j from unit vector j
+        w_noise = (y[1 : p + 1] - y[0]).T - layer.weight  # [q, p]: column j from unit vector j
         eps = w_noise / layer.weight_sigma
-    assert torch.allclose(y[1:p + 1], y[p + 1:])  # the same noise for every row
+    assert torch.allclose(y[1 : p + 1], y[p + 1 :])  # the same noise for every row
     assert torch.linalg.matrix_rank(eps, atol=1e-5) == 1
     f_in = eps / bias_noise[:, None]  # each row is f_in when eps = outer(f_out, f_in)
     assert torch.allclose(f_in, f_in[0].expand_as(f_in), atol=1e-5)
@@ -184,8 +215,15 @@ def test_noisy_network_draws_anew_each_call_and_evaluates_with_the_mean_weights(
     torch.manual_seed(0)
     net = catdqn_atari.QNetwork((4, 84, 84), 5, True, torch.linspace(-10, 10, 51), "data-efficient", 0.1)
     assert {n for n, _ in net.named_parameters() if "sigma" in n} == {
-        "q.0.weight_sigma", "q.0.bias_sigma", "q.2.weight_sigma", "q.2.bias_sigma",
-        "v.0.weight_sigma", "v.0.bias_sigma", "v.2.weight_sigma", "v.2.bias_sigma"}
+        "q.0.weight_sigma",
+        "q.0.bias_sigma",
+        "q.2.weight_sigma",
+        "q.2.bias_sigma",
+        "v.0.weight_sigma",
+        "v.0.bias_sigma",
+        "v.2.weight_sigma",
+        "v.2.bias_sigma",
+    }
     assert net.torso(torch.zeros(1, 4, 84, 84)).shape == (1, 64 * 3 * 3)
     assert net.q[0].weight_sigma.flatten()[0].item() == pytest.approx(0.1 / math.sqrt(576))
     obs = torch.randint(0, 255, (2, 4, 84, 84), dtype=torch.uint8)
@@ -208,12 +246,38 @@ def test_noisy_network_draws_anew_each_call_and_evaluates_with_the_mean_weights(
 # Data-efficient Rainbow as published: van Hasselt, Hessel and Aslanides (2019), appendix table, and Dopamine's
 # labs/atari_100k/configs/DER.gin (where they agree; the preset's comment says where they differ); the protocol of
 # the Atari 100k benchmark (Kaiser et al. 2019).
-DER = dict(network="data-efficient", noisy=True, noisy_sigma=0.1, noisy_epsilon=0.0, dueling=True, double_dqn=True,
-           prioritized=True, n_atoms=51, v_min=-10.0, v_max=10.0, gamma=0.99, n_step_return=20, batch_size=32,
-           learning_rate=1e-4, adam_epsilon=1.5e-4, optimizer="adam", max_grad_norm=10.0, min_steps_learn=1600,
-           target_update_interval=2000, alpha=0.5, beta=0.4, total_timesteps=100_000, num_envs=1,
-           buffer_size=100_000, sticky_actions=0.0, life_loss_terminal=True, clip_rewards=True, noop_max=30,
-           eval_episodes=100, eval_epsilon=0.001)
+DER = dict(
+    network="data-efficient",
+    noisy=True,
+    noisy_sigma=0.1,
+    noisy_epsilon=0.0,
+    dueling=True,
+    double_dqn=True,
+    prioritized=True,
+    n_atoms=51,
+    v_min=-10.0,
+    v_max=10.0,
+    gamma=0.99,
+    n_step_return=20,
+    batch_size=32,
+    learning_rate=1e-4,
+    adam_epsilon=1.5e-4,
+    optimizer="adam",
+    max_grad_norm=10.0,
+    min_steps_learn=1600,
+    target_update_interval=2000,
+    alpha=0.5,
+    beta=0.4,
+    total_timesteps=100_000,
+    num_envs=1,
+    buffer_size=100_000,
+    sticky_actions=0.0,
+    life_loss_terminal=True,
+    clip_rewards=True,
+    noop_max=30,
+    eval_episodes=100,
+    eval_epsilon=0.001,
+)
 
 
 def test_atari100k_preset_is_the_published_configuration():
@@ -224,23 +288,51 @@ def test_atari100k_preset_is_the_published_configuration():
     assert catdqn_atari.PRESETS["atari"].network == "nature" and not catdqn_atari.PRESETS["atari"].noisy
 
 
-PRESET_SMOKE = ["--preset", "atari100k", "--env-id", "PongNoFrameskip-v4", "--min-steps-learn", "100",
-                "--buffer-size", "1000", "--log-every", "100", "--eval-episodes", "0", "--target-update-interval",
-                "100"]
+PRESET_SMOKE = [
+    "--preset",
+    "atari100k",
+    "--env-id",
+    "PongNoFrameskip-v4",
+    "--min-steps-learn",
+    "100",
+    "--buffer-size",
+    "1000",
+    "--log-every",
+    "100",
+    "--eval-episodes",
+    "0",
+    "--target-update-interval",
+    "100",
+]
 
 
-@pytest.mark.parametrize("sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow),
-                                     pytest.param("async", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow), pytest.param("async", marks=pytest.mark.slow)]
+)
 def test_atari100k_preset_smoke(sampler, tmp_path):
-    out = run("catdqn_atari.py", *PRESET_SMOKE, "--sampler", sampler, "--total-timesteps", "300", "--out-dir",
-              str(tmp_path), "--run-name", "a", timeout=300)
+    out = run(
+        "catdqn_atari.py",
+        *PRESET_SMOKE,
+        "--sampler",
+        sampler,
+        "--total-timesteps",
+        "300",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "a",
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     rows = progress(tmp_path / "a")
     # async: a row when the learner sees a multiple of 100 pass; one poll can see two pass (a loaded machine: [100,
     # 300]), and then writes one row
     steps = [int(r["global_step"]) for r in rows]
-    assert steps == [100, 200, 300] if sampler != "async" else (
-        2 <= len(steps) <= 3 and steps == sorted(set(steps)) and steps[-1] == 300), steps
+    assert (
+        steps == [100, 200, 300]
+        if sampler != "async"
+        else (2 <= len(steps) <= 3 and steps == sorted(set(steps)) and steps[-1] == 300)
+    ), steps
     # One update per step from step 100 in this process; the async learner trails its sampler (up to
     # --max-lag-steps 1000 behind, more than this run is long).
     assert float(rows[-1]["epsilon"]) == 0.0 and int(rows[-1]["updates"]) >= (200 if sampler != "async" else 1)
@@ -251,10 +343,23 @@ def test_atari100k_preset_smoke(sampler, tmp_path):
 def test_resume_with_the_replay_restores_the_noise_generator(tmp_path):
     """Two resumes from one checkpoint are identical (serial runs are deterministic); one from a copy whose noise
     state was replaced differs: the resumed run draws from the checkpoint's generator, not a reseeded one."""
-    flags = ["--preset", "cartpole", "--noisy", "--min-steps-learn", "200", "--log-every", "200", "--eval-episodes",
-             "0", "--save-replay", "--buffer-size", "2000"]
-    out = run("catdqn_atari.py", *flags, "--total-timesteps", "400", "--out-dir", str(tmp_path), "--run-name", "a",
-              timeout=300)
+    flags = [
+        "--preset",
+        "cartpole",
+        "--noisy",
+        "--min-steps-learn",
+        "200",
+        "--log-every",
+        "200",
+        "--eval-episodes",
+        "0",
+        "--save-replay",
+        "--buffer-size",
+        "2000",
+    ]
+    out = run(
+        "catdqn_atari.py", *flags, "--total-timesteps", "400", "--out-dir", str(tmp_path), "--run-name", "a", timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     ckpt = torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)
     fresh = torch.Generator().manual_seed(1 + 7_919).get_state()  # the default --seed 1
@@ -265,8 +370,7 @@ def test_resume_with_the_replay_restores_the_noise_generator(tmp_path):
     torch.save(other, tmp_path / "d" / "checkpoint.pt")
     models = {}
     for name in ("b", "c", "d"):
-        out = run("catdqn_atari.py", *flags, "--total-timesteps", "600", "--resume", str(tmp_path / name),
-                  timeout=300)
+        out = run("catdqn_atari.py", *flags, "--total-timesteps", "600", "--resume", str(tmp_path / name), timeout=300)
         assert out.returncode == 0, out.stderr[-3000:]
         assert "restored the replay:" in out.stdout, out.stdout[-2000:]
         models[name] = torch.load(tmp_path / name / "checkpoint.pt", weights_only=True)["model"]
@@ -299,8 +403,10 @@ def test_flags_the_network_cannot_honour_are_refused_in_one_place(replaced_netwo
     replaced_network.make_network(replaced_network.Args(), (4,), 2)  # no flag: nothing to refuse
     args = catdqn_atari.Args(noisy=True, dueling=True)
     catdqn_atari.make_network(args, (4,), 2)  # the script's network honours both
-    for flag, message in [("noisy", "--noisy: the network has no NoisyLinear layer to draw noise for"),
-                          ("dueling", "--dueling: the dueling head is QNetwork's; Linear has none")]:
+    for flag, message in [
+        ("noisy", "--noisy: the network has no NoisyLinear layer to draw noise for"),
+        ("dueling", "--dueling: the dueling head is QNetwork's; Linear has none"),
+    ]:
         with pytest.raises(SystemExit) as e:
             replaced_network.make_network(replaced_network.Args(**{flag: True}), (4,), 2)
         assert e.value.code == 2

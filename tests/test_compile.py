@@ -33,9 +33,24 @@ STRICT = {"RL_COMPILE_BACKEND": "aot_eager", "RL_COMPILE_STRICT": "1"}
 
 
 def run_script(script: str, out_dir, name: str, *flags: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "algos" / f"{script}.py"), *FLAGS[script], *COMMON, *flags,
-                           "--out-dir", str(out_dir), "--run-name", name], capture_output=True, text=True,
-                          timeout=600, cwd=ROOT, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "algos" / f"{script}.py"),
+            *FLAGS[script],
+            *COMMON,
+            *flags,
+            "--out-dir",
+            str(out_dir),
+            "--run-name",
+            name,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def rows(path) -> list[dict]:
@@ -49,8 +64,7 @@ def parameters(path) -> dict[str, torch.Tensor]:
     out = {}
     for obj, value in state.items():
         if isinstance(value, dict):
-            out.update({f"{obj}.{k}": v for k, v in value.items()
-                        if isinstance(v, torch.Tensor) and v.is_floating_point()})
+            out.update({f"{obj}.{k}": v for k, v in value.items() if isinstance(v, torch.Tensor) and v.is_floating_point()})
     return out
 
 
@@ -81,18 +95,43 @@ def test_compiled_run_has_no_graph_break_or_recompile_and_agrees_with_eager(scri
 def test_an_env_with_action_masks_compiles_once(script, tmp_path):
     """Masks that are all True at some steps and not at others: the compiled step always takes the mask (an all-True
     mask changes no logit), so one graph serves both."""
-    out = subprocess.run([sys.executable, str(ROOT / "algos" / f"{script}.py"), "--env-id",
-                          "tests.masked_env:MaskedChoice-v0", "--num-envs", "4", "--num-steps", "16",
-                          "--total-timesteps", "256", "--eval-episodes", "1", "--compile",
-                          "--out-dir", str(tmp_path), "--run-name", "r"], capture_output=True, text=True,
-                         timeout=600, cwd=ROOT, env={**os.environ, **STRICT})
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "algos" / f"{script}.py"),
+            "--env-id",
+            "tests.masked_env:MaskedChoice-v0",
+            "--num-envs",
+            "4",
+            "--num-steps",
+            "16",
+            "--total-timesteps",
+            "256",
+            "--eval-episodes",
+            "1",
+            "--compile",
+            "--out-dir",
+            str(tmp_path),
+            "--run-name",
+            "r",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env={**os.environ, **STRICT},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert int(rows(tmp_path / "r")[-1]["compiled_graphs"]) == 2
 
 
-@pytest.mark.parametrize("script, flags", [
-    ("ppo_atari", ["--sampler", "async"]),
-    pytest.param("dqn_atari", ["--sampler", "async", "--max-lag-steps", "400"], marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "script, flags",
+    [
+        ("ppo_atari", ["--sampler", "async"]),
+        pytest.param("dqn_atari", ["--sampler", "async", "--max-lag-steps", "400"], marks=pytest.mark.slow),
+    ],
+)
 def test_async_compiles_the_learner_and_samples_eagerly(script, flags, tmp_path):
     """The sampler process acts eagerly (it never calls enable): the learner's loss is the one graph."""
     out = run_script(script, tmp_path, "r", "--compile", *flags, env=STRICT)
@@ -104,9 +143,22 @@ def test_async_compiles_the_learner_and_samples_eagerly(script, flags, tmp_path)
 def test_two_ranks_compile_alike_and_average_eager_gradients(tmp_path):
     """torchrun: each rank compiles its own graphs; the all-reduce between backward and step stays eager. The
     ranks' parameters stay equal (shared.distributed checks it at every row) and the run ends 0."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(ROOT / "algos" / "ppo_atari.py"), *FLAGS["ppo_atari"], *COMMON, "--compile", "--out-dir",
-           str(tmp_path), "--run-name", "r"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(ROOT / "algos" / "ppo_atari.py"),
+        *FLAGS["ppo_atari"],
+        *COMMON,
+        "--compile",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "r",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT, env={**os.environ, **STRICT})
     assert out.returncode == 0, out.stderr[-3000:]
     assert int(rows(tmp_path / "r")[-1]["compiled_graphs"]) == 2
@@ -133,11 +185,30 @@ def test_inductor_learns_what_eager_learns(script, tmp_path):
 def test_compiled_ppo_learns_cartpole(tmp_path):
     """Inductor's generated code, learning: PPO's CartPole preset reaches 450 within 150k steps, as eager does in
     tests/test_ppo.py (its random draws are inductor's own, so the run differs from eager's)."""
-    out = subprocess.run([sys.executable, str(ROOT / "algos" / "ppo_atari.py"), "--preset", "cartpole", "--compile",
-                          "--total-timesteps", "150000", "--stop-at-return", "450", "--eval-episodes", "0",
-                          "--out-dir", str(tmp_path), "--run-name", "r"], capture_output=True, text=True,
-                         timeout=600, cwd=ROOT, env={**os.environ, "RL_COMPILE_STRICT": "1",
-                                                      "RL_COMPILE_BACKEND": "inductor"})
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "algos" / "ppo_atari.py"),
+            "--preset",
+            "cartpole",
+            "--compile",
+            "--total-timesteps",
+            "150000",
+            "--stop-at-return",
+            "450",
+            "--eval-episodes",
+            "0",
+            "--out-dir",
+            str(tmp_path),
+            "--run-name",
+            "r",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env={**os.environ, "RL_COMPILE_STRICT": "1", "RL_COMPILE_BACKEND": "inductor"},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "mean return of the last 20 episodes" in out.stdout, out.stdout[-2000:]
     assert int(rows(tmp_path / "r")[-1]["compiled_graphs"]) == 2
@@ -149,9 +220,25 @@ def test_eval_only_with_compile_plays_the_checkpoint(script, preset, tmp_path):
     """--eval-only --compile: the evaluation policy acts eagerly (the recurrent ones through the row-by-row LSTM)."""
     first = run_script(script, tmp_path, "r", "--compile", env=STRICT)
     assert first.returncode == 0, first.stderr[-3000:]
-    out = subprocess.run([sys.executable, str(ROOT / "algos" / f"{script}.py"), "--preset", preset, "--resume",
-                          str(tmp_path / "r"), "--eval-only", "--compile", "--eval-episodes", "2"],
-                         capture_output=True, text=True, timeout=600, cwd=ROOT, env={**os.environ, **STRICT})
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "algos" / f"{script}.py"),
+            "--preset",
+            preset,
+            "--resume",
+            str(tmp_path / "r"),
+            "--eval-only",
+            "--compile",
+            "--eval-episodes",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env={**os.environ, **STRICT},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "evaluation over 2 episodes" in out.stdout
 
@@ -163,13 +250,17 @@ def test_resume_across_eager_and_compiled(tmp_path):
     (the compiled functions take the modules as arguments; nothing of torch.compile is in the state)."""
     first = run_script("ppo_atari", tmp_path, "r", "--compile", env=STRICT)
     assert first.returncode == 0, first.stderr[-3000:]
-    resume = [sys.executable, str(ROOT / "algos" / "ppo_atari.py"), "--preset", "cartpole", "--resume",
-              str(tmp_path / "r")]
-    eager = subprocess.run([*resume, "--total-timesteps", "2048"], capture_output=True, text=True, timeout=600,
-                           cwd=ROOT)
+    resume = [sys.executable, str(ROOT / "algos" / "ppo_atari.py"), "--preset", "cartpole", "--resume", str(tmp_path / "r")]
+    eager = subprocess.run([*resume, "--total-timesteps", "2048"], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert eager.returncode == 0, eager.stderr[-3000:]
-    again = subprocess.run([*resume, "--total-timesteps", "3072", "--compile"], capture_output=True, text=True,
-                           timeout=600, cwd=ROOT, env={**os.environ, **STRICT})
+    again = subprocess.run(
+        [*resume, "--total-timesteps", "3072", "--compile"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env={**os.environ, **STRICT},
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     steps = [int(r["global_step"]) for r in rows(tmp_path / "r")]
     assert steps[-1] == 3072 and steps == sorted(steps)
@@ -220,7 +311,8 @@ def test_the_report_counts_captured_cuda_graphs_on_cuda_only(strict_aot_eager):
 @pytest.mark.parametrize("script", ["dqn_atari.py", "catdqn_atari.py"])
 def test_compile_refuses_noisy_layers(script):
     assert refusal(script, "--preset", "cartpole", "--compile", "--noisy") == [
-        "error: --compile: the --noisy layers draw from a torch.Generator, which it cannot trace"]
+        "error: --compile: the --noisy layers draw from a torch.Generator, which it cannot trace"
+    ]
 
 
 def test_without_enable_a_compiled_function_is_the_function_itself():
@@ -272,9 +364,16 @@ def test_rows_of_weight_zero_change_neither_the_ppo_loss_nor_its_gradients():
     agent = ppo_atari.Agent((4,), 3)
     args = ppo_atari.Args(clip_vloss=True)
     n = 16
-    data = {"obs": torch.randn(n, 4), "mask": torch.rand(n, 3) > 0.2, "action": torch.randint(0, 3, (n,)),
-            "logprob": torch.randn(n) - 1.0, "ret": torch.randn(n), "value": torch.randn(n), "adv": torch.randn(n),
-            "weight": (torch.rand(n) > 0.3).float()}
+    data = {
+        "obs": torch.randn(n, 4),
+        "mask": torch.rand(n, 3) > 0.2,
+        "action": torch.randint(0, 3, (n,)),
+        "logprob": torch.randn(n) - 1.0,
+        "ret": torch.randn(n),
+        "value": torch.randn(n),
+        "adv": torch.randn(n),
+        "weight": (torch.rand(n) > 0.3).float(),
+    }
     data["mask"][torch.arange(n), data["action"]] = True  # the action taken was allowed
     valid = data["weight"].bool()
 
@@ -303,9 +402,15 @@ def test_a2c_rows_of_weight_zero_change_neither_its_loss_nor_its_gradients(sampl
     agent = a2c_atari.Agent((4,), 3)
     args = a2c_atari.Args(sampler=sampler)
     n = 24
-    data = {"obs": torch.randn(n, 4), "mask": torch.rand(n, 3) > 0.2, "action": torch.randint(0, 3, (n,)),
-            "logprob": torch.randn(n) - 1.0, "adv": torch.randn(n), "ret": torch.randn(n),
-            "weight": (torch.rand(n) > 0.3).float()}
+    data = {
+        "obs": torch.randn(n, 4),
+        "mask": torch.rand(n, 3) > 0.2,
+        "action": torch.randint(0, 3, (n,)),
+        "logprob": torch.randn(n) - 1.0,
+        "adv": torch.randn(n),
+        "ret": torch.randn(n),
+        "weight": (torch.rand(n) > 0.3).float(),
+    }
     data["mask"][torch.arange(n), data["action"]] = True  # the action taken was allowed
     valid = data["weight"].bool()
 

@@ -42,17 +42,38 @@ PENDULUM = ["--preset", "pendulum", "--log-every", "1000", "--eval-episodes", "0
 
 # SAC serially in CI; DDPG, TD3 and SAC's parallel and async runs (60-90 s each) with the slow tests, for CI's
 # 30 minutes (every one of them passes there; benchmarks/continuous_learning_curves.py plots them all).
-@pytest.mark.parametrize("script, sampler, num_envs", [
-    pytest.param("ddpg_mujoco.py", "serial", 1, marks=pytest.mark.slow),
-    pytest.param("td3_mujoco.py", "serial", 1, marks=pytest.mark.slow), ("sac_mujoco.py", "serial", 1),
-    pytest.param("sac_mujoco.py", "parallel", 2, marks=pytest.mark.slow),
-    pytest.param("sac_mujoco.py", "async", 1, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "script, sampler, num_envs",
+    [
+        pytest.param("ddpg_mujoco.py", "serial", 1, marks=pytest.mark.slow),
+        pytest.param("td3_mujoco.py", "serial", 1, marks=pytest.mark.slow),
+        ("sac_mujoco.py", "serial", 1),
+        pytest.param("sac_mujoco.py", "parallel", 2, marks=pytest.mark.slow),
+        pytest.param("sac_mujoco.py", "async", 1, marks=pytest.mark.slow),
+    ],
+)
 def test_learns_pendulum_within_20k_steps(script, sampler, num_envs, tmp_path):
     # SAC in CI with 64-unit layers, for CI's 30 minutes: the same algorithm at about half the cost of an update
     # (-250 at step 7,235 with seed 1 and 6,431 with seed 2; the preset's 256 units reach it at 5,024 in 94 s here).
     small = ["--hidden", "64"] if (script, sampler) == ("sac_mujoco.py", "serial") else []
-    out = run(script, *PENDULUM, *small, "--sampler", sampler, "--num-envs", str(num_envs), "--total-timesteps", "20000",
-              "--stop-at-return", "-250", "--out-dir", str(tmp_path), "--run-name", "r", timeout=600)
+    out = run(
+        script,
+        *PENDULUM,
+        *small,
+        "--sampler",
+        sampler,
+        "--num-envs",
+        str(num_envs),
+        "--total-timesteps",
+        "20000",
+        "--stop-at-return",
+        "-250",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "r",
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     m = re.search(r"mean return of the last 10 episodes (-?[\d.]+) >= -250.0 at step (\d+)", out.stdout)
     assert m and int(m.group(2)) <= 20_000, out.stdout[-2000:]
@@ -117,19 +138,28 @@ def replay_with_termination_and_timeout(gamma: float = 0.5, n: int = 3) -> Repla
     term, trunc = np.zeros(10, bool), np.zeros(10, bool)
     term[3], trunc[6] = True, True
     for t in range(10):
-        buf.append(sac_mujoco.Step(np.full((1, 1, 1), t, np.float32), np.zeros((1, 1, 1), np.float32),
-                                   np.ones((1, 1), np.float32), term[t:t + 1, None], trunc[t:t + 1, None]))
+        buf.append(
+            sac_mujoco.Step(
+                np.full((1, 1, 1), t, np.float32),
+                np.zeros((1, 1, 1), np.float32),
+                np.ones((1, 1), np.float32),
+                term[t : t + 1, None],
+                trunc[t : t + 1, None],
+            )
+        )
     return buf
 
 
 def expected_targets(v):
     """Targets by hand for gamma 0.5, n 3, as a function of the bootstrap value v(s)."""
-    return {0: 1 + 0.5 + 0.25 + 0.125 * v(3),  # three steps, bootstrap from s=3
-            1: 1 + 0.5 + 0.25,  # terminates at row 3 inside the window: no bootstrap
-            2: 1 + 0.5,
-            3: 1.0,
-            5: 1 + 0.5 + 0.25 * v(7),  # times out at row 6: bootstraps from the final observation (row 7)
-            6: 1 + 0.5 * v(7)}
+    return {
+        0: 1 + 0.5 + 0.25 + 0.125 * v(3),  # three steps, bootstrap from s=3
+        1: 1 + 0.5 + 0.25,  # terminates at row 3 inside the window: no bootstrap
+        2: 1 + 0.5,
+        3: 1.0,
+        5: 1 + 0.5 + 0.25 * v(7),  # times out at row 6: bootstraps from the final observation (row 7)
+        6: 1 + 0.5 * v(7),
+    }
 
 
 def sampled_targets(target_fn):
@@ -201,13 +231,37 @@ def test_batched_critics_equal_independent_mlps():
 # benchmarks/continuous_learning_curves.py).
 # In CI the serial one only, for CI's 30 minutes: parallel MuJoCo sampling is checked step for step by
 # test_ppo_mujoco.py, sac's async path by the killed-sampler and lag-bound tests below.
-@pytest.mark.parametrize("script, sampler", [("ddpg_mujoco.py", "serial"),
-                                             pytest.param("td3_mujoco.py", "parallel", marks=pytest.mark.slow),
-                                             pytest.param("sac_mujoco.py", "async", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "script, sampler",
+    [
+        ("ddpg_mujoco.py", "serial"),
+        pytest.param("td3_mujoco.py", "parallel", marks=pytest.mark.slow),
+        pytest.param("sac_mujoco.py", "async", marks=pytest.mark.slow),
+    ],
+)
 def test_halfcheetah_smoke(script, sampler, tmp_path):
-    out = run(script, "--sampler", sampler, "--num-envs", "2", "--total-timesteps", "600", "--min-steps-learn",
-              "300", "--batch-size", "64", "--log-every", "200", "--eval-episodes", "0", "--out-dir", str(tmp_path),
-              "--run-name", "h", timeout=300)
+    out = run(
+        script,
+        "--sampler",
+        sampler,
+        "--num-envs",
+        "2",
+        "--total-timesteps",
+        "600",
+        "--min-steps-learn",
+        "300",
+        "--batch-size",
+        "64",
+        "--log-every",
+        "200",
+        "--eval-episodes",
+        "0",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "h",
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     steps = [int(r["global_step"]) for r in progress(tmp_path / "h")]
     rows = progress(tmp_path / "h")
@@ -215,8 +269,11 @@ def test_halfcheetah_smoke(script, sampler, tmp_path):
     # (how far past depends on load: the sampler runs while the learner updates), never before it; one poll can
     # see two pass (a loaded machine: [204, 600]), and then writes one row
     assert steps[-1] == 600 and steps == sorted(set(steps)) and steps[0] >= 200, steps
-    assert len(steps) == 3 and all(s >= t for s, t in zip(steps, (200, 400, 600))) if sampler != "async" else (
-        2 <= len(steps) <= 3), steps
+    assert (
+        len(steps) == 3 and all(s >= t for s, t in zip(steps, (200, 400, 600)))
+        if sampler != "async"
+        else (2 <= len(steps) <= 3)
+    ), steps
     assert int(rows[-1]["updates"]) > 0 and float(rows[-1]["qf_loss"]) > 0
     ckpt = torch.load(tmp_path / "h" / "checkpoint.pt", weights_only=True)
     MODULES[script].Actor(17, 6, 256).load_state_dict(ckpt["actor"])
@@ -224,8 +281,14 @@ def test_halfcheetah_smoke(script, sampler, tmp_path):
 
 
 # SAC in CI (the three scripts share the statistics code); DDPG and TD3 with the slow tests.
-@pytest.mark.parametrize("script", [pytest.param("ddpg_mujoco.py", marks=pytest.mark.slow),
-                                    pytest.param("td3_mujoco.py", marks=pytest.mark.slow), "sac_mujoco.py"])
+@pytest.mark.parametrize(
+    "script",
+    [
+        pytest.param("ddpg_mujoco.py", marks=pytest.mark.slow),
+        pytest.param("td3_mujoco.py", marks=pytest.mark.slow),
+        "sac_mujoco.py",
+    ],
+)
 def test_checkpoint_and_resume_keep_the_observation_statistics(script, tmp_path):
     common = [*PENDULUM, "--min-steps-learn", "300", "--log-every", "200", "--normalize-obs", "--eval-episodes", "1"]
     out = run(script, *common, "--total-timesteps", "400", "--out-dir", str(tmp_path), "--run-name", "a", timeout=120)
@@ -244,11 +307,21 @@ def test_checkpoint_and_resume_keep_the_observation_statistics(script, tmp_path)
 
 
 # exploration noise; sampled actions (TD3 with the slow tests)
-@pytest.mark.parametrize("script", [pytest.param("td3_mujoco.py", marks=pytest.mark.slow),
-                                    pytest.param("sac_mujoco.py", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "script", [pytest.param("td3_mujoco.py", marks=pytest.mark.slow), pytest.param("sac_mujoco.py", marks=pytest.mark.slow)]
+)
 def test_serial_runs_are_reproducible(script, tmp_path):
-    args = [*PENDULUM, "--min-steps-learn", "300", "--total-timesteps", "500", "--log-every", "500",
-            "--out-dir", str(tmp_path)]
+    args = [
+        *PENDULUM,
+        "--min-steps-learn",
+        "300",
+        "--total-timesteps",
+        "500",
+        "--log-every",
+        "500",
+        "--out-dir",
+        str(tmp_path),
+    ]
     for name in ("x", "y"):
         assert run(script, *args, "--run-name", name, timeout=120).returncode == 0
     a, b = (torch.load(tmp_path / n / "checkpoint.pt", weights_only=True) for n in ("x", "y"))
@@ -288,8 +361,24 @@ def test_a_bad_argument_exits_2_from_the_command_line(script, bad, words, tmp_pa
 
 
 def test_ctrl_c_writes_a_checkpoint_and_exits_130(tmp_path):
-    proc = start("td3_mujoco.py", *PENDULUM, "--sampler", "parallel", "--num-envs", "2", "--min-steps-learn", "300",
-                 "--log-every", "200", "--total-timesteps", "10000000", "--out-dir", str(tmp_path), "--run-name", "c")
+    proc = start(
+        "td3_mujoco.py",
+        *PENDULUM,
+        "--sampler",
+        "parallel",
+        "--num-envs",
+        "2",
+        "--min-steps-learn",
+        "300",
+        "--log-every",
+        "200",
+        "--total-timesteps",
+        "10000000",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "c",
+    )
     wait_for_progress_row(tmp_path / "c", proc)
     os.kill(proc.pid, signal.SIGINT)
     err = finish(proc)
@@ -300,18 +389,38 @@ def test_ctrl_c_writes_a_checkpoint_and_exits_130(tmp_path):
 
 
 def test_killed_async_sampler_ends_the_run(tmp_path):
-    assert_killed_sampler_ends_the_run("sac_mujoco.py", [*PENDULUM, "--sampler", "async", "--min-steps-learn", "300",
-                                                         "--log-every", "200", "--total-timesteps", "10000000"],
-                                       tmp_path / "k")
+    assert_killed_sampler_ends_the_run(
+        "sac_mujoco.py",
+        [*PENDULUM, "--sampler", "async", "--min-steps-learn", "300", "--log-every", "200", "--total-timesteps", "10000000"],
+        tmp_path / "k",
+    )
 
 
 @pytest.mark.slow  # 12 s, for CI's 30 minutes
 def test_async_finishes_when_one_update_covers_more_than_the_lag_bound(tmp_path):
     # Replay ratio 2 at batch 256: one update per 128 env steps, more than --max-lag-steps 50. The sampler must
     # still be allowed to produce the data for the learner's next update, or each waits for the other.
-    out = run("sac_mujoco.py", *PENDULUM, "--sampler", "async", "--replay-ratio", "2", "--max-lag-steps", "50",
-              "--min-steps-learn", "300", "--total-timesteps", "2000", "--log-every", "500", "--out-dir",
-              str(tmp_path), "--run-name", "l", timeout=120)
+    out = run(
+        "sac_mujoco.py",
+        *PENDULUM,
+        "--sampler",
+        "async",
+        "--replay-ratio",
+        "2",
+        "--max-lag-steps",
+        "50",
+        "--min-steps-learn",
+        "300",
+        "--total-timesteps",
+        "2000",
+        "--log-every",
+        "500",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "l",
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     rows = progress(tmp_path / "l")
     assert int(rows[-1]["global_step"]) == 2000 and int(rows[-1]["updates"]) >= 10

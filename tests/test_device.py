@@ -76,7 +76,8 @@ def test_one_explicit_gpu_for_several_local_ranks_exits_2_before_anything_starts
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     assert exit_line(capsys, cli.resolve_device, "cuda:0") == (
         "error: --device cuda:0: 2 ranks on this machine would share one GPU; give --device cuda (each rank takes "
-        "the GPU of its local rank)")
+        "the GPU of its local rank)"
+    )
     monkeypatch.setenv("WORLD_SIZE", "3")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "3")
     assert exit_line(capsys, cli.resolve_device, "cuda") == "error: --nproc-per-node 3 is more than the 2 GPU(s) here"
@@ -106,10 +107,13 @@ def test_an_nccl_group_raises_in_python_when_a_peer_is_lost(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.delenv("TORCH_NCCL_BLOCKING_WAIT", raising=False)
     monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
-    monkeypatch.setattr(dist, "init_process_group",
-                        lambda backend, timeout: seen.update(backend=backend,
-                                                             blocking=__import__("os").environ.get(
-                                                                 "TORCH_NCCL_BLOCKING_WAIT")))
+    monkeypatch.setattr(
+        dist,
+        "init_process_group",
+        lambda backend, timeout: seen.update(
+            backend=backend, blocking=__import__("os").environ.get("TORCH_NCCL_BLOCKING_WAIT")
+        ),
+    )
     monkeypatch.setattr(dist, "new_group", lambda backend, timeout: backend)
     monkeypatch.setattr(distributed, "_state", {**distributed._state})
     monkeypatch.setattr(distributed.signals, "flag_on_signals", lambda: None)
@@ -162,7 +166,8 @@ def test_r2d1_refuses_bf16_in_one_line(monkeypatch, capsys):
 
     monkeypatch.setattr(sys, "argv", ["r2d1_atari", "--preset", "memory", "--bf16"])
     assert exit_line(capsys, cli.parse_args, r2d1_atari.Args, r2d1_atari.PRESETS, r2d1_atari.check_args) == (
-        "error: --bf16 is not supported by R2D1: its value rescaling needs float32")
+        "error: --bf16 is not supported by R2D1: its value rescaling needs float32"
+    )
 
 
 # ---------------------------------------------------------------------------------------------- replay uploads
@@ -180,20 +185,44 @@ def _r2d1_setup(seed: int):
     from shared.replay import SequenceReplayBuffer
 
     rng, B, I = np.random.default_rng(seed), 2, 4
-    ex = r2d1.Row(np.zeros((4, 44, 44), np.uint8), np.int64(0), np.float32(0), False, False, np.int64(0),
-                  np.float32(0), r2d1.RnnState(np.zeros(32, np.float32), np.zeros(32, np.float32)))
-    buf = SequenceReplayBuffer(ex, 200, B, sequence_length=8, rnn_state_interval=I, n_step_return=2, frame_stack=4,
-                               prioritized=True, seed=seed, unique_frames=True)
+    ex = r2d1.Row(
+        np.zeros((4, 44, 44), np.uint8),
+        np.int64(0),
+        np.float32(0),
+        False,
+        False,
+        np.int64(0),
+        np.float32(0),
+        r2d1.RnnState(np.zeros(32, np.float32), np.zeros(32, np.float32)),
+    )
+    buf = SequenceReplayBuffer(
+        ex,
+        200,
+        B,
+        sequence_length=8,
+        rnn_state_interval=I,
+        n_step_return=2,
+        frame_stack=4,
+        prioritized=True,
+        seed=seed,
+        unique_frames=True,
+    )
     for _ in range(10):
-        buf.append(r2d1.Row(_frames(rng, I, B), rng.integers(0, 4, (I, B)), rng.random((I, B), dtype=np.float32),
-                            rng.random((I, B)) < 0.1, np.zeros((I, B), bool), rng.integers(0, 4, (I, B)),
-                            rng.random((I, B), dtype=np.float32),
-                            r2d1.RnnState(rng.random((I, B, 32), dtype=np.float32),
-                                          rng.random((I, B, 32), dtype=np.float32))))
+        buf.append(
+            r2d1.Row(
+                _frames(rng, I, B),
+                rng.integers(0, 4, (I, B)),
+                rng.random((I, B), dtype=np.float32),
+                rng.random((I, B)) < 0.1,
+                np.zeros((I, B), bool),
+                rng.integers(0, 4, (I, B)),
+                rng.random((I, B), dtype=np.float32),
+                r2d1.RnnState(rng.random((I, B, 32), dtype=np.float32), rng.random((I, B, 32), dtype=np.float32)),
+            )
+        )
     torch.manual_seed(seed)
     net, target = r2d1.R2D1Net((4, 44, 44), 4, 32), r2d1.R2D1Net((4, 44, 44), 4, 32)
-    args = r2d1.Args(batch_size=4, burn_in_steps=2, sequence_length=6, n_step_return=2, rnn_state_interval=I,
-                     hidden=32)
+    args = r2d1.Args(batch_size=4, burn_in_steps=2, sequence_length=6, n_step_return=2, rnn_state_interval=I, hidden=32)
     return r2d1, buf, net, target, torch.optim.Adam(net.parameters(), lr=1e-3), args
 
 
@@ -227,9 +256,16 @@ def test_a_replay_update_uploads_one_packed_block_with_each_frame_once(monkeypat
         rng = np.random.default_rng(1)
         ex = dqn_atari.Step(np.zeros(4, np.float32), np.int64(0), np.float32(0), False, False, False)
         buf = ReplayBuffer(ex, 200, 2, n_step_return=3, prioritized=True, seed=1)
-        buf.append(dqn_atari.Step(rng.random((50, 2, 4), dtype=np.float32), rng.integers(0, 2, (50, 2)),
-                                  rng.random((50, 2), dtype=np.float32), rng.random((50, 2)) < 0.1,
-                                  np.zeros((50, 2), bool), np.zeros((50, 2), bool)))
+        buf.append(
+            dqn_atari.Step(
+                rng.random((50, 2, 4), dtype=np.float32),
+                rng.integers(0, 2, (50, 2)),
+                rng.random((50, 2), dtype=np.float32),
+                rng.random((50, 2)) < 0.1,
+                np.zeros((50, 2), bool),
+                np.zeros((50, 2), bool),
+            )
+        )
         torch.manual_seed(1)
         q, tq = dqn_atari.QNetwork((4,), 2, True), dqn_atari.QNetwork((4,), 2, True)
         opt = torch.optim.Adam(q.parameters(), lr=1e-3)
@@ -247,9 +283,15 @@ def test_a_packed_upload_brings_every_dtype_and_shape_and_never_refills_a_buffer
     rng = np.random.default_rng(0)
     seen = []
     for _ in range(4):
-        arrays = {"frames": rng.integers(0, 255, (3, 5, 5), dtype=np.uint8), "x": rng.random(7, dtype=np.float32),
-                  "flag": rng.random((2, 3)) < 0.5, "i": rng.integers(-9, 9, (4,)), "s": np.float64(2.5),
-                  "strided": rng.random((4, 6))[:, ::2], "empty": np.zeros((0, 3))}
+        arrays = {
+            "frames": rng.integers(0, 255, (3, 5, 5), dtype=np.uint8),
+            "x": rng.random(7, dtype=np.float32),
+            "flag": rng.random((2, 3)) < 0.5,
+            "i": rng.integers(-9, 9, (4,)),
+            "s": np.float64(2.5),
+            "strided": rng.random((4, 6))[:, ::2],
+            "empty": np.zeros((0, 3)),
+        }
         out = up(arrays)
         for k, a in arrays.items():
             assert out[k].numpy().dtype == np.asarray(a).dtype and out[k].shape == np.shape(a), k
@@ -274,9 +316,14 @@ def test_an_off_policy_batch_and_its_normaliser_statistics_go_up_in_one_copy(mon
     rng = np.random.default_rng(0)
     norm = ObsNorm(3)
     norm.update(rng.normal(2.0, 3.0, (50, 3)))
-    batch = SimpleNamespace(observation=rng.normal(size=(8, 3)), next_observation=rng.normal(size=(8, 3)),
-                            action=rng.uniform(-1, 1, (8, 2)), n_step_return=rng.normal(size=8),
-                            terminated_n=rng.random(8) < 0.2, bootstrap_discount=np.full(8, 0.99))
+    batch = SimpleNamespace(
+        observation=rng.normal(size=(8, 3)),
+        next_observation=rng.normal(size=(8, 3)),
+        action=rng.uniform(-1, 1, (8, 2)),
+        n_step_return=rng.normal(size=8),
+        terminated_n=rng.random(8) < 0.2,
+        bootstrap_discount=np.full(8, 0.99),
+    )
     cpu = torch.device("cpu")
     outs = []
     for pack in (False, True):
@@ -297,9 +344,16 @@ def _dqn_setup(module, prefetch: bool):
     rng = np.random.default_rng(2)
     ex = module.Step(np.zeros(4, np.float32), np.int64(0), np.float32(0), False, False, False)
     buf = ReplayBuffer(ex, 200, 2, n_step_return=3, prioritized=True, seed=2, prefetch=prefetch)
-    buf.append(module.Step(rng.random((50, 2, 4), dtype=np.float32), rng.integers(0, 2, (50, 2)),
-                           rng.random((50, 2), dtype=np.float32), rng.random((50, 2)) < 0.1,
-                           np.zeros((50, 2), bool), np.zeros((50, 2), bool)))
+    buf.append(
+        module.Step(
+            rng.random((50, 2, 4), dtype=np.float32),
+            rng.integers(0, 2, (50, 2)),
+            rng.random((50, 2), dtype=np.float32),
+            rng.random((50, 2)) < 0.1,
+            np.zeros((50, 2), bool),
+            np.zeros((50, 2), bool),
+        )
+    )
     torch.manual_seed(2)
     args = module.Args(batch_size=8, prioritized=True)
     if module.__name__ == "dqn_atari":

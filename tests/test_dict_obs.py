@@ -27,16 +27,28 @@ import ppo_lstm
 
 SCRIPTS = ["ppo_atari.py", "a2c_atari.py", "ppo_lstm.py"]
 ENV = "tests.dict_env:DictCue-v0"
-SHORT = ["--total-timesteps", "256", "--num-envs", "4", "--num-steps", "32", "--eval-episodes", "0",
-         "--checkpoint-minutes", "0"]
+SHORT = [
+    "--total-timesteps",
+    "256",
+    "--num-envs",
+    "4",
+    "--num-steps",
+    "32",
+    "--eval-episodes",
+    "0",
+    "--checkpoint-minutes",
+    "0",
+]
 
-SPACE = gym.spaces.Dict({
-    "pixels": gym.spaces.Box(0, 255, (3, 36, 40), np.uint8),  # channels first: the Nature CNN
-    "grid": gym.spaces.Box(0, 255, (7, 7, 3), np.uint8),  # channels last: the small CNN
-    "direction": gym.spaces.Discrete(4, start=1),
-    "vec": gym.spaces.Box(-1, 1, (2, 3), np.float32),
-    "mission": gym.spaces.Text(8),
-})
+SPACE = gym.spaces.Dict(
+    {
+        "pixels": gym.spaces.Box(0, 255, (3, 36, 40), np.uint8),  # channels first: the Nature CNN
+        "grid": gym.spaces.Box(0, 255, (7, 7, 3), np.uint8),  # channels last: the small CNN
+        "direction": gym.spaces.Discrete(4, start=1),
+        "vec": gym.spaces.Box(-1, 1, (2, 3), np.float32),
+        "mission": gym.spaces.Text(8),
+    }
+)
 
 
 def sample(n: int, seed: int = 0) -> dict:
@@ -101,8 +113,16 @@ def test_a_box_network_builds_the_modules_it_always_had():
     """The Box path is untouched: the same parameter names, in the same order (so the same initial draws; serial
     runs are compared bit for bit by /work/bitcheck, see the results README)."""
     names = [n for n, _ in ppo_atari.Agent((4,), 2).named_parameters()]
-    assert names == ["torso.0.weight", "torso.0.bias", "torso.2.weight", "torso.2.bias", "actor.weight",
-                     "actor.bias", "critic.weight", "critic.bias"]
+    assert names == [
+        "torso.0.weight",
+        "torso.0.bias",
+        "torso.2.weight",
+        "torso.2.bias",
+        "actor.weight",
+        "actor.bias",
+        "critic.weight",
+        "critic.bias",
+    ]
     assert not ppo_atari.Agent((4, 84, 84), 4).dict
     box = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
     example = obs_example(box, (5,))
@@ -219,11 +239,29 @@ def test_compile_with_a_dict(name, tmp_path, monkeypatch):
 def test_torchrun_with_a_dict(name, tmp_path):
     import subprocess
 
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(ROOT / "algos" / name), "--env-id", ENV, *SHORT, "--num-envs", "2", "--num-minibatches", "2",
-           "--out-dir", str(tmp_path), "--run-name", "r"]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(ROOT / "algos" / name),
+        "--env-id",
+        ENV,
+        *SHORT,
+        "--num-envs",
+        "2",
+        "--num-minibatches",
+        "2",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "r",
+    ]
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"}
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert int(progress(tmp_path / "r")[-1]["global_step"]) == 256
 
@@ -233,22 +271,58 @@ def test_eval_only_and_video_after_resume(name, tmp_path):
     flags = [*SHORT[:-4], "--out-dir", str(tmp_path), "--run-name", "r"]
     out = run(name, "--env-id", ENV, *flags, "--eval-episodes", "2", timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
-    out = run(name, "--env-id", ENV, *flags, "--resume", str(tmp_path / "r"), "--eval-only", "--eval-episodes", "2",
-              "--capture-video", timeout=300)
+    out = run(
+        name,
+        "--env-id",
+        ENV,
+        *flags,
+        "--resume",
+        str(tmp_path / "r"),
+        "--eval-only",
+        "--eval-episodes",
+        "2",
+        "--capture-video",
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert len(json.loads((tmp_path / "r" / "eval.json").read_text())["returns"]) == 2
     assert list((tmp_path / "r" / "videos").glob("*.mp4"))
 
 
-@pytest.mark.parametrize(("env", "threshold"), [("DictCue-v0", 14.0),
-                                               pytest.param("DictCueImage-v0", 11.0, marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    ("env", "threshold"), [("DictCue-v0", 14.0), pytest.param("DictCueImage-v0", 11.0, marks=pytest.mark.slow)]
+)
 def test_ppo_learns_from_the_key_that_holds_the_cue(env, threshold, tmp_path):
     """The cue is in the Discrete entry (the image noise), or only in the image (the small CNN, slower to read
     it): a policy that reads it scores 16 an episode, one blind to it 16/3. 8k steps, about 10 s on one core."""
-    out = run("ppo_atari.py", "--env-id", f"tests.dict_env:{env}", "--total-timesteps", "8192", "--num-envs", "8",
-              "--num-steps", "32", "--num-minibatches", "2", "--update-epochs", "4", "--learning-rate", "1e-3",
-              "--ent-coef", "0", "--gamma", "0.5", "--eval-episodes", "0", "--out-dir", str(tmp_path),
-              "--run-name", "r", timeout=300)
+    out = run(
+        "ppo_atari.py",
+        "--env-id",
+        f"tests.dict_env:{env}",
+        "--total-timesteps",
+        "8192",
+        "--num-envs",
+        "8",
+        "--num-steps",
+        "32",
+        "--num-minibatches",
+        "2",
+        "--update-epochs",
+        "4",
+        "--learning-rate",
+        "1e-3",
+        "--ent-coef",
+        "0",
+        "--gamma",
+        "0.5",
+        "--eval-episodes",
+        "0",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "r",
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     last = [float(r["return_mean"]) for r in progress(tmp_path / "r")[-4:]]
     assert np.mean(last) >= threshold, last

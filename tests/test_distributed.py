@@ -21,13 +21,60 @@ from shared import distributed
 from tests import dist_updates
 from tests.helpers import ROOT, assert_no_leftovers, progress, script
 
-PPO_CARTPOLE = ["--env-id", "CartPole-v1", "--num-envs", "4", "--num-steps", "32", "--num-minibatches", "1",
-                "--update-epochs", "20", "--gae-lambda", "0.8", "--gamma", "0.98", "--ent-coef", "0",
-                "--learning-rate", "1e-3", "--clip-coef", "0.2", "--no-clip-vloss", "--eval-episodes", "0"]
-DQN_CARTPOLE = ["--env-id", "CartPole-v1", "--num-envs", "2", "--buffer-size", "50000", "--min-steps-learn", "1000",
-                "--batch-size", "64", "--optimizer", "adam", "--eps-decay-steps", "20000", "--eps-end", "0.02",
-                "--n-step-return", "3", "--replay-ratio", "16", "--learning-rate", "1e-3", "--dueling",
-                "--target-update-interval", "250", "--eval-episodes", "0"]
+PPO_CARTPOLE = [
+    "--env-id",
+    "CartPole-v1",
+    "--num-envs",
+    "4",
+    "--num-steps",
+    "32",
+    "--num-minibatches",
+    "1",
+    "--update-epochs",
+    "20",
+    "--gae-lambda",
+    "0.8",
+    "--gamma",
+    "0.98",
+    "--ent-coef",
+    "0",
+    "--learning-rate",
+    "1e-3",
+    "--clip-coef",
+    "0.2",
+    "--no-clip-vloss",
+    "--eval-episodes",
+    "0",
+]
+DQN_CARTPOLE = [
+    "--env-id",
+    "CartPole-v1",
+    "--num-envs",
+    "2",
+    "--buffer-size",
+    "50000",
+    "--min-steps-learn",
+    "1000",
+    "--batch-size",
+    "64",
+    "--optimizer",
+    "adam",
+    "--eps-decay-steps",
+    "20000",
+    "--eps-end",
+    "0.02",
+    "--n-step-return",
+    "3",
+    "--replay-ratio",
+    "16",
+    "--learning-rate",
+    "1e-3",
+    "--dueling",
+    "--target-update-interval",
+    "250",
+    "--eval-episodes",
+    "0",
+]
 PENDULUM = ["--env-id", "Pendulum-v1", "--min-steps-learn", "1000", "--log-every", "1000", "--eval-episodes", "0"]
 
 
@@ -36,8 +83,15 @@ def torchrun(*args: str, nproc: int = 2, extra: tuple[str, ...] = ("--standalone
 
 
 def launch(cmd: list[str], env: dict | None = None) -> subprocess.Popen:
-    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            cwd=ROOT, env={**os.environ, **(env or {})})
+    return subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def mentioning(text: str) -> list[int]:
@@ -87,8 +141,14 @@ def free_port() -> int:
 
 def rank_env(rank: int, world: int, port: int) -> dict[str, str]:
     """What torchrun sets for a rank (for tests that need each rank's own exit code)."""
-    return {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
-            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    return {
+        "RANK": str(rank),
+        "LOCAL_RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_WORLD_SIZE": str(world),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:
@@ -137,8 +197,10 @@ def test_averaged_gradients_equal_the_gradient_of_the_whole_batch_and_rows_cover
     process eager."""
     port, out = free_port(), tmp_path / "ranks.pt"
     env = {"DIST_GRAPHED": "1", "RL_COMPILE_BACKEND": "aot_eager", "RL_COMPILE_STRICT": "1"} if graphed else {}
-    procs = [launch([sys.executable, "-m", "tests.dist_updates", str(out), str(tmp_path)], {**rank_env(r, 2, port), **env})
-             for r in range(2)]
+    procs = [
+        launch([sys.executable, "-m", "tests.dist_updates", str(out), str(tmp_path)], {**rank_env(r, 2, port), **env})
+        for r in range(2)
+    ]
     for p in procs:
         rc, _, err = wait(p, 180, str(tmp_path))
         assert rc == 0, err[-3000:]
@@ -171,19 +233,43 @@ def _reached(stdout: str, threshold: str) -> int:
 # of each rank has a seed of its own (test_every_env_of_every_rank_gets_its_own_seed); a two-rank PPO job runs to
 # its end with one console (test_two_nodes_on_this_machine, test_a_two_rank_run_resumes_in_one_process); one
 # process with the same settings learns (test_ppo.py's test_ppo_learns_cartpole_in_every_mode).
-@pytest.mark.parametrize("name, flags, threshold, steps", [
-    pytest.param("ppo_atari.py", PPO_CARTPOLE, "450.0", 150_000, marks=pytest.mark.slow),
-    pytest.param("dqn_atari.py", DQN_CARTPOLE, "475.0", 100_000, marks=pytest.mark.slow),
-    pytest.param("sac_mujoco.py", PENDULUM, "-250.0", 20_000, marks=pytest.mark.slow),
-    pytest.param("ppo_mujoco.py", ["--preset", "pendulum", "--num-envs", "4", "--eval-episodes", "0"], "500.0",
-                 150_000, marks=pytest.mark.slow),
-    pytest.param("ppo_lstm.py", ["--preset", "cartpole", "--num-envs", "4", "--eval-episodes", "0"], "475.0",
-                 150_000, marks=pytest.mark.slow),
-], ids=["ppo", "dqn", "sac", "ppo_mujoco", "ppo_lstm"])
+@pytest.mark.parametrize(
+    "name, flags, threshold, steps",
+    [
+        pytest.param("ppo_atari.py", PPO_CARTPOLE, "450.0", 150_000, marks=pytest.mark.slow),
+        pytest.param("dqn_atari.py", DQN_CARTPOLE, "475.0", 100_000, marks=pytest.mark.slow),
+        pytest.param("sac_mujoco.py", PENDULUM, "-250.0", 20_000, marks=pytest.mark.slow),
+        pytest.param(
+            "ppo_mujoco.py",
+            ["--preset", "pendulum", "--num-envs", "4", "--eval-episodes", "0"],
+            "500.0",
+            150_000,
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            "ppo_lstm.py",
+            ["--preset", "cartpole", "--num-envs", "4", "--eval-episodes", "0"],
+            "475.0",
+            150_000,
+            marks=pytest.mark.slow,
+        ),
+    ],
+    ids=["ppo", "dqn", "sac", "ppo_mujoco", "ppo_lstm"],
+)
 def test_two_ranks_learn_as_one_process_does(name, flags, threshold, steps, tmp_path):
     """The single-process tests' thresholds and step budgets (the job's steps), with half the envs per rank."""
-    cmd = torchrun(script(name), *flags, "--total-timesteps", str(steps), "--stop-at-return", threshold,
-                   "--out-dir", str(tmp_path), "--run-name", "r")
+    cmd = torchrun(
+        script(name),
+        *flags,
+        "--total-timesteps",
+        str(steps),
+        "--stop-at-return",
+        threshold,
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "r",
+    )
     rc, out, err = wait(launch(cmd), 600, str(tmp_path))
     assert rc == 0, err[-3000:]
     assert _reached(out, threshold) <= steps
@@ -197,11 +283,17 @@ def test_two_ranks_learn_as_one_process_does(name, flags, threshold, steps, tmp_
 def test_two_nodes_on_this_machine(tmp_path):
     """Two torchrun launches, one process each, meeting at 127.0.0.1 (as two machines would)."""
     port = free_port()
-    flags = [script("ppo_atari.py"), *PPO_CARTPOLE, "--total-timesteps", "2048", "--out-dir", str(tmp_path),
-             "--run-name", "r"]
-    nodes = [launch(torchrun(*flags, nproc=1, extra=("--nnodes", "2", "--node-rank", str(n), "--master-addr",
-                                                     "127.0.0.1", "--master-port", str(port))))
-             for n in range(2)]
+    flags = [script("ppo_atari.py"), *PPO_CARTPOLE, "--total-timesteps", "2048", "--out-dir", str(tmp_path), "--run-name", "r"]
+    nodes = [
+        launch(
+            torchrun(
+                *flags,
+                nproc=1,
+                extra=("--nnodes", "2", "--node-rank", str(n), "--master-addr", "127.0.0.1", "--master-port", str(port)),
+            )
+        )
+        for n in range(2)
+    ]
     outs = []
     for n in nodes:
         rc, out, err = wait(n, 300, str(tmp_path))
@@ -215,9 +307,22 @@ def test_two_nodes_on_this_machine(tmp_path):
 
 
 def test_a_killed_rank_ends_the_job_within_60_s(tmp_path):
-    proc = launch(torchrun(script("dqn_atari.py"), *DQN_CARTPOLE, "--total-timesteps", "10000000",
-                           "--checkpoint-every", "2000", "--log-every", "500", "--out-dir", str(tmp_path),
-                           "--run-name", "r"))
+    proc = launch(
+        torchrun(
+            script("dqn_atari.py"),
+            *DQN_CARTPOLE,
+            "--total-timesteps",
+            "10000000",
+            "--checkpoint-every",
+            "2000",
+            "--log-every",
+            "500",
+            "--out-dir",
+            str(tmp_path),
+            "--run-name",
+            "r",
+        )
+    )
     ckpt = tmp_path / "r" / "checkpoint.pt"
     wait_for(ckpt.exists, 120, "a checkpoint")
 
@@ -244,11 +349,20 @@ def test_a_killed_rank_ends_the_job_within_60_s(tmp_path):
 def test_ctrl_c_checkpoints_and_every_rank_exits_130(sampler, tmp_path):
     """Each rank started as torchrun starts it, so that each one's exit code can be read."""
     port = free_port()
-    args = [script("ppo_atari.py"), *PPO_CARTPOLE, "--total-timesteps", "10000000", "--sampler", sampler,
-            "--out-dir", str(tmp_path), "--run-name", "r"]
+    args = [
+        script("ppo_atari.py"),
+        *PPO_CARTPOLE,
+        "--total-timesteps",
+        "10000000",
+        "--sampler",
+        sampler,
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "r",
+    ]
     ranks = [launch([sys.executable, *args], rank_env(r, 2, port)) for r in range(2)]
-    wait_for(lambda: (tmp_path / "r" / "progress.csv").exists() and len(progress(tmp_path / "r")) >= 2, 120,
-             "progress rows")
+    wait_for(lambda: (tmp_path / "r" / "progress.csv").exists() and len(progress(tmp_path / "r")) >= 2, 120, "progress rows")
     for r in ranks:  # as the terminal does: every process gets SIGINT
         os.killpg(r.pid, signal.SIGINT)
     results = [wait(r, 60, str(tmp_path)) for r in ranks]
@@ -263,10 +377,19 @@ def test_sigterm_to_torchrun_checkpoints_and_ends_every_rank_and_torchrun_report
     the job (SLURM's preemption and scancel): torchrun forwards it, the ranks agree on it, rank 0 writes the
     checkpoint of the last row's step, every rank ends before torchrun's grace period (no SIGKILL), nothing is
     left; torchrun itself then exits 1 with its own SignalException traceback (torch's code, not the script's)."""
-    proc = launch(torchrun(script("ppo_atari.py"), *PPO_CARTPOLE, "--total-timesteps", "10000000", "--out-dir",
-                           str(tmp_path), "--run-name", "r"))
-    wait_for(lambda: (tmp_path / "r" / "progress.csv").exists() and len(progress(tmp_path / "r")) >= 2, 120,
-             "progress rows")
+    proc = launch(
+        torchrun(
+            script("ppo_atari.py"),
+            *PPO_CARTPOLE,
+            "--total-timesteps",
+            "10000000",
+            "--out-dir",
+            str(tmp_path),
+            "--run-name",
+            "r",
+        )
+    )
+    wait_for(lambda: (tmp_path / "r" / "progress.csv").exists() and len(progress(tmp_path / "r")) >= 2, 120, "progress rows")
     for pid in [proc.pid] if who == "torchrun" else [proc.pid, *mentioning(str(tmp_path))]:
         os.kill(pid, signal.SIGTERM)
     rc, out, err = wait(proc, 90, str(tmp_path))
@@ -286,20 +409,39 @@ def test_bad_arguments_exit_2_on_every_rank_before_the_group_starts(tmp_path):
     # torchrun SIGTERMs the other ranks once one has failed (the second may not get to its line): each rank's own
     # exit code and line, from ranks started alone
     port = free_port()
-    ranks = [launch([sys.executable, script("ppo_atari.py"), "--num-envs", "0", "--out-dir", str(tmp_path)],
-                    rank_env(r, 2, port)) for r in range(2)]
+    ranks = [
+        launch([sys.executable, script("ppo_atari.py"), "--num-envs", "0", "--out-dir", str(tmp_path)], rank_env(r, 2, port))
+        for r in range(2)
+    ]
     for r in ranks:
         rc, _, err = wait(r, 60, str(tmp_path))
         assert rc == 2 and err.strip().splitlines() == ["error: --num-envs must be positive, got 0"], err
 
 
 def test_a_two_rank_run_resumes_in_one_process(tmp_path):
-    rc, _, err = wait(launch(torchrun(script("ppo_atari.py"), *PPO_CARTPOLE, "--total-timesteps", "2048",
-                                      "--out-dir", str(tmp_path), "--run-name", "r")), 300, str(tmp_path))
+    rc, _, err = wait(
+        launch(
+            torchrun(
+                script("ppo_atari.py"),
+                *PPO_CARTPOLE,
+                "--total-timesteps",
+                "2048",
+                "--out-dir",
+                str(tmp_path),
+                "--run-name",
+                "r",
+            )
+        ),
+        300,
+        str(tmp_path),
+    )
     assert rc == 0, err[-3000:]
     # bare: the run's flags come back from its folder
-    rc, out, err = wait(launch([sys.executable, script("ppo_atari.py"), "--total-timesteps", "3072", "--resume",
-                                str(tmp_path / "r")]), 300, str(tmp_path))
+    rc, out, err = wait(
+        launch([sys.executable, script("ppo_atari.py"), "--total-timesteps", "3072", "--resume", str(tmp_path / "r")]),
+        300,
+        str(tmp_path),
+    )
     assert rc == 0, err[-3000:]
     steps = [int(r["global_step"]) for r in progress(tmp_path / "r")]
     assert steps[-1] == 3072 and steps == sorted(set(steps))

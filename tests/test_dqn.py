@@ -30,8 +30,19 @@ CARTPOLE = ["--preset", "cartpole", "--eval-episodes", "0"]  # the learning test
 def test_dqn_learns_to_balance_cartpole_for_200_steps_within_50k(tmp_path):
     """CI's learning check (the preset's whole test, 475 within 100k, is the slow one below): a uniform policy
     averages about 22; seed 1 gets the last 20 episodes to 200 at step 24,036, seed 2 at 16,124 (36 s and 24 s)."""
-    out = run("dqn_atari.py", *CARTPOLE, "--total-timesteps", "50000", "--stop-at-return", "200", "--out-dir",
-              str(tmp_path), "--run-name", "r", timeout=400)
+    out = run(
+        "dqn_atari.py",
+        *CARTPOLE,
+        "--total-timesteps",
+        "50000",
+        "--stop-at-return",
+        "200",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "r",
+        timeout=400,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     m = re.search(r"mean return of the last 20 episodes ([\d.]+) >= 200.0 at step (\d+)", out.stdout)
     assert m and int(m.group(2)) <= 50_000, out.stdout[-2000:]
@@ -41,8 +52,21 @@ def test_dqn_learns_to_balance_cartpole_for_200_steps_within_50k(tmp_path):
 @pytest.mark.slow
 @pytest.mark.parametrize("sampler", ["serial", "async"])
 def test_dqn_learns_cartpole(sampler, tmp_path):
-    out = run("dqn_atari.py", *CARTPOLE, "--sampler", sampler, "--total-timesteps", "100000", "--stop-at-return",
-              "475", "--out-dir", str(tmp_path), "--run-name", "r", timeout=500)
+    out = run(
+        "dqn_atari.py",
+        *CARTPOLE,
+        "--sampler",
+        sampler,
+        "--total-timesteps",
+        "100000",
+        "--stop-at-return",
+        "475",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "r",
+        timeout=500,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     m = re.search(r"mean return of the last 20 episodes ([\d.]+) >= 475.0 at step (\d+)", out.stdout)
     assert m and int(m.group(2)) <= 100_000, out.stdout[-2000:]
@@ -62,8 +86,12 @@ class Table(torch.nn.Module):
 def test_double_dqn_target_by_hand():
     online = Table([[0.0, 0.0], [1.0, 5.0]])  # at s=1 the online net prefers action 1
     target = Table([[0.0, 0.0], [7.0, 3.0]])  # the target net prefers action 0
-    batch = {"next_observation": torch.tensor([1, 1]), "n_step_return": torch.tensor([2.0, 2.0]),
-             "terminated_n": torch.tensor([0.0, 1.0]), "bootstrap_discount": torch.tensor([0.9, 0.9])}
+    batch = {
+        "next_observation": torch.tensor([1, 1]),
+        "n_step_return": torch.tensor([2.0, 2.0]),
+        "terminated_n": torch.tensor([0.0, 1.0]),
+        "bootstrap_discount": torch.tensor([0.9, 0.9]),
+    }
     y = dqn_atari.td_targets(batch, online, target, double=True)
     assert y.tolist() == pytest.approx([2.0 + 0.9 * 3.0, 2.0])  # Q_target(s', argmax_a Q_online(s', a))
     y = dqn_atari.td_targets(batch, online, target, double=False)
@@ -78,24 +106,36 @@ def test_nstep_targets_with_termination_and_timeout_inside_the_window():
     term, trunc = np.zeros(10, bool), np.zeros(10, bool)
     term[3], trunc[6] = True, True
     for t in range(10):
-        buf.append(dqn_atari.Step(np.array([[t]]), np.zeros((1, 1), np.int64), np.ones((1, 1), np.float32),
-                                  term[t : t + 1, None], trunc[t : t + 1, None], (term | trunc)[t : t + 1, None]))
+        buf.append(
+            dqn_atari.Step(
+                np.array([[t]]),
+                np.zeros((1, 1), np.int64),
+                np.ones((1, 1), np.float32),
+                term[t : t + 1, None],
+                trunc[t : t + 1, None],
+                (term | trunc)[t : t + 1, None],
+            )
+        )
     q = Table([[10.0 * s, 10.0 * s] for s in range(10)])
     lo, hi = buf.valid_window(buf.storage.cursor)
-    expected = {0: 1 + 0.5 + 0.25 + 0.125 * 30,  # 3 steps, bootstrap from s=3
-                1: 1 + 0.5 + 0.25,  # terminates at row 3 inside the window: no bootstrap
-                2: 1 + 0.5,
-                3: 1.0,
-                5: 1 + 0.5 + 0.25 * 70,  # times out at row 6: bootstraps from the final observation (row 7)
-                6: 1 + 0.5 * 70}
+    expected = {
+        0: 1 + 0.5 + 0.25 + 0.125 * 30,  # 3 steps, bootstrap from s=3
+        1: 1 + 0.5 + 0.25,  # terminates at row 3 inside the window: no bootstrap
+        2: 1 + 0.5,
+        3: 1.0,
+        5: 1 + 0.5 + 0.25 * 70,  # times out at row 6: bootstraps from the final observation (row 7)
+        6: 1 + 0.5 * 70,
+    }
     rows = [t for t in range(lo, hi) if not buf.storage.final_row[t % buf.T, 0]]
     assert rows == [0, 1, 2, 3, 5, 6]
     st_ = buf.storage
     r = np.array(rows)
-    batch = {"next_observation": torch.as_tensor(st_.observation((r + st_.n_taken[r, 0]) % buf.T, np.zeros_like(r))),
-             "n_step_return": torch.as_tensor(st_.n_step_return[r, 0]),
-             "terminated_n": torch.as_tensor(st_.terminated_n[r, 0]).float(),
-             "bootstrap_discount": torch.as_tensor(0.5 ** st_.n_taken[r, 0].astype(np.float32))}
+    batch = {
+        "next_observation": torch.as_tensor(st_.observation((r + st_.n_taken[r, 0]) % buf.T, np.zeros_like(r))),
+        "n_step_return": torch.as_tensor(st_.n_step_return[r, 0]),
+        "terminated_n": torch.as_tensor(st_.terminated_n[r, 0]).float(),
+        "bootstrap_discount": torch.as_tensor(0.5 ** st_.n_taken[r, 0].astype(np.float32)),
+    }
     y = dqn_atari.td_targets(batch, q, q, double=True)
     assert y.tolist() == pytest.approx([expected[t] for t in rows])
 
@@ -106,8 +146,8 @@ def test_dueling_head_scales_the_torso_gradient():
     x = torch.randn(5, 4)
     h = net.torso(x)
     h.retain_grad()
-    adv = net.q(dqn_atari.ScaleGrad.apply(h, 2 ** -0.5))
-    q = net.v(dqn_atari.ScaleGrad.apply(h, 2 ** -0.5)) + adv - adv.mean(1, keepdim=True)
+    adv = net.q(dqn_atari.ScaleGrad.apply(h, 2**-0.5))
+    q = net.v(dqn_atari.ScaleGrad.apply(h, 2**-0.5)) + adv - adv.mean(1, keepdim=True)
     assert torch.allclose(q, net(x))
     q.sum().backward()
     g_scaled = h.grad.clone()
@@ -115,18 +155,33 @@ def test_dueling_head_scales_the_torso_gradient():
     h2.retain_grad()
     adv2 = net.q(h2)
     (net.v(h2) + adv2 - adv2.mean(1, keepdim=True)).sum().backward()
-    assert torch.allclose(g_scaled, h2.grad * 2 ** -0.5, atol=1e-6)
+    assert torch.allclose(g_scaled, h2.grad * 2**-0.5, atol=1e-6)
 
 
 # Atari parallel sampling (ale-py's vector env) is tested frame for frame in test_atari.py and here with the slow
 # tests, for CI's 30 minutes.
-@pytest.mark.parametrize("sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow),
-                                     pytest.param("async", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow), pytest.param("async", marks=pytest.mark.slow)]
+)
 def test_atari_smoke_small_buffer_checkpoint_and_resume(sampler, tmp_path):
-    common = ["--num-envs", "4", "--buffer-size", "2000", "--min-steps-learn", "200", "--log-every", "200",
-              "--eval-episodes", "0", "--sampler", sampler, "--prioritized", "--n-step-return", "3"]
-    out = run("dqn_atari.py", *common, "--total-timesteps", "400", "--out-dir", str(tmp_path), "--run-name", "a",
-              timeout=300)
+    common = [
+        "--num-envs",
+        "4",
+        "--buffer-size",
+        "2000",
+        "--min-steps-learn",
+        "200",
+        "--log-every",
+        "200",
+        "--eval-episodes",
+        "0",
+        "--sampler",
+        sampler,
+        "--prioritized",
+        "--n-step-return",
+        "3",
+    ]
+    out = run("dqn_atari.py", *common, "--total-timesteps", "400", "--out-dir", str(tmp_path), "--run-name", "a", timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     run_dir = tmp_path / "a"
     rows = progress(run_dir)
@@ -146,8 +201,20 @@ def test_atari_smoke_small_buffer_checkpoint_and_resume(sampler, tmp_path):
 
 @pytest.mark.slow  # seeds 1 and 2 reached 475 at 76k and 34k steps (about 100 s on a core of its own)
 def test_noisy_dqn_learns_cartpole(tmp_path):
-    out = run("dqn_atari.py", *CARTPOLE, "--noisy", "--total-timesteps", "100000", "--stop-at-return", "475",
-              "--out-dir", str(tmp_path), "--run-name", "r", timeout=500)
+    out = run(
+        "dqn_atari.py",
+        *CARTPOLE,
+        "--noisy",
+        "--total-timesteps",
+        "100000",
+        "--stop-at-return",
+        "475",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "r",
+        timeout=500,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     m = re.search(r"mean return of the last 20 episodes ([\d.]+) >= 475.0 at step (\d+)", out.stdout)
     assert m and int(m.group(2)) <= 100_000, out.stdout[-2000:]
@@ -159,8 +226,15 @@ def test_noisy_dqn_explores_by_its_noise_and_resumes_with_the_noise_state(tmp_pa
     resume continues the run."""
     net = dqn_atari.QNetwork((4,), 3, dueling=True, noisy_sigma=0.5)
     assert {n for n, _ in net.named_parameters() if "sigma" in n} == {
-        "q.0.weight_sigma", "q.0.bias_sigma", "q.2.weight_sigma", "q.2.bias_sigma",
-        "v.0.weight_sigma", "v.0.bias_sigma", "v.2.weight_sigma", "v.2.bias_sigma"}
+        "q.0.weight_sigma",
+        "q.0.bias_sigma",
+        "q.2.weight_sigma",
+        "q.2.bias_sigma",
+        "v.0.weight_sigma",
+        "v.0.bias_sigma",
+        "v.2.weight_sigma",
+        "v.2.bias_sigma",
+    }
     obs, gen = torch.randn(2, 4), torch.Generator().manual_seed(0)
     with torch.no_grad():
         assert not torch.allclose(net(obs, gen), net(obs, gen)) and torch.equal(net(obs), net(obs, None))
@@ -168,8 +242,18 @@ def test_noisy_dqn_explores_by_its_noise_and_resumes_with_the_noise_state(tmp_pa
     assert dqn_atari.epsilons(args, 99).tolist() == [1.0, 1.0] and dqn_atari.epsilons(args, 100).tolist() == [0, 0]
     args.noisy_epsilon = 0.01  # epsilon-greedy beside the noise, as Dopamine's DER trained
     assert dqn_atari.epsilons(args, 99).tolist() == [1.0, 1.0] and dqn_atari.epsilons(args, 100).tolist() == [0.01] * 2
-    flags = [*CARTPOLE, "--noisy", "--min-steps-learn", "500", "--log-every", "250", "--out-dir", str(tmp_path),
-             "--run-name", "a"]
+    flags = [
+        *CARTPOLE,
+        "--noisy",
+        "--min-steps-learn",
+        "500",
+        "--log-every",
+        "250",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "a",
+    ]
     out = run("dqn_atari.py", *flags, "--total-timesteps", "1000", timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = progress(tmp_path / "a")
@@ -208,8 +292,11 @@ def test_a_bad_argument_exits_2_from_the_command_line(tmp_path):
 
 
 def test_killed_async_sampler_ends_the_run(tmp_path):
-    assert_killed_sampler_ends_the_run("dqn_atari.py", [*CARTPOLE, "--sampler", "async", "--total-timesteps",
-                                                        "10000000", "--log-every", "1000"], tmp_path / "k")
+    assert_killed_sampler_ends_the_run(
+        "dqn_atari.py",
+        [*CARTPOLE, "--sampler", "async", "--total-timesteps", "10000000", "--log-every", "1000"],
+        tmp_path / "k",
+    )
 
 
 def test_epsilon_schedules():
@@ -227,8 +314,23 @@ def test_epsilon_schedules():
 def test_async_with_a_tight_lag_bound_does_not_deadlock(tmp_path):
     # max_lag_steps 4 is less than the env steps PUBLISH_EVERY updates cover: the learner must still publish
     # whenever it waits, or sampler and learner each wait for the other.
-    out = run("dqn_atari.py", *CARTPOLE, "--sampler", "async", "--max-lag-steps", "4", "--total-timesteps", "4000",
-              "--log-every", "1000", "--out-dir", str(tmp_path), "--run-name", "d", timeout=120)
+    out = run(
+        "dqn_atari.py",
+        *CARTPOLE,
+        "--sampler",
+        "async",
+        "--max-lag-steps",
+        "4",
+        "--total-timesteps",
+        "4000",
+        "--log-every",
+        "1000",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "d",
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     rows = progress(tmp_path / "d")
     assert int(rows[-1]["global_step"]) == 4000 and int(rows[-1]["updates"]) > 0
@@ -296,15 +398,15 @@ def test_a_plain_mlp_meeting_only_the_written_contract_learns_is_evaluated_and_e
     the end, 10 episodes at epsilon 0.05: evaluation reads nothing of the network but its output), and --export writes
     its greedy policy. The script before issue 52 read ``q_net.n_actions`` in evaluation: AttributeError at 10k steps."""
     flags = ["--preset", "cartpole", "--no-dueling", "--eval-every", "10000", "--eval-episodes", "10"]
-    out = run(str(mlp_script), *flags, "--stop-at-return", "475", "--out-dir", str(tmp_path), "--run-name", "r",
-              timeout=900)  # 7 evaluations beside the training
+    out = run(
+        str(mlp_script), *flags, "--stop-at-return", "475", "--out-dir", str(tmp_path), "--run-name", "r", timeout=900
+    )  # 7 evaluations beside the training
     assert out.returncode == 0, out.stderr[-3000:]
     m = re.search(r"mean return of the last 20 episodes ([\d.]+) >= 475.0 at step (\d+)", out.stdout)
     assert m and int(m.group(2)) <= 100_000, out.stdout[-2000:]
     summary = json.loads((tmp_path / "r" / "eval.json").read_text())  # the evaluation at the end
     assert len(summary["returns"]) == 10 and summary["mean"] >= 400, summary
-    out = run(str(mlp_script), *flags, "--resume", str(tmp_path / "r"), "--export", str(tmp_path / "mlp.onnx"),
-              timeout=300)
+    out = run(str(mlp_script), *flags, "--resume", str(tmp_path / "r"), "--export", str(tmp_path / "mlp.onnx"), timeout=300)
     assert out.returncode == 0 and "exported the policy" in out.stdout, out.stderr[-2000:]
     session = onnxruntime.InferenceSession(str(tmp_path / "mlp.onnx"), providers=["CPUExecutionProvider"])
     assert [o.name for o in session.get_outputs()] == ["action", "q_values"]
@@ -314,8 +416,10 @@ def test_flags_the_network_cannot_honour_are_refused_in_one_place(mlp_script, ca
     edited = load(mlp_script)
     edited.make_network(edited.Args(), (4,), 2)  # no flag: nothing to refuse
     dqn_atari.make_network(dqn_atari.Args(noisy=True, dueling=True), (4,), 2)  # the script's network honours both
-    for flag, message in [("noisy", "--noisy: the network has no NoisyLinear layer to draw noise for"),
-                          ("dueling", "--dueling: the dueling head is QNetwork's; MLP has none")]:
+    for flag, message in [
+        ("noisy", "--noisy: the network has no NoisyLinear layer to draw noise for"),
+        ("dueling", "--dueling: the dueling head is QNetwork's; MLP has none"),
+    ]:
         with pytest.raises(SystemExit) as e:
             edited.make_network(edited.Args(**{flag: True}), (4,), 2)
         assert e.value.code == 2

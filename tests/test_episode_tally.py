@@ -26,10 +26,19 @@ def reference(rewards, counted, ended):
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.integers(1, 5).flatmap(lambda B: st.lists(
-    st.tuples(st.lists(st.floats(-100, 100, width=32), min_size=B, max_size=B),
-              st.lists(st.booleans(), min_size=B, max_size=B), st.lists(st.booleans(), min_size=B, max_size=B)),
-    min_size=1, max_size=30)))
+@given(
+    st.integers(1, 5).flatmap(
+        lambda B: st.lists(
+            st.tuples(
+                st.lists(st.floats(-100, 100, width=32), min_size=B, max_size=B),
+                st.lists(st.booleans(), min_size=B, max_size=B),
+                st.lists(st.booleans(), min_size=B, max_size=B),
+            ),
+            min_size=1,
+            max_size=30,
+        )
+    )
+)
 def test_episodes_match_a_per_env_loop(steps):
     rewards, counted, ended = zip(*steps)
     tally = EpisodeTally(len(rewards[0]))

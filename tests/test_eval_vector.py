@@ -73,18 +73,18 @@ def test_a_stochastic_policy_draws_from_its_episodes_own_generator(envs):
 
 def test_one_generator_shared_by_the_envs_would_change_the_episodes():
     """The test above can fail: the same policy drawing from one generator for all envs plays other episodes."""
+
     def shared_rng(seed):
         rng = np.random.default_rng(seed)
-        return lambda obs: np.where(rng.random(len(obs)) < 0.3, rng.integers(2, size=len(obs)),
-                                    (obs @ W > 0).astype(np.int64))
+        return lambda obs: np.where(rng.random(len(obs)) < 0.3, rng.integers(2, size=len(obs)), (obs @ W > 0).astype(np.int64))
 
-    assert play(cartpole, shared_rng(0), EPISODES, SEED, 1).returns != play(cartpole, shared_rng(0), EPISODES, SEED,
-                                                                         4).returns
+    assert play(cartpole, shared_rng(0), EPISODES, SEED, 1).returns != play(cartpole, shared_rng(0), EPISODES, SEED, 4).returns
 
 
 def test_a_recurrent_policy_starts_afresh_per_env_and_sees_its_last_reward():
     """A policy with a step counter per env (zeroed at ``starts``) plays the reference's step-indexed episodes;
     ``rewards`` is 0 at a start and the previous step's reward (CartPole: 1) after it."""
+
     def timed(t):  # deterministic in the step index of the episode only
         return (t // 7) % 2
 
@@ -126,6 +126,7 @@ def test_no_episode_starts_beyond_the_count_and_every_env_is_closed():
             env = Counted(gym.make("CartPole-v1"))
             made.append(env)
             return env
+
         return thunk
 
     returns, _ = play(make_env, lambda obs: np.zeros(len(obs), np.int64), 5, SEED, 16)
@@ -216,8 +217,10 @@ def workers_left() -> list[int]:
     return [pid for pid, cmd in children(os.getpid()).items() if "resource_tracker" not in cmd]
 
 
-@pytest.mark.parametrize(("how", "says"), [("raise", "the env broke"), ("kill", "exited unexpectedly with code -9"),
-                                           ("exit", "exited unexpectedly with code 3")])
+@pytest.mark.parametrize(
+    ("how", "says"),
+    [("raise", "the env broke"), ("kill", "exited unexpectedly with code -9"), ("exit", "exited unexpectedly with code 3")],
+)
 def test_a_failed_killed_or_vanished_worker_ends_the_evaluation_with_its_error(how, says):
     t0 = time.monotonic()
     with pytest.raises(EvaluationError, match=says):

@@ -10,31 +10,122 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tests.helpers import progress, refusal, run
 
 TIMING = {"wall_time_s", "sps", "eval_return"}
-CARTPOLE_PPO = ["--env-id", "CartPole-v1", "--num-envs", "4", "--num-steps", "64", "--total-timesteps", "1024",
-                "--log-every", "1"]
-CARTPOLE_DQN = ["--env-id", "CartPole-v1", "--num-envs", "4", "--total-timesteps", "2000", "--buffer-size", "5000",
-                "--min-steps-learn", "1000", "--log-every", "500", "--replay-ratio", "4"]
-PENDULUM = ["--env-id", "Pendulum-v1", "--total-timesteps", "1200", "--min-steps-learn", "1000", "--log-every", "100",
-            "--replay-ratio", "64"]
-R2D1 = ["--env-id", "CartPole-v1", "--observe-indices", "0", "2", "--num-envs", "4", "--hidden", "16",
-        "--sequence-length", "10", "--burn-in-steps", "5", "--rnn-state-interval", "5", "--batch-size", "8",
-        "--min-steps-learn", "600", "--buffer-size", "4000", "--total-timesteps", "1200", "--log-every", "200"]
-PPO_PENDULUM = ["--env-id", "Pendulum-v1", "--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2",
-                "--total-timesteps", "1024"]
-LSTM_CARTPOLE = ["--preset", "cartpole", "--num-envs", "4", "--num-steps", "64", "--num-minibatches", "2",
-                 "--total-timesteps", "1024"]
-SCRIPTS = {"ppo_atari.py": (CARTPOLE_PPO, 256), "ppo_mujoco.py": (PPO_PENDULUM, 256),
-           "ppo_lstm.py": (LSTM_CARTPOLE, 256),
-           "a2c_atari.py": (CARTPOLE_PPO[:-2] + ["--log-every", "4"], 256),
-           "dqn_atari.py": (CARTPOLE_DQN, 500), "catdqn_atari.py": (CARTPOLE_DQN + ["--v-max", "100"], 500),
-           "r2d1_atari.py": (R2D1, 400), "sac_mujoco.py": (PENDULUM, 100), "td3_mujoco.py": (PENDULUM, 100),
-           "ddpg_mujoco.py": (PENDULUM, 100)}
+CARTPOLE_PPO = [
+    "--env-id",
+    "CartPole-v1",
+    "--num-envs",
+    "4",
+    "--num-steps",
+    "64",
+    "--total-timesteps",
+    "1024",
+    "--log-every",
+    "1",
+]
+CARTPOLE_DQN = [
+    "--env-id",
+    "CartPole-v1",
+    "--num-envs",
+    "4",
+    "--total-timesteps",
+    "2000",
+    "--buffer-size",
+    "5000",
+    "--min-steps-learn",
+    "1000",
+    "--log-every",
+    "500",
+    "--replay-ratio",
+    "4",
+]
+PENDULUM = [
+    "--env-id",
+    "Pendulum-v1",
+    "--total-timesteps",
+    "1200",
+    "--min-steps-learn",
+    "1000",
+    "--log-every",
+    "100",
+    "--replay-ratio",
+    "64",
+]
+R2D1 = [
+    "--env-id",
+    "CartPole-v1",
+    "--observe-indices",
+    "0",
+    "2",
+    "--num-envs",
+    "4",
+    "--hidden",
+    "16",
+    "--sequence-length",
+    "10",
+    "--burn-in-steps",
+    "5",
+    "--rnn-state-interval",
+    "5",
+    "--batch-size",
+    "8",
+    "--min-steps-learn",
+    "600",
+    "--buffer-size",
+    "4000",
+    "--total-timesteps",
+    "1200",
+    "--log-every",
+    "200",
+]
+PPO_PENDULUM = [
+    "--env-id",
+    "Pendulum-v1",
+    "--num-envs",
+    "2",
+    "--num-steps",
+    "64",
+    "--num-minibatches",
+    "2",
+    "--total-timesteps",
+    "1024",
+]
+LSTM_CARTPOLE = [
+    "--preset",
+    "cartpole",
+    "--num-envs",
+    "4",
+    "--num-steps",
+    "64",
+    "--num-minibatches",
+    "2",
+    "--total-timesteps",
+    "1024",
+]
+SCRIPTS = {
+    "ppo_atari.py": (CARTPOLE_PPO, 256),
+    "ppo_mujoco.py": (PPO_PENDULUM, 256),
+    "ppo_lstm.py": (LSTM_CARTPOLE, 256),
+    "a2c_atari.py": (CARTPOLE_PPO[:-2] + ["--log-every", "4"], 256),
+    "dqn_atari.py": (CARTPOLE_DQN, 500),
+    "catdqn_atari.py": (CARTPOLE_DQN + ["--v-max", "100"], 500),
+    "r2d1_atari.py": (R2D1, 400),
+    "sac_mujoco.py": (PENDULUM, 100),
+    "td3_mujoco.py": (PENDULUM, 100),
+    "ddpg_mujoco.py": (PENDULUM, 100),
+}
 
 
-@pytest.mark.parametrize("name", ["ppo_atari.py", "dqn_atari.py", pytest.param("ppo_mujoco.py", marks=pytest.mark.slow),
-                                  pytest.param("ppo_lstm.py", marks=pytest.mark.slow),
-                                  pytest.param("sac_mujoco.py", marks=pytest.mark.slow),
-                                  pytest.param("r2d1_atari.py", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "ppo_atari.py",
+        "dqn_atari.py",
+        pytest.param("ppo_mujoco.py", marks=pytest.mark.slow),
+        pytest.param("ppo_lstm.py", marks=pytest.mark.slow),
+        pytest.param("sac_mujoco.py", marks=pytest.mark.slow),
+        pytest.param("r2d1_atari.py", marks=pytest.mark.slow),
+    ],
+)
 def test_evaluating_during_training_changes_nothing_in_the_training_run(name, tmp_path):
     """Serial CPU runs with and without --eval-every: every training column identical, bit for bit."""
     flags, every = SCRIPTS[name]
@@ -57,8 +148,9 @@ def test_evaluating_during_training_changes_nothing_in_the_training_run(name, tm
 
 
 # PPO and DQN in CI; the other six with the slow tests.
-@pytest.mark.parametrize("name", [n if n in ("ppo_atari.py", "dqn_atari.py")
-                                  else pytest.param(n, marks=pytest.mark.slow) for n in sorted(SCRIPTS)])
+@pytest.mark.parametrize(
+    "name", [n if n in ("ppo_atari.py", "dqn_atari.py") else pytest.param(n, marks=pytest.mark.slow) for n in sorted(SCRIPTS)]
+)
 def test_eval_only_evaluates_a_checkpoint_and_changes_no_training_record(name, tmp_path):
     flags, _ = SCRIPTS[name]
     first = run(name, *flags, "--eval-episodes", "0", "--out-dir", str(tmp_path), "--run-name", "r", timeout=300)
@@ -73,13 +165,16 @@ def test_eval_only_evaluates_a_checkpoint_and_changes_no_training_record(name, t
     assert {k: v for k, v in after.items() if k != "eval.json"} == before  # checkpoint, config, progress untouched
 
 
-@pytest.mark.parametrize("bad, words", [
-    (["--eval-only"], "--eval-only evaluates a checkpoint"),
-    (["--eval-every", "-1"], "--eval-every must be non-negative"),
-    (["--eval-every", "100", "--eval-episodes", "0"], "need --eval-episodes of at least 1"),
-    (["--eval-only", "--resume", "/no/such/run"], "--resume /no/such/run: no checkpoint there"),
-    (["--eval-episodes", "100000000000"], "--eval-episodes must be in [0, 10000], got 100000000000"),  # not forever
-])
+@pytest.mark.parametrize(
+    "bad, words",
+    [
+        (["--eval-only"], "--eval-only evaluates a checkpoint"),
+        (["--eval-every", "-1"], "--eval-every must be non-negative"),
+        (["--eval-every", "100", "--eval-episodes", "0"], "need --eval-episodes of at least 1"),
+        (["--eval-only", "--resume", "/no/such/run"], "--resume /no/such/run: no checkpoint there"),
+        (["--eval-episodes", "100000000000"], "--eval-episodes must be in [0, 10000], got 100000000000"),  # not forever
+    ],
+)
 def test_bad_evaluation_arguments_exit_2_with_one_line(bad, words, tmp_path):
     # In this process, before run.setup(); tests/test_ppo.py runs a refusal of ppo_atari.py end to end.
     lines = refusal("ppo_atari.py", *CARTPOLE_PPO, "--out-dir", str(tmp_path), *bad)

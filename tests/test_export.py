@@ -83,8 +83,9 @@ def recorded(act):
         actions = act(obs, **{k: v for k, v in given.items() if k in inspect.signature(act).parameters})
         state = getattr(act, "state", None)
         obs = {k: v.copy() for k, v in obs.items()} if isinstance(obs, dict) else obs.copy()
-        calls.append((obs, starts.copy(), rewards.copy(), np.asarray(actions).copy(),
-                      None if state is None else state.h.numpy().copy()))
+        calls.append(
+            (obs, starts.copy(), rewards.copy(), np.asarray(actions).copy(), None if state is None else state.h.numpy().copy())
+        )
         return actions
 
     return recording, calls
@@ -94,8 +95,7 @@ def feeds(obs) -> dict:
     return dict(obs) if isinstance(obs, dict) else {"obs": obs}
 
 
-DICT_PPO = ["--env-id", "tests.dict_env:DictCue-v0", "--num-envs", "4", "--num-steps", "32", "--total-timesteps",
-            "256"]
+DICT_PPO = ["--env-id", "tests.dict_env:DictCue-v0", "--num-envs", "4", "--num-steps", "32", "--total-timesteps", "256"]
 CASES = {name: SCRIPTS[name][0] for name in SCRIPTS}
 for name in ("sac_mujoco.py", "td3_mujoco.py", "ddpg_mujoco.py"):  # statistics to fold into the graph
     CASES[name] = [*CASES[name], "--normalize-obs"]
@@ -130,8 +130,7 @@ def test_onnxruntime_acts_as_the_scripts_own_act_on_real_episodes(case, tmp_path
             h = c = np.zeros((len(calls[0][3]), net.hidden), np.float32)
             prev = np.zeros(len(calls[0][3]), np.int64)
             for obs, starts, rewards, actions, h_act in calls:
-                extra = {"prev_action": prev, "prev_reward": rewards.astype(np.float32)} if "prev_action" in names \
-                    else {}
+                extra = {"prev_action": prev, "prev_reward": rewards.astype(np.float32)} if "prev_action" in names else {}
                 got, _, h, c = session.run(None, {**feeds(obs), **extra, "h": h, "c": c, "episode_start": starts})
                 np.testing.assert_allclose(h, h_act, atol=1e-4, rtol=0)  # the act's own state, step after step
                 if name == "r2d1_atari.py":
@@ -203,10 +202,13 @@ def test_an_export_that_differs_from_torch_is_refused_and_removed(tmp_path, monk
     assert not (tmp_path / "p.onnx").exists()
 
 
-@pytest.mark.parametrize("flags, words", [
-    (["--export", "p.onnx"], "--export writes a checkpoint's policy: give the run with --resume"),
-    (["--export", "/no/such/folder/p.onnx", "--resume", "x"], "not a file in an existing folder"),
-])
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        (["--export", "p.onnx"], "--export writes a checkpoint's policy: give the run with --resume"),
+        (["--export", "/no/such/folder/p.onnx", "--resume", "x"], "not a file in an existing folder"),
+    ],
+)
 def test_bad_export_arguments_exit_2_with_one_line(flags, words):
     lines = refusal("sac_mujoco.py", "--env-id", "Pendulum-v1", *flags)
     assert len(lines) == 1 and lines[0].startswith("error:") and words in lines[0]

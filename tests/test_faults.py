@@ -20,40 +20,152 @@ from shared.files import WriteError
 from tests.helpers import ROOT, assert_no_leftovers, progress, refusal, run, script
 
 # Tiny jobs that log and checkpoint often: (flags, steps between checkpoints).
-DISCRETE_REPLAY = ["--env-id", "CartPole-v1", "--num-envs", "2", "--buffer-size", "2000", "--min-steps-learn", "200",
-                   "--batch-size", "16", "--log-every", "50"]
+DISCRETE_REPLAY = [
+    "--env-id",
+    "CartPole-v1",
+    "--num-envs",
+    "2",
+    "--buffer-size",
+    "2000",
+    "--min-steps-learn",
+    "200",
+    "--batch-size",
+    "16",
+    "--log-every",
+    "50",
+]
 JOBS = {
     "ppo_atari.py": ["--env-id", "CartPole-v1", "--num-envs", "2", "--num-steps", "16"],
     "a2c_atari.py": ["--env-id", "CartPole-v1", "--num-envs", "2", "--num-steps", "8", "--log-every", "2"],
     "dqn_atari.py": DISCRETE_REPLAY,
     "catdqn_atari.py": DISCRETE_REPLAY,
-    "r2d1_atari.py": ["--env-id", "CartPole-v1", "--num-envs", "2", "--hidden", "16", "--sequence-length", "4",
-                      "--burn-in-steps", "2", "--rnn-state-interval", "4", "--batch-size", "4", "--min-steps-learn",
-                      "200", "--buffer-size", "2000", "--log-every", "50", "--replay-ratio", "4"],
-    "ddpg_mujoco.py": ["--env-id", "Pendulum-v1", "--min-steps-learn", "300", "--batch-size", "32",
-                      "--replay-ratio", "32", "--log-every",
-                       "50", "--hidden", "32"],
-    "td3_mujoco.py": ["--env-id", "Pendulum-v1", "--min-steps-learn", "300", "--batch-size", "32",
-                      "--replay-ratio", "32", "--log-every",
-                      "50", "--hidden", "32"],
-    "ppo_mujoco.py": ["--env-id", "Pendulum-v1", "--num-envs", "2", "--num-steps", "16", "--num-minibatches", "2",
-                      "--update-epochs", "2"],
-    "ppo_lstm.py": ["--env-id", "CartPole-v1", "--observe-indices", "0", "2", "--num-envs", "2", "--num-steps", "16",
-                    "--num-minibatches", "2", "--update-epochs", "2", "--hidden", "16"],
-    "sac_mujoco.py": ["--env-id", "Pendulum-v1", "--min-steps-learn", "300", "--batch-size", "32",
-                      "--replay-ratio", "32", "--log-every",
-                      "50", "--hidden", "32"],
+    "r2d1_atari.py": [
+        "--env-id",
+        "CartPole-v1",
+        "--num-envs",
+        "2",
+        "--hidden",
+        "16",
+        "--sequence-length",
+        "4",
+        "--burn-in-steps",
+        "2",
+        "--rnn-state-interval",
+        "4",
+        "--batch-size",
+        "4",
+        "--min-steps-learn",
+        "200",
+        "--buffer-size",
+        "2000",
+        "--log-every",
+        "50",
+        "--replay-ratio",
+        "4",
+    ],
+    "ddpg_mujoco.py": [
+        "--env-id",
+        "Pendulum-v1",
+        "--min-steps-learn",
+        "300",
+        "--batch-size",
+        "32",
+        "--replay-ratio",
+        "32",
+        "--log-every",
+        "50",
+        "--hidden",
+        "32",
+    ],
+    "td3_mujoco.py": [
+        "--env-id",
+        "Pendulum-v1",
+        "--min-steps-learn",
+        "300",
+        "--batch-size",
+        "32",
+        "--replay-ratio",
+        "32",
+        "--log-every",
+        "50",
+        "--hidden",
+        "32",
+    ],
+    "ppo_mujoco.py": [
+        "--env-id",
+        "Pendulum-v1",
+        "--num-envs",
+        "2",
+        "--num-steps",
+        "16",
+        "--num-minibatches",
+        "2",
+        "--update-epochs",
+        "2",
+    ],
+    "ppo_lstm.py": [
+        "--env-id",
+        "CartPole-v1",
+        "--observe-indices",
+        "0",
+        "2",
+        "--num-envs",
+        "2",
+        "--num-steps",
+        "16",
+        "--num-minibatches",
+        "2",
+        "--update-epochs",
+        "2",
+        "--hidden",
+        "16",
+    ],
+    "sac_mujoco.py": [
+        "--env-id",
+        "Pendulum-v1",
+        "--min-steps-learn",
+        "300",
+        "--batch-size",
+        "32",
+        "--replay-ratio",
+        "32",
+        "--log-every",
+        "50",
+        "--hidden",
+        "32",
+    ],
 }
 
 
-def kill_after_checkpoint(name: str, run_dir: Path, flags: list[str], timeout: float = 120,
-                          every: tuple[str, ...] = ("--checkpoint-every", "400"), past: int = 100) -> int:
+def kill_after_checkpoint(
+    name: str,
+    run_dir: Path,
+    flags: list[str],
+    timeout: float = 120,
+    every: tuple[str, ...] = ("--checkpoint-every", "400"),
+    past: int = 100,
+) -> int:
     """Start a long run that checkpoints every 400 steps (or as ``every`` says); SIGKILL it once it has logged
     rows past a checkpoint (as the OOM killer or a preemption would); returns the checkpoint's step."""
-    proc = subprocess.Popen([sys.executable, script(name), *flags, "--total-timesteps", "10000000",
-                             *every, "--eval-episodes", "0", "--out-dir", str(run_dir.parent),
-                             "--run-name", run_dir.name], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            script(name),
+            *flags,
+            "--total-timesteps",
+            "10000000",
+            *every,
+            "--eval-episodes",
+            "0",
+            "--out-dir",
+            str(run_dir.parent),
+            "--run-name",
+            run_dir.name,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     deadline = time.time() + timeout
     try:
         while True:
@@ -75,8 +187,9 @@ def kill_after_checkpoint(name: str, run_dir: Path, flags: list[str], timeout: f
 
 # On-policy and replay in CI; the recurrent and continuous kinds (r2d1, sac, ppo_mujoco) and A2C, C51, DDPG and
 # TD3, whose checkpoint code is their sibling's, with the slow tests, for CI's 30 minutes.
-@pytest.mark.parametrize("name", [n if n in ("ppo_atari.py", "dqn_atari.py")
-                                  else pytest.param(n, marks=pytest.mark.slow) for n in JOBS])
+@pytest.mark.parametrize(
+    "name", [n if n in ("ppo_atari.py", "dqn_atari.py") else pytest.param(n, marks=pytest.mark.slow) for n in JOBS]
+)
 def test_a_killed_run_resumes_with_monotonic_steps_and_cumulative_counts(name, tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 
@@ -84,8 +197,17 @@ def test_a_killed_run_resumes_with_monotonic_steps_and_cumulative_counts(name, t
     ckpt_step = kill_after_checkpoint(name, run_dir, JOBS[name])
     saved = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert saved["script"] == name[:-3] and saved["run"]["episodes"] > 0
-    out = run(name, *JOBS[name], "--total-timesteps", str(ckpt_step + 600), "--eval-episodes", "0", "--resume",
-              str(run_dir), timeout=180)
+    out = run(
+        name,
+        *JOBS[name],
+        "--total-timesteps",
+        str(ckpt_step + 600),
+        "--eval-episodes",
+        "0",
+        "--resume",
+        str(run_dir),
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     rows = progress(run_dir)
     steps = [int(r["global_step"]) for r in rows]
@@ -105,19 +227,43 @@ def test_a_killed_run_resumes_with_monotonic_steps_and_cumulative_counts(name, t
 
 def test_checkpoints_by_wall_time_alone_keep_a_killed_run(tmp_path):
     run_dir = tmp_path / "r"
-    ckpt_step = kill_after_checkpoint("dqn_atari.py", run_dir, DISCRETE_REPLAY,
-                                      every=("--checkpoint-every", "0", "--checkpoint-minutes", "0.05"), past=0)
+    ckpt_step = kill_after_checkpoint(
+        "dqn_atari.py", run_dir, DISCRETE_REPLAY, every=("--checkpoint-every", "0", "--checkpoint-minutes", "0.05"), past=0
+    )
     assert ckpt_step > 0  # written by the clock: no step interval was given
-    out = run("dqn_atari.py", *DISCRETE_REPLAY, "--total-timesteps", str(ckpt_step + 300), "--eval-episodes", "0",
-              "--resume", str(run_dir), timeout=180)
+    out = run(
+        "dqn_atari.py",
+        *DISCRETE_REPLAY,
+        "--total-timesteps",
+        str(ckpt_step + 300),
+        "--eval-episodes",
+        "0",
+        "--resume",
+        str(run_dir),
+        timeout=180,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     steps = [int(r["global_step"]) for r in progress(run_dir)]
     assert steps[-1] >= ckpt_step + 300 and all(a < b for a, b in zip(steps, steps[1:])), steps
 
 
 def test_the_stop_criterion_row_is_logged(tmp_path):
-    out = run("dqn_atari.py", *DISCRETE_REPLAY, "--total-timesteps", "20000", "--log-every", "100000",
-              "--stop-at-return", "15", "--eval-episodes", "0", "--out-dir", str(tmp_path), "--run-name", "r")
+    out = run(
+        "dqn_atari.py",
+        *DISCRETE_REPLAY,
+        "--total-timesteps",
+        "20000",
+        "--log-every",
+        "100000",
+        "--stop-at-return",
+        "15",
+        "--eval-episodes",
+        "0",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "r",
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     stopped = int(out.stdout.split(" at step ")[1].split(":")[0])
     assert int(progress(tmp_path / "r")[-1]["global_step"]) == stopped
@@ -132,8 +278,18 @@ def test_an_out_dir_that_cannot_be_made_exits_2(tmp_path):
 @pytest.fixture(scope="module")
 def ppo_run(tmp_path_factory):
     out_dir = tmp_path_factory.mktemp("ppo")
-    out = run("ppo_atari.py", *JOBS["ppo_atari.py"], "--total-timesteps", "64", "--eval-episodes", "0",
-              "--out-dir", str(out_dir), "--run-name", "r")
+    out = run(
+        "ppo_atari.py",
+        *JOBS["ppo_atari.py"],
+        "--total-timesteps",
+        "64",
+        "--eval-episodes",
+        "0",
+        "--out-dir",
+        str(out_dir),
+        "--run-name",
+        "r",
+    )
     assert out.returncode == 0, out.stderr
     return out_dir / "r"
 
@@ -144,8 +300,18 @@ def test_resuming_another_scripts_checkpoint_exits_2_naming_it(ppo_run):
 
 
 def test_resuming_with_a_flag_that_changes_the_network_exits_2_naming_the_flag(tmp_path):
-    first = run("dqn_atari.py", *DISCRETE_REPLAY, "--total-timesteps", "40", "--eval-episodes", "0", "--out-dir",
-                str(tmp_path), "--run-name", "r")
+    first = run(
+        "dqn_atari.py",
+        *DISCRETE_REPLAY,
+        "--total-timesteps",
+        "40",
+        "--eval-episodes",
+        "0",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "r",
+    )
     assert first.returncode == 0, first.stderr
     # The run folder records its flags: refused while parsing, before anything starts.
     lines = refusal("dqn_atari.py", "--dueling", "--resume", str(tmp_path / "r"))
@@ -207,13 +373,14 @@ def test_a_full_disk_while_logging_is_one_line_and_exit_1(tmp_path, capsys):
 def test_a_3mb_disk_ends_the_run_with_one_line_and_no_temporary_file(tmp_path):
     mount = tmp_path / "small"
     mount.mkdir()
-    probe = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=3m tmpfs {mount}"],
-                           capture_output=True)
+    probe = subprocess.run(["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size=3m tmpfs {mount}"], capture_output=True)
     if probe.returncode != 0:
         pytest.skip("no user and mount namespaces here to mount a small tmpfs")
-    cmd = (f"mount -t tmpfs -o size=3m tmpfs {mount} && {sys.executable} {script('ppo_atari.py')} --num-envs 2 "
-           f"--num-steps 16 --total-timesteps 64 --eval-episodes 0 --out-dir {mount} --run-name r; "
-           f"echo EXIT $?; ls -a {mount}/r")
+    cmd = (
+        f"mount -t tmpfs -o size=3m tmpfs {mount} && {sys.executable} {script('ppo_atari.py')} --num-envs 2 "
+        f"--num-steps 16 --total-timesteps 64 --eval-episodes 0 --out-dir {mount} --run-name r; "
+        f"echo EXIT $?; ls -a {mount}/r"
+    )
     out = subprocess.run(["unshare", "-rm", "sh", "-c", cmd], capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert "EXIT 1" in out.stdout, out.stdout + out.stderr[-3000:]
     last = out.stderr.strip().splitlines()[-1]
@@ -245,9 +412,23 @@ def test_ctrl_c_before_the_loop_is_one_line_not_a_traceback(tmp_path):
     signal (a shell's 130), nothing left running."""
     mark, wrapper = tmp_path / "setting-up", tmp_path / "slow_begin.py"
     wrapper.write_text(SLOW_BEGIN.format(root=str(ROOT), mark=str(mark)))
-    proc = subprocess.Popen([sys.executable, str(wrapper), script("ppo_atari.py"), "--env-id", "CartPole-v1",
-                             "--total-timesteps", "1000", "--out-dir", str(tmp_path / "runs")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(wrapper),
+            script("ppo_atari.py"),
+            "--env-id",
+            "CartPole-v1",
+            "--total-timesteps",
+            "1000",
+            "--out-dir",
+            str(tmp_path / "runs"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     deadline = time.time() + 120
     while not mark.exists():
         assert proc.poll() is None and time.time() < deadline, proc.communicate()

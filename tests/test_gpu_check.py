@@ -63,32 +63,38 @@ def test_cuda_sync_warnings_are_counted_only_inside_the_loop(monkeypatch):
 def test_the_cuda_tests_run_every_script_once_first():
     scripts = gpu_check.SCRIPTS
     f = "tests/test_cuda.py::"
-    ids = [f"{f}test_every_script_runs_on_the_gpu_in_every_mode[{s}-{m}]" for s in scripts
-           for m in ("serial", "parallel", "async")]
+    ids = [
+        f"{f}test_every_script_runs_on_the_gpu_in_every_mode[{s}-{m}]"
+        for s in scripts
+        for m in ("serial", "parallel", "async")
+    ]
     ids += [f"{f}test_cuda_sync_debugging_finds_no_sync_in_the_loop[{s}]" for s in scripts]
     ids += [f"{f}test_every_script_compiles_to_cuda_graphs_without_a_skip_or_recompile[{s}]" for s in scripts]
-    ids += [f"{f}test_a_gpu_checkpoint_loads_with_plain_torch_load_on_a_machine_without_one",
-            f"{f}test_two_ranks_train_over_nccl"]
+    ids += [
+        f"{f}test_a_gpu_checkpoint_loads_with_plain_torch_load_on_a_machine_without_one",
+        f"{f}test_two_ranks_train_over_nccl",
+    ]
     order = gpu_check.order_tests(ids)
-    assert all("compiles_to_cuda_graphs" in i for i in order[-len(scripts):])  # the slow ones last
+    assert all("compiles_to_cuda_graphs" in i for i in order[-len(scripts) :])  # the slow ones last
     assert sorted(order) == sorted(ids)
-    first = order[:len(scripts) + 1]
+    first = order[: len(scripts) + 1]
     assert {gpu_check.script_and_function(i)[0] for i in first} == set(scripts) | {""}
     assert all(i.endswith("-serial]") for i in first if "every_mode" in i)
-    second = order[len(scripts) + 1:2 * len(scripts) + 2]  # then each script's sync check
+    second = order[len(scripts) + 1 : 2 * len(scripts) + 2]  # then each script's sync check
     assert sum("sync_debugging" in i for i in second) == len(scripts)
     # catdqn_atari's tests are not dqn_atari's
     assert gpu_check.script_and_function(f"{f}test_x[catdqn_atari-serial]")[0] == "catdqn_atari"
 
 
-FIGURE_LOG = ("Traceback (most recent call last):\n  File \"<string>\", line 6, in <module>\n"
-              "    raise CalledProcessError(retcode, process.args,\nerror: RuntimeError: CUDA error: no kernel image\n"
-              "subprocess.CalledProcessError: Command '['python', 'ppo_atari.py']' returned non-zero exit status 1.\n")
+FIGURE_LOG = (
+    'Traceback (most recent call last):\n  File "<string>", line 6, in <module>\n'
+    "    raise CalledProcessError(retcode, process.args,\nerror: RuntimeError: CUDA error: no kernel image\n"
+    "subprocess.CalledProcessError: Command '['python', 'ppo_atari.py']' returned non-zero exit status 1.\n"
+)
 
 
 def test_wheel_names_and_the_figures_and_errors_read_from_the_logs():
-    assert gpu_check.wheel_name(Path("mujoco_core-4.0.0-cp312-cp312-manylinux_2_28_x86_64.whl")) == (
-        "mujoco-core", "4.0.0")
+    assert gpu_check.wheel_name(Path("mujoco_core-4.0.0-cp312-cp312-manylinux_2_28_x86_64.whl")) == ("mujoco-core", "4.0.0")
     assert gpu_check.wheel_name(Path("Farama_Notifications-0.0.6-py3-none-any.whl"))[0] == "farama-notifications"
     assert gpu_check.installed_version("pytest") and gpu_check.installed_version("no-such-dist-here") is None
     assert gpu_check._last_float("$ python -c ...\nA.L.E: ...\n1234.5\n\n") == 1234.5
@@ -127,8 +133,9 @@ def _left_running(out: Path, wait: float = 5.0) -> list[int]:
 
 
 def check_run(out: Path, *args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    proc = subprocess.run([*CHECK, str(out), *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    proc = subprocess.run(
+        [*CHECK, str(out), *args], capture_output=True, text=True, cwd=ROOT, timeout=timeout, env={**os.environ, **(env or {})}
+    )
     assert _left_running(out) == []
     return proc
 
@@ -154,16 +161,40 @@ def test_it_runs_end_to_end_on_the_cpu(tmp_path):
 def test_a_second_run_redoes_only_the_tests_that_did_not_pass(tmp_path):
     """A pytest part (here the unit tier, narrowed to three of this file's tests) after an earlier run in which
     one passed, one failed and one did not run: only the last two run, and the summary counts all three."""
-    ids = ["tests/test_gpu_check.py::test_the_cuda_tests_run_every_script_once_first",
-           "tests/test_gpu_check.py::test_a_cut_or_a_test_not_run_is_not_a_pass[cut]",
-           "tests/test_gpu_check.py::test_a_cut_or_a_test_not_run_is_not_a_pass[not-run]"]
+    ids = [
+        "tests/test_gpu_check.py::test_the_cuda_tests_run_every_script_once_first",
+        "tests/test_gpu_check.py::test_a_cut_or_a_test_not_run_is_not_a_pass[cut]",
+        "tests/test_gpu_check.py::test_a_cut_or_a_test_not_run_is_not_a_pass[not-run]",
+    ]
     (tmp_path / "first").mkdir()
     cuda = {"state": "done", "tests": {"tests/test_cuda.py::test_x": {"outcome": "passed", "error": ""}}}
-    (tmp_path / "first" / "results.json").write_text(json.dumps({"figures": {}, "parts": {"unit": {"tests": {
-        ids[0]: {"outcome": "passed", "error": ""}, ids[1]: {"outcome": "failed", "error": "E  assert 0"}}},
-        "cuda": cuda}}))
-    out = check_run(tmp_path / "second", "--parts", "unit", "--redo", str(tmp_path / "first"), "--wheels", "",
-                    "--pytest-args", "tests/test_gpu_check.py -k 'every_script_once or not_a_pass'")
+    (tmp_path / "first" / "results.json").write_text(
+        json.dumps(
+            {
+                "figures": {},
+                "parts": {
+                    "unit": {
+                        "tests": {
+                            ids[0]: {"outcome": "passed", "error": ""},
+                            ids[1]: {"outcome": "failed", "error": "E  assert 0"},
+                        }
+                    },
+                    "cuda": cuda,
+                },
+            }
+        )
+    )
+    out = check_run(
+        tmp_path / "second",
+        "--parts",
+        "unit",
+        "--redo",
+        str(tmp_path / "first"),
+        "--wheels",
+        "",
+        "--pytest-args",
+        "tests/test_gpu_check.py -k 'every_script_once or not_a_pass'",
+    )
     summary = (tmp_path / "second" / "summary.txt").read_text()
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert ": 3 passed (1 in the earlier run), 0 failed; done" in summary, summary
@@ -195,9 +226,21 @@ def test_a_cut_figure_says_how_far_its_script_got(tmp_path):
     run.mkdir(parents=True)
     (run / "progress.csv").write_text("global_step,wall_time_s,sps\n1500,10.0,90.0\n2000,15.0,100.0\n")
     assert gpu_check.progress_at_cut(tmp_path) == "step 2000, 2 row(s), 100.0 steps/s between the last two"
-    r = {"started": "t", "status": "finished", "elapsed_s": 1, "budget_s": 2, "argv": [], "node": {}, "checks": [],
-         "figures": {"sac-serial-cuda": {"state": "cut after 48 s (step 2000, 2 row(s), 100.0 steps/s between the "
-                                                  "last two)", "cmd": "continuous_training.ours(...)"}}}
+    r = {
+        "started": "t",
+        "status": "finished",
+        "elapsed_s": 1,
+        "budget_s": 2,
+        "argv": [],
+        "node": {},
+        "checks": [],
+        "figures": {
+            "sac-serial-cuda": {
+                "state": "cut after 48 s (step 2000, 2 row(s), 100.0 steps/s between the last two)",
+                "cmd": "continuous_training.ours(...)",
+            }
+        },
+    }
     assert "      cut after 48 s (step 2000, 2 row(s), 100.0 steps/s" in gpu_check.summary(r, tmp_path)  # not cut short
     rows = "global_step,wall_time_s,sps\n1500,10.0,90.0\n2000,15.0,100.0\n"
     (run / "progress.csv").write_text(rows + "2500,1")  # a row being written is not read
@@ -218,7 +261,8 @@ def test_a_figure_log_keeps_the_end_of_its_scripts_output(tmp_path):
         "    subprocess.run([sys.executable, '-c', 'import sys; print(\"row 1\"); print(\"warn\", file=sys.stderr)'],"
         " check=True, capture_output=True, text=True)\n"
         "    subprocess.check_output([sys.executable, '-c', 'print(\"a library call\")'])\n"
-        "    return 42.5\n")
+        "    return 42.5\n"
+    )
     code = gpu_check.FIGURE_CODE.format(module="fake_bench", call="ours()")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
@@ -234,16 +278,25 @@ def test_a_script_profiled_for_a_figure_keeps_its_exit_code(tmp_path):
 
     fake = tmp_path / "fails.py"
     fake.write_text("import sys\nsys.exit(3)\n")
-    out = subprocess.run([sys.executable, "-c", continuous_training.PROFILE_CODE, str(fake), "0",
-                          str(tmp_path / "prof.out")], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", continuous_training.PROFILE_CODE, str(fake), "0", str(tmp_path / "prof.out")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 3, out.stderr
     assert (tmp_path / "prof.out").exists()  # the profile is written either way
 
 
 def test_a_sigterm_mid_part_kills_the_tree_and_keeps_the_summary(tmp_path):
-    proc = subprocess.Popen([*CHECK, str(tmp_path), "--parts", "figures", "--figures", "ppo-serial-cpu",
-                             "--figure-s", "120", "--wheels", ""], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True)
+    proc = subprocess.Popen(
+        [*CHECK, str(tmp_path), "--parts", "figures", "--figures", "ppo-serial-cpu", "--figure-s", "120", "--wheels", ""],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        start_new_session=True,
+    )
     log = tmp_path / "figures" / "ppo-serial-cpu.log"
     deadline = time.time() + 120
     while not (log.exists() and "ppo_atari" in _tree_commands(proc.pid)) and time.time() < deadline:
@@ -272,8 +325,12 @@ def _tree_commands(pid: int) -> str:
 
 @pytest.mark.parametrize("state", ["cut", "not run: budget spent"], ids=["cut", "not-run"])
 def test_a_cut_or_a_test_not_run_is_not_a_pass(state):
-    r = {"status": "finished", "checks": [{"check": "import torch", "ok": True, "detail": ""}], "figures": {},
-         "parts": {"cuda": {"state": "done", "collected": ["a", "b"], "tests": {"a": {"outcome": "passed"}}}}}
+    r = {
+        "status": "finished",
+        "checks": [{"check": "import torch", "ok": True, "detail": ""}],
+        "figures": {},
+        "parts": {"cuda": {"state": "done", "collected": ["a", "b"], "tests": {"a": {"outcome": "passed"}}}},
+    }
     assert not gpu_check.all_passed(r)
     r["parts"]["cuda"]["tests"]["b"] = {"outcome": "passed"}
     assert gpu_check.all_passed(r)
@@ -288,7 +345,9 @@ def test_the_update_figures_run_on_the_cpu_and_refuse_a_graph_there():
     assert update_speed.sac_updates_per_second("cpu", "eager", hidden=8, batch_size=8, updates=4) > 0
     with pytest.raises(ValueError, match="needs a CUDA device"):
         update_speed.sac_updates_per_second("cpu", "compile-no-graph", hidden=8, batch_size=8, updates=4)
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "update_speed.py"), "--updates", "0"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "update_speed.py"), "--updates", "0"], capture_output=True, text=True
+    )
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1] == (
-        "update_speed.py: error: --updates must be at least 1, got 0")
+        "update_speed.py: error: --updates must be at least 1, got 0"
+    )

@@ -70,8 +70,14 @@ def batches(n: int, device, seed: int = 1) -> list[dict]:
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):
-        out.append({"obs": torch.randn(16, 4, generator=g), "action": torch.randint(0, 3, (16,), generator=g),
-                    "reward": torch.randn(16, generator=g), "next_obs": torch.randn(16, 4, generator=g)})
+        out.append(
+            {
+                "obs": torch.randn(16, 4, generator=g),
+                "action": torch.randint(0, 3, (16,), generator=g),
+                "reward": torch.randn(16, generator=g),
+                "next_obs": torch.randn(16, 4, generator=g),
+            }
+        )
     return [{k: v.to(device) for k, v in b.items()} for b in out]
 
 
@@ -147,8 +153,9 @@ def test_a_batch_uploaded_as_one_block_is_copied_in_one_copy(enabled):
     up = Uploader(torch.device("cpu"), pack=True)
     f = compiling.graphed(lambda b: {k: v * 2 for k, v in b.items()})
     rng = np.random.default_rng(0)
-    batch = lambda: up({"obs": rng.normal(size=(5, 3)).astype(np.float32), "action": rng.integers(0, 4, 5),
-                        "done": rng.random(5) < 0.5})
+    batch = lambda: up(
+        {"obs": rng.normal(size=(5, 3)).astype(np.float32), "action": rng.integers(0, 4, 5), "done": rng.random(5) < 0.5}
+    )
     f(batch())
     copies = []
     real_copy = torch.Tensor.copy_
@@ -259,8 +266,9 @@ def test_random_draws_differ_between_replays(enabled):
     @compiling.graphed
     @compiling.compiled
     def sample(logits):
-        return torch.distributions.Categorical(logits=logits, validate_args=False).sample(), torch.randn(1000,
-                                                                                                          device=logits.device)
+        return torch.distributions.Categorical(logits=logits, validate_args=False).sample(), torch.randn(
+            1000, device=logits.device
+        )
 
     logits = torch.zeros(4096, 6, device=enabled)
     draws = [sample(logits) for _ in range(6)]  # 2 warm-up calls, then the capture and 3 replays

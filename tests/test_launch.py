@@ -25,15 +25,37 @@ from tests.helpers import ROOT, assert_no_leftovers, progress
 
 LAUNCH = str(ROOT / "experiments" / "launch.py")
 TINY = ["--preset", "cartpole", "--eval-episodes", "1"]
-GRID = ["--scripts", "ppo_atari", "--env-ids", "CartPole-v1", "--seeds", "1", "2",
-        "--level", "lr1e-3:--learning-rate 1e-3", "lr3e-4:--learning-rate 3e-4"]
+GRID = [
+    "--scripts",
+    "ppo_atari",
+    "--env-ids",
+    "CartPole-v1",
+    "--seeds",
+    "1",
+    "2",
+    "--level",
+    "lr1e-3:--learning-rate 1e-3",
+    "lr3e-4:--learning-rate 3e-4",
+]
 RUNS = [f"ppo_atari/CartPole-v1/{v}/seed{s}" for v in ("lr1e-3", "lr3e-4") for s in (1, 2)]
 two_cores = pytest.mark.skipif(len(physical_cores()) < 2, reason="needs two physical cores for two slots")
 
 
 def command(root: Path, *extra: str, total: int = 2048, grid=GRID) -> list[str]:
-    return [sys.executable, LAUNCH, str(root), *grid, "--cores-per-run", "1", "--plain", *extra,
-            "--", *TINY, "--total-timesteps", str(total)]
+    return [
+        sys.executable,
+        LAUNCH,
+        str(root),
+        *grid,
+        "--cores-per-run",
+        "1",
+        "--plain",
+        *extra,
+        "--",
+        *TINY,
+        "--total-timesteps",
+        str(total),
+    ]
 
 
 def start(cmd: list[str]) -> subprocess.Popen:
@@ -102,13 +124,16 @@ def assert_steps_increase(folder: Path) -> list[int]:
 
 def test_grid_from_file_crosses_levels_and_names_folders(tmp_path):
     cfg = tmp_path / "exp.toml"
-    cfg.write_text('scripts = ["ppo_atari", "a2c_atari"]\nenv_ids = ["CartPole-v1"]\nseeds = [3, 4]\n'
-                   'flags = "--preset cartpole"\n'
-                   '[[levels]]\nlr1 = "--learning-rate 1e-3"\nlr2 = "--learning-rate 2e-3"\n'
-                   '[[levels]]\nn4 = ["--num-envs", "4"]\nddp = "--num-envs 2 --nproc-per-node 2"\n')
+    cfg.write_text(
+        'scripts = ["ppo_atari", "a2c_atari"]\nenv_ids = ["CartPole-v1"]\nseeds = [3, 4]\n'
+        'flags = "--preset cartpole"\n'
+        '[[levels]]\nlr1 = "--learning-rate 1e-3"\nlr2 = "--learning-rate 2e-3"\n'
+        '[[levels]]\nn4 = ["--num-envs", "4"]\nddp = "--num-envs 2 --nproc-per-node 2"\n'
+    )
     data = load_file(cfg)
-    runs = build_grid(tmp_path, data["scripts"], data["env_ids"], data["seeds"], split_flags(data["flags"], ""),
-                      data["levels"])
+    runs = build_grid(
+        tmp_path, data["scripts"], data["env_ids"], data["seeds"], split_flags(data["flags"], ""), data["levels"]
+    )
     assert len(runs) == 2 * 2 * 2 * 2
     assert runs[0].rel == "ppo_atari/CartPole-v1/lr1+n4/seed3"
     ddp = next(r for r in runs if r.rel == "a2c_atari/CartPole-v1/lr2+ddp/seed4")
@@ -146,8 +171,9 @@ def test_fresh_start_sets_stale_files_aside_and_status_reads_progress(tmp_path):
     run = build_grid(tmp_path, ["ppo_atari"], ["CartPole-v1"], [1], ["--total-timesteps", "1000"], [])[0]
     run.folder.mkdir(parents=True)
     (run.folder / "config.json").write_text(json.dumps({"args": {"total_timesteps": 1000}}))
-    (run.folder / "progress.csv").write_text("global_step,wall_time_s,sps,episodes,return_mean,loss\n"
-                                             "250,1.0,250.0,3,12.5,0.1\r\n500,2.0,100.0,3,,0.1\r\n600,2")
+    (run.folder / "progress.csv").write_text(
+        "global_step,wall_time_s,sps,episodes,return_mean,loss\n250,1.0,250.0,3,12.5,0.1\r\n500,2.0,100.0,3,,0.1\r\n600,2"
+    )
     p = progress_of(run)  # the last complete row; the latest return; a row being written is skipped
     assert p == {"step": 500, "total": 1000, "return": 12.5, "sps": 100.0}
     records = {run.rel: {"state": "running", "attempts": []}}
@@ -170,9 +196,11 @@ def test_a_torchrun_job_ended_by_a_signal_the_launcher_did_not_send_is_interrupt
     for run in (ddp, one):
         run.folder.mkdir(parents=True)
         record = {"attempts": [{"stderr_offset": 0}], "state": "running"}
-        (run.folder / "stderr.log").write_text("W1126 api.py:753] Received 15 death signal, shutting down workers\n"
-                                               "Traceback (most recent call last):\n  ...\ntorch.distributed.elastic."
-                                               "multiprocessing.api.SignalException: Process 10112 got signal: 15\n")
+        (run.folder / "stderr.log").write_text(
+            "W1126 api.py:753] Received 15 death signal, shutting down workers\n"
+            "Traceback (most recent call last):\n  ...\ntorch.distributed.elastic."
+            "multiprocessing.api.SignalException: Process 10112 got signal: 15\n"
+        )
         assert end_attempt(run, record, 1, signalled=False) == ("interrupted" if run is ddp else "failed")
     record = {"attempts": [{"stderr_offset": 0}], "state": "running"}
     (ddp.folder / "stderr.log").write_text("error: rank 1 lost contact with another rank\n")
@@ -246,9 +274,14 @@ def test_ctrl_c_checkpoints_every_run_and_the_same_command_finishes_them(tmp_pat
     proc = start(cmd)
     deadline = time.time() + 120
     while True:  # both slots busy and each run past its first progress row
-        running = [rel for rel in RUNS if (root / rel / "launch.json").exists() and
-                   record(root, rel)["state"] == "running" and (root / rel / "progress.csv").exists() and
-                   len((root / rel / "progress.csv").read_text().splitlines()) >= 3]
+        running = [
+            rel
+            for rel in RUNS
+            if (root / rel / "launch.json").exists()
+            and record(root, rel)["state"] == "running"
+            and (root / rel / "progress.csv").exists()
+            and len((root / rel / "progress.csv").read_text().splitlines()) >= 3
+        ]
         if len(running) == 2:
             break
         assert proc.poll() is None and time.time() < deadline, proc.communicate()
@@ -277,8 +310,17 @@ def test_ctrl_c_checkpoints_every_run_and_the_same_command_finishes_them(tmp_pat
 
 def test_a_bad_variant_fails_alone(tmp_path):
     root = tmp_path / "exp"
-    grid = ["--scripts", "ppo_atari", "--env-ids", "CartPole-v1", "--seeds", "1",
-            "--level", "bad:--num-envs 0", "ok:--num-envs 4"]
+    grid = [
+        "--scripts",
+        "ppo_atari",
+        "--env-ids",
+        "CartPole-v1",
+        "--seeds",
+        "1",
+        "--level",
+        "bad:--num-envs 0",
+        "ok:--num-envs 4",
+    ]
     out = subprocess.run(command(root, grid=grid, total=1024), capture_output=True, text=True, timeout=300)
     assert out.returncode == 1, out.stdout + out.stderr
     bad, ok = record(root, "ppo_atari/CartPole-v1/bad/seed1"), record(root, "ppo_atari/CartPole-v1/ok/seed1")
@@ -296,8 +338,12 @@ def test_submitit_local_executor_runs_to_completion(tmp_path):
     pytest.importorskip("submitit")
     root = tmp_path / "exp"
     grid = ["--scripts", "ppo_atari", "--env-ids", "CartPole-v1", "--seeds", "1"]
-    out = subprocess.run(command(root, "--slurm", "--cluster", "local", "--time", "5", grid=grid, total=1024),
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        command(root, "--slurm", "--cluster", "local", "--time", "5", grid=grid, total=1024),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     rec = record(root, "ppo_atari/CartPole-v1/base/seed1")
     assert rec["state"] == "done" and rec["exit_code"] == 0 and rec["attempts"][-1]["slurm_job_id"]
@@ -312,8 +358,17 @@ def test_submitit_local_executor_runs_to_completion(tmp_path):
 @two_cores
 def test_torchrun_variant_takes_two_slots(tmp_path):
     root = tmp_path / "exp"
-    grid = ["--scripts", "ppo_atari", "--env-ids", "CartPole-v1", "--seeds", "1",
-            "--level", "one:--num-envs 4", "ddp:--num-envs 4 --nproc-per-node 2"]
+    grid = [
+        "--scripts",
+        "ppo_atari",
+        "--env-ids",
+        "CartPole-v1",
+        "--seeds",
+        "1",
+        "--level",
+        "one:--num-envs 4",
+        "ddp:--num-envs 4 --nproc-per-node 2",
+    ]
     proc = start(command(root, grid=grid, total=4096))
     seen_ranks, together = [], []
     while proc.poll() is None:
@@ -374,8 +429,12 @@ def test_submitit_timeout_checkpoints_and_the_requeued_job_resumes(tmp_path):
     pytest.importorskip("submitit")
     root = tmp_path / "exp"
     grid = ["--scripts", "ppo_atari", "--env-ids", "CartPole-v1", "--seeds", "1"]
-    out = subprocess.run(command(root, "--slurm", "--cluster", "local", "--time", "1", grid=grid, total=400_000),
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        command(root, "--slurm", "--cluster", "local", "--time", "1", grid=grid, total=400_000),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     rec = record(root, "ppo_atari/CartPole-v1/base/seed1")
     first, last = rec["attempts"][0], rec["attempts"][-1]

@@ -16,10 +16,34 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from long_run import sample  # the same sampling of a process tree as the hour-long measurement
 
 CYCLE = 250  # steps between evaluations and checkpoints (with the replay): dozens of each in the run
-JOB = ["--env-id", "CartPole-v1", "--sampler", "async", "--num-envs", "2", "--buffer-size", "2000",
-       "--min-steps-learn", "300", "--batch-size", "16", "--replay-ratio", "4", "--log-every", "100",
-       "--eval-every", str(CYCLE), "--eval-episodes", "1", "--checkpoint-every", str(CYCLE), "--save-replay",
-       "--prioritized", "--total-timesteps", "10000000"]
+JOB = [
+    "--env-id",
+    "CartPole-v1",
+    "--sampler",
+    "async",
+    "--num-envs",
+    "2",
+    "--buffer-size",
+    "2000",
+    "--min-steps-learn",
+    "300",
+    "--batch-size",
+    "16",
+    "--replay-ratio",
+    "4",
+    "--log-every",
+    "100",
+    "--eval-every",
+    str(CYCLE),
+    "--eval-episodes",
+    "1",
+    "--checkpoint-every",
+    str(CYCLE),
+    "--save-replay",
+    "--prioritized",
+    "--total-timesteps",
+    "10000000",
+]
 
 
 def wait_for_step(folder, proc, step: int, timeout: float = 240) -> None:

@@ -19,22 +19,50 @@ import ppo_atari
 from shared.envs import action_mask, vector_env
 
 ENV = "tests.masked_env:MaskedChoice-v0"
-FLAGS = {"ppo_atari.py": ["--num-envs", "4", "--num-steps", "64", "--learning-rate", "2.5e-3", "--num-minibatches",
-                          "4", "--update-epochs", "4"],
-         # a bandit in disguise: a short horizon keeps A2C's one-step advantages from drowning in later rewards
-         "a2c_atari.py": ["--num-envs", "8", "--num-steps", "5", "--gamma", "0.5", "--no-anneal-lr",
-                          "--learning-rate", "3e-3"]}
+FLAGS = {
+    "ppo_atari.py": [
+        "--num-envs",
+        "4",
+        "--num-steps",
+        "64",
+        "--learning-rate",
+        "2.5e-3",
+        "--num-minibatches",
+        "4",
+        "--update-epochs",
+        "4",
+    ],
+    # a bandit in disguise: a short horizon keeps A2C's one-step advantages from drowning in later rewards
+    "a2c_atari.py": ["--num-envs", "8", "--num-steps", "5", "--gamma", "0.5", "--no-anneal-lr", "--learning-rate", "3e-3"],
+}
 
 
-@pytest.mark.parametrize("name, sampler", [("ppo_atari.py", "serial"),
-                                           pytest.param("ppo_atari.py", "async", marks=pytest.mark.slow),
-                                           ("a2c_atari.py", "serial")])
+@pytest.mark.parametrize(
+    "name, sampler",
+    [("ppo_atari.py", "serial"), pytest.param("ppo_atari.py", "async", marks=pytest.mark.slow), ("a2c_atari.py", "serial")],
+)
 def test_the_masked_policy_never_takes_a_masked_action_and_learns_the_best_valid_one(name, sampler, tmp_path):
     """A masked action would pay most (10, against 1): the env raises if one is ever taken (in training or in
     evaluation), so the run ends well only if none is; the best valid action is learned (16 is the best return;
     a uniform policy over the valid actions gets 16/3)."""
-    out = run(name, "--env-id", ENV, *FLAGS[name], "--sampler", sampler, "--total-timesteps", "30000",
-              "--log-every", "10", "--eval-episodes", "5", "--out-dir", str(tmp_path), "--run-name", "r")
+    out = run(
+        name,
+        "--env-id",
+        ENV,
+        *FLAGS[name],
+        "--sampler",
+        sampler,
+        "--total-timesteps",
+        "30000",
+        "--log-every",
+        "10",
+        "--eval-episodes",
+        "5",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "r",
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [r for r in progress(tmp_path / "r") if r["return_mean"]]
     assert float(rows[-1]["return_mean"]) >= 14.0, rows[-1]
@@ -80,8 +108,20 @@ def test_the_masks_of_a_rollout_line_up_with_its_observations_after_resets():
 
 
 def test_a_mask_that_allows_no_action_is_an_error_naming_the_env(tmp_path):
-    out = run("ppo_atari.py", "--env-id", "tests.masked_env:MaskedChoiceEmpty-v0", *FLAGS["ppo_atari.py"],
-              "--total-timesteps", "2048", "--eval-episodes", "0", "--out-dir", str(tmp_path), "--run-name", "r")
+    out = run(
+        "ppo_atari.py",
+        "--env-id",
+        "tests.masked_env:MaskedChoiceEmpty-v0",
+        *FLAGS["ppo_atari.py"],
+        "--total-timesteps",
+        "2048",
+        "--eval-episodes",
+        "0",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "r",
+    )
     assert out.returncode == 1
     assert "env 0: its action mask allows no action" in out.stderr.splitlines()[-1]
     info = {"action_mask": np.array([[True, False], [False, False]]), "_action_mask": np.array([True, True])}

@@ -59,8 +59,10 @@ def test_run_folders_grouped_by_script_and_env_make_a_png(x, tmp_path):
 
 
 def test_a_folder_that_is_not_a_run_exits_2_with_one_line(tmp_path):
-    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "plot.py"), str(tmp_path), "--out",
-                           str(tmp_path / "x.png")], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "plot.py"), str(tmp_path), "--out", str(tmp_path / "x.png")],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [f"error: {tmp_path}: not a run folder (no config.json or "
-                                                f"progress.csv)"]
+    assert done.stderr.strip().splitlines() == [f"error: {tmp_path}: not a run folder (no config.json or progress.csv)"]

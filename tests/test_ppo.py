@@ -77,11 +77,25 @@ def test_truncation_bootstraps_from_the_final_observation_and_termination_does_n
 
 
 # Parallel (45 s) and async (22 s) with the slow tests, for CI's 30 minutes.
-@pytest.mark.parametrize("sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow),
-                                     pytest.param("async", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow), pytest.param("async", marks=pytest.mark.slow)]
+)
 def test_ppo_learns_cartpole_in_every_mode(sampler, tmp_path):
-    out = run("ppo_atari.py", *CARTPOLE, "--sampler", sampler, "--total-timesteps", "150000",
-              "--stop-at-return", "450", "--out-dir", str(tmp_path), "--run-name", "r", timeout=400)
+    out = run(
+        "ppo_atari.py",
+        *CARTPOLE,
+        "--sampler",
+        sampler,
+        "--total-timesteps",
+        "150000",
+        "--stop-at-return",
+        "450",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "r",
+        timeout=400,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     m = re.search(r"mean return of the last 20 episodes ([\d.]+) >= 450", out.stdout)
     assert m, f"did not reach 450 within 150k steps:\n{out.stdout[-2000:]}"
@@ -93,11 +107,11 @@ def test_ppo_learns_cartpole_in_every_mode(sampler, tmp_path):
 
 
 # async (24 s) with the slow tests; CI keeps async PPO in test_dict_obs's shared-memory run
-@pytest.mark.parametrize("sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow),
-                                     pytest.param("async", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow), pytest.param("async", marks=pytest.mark.slow)]
+)
 def test_atari_smoke_checkpoint_and_resume(sampler, tmp_path):
-    out = run("ppo_atari.py", *ATARI_SMOKE, "--sampler", sampler, "--out-dir", str(tmp_path), "--run-name", "a",
-              timeout=300)
+    out = run("ppo_atari.py", *ATARI_SMOKE, "--sampler", sampler, "--out-dir", str(tmp_path), "--run-name", "a", timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     run_dir = tmp_path / "a"
     rows = progress(run_dir)
@@ -107,8 +121,19 @@ def test_atari_smoke_checkpoint_and_resume(sampler, tmp_path):
     assert ckpt["global_step"] == 256 and ckpt["args"]["sampler"] == sampler
     agent = ppo_atari.Agent((4, 84, 84), 4)
     agent.load_state_dict(ckpt["model"])
-    out = run("ppo_atari.py", *ATARI_SMOKE[:-4], "--total-timesteps", "384", "--eval-episodes", "0",
-              "--sampler", sampler, "--resume", str(run_dir), timeout=300)
+    out = run(
+        "ppo_atari.py",
+        *ATARI_SMOKE[:-4],
+        "--total-timesteps",
+        "384",
+        "--eval-episodes",
+        "0",
+        "--sampler",
+        sampler,
+        "--resume",
+        str(run_dir),
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     rows = progress(run_dir)
     assert [int(r["global_step"]) for r in rows] == [64, 128, 192, 256, 320, 384]
@@ -117,8 +142,7 @@ def test_atari_smoke_checkpoint_and_resume(sampler, tmp_path):
 
 def test_serial_runs_are_reproducible(tmp_path):
     for name in ("x", "y"):
-        out = run("ppo_atari.py", *CARTPOLE, "--total-timesteps", "4096", "--out-dir", str(tmp_path),
-                  "--run-name", name)
+        out = run("ppo_atari.py", *CARTPOLE, "--total-timesteps", "4096", "--out-dir", str(tmp_path), "--run-name", name)
         assert out.returncode == 0, out.stderr[-2000:]
     strip = lambda rows: [{k: v for k, v in r.items() if k not in ("wall_time_s", "sps")} for r in rows]
     a, b = strip(progress(tmp_path / "x")), strip(progress(tmp_path / "y"))
@@ -178,13 +202,26 @@ def test_interrupt_writes_checkpoint_and_ends_every_process(sampler, sig, tmp_pa
 
 
 def test_killed_sampler_ends_the_run_with_exit_1(tmp_path):
-    assert_killed_sampler_ends_the_run("ppo_atari.py", [*CARTPOLE, "--sampler", "async", "--total-timesteps",
-                                                        "10000000"], tmp_path / "i")
+    assert_killed_sampler_ends_the_run(
+        "ppo_atari.py", [*CARTPOLE, "--sampler", "async", "--total-timesteps", "10000000"], tmp_path / "i"
+    )
 
 
 def test_evaluation_writes_returns_and_a_video(tmp_path):
-    out = run("ppo_atari.py", *CARTPOLE[:-2], "--total-timesteps", "512", "--eval-episodes", "2", "--capture-video",
-              "--out-dir", str(tmp_path), "--run-name", "e", timeout=300)
+    out = run(
+        "ppo_atari.py",
+        *CARTPOLE[:-2],
+        "--total-timesteps",
+        "512",
+        "--eval-episodes",
+        "2",
+        "--capture-video",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "e",
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     import json
 
@@ -205,15 +242,26 @@ def test_a_new_loss_term_is_three_lines_in_ppo_loss_and_is_logged(tmp_path):
         src = (ROOT / "algos" / "ppo_atari.py").read_text()
         anchor = "    loss = pg_loss - args.ent_coef * entropy + args.vf_coef * v_loss\n"
         assert src.count(anchor) == 1
-        term = ("    logit_l2 = mean(logits.pow(2).mean(1))\n" + anchor +
-                "    loss = loss + 1e-3 * logit_l2\n")
-        edited = src.replace(anchor, term).replace('"entropy": entropy.detach(),\n',
-                                                   '"entropy": entropy.detach(),\n        "logit_l2": logit_l2.detach(),\n')
+        term = "    logit_l2 = mean(logits.pow(2).mean(1))\n" + anchor + "    loss = loss + 1e-3 * logit_l2\n"
+        edited = src.replace(anchor, term).replace(
+            '"entropy": entropy.detach(),\n', '"entropy": entropy.detach(),\n        "logit_l2": logit_l2.detach(),\n'
+        )
         added = [line for line in difflib.ndiff(src.splitlines(), edited.splitlines()) if line.startswith(("+ ", "- "))]
         assert len(added) == 3 and all(line.startswith("+ ") for line in added), added
         (folder / "ppo_l2.py").write_text(edited)
-        out = run(str(folder / "ppo_l2.py"), "--preset", "cartpole", "--total-timesteps", "2048", "--eval-episodes", "2",
-                  "--out-dir", str(tmp_path), "--run-name", "l2")
+        out = run(
+            str(folder / "ppo_l2.py"),
+            "--preset",
+            "cartpole",
+            "--total-timesteps",
+            "2048",
+            "--eval-episodes",
+            "2",
+            "--out-dir",
+            str(tmp_path),
+            "--run-name",
+            "l2",
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         rows = progress(tmp_path / "l2")
         values = [float(r["logit_l2"]) for r in rows]

@@ -38,10 +38,32 @@ import ppo_lstm
 
 CARTPOLE = ["--preset", "cartpole", "--eval-episodes", "0"]
 PENDULUM = ["--preset", "pendulum", "--eval-episodes", "0"]
-TINY = ["--preset", "cartpole", "--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2",
-        "--update-epochs", "2", "--eval-episodes", "0"]
-ATARI_SMOKE = ["--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2", "--total-timesteps", "256",
-               "--eval-episodes", "0"]
+TINY = [
+    "--preset",
+    "cartpole",
+    "--num-envs",
+    "4",
+    "--num-steps",
+    "16",
+    "--num-minibatches",
+    "2",
+    "--update-epochs",
+    "2",
+    "--eval-episodes",
+    "0",
+]
+ATARI_SMOKE = [
+    "--num-envs",
+    "4",
+    "--num-steps",
+    "16",
+    "--num-minibatches",
+    "2",
+    "--total-timesteps",
+    "256",
+    "--eval-episodes",
+    "0",
+]
 
 
 # ---------------------------------------------------------------------------------------------- the replay
@@ -50,16 +72,25 @@ ATARI_SMOKE = ["--num-envs", "4", "--num-steps", "16", "--num-minibatches", "2",
 def short_episodes(kind: str):
     """A vector env of 4 with many episode ends in 2 rollouts of 24 steps, its Args and an agent."""
     if kind == "discrete":  # positions only; a random policy drops the pole in about 20 steps
-        args = ppo_lstm.Args(env_id="CartPole-v1", observe_indices=(0, 2), num_envs=4, num_steps=24,
-                             num_minibatches=2, hidden=16)
+        args = ppo_lstm.Args(
+            env_id="CartPole-v1", observe_indices=(0, 2), num_envs=4, num_steps=24, num_minibatches=2, hidden=16
+        )
         thunk = lambda: gym.make("CartPole-v1", max_episode_steps=9)
     else:  # cut at 7 steps by the time limit, observations normalised by statistics away from the prior
-        args = ppo_lstm.Args(env_id="Pendulum-v1", observe_indices=(0, 1), num_envs=4, num_steps=24,
-                             num_minibatches=2, hidden=16, normalize_obs=True)
+        args = ppo_lstm.Args(
+            env_id="Pendulum-v1",
+            observe_indices=(0, 1),
+            num_envs=4,
+            num_steps=24,
+            num_minibatches=2,
+            hidden=16,
+            normalize_obs=True,
+        )
         thunk = lambda: gym.make("Pendulum-v1", max_episode_steps=7)
     keep = np.array(args.observe_indices)
     filtered = lambda: gym.wrappers.TransformObservation(
-        thunk(), lambda o: o[keep], gym.spaces.Box(-np.inf, np.inf, (len(keep),), np.float32))
+        thunk(), lambda o: o[keep], gym.spaces.Box(-np.inf, np.inf, (len(keep),), np.float32)
+    )
     envs = vector_env([filtered] * 4, "serial")
     agent = ppo_lstm.make_agent(args, envs.single_observation_space, envs.single_action_space)
     if args.normalize_obs:
@@ -90,8 +121,7 @@ def test_the_learner_replays_the_sampler_exactly_across_episode_starts(kind, mon
     forward over each minibatch of whole sequences gives them again, bit for bit (PPO's first ratio is 1)."""
     args, envs, agent = short_episodes(kind)
     state = ppo_lstm.EnvState(envs, 3, agent, torch.device("cpu"))
-    example, boot_example = ppo_lstm.rollout_example(envs.single_observation_space, envs.single_action_space,
-                                                     args.hidden, 4)
+    example, boot_example = ppo_lstm.rollout_example(envs.single_observation_space, envs.single_action_space, args.hidden, 4)
     buf, boot = buffer_from_example(example, (24, 4)), buffer_from_example(boot_example, ())
     torch.manual_seed(0)
     for _ in range(2):
@@ -122,8 +152,7 @@ def test_the_learner_replays_the_sampler_exactly_across_episode_starts(kind, mon
 
     monkeypatch.setattr(ppo_lstm, "ppo_loss", checked_loss)
     frozen = torch.optim.SGD(agent.parameters(), lr=0.0)  # every minibatch of every epoch replays the sampler's policy
-    ppo_lstm.learn_from(agent, ppo_lstm.RunningNorm(1, False), frozen, buf, boot, args, torch.device("cpu"),
-                        torch.Generator())
+    ppo_lstm.learn_from(agent, ppo_lstm.RunningNorm(1, False), frozen, buf, boot, args, torch.device("cpu"), torch.Generator())
     assert len(replayed) == 2 * args.update_epochs and all(len(w) == 24 * 2 for w in replayed)  # whole sequences
     assert sum(int(w.sum()) for w in replayed[:2]) == (~buf.final_row).sum()  # an epoch: every row that is not final
 
@@ -177,8 +206,19 @@ def reached(out, threshold: float) -> int | None:
 def test_learns_cartpole_without_velocities(sampler, tmp_path):
     """The cartpole preset to a mean of 475 over 20 episodes within its 100k steps (positions only: the velocities
     must be inferred from what the LSTM remembers; with --no-lstm the preset stays at 45, benchmarks/ppo_lstm.py)."""
-    out = run("ppo_lstm.py", *CARTPOLE, "--sampler", sampler, "--stop-at-return", "475", "--out-dir",
-              str(tmp_path), "--run-name", "r", timeout=400)
+    out = run(
+        "ppo_lstm.py",
+        *CARTPOLE,
+        "--sampler",
+        sampler,
+        "--stop-at-return",
+        "475",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "r",
+        timeout=400,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert reached(out, 475.0), f"did not reach 475 within 100k steps:\n{out.stdout[-2000:]}"
 
@@ -189,8 +229,19 @@ def test_learns_pendulum_without_angular_velocity(tmp_path):
     only; random actions get about -1200, the preset with --no-lstm -1084 over the last tenth of its 200k steps,
     seeds 1 and 2, benchmarks/ppo_lstm.py), and the deterministic policy with the frozen observation statistics far
     above that."""
-    out = run("ppo_lstm.py", *PENDULUM[:-2], "--eval-episodes", "5", "--stop-at-return", "-400", "--out-dir",
-              str(tmp_path), "--run-name", "r", timeout=400)
+    out = run(
+        "ppo_lstm.py",
+        *PENDULUM[:-2],
+        "--eval-episodes",
+        "5",
+        "--stop-at-return",
+        "-400",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "r",
+        timeout=400,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert reached(out, -400.0), f"did not reach -400 within 200k steps:\n{out.stdout[-2000:]}"
     assert json.loads((tmp_path / "r" / "eval.json").read_text())["mean"] >= -800
@@ -199,10 +250,34 @@ def test_learns_pendulum_without_angular_velocity(tmp_path):
 def test_the_masked_policy_never_takes_a_masked_action_and_learns_the_best_valid_one(tmp_path):
     """tests/masked_env.py: a masked action would pay 10 and the env raises if one is ever taken (in training or
     evaluation); the best valid action is learned (16 is the best return, a uniform valid policy gets 16/3)."""
-    out = run("ppo_lstm.py", "--env-id", "tests.masked_env:MaskedChoice-v0", "--num-envs", "8", "--num-steps", "32",
-              "--learning-rate", "2.5e-3", "--no-anneal-lr", "--clip-coef", "0.2", "--num-minibatches", "4",
-              "--hidden", "32", "--total-timesteps", "16384", "--log-every", "10", "--eval-episodes", "5",
-              "--out-dir", str(tmp_path), "--run-name", "r")
+    out = run(
+        "ppo_lstm.py",
+        "--env-id",
+        "tests.masked_env:MaskedChoice-v0",
+        "--num-envs",
+        "8",
+        "--num-steps",
+        "32",
+        "--learning-rate",
+        "2.5e-3",
+        "--no-anneal-lr",
+        "--clip-coef",
+        "0.2",
+        "--num-minibatches",
+        "4",
+        "--hidden",
+        "32",
+        "--total-timesteps",
+        "16384",
+        "--log-every",
+        "10",
+        "--eval-episodes",
+        "5",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "r",
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [r for r in progress(tmp_path / "r") if r["return_mean"]]
     assert float(rows[-1]["return_mean"]) >= 14.0, rows[-1]
@@ -212,11 +287,11 @@ def test_the_masked_policy_never_takes_a_masked_action_and_learns_the_best_valid
 # ---------------------------------------------------------------------------------------------- runs
 
 
-@pytest.mark.parametrize("sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow),
-                                     pytest.param("async", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow), pytest.param("async", marks=pytest.mark.slow)]
+)
 def test_atari_smoke_checkpoint_and_resume(sampler, tmp_path):
-    out = run("ppo_lstm.py", *ATARI_SMOKE, "--sampler", sampler, "--out-dir", str(tmp_path), "--run-name", "a",
-              timeout=300)
+    out = run("ppo_lstm.py", *ATARI_SMOKE, "--sampler", sampler, "--out-dir", str(tmp_path), "--run-name", "a", timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     run_dir = tmp_path / "a"
     assert [int(r["global_step"]) for r in progress(run_dir)] == [64, 128, 192, 256]
@@ -224,16 +299,42 @@ def test_atari_smoke_checkpoint_and_resume(sampler, tmp_path):
     assert ckpt["global_step"] == 256 and ckpt["args"]["sampler"] == sampler
     agent = ppo_lstm.Agent((4, 84, 84), gym.spaces.Discrete(4), 128)
     agent.load_state_dict(ckpt["model"])
-    out = run("ppo_lstm.py", *ATARI_SMOKE[:-4], "--total-timesteps", "384", "--eval-episodes", "0",
-              "--sampler", sampler, "--resume", str(run_dir), timeout=300)
+    out = run(
+        "ppo_lstm.py",
+        *ATARI_SMOKE[:-4],
+        "--total-timesteps",
+        "384",
+        "--eval-episodes",
+        "0",
+        "--sampler",
+        sampler,
+        "--resume",
+        str(run_dir),
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert [int(r["global_step"]) for r in progress(run_dir)] == [64, 128, 192, 256, 320, 384]
 
 
 @pytest.mark.parametrize("sampler", ["serial", pytest.param("async", marks=pytest.mark.slow)])
 def test_continuous_checkpoint_resume_and_eval_only_carry_the_normalisers(sampler, tmp_path):
-    flags = [*PENDULUM, "--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2", "--update-epochs", "2",
-             "--sampler", sampler, "--out-dir", str(tmp_path), "--run-name", "r"]
+    flags = [
+        *PENDULUM,
+        "--num-envs",
+        "2",
+        "--num-steps",
+        "64",
+        "--num-minibatches",
+        "2",
+        "--update-epochs",
+        "2",
+        "--sampler",
+        sampler,
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "r",
+    ]
     out = run("ppo_lstm.py", *flags, "--total-timesteps", "256", timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     first = torch.load(tmp_path / "r" / "checkpoint.pt", weights_only=True)
@@ -244,8 +345,7 @@ def test_continuous_checkpoint_resume_and_eval_only_carry_the_normalisers(sample
     second = torch.load(tmp_path / "r" / "checkpoint.pt", weights_only=True)
     assert second["model"]["obs_norm.count"].item() == pytest.approx(1e-4 + 512)
     assert second["return_norm"]["count"].item() > first["return_norm"]["count"].item()
-    out = run("ppo_lstm.py", *flags, "--resume", str(tmp_path / "r"), "--eval-only", "--eval-episodes", "2",
-              timeout=300)
+    out = run("ppo_lstm.py", *flags, "--resume", str(tmp_path / "r"), "--eval-only", "--eval-episodes", "2", timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     ev = json.loads((tmp_path / "r" / "eval.json").read_text())
     assert ev["global_step"] == 512 and len(ev["returns"]) == 2
@@ -254,8 +354,19 @@ def test_continuous_checkpoint_resume_and_eval_only_carry_the_normalisers(sample
 @pytest.mark.slow
 def test_parallel_sampling_trains_exactly_as_serial_sampling(tmp_path):
     for sampler in ("serial", "parallel"):
-        out = run("ppo_lstm.py", *TINY, "--sampler", sampler, "--total-timesteps", "512", "--out-dir", str(tmp_path),
-                  "--run-name", sampler, timeout=300)
+        out = run(
+            "ppo_lstm.py",
+            *TINY,
+            "--sampler",
+            sampler,
+            "--total-timesteps",
+            "512",
+            "--out-dir",
+            str(tmp_path),
+            "--run-name",
+            sampler,
+            timeout=300,
+        )
         assert out.returncode == 0, out.stderr[-2000:]
     strip = lambda rows: [{k: v for k, v in r.items() if k not in ("wall_time_s", "sps")} for r in rows]
     assert strip(progress(tmp_path / "serial")) == strip(progress(tmp_path / "parallel"))
@@ -310,8 +421,18 @@ def test_a_bad_argument_exits_2_from_the_command_line(tmp_path):
 @pytest.mark.parametrize("sampler, sig", [("async", signal.SIGINT), ("serial", signal.SIGTERM)])
 def test_interrupt_writes_checkpoint_and_ends_every_process(sampler, sig, tmp_path):
     shm_before = our_shm()
-    proc = start("ppo_lstm.py", *TINY, "--sampler", sampler, "--total-timesteps", "10000000", "--out-dir",
-                 str(tmp_path), "--run-name", "i")
+    proc = start(
+        "ppo_lstm.py",
+        *TINY,
+        "--sampler",
+        sampler,
+        "--total-timesteps",
+        "10000000",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "i",
+    )
     wait_for_progress_row(tmp_path / "i", proc)
     os.killpg(proc.pid, sig)  # as Ctrl-C does: the whole foreground group gets the signal
     err = finish(proc)
@@ -322,5 +443,6 @@ def test_interrupt_writes_checkpoint_and_ends_every_process(sampler, sig, tmp_pa
 
 
 def test_killed_sampler_ends_the_run_with_exit_1(tmp_path):
-    assert_killed_sampler_ends_the_run("ppo_lstm.py", [*TINY, "--sampler", "async", "--total-timesteps",
-                                                       "10000000"], tmp_path / "i")
+    assert_killed_sampler_ends_the_run(
+        "ppo_lstm.py", [*TINY, "--sampler", "async", "--total-timesteps", "10000000"], tmp_path / "i"
+    )

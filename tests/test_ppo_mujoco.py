@@ -36,8 +36,20 @@ import ppo_mujoco
 
 # The script's pendulum preset (InvertedPendulum-v5): the learning tests below are that preset's tests.
 PENDULUM = ["--preset", "pendulum", "--eval-episodes", "0"]
-TINY = ["--preset", "pendulum", "--num-envs", "2", "--num-steps", "64", "--num-minibatches", "2",
-        "--update-epochs", "2", "--eval-episodes", "0"]
+TINY = [
+    "--preset",
+    "pendulum",
+    "--num-envs",
+    "2",
+    "--num-steps",
+    "64",
+    "--num-minibatches",
+    "2",
+    "--update-epochs",
+    "2",
+    "--eval-episodes",
+    "0",
+]
 
 
 # ---------------------------------------------------------------------------------------------- the policy
@@ -127,11 +139,26 @@ def test_truncation_bootstraps_from_the_final_observation_and_termination_does_n
 
 # Parallel (45-60 s here: 8 env processes on 2 cores) with the slow tests, for CI's 30 minutes; the test after this
 # one shows in CI that parallel sampling trains exactly as serial sampling does.
-@pytest.mark.parametrize("sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow),
-                                     pytest.param("async", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow), pytest.param("async", marks=pytest.mark.slow)]
+)
 def test_learns_inverted_pendulum_in_every_mode(sampler, tmp_path):
-    out = run("ppo_mujoco.py", "--preset", "pendulum", "--sampler", sampler, "--stop-at-return", "500",
-              "--eval-episodes", "5", "--out-dir", str(tmp_path), "--run-name", "r", timeout=500)
+    out = run(
+        "ppo_mujoco.py",
+        "--preset",
+        "pendulum",
+        "--sampler",
+        sampler,
+        "--stop-at-return",
+        "500",
+        "--eval-episodes",
+        "5",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "r",
+        timeout=500,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     m = re.search(r"mean return of the last 20 episodes ([\d.]+) >= 500.0 at step (\d+)", out.stdout)
     assert m and int(m.group(2)) <= 150_000, f"did not reach 500 within 150k steps:\n{out.stdout[-2000:]}"
@@ -143,8 +170,19 @@ def test_learns_inverted_pendulum_in_every_mode(sampler, tmp_path):
 @pytest.mark.slow  # 16 s, for CI's 30 minutes
 def test_parallel_sampling_trains_exactly_as_serial_sampling(tmp_path):
     for sampler in ("serial", "parallel"):
-        out = run("ppo_mujoco.py", *TINY, "--sampler", sampler, "--total-timesteps", "512", "--out-dir",
-                  str(tmp_path), "--run-name", sampler, timeout=300)
+        out = run(
+            "ppo_mujoco.py",
+            *TINY,
+            "--sampler",
+            sampler,
+            "--total-timesteps",
+            "512",
+            "--out-dir",
+            str(tmp_path),
+            "--run-name",
+            sampler,
+            timeout=300,
+        )
         assert out.returncode == 0, out.stderr[-2000:]
     strip = lambda rows: [{k: v for k, v in r.items() if k not in ("wall_time_s", "sps")} for r in rows]
     assert strip(progress(tmp_path / "serial")) == strip(progress(tmp_path / "parallel"))
@@ -168,8 +206,7 @@ def test_checkpoint_and_resume_carry_the_normalisers(sampler, tmp_path):
     second = torch.load(tmp_path / "r" / "checkpoint.pt", weights_only=True)
     assert second["model"]["obs_norm.count"].item() == pytest.approx(1e-4 + 512)  # went on from the saved ones
     assert second["return_norm"]["count"].item() > returns_seen + 128
-    out = run("ppo_mujoco.py", *flags, "--resume", str(tmp_path / "r"), "--eval-only", "--eval-episodes", "2",
-              timeout=300)
+    out = run("ppo_mujoco.py", *flags, "--resume", str(tmp_path / "r"), "--eval-only", "--eval-episodes", "2", timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     ev = json.loads((tmp_path / "r" / "eval.json").read_text())
     assert ev["global_step"] == 512 and len(ev["returns"]) == 2
@@ -195,8 +232,7 @@ BAD_ARGUMENTS = [
     (["--num-envs", "0"], "--num-envs"),
     (["--num-minibatches", "3"], "--num-minibatches"),
     (["--init-log-std", "30"], "--init-log-std"),
-    (["--env-id", "CartPole-v1"],
-     "--env-id CartPole-v1: ppo_mujoco needs a continuous (Box) action space, got Discrete(2)"),
+    (["--env-id", "CartPole-v1"], "--env-id CartPole-v1: ppo_mujoco needs a continuous (Box) action space, got Discrete(2)"),
     (["--env-id", "NoSuchEnv-v0"], "--env-id"),
     (["--resume", "/nonexistent/run"], "--resume"),
 ]
@@ -222,8 +258,18 @@ def test_a_bad_argument_exits_2_from_the_command_line(tmp_path):
 @pytest.mark.parametrize("sampler, sig", [("async", signal.SIGINT), ("serial", signal.SIGTERM)])
 def test_interrupt_writes_checkpoint_and_ends_every_process(sampler, sig, tmp_path):
     shm_before = our_shm()
-    proc = start("ppo_mujoco.py", *TINY, "--sampler", sampler, "--total-timesteps", "10000000", "--out-dir",
-                 str(tmp_path), "--run-name", "i")
+    proc = start(
+        "ppo_mujoco.py",
+        *TINY,
+        "--sampler",
+        sampler,
+        "--total-timesteps",
+        "10000000",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "i",
+    )
     wait_for_progress_row(tmp_path / "i", proc)
     os.killpg(proc.pid, sig)  # as Ctrl-C does: the whole foreground group gets the signal
     err = finish(proc)
@@ -235,5 +281,6 @@ def test_interrupt_writes_checkpoint_and_ends_every_process(sampler, sig, tmp_pa
 
 
 def test_killed_sampler_ends_the_run_with_exit_1(tmp_path):
-    assert_killed_sampler_ends_the_run("ppo_mujoco.py", [*TINY, "--sampler", "async", "--total-timesteps",
-                                                         "10000000"], tmp_path / "i")
+    assert_killed_sampler_ends_the_run(
+        "ppo_mujoco.py", [*TINY, "--sampler", "async", "--total-timesteps", "10000000"], tmp_path / "i"
+    )

@@ -15,8 +15,18 @@ from shared.cli import parse_args
 from tests.helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "algos"))
-SCRIPTS = ["ppo_atari", "a2c_atari", "dqn_atari", "catdqn_atari", "r2d1_atari", "sac_mujoco", "td3_mujoco",
-           "ddpg_mujoco", "ppo_mujoco", "ppo_lstm"]
+SCRIPTS = [
+    "ppo_atari",
+    "a2c_atari",
+    "dqn_atari",
+    "catdqn_atari",
+    "r2d1_atari",
+    "sac_mujoco",
+    "td3_mujoco",
+    "ddpg_mujoco",
+    "ppo_mujoco",
+    "ppo_lstm",
+]
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -43,7 +53,8 @@ def test_an_unknown_preset_is_one_error_line(monkeypatch, capsys):
         parse_args(m.Args, m.PRESETS)
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        "error: invalid choice 'nope' for argument '--preset'. Expected one of ('atari', 'cartpole')."]
+        "error: invalid choice 'nope' for argument '--preset'. Expected one of ('atari', 'cartpole')."
+    ]
 
 
 @pytest.mark.parametrize("name", SCRIPTS)
@@ -59,16 +70,31 @@ def test_every_script_takes_the_same_run_flags_from_run_args(name):
     assert not set(run_fields) & set(vars(m.Args).get("__annotations__", {}))
 
 
-@pytest.mark.parametrize("name, argv, message", [
-    ("dqn_atari", ["--buffer-size", "500", "--min-steps-learn", "600"],
-     "error: --buffer-size 500 is smaller than --min-steps-learn or --batch-size"),
-    ("sac_mujoco", ["--buffer-size", "100", "--min-steps-learn", "50", "--batch-size", "256"],
-     "error: --buffer-size 100 is smaller than --min-steps-learn or --batch-size"),
-    ("td3_mujoco", ["--min-steps-learn", "100", "--batch-size", "256"],
-     "error: --min-steps-learn 100 leaves fewer valid transitions than --batch-size 256"),
-    ("catdqn_atari", ["--preset", "cartpole", "--min-steps-learn", "40", "--batch-size", "32"],
-     "error: --min-steps-learn 40 leaves fewer valid transitions than --batch-size 32"),
-])
+@pytest.mark.parametrize(
+    "name, argv, message",
+    [
+        (
+            "dqn_atari",
+            ["--buffer-size", "500", "--min-steps-learn", "600"],
+            "error: --buffer-size 500 is smaller than --min-steps-learn or --batch-size",
+        ),
+        (
+            "sac_mujoco",
+            ["--buffer-size", "100", "--min-steps-learn", "50", "--batch-size", "256"],
+            "error: --buffer-size 100 is smaller than --min-steps-learn or --batch-size",
+        ),
+        (
+            "td3_mujoco",
+            ["--min-steps-learn", "100", "--batch-size", "256"],
+            "error: --min-steps-learn 100 leaves fewer valid transitions than --batch-size 256",
+        ),
+        (
+            "catdqn_atari",
+            ["--preset", "cartpole", "--min-steps-learn", "40", "--batch-size", "32"],
+            "error: --min-steps-learn 40 leaves fewer valid transitions than --batch-size 32",
+        ),
+    ],
+)
 def test_replay_sizes_that_cannot_work_are_one_error_line(name, argv, message, monkeypatch, capsys):
     m = importlib.import_module(name)
     check = next(getattr(m, n) for n in ("check_args", "check_replay_sizes") if n in m.main.__code__.co_names)

@@ -132,8 +132,9 @@ def test_a_peer_killed_while_holding_the_replay_lock_raises_instead_of_hanging()
 
     Row = namedarraytuple("Row", ["observation", "action", "reward", "terminated"])
     buffer = ReplayBuffer(Row(np.zeros(2, np.float32), np.int64(0), np.float32(0), False), 64, 2, shared=True)
-    buffer.append(Row(np.zeros((8, 2, 2), np.float32), np.zeros((8, 2), np.int64), np.zeros((8, 2), np.float32),
-                      np.zeros((8, 2), bool)))
+    buffer.append(
+        Row(np.zeros((8, 2, 2), np.float32), np.zeros((8, 2), np.int64), np.zeros((8, 2), np.float32), np.zeros((8, 2), bool))
+    )
     ready = CTX.Event()
     worker = Worker(_holds_the_lock, (buffer, ready), name="sampler")
     try:
@@ -159,11 +160,19 @@ def test_sampler_ahead_always_lets_the_sampler_produce_the_next_updates_data():
 
 
 @settings(max_examples=200, deadline=None)
-@given(ups=st.floats(0.001, 8.0), min_steps=st.integers(0, 500), start=st.integers(0, 10_000),
-       start_updates=st.integers(0, 1000), envs=st.integers(1, 16), chunk=st.integers(0, 64),
-       lag=st.integers(1, 5000), steps=st.lists(st.integers(1, 40), min_size=1, max_size=60))
-def test_pacer_keeps_the_replay_ratio_and_never_deadlocks_the_sampler(ups, min_steps, start, start_updates, envs,
-                                                                      chunk, lag, steps):
+@given(
+    ups=st.floats(0.001, 8.0),
+    min_steps=st.integers(0, 500),
+    start=st.integers(0, 10_000),
+    start_updates=st.integers(0, 1000),
+    envs=st.integers(1, 16),
+    chunk=st.integers(0, 64),
+    lag=st.integers(1, 5000),
+    steps=st.lists(st.integers(1, 40), min_size=1, max_size=60),
+)
+def test_pacer_keeps_the_replay_ratio_and_never_deadlocks_the_sampler(
+    ups, min_steps, start, start_updates, envs, chunk, lag, steps
+):
     from shared.pacing import ReplayPacer
 
     pacer = ReplayPacer(ups, min_steps, start, start_updates)
@@ -381,8 +390,9 @@ def test_a_ctrl_c_while_gymnasiums_workers_import_the_script_closes_them_without
     marks.mkdir()
     script = tmp_path / "slow_gym_main.py"
     script.write_text(SLOW_GYM_MAIN.format(root=str(ROOT), marks=str(marks)))
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
     try:
         deadline = time.time() + 60
         while len(list(marks.iterdir())) < 2:

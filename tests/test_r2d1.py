@@ -70,8 +70,11 @@ def test_sequence_priority_mixes_max_and_mean_over_valid_rows():
 
 def sequence(T=12, B=3, obs_dim=2, n_actions=2, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(T, B, obs_dim, generator=g), torch.randint(0, n_actions, (T, B), generator=g),
-            torch.randn(T, B, generator=g))
+    return (
+        torch.randn(T, B, obs_dim, generator=g),
+        torch.randint(0, n_actions, (T, B), generator=g),
+        torch.randn(T, B, generator=g),
+    )
 
 
 def test_recurrent_state_resets_where_an_episode_starts():
@@ -85,8 +88,9 @@ def test_recurrent_state_resets_where_an_episode_starts():
     # From row 5 on, env 1 behaves as a fresh start: zero state, no previous action (a zero one-hot), no reward.
     fresh_start = torch.zeros(7, 1, dtype=torch.bool)
     fresh_start[0] = True
-    q_fresh, _ = net(obs[5:, 1:2], torch.randint(0, 2, (7, 1)), prev_r[5:, 1:2] * 0 + torch.randn(7, 1),
-                     net.initial_state(1), fresh_start)
+    q_fresh, _ = net(
+        obs[5:, 1:2], torch.randint(0, 2, (7, 1)), prev_r[5:, 1:2] * 0 + torch.randn(7, 1), net.initial_state(1), fresh_start
+    )
     q_fresh_same, _ = net(obs[5:, 1:2], prev_a[5:, 1:2], prev_r[5:, 1:2], net.initial_state(1), fresh_start)
     assert not torch.allclose(q_fresh, q_fresh_same)  # rows after the first do see their previous action/reward
     q_fresh = q_fresh_same
@@ -96,7 +100,7 @@ def test_recurrent_state_resets_where_an_episode_starts():
     q_one, s_one = net(obs, prev_a, prev_r, state, torch.zeros(12, 3, dtype=torch.bool))
     rows, s = [], state
     for t in range(12):
-        qt, s = net(obs[t:t + 1], prev_a[t:t + 1], prev_r[t:t + 1], s, torch.zeros(1, 3, dtype=torch.bool))
+        qt, s = net(obs[t : t + 1], prev_a[t : t + 1], prev_r[t : t + 1], s, torch.zeros(1, 3, dtype=torch.bool))
         rows.append(qt)
     assert torch.allclose(torch.cat(rows), q_one, atol=1e-5) and torch.allclose(s.h, s_one.h, atol=1e-5)
 
@@ -111,7 +115,7 @@ def row_by_row(net, obs, prev_a, prev_r, state, starts):
     x = torch.cat([x, a, prev_r.float().unsqueeze(-1) * keep], dim=-1)
     out, hs, cs = [], state.h[None], state.c[None]
     for t in range(T):
-        o, (hs, cs) = net.core(x[t:t + 1], (hs * keep[t], cs * keep[t]))
+        o, (hs, cs) = net.core(x[t : t + 1], (hs * keep[t], cs * keep[t]))
         out.append(o)
     h = torch.cat(out)
     adv = net.a(h)
@@ -147,12 +151,20 @@ def loss_batch(burn=4, L=6, n=2, B=3, seed=0):
     obs, prev_a, _ = sequence(T=burn + L + n, B=B, seed=seed)
     W = burn + L + n
     g = torch.Generator().manual_seed(seed + 1)
-    return {"observation": obs.requires_grad_(True), "prev_action": prev_a, "prev_reward": torch.zeros(W, B),
-            "action": torch.randint(0, 2, (W, B), generator=g), "n_step_return": torch.randn(W, B, generator=g),
-            "terminated_n": torch.zeros(W, B, dtype=torch.bool), "n_taken": torch.full((W, B), n),
-            "bootstrap_discount": torch.full((W, B), 0.9), "final_row": torch.zeros(W, B, dtype=torch.bool),
-            "episode_start": torch.zeros(W, B, dtype=torch.bool), "is_weights": torch.ones(B),
-            "init_rnn_state": r2d1.RnnState(torch.zeros(B, 16), torch.zeros(B, 16))}
+    return {
+        "observation": obs.requires_grad_(True),
+        "prev_action": prev_a,
+        "prev_reward": torch.zeros(W, B),
+        "action": torch.randint(0, 2, (W, B), generator=g),
+        "n_step_return": torch.randn(W, B, generator=g),
+        "terminated_n": torch.zeros(W, B, dtype=torch.bool),
+        "n_taken": torch.full((W, B), n),
+        "bootstrap_discount": torch.full((W, B), 0.9),
+        "final_row": torch.zeros(W, B, dtype=torch.bool),
+        "episode_start": torch.zeros(W, B, dtype=torch.bool),
+        "is_weights": torch.ones(B),
+        "init_rnn_state": r2d1.RnnState(torch.zeros(B, 16), torch.zeros(B, 16)),
+    }
 
 
 def test_burn_in_rows_do_not_enter_the_loss_or_the_gradient():
@@ -217,14 +229,23 @@ def test_target_uses_the_online_argmax_at_the_bootstrap_row_and_stops_at_done():
 
 
 def test_sampler_stores_zero_state_and_previous_action_at_episode_starts():
-    args = r2d1.Args(env_id="CartPole-v1", num_envs=2, hidden=8, rnn_state_interval=10, burn_in_steps=0,
-                     sequence_length=10, n_step_return=1)
+    args = r2d1.Args(
+        env_id="CartPole-v1", num_envs=2, hidden=8, rnn_state_interval=10, burn_in_steps=0, sequence_length=10, n_step_return=1
+    )
     envs = make_envs(args, r2d1.make_env, "serial")
     torch.manual_seed(0)
     net = r2d1.R2D1Net((4,), 2, 8)
     sampler = r2d1.EnvStepper(envs, args, net, seed=0)
-    ex = r2d1.Row(np.zeros(4, np.float32), np.int64(0), np.float32(0), False, False, np.int64(0), np.float32(0),
-                  r2d1.RnnState(np.zeros(8, np.float32), np.zeros(8, np.float32)))
+    ex = r2d1.Row(
+        np.zeros(4, np.float32),
+        np.int64(0),
+        np.float32(0),
+        False,
+        False,
+        np.int64(0),
+        np.float32(0),
+        r2d1.RnnState(np.zeros(8, np.float32), np.zeros(8, np.float32)),
+    )
     buf = SequenceReplayBuffer(ex, 2000, 2, sequence_length=10, rnn_state_interval=10, discount=0.99)
     chunks = []
     for _ in range(300):
@@ -245,6 +266,7 @@ def test_sampler_stores_zero_state_and_previous_action_at_episode_starts():
 def test_evaluation_reads_only_the_written_network_contract():
     """Evaluation needs only forward(...) and initial_state(B, device): a network with nothing else (no n_actions)
     plays epsilon-greedy episodes, the action count taken from its Q-values."""
+
     class Contract(torch.nn.Module):
         def __init__(self):
             super().__init__()
@@ -269,27 +291,64 @@ def test_evaluation_reads_only_the_written_network_contract():
 def test_lstm_beats_its_feed_forward_ablation_on_the_memory_task(tmp_path):
     returns = {}
     for name, extra in (("lstm", []), ("ff", ["--no-recurrent"])):
-        out = run("r2d1_atari.py", *MEMORY_TASK, *extra, "--total-timesteps", "30000", "--log-every", "2000",
-                  "--out-dir", str(tmp_path), "--run-name", name, timeout=600)
+        out = run(
+            "r2d1_atari.py",
+            *MEMORY_TASK,
+            *extra,
+            "--total-timesteps",
+            "30000",
+            "--log-every",
+            "2000",
+            "--out-dir",
+            str(tmp_path),
+            "--run-name",
+            name,
+            timeout=600,
+        )
         assert out.returncode == 0, out.stderr[-3000:]
         rows = [r for r in progress(tmp_path / name) if r["return_mean"]]
         returns[name] = np.mean([float(r["return_mean"]) for r in rows[-3:]])  # the last 6k steps
-    print(f"memory task, mean return over the last 6k of 30k steps: LSTM {returns['lstm']:.1f}, "
-          f"feed-forward {returns['ff']:.1f}")
+    print(
+        f"memory task, mean return over the last 6k of 30k steps: LSTM {returns['lstm']:.1f}, feed-forward {returns['ff']:.1f}"
+    )
     assert returns["lstm"] >= 150 and returns["lstm"] >= 2 * returns["ff"], returns  # measured: about 280 and 75
 
 
 # Atari parallel sampling (ale-py's vector env) is tested frame for frame in test_atari.py and here with the slow
 # tests, for CI's 30 minutes.
-@pytest.mark.parametrize("sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow),
-                                     pytest.param("async", marks=pytest.mark.slow)])
+@pytest.mark.parametrize(
+    "sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow), pytest.param("async", marks=pytest.mark.slow)]
+)
 def test_atari_smoke_checkpoint_and_resume(sampler, tmp_path):
-    common = ["--num-envs", "2", "--buffer-size", "2000", "--min-steps-learn", "200", "--log-every", "200",
-              "--eval-episodes", "0", "--sampler", sampler, "--batch-size", "4", "--sequence-length", "8",
-              "--burn-in-steps", "4", "--rnn-state-interval", "4", "--n-step-return", "2", "--hidden", "64",
-              "--replay-ratio", "8"]
-    out = run("r2d1_atari.py", *common, "--total-timesteps", "400", "--out-dir", str(tmp_path), "--run-name", "a",
-              timeout=300)
+    common = [
+        "--num-envs",
+        "2",
+        "--buffer-size",
+        "2000",
+        "--min-steps-learn",
+        "200",
+        "--log-every",
+        "200",
+        "--eval-episodes",
+        "0",
+        "--sampler",
+        sampler,
+        "--batch-size",
+        "4",
+        "--sequence-length",
+        "8",
+        "--burn-in-steps",
+        "4",
+        "--rnn-state-interval",
+        "4",
+        "--n-step-return",
+        "2",
+        "--hidden",
+        "64",
+        "--replay-ratio",
+        "8",
+    ]
+    out = run("r2d1_atari.py", *common, "--total-timesteps", "400", "--out-dir", str(tmp_path), "--run-name", "a", timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = progress(tmp_path / "a")
     assert len(rows) == 2 and int(rows[-1]["global_step"]) >= 400 and int(rows[-1]["updates"]) > 0
@@ -308,8 +367,21 @@ BAD_ARGUMENTS = [
     (["--buffer-size", "1000"], "--buffer-size"),
     (["--min-steps-learn", "2000"], "--min-steps-learn"),  # 16 envs x 125 rows: 16 sequences, batch 64
     (["--env-id", "Pendulum-v1", "--num-envs", "1", "--min-steps-learn", "500", "--batch-size", "4"], "discrete"),
-    (["--env-id", "CartPole-v1", "--observe-indices", "7", "--num-envs", "1", "--min-steps-learn", "500",
-      "--batch-size", "4"], "--observe-indices"),
+    (
+        [
+            "--env-id",
+            "CartPole-v1",
+            "--observe-indices",
+            "7",
+            "--num-envs",
+            "1",
+            "--min-steps-learn",
+            "500",
+            "--batch-size",
+            "4",
+        ],
+        "--observe-indices",
+    ),
 ]
 
 
@@ -339,14 +411,29 @@ def test_memory_task_flag_keeps_the_chosen_components():
 
 
 def test_killed_async_sampler_ends_the_run(tmp_path):
-    assert_killed_sampler_ends_the_run("r2d1_atari.py", [*MEMORY_TASK, "--sampler", "async", "--total-timesteps",
-                                                         "10000000", "--log-every", "500"], tmp_path / "k")
+    assert_killed_sampler_ends_the_run(
+        "r2d1_atari.py",
+        [*MEMORY_TASK, "--sampler", "async", "--total-timesteps", "10000000", "--log-every", "500"],
+        tmp_path / "k",
+    )
 
 
 @pytest.mark.slow
 def test_ctrl_c_writes_a_checkpoint_and_exits_130(tmp_path):
-    proc = start("r2d1_atari.py", *MEMORY_TASK, "--sampler", "parallel", "--total-timesteps", "10000000",
-                 "--log-every", "500", "--out-dir", str(tmp_path), "--run-name", "c")
+    proc = start(
+        "r2d1_atari.py",
+        *MEMORY_TASK,
+        "--sampler",
+        "parallel",
+        "--total-timesteps",
+        "10000000",
+        "--log-every",
+        "500",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "c",
+    )
     wait_for_progress_row(tmp_path / "c", proc)
     os.kill(proc.pid, signal.SIGINT)
     err = finish(proc)
@@ -359,9 +446,25 @@ def test_async_finishes_when_one_update_covers_more_than_the_lag_bound(tmp_path)
     # Replay ratio 1: one update per batch_size * sequence_length = 640 env steps, more than --max-lag-steps 100
     # (the defaults have the same shape: 5,120 against 2,000). This deadlocked before the sampler was allowed
     # to produce the data for the learner's next update.
-    out = run("r2d1_atari.py", *MEMORY_TASK, "--sampler", "async", "--replay-ratio", "1", "--max-lag-steps", "100",
-              "--total-timesteps", "5000", "--log-every", "1000", "--out-dir", str(tmp_path), "--run-name", "l",
-              timeout=120)
+    out = run(
+        "r2d1_atari.py",
+        *MEMORY_TASK,
+        "--sampler",
+        "async",
+        "--replay-ratio",
+        "1",
+        "--max-lag-steps",
+        "100",
+        "--total-timesteps",
+        "5000",
+        "--log-every",
+        "1000",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "l",
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     rows = progress(tmp_path / "l")
     assert int(rows[-1]["global_step"]) >= 5000 and int(rows[-1]["updates"]) >= 3

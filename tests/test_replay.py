@@ -48,8 +48,16 @@ class Stream:
                     tt = t - (self.C - 1 - c)
                     if tt >= ep_first:
                         stack[c] = self.frame(tt, b)
-                row = dict(obs=stack, action=t * 10 + b, reward=r, terminated=d, truncated=to, final=final,
-                           ep_first=ep_first, extra=float(t) + 0.5)
+                row = dict(
+                    obs=stack,
+                    action=t * 10 + b,
+                    reward=r,
+                    terminated=d,
+                    truncated=to,
+                    final=final,
+                    ep_first=ep_first,
+                    extra=float(t) + 0.5,
+                )
                 rows.append(row)
                 o_b.append(stack), a_b.append(row["action"]), r_b.append(r), d_b.append(d), to_b.append(to)
             obs.append(o_b), act.append(a_b), rew.append(r_b), done.append(d_b), tout.append(to_b)
@@ -71,8 +79,17 @@ class Stream:
                 terminated_n, truncated_n = r["terminated"], r["truncated"] and not r["terminated"]
                 break
         obs = lambda i: rows[i]["obs"] if self.C > 1 else rows[i]["obs"][0]
-        return dict(ret=ret, k=k, terminated_n=terminated_n, truncated_n=truncated_n, obs=obs(t), next_obs=obs(t + k),
-                    final=rows[t]["final"], action=rows[t]["action"], extra=rows[t]["extra"])
+        return dict(
+            ret=ret,
+            k=k,
+            terminated_n=terminated_n,
+            truncated_n=truncated_n,
+            obs=obs(t),
+            next_obs=obs(t + k),
+            final=rows[t]["final"],
+            action=rows[t]["action"],
+            extra=rows[t]["extra"],
+        )
 
 
 def _example(C):
@@ -106,16 +123,24 @@ def _check_all_valid_rows(buf, stream, n, gamma, C):
 
 
 @settings(max_examples=60, deadline=None)
-@given(T=st.integers(6, 16), B=st.integers(1, 3), n=st.integers(1, 4), C=st.sampled_from([1, 4]),
-       prioritized=st.booleans(), seed=st.integers(0, 2**31), data=st.data())
+@given(
+    T=st.integers(6, 16),
+    B=st.integers(1, 3),
+    n=st.integers(1, 4),
+    C=st.sampled_from([1, 4]),
+    prioritized=st.booleans(),
+    seed=st.integers(0, 2**31),
+    data=st.data(),
+)
 def test_nstep_buffer_matches_reference_across_wraparound(T, B, n, C, prioritized, seed, data):
     if T <= n + C:
         T = n + C + 1
     gamma = 0.9
     rng = np.random.default_rng(seed)
     stream = Stream(B, C, rng)
-    buf = ReplayBuffer(_example(C), T * B, B, discount=gamma, n_step_return=n, frame_stack=C,
-                       prioritized=prioritized, seed=seed)
+    buf = ReplayBuffer(
+        _example(C), T * B, B, discount=gamma, n_step_return=n, frame_stack=C, prioritized=prioritized, seed=seed
+    )
     for _ in range(data.draw(st.integers(1, 8))):
         Tc = data.draw(st.integers(1, T))
         buf.append(stream.chunk(Tc))
@@ -142,13 +167,26 @@ def test_nstep_buffer_matches_reference_across_wraparound(T, B, n, C, prioritize
 def test_timeout_flag_survives_the_wraparound():
     # T=5 rows, n=3: the window of abs row 8 (storage row 3) runs through rows 4, 0 (wrapped); the timeout
     # sits on the wrapped row. rlpyt's time-limit buffer dropped exactly this flag.
-    buf = ReplayBuffer(Step(np.zeros(1, np.float32), np.int64(0), np.float32(0), False, False, np.float64(0)),
-                       size=5, B=1, discount=0.5, n_step_return=3)
+    buf = ReplayBuffer(
+        Step(np.zeros(1, np.float32), np.int64(0), np.float32(0), False, False, np.float64(0)),
+        size=5,
+        B=1,
+        discount=0.5,
+        n_step_return=3,
+    )
     timeouts = np.zeros(11, bool)
     timeouts[10] = True
     for t in range(11):
-        buf.append(Step(np.full((1, 1, 1), t, np.float32), np.zeros((1, 1), np.int64), np.ones((1, 1), np.float32),
-                        np.zeros((1, 1), bool), timeouts[t : t + 1, None], np.zeros((1, 1))))
+        buf.append(
+            Step(
+                np.full((1, 1, 1), t, np.float32),
+                np.zeros((1, 1), np.int64),
+                np.ones((1, 1), np.float32),
+                np.zeros((1, 1), bool),
+                timeouts[t : t + 1, None],
+                np.zeros((1, 1)),
+            )
+        )
     row = 8 % 5
     assert buf.storage.truncated_n[row, 0] and not buf.storage.terminated_n[row, 0]
     assert buf.storage.n_taken[row, 0] == 3
@@ -281,21 +319,39 @@ def _with_rnn(chunk, stream):
     Tc = chunk.action.shape[0]
     # The state before row t encodes t: checks that the right one is kept and returned.
     t = np.array([[len(stream.rows[b]) - Tc + i for b in range(stream.B)] for i in range(Tc)], np.float32)
-    return RStep(chunk.observation, chunk.action, chunk.reward, chunk.terminated, chunk.truncated,
-                 np.repeat(t[..., None], 3, axis=-1))
+    return RStep(
+        chunk.observation, chunk.action, chunk.reward, chunk.terminated, chunk.truncated, np.repeat(t[..., None], 3, axis=-1)
+    )
 
 
 @settings(max_examples=40, deadline=None)
-@given(I=st.integers(1, 4), L=st.integers(1, 6), n=st.integers(1, 3), C=st.sampled_from([1, 3]),
-       B=st.integers(1, 3), prioritized=st.booleans(), seed=st.integers(0, 2**31), data=st.data())
-def test_sequences_start_at_stored_states_never_cross_the_cursor_and_match_reference(I, L, n, C, B, prioritized,
-                                                                                     seed, data):
+@given(
+    I=st.integers(1, 4),
+    L=st.integers(1, 6),
+    n=st.integers(1, 3),
+    C=st.sampled_from([1, 3]),
+    B=st.integers(1, 3),
+    prioritized=st.booleans(),
+    seed=st.integers(0, 2**31),
+    data=st.data(),
+)
+def test_sequences_start_at_stored_states_never_cross_the_cursor_and_match_reference(I, L, n, C, B, prioritized, seed, data):
     gamma = 0.95
     T = ((L + n + C + I) // I + data.draw(st.integers(1, 3))) * I
     rng = np.random.default_rng(seed)
     stream = Stream(B, C, rng)
-    buf = SequenceReplayBuffer(_rnn_example(C), T * B, B, sequence_length=L, rnn_state_interval=I, discount=gamma,
-                               n_step_return=n, frame_stack=C, prioritized=prioritized, seed=seed)
+    buf = SequenceReplayBuffer(
+        _rnn_example(C),
+        T * B,
+        B,
+        sequence_length=L,
+        rnn_state_interval=I,
+        discount=gamma,
+        n_step_return=n,
+        frame_stack=C,
+        prioritized=prioritized,
+        seed=seed,
+    )
     assert buf.T == T
     for _ in range(data.draw(st.integers(1, 8))):
         buf.append(_with_rnn(stream.chunk(data.draw(st.integers(1, T))), stream))
@@ -324,16 +380,30 @@ def test_sequences_start_at_stored_states_never_cross_the_cursor_and_match_refer
 
 
 @settings(max_examples=25, deadline=None)
-@given(I=st.integers(1, 4), L=st.integers(1, 6), n=st.integers(1, 3), B=st.integers(1, 3),
-       prioritized=st.booleans(), seed=st.integers(0, 2**31), data=st.data())
+@given(
+    I=st.integers(1, 4),
+    L=st.integers(1, 6),
+    n=st.integers(1, 3),
+    B=st.integers(1, 3),
+    prioritized=st.booleans(),
+    seed=st.integers(0, 2**31),
+    data=st.data(),
+)
 def test_unique_frames_stack_into_the_observations_and_carry_each_frame_once(I, L, n, B, prioritized, seed, data):
     """A buffer with unique_frames samples what the stacking one samples (same seed, same appends), frames[index]
     is its observation (zeroed frames before episode starts included), and no frame travels twice."""
     C = 3
     T = ((L + n + C + I) // I + data.draw(st.integers(1, 3))) * I
     stream = Stream(B, C, np.random.default_rng(seed))
-    kw = dict(sequence_length=L, rnn_state_interval=I, discount=0.95, n_step_return=n, frame_stack=C,
-              prioritized=prioritized, seed=seed)
+    kw = dict(
+        sequence_length=L,
+        rnn_state_interval=I,
+        discount=0.95,
+        n_step_return=n,
+        frame_stack=C,
+        prioritized=prioritized,
+        seed=seed,
+    )
     stacked = SequenceReplayBuffer(_rnn_example(C), T * B, B, **kw)
     unique = SequenceReplayBuffer(_rnn_example(C), T * B, B, unique_frames=True, **kw)
     for _ in range(data.draw(st.integers(1, 6))):
@@ -354,8 +424,19 @@ def test_unique_frames_stack_into_the_observations_and_carry_each_frame_once(I, 
 
 def test_sequence_input_priorities_land_shifted_back():
     stream = Stream(1, 1, np.random.default_rng(0), p_end=0.0)
-    buf = SequenceReplayBuffer(_rnn_example(1), 64, 1, sequence_length=8, rnn_state_interval=4, n_step_return=1,
-                               prioritized=True, alpha=1.0, priority_eps=0.0, input_priority_shift=2, seed=0)
+    buf = SequenceReplayBuffer(
+        _rnn_example(1),
+        64,
+        1,
+        sequence_length=8,
+        rnn_state_interval=4,
+        n_step_return=1,
+        prioritized=True,
+        alpha=1.0,
+        priority_eps=0.0,
+        input_priority_shift=2,
+        seed=0,
+    )
     for k in range(6):  # chunks of 4 rows: one stored state each
         buf.append(_with_rnn(stream.chunk(4), stream), priorities=np.array([[10.0 + k]]))
     # Chunk k (slot k) brought the priority of slot k - 2, which by then has enough rows to be computed.
@@ -387,8 +468,15 @@ def _appender(buf, n_chunks, Tc):
     for k in range(n_chunks):
         t = k * Tc + np.arange(Tc, dtype=np.float32)[:, None]  # observation encodes the abs row
         obs = np.repeat(np.repeat(t, B, axis=1)[..., None], 64, axis=-1)
-        buf.append(Plain(obs, np.zeros((Tc, B), np.int64), np.ones((Tc, B), np.float32), np.zeros((Tc, B), bool),
-                         np.zeros((Tc, B), bool)))
+        buf.append(
+            Plain(
+                obs,
+                np.zeros((Tc, B), np.int64),
+                np.ones((Tc, B), np.float32),
+                np.zeros((Tc, B), bool),
+                np.zeros((Tc, B), bool),
+            )
+        )
 
 
 @pytest.mark.parametrize("prioritized", [False, True])
@@ -433,8 +521,16 @@ def test_life_loss_is_terminal_for_returns_but_no_row_is_skipped():
     done[2] = True
     for t in range(10):
         obs = np.array([[[[t - 1.0], [float(t)]]]], np.float32) if t else np.array([[[[0.0], [0.0]]]], np.float32)
-        buf.append(LStep(obs, np.zeros((1, 1), np.int64), np.ones((1, 1), np.float32), done[t : t + 1, None],
-                         np.zeros((1, 1), bool), np.zeros((1, 1), bool)))
+        buf.append(
+            LStep(
+                obs,
+                np.zeros((1, 1), np.int64),
+                np.ones((1, 1), np.float32),
+                done[t : t + 1, None],
+                np.zeros((1, 1), bool),
+                np.zeros((1, 1), bool),
+            )
+        )
     st_ = buf.storage
     assert st_.terminated_n[1, 0] and st_.n_taken[1, 0] == 2 and st_.n_step_return[1, 0] == pytest.approx(1.5)
     assert not st_.final_row[3, 0] and not st_.episode_start[3, 0]
@@ -453,8 +549,14 @@ def test_sequence_buffer_takes_rnn_state_as_tuples_and_dicts(structure):
     example = RStep(np.zeros(2, np.float32), np.int64(0), np.float32(0), False, False, state(0.0, ()))
     buf = SequenceReplayBuffer(example, 80, B, sequence_length=2, rnn_state_interval=I, seed=0)
     for k in range(10):
-        chunk = RStep(np.zeros((Tc, B, 2), np.float32), np.zeros((Tc, B), np.int64), np.ones((Tc, B), np.float32),
-                      np.zeros((Tc, B), bool), np.zeros((Tc, B), bool), state(float(k), (Tc, B)))
+        chunk = RStep(
+            np.zeros((Tc, B, 2), np.float32),
+            np.zeros((Tc, B), np.int64),
+            np.ones((Tc, B), np.float32),
+            np.zeros((Tc, B), bool),
+            np.zeros((Tc, B), bool),
+            state(float(k), (Tc, B)),
+        )
         buf.append(chunk)
     batch, idx = buf.sample(4)
     init = batch.init_rnn_state
@@ -466,8 +568,9 @@ def test_sequence_buffer_takes_rnn_state_as_tuples_and_dicts(structure):
         h, c = init["lstm"]
     np.testing.assert_array_equal(h[:, 0], idx.abs_row.astype(np.float32))  # chunk k's state sits in slot k
     np.testing.assert_array_equal(c[:, 0], -idx.abs_row.astype(np.float32))
-    wrong = RStep(chunk.observation, chunk.action, chunk.reward, chunk.terminated, chunk.truncated,
-                  np.zeros((Tc, B, 3), np.float32))
+    wrong = RStep(
+        chunk.observation, chunk.action, chunk.reward, chunk.terminated, chunk.truncated, np.zeros((Tc, B, 3), np.float32)
+    )
     with pytest.raises(ValueError, match="rnn_state"):
         buf.append(wrong)
 

@@ -21,12 +21,12 @@ B = 3
 
 
 def rows(rng: np.random.Generator, n: int, start: int = 0, frames: bool = False) -> Step:
-    obs = (rng.integers(0, 255, (n, B, 4, 6, 6)) if frames else start + np.arange(n)[:, None, None] +
-           np.zeros((n, B, 2))).astype(np.uint8 if frames else np.float32)
+    obs = (
+        rng.integers(0, 255, (n, B, 4, 6, 6)) if frames else start + np.arange(n)[:, None, None] + np.zeros((n, B, 2))
+    ).astype(np.uint8 if frames else np.float32)
     done = rng.random((n, B)) < 0.1
     timeout = (rng.random((n, B)) < 0.05) & ~done
-    return Step(obs, rng.integers(0, 4, (n, B)), rng.normal(size=(n, B)).astype(np.float32), done, timeout,
-                done | timeout)
+    return Step(obs, rng.integers(0, 4, (n, B)), rng.normal(size=(n, B)).astype(np.float32), done, timeout, done | timeout)
 
 
 def fill(buf: ReplayBuffer, step: Step) -> None:
@@ -36,10 +36,17 @@ def fill(buf: ReplayBuffer, step: Step) -> None:
 
 
 def make(prioritized: bool, frames: bool = False, size: int = 120) -> ReplayBuffer:
-    ex = Step(np.zeros((4, 6, 6) if frames else 2, np.uint8 if frames else np.float32), np.int64(0),
-              np.float32(0), False, False, False)
-    return ReplayBuffer(ex, size, B, discount=0.9, n_step_return=3, frame_stack=4 if frames else 1,
-                        prioritized=prioritized, seed=5)
+    ex = Step(
+        np.zeros((4, 6, 6) if frames else 2, np.uint8 if frames else np.float32),
+        np.int64(0),
+        np.float32(0),
+        False,
+        False,
+        False,
+    )
+    return ReplayBuffer(
+        ex, size, B, discount=0.9, n_step_return=3, frame_stack=4 if frames else 1, prioritized=prioritized, seed=5
+    )
 
 
 @settings(max_examples=25, deadline=None)
@@ -109,9 +116,16 @@ def test_a_sequence_replay_round_trips(tmp_path):
     a, b = SequenceReplayBuffer(ex, 400, B, **kw), SequenceReplayBuffer(ex, 400, B, **kw)
     for _ in range(10):
         n = 12
-        a.append(Seq(rng.normal(size=(n, B, 2)).astype(np.float32), rng.integers(0, 3, (n, B)),
-                     rng.normal(size=(n, B)).astype(np.float32), rng.random((n, B)) < 0.05,
-                     np.zeros((n, B), bool), (rng.normal(size=(n, B, 4)).astype(np.float32),) * 2))
+        a.append(
+            Seq(
+                rng.normal(size=(n, B, 2)).astype(np.float32),
+                rng.integers(0, 3, (n, B)),
+                rng.normal(size=(n, B)).astype(np.float32),
+                rng.random((n, B)) < 0.05,
+                np.zeros((n, B), bool),
+                (rng.normal(size=(n, B, 4)).astype(np.float32),) * 2,
+            )
+        )
     a.save(tmp_path / "s.npz")
     b.load(tmp_path / "s.npz")
     (sa, ia), (sb, ib) = a.sample(16), b.sample(16)
@@ -122,8 +136,22 @@ def test_a_sequence_replay_round_trips(tmp_path):
 # ---------------------------------------------------------------------------------------------- --save-replay
 
 
-DQN = ["--env-id", "CartPole-v1", "--num-envs", "4", "--buffer-size", "20000", "--min-steps-learn", "1000",
-       "--log-every", "1000", "--replay-ratio", "4", "--eval-episodes", "0"]  # 1 update per 8 env steps
+DQN = [
+    "--env-id",
+    "CartPole-v1",
+    "--num-envs",
+    "4",
+    "--buffer-size",
+    "20000",
+    "--min-steps-learn",
+    "1000",
+    "--log-every",
+    "1000",
+    "--replay-ratio",
+    "4",
+    "--eval-episodes",
+    "0",
+]  # 1 update per 8 env steps
 
 
 def _updates_at(folder, step: int) -> int:
@@ -135,29 +163,59 @@ def test_a_resumed_run_goes_on_with_its_saved_replay(sampler, tmp_path):
     """With --save-replay the resumed learner keeps the uninterrupted schedule: (step - min_steps_learn) x
     updates per step; without it, it refills min_steps_learn first. (The episodes cannot match an uninterrupted
     run's: a resumed run's envs start afresh.)"""
-    first = run("dqn_atari.py", *DQN, "--total-timesteps", "3000", "--save-replay", "--sampler", sampler,
-                "--out-dir", str(tmp_path), "--run-name", "r", timeout=300)
+    first = run(
+        "dqn_atari.py",
+        *DQN,
+        "--total-timesteps",
+        "3000",
+        "--save-replay",
+        "--sampler",
+        sampler,
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "r",
+        timeout=300,
+    )
     assert first.returncode == 0, first.stderr[-2000:]
     for name in ("kept", "refilled"):
         shutil.copytree(tmp_path / "r", tmp_path / name)
     with np.load(tmp_path / "r" / "replay.npz", allow_pickle=False) as f:
         assert int(f["state"][0]) == torch.load(tmp_path / "r" / "checkpoint.pt")["replay_cursor"] == 750
-    kept = run("dqn_atari.py", *DQN, "--total-timesteps", "5000", "--save-replay", "--sampler", "serial",
-               "--resume", str(tmp_path / "kept"), timeout=300)
+    kept = run(
+        "dqn_atari.py",
+        *DQN,
+        "--total-timesteps",
+        "5000",
+        "--save-replay",
+        "--sampler",
+        "serial",
+        "--resume",
+        str(tmp_path / "kept"),
+        timeout=300,
+    )
     assert kept.returncode == 0 and "restored the replay: 2996 samples" in kept.stdout, kept.stderr[-2000:]
     assert _updates_at(tmp_path / "kept", 5000) == (5000 - 1000) // 8
-    refilled = run("dqn_atari.py", *DQN, "--total-timesteps", "5000", "--sampler", "serial", "--no-save-replay",
-                   "--resume", str(tmp_path / "refilled"), timeout=300)  # the run recorded --save-replay: off here
+    refilled = run(
+        "dqn_atari.py",
+        *DQN,
+        "--total-timesteps",
+        "5000",
+        "--sampler",
+        "serial",
+        "--no-save-replay",
+        "--resume",
+        str(tmp_path / "refilled"),
+        timeout=300,
+    )  # the run recorded --save-replay: off here
     assert refilled.returncode == 0, refilled.stderr[-2000:]
     assert _updates_at(tmp_path / "refilled", 5000) == _updates_at(tmp_path / "r", 3000) + (5000 - 3000 - 1000) // 8
 
 
 def test_a_missing_replay_warns_and_starts_empty(tmp_path):
-    first = run("dqn_atari.py", *DQN, "--total-timesteps", "2000", "--out-dir", str(tmp_path), "--run-name", "r",
-                timeout=300)
+    first = run("dqn_atari.py", *DQN, "--total-timesteps", "2000", "--out-dir", str(tmp_path), "--run-name", "r", timeout=300)
     assert first.returncode == 0, first.stderr[-2000:]
-    out = run("dqn_atari.py", *DQN, "--total-timesteps", "3000", "--save-replay", "--resume", str(tmp_path / "r"),
-              timeout=300)
+    out = run("dqn_atari.py", *DQN, "--total-timesteps", "3000", "--save-replay", "--resume", str(tmp_path / "r"), timeout=300)
     assert out.returncode == 0
     assert "warning: --save-replay: no replay saved with the checkpoint" in out.stderr
     assert (tmp_path / "r" / "replay.npz").exists()  # saved from now on

@@ -22,23 +22,34 @@ from experiments import report
 EVAL = {1: 10.0, 2: 20.0, 3: 30.0, 4: 100.0}  # ppo_atari on CartPole-v1: eval.json means per seed
 
 
-def fake_run(root: Path, script: str, env: str, variant: str, seed: int, rows: list[tuple[int, int, float | None]],
-             eval_returns: list[float] | None = None, state: str = "done") -> Path:
+def fake_run(
+    root: Path,
+    script: str,
+    env: str,
+    variant: str,
+    seed: int,
+    rows: list[tuple[int, int, float | None]],
+    eval_returns: list[float] | None = None,
+    state: str = "done",
+) -> Path:
     """A run folder as the launcher and a script leave it; ``rows``: (global_step, episodes, return_mean)."""
     folder = root / script / env / variant / f"seed{seed}"
     folder.mkdir(parents=True)
-    (folder / "launch.json").write_text(json.dumps({"script": script, "env_id": env, "seed": seed, "state": state,
-                                                    "variant": {"name": variant, "levels": []}}))
-    (folder / "config.json").write_text(json.dumps({"script": script, "args": {"env_id": env, "seed": seed,
-                                                                               "total_timesteps": rows[-1][0]}}))
+    (folder / "launch.json").write_text(
+        json.dumps({"script": script, "env_id": env, "seed": seed, "state": state, "variant": {"name": variant, "levels": []}})
+    )
+    (folder / "config.json").write_text(
+        json.dumps({"script": script, "args": {"env_id": env, "seed": seed, "total_timesteps": rows[-1][0]}})
+    )
     with open(folder / "progress.csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["global_step", "wall_time_s", "sps", "episodes", "return_mean", "loss"])
         for step, episodes, ret in rows:
             w.writerow([step, step / 100, 100.0, episodes, "" if ret is None else ret, 0.5])
     if eval_returns is not None:
-        (folder / "eval.json").write_text(json.dumps({"global_step": rows[-1][0], "returns": eval_returns,
-                                                      "mean": float(np.mean(eval_returns))}))
+        (folder / "eval.json").write_text(
+            json.dumps({"global_step": rows[-1][0], "returns": eval_returns, "mean": float(np.mean(eval_returns))})
+        )
     return folder
 
 
@@ -46,13 +57,18 @@ def fake_run(root: Path, script: str, env: str, variant: str, seed: int, rows: l
 def experiment(tmp_path) -> Path:
     root = tmp_path / "exp"
     for seed, mean in EVAL.items():  # eval.json present: the source is eval
-        fake_run(root, "ppo_atari", "CartPole-v1", "base", seed, [(100, 5, 8.0), (200, 10, 9.0)],
-                 [mean - 1.0, mean + 1.0])
+        fake_run(root, "ppo_atari", "CartPole-v1", "base", seed, [(100, 5, 8.0), (200, 10, 9.0)], [mean - 1.0, mean + 1.0])
     fake_run(root, "ppo_atari", "CartPole-v1", "base", 5, [(100, 5, 1.0)], [500.0], state="interrupted")
     # a2c_atari: progress.csv only; rows (episodes so far, mean of the new ones)
     for seed, offset in ((1, 0.0), (2, 6.0), (3, 12.0)):
-        fake_run(root, "a2c_atari", "CartPole-v1", "base", seed,
-                 [(100, 5, 1.0 + offset), (200, 5, None), (300, 10, 2.0 + offset), (400, 20, 3.0 + offset)])
+        fake_run(
+            root,
+            "a2c_atari",
+            "CartPole-v1",
+            "base",
+            seed,
+            [(100, 5, 1.0 + offset), (200, 5, None), (300, 10, 2.0 + offset), (400, 20, 3.0 + offset)],
+        )
     for seed, mean in ((1, -200.0), (2, -100.0)):
         fake_run(root, "ppo_atari", "Acrobot-v1", "base", seed, [(100, 2, -500.0)], [mean])
         fake_run(root, "a2c_atari", "Acrobot-v1", "base", seed, [(100, 4, mean / 2)])
@@ -131,8 +147,9 @@ def test_one_seed_per_task_gives_aggregates_without_intervals(tmp_path):
 
 def test_normalised_aggregates_and_the_written_report(experiment, tmp_path):
     refs_file = tmp_path / "refs.json"
-    refs_file.write_text(json.dumps({"CartPole-v1": {"random": 0.0, "human": 100.0},
-                                     "Acrobot-v1": {"random": -500.0, "reference": 0.0}}))
+    refs_file.write_text(
+        json.dumps({"CartPole-v1": {"random": 0.0, "human": 100.0}, "Acrobot-v1": {"random": -500.0, "reference": 0.0}})
+    )
     refs = report.load_reference(refs_file)
     groups = report.collect(experiment, "auto", 12, False)
     points, cis, notes, taus, prof, matrices = report.aggregates(groups, refs, reps=500, seed=0)
@@ -151,8 +168,12 @@ def test_normalised_aggregates_and_the_written_report(experiment, tmp_path):
     np.testing.assert_allclose(profiles["ppo_atari base"], [np.mean(ppo > t) for t in taus])
 
     out = tmp_path / "out"
-    assert report.main([str(experiment), "--reference", str(refs_file), "--out", str(out), "--last-episodes", "12",
-                        "--reps", "200"]) == 0
+    assert (
+        report.main(
+            [str(experiment), "--reference", str(refs_file), "--out", str(out), "--last-episodes", "12", "--reps", "200"]
+        )
+        == 0
+    )
     text = (out / "report.md").read_text()
     assert "| ppo_atari | CartPole-v1 | base | 4 | eval | 40.0 |" in text
     assert "| a2c_atari | CartPole-v1 | base | 3 | train |" in text

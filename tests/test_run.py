@@ -261,7 +261,8 @@ def test_a_run_ends_the_same_way_on_every_path(tmp_path, error, code, capsys):
     elif error is WorkerError:  # the learner survived its sampler: what it learned is kept
         assert torch.load(ckpt, weights_only=True)["global_step"] == 64
         assert capsys.readouterr().err.strip().splitlines()[-1] == (
-            "error: the sampler process failed (WorkerError); the learner's checkpoint at step 64 is written")
+            "error: the sampler process failed (WorkerError); the learner's checkpoint at step 64 is written"
+        )
     else:
         assert not ckpt.exists()
 
@@ -280,12 +281,12 @@ def test_a_wrong_action_space_exits_2_in_one_line(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         Run(FakeArgs(out_dir=str(tmp_path)), "script", make_env, action_space=gym.spaces.Box)
     assert e.value.code == 2
-    assert capsys.readouterr().err == ("error: --env-id CartPole-v1: script needs a continuous (Box) action space, "
-                                       "got Discrete(2)\n")
+    assert capsys.readouterr().err == (
+        "error: --env-id CartPole-v1: script needs a continuous (Box) action space, got Discrete(2)\n"
+    )
 
 
-def test_sizes_the_machine_cannot_hold_exit_2_in_one_line_naming_the_flags_and_both_figures(tmp_path, monkeypatch,
-                                                                                            capsys):
+def test_sizes_the_machine_cannot_hold_exit_2_in_one_line_naming_the_flags_and_both_figures(tmp_path, monkeypatch, capsys):
     """Run.allocating: the replay's own check (NotEnoughMemory, before allocating), numpy's and torch's refusals;
     an error that is no allocation's goes through untouched."""
     from shared import buffer
@@ -295,13 +296,15 @@ def test_sizes_the_machine_cannot_hold_exit_2_in_one_line_naming_the_flags_and_b
     with pytest.raises(SystemExit) as e, run.allocating("buffer_size"):
         buffer.zeros((10, 2**30), "uint8", shared=True)  # shared memory is never refused: only the check stops it
     assert e.value.code == 2
-    assert capsys.readouterr().err == ("error: --buffer-size 10: a [10, 1073741824] uint8 array needs 10.0 GiB, and "
-                                       "3.0 GiB of memory are available here\n")
+    assert capsys.readouterr().err == (
+        "error: --buffer-size 10: a [10, 1073741824] uint8 array needs 10.0 GiB, and 3.0 GiB of memory are available here\n"
+    )
     with pytest.raises(SystemExit) as e, run.allocating("buffer_size", "seed"):
         torch.zeros(2**50, dtype=torch.uint8)  # refused by torch's allocator
     assert e.value.code == 2
-    assert capsys.readouterr().err.startswith("error: --buffer-size 10, --seed 3: the allocation was refused "
-                                              "(1048576.0 GiB in one tensor), and ")
+    assert capsys.readouterr().err.startswith(
+        "error: --buffer-size 10, --seed 3: the allocation was refused (1048576.0 GiB in one tensor), and "
+    )
     with pytest.raises(ValueError), run.allocating("buffer_size"):
         raise ValueError("not about memory")
     with run.allocating("buffer_size"):
@@ -327,8 +330,10 @@ def test_a_rollout_whose_observations_cannot_fit_exits_2_before_anything_starts(
     with pytest.raises(SystemExit) as e:  # CartPole: 16 bytes an observation, 65536 steps: 1 MiB
         Run(OnPolicyArgs(out_dir=str(tmp_path)), "script", make_env, iteration_steps=8 * 8192 + 8)
     assert e.value.code == 2
-    assert capsys.readouterr().err == ("error: --num-envs 8 x --num-steps 8192: a rollout of 65544 steps needs 0.0 "
-                                       "GiB, and 0.0 GiB of memory are available here\n")
+    assert capsys.readouterr().err == (
+        "error: --num-envs 8 x --num-steps 8192: a rollout of 65544 steps needs 0.0 "
+        "GiB, and 0.0 GiB of memory are available here\n"
+    )
     Run(OnPolicyArgs(out_dir=str(tmp_path)), "script", make_env, iteration_steps=8 * 8192)  # fits exactly
 
 
@@ -366,7 +371,8 @@ def test_a_statistic_gone_to_nan_ends_the_run_at_the_row_and_keeps_the_last_chec
         run.periodic(200, loss=[torch.tensor(1.0), torch.tensor(float("nan"))], updates=3)
     assert run.exit_code == 1
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
-        "error: FloatingPointError: loss is nan at step 200: training diverged (the last checkpoint is kept)")
+        "error: FloatingPointError: loss is nan at step 200: training diverged (the last checkpoint is kept)"
+    )
     saved = torch.load(run.path / "checkpoint.pt", weights_only=True)
     assert saved["global_step"] == 100 and bool(torch.isfinite(saved["model"]["weight"]).all())
     assert [r["loss"] for r in rows(run.path)[1]] == ["0.5", "nan"]
@@ -432,9 +438,11 @@ def test_resume_from_a_file_that_is_not_our_checkpoint_exits_2_in_one_short_line
     text.write_text("hello\n")
     torch.save({"obj": FakeArgs()}, pickled)  # a Python object: weights_only refuses it
     torch.save({"w": torch.zeros(2)}, weights)  # a state_dict: readable, not a run's checkpoint
-    for f, why in [(text, "(KeyError: 101)"),
-                   (pickled, "(UnpicklingError: Unsupported global: GLOBAL tests.test_run.FakeArgs "),
-                   (weights, "(no args and global_step in it)")]:
+    for f, why in [
+        (text, "(KeyError: 101)"),
+        (pickled, "(UnpicklingError: Unsupported global: GLOBAL tests.test_run.FakeArgs "),
+        (weights, "(no args and global_step in it)"),
+    ]:
         with pytest.raises(SystemExit) as e:
             checkpoint.load(f, "CartPole-v1")
         err = capsys.readouterr().err
@@ -568,6 +576,7 @@ def test_a_signal_during_a_checkpoint_raises_once_it_is_written_and_the_state_is
     """A Ctrl-C during the replay's long write (--save-replay) no longer throws that write away to redo it on the
     way out: the checkpoint started is finished, the signal raises after it, and the exit path finds the same
     state on disk and writes nothing more."""
+
     class SlowReplay:
         cursor, writes = 5, 0
 

@@ -27,8 +27,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = os.environ.get("SITE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def docs_site():
@@ -46,16 +54,23 @@ def site(tmp_path_factory) -> Path:
     """The site as CI builds it: ``mkdocs build --strict`` (warnings are errors), into a temporary folder."""
     out = tmp_path_factory.mktemp("site")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, f"mkdocs build --strict failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-6000:]}"
     return out
 
 
 def pages(site: Path) -> list[str]:
     """Every page's URL path, relative to the site's root ("" is the landing page)."""
-    return sorted(str(p.parent.relative_to(site)).replace(".", "") + "/" if p.parent != site else ""
-                  for p in site.rglob("index.html"))
+    return sorted(
+        str(p.parent.relative_to(site)).replace(".", "") + "/" if p.parent != site else "" for p in site.rglob("index.html")
+    )
 
 
 # ------------------------------------------------------------------------------------------- the build
@@ -80,8 +95,20 @@ def test_the_site_builds_strictly_with_a_page_per_script_quoting_its_structure_a
     shown = {p.name for p in (site / "generated" / "img").glob("*.png")}
     committed = {p.name for p in (ROOT / "benchmarks" / "results").glob("*.png")}
     assert committed <= shown, f"committed figures not on the site: {sorted(committed - shown)}"
-    for page in ("", "getting-started/", "contract/", "gpu/", "experiments/", "results/", "results/atari100k/",
-                 "results/mujoco/", "results/cheap/", "results/speed/", "results/notebook/", "api/"):
+    for page in (
+        "",
+        "getting-started/",
+        "contract/",
+        "gpu/",
+        "experiments/",
+        "results/",
+        "results/atari100k/",
+        "results/mujoco/",
+        "results/cheap/",
+        "results/speed/",
+        "results/notebook/",
+        "api/",
+    ):
         assert (site / page / "index.html").is_file(), page
     print(f"\nsite: {len(pages(site))} pages in {site}")
 
@@ -153,8 +180,11 @@ def main():
     ds = docs_site()
     s = ds.structure(script)
     assert [(e.section, e.name, e.kind) for e in s["entries"]] == [
-        ("flags and presets", "Args", "class"), ("loss and update", "toy_loss", "function"),
-        ("loss and update", "Net", "class"), ("main", "main", "function")]
+        ("flags and presets", "Args", "class"),
+        ("loss and update", "toy_loss", "function"),
+        ("loss and update", "Net", "class"),
+        ("main", "main", "function"),
+    ]
     net = s["entries"][2]
     assert net.summary == "A network." and net.members == ["forward"]
     assert s["entries"][1].summary == "The loss."
@@ -286,8 +316,10 @@ def test_every_page_loads_in_chromium_without_errors_and_search_finds_a_script(s
     page.close()
     assert not found, found
     assert any("ppo_atari" in t for t in titles), titles
-    print(f"\nsite: {len(urls)} pages and {images} images checked in Chromium; screenshots: {shots / 'landing.png'}, "
-          f"{shots / 'ppo_atari_curves.png'}, {shots / 'ppo_atari_full.png'}")
+    print(
+        f"\nsite: {len(urls)} pages and {images} images checked in Chromium; screenshots: {shots / 'landing.png'}, "
+        f"{shots / 'ppo_atari_curves.png'}, {shots / 'ppo_atari_full.png'}"
+    )
 
 
 @pytest.mark.slow

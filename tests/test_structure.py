@@ -40,7 +40,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
         state[n] = 1
         for d in sorted(graph.get(n, ())):
             if state.get(d) == 1:
-                return path[path.index(d):] + [d] if d in path else [n, d]
+                return path[path.index(d) :] + [d] if d in path else [n, d]
             if d not in state and (c := visit(d, path + [d])):
                 return c
         state[n] = 2
@@ -103,14 +103,23 @@ def test_an_unknown_sampler_is_one_line_and_exit_2(name, tmp_path):
 
 def parallel_assignments(tree: ast.AST) -> list[int]:
     """Lines of ``a, b, c = x, y, z``: three or more targets given three or more values in one line."""
-    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Assign) and isinstance(n.value, ast.Tuple)
-            and any(isinstance(t, ast.Tuple) and len(t.elts) > 2 for t in n.targets)]
+    return [
+        n.lineno
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Assign)
+        and isinstance(n.value, ast.Tuple)
+        and any(isinstance(t, ast.Tuple) and len(t.elts) > 2 for t in n.targets)
+    ]
 
 
 def long_docstrings(tree: ast.AST, limit: int = 4) -> list[str]:
     """Functions and classes whose docstring runs over ``limit`` lines (the reasoning belongs elsewhere)."""
-    return [n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.ClassDef))
-            and len((ast.get_docstring(n, clean=False) or "").splitlines()) > limit]
+    return [
+        n.name
+        for n in ast.walk(tree)
+        if isinstance(n, (ast.FunctionDef, ast.ClassDef))
+        and len((ast.get_docstring(n, clean=False) or "").splitlines()) > limit
+    ]
 
 
 @pytest.mark.unit

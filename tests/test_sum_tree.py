@@ -96,8 +96,7 @@ def test_tree_matches_reference_under_random_operations(T, B, fanout, data):
 @given(n_leaves=st.integers(1, 300), data=st.data())
 def test_zero_priority_leaves_are_never_sampled(n_leaves, data):
     # Extreme spreads: one huge leaf beside tiny ones and many zeros.
-    vals = data.draw(st.lists(st.sampled_from([0.0, 0.0, 1e-300, 1e-12, 1.0, 1e12]), min_size=n_leaves,
-                              max_size=n_leaves))
+    vals = data.draw(st.lists(st.sampled_from([0.0, 0.0, 1e-300, 1e-12, 1.0, 1e12]), min_size=n_leaves, max_size=n_leaves))
     p = np.array(vals)[:, None]
     if not (p > 0).any():
         p[data.draw(st.integers(0, n_leaves - 1))] = 1e-200

@@ -18,33 +18,112 @@ from tests.helpers import ROOT
 
 COMMON = ["--eval-episodes", "1", "--checkpoint-minutes", "0"]
 RUNS = {
-    "ppo_atari": ["--preset", "cartpole", "--total-timesteps", "1024", "--eval-every", "512",
-                  "--checkpoint-every", "512"],
+    "ppo_atari": ["--preset", "cartpole", "--total-timesteps", "1024", "--eval-every", "512", "--checkpoint-every", "512"],
     "a2c_atari": ["--preset", "cartpole", "--total-timesteps", "1024", "--log-every", "4", "--eval-every", "512"],
-    "dqn_atari": ["--preset", "cartpole", "--total-timesteps", "1200", "--min-steps-learn", "400", "--log-every",
-                  "400", "--prioritized", "--eval-every", "800", "--checkpoint-every", "800"],
-    "catdqn_atari": ["--preset", "cartpole", "--total-timesteps", "1200", "--min-steps-learn", "400",
-                     "--log-every", "400", "--prioritized", "--eval-every", "800", "--noisy"],
-    "r2d1_atari": ["--preset", "memory", "--total-timesteps", "1600", "--min-steps-learn", "600", "--log-every",
-                   "800"],
-    "sac_mujoco": ["--preset", "pendulum", "--total-timesteps", "500", "--min-steps-learn", "300", "--log-every",
-                   "100", "--eval-every", "400", "--checkpoint-every", "400"],
-    "td3_mujoco": ["--preset", "pendulum", "--total-timesteps", "500", "--min-steps-learn", "300", "--log-every",
-                   "100", "--eval-every", "400", "--normalize-obs"],
-    "ddpg_mujoco": ["--preset", "pendulum", "--total-timesteps", "500", "--min-steps-learn", "300", "--log-every",
-                    "100"],
-    "ppo_mujoco": ["--preset", "pendulum", "--total-timesteps", "1024", "--num-steps", "64", "--num-minibatches",
-                   "4", "--eval-every", "512"],
-    "ppo_lstm": ["--preset", "cartpole", "--total-timesteps", "1024", "--num-minibatches", "2", "--eval-every", "512",
-                 "--checkpoint-every", "512"],
+    "dqn_atari": [
+        "--preset",
+        "cartpole",
+        "--total-timesteps",
+        "1200",
+        "--min-steps-learn",
+        "400",
+        "--log-every",
+        "400",
+        "--prioritized",
+        "--eval-every",
+        "800",
+        "--checkpoint-every",
+        "800",
+    ],
+    "catdqn_atari": [
+        "--preset",
+        "cartpole",
+        "--total-timesteps",
+        "1200",
+        "--min-steps-learn",
+        "400",
+        "--log-every",
+        "400",
+        "--prioritized",
+        "--eval-every",
+        "800",
+        "--noisy",
+    ],
+    "r2d1_atari": ["--preset", "memory", "--total-timesteps", "1600", "--min-steps-learn", "600", "--log-every", "800"],
+    "sac_mujoco": [
+        "--preset",
+        "pendulum",
+        "--total-timesteps",
+        "500",
+        "--min-steps-learn",
+        "300",
+        "--log-every",
+        "100",
+        "--eval-every",
+        "400",
+        "--checkpoint-every",
+        "400",
+    ],
+    "td3_mujoco": [
+        "--preset",
+        "pendulum",
+        "--total-timesteps",
+        "500",
+        "--min-steps-learn",
+        "300",
+        "--log-every",
+        "100",
+        "--eval-every",
+        "400",
+        "--normalize-obs",
+    ],
+    "ddpg_mujoco": ["--preset", "pendulum", "--total-timesteps", "500", "--min-steps-learn", "300", "--log-every", "100"],
+    "ppo_mujoco": [
+        "--preset",
+        "pendulum",
+        "--total-timesteps",
+        "1024",
+        "--num-steps",
+        "64",
+        "--num-minibatches",
+        "4",
+        "--eval-every",
+        "512",
+    ],
+    "ppo_lstm": [
+        "--preset",
+        "cartpole",
+        "--total-timesteps",
+        "1024",
+        "--num-minibatches",
+        "2",
+        "--eval-every",
+        "512",
+        "--checkpoint-every",
+        "512",
+    ],
 }
 NOT_YET: dict[str, str] = {}  # script: what is left (the review's finding); a strict xfail until it is fixed
 
 
 def count(script: str, tmp_path) -> dict:
-    out = subprocess.run([sys.executable, str(ROOT / "tests" / "count_syncs.py"), script, *RUNS[script], *COMMON,
-                          "--out-dir", str(tmp_path), "--run-name", "r"], capture_output=True, text=True,
-                         timeout=600, cwd=ROOT)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "tests" / "count_syncs.py"),
+            script,
+            *RUNS[script],
+            *COMMON,
+            "--out-dir",
+            str(tmp_path),
+            "--run-name",
+            "r",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -53,9 +132,17 @@ def count(script: str, tmp_path) -> dict:
 SLOW = {"catdqn_atari", "td3_mujoco", "ddpg_mujoco"}
 
 
-@pytest.mark.parametrize("script", [pytest.param(s, marks=pytest.mark.xfail(reason=NOT_YET[s], strict=True))
-                                    if s in NOT_YET else pytest.param(s, marks=pytest.mark.slow) if s in SLOW else s
-                                    for s in RUNS])
+@pytest.mark.parametrize(
+    "script",
+    [
+        pytest.param(s, marks=pytest.mark.xfail(reason=NOT_YET[s], strict=True))
+        if s in NOT_YET
+        else pytest.param(s, marks=pytest.mark.slow)
+        if s in SLOW
+        else s
+        for s in RUNS
+    ],
+)
 def test_the_loop_never_waits_on_the_device_between_rows(script, tmp_path):
     result = count(script, tmp_path)
     assert result["exit"] == 0
@@ -83,8 +170,13 @@ def test_the_counter_sees_every_kind_of_sync_and_files_it_where_it_happened():
 def test_one_copy_brings_back_every_dtype_and_shape_exactly():
     from shared.device import one_copy, to_host
 
-    tensors = (torch.tensor([3, -1, 7]), torch.tensor([[0.1, -2.5], [1e-30, 3e38]]), torch.tensor([True, False]),
-               torch.tensor(2.5, dtype=torch.float64), torch.arange(6, dtype=torch.uint8).view(2, 3))
+    tensors = (
+        torch.tensor([3, -1, 7]),
+        torch.tensor([[0.1, -2.5], [1e-30, 3e38]]),
+        torch.tensor([True, False]),
+        torch.tensor(2.5, dtype=torch.float64),
+        torch.arange(6, dtype=torch.uint8).view(2, 3),
+    )
     for got, t in zip(one_copy(tensors), tensors):
         assert got.dtype == t.numpy().dtype and got.shape == tuple(t.shape) and np.array_equal(got, t.numpy())
     action, logprob = to_host(torch.tensor([1, 2]), torch.tensor([-0.5, -1.5], dtype=torch.bfloat16))

@@ -52,8 +52,11 @@ def records(path: Path) -> list:
 
 
 def history(path: Path) -> list[dict]:
-    return [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
-            for r in records(path) if r.WhichOneof("record_type") == "history"]
+    return [
+        {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+        for r in records(path)
+        if r.WhichOneof("record_type") == "history"
+    ]
 
 
 def config(path: Path) -> dict:
@@ -67,8 +70,7 @@ def offline_runs(folder: Path) -> list[Path]:
 
 
 def test_a_tracked_run_logs_its_rows_and_config_and_a_resume_continues_the_same_wandb_run(tmp_path):
-    out = run("ppo_atari.py", *CARTPOLE, "--total-timesteps", "2048", "--track", "--out-dir", str(tmp_path),
-              "--run-name", "r")
+    out = run("ppo_atari.py", *CARTPOLE, "--total-timesteps", "2048", "--track", "--out-dir", str(tmp_path), "--run-name", "r")
     assert out.returncode == 0, out.stderr[-3000:]
     folder = tmp_path / "r"
     (first,) = offline_runs(folder)
@@ -96,9 +98,25 @@ def test_a_tracked_run_logs_its_rows_and_config_and_a_resume_continues_the_same_
 
 @pytest.mark.slow  # for CI's 30 minutes; a one-process tracked run and its resume stay in CI
 def test_a_two_rank_job_makes_exactly_one_wandb_run(tmp_path):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-           str(ROOT / "algos" / "ppo_atari.py"), *CARTPOLE, "--total-timesteps", "2048", "--num-envs", "2",
-           "--track", "--out-dir", str(tmp_path), "--run-name", "r"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc-per-node",
+        "2",
+        str(ROOT / "algos" / "ppo_atari.py"),
+        *CARTPOLE,
+        "--total-timesteps",
+        "2048",
+        "--num-envs",
+        "2",
+        "--track",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "r",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert out.returncode == 0, out.stderr[-3000:]
     assert len(list(tmp_path.rglob("offline-run-*"))) == 1
@@ -110,8 +128,18 @@ def test_wandb_that_cannot_start_exits_2_in_one_line_before_anything_starts(tmp_
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("NETRC", str(tmp_path / "home" / ".netrc"))
-    out = run("ppo_atari.py", *CARTPOLE, "--total-timesteps", "2048", "--track", "--out-dir", str(tmp_path),
-              "--run-name", "r", timeout=120)
+    out = run(
+        "ppo_atari.py",
+        *CARTPOLE,
+        "--total-timesteps",
+        "2048",
+        "--track",
+        "--out-dir",
+        str(tmp_path),
+        "--run-name",
+        "r",
+        timeout=120,
+    )
     assert out.returncode == 2, out.stderr[-3000:]
     lines = [line for line in out.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Weights & Biases did not start" in lines[0] and "WANDB_MODE=offline" in lines[0]

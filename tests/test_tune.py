@@ -28,12 +28,38 @@ TINY = ["--preset", "cartpole", "--eval-episodes", "2"]
 two_cores = pytest.mark.skipif(len(physical_cores()) < 2, reason="needs two physical cores for two slots")
 
 
-def command(root: Path, *extra: str, total: int = 2048, seeds=("1",), trials: int = 2,
-            search=("learning-rate=log:1e-4:1e-2",), taskset: str | None = None) -> list[str]:
+def command(
+    root: Path,
+    *extra: str,
+    total: int = 2048,
+    seeds=("1",),
+    trials: int = 2,
+    search=("learning-rate=log:1e-4:1e-2",),
+    taskset: str | None = None,
+) -> list[str]:
     head = ["taskset", "-c", taskset] if taskset else []
-    return [*head, sys.executable, TUNE, str(root), "--script", "ppo_atari", "--env-ids", "CartPole-v1", "--seeds",
-            *seeds, "--trials", str(trials), "--search", *search, "--plain", *extra, "--", *TINY,
-            "--total-timesteps", str(total)]
+    return [
+        *head,
+        sys.executable,
+        TUNE,
+        str(root),
+        "--script",
+        "ppo_atari",
+        "--env-ids",
+        "CartPole-v1",
+        "--seeds",
+        *seeds,
+        "--trials",
+        str(trials),
+        "--search",
+        *search,
+        "--plain",
+        *extra,
+        "--",
+        *TINY,
+        "--total-timesteps",
+        str(total),
+    ]
 
 
 def start(cmd: list[str]) -> subprocess.Popen:
@@ -67,18 +93,21 @@ def trial_runs(root: Path, number: int) -> list[Path]:
 # ---------------------------------------------------------------------------------------------- the search space
 
 
-@pytest.mark.parametrize("item, message", [
-    ("learning-rate", "not NAME=FORM"),
-    ("learning-rate=log:0:1e-2", "a log range needs LOW > 0"),
-    ("learning-rate=log:1e-2:1e-5", "LOW must be below HIGH"),
-    ("learning-rate=float:1e-3:1e-3", "LOW must be below HIGH"),
-    ("learning-rate=uniform:0:1", "the form is log:, float:, int: or cat:"),
-    ("num-steps=int:32:512.5", "LOW and HIGH must be integers"),
-    ("num-steps=int:32:512:step=0", "step must be positive"),
-    ("num-steps=int:32:512:linear", "the third part is log or step=Q"),
-    ("ent-coef=float:0:nan", "finite"),
-    ("anneal-lr=cat:true,,false", "cat needs values"),
-])
+@pytest.mark.parametrize(
+    "item, message",
+    [
+        ("learning-rate", "not NAME=FORM"),
+        ("learning-rate=log:0:1e-2", "a log range needs LOW > 0"),
+        ("learning-rate=log:1e-2:1e-5", "LOW must be below HIGH"),
+        ("learning-rate=float:1e-3:1e-3", "LOW must be below HIGH"),
+        ("learning-rate=uniform:0:1", "the form is log:, float:, int: or cat:"),
+        ("num-steps=int:32:512.5", "LOW and HIGH must be integers"),
+        ("num-steps=int:32:512:step=0", "step must be positive"),
+        ("num-steps=int:32:512:linear", "the third part is log or step=Q"),
+        ("ent-coef=float:0:nan", "finite"),
+        ("anneal-lr=cat:true,,false", "cat needs values"),
+    ],
+)
 def test_malformed_search_strings_are_refused(item, message):
     with pytest.raises(LaunchError, match=message):
         tune.parse_search(item)
@@ -98,18 +127,21 @@ def ppo_fields():
     return tune.script_fields(str(ROOT / "algos" / "ppo_atari.py"))
 
 
-@pytest.mark.parametrize("item, message", [
-    ("learning-rat=log:1e-5:1e-2", "ppo_atari has no flag --learning-rat (did you mean learning-rate?)"),
-    ("seed=int:1:5", "--seed is set by the launcher"),
-    ("num-steps=float:32:512", "--num-steps takes an integer, not a float"),
-    ("num-steps=int:0:512", "--num-steps must be in (0, inf), the range reaches 0"),
-    ("gamma=float:0.9:1.5", "--gamma must be in [0, 1], the range reaches 1.5"),
-    ("learning-rate=log:1e-5:2", "--learning-rate must be in (0, 1), the range reaches 2"),
-    ("anneal-lr=cat:yes,no", "--anneal-lr is a switch: its values are true and false"),
-    ("sampler=cat:serial,threads", "--sampler takes one of serial, parallel, async, not 'threads'"),
-    ("num-envs=cat:4,eight", "--num-envs takes an integer, not 'eight'"),
-    ("clip-coef=float:0.1:0.3", "--clip-coef is also given among the flags of every run"),
-])
+@pytest.mark.parametrize(
+    "item, message",
+    [
+        ("learning-rat=log:1e-5:1e-2", "ppo_atari has no flag --learning-rat (did you mean learning-rate?)"),
+        ("seed=int:1:5", "--seed is set by the launcher"),
+        ("num-steps=float:32:512", "--num-steps takes an integer, not a float"),
+        ("num-steps=int:0:512", "--num-steps must be in (0, inf), the range reaches 0"),
+        ("gamma=float:0.9:1.5", "--gamma must be in [0, 1], the range reaches 1.5"),
+        ("learning-rate=log:1e-5:2", "--learning-rate must be in (0, 1), the range reaches 2"),
+        ("anneal-lr=cat:yes,no", "--anneal-lr is a switch: its values are true and false"),
+        ("sampler=cat:serial,threads", "--sampler takes one of serial, parallel, async, not 'threads'"),
+        ("num-envs=cat:4,eight", "--num-envs takes an integer, not 'eight'"),
+        ("clip-coef=float:0.1:0.3", "--clip-coef is also given among the flags of every run"),
+    ],
+)
 def test_search_strings_are_checked_against_the_scripts_args(ppo_fields, monkeypatch, tmp_path, capsys, item, message):
     monkeypatch.setattr(tune, "script_fields", lambda path: ppo_fields)
 
@@ -119,8 +151,9 @@ def test_search_strings_are_checked_against_the_scripts_args(ppo_fields, monkeyp
     monkeypatch.setattr(tune, "Tune", started)
     monkeypatch.setattr(tune, "dry_run", started)
     root = tmp_path / "tune"
-    code = tune.main([str(root), "--script", "ppo_atari", "--seeds", "1", "--trials", "2", "--search", item,
-                      "--", "--clip-coef", "0.2"])
+    code = tune.main(
+        [str(root), "--script", "ppo_atari", "--seeds", "1", "--trials", "2", "--search", item, "--", "--clip-coef", "0.2"]
+    )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and err.startswith("error: ") and message in err, err
     assert not root.exists()  # refused before anything is created
@@ -129,12 +162,31 @@ def test_search_strings_are_checked_against_the_scripts_args(ppo_fields, monkeyp
 def test_bad_tune_arguments_exit_2_with_one_line(tmp_path):
     """From the command line: one error: line, exit 2, nothing created (the script's Args read for real)."""
     root = tmp_path / "tune"
-    for extra in (["--search", "learning-rate=log:1e-5:1e-2", "num-steps=int:32:512.5"],
-                  ["--search", "anneal-lr=cat:on,off"],
-                  ["--search", "learning-rate=log:1e-5:1e-2", "--target-scores", "Acrobot-v1=-500:0"],
-                  ["--search", "learning-rate=log:1e-5:1e-2", "--sampler", "annealing"]):
-        out = subprocess.run([sys.executable, TUNE, str(root), "--script", "ppo_atari", "--env-ids", "CartPole-v1",
-                              "--seeds", "1", "--trials", "2", *extra], capture_output=True, text=True, timeout=120)
+    for extra in (
+        ["--search", "learning-rate=log:1e-5:1e-2", "num-steps=int:32:512.5"],
+        ["--search", "anneal-lr=cat:on,off"],
+        ["--search", "learning-rate=log:1e-5:1e-2", "--target-scores", "Acrobot-v1=-500:0"],
+        ["--search", "learning-rate=log:1e-5:1e-2", "--sampler", "annealing"],
+    ):
+        out = subprocess.run(
+            [
+                sys.executable,
+                TUNE,
+                str(root),
+                "--script",
+                "ppo_atari",
+                "--env-ids",
+                "CartPole-v1",
+                "--seeds",
+                "1",
+                "--trials",
+                "2",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert out.returncode == 2 and out.stderr.startswith("error: ") and out.stderr.count("\n") == 1, out.stderr
         assert not out.stdout and not root.exists()
 
@@ -149,8 +201,19 @@ def test_a_search_over_a_bad_range_finds_a_better_learning_rate(tmp_path):
     serial runs make the trials the same every time; the best must beat the worst by a clear margin (0.3 of
     CartPole's 500, from greedy evaluation returns). About 3 minutes on two shared cores: slow."""
     root = tmp_path / "tune"
-    cmd = command(root, "--pruner", "none", "--sampler-seed", "3", "--target-scores", "CartPole-v1=0:500",
-                  total=8192, seeds=("1", "2"), trials=6, search=("learning-rate=log:1e-6:0.5",))
+    cmd = command(
+        root,
+        "--pruner",
+        "none",
+        "--sampler-seed",
+        "3",
+        "--target-scores",
+        "CartPole-v1=0:500",
+        total=8192,
+        seeds=("1", "2"),
+        trials=6,
+        search=("learning-rate=log:1e-6:0.5",),
+    )
     out, err = finish(start(cmd))
     assert "trial 5 complete" in out, out + err
     s = study(root)
@@ -176,8 +239,9 @@ def test_a_pruned_trial_leaves_its_runs_ended_and_recorded(tmp_path):
     its three runs two run on the two slots (SIGTERMed: checkpoint, exit 130) and one is still queued (dropped);
     every run's launch.json says pruned, nothing is left running, and the next trial gets the slots."""
     root = tmp_path / "tune"
-    cmd = command(root, "--pruner", "threshold:lower=1000", "--prune-every", "1024", total=60000,
-                  seeds=("1", "2", "3"), trials=2)
+    cmd = command(
+        root, "--pruner", "threshold:lower=1000", "--prune-every", "1024", total=60000, seeds=("1", "2", "3"), trials=2
+    )
     out, err = finish(start(cmd))
     assert "trial 0 pruned at step 1024" in out and "trial 1 started" in out, out + err
     s = study(root)
@@ -205,8 +269,7 @@ def test_an_interrupted_tune_resumed_with_the_same_command_ends_with_exactly_tri
     deadline = time.time() + 120
     while True:  # trial 0's two runs running, each past a few progress rows
         folders = trial_runs(root, 0)
-        rows = [len((f / "progress.csv").read_text().splitlines()) if (f / "progress.csv").exists() else 0
-                for f in folders]
+        rows = [len((f / "progress.csv").read_text().splitlines()) if (f / "progress.csv").exists() else 0 for f in folders]
         if len(rows) == 2 and min(rows) >= 4:
             break
         assert proc.poll() is None and time.time() < deadline, proc.communicate()
@@ -244,16 +307,19 @@ def test_two_tune_processes_share_one_study_without_overlap(tmp_path, storage):
     roots = [tmp_path / "tune", tmp_path / "tune"] if storage == "sqlite" else [tmp_path / "a", tmp_path / "b"]
     url = f"journal:{tmp_path / 'study.log'}" if storage == "journal" else None
     extra = ["--pruner", "none", "--study-name", "shared", *(["--storage", url] if url else [])]
-    procs = [start(command(root, *extra, total=1024, trials=4, taskset=str(cpu)))
-             for root, cpu in zip(roots, (physical_cores()[0][0], physical_cores()[1][0]))]
+    procs = [
+        start(command(root, *extra, total=1024, trials=4, taskset=str(cpu)))
+        for root, cpu in zip(roots, (physical_cores()[0][0], physical_cores()[1][0]))
+    ]
     outs = [finish(p) for p in procs]
     assert all(p.returncode == 0 for p in procs), outs
     s = study(roots[0], "shared", tune.make_storage(url, roots[0])[0] if url else None)
     counted = [t for t in s.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
     assert len(counted) == 4, [(t.number, t.state, t.user_attrs) for t in s.trials]
     assert all(t.user_attrs.get("surplus") for t in s.trials if t.state == TrialState.FAIL)
-    started = [{int(line.split("trial ")[1].split()[0]) for line in out.splitlines() if " started: " in line}
-               for out, _ in outs]
+    started = [
+        {int(line.split("trial ")[1].split()[0]) for line in out.splitlines() if " started: " in line} for out, _ in outs
+    ]
     assert not started[0] & started[1] and started[0] | started[1] == {t.number for t in counted}, started
     assert all(started), started  # both processes ran trials
     for t in counted:
@@ -268,8 +334,22 @@ def test_tune_workers_as_submitit_jobs_share_a_journal_study(tmp_path):
     end the study at exactly --trials, each trial run by one of them."""
     pytest.importorskip("submitit")
     root = tmp_path / "tune"
-    cmd = command(root, "--pruner", "none", "--storage", f"journal:{tmp_path / 'study.log'}", "--slurm", "--cluster",
-                  "local", "--workers", "2", "--time", "5", total=1024, trials=3)
+    cmd = command(
+        root,
+        "--pruner",
+        "none",
+        "--storage",
+        f"journal:{tmp_path / 'study.log'}",
+        "--slurm",
+        "--cluster",
+        "local",
+        "--workers",
+        "2",
+        "--time",
+        "5",
+        total=1024,
+        trials=3,
+    )
     out, err = finish(start(cmd))
     assert "2 tune worker(s) submitted (local)" in out, out + err
     s = study(root, storage=tune.make_storage(f"journal:{tmp_path / 'study.log'}", root)[0])
