@@ -24,7 +24,8 @@ Guarantees
   reads the ``--resume`` checkpoint, probes one env for its spaces and checks the action space (and refuses a
   ``Dict`` observation space unless the script takes one: ``dict_obs=True``), refuses an
   on-policy rollout (``iteration_steps``: ``--num-envs`` x ``--num-steps``) whose observations alone exceed the
-  memory left. It creates nothing on disk and changes no global state.
+  memory left. It creates nothing on disk and changes no global state. With ``RL_CHECK_ONLY`` set in the
+  environment it exits 0 there: how ``experiments/`` checks the flags it will pass, with the script's own parser.
 - ``run.setup()`` is the one call that changes this process's global state: TF32 on a GPU, SIGINT/SIGTERM
   raise ``KeyboardInterrupt``, the torchrun job joined (``shared.distributed``), this process pinned to its
   cores (``shared.affinity``: ``run.affinity`` has the sampler's), numpy and torch seeded with ``--seed``.
@@ -159,6 +160,11 @@ def _leaves(space: Any) -> list:
     return [space] if isinstance(space, (gym.spaces.Box, gym.spaces.Discrete)) else []
 
 
+# Set (to anything but the empty string) in a script's environment: ``Run(...)`` makes its checks and exits 0, before
+# anything starts; experiments/ checks a launch's or a study's flags with each script's own parser this way.
+CHECK_ONLY = "RL_CHECK_ONLY"
+
+
 class Run:
     """One run; see the module docstring."""
 
@@ -215,6 +221,8 @@ class Run:
                 check_fits(copies * iteration_steps * obs_bytes, f"a rollout of {iteration_steps} steps")
             except NotEnoughMemory as e:
                 bad_args(f"--num-envs {args.num_envs} x --num-steps {args.num_steps}: {e}")
+        if os.environ.get(CHECK_ONLY):  # experiments/ asks whether these flags would start: yes, and nothing made
+            sys.exit(0)
         self.tracker = None  # W&B, rank 0 alone, started by begin once the networks and the replay are made
         self.world = 1  # ranks in the job, known once setup() has joined it
         self.affinity: Any = None  # this process's cores and its sampler's, set by setup()

@@ -595,3 +595,30 @@ def test_a_signal_during_a_checkpoint_raises_once_it_is_written_and_the_state_is
     assert run.exit_code == EXIT_INTERRUPTED and SlowReplay.writes == 1
     assert (run.path / "replay.npz").read_bytes() == b"replay"
     assert torch.load(run.path / "checkpoint.pt", weights_only=True)["replay_cursor"] == 5
+
+
+def test_check_only_makes_the_checks_and_exits_0_before_anything_is_written(tmp_path: Path):
+    """RL_CHECK_ONLY (how experiments/ checks the flags it passes): good flags exit 0 with nothing on disk, bad ones
+    give the script's own one-line refusal and exit 2."""
+    import subprocess
+
+    script = str(Path(__file__).resolve().parents[1] / "algos" / "ppo_atari.py")
+    env = {**os.environ, "RL_CHECK_ONLY": "1"}
+    ok = subprocess.run(
+        [sys.executable, script, "--preset", "cartpole", "--out-dir", str(tmp_path / "runs")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert ok.returncode == 0, ok.stderr
+    assert not (tmp_path / "runs").exists()
+    bad = subprocess.run(
+        [sys.executable, script, "--env-id", "ALE/NoSuchGame-v5", "--out-dir", str(tmp_path / "runs")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert bad.returncode == 2 and bad.stderr.strip().startswith("error: --env-id")
+    assert len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
