@@ -32,6 +32,7 @@ import json
 import math
 import os
 import sys
+import tempfile
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -344,11 +345,11 @@ def check_common(args: Any) -> None:
     if getattr(args, "save_replay", False) and _world_size() > 1:
         bad_args("--save-replay is not supported under torchrun yet (each rank keeps its own replay)")
     if not args.resume:
-        try:  # the run folder goes there: find out now rather than after the envs started
-            Path(args.out_dir).mkdir(parents=True, exist_ok=True)
-            probe = Path(args.out_dir) / f".write-test-{os.getpid()}"
-            probe.touch()
-            probe.unlink()
+        # the run folder goes there: find out now rather than after the envs started, leaving nothing behind (a
+        # folder made and removed in the nearest one that exists: permissions alone do not say it for root or /proc)
+        there = next(p for p in [Path(args.out_dir).absolute(), *Path(args.out_dir).absolute().parents] if p.exists())
+        try:
+            os.rmdir(tempfile.mkdtemp(prefix=".write-test-", dir=there))
         except OSError as e:
             bad_args(f"--out-dir {args.out_dir}: cannot create a run folder there ({e.strerror or e})")
     if args.env_id not in gym.registry and is_atari(args.env_id):
