@@ -19,6 +19,7 @@ dict: the row's logged statistics, a new key a new progress.csv column); the sch
 main.
 """
 
+import importlib.util
 import sys
 from contextlib import closing
 from dataclasses import dataclass
@@ -26,9 +27,12 @@ from functools import partial
 from pathlib import Path
 from typing import Annotated, Literal
 
-# Find shared/ without an install step, from algos/ or from a copy anywhere in the repository.
-ROOT = next(p for p in Path(__file__).resolve().parents if (p / "shared" / "__init__.py").exists())
-sys.path.insert(0, str(ROOT))
+# shared/ from the repository around this file (no install needed), else the installed library: a copy runs anywhere
+ROOT = next((p for p in Path(__file__).resolve().parents if (p / "shared" / "run.py").exists()), None)
+if ROOT:
+    sys.path.insert(0, str(ROOT))
+elif importlib.util.find_spec("shared") is None:
+    sys.exit("error: shared/ not found: pip install -e PATH_TO_THE_REPOSITORY (its README: Start your own project)")
 
 import gymnasium as gym
 import numpy as np
