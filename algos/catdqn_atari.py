@@ -23,6 +23,7 @@ torch.Generator; make_network refuses --noisy and --dueling for a network that c
 (its dict: the row's logged statistics, a new key a new progress.csv column); the schedule in main.
 """
 
+import copy
 import importlib.util
 import sys
 from contextlib import closing
@@ -53,7 +54,7 @@ from shared.device import to_host, upload
 from shared.envs import EpisodeTally, image_shape, make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayPacer
-from shared.precision import autocast
+from shared.precision import autocast, channels_last
 from shared.procs import SamplerProcess
 from shared.replay import ReplayBuffer, prefetch_on
 from shared.run import Run
@@ -335,10 +336,12 @@ class QNetwork(nn.Module):
         return (self.forward(obs, noise).exp() * self.support).sum(-1)  # [N, A]
 
 
-def make_network(args: Args, obs_shape: tuple[int, ...], n_actions: int) -> nn.Module:
-    """The network, and the one place that refuses a flag it cannot honour (a replaced network, say): exit 2."""
+def make_network(args: Args, obs_space: gym.Space, act_space: gym.Space) -> nn.Module:
+    """The network, for the learner (and its target copy) and the async sampler alike: a new network is one edit here
+    (its forward: QNetwork's); and the one place that refuses a flag it cannot honour (a replaced network, say): exit 2."""
     support = torch.linspace(args.v_min, args.v_max, args.n_atoms)
-    net = QNetwork(obs_shape, n_actions, args.dueling, support, args.network, args.noisy_sigma if args.noisy else None)
+    noisy_sigma = args.noisy_sigma if args.noisy else None
+    net = QNetwork(obs_space.shape, int(act_space.n), args.dueling, support, args.network, noisy_sigma)
     if args.noisy and not any(isinstance(m, NoisyLinear) for m in net.modules()):
         bad_args("--noisy: the network has no NoisyLinear layer to draw noise for")
     if args.dueling and not isinstance(net, QNetwork):
@@ -387,8 +390,8 @@ def greedy_actions(q_net: nn.Module, obs: torch.Tensor, noise, bf16: bool) -> to
 
 def act(policy: Policy, device: torch.device, epsilon: float, obs: np.ndarray, draws) -> np.ndarray:
     """Evaluation: epsilon-greedy, each episode's coin and random action from its own ``draws`` (shared.evaluation)."""
-    greedy, q = policy(torch.as_tensor(obs, device=device))
-    return np.where(draws.random() < epsilon, draws.integers(q.shape[1]), greedy.cpu().numpy())
+    greedy, q = policy(upload(obs, device))
+    return np.where(draws.random() < epsilon, draws.integers(q.shape[1]), to_host(greedy))
 
 
 class EnvStepper:
@@ -509,13 +512,11 @@ def make_learner(args: Args, run: Run) -> tuple[nn.Module, nn.Module, torch.opti
     """The online network, its target copy, the optimiser and the noisy layers' noise generator (None without --noisy;
     in the checkpoint, so that a resumed run draws new noise)."""
     try:
-        q_net = make_network(args, run.obs_space.shape, int(run.act_space.n)).to(run.device)
+        q_net = make_network(args, run.obs_space, run.act_space).to(run.device)
     except ValueError as e:  # observations the network cannot take
         bad_args(f"--env-id {args.env_id}: {e}")
-    target_net = make_network(args, run.obs_space.shape, int(run.act_space.n)).to(run.device)
-    target_net.load_state_dict(q_net.state_dict())
-    if len(run.obs_space.shape) == 3 and run.device.type == "cuda" and args.bf16:  # NHWC: bf16 tensor-core convolutions
-        q_net, target_net = (net.to(memory_format=torch.channels_last) for net in (q_net, target_net))
+    q_net = channels_last(q_net, run.device, args.bf16)
+    target_net = copy.deepcopy(q_net).requires_grad_(False)
     if args.optimizer == "adam":
         fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}  # one kernel for all parameters
         optimizer = torch.optim.Adam(q_net.parameters(), lr=args.learning_rate, eps=args.adam_epsilon, **fused)
@@ -602,7 +603,7 @@ def sampler_main(args: Args, buffer: ReplayBuffer, link: AsyncReplay, proc: Samp
         step = link.start_step
         seed = distributed.env_seed(args.seed + step, args.num_envs)
         stepper = EnvStepper(envs, args, seed, torch.Generator().manual_seed(seed) if args.noisy else None)
-        q_net = make_network(args, envs.single_observation_space.shape, envs.single_action_space.n)
+        q_net = make_network(args, envs.single_observation_space, envs.single_action_space)
         while step < args.total_timesteps:
             if not link.ready(proc, step, q_net, args.max_lag_steps):  # too far ahead of the learner
                 continue

@@ -19,6 +19,7 @@ import importlib.util
 import sys
 from collections import defaultdict
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -48,7 +49,7 @@ from shared.dict_obs import DictTorso, is_dict, obs_example, without_text
 from shared.envs import action_mask, image_shape, make_envs
 from shared.evaluation import Draws
 from shared.namedarraytuple import namedarraytuple
-from shared.precision import autocast
+from shared.precision import autocast, channels_last
 from shared.procs import DoubleBuffer, SamplerProcess
 from shared.run import Run
 
@@ -202,6 +203,11 @@ class Agent(nn.Module):
         return self.actor(h).float(), self.critic(h).float().squeeze(-1)  # logits [N, A], value [N]
 
 
+def make_agent(args: Args, obs_space: gym.Space, act_space: gym.Space) -> nn.Module:
+    """The network, for the learner and the async sampler alike: a new network is one edit here (its forward: Agent's)."""
+    return Agent(obs_space if is_dict(obs_space) else obs_space.shape, int(act_space.n))  # a Dict: the space itself
+
+
 def masked(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``logits`` [N, A] with the actions ``mask`` [N, A] forbids at the lowest float: probability 0 when sampling and in
     the ratios, no term in the entropy (0 * logit). Envs without masks pass all True, which changes nothing."""
@@ -223,23 +229,6 @@ class Policy(nn.Module):
 
 # ----------------------------------------------------------------------------------------- sampling
 
-# ep_*: the episode's totals where episode_end; final_row: the step only reset the env (next-step autoreset)
-Rollout = namedarraytuple(
-    "Rollout",
-    [
-        "obs",
-        "mask",
-        "action",
-        "logprob",
-        "value",
-        "reward",
-        "terminated",
-        "episode_end",
-        "final_row",
-        "ep_return",
-        "ep_length",
-    ],
-)
 Bootstrap = namedarraytuple("Bootstrap", ["obs", "final_row"])
 
 
@@ -257,10 +246,14 @@ class EnvState:
         self.ep_length = np.zeros(n, np.int64)
 
 
-def rollout_example(obs_space, n_actions: int, T: int, B: int) -> tuple:
-    """One step of the rollout (allocated [T, B]) and the bootstrap [B]; a Dict's observations: one array per key."""
+def rollout_example(obs_space, n_actions: int, B: int) -> tuple:
+    """One step of the rollout by field (allocated [T, B]) and the bootstrap [B]; a Dict's observations: one array per
+    key. A new per-step quantity is a field here, written in collect and read in learn_from's rows and the loss."""
     zero = np.float32(0)
-    one = Rollout(obs_example(obs_space), np.ones(n_actions, bool), np.int64(0), zero, zero, zero, False, False, False, 0.0, 0)
+    acting = dict(obs=obs_example(obs_space), mask=np.ones(n_actions, bool), action=np.int64(0), logprob=zero, value=zero)
+    # ep_*: the episode's totals where episode_end; final_row: the step only reset the env (next-step autoreset)
+    env = dict(reward=zero, terminated=False, episode_end=False, final_row=False, ep_return=0.0, ep_length=0)
+    one = namedarraytuple("Rollout", [*acting, *env])(**acting, **env)
     return one, Bootstrap(obs_example(obs_space, (B,)), np.zeros(B, bool))
 
 
@@ -435,23 +428,22 @@ class Sampler:
 
     def __init__(self, args: Args, run: Run, agent: Agent, first: int, last: int):
         self.args, self.run = args, run
-        example, boot_example = rollout_example(run.obs_space, run.act_space.n, args.num_steps, args.num_envs)
+        example, boot_example = rollout_example(run.obs_space, run.act_space.n, args.num_envs)
         if args.sampler == "async":
             self.buffers = DoubleBuffer(example, (args.num_steps, args.num_envs), module=agent)
             self.boots = [buffer_from_example(boot_example, (), shared=True) for _ in range(2)]
             self.worker = run.start_sampler(sampler_main, args, self.buffers, self.boots, first, last)
         else:
-            self.buffers = None
             self.envs = run.hold(make_envs(args, make_env, args.sampler, n_threads=len(run.affinity.learner_cpus)))
             # A resumed run starts fresh episodes; every env of every rank has a seed of its own.
             self.state = EnvState(self.envs, distributed.env_seed(args.seed + first, args.num_envs))
             self.buf = buffer_from_example(example, (args.num_steps, args.num_envs))  # [T, B]
             self.boot = buffer_from_example(boot_example, ())  # [B]
 
-    def rollout(self, it: int, agent: Agent, global_step: int) -> tuple[Rollout, Bootstrap]:
+    def rollout(self, it: int, agent: Agent, global_step: int) -> tuple:
         """Rollout ``it`` [T, B] and its bootstrap [B]; records the episodes that ended in it (at ``global_step``, the
         job's env steps after it)."""
-        if self.buffers is not None:  # sampled by the other process with the parameters of update it - 1
+        if self.args.sampler == "async":  # sampled by the other process with the parameters of update it - 1
             buf, boot = self.buffers.reader_acquire(it, self.worker.check), self.boots[it % 2]
         else:
             buf, boot = self.buf, self.boot
@@ -461,7 +453,7 @@ class Sampler:
 
     def release(self, it: int, agent: Agent) -> None:
         """async: the slot goes back with the new parameters, which rollout it + 2 is collected with."""
-        if self.buffers is not None:
+        if self.args.sampler == "async":
             self.buffers.reader_release(it, module=agent, version=it + 1)
 
 
@@ -476,14 +468,12 @@ def check_args(args: Args) -> None:
 
 
 def make_learner(args: Args, run: Run) -> tuple[Agent, torch.optim.Optimizer, torch.Generator]:
-    """The agent (channels-last for images on a CPU or with --bf16), its optimiser and the minibatch order's generator."""
-    obs_shape = run.obs_space if is_dict(run.obs_space) else run.obs_space.shape  # a Dict: the space itself
+    """The agent, its optimiser and the minibatch order's generator."""
     try:
-        agent = Agent(obs_shape, int(run.act_space.n)).to(run.device)
+        agent = make_agent(args, run.obs_space, run.act_space).to(run.device)
     except ValueError as e:  # observations the network cannot take
         bad_args(f"--env-id {args.env_id}: {e}")
-    if (is_dict(run.obs_space) or len(obs_shape) == 3) and (run.device.type == "cpu" or args.bf16):
-        agent = agent.to(memory_format=torch.channels_last)  # NHWC: faster on a CPU, and for bf16 on a GPU
+    agent = channels_last(agent, run.device, args.bf16)
     fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}  # one kernel for all parameters
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, **fused)
     return agent, optimizer, torch.Generator().manual_seed(args.seed)
@@ -533,18 +523,14 @@ def main() -> int:
 def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, last: int, proc: SamplerProcess) -> None:
     """Async sampler process: rollout k goes to slot k % 2, collected with the parameters the learner left in that slot
     when it released rollout k - 2 (update k - 1): exactly one update behind the learner."""
-    envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial", n_threads=proc.n_threads)
-    state = EnvState(envs, distributed.env_seed(args.seed, args.num_envs))
-    space = envs.single_observation_space
-    agent = Agent(space if is_dict(space) else space.shape, envs.single_action_space.n)
-    torch.manual_seed(distributed.rank_seed(args.seed + 1))
-    try:
+    with closing(make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial", proc.n_threads)) as envs:
+        state = EnvState(envs, distributed.env_seed(args.seed + first, args.num_envs))  # as serial mode: fresh on resume
+        agent = make_agent(args, envs.single_observation_space, envs.single_action_space)
+        torch.manual_seed(distributed.rank_seed(args.seed + 1))
         for k in range(first, last):
             buf = buffers.writer_acquire(k, proc.check, module=agent)
             collect(envs, agent, state, buf, boots[k % 2], args, torch.device("cpu"))
             buffers.writer_release(k)
-    finally:
-        envs.close()
 
 
 if __name__ == "__main__":

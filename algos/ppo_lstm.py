@@ -31,6 +31,7 @@ import math
 import sys
 from collections import defaultdict
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -60,7 +61,7 @@ from shared.envs import action_mask, image_shape, make_envs, observe_only
 from shared.evaluation import Draws
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import RunningNorm
-from shared.precision import autocast
+from shared.precision import autocast, channels_last
 from shared.procs import DoubleBuffer, SamplerProcess
 from shared.rnn import lstm_rows
 from shared.run import Run
@@ -339,6 +340,13 @@ class Agent(nn.Module):
         return (action, *gaussian(out, log_std, action))
 
 
+def make_agent(args: Args, obs_space: gym.Space, act_space: gym.Space) -> nn.Module:
+    """The network, for the learner and the async sampler alike: a new network is one edit here (its forward,
+    ``initial_state``, ``discrete`` and ``obs_norm``: Agent's)."""
+    shape = obs_space if is_dict(obs_space) else obs_space.shape  # a Dict: the space itself
+    return Agent(shape, act_space, args.hidden, args.lstm, args.init_log_std, args.normalize_obs)
+
+
 class Policy(nn.Module):
     """Evaluation and --export, one step of B envs: observations [B, ...], the state h, c [B, hidden] and episode_start
     [B] (the state zeroed first) -> the greedy action (continuous: the mean clipped to the bounds), the logits or mean
@@ -360,26 +368,6 @@ class Policy(nn.Module):
 
 # ----------------------------------------------------------------------------------------- sampling
 
-# final_row: the step only resets its env; episode_start: the state is zeroed before this row; ep_*: the episode's
-# totals where episode_end; discounted: the discounted return so far (whose statistics scale the rewards)
-Rollout = namedarraytuple(
-    "Rollout",
-    [
-        "obs",
-        "mask",
-        "action",
-        "logprob",
-        "value",
-        "reward",
-        "discounted",
-        "terminated",
-        "episode_end",
-        "final_row",
-        "episode_start",
-        "ep_return",
-        "ep_length",
-    ],
-)
 # Either edge of a rollout, [B]: the state at its first row (h0, c0), the row after its last (obs, episode_start) and
 # the state that row continues from (h, c).
 Bootstrap = namedarraytuple("Bootstrap", ["h0", "c0", "obs", "episode_start", "h", "c"])
@@ -405,12 +393,18 @@ class EnvState:
 
 
 def rollout_example(obs_space, act_space, hidden: int, B: int) -> tuple:
-    """One step of the rollout (allocated [T, B]) and its edges [B]; a Dict's observations: one array per key."""
+    """One step of the rollout by field (allocated [T, B]) and its edges [B]; a Dict's observations: one array per key.
+    A new per-step quantity is a field here, written in collect and read in learn_from's rows and the loss."""
     discrete = isinstance(act_space, gym.spaces.Discrete)
     action = np.int64(0) if discrete else np.zeros(int(np.prod(act_space.shape)), np.float32)
     mask = np.ones(int(act_space.n) if discrete else 1, bool)
     zero = np.float32(0)
-    one = Rollout(obs_example(obs_space), mask, action, zero, zero, zero, zero, False, False, False, False, 0.0, 0)
+    acting = dict(obs=obs_example(obs_space), mask=mask, action=action, logprob=zero, value=zero)
+    # discounted: the return so far (its statistics scale the rewards); final_row: the step only resets its env;
+    # episode_start: the state is zeroed before this row; ep_*: the episode's totals where episode_end
+    flags = dict(terminated=False, episode_end=False, final_row=False, episode_start=False)
+    env = dict(reward=zero, discounted=zero, **flags, ep_return=0.0, ep_length=0)
+    one = namedarraytuple("Rollout", [*acting, *env])(**acting, **env)
     z = np.zeros((B, hidden), np.float32)
     return one, Bootstrap(z, z, obs_example(obs_space, (B,)), np.zeros(B, bool), z, z)
 
@@ -614,17 +608,16 @@ class Sampler:
             self.boots = [buffer_from_example(boot_example, (), shared=True) for _ in range(2)]
             self.worker = run.start_sampler(sampler_main, args, self.buffers, self.boots, first, last)
         else:
-            self.buffers = None
             self.envs = run.hold(make_envs(args, make_env, args.sampler, n_threads=len(run.affinity.learner_cpus)))
             # A resumed run starts fresh episodes (and states); every env of every rank has a seed of its own.
             self.state = EnvState(self.envs, distributed.env_seed(args.seed + first, args.num_envs), agent, run.device)
             self.buf = buffer_from_example(example, (args.num_steps, args.num_envs))  # [T, B]
             self.boot = buffer_from_example(boot_example, ())  # [B]
 
-    def rollout(self, it: int, agent: Agent, global_step: int) -> tuple[Rollout, Bootstrap]:
+    def rollout(self, it: int, agent: Agent, global_step: int) -> tuple:
         """Rollout ``it`` [T, B] and its edges [B]; records the episodes that ended in it (at ``global_step``, the job's
         env steps after it)."""
-        if self.buffers is not None:  # sampled by the other process with the parameters of update it - 1
+        if self.args.sampler == "async":  # sampled by the other process with the parameters of update it - 1
             buf, boot = self.buffers.reader_acquire(it, self.worker.check), self.boots[it % 2]
         else:
             buf, boot = self.buf, self.boot
@@ -634,7 +627,7 @@ class Sampler:
 
     def release(self, it: int, agent: Agent) -> None:
         """async: the slot goes back with the new parameters, which rollout it + 2 is collected with."""
-        if self.buffers is not None:
+        if self.args.sampler == "async":
             self.buffers.reader_release(it, module=agent, version=it + 1)
 
 
@@ -654,13 +647,8 @@ def check_args(args: Args) -> None:
         bad_args("--normalize-obs applies to vector observations, not Atari frames")
 
 
-def make_agent(args: Args, obs_space: gym.Space, act_space: gym.Space) -> Agent:
-    shape = obs_space if is_dict(obs_space) else obs_space.shape  # a Dict: the space itself
-    return Agent(shape, act_space, args.hidden, args.lstm, args.init_log_std, args.normalize_obs)
-
-
 def make_learner(args: Args, run: Run) -> tuple:
-    """The agent (channels-last for images on a CPU or with --bf16; its observation statistics included), its optimiser,
+    """The agent (its observation statistics included), its optimiser,
     the minibatch order's generator and the statistics of the discounted return."""
     if not isinstance(run.act_space, (gym.spaces.Discrete, gym.spaces.Box)):
         bad_args(f"--env-id {args.env_id}: {run.script} needs Discrete or Box actions, got {run.act_space}")
@@ -673,8 +661,7 @@ def make_learner(args: Args, run: Run) -> tuple:
     except ValueError as e:  # observations the network cannot take
         observed = " --observe-indices " + " ".join(map(str, args.observe_indices)) if args.observe_indices else ""
         bad_args(f"--env-id {args.env_id}{observed}: {e}")
-    if (is_dict(run.obs_space) or len(run.obs_space.shape) == 3) and (run.device.type == "cpu" or args.bf16):
-        agent = agent.to(memory_format=torch.channels_last)  # NHWC: faster on a CPU, and for bf16 on a GPU
+    agent = channels_last(agent, run.device, args.bf16)
     fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}  # one kernel for all parameters
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, **fused)
     return_norm = RunningNorm(1, args.normalize_reward).to(run.device)  # statistics of the discounted return
@@ -743,18 +730,15 @@ def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, las
     """Async sampler process: rollout k goes to slot k % 2, collected with the parameters (observation statistics
     included) the learner left in that slot when it released rollout k - 2 (update k - 1): exactly one update behind the
     learner. The LSTM states carry over from rollout to rollout here."""
-    envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial", n_threads=proc.n_threads)
-    agent = make_agent(args, envs.single_observation_space, envs.single_action_space)
-    device = torch.device("cpu")
-    state = EnvState(envs, distributed.env_seed(args.seed + first, args.num_envs), agent, device)
-    torch.manual_seed(distributed.rank_seed(args.seed + 1))  # the policy's sampling: a stream of each rank's own
-    try:
+    with closing(make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial", proc.n_threads)) as envs:
+        agent = make_agent(args, envs.single_observation_space, envs.single_action_space)
+        device = torch.device("cpu")
+        state = EnvState(envs, distributed.env_seed(args.seed + first, args.num_envs), agent, device)
+        torch.manual_seed(distributed.rank_seed(args.seed + 1))  # the policy's sampling: a stream of each rank's own
         for k in range(first, last):
             buf = buffers.writer_acquire(k, proc.check, module=agent)
             collect(envs, agent, state, buf, boots[k % 2], args, device)
             buffers.writer_release(k)
-    finally:
-        envs.close()
 
 
 if __name__ == "__main__":

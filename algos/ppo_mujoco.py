@@ -30,6 +30,7 @@ import math
 import sys
 from collections import defaultdict
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -191,6 +192,13 @@ class Agent(nn.Module):
         return mean, self.log_std.expand_as(mean), self.critic(obs).float().squeeze(-1)
 
 
+def make_agent(args: Args, obs_space: gym.Space, act_space: gym.Space) -> nn.Module:
+    """The network, for the learner and the async sampler alike: a new network is one edit here (its forward and
+    ``obs_norm``: Agent's)."""
+    obs_dim, act_dim = int(np.prod(obs_space.shape)), int(np.prod(act_space.shape))
+    return Agent(obs_dim, act_dim, args.hidden, args.init_log_std, args.normalize_obs)
+
+
 class Policy(nn.Module):
     """Evaluation and --export: raw observations [B, ...] -> the deterministic action [B, ...] (the Gaussian's mean,
     clipped to the action bounds) and the mean [B, A]; the observation statistics are the agent's, read as they are."""
@@ -209,23 +217,6 @@ class Policy(nn.Module):
 
 # ----------------------------------------------------------------------------------------- sampling
 
-# ep_*: the episode's totals where episode_end; final_row: the step only reset the env (next-step autoreset)
-Rollout = namedarraytuple(
-    "Rollout",
-    [
-        "obs",
-        "action",
-        "logprob",
-        "value",
-        "reward",
-        "discounted",
-        "terminated",
-        "episode_end",
-        "final_row",
-        "ep_return",
-        "ep_length",
-    ],
-)
 Bootstrap = namedarraytuple("Bootstrap", ["obs", "final_row"])
 
 
@@ -244,11 +235,14 @@ class EnvState:
 
 
 def rollout_example(obs_dim: int, act_dim: int, B: int) -> tuple:
-    """One step of the rollout (allocated [T, B]) and the bootstrap [B]."""
+    """One step of the rollout by field (allocated [T, B]) and the bootstrap [B]. A new per-step quantity is a field
+    here, written in collect and read in learn_from's rows and the loss."""
     zero = np.float32(0)
-    one = Rollout(
-        np.zeros(obs_dim, np.float32), np.zeros(act_dim, np.float32), zero, zero, zero, zero, False, False, False, 0.0, 0
-    )
+    acting = dict(obs=np.zeros(obs_dim, np.float32), action=np.zeros(act_dim, np.float32), logprob=zero, value=zero)
+    # discounted: the return so far (its statistics scale rewards); ep_*: the episode's totals where episode_end;
+    # final_row: the step only reset the env (next-step autoreset)
+    env = dict(reward=zero, discounted=zero, terminated=False, episode_end=False, final_row=False, ep_return=0.0, ep_length=0)
+    one = namedarraytuple("Rollout", [*acting, *env])(**acting, **env)
     return one, Bootstrap(np.zeros((B, obs_dim), np.float32), np.zeros(B, bool))
 
 
@@ -410,7 +404,7 @@ def learn_from(
     return stats
 
 
-# ------------------------------------------------------------------------------------ async sampler
+# ------------------------------------------------------------------------------------------ sampler
 
 
 class Sampler:
@@ -419,12 +413,10 @@ class Sampler:
     double buffer that carry the parameters back to it."""
 
     def __init__(self, args: Args, run: Run, agent: Agent, first: int, last: int):
-        self.args = args
-        self.run = run
-        self.async_ = args.sampler == "async"
+        self.args, self.run = args, run
         obs_dim, act_dim = int(np.prod(run.obs_space.shape)), int(np.prod(run.act_space.shape))
         example, boot_example = rollout_example(obs_dim, act_dim, args.num_envs)
-        if self.async_:
+        if args.sampler == "async":
             self.buffers = DoubleBuffer(example, (args.num_steps, args.num_envs), module=agent)
             self.boots = [buffer_from_example(boot_example, (), shared=True) for _ in range(2)]
             self.worker = run.start_sampler(sampler_main, args, self.buffers, self.boots, first, last)
@@ -437,7 +429,7 @@ class Sampler:
 
     def rollout(self, it: int, agent: Agent, global_step: int) -> tuple:
         """Rollout ``it`` [T, B] and its bootstrap row [B]; records the episodes ended in it."""
-        if self.async_:  # sampled by the other process with the parameters of update it - 1
+        if self.args.sampler == "async":  # sampled by the other process with the parameters of update it - 1
             buf, boot = self.buffers.reader_acquire(it, self.worker.check), self.boots[it % 2]
         else:
             collect(self.envs, agent, self.state, self.buf, self.boot, self.args, self.run.device)
@@ -447,7 +439,7 @@ class Sampler:
 
     def release(self, it: int, agent: Agent) -> None:
         """async: the slot goes back with the new parameters: rollout it + 2 uses them."""
-        if self.async_:
+        if self.args.sampler == "async":
             self.buffers.reader_release(it, module=agent, version=it + 1)
 
 
@@ -466,8 +458,7 @@ def make_learner(args: Args, run: Run) -> tuple:
     discounted return."""
     if not isinstance(run.obs_space, gym.spaces.Box):
         bad_args(f"--env-id {args.env_id}: PPO here needs Box observations, got {run.obs_space}")
-    obs_dim, act_dim = int(np.prod(run.obs_space.shape)), int(np.prod(run.act_space.shape))
-    agent = Agent(obs_dim, act_dim, args.hidden, args.init_log_std, args.normalize_obs).to(run.device)
+    agent = make_agent(args, run.obs_space, run.act_space).to(run.device)
     fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}  # one kernel for all parameters
     optimizer = torch.optim.Adam(agent.parameters(), lr=args.learning_rate, eps=1e-5, **fused)
     generator = torch.Generator().manual_seed(args.seed)
@@ -519,19 +510,14 @@ def main() -> int:
 def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, last: int, proc: SamplerProcess) -> None:
     """Sampler process: rollout k goes to slot k % 2, collected with the parameters (observation statistics included)
     the learner left in that slot when it released rollout k - 2 (update k - 1): exactly one update behind the learner."""
-    torch.set_num_threads(1)
-    envs = make_envs(args, make_env, "serial")
-    state = EnvState(envs, distributed.env_seed(args.seed + first, args.num_envs))
-    obs_dim, act_dim = int(np.prod(envs.single_observation_space.shape)), int(np.prod(state.space.shape))
-    agent = Agent(obs_dim, act_dim, args.hidden, args.init_log_std, args.normalize_obs)
-    torch.manual_seed(distributed.rank_seed(args.seed + 1))  # the policy's noise: a stream of each rank's own
-    try:
+    with closing(make_envs(args, make_env, "serial")) as envs:
+        state = EnvState(envs, distributed.env_seed(args.seed + first, args.num_envs))
+        agent = make_agent(args, envs.single_observation_space, envs.single_action_space)
+        torch.manual_seed(distributed.rank_seed(args.seed + 1))  # the policy's noise: a stream of each rank's own
         for k in range(first, last):
             buf = buffers.writer_acquire(k, proc.check, module=agent)
             collect(envs, agent, state, buf, boots[k % 2], args, torch.device("cpu"))
             buffers.writer_release(k)
-    finally:
-        envs.close()
 
 
 if __name__ == "__main__":

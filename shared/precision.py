@@ -5,6 +5,8 @@ Guarantees
   autocast lists (matmuls, convolutions, LSTMs) run in bfloat16 on the CPU and on CUDA, everything else in
   float32; with ``bf16=False`` it changes nothing. Outputs that feed a loss or an action are cast back with
   ``.float()`` by the caller. ``shared.cli.resolve_device`` warns when the device has no native bfloat16.
+- ``channels_last(module, device, bf16)``: the one rule for channels-last (NHWC) weights: on a CPU, and with
+  ``bf16`` on a GPU; a module without 4-d weights is unchanged either way.
 - ``sampler_bf16(bf16)``, in a sampler process (which acts on the CPU whatever the learner's device): ``bf16``
   where this CPU computes bfloat16 natively (AVX512-BF16, AMX), else False with one warning line, since emulated
   bfloat16 would make sampling about 10x slower (a CUDA learner's ``--bf16`` is meant for the GPU).
@@ -16,7 +18,7 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-__all__ = ["autocast", "cpu_has_bf16", "sampler_bf16"]
+__all__ = ["autocast", "channels_last", "cpu_has_bf16", "sampler_bf16"]
 
 
 def autocast(device: Any, bf16: bool) -> Any:
@@ -24,6 +26,15 @@ def autocast(device: Any, bf16: bool) -> Any:
     import torch
 
     return torch.autocast(device.type, torch.bfloat16, enabled=bf16)
+
+
+def channels_last(module: Any, device: Any, bf16: bool) -> Any:
+    """``module`` with its 4-d weights in channels-last (NHWC) memory where convolutions run faster that way: on a
+    CPU, and on a GPU with ``bf16`` (tensor cores); elsewhere, and for a module without convolutions, unchanged.
+    Every script's image network goes through this one rule."""
+    import torch
+
+    return module.to(memory_format=torch.channels_last) if device.type == "cpu" or bf16 else module
 
 
 def cpu_has_bf16() -> bool:
