@@ -53,7 +53,8 @@ FLAGS = "--preset atari100k --save-replay --checkpoint-minutes 15"
 
 
 def _module(name: str):
-    """``experiments/<name>.py`` (the launcher, the report), imported from the repository."""
+    """``experiments/<name>.py`` (the launcher, the report): the repository's package, imported as any other
+    (the repository is put on sys.path first, so a checkout without ``pip install -e .`` runs this too)."""
     if str(HERE.parent) not in sys.path:
         sys.path.insert(0, str(HERE.parent))
     return importlib.import_module(f"experiments.{name}")

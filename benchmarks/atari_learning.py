@@ -191,7 +191,7 @@ def report(a: argparse.Namespace, out: Path) -> None:
         print(f"{name:<10}" + "".join(f"{c:>20}" for c in cells) + (f"{sps:>9.0f}" if sps else f"{'-':>9}"))
     if not curves:
         return
-    from plot import curve, figure, save
+    from experiments.plot import curve, figure, save
 
     fig, (ax,) = figure()
     for name, eps in curves.items():

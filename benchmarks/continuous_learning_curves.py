@@ -144,7 +144,7 @@ def halfcheetah(minutes: float, scripts: list[str], out_png: Path) -> None:
 
 
 def plot(curves: dict, title: str, out_png: Path, window: int = 10) -> None:
-    from plot import curve, figure, save
+    from experiments.plot import curve, figure, save
 
     fig, (ax,) = figure(width=9, height=5)
     for label, eps in curves.items():

@@ -155,7 +155,7 @@ def main() -> None:
             final = rows[-1][1] if rows else float("nan")
             where = f"{reached} (>= {threshold})" if reached else "not reached"
             print(f"{script:<16} {sampler:<9} {steps:>7} {where:>19} {final:>18.1f}")
-    from plot import curve, figure, save
+    from experiments.plot import curve, figure, save
 
     fig, axes = figure(len(a.scripts), width=5.5, height=4)
     for ax, script in zip(axes, a.scripts):

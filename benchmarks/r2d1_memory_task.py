@@ -56,7 +56,7 @@ def main() -> None:
         last = sum(r for _, r in rows[-3:]) / len(rows[-3:])
         print(f"{label:<22} mean return over the last 6k steps {last:6.1f}", flush=True)
         curves[label] = rows
-    from plot import curve, figure, save
+    from experiments.plot import curve, figure, save
 
     fig, (ax,) = figure(width=8)
     for label, rows in curves.items():

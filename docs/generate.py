@@ -1,7 +1,7 @@
 """The documentation site's generated parts: what each script is made of, read from its source, and the results,
 tables and learning curves, computed from the committed result files. No figure on the site is typed by hand.
 
-    python benchmarks/docs_site.py          # write docs/generated/ (the site build does this itself)
+    python docs/generate.py                 # write docs/generated/ (the site build does this itself)
     mkdocs build --strict                   # the site, into site/ (neither folder is committed)
     mkdocs serve                            # browse it at http://127.0.0.1:8000, rebuilt on every change
 
@@ -15,7 +15,7 @@ defaults and help, the presets with the comments that cite their sources, the lo
 ``report.md``, ``results/*.md`` (Atari 100k, MuJoCo, the cheap figures, speed, the whole lab notebook).
 
 Sources of the results (``benchmarks/results/``): the run folders of experiments (``experiments/report.py``'s
-collection and rliable intervals, ``benchmarks/plot.py``'s curves: the mean over seeds with the min-max band
+collection and rliable intervals, ``experiments/plot.py``'s curves: the mean over seeds with the min-max band
 shaded), ``recheck.json`` (``benchmarks/recheck.py``'s intervals), ``atari100k`` (``benchmarks/atari100k.py``'s
 table, with the published scores it holds), the committed PNGs, and sections of ``README.md`` (the lab notebook:
 the figures measured once, the speed tables and the peers' published numbers, quoted as they stand). A section
@@ -43,6 +43,8 @@ from pathlib import Path
 from markdown.extensions.toc import slugify
 
 ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # mkdocs loads this hook by path: experiments/ imports without pip install -e too
+    sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results"
 NOTEBOOK = RESULTS / "README.md"
 OUT = ROOT / "docs" / "generated"
@@ -63,9 +65,7 @@ BASE_COLUMNS = ["global_step", "wall_time_s", "sps", "episodes", "return_mean"]
 
 
 def _module(path: Path, name: str):
-    """A module of the repository by path (benchmarks/ and experiments/ are not packages on sys.path)."""
-    if str(ROOT) not in sys.path:
-        sys.path.insert(0, str(ROOT))
+    """A benchmark script by path (benchmarks/ holds scripts, not a package): the tables it holds."""
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
@@ -76,12 +76,15 @@ def _module(path: Path, name: str):
 
 
 def plot():
-    return _module(ROOT / "benchmarks" / "plot.py", "benchmarks_plot")
+    from experiments import plot
+
+    return plot
 
 
 def report():
-    _module(ROOT / "experiments" / "__init__.py", "experiments")
-    return _module(ROOT / "experiments" / "report.py", "experiments.report")
+    from experiments import report
+
+    return report
 
 
 def recheck():
@@ -477,7 +480,7 @@ def quote(prefix: str, bullets: tuple[str, ...] = (), rows: tuple[str, ...] = ()
 
 
 def figure(png: str, caption: str) -> Block:
-    """A committed PNG (drawn by a benchmark with benchmarks/plot.py) with its caption."""
+    """A committed PNG (drawn by a benchmark with experiments/plot.py) with its caption."""
 
     def block(ctx: Context) -> str:
         if not (RESULTS / png).is_file():
@@ -576,7 +579,7 @@ def experiment(
     """Run folders of launcher experiments under benchmarks/results (``(folder, label)``; the label names a variant
     when several folders hold the same script and env): the table of final scores over seeds
     (``experiments/report.py``: eval.json's mean, else the last ``last`` training episodes; rliable's 95%
-    stratified-bootstrap interval) and one figure per env id of the training curves (``benchmarks/plot.py``: the
+    stratified-bootstrap interval) and one figure per env id of the training curves (``experiments/plot.py``: the
     mean over seeds, the min-max band shaded)."""
 
     def block(ctx: Context) -> str:
@@ -995,7 +998,7 @@ def on_config(config, **kwargs):
 
 def on_pre_build(config, **kwargs):
     changed = generate()
-    print(f"docs_site: docs/generated up to date ({changed} files changed)", file=sys.stderr)
+    print(f"docs/generate.py: docs/generated up to date ({changed} files changed)", file=sys.stderr)
 
 
 def on_files(files, config, **kwargs):

@@ -1,16 +1,30 @@
 """Experiments over the scripts in algos/: a grid of scripts x env ids x seeds x variants launched on this machine
 (each run pinned to its own cores) or on a SLURM cluster, resumable, and the statistics of its results.
 
-``launch.py`` is the command line; each other module does one job of it and says in its docstring what it
-guarantees: ``grid`` (the grid: parsing and expansion), ``slots`` (CPU and GPU slots), ``process`` (a run's
-process: pinned, in its own session, never outliving the launcher), ``records`` (each run's ``launch.json``:
-attempts, resuming, durability), ``status`` (what the runs reached: progress, ``status.json``), ``display`` (the
-live table), ``local`` (the local runner), ``slurm`` (job arrays through submitit); ``report.py`` is the report
-over the runs (rliable). They import each other without cycles (tested), and ``shared/`` only for its files,
-progress rows, affinity and process helpers. Run as scripts, ``launch.py`` and ``report.py`` put the repository
-root on sys.path themselves, so nothing needs installing.
+The modules, each saying in its docstring what it guarantees (``MODULES``):
+
+- command lines: ``launch`` (run a grid), ``status`` (its runs' states, read only), ``report`` (tables and
+  figures over the runs: rliable), ``plot`` (curves of any run folders; the one plotting module, which the
+  benchmarks and the documentation site import too), ``tune`` (hyperparameter search over the launcher);
+- what they are built from: ``flags`` (the one-line refusal of every command line, and the flags a launch
+  passes checked by each script's own parser before anything is written), ``grid`` (the grid: parsing and
+  expansion), ``slots`` (CPU and GPU slots), ``process`` (a run's process: pinned, in its own session, never
+  outliving the launcher), ``records`` (each run's ``launch.json``: attempts, resuming, durability, damaged
+  records refused), ``display`` (the live table), ``local`` (the local runner), ``slurm`` (job arrays through
+  submitit).
+
+They import each other without cycles (tested), and ``shared/`` only for its files, progress rows, affinity and
+process helpers. Each imports as ``experiments.<name>``, and the command lines run as ``python
+experiments/<name>.py``: run as scripts they put the repository root on sys.path themselves, so nothing needs
+installing (``pip install -e .`` makes the package importable from anywhere).
 """
 
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository: algos/ and shared/ are here
+
+# Every module of the package; the command lines among them run as scripts (tests/test_launch_contract.py checks
+# both, and that this list is the folder's).
+MODULES = ("display", "flags", "grid", "launch", "local", "plot", "process", "records", "report", "slots", "slurm",
+           "status", "tune")
+COMMANDS = ("launch", "plot", "report", "status", "tune")

@@ -6,9 +6,7 @@ Guarantees
   and config.json: ``experiments/status.py``), and the experiment's ETA in its title. No refresh thread: forking
   the runs' children stays safe.
 - Otherwise plain lines: one per note (state changes, timestamped) and a summary every ``status_every`` seconds.
-- The experiment's ETA: the steps left over the runs not done or failed, at the summed SPS of the running ones;
-  a queued run's total comes from its flags, else from a sibling of the same variant; ``-`` when some run's
-  total is unknown, or steps are left and no running run reports its SPS yet.
+- The experiment's ETA is ``experiments/status.py``'s (``overview``).
 """
 
 from __future__ import annotations
@@ -17,8 +15,7 @@ import contextlib
 import time
 
 from experiments.grid import Trial
-from experiments.records import STATES
-from experiments.status import fmt_duration, fmt_steps, progress_of
+from experiments.status import fmt_duration, fmt_steps, overview, summary_line
 
 __all__ = ["Display", "LiveView"]
 
@@ -89,37 +86,10 @@ class Display(LiveView):
         super().__init__(plain, status_every)
 
     def stats(self) -> tuple[dict[str, dict], str, dict[str, int]]:
-        prog = {r.rel: progress_of(r) for r in self.runs if self.records[r.rel]["state"] in
-                ("running", "done", "interrupted", "failed", "submitted")}
-        totals = {}
-        for r in self.runs:  # a queued run's total: its flags, else a sibling's config (same flags but the seed)
-            p = prog.get(r.rel) or {}
-            totals[r.rel] = p.get("total") or r.total_from_flags()
-        by_variant: dict[tuple, int] = {}
-        for r in self.runs:
-            if totals[r.rel]:
-                by_variant.setdefault((r.script, r.env_id, r.variant_name), totals[r.rel])
-        remaining, sps, unknown = 0.0, 0.0, False
-        for r in self.runs:
-            state = self.records[r.rel]["state"]
-            if state in ("done", "failed"):
-                continue
-            total = totals[r.rel] or by_variant.get((r.script, r.env_id, r.variant_name))
-            step = (prog.get(r.rel) or {}).get("step") or 0
-            if total is None:
-                unknown = True
-                continue
-            remaining += max(total - step, 0)
-            if state == "running":
-                sps += (prog.get(r.rel) or {}).get("sps") or 0.0
-        eta = "-" if unknown or (remaining and not sps) else fmt_duration(remaining / sps if sps else 0)
-        counts = {s: sum(self.records[r.rel]["state"] == s for r in self.runs) for s in STATES}
-        return prog, eta, counts
+        return overview(self.runs, self.records)
 
     def summary_line(self) -> str:
-        _, eta, counts = self.stats()
-        return (f"{counts['done']}/{len(self.runs)} done, {counts['running']} running, {counts['queued']} queued, "
-                f"{counts['failed']} failed, {counts['interrupted']} interrupted; ETA {eta}")
+        return summary_line(self.runs, self.records)
 
     def table(self):
         from rich.table import Table

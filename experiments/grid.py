@@ -33,8 +33,8 @@ from typing import Any
 
 from experiments import ROOT
 
-__all__ = ["RESERVED", "LaunchError", "Trial", "build_grid", "load_file", "parse_level", "resolve_script",
-           "split_flags"]
+__all__ = ["RESERVED", "LaunchError", "Trial", "build_grid", "check_env_ids", "check_values", "load_file",
+           "parse_level", "resolve_script", "saved_grid", "split_flags"]
 
 RESERVED = ("--seed", "--env-id", "--out-dir", "--run-name", "--resume")  # set by the launcher for every run
 NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=,-]*$")
@@ -103,7 +103,8 @@ def split_flags(flags: Any, where: str) -> list[str]:
             return shlex.split(flags)
         except ValueError as e:
             raise LaunchError(f"{where}: cannot split {flags!r} into flags ({e})") from None
-    if isinstance(flags, (list, tuple)) and all(isinstance(f, (str, int, float)) for f in flags):
+    if isinstance(flags, (list, tuple)) and all(isinstance(f, (str, int, float)) and not isinstance(f, bool)
+                                                for f in flags):
         return [str(f) for f in flags]
     raise LaunchError(f"{where}: flags must be a string or a list of strings, got {flags!r}")
 
@@ -155,12 +156,72 @@ def parse_level(items: Sequence[str], where: str) -> list[tuple[str, list[str]]]
     return out
 
 
-def load_file(path: Path, extra: Sequence[str] = ()) -> dict:
-    """The file form (``experiments/launch.py``); ``extra``: the keys a caller adds (``experiments/tune.py``)."""
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_strings(x: Any) -> bool:
+    return isinstance(x, list) and all(isinstance(v, str) and v for v in x)
+
+
+def check_values(data: dict, where: str) -> None:
+    """The grid's keys as the file form gives them (``load_file``) or ``experiment.json`` records them: each of
+    the right type, else ``LaunchError`` naming the key, the value and ``where``."""
+    wrong = None
+    if "root" in data and not (isinstance(data["root"], str) and data["root"]):
+        wrong = ("root", "a folder name")
+    elif "scripts" in data and not _is_strings(data["scripts"]):
+        wrong = ("scripts", "a list of script names")
+    elif "env_ids" in data and not _is_strings(data["env_ids"]):
+        wrong = ("env_ids", "a list of env ids")
+    elif "seeds" in data and not (isinstance(data["seeds"], list) and all(_is_int(s) for s in data["seeds"])):
+        wrong = ("seeds", "a list of integers")
+    elif "nproc_per_node" in data and not (_is_int(data["nproc_per_node"]) and data["nproc_per_node"] >= 1):
+        wrong = ("nproc_per_node", "a positive integer")
+    if wrong:
+        raise LaunchError(f"{where}: {wrong[0]} must be {wrong[1]}, got {data[wrong[0]]!r}")
+    if "flags" in data:
+        split_flags(data["flags"], f"{where}: flags")
+
+
+def check_env_ids(env_ids: Sequence[str]) -> None:
+    """Env ids name folders (``/`` becomes ``_``): no empty one, none that would leave its folder."""
+    for e in env_ids:
+        if not e or e.startswith(".") or any(c.isspace() or c == "\\" for c in e) or ".." in e.split("/"):
+            raise LaunchError(f"--env-ids: {e!r} is not an env id (it names the runs' folders)")
+
+
+def saved_grid(experiment: dict, where: str) -> dict:
+    """The grid an ``experiment.json`` recorded (``{}`` when none), checked as the file form is, its levels as
+    ``parse_level`` gives them; anything of the wrong type raises ``LaunchError`` naming ``where``."""
+    grid = experiment.get("grid") or {}
+    if not isinstance(grid, dict):
+        raise LaunchError(f"{where}: damaged, grid is not an object; move it away to start afresh")
     try:
-        text = path.read_text()
+        check_values(grid, "grid")
+        levels = grid.get("levels", [])
+        ok = isinstance(levels, list) and all(
+            isinstance(lv, list) and all(isinstance(v, list) and len(v) == 2 and isinstance(v[0], str)
+                                         and isinstance(v[1], list) and all(isinstance(f, str) for f in v[1])
+                                         for v in lv) for lv in levels)
+        if not ok:
+            raise LaunchError(f"grid: levels must be lists of [name, [flags]], got {levels!r:.80}")
+        if not (isinstance(grid.get("flags", []), list)):
+            raise LaunchError(f"grid: flags must be a list of strings, got {grid['flags']!r:.80}")
+    except LaunchError as e:
+        raise LaunchError(f"{where}: damaged, {e}; move it away to start afresh") from None
+    return {**grid, "levels": [[(n, list(f)) for n, f in lv] for lv in levels]}
+
+
+def load_file(path: Path, extra: Sequence[str] = ()) -> dict:
+    """The file form (``experiments/launch.py``); ``extra``: the keys a caller adds (``experiments/tune.py``),
+    whose values it checks itself."""
+    try:
+        text = path.read_bytes().decode()
     except OSError as e:
         raise LaunchError(f"--config {path}: {e.strerror or e}") from None
+    except UnicodeDecodeError as e:
+        raise LaunchError(f"--config {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     try:
         if path.suffix == ".json":
             data = json.loads(text)
@@ -168,14 +229,15 @@ def load_file(path: Path, extra: Sequence[str] = ()) -> dict:
             import tomllib
 
             data = tomllib.loads(text)
-    except ValueError as e:  # JSONDecodeError and TOMLDecodeError are ValueErrors
-        raise LaunchError(f"--config {path}: {e}") from None
+    except (ValueError, RecursionError) as e:  # JSONDecodeError and TOMLDecodeError are ValueErrors
+        raise LaunchError(f"--config {path}: {' '.join(str(e).split()) or type(e).__name__}") from None
     if not isinstance(data, dict):
         raise LaunchError(f"--config {path}: expected a table of keys")
     known = ["root", "scripts", "env_ids", "seeds", "flags", "levels", *extra]
     unknown = set(data) - set(known)
     if unknown:
         raise LaunchError(f"--config {path}: unknown keys {sorted(unknown)} ({', '.join(known)})")
+    check_values(data, f"--config {path}")
     levels = data.get("levels", [])
     if not isinstance(levels, list) or not all(isinstance(lv, dict) for lv in levels):
         raise LaunchError(f"--config {path}: levels must be a list of tables (name = flags)")
@@ -194,6 +256,7 @@ def build_grid(root: Path, scripts: Sequence[str], env_ids: Sequence[str | None]
         raise LaunchError("no seeds: give --seeds (or seeds in the --config file)")
     if len(set(seeds)) != len(seeds):
         raise LaunchError(f"--seeds: a seed is given twice ({list(seeds)})")
+    check_env_ids([e for e in env_ids if e is not None])
     common, common_nproc = _take_nproc(list(common), "flags")
     _check_reserved(common, "flags")
     checked_levels = []

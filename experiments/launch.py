@@ -79,9 +79,13 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import importlib.util
+import math
 import os
+import re
 import shlex
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -94,30 +98,35 @@ if sys.path and sys.path[0] and Path(sys.path[0]).resolve() == _HERE:
 sys.path.insert(0, str(next(p for p in _HERE.parents if (p / "shared" / "__init__.py").exists())))
 
 from experiments.display import Display
-from experiments.grid import LaunchError, Trial, build_grid, load_file, parse_level, split_flags
+from experiments.flags import Parser, refusals
+from experiments.grid import LaunchError, Trial, build_grid, load_file, parse_level, saved_grid, split_flags
 from experiments.local import Launcher
 from experiments.process import pid_runs
 from experiments.records import (
     EXIT_INTERRUPTED,
     STATES,
+    experiment_problem,
     finished,
     git_info,
+    jobs_problem,
+    load_record,
     new_record,
     now,
     package_versions,
-    read_json,
+    read_records,
+    status_problem,
     write_json,
 )
 from experiments.slots import Slot, gpu_count, make_slots
 from experiments.slurm import slurm_alive, submit
-from experiments.status import fmt_steps, progress_of, write_status
+from experiments.status import print_status, write_status
 from shared.affinity import physical_cores
 
 __all__ = ["launch", "main", "parser"]
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = Parser(
         description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Flags after `--` go to every run (so do --flags). See the module docstring for the file form.")
     p.add_argument("root", nargs="?", help="experiment root (or `root` in the --config file)")
@@ -168,38 +177,92 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def check_options(a: argparse.Namespace) -> None:
-    for n, v in (("--nproc-per-node", a.nproc_per_node), ("--stop-timeout", a.stop_timeout)):
-        if v is not None and v < (1 if n == "--nproc-per-node" else 0):
-            raise LaunchError(f"{n} must be {'at least 1' if n == '--nproc-per-node' else 'non-negative'}, got {v}")
-    if any(v is not None and v < 0 for v in (a.gpus_per_run,)) or (a.runs_per_gpu is not None and a.runs_per_gpu < 1):
-        raise LaunchError("--gpus-per-run must be non-negative and --runs-per-gpu at least 1")
+    """The launcher's own options, each in its range (finite floats), before anything is read or written."""
+    least = {"--cores-per-run": (a.cores_per_run, 1), "--nproc-per-node": (a.nproc_per_node, 1), "--time": (a.time, 1),
+             "--array-parallelism": (a.array_parallelism, 1), "--gpus-per-run": (a.gpus_per_run, 0),
+             "--runs-per-gpu": (a.runs_per_gpu, 1)}
+    for name, (v, lo) in least.items():
+        if v is not None and v < lo:
+            raise LaunchError(f"{name} must be at least {lo}, got {v}")
+    for name, v, positive in (("--stop-timeout", a.stop_timeout, False), ("--status-every", a.status_every, False),
+                              ("--mem-gb", a.mem_gb, True)):
+        if v is not None and not (math.isfinite(v) and (v > 0 if positive else v >= 0)):
+            raise LaunchError(f"{name} must be a finite number {'above' if positive else 'at least'} 0, got {v}")
     if a.gpus_per_run is not None and a.runs_per_gpu is not None:
         raise LaunchError("give --gpus-per-run or --runs-per-gpu, not both")
+    if a.partition is not None and not a.partition.strip():
+        raise LaunchError("--partition must not be empty")
     for kv in a.slurm_param:
-        if "=" not in kv:
+        if not re.match(r"^[A-Za-z][A-Za-z0-9_-]*=", kv):
             raise LaunchError(f"--slurm-param {kv!r} is not KEY=VALUE")
+    if a.slurm and importlib.util.find_spec("submitit") is None:
+        raise LaunchError("--slurm needs submitit (pip install -r requirements.txt)")
 
 
-def read_records(runs: list[Trial]) -> dict[str, dict]:
-    """Each run's launch.json as the last launch left it (a fresh record where there is none or it is unusable)."""
-    records = {}
+def check_root(root: Path, runs: Sequence[Trial], write: bool) -> None:
+    """The root and the run folders under it can be made (``write``: and written), found out without changing
+    anything: a folder made and removed in the nearest one that exists (permissions alone do not say it for root
+    or on a read-only mount), whose times are then set back (``--dry-run`` leaves even those as they were)."""
+    if root.exists() and not root.is_dir():
+        raise LaunchError(f"experiment root {root} is a file, not a folder")
+    there = next(p for p in [root, *root.parents] if p.exists())
+    if not there.is_dir():
+        raise LaunchError(f"experiment root {root}: {there} is a file, not a folder")
     for r in runs:
-        rec = read_json(r.folder / "launch.json")
-        if rec.get("state") not in STATES:
-            rec = {}
-        records[r.rel] = rec or {"state": "queued", "attempts": []}
-        records[r.rel].setdefault("attempts", [])
-    return records
+        for p in [r.folder, *r.folder.parents]:
+            if p == root:
+                break
+            if p.exists() and not p.is_dir():
+                raise LaunchError(f"{p} is a file where the run folder of {r.rel} goes")
+    if write:
+        try:
+            times = there.stat()
+            os.rmdir(tempfile.mkdtemp(prefix=".write-test-", dir=there))
+            os.utime(there, ns=(times.st_atime_ns, times.st_mtime_ns))
+        except OSError as e:
+            raise LaunchError(f"experiment root {root}: cannot create it in {there} ({e.strerror or e})") from None
 
 
-def print_status(runs: list[Trial], records: dict[str, dict]) -> None:
-    display = Display(runs, records, plain=True, status_every=0)
-    for r in runs:
-        rec, p = records[r.rel], progress_of(r)
-        ret = f"{p['return']:.1f}" if p.get("return") is not None else "-"
-        print(f"{rec['state']:<11} {r.rel}  step {fmt_steps(p.get('step'))}/{fmt_steps(p.get('total'))}  return "
-              f"{ret}" + (f"  {rec.get('error')}" if rec["state"] == "failed" else ""))
-    print(display.summary_line())
+def check_flags(a: argparse.Namespace, todo: Sequence[Trial]) -> None:
+    """The flags each run would get, checked by its script's own parser and pre-start checks (``experiments/
+    flags.py``) before anything is written: one check per script x env id x variant (the flags differ there
+    alone), identical flags once, with ``--out-dir`` a temporary folder of its own (the root was checked by
+    ``check_root``; the scripts' own check of it would touch the root). The seeds change only ``--seed``,
+    whose range does not depend on the rest: the lowest is given to a script's first check and the highest to its
+    last (or one more check), so the seed range costs no check of its own. The runs' environment: no GPU under
+    ``--gpus-per-run 0``; with ``--slurm`` the device is a cluster node's, not this machine's: checked on the CPU."""
+    if not todo:
+        return
+    seeds = sorted({r.seed for r in todo})
+    cells: dict[str, dict[tuple, Trial]] = {}
+    for r in todo:
+        cells.setdefault(r.script_path, {}).setdefault((r.env_id, r.variant), r)
+    checks: list[tuple[str, list[str]]] = []
+    picked: list[tuple[Trial, int]] = []
+    scratch = tempfile.TemporaryDirectory(prefix="launch-check-")
+    for script, by_cell in cells.items():
+        firsts = list(by_cell.values())
+        picks = [(t, seeds[0]) for t in firsts]
+        if len(firsts) > 1:
+            picks[-1] = (firsts[-1], seeds[-1])
+        elif seeds[-1] != seeds[0]:
+            picks.append((firsts[0], seeds[-1]))
+        for t, seed in picks:
+            flags = [*t.common, *(f for _, fl in t.variant for f in fl)]
+            flags += ["--env-id", t.env_id] if t.env_id is not None else []
+            flags += ["--device", "cpu"] if a.slurm else []
+            checks.append((script, [*flags, "--seed", str(seed), "--out-dir", scratch.name, "--run-name", "check"]))
+            picked.append((t, seed))
+    env = dict(os.environ)
+    if a.gpus_per_run == 0 and not a.slurm:
+        env["CUDA_VISIBLE_DEVICES"] = ""  # as the runs get it (experiments/slots.py): no GPU
+    with scratch:
+        refused = refusals(checks, jobs=max(1, min(4, len(os.sched_getaffinity(0)))), env=env, stop_at_first=True)
+    if refused:
+        i, reason = refused[0]
+        t, seed = picked[i]
+        raise LaunchError(f"{Path(t.script_path).name} refuses the flags of {t.rel.rsplit('/', 1)[0]} (seed {seed}): "
+                          f"{reason} (no run started)")
 
 
 def plan(a: argparse.Namespace, root: Path, runs: list[Trial], records: dict[str, dict]
@@ -218,7 +281,7 @@ def plan(a: argparse.Namespace, root: Path, runs: list[Trial], records: dict[str
         if rec.get("state") == "running" and pid_runs(rec.get("pid"), r.folder):
             raise LaunchError(f"{r.rel} is still running (pid {rec['pid']}), from an earlier launcher: end it first")
         if a.slurm and rec.get("state") in ("submitted", "running"):
-            job = read_json(root / "slurm_jobs.json").get(r.rel, {})
+            job = load_record(root / "slurm_jobs.json", jobs_problem).get(r.rel, {})
             if job.get("cluster") == "slurm" and slurm_alive(job.get("job_id")):
                 actions[r.rel] = f"skip (job {job['job_id']} is queued or running)"
                 continue
@@ -259,28 +322,33 @@ def summarise(runs: list[Trial], records: dict[str, dict], skipped_failed: list[
 
 
 def launch(a: argparse.Namespace, tail: list[str]) -> int:
+    check_options(a)
     data = load_file(a.config) if a.config else {"levels": []}
     root_s = a.root or data.get("root")
     if not root_s:
         raise LaunchError("no experiment root: give it first (or `root` in the --config file)")
     root = Path(root_s).resolve()
-    check_options(a)
-    if not a.config and not a.scripts and (root / "experiment.json").is_file():
+    check_root(root, [], write=False)
+    # What the root holds is read (and refused, named, when damaged) before anything is written.
+    experiment = load_record(root / "experiment.json", experiment_problem)
+    load_record(root / "status.json", status_problem)
+    if a.slurm:
+        load_record(root / "slurm_jobs.json", jobs_problem)
+    saved = saved_grid(experiment, str(root / "experiment.json"))
+    if not a.config and not a.scripts and saved:
         # Only the root: the grid of the experiment's last launch (its flags and levels are complete flag lists).
-        saved = read_json(root / "experiment.json").get("grid", {})
-        data = {**saved, "levels": [[(n, list(f)) for n, f in lv] for lv in saved.get("levels", [])]}
+        data = saved
         a.nproc_per_node = saved.get("nproc_per_node", a.nproc_per_node)
     levels = list(data.get("levels", [])) + [parse_level(lv, f"--level {i + 1}") for i, lv in enumerate(a.level)]
     common = split_flags(data.get("flags"), "--config flags") + split_flags(a.flags, "--flags") + tail
     seeds = a.seeds if a.seeds is not None else data.get("seeds", [])
-    if not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
-        raise LaunchError(f"seeds must be integers, got {seeds!r}")
     scripts, env_ids = a.scripts or data.get("scripts", []), a.env_ids or data.get("env_ids", [])
     runs = build_grid(root, scripts, env_ids, seeds, common, levels, a.nproc_per_node)
     grid = {"scripts": [r.script_path for r in {r.script: r for r in runs}.values()], "env_ids": list(env_ids),
             "seeds": list(seeds), "flags": common, "levels": [[[n, list(f)] for n, f in lv] for lv in levels],
             "nproc_per_node": a.nproc_per_node}
     records = read_records(runs)
+    check_root(root, runs, write=not a.status)
 
     if a.status:
         print_status(runs, records)
@@ -296,6 +364,8 @@ def launch(a: argparse.Namespace, tail: list[str]) -> int:
             raise LaunchError(f"{too_big[0].rel} needs {too_big[0].nproc} slots (--nproc-per-node); this machine has "
                               f"{len(slots)} of {a.cores_per_run} core(s)")
 
+    check_flags(a, todo)
+
     if a.dry_run:
         print_dry_run(a, runs, todo, slots, actions)
         return 0
@@ -307,7 +377,7 @@ def launch(a: argparse.Namespace, tail: list[str]) -> int:
     except OSError:
         raise LaunchError(f"another launcher is running the experiment in {root}") from None
     meta = {"git": git_info(), "versions": package_versions()}
-    experiment = read_json(root / "experiment.json")
+    experiment = load_record(root / "experiment.json", experiment_problem)  # as the last launcher left it, locked
     experiment.update(root=str(root), grid=grid, runs=[r.rel for r in runs])
     experiment.setdefault("launches", []).append({"time": now(), "argv": sys.argv, "cwd": os.getcwd(), **meta})
     write_json(root / "experiment.json", experiment)

@@ -1,27 +1,39 @@
 """Plot the return of any run folders against env steps (or wall time): one line per (script, env id), the mean
 over its runs (seeds) with a min-max band.
 
-    python benchmarks/plot.py runs/CartPole-v1__ppo_atari__1__* runs/CartPole-v1__ppo_atari__2__* --out ppo.png
-    python benchmarks/plot.py runs/* --x wall_time --smooth 10 --out all.png
+    python experiments/plot.py runs/CartPole-v1__ppo_atari__1__* runs/CartPole-v1__ppo_atari__2__* --out ppo.png
+    python experiments/plot.py runs/* --x wall_time --smooth 10 --out all.png
 
 Each run's curve is the ``return_mean`` column of its ``progress.csv`` (the mean of the episodes finished since
 the previous row; rows without episodes are skipped), smoothed by a trailing mean over ``--smooth`` rows. Runs
 of one group are resampled on a common grid over the steps every one of them reached, so the band is the spread
 between seeds and never an extrapolation. One env id gives one panel; several give one panel each.
 
-The benchmarks draw their figures with ``figure``, ``curve`` and ``save`` from here.
+Guarantees
+- One module for every figure: ``experiments/report.py``, the benchmarks (``from experiments.plot import curve,
+  figure, save``) and the documentation site draw with ``figure``, ``curve`` and ``save`` from here; it imports
+  only numpy, matplotlib (Agg: no display needed) and ``experiments.flags``.
+- ``read_run`` raises ``ValueError`` naming the file for a folder that is not a run folder or holds a damaged
+  ``config.json`` or ``progress.csv``; the command line refuses any bad argument or run folder with one
+  ``error:`` line and exit 2, before the PNG is written.
 """
 
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+if __name__ == "__main__":  # run as a script, this folder gives way to the repository on sys.path (see launch.py)
+    _HERE = Path(__file__).resolve().parent
+    if sys.path and sys.path[0] and Path(sys.path[0]).resolve() == _HERE:
+        sys.path[0] = str(_HERE.parent)
+
 import numpy as np
+
+from experiments.flags import Parser
 
 Points = Sequence[tuple[float, float]]  # (x, return) pairs of one run, x increasing
 
@@ -98,15 +110,24 @@ def read_run(folder: Path, x: str = "global_step") -> tuple[str, str, list[tuple
     config, progress = folder / "config.json", folder / "progress.csv"
     if not config.is_file() or not progress.is_file():
         raise ValueError(f"{folder}: not a run folder (no config.json or progress.csv)")
-    meta = json.loads(config.read_text())
-    with open(progress, newline="") as f:
-        rows = [r for r in csv.DictReader(f) if r.get("return_mean")]
+    try:
+        meta = json.loads(config.read_text())
+        script, env_id = meta["script"], meta["args"]["env_id"]
+        if not (isinstance(script, str) and isinstance(env_id, str)):
+            raise TypeError
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(f"{config}: damaged (no script and args.env_id strings)") from None
     column = "global_step" if x == "global_step" else "wall_time_s"
-    return meta["script"], meta["args"]["env_id"], [(float(r[column]), float(r["return_mean"])) for r in rows]
+    with open(progress, newline="", errors="replace") as f:
+        rows = [r for r in csv.DictReader(f) if r.get("return_mean")]
+    try:
+        return script, env_id, [(float(r[column]), float(r["return_mean"])) for r in rows]
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(f"{progress}: damaged (a row without a number in {column} or return_mean)") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = Parser(description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", type=Path, help="run folders (each with config.json and progress.csv)")
     p.add_argument("--out", required=True, help="the PNG to write")
     p.add_argument("--x", choices=["global_step", "wall_time"], default="global_step")
@@ -114,11 +135,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.smooth < 1:
         p.exit(2, "error: --smooth must be at least 1\n")
+    out = Path(a.out).absolute()
+    there = next(q for q in [out.parent, *out.parents] if q.exists())
+    if out.is_dir() or not there.is_dir():
+        p.exit(2, f"error: --out {a.out}: {'a folder' if out.is_dir() else f'{there} is a file'}, not a PNG's path\n")
     groups: dict[str, dict[str, list]] = {}
     for folder in a.runs:
         try:
             script, env_id, points = read_run(folder, a.x)
-        except (ValueError, OSError, KeyError, json.JSONDecodeError) as e:
+        except (ValueError, OSError) as e:
             p.exit(2, f"error: {e}\n")
         groups.setdefault(env_id, {}).setdefault(script, []).append(points)
     fig, axes = figure(len(groups))

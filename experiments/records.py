@@ -8,6 +8,11 @@ Guarantees
   ``error:`` line of its stderr and every attempt (its exact command, resumed or not, host, cores, GPUs, slots
   and affinity codes, start and end, exit code). Every write of it (and of the root's ``experiment.json`` and
   ``status.json``) is atomic (``shared/files.py``): a crash leaves the previous version, never a broken file.
+- A record a launch carries on from is read with ``load_record``: one that is there but damaged (not JSON, not
+  an object, a field the launcher relies on of the wrong type: ``launch_problem``, ``experiment_problem``,
+  ``status_problem``, ``jobs_problem``) is refused in one line naming the file and what is wrong, before
+  anything is written, never replaced by a fresh one. ``read_json`` (``{}`` for anything unusable) is for views
+  that may skip a file.
 - A run is finished when its record says done with exit 0 and its ``checkpoint.pt`` exists; the launcher skips
   it. Any other run is started again: resumed with ``--resume <run folder>`` where a checkpoint exists, else
   afresh, the files an earlier attempt left (its progress.csv, which the script would append to) moved to
@@ -27,17 +32,18 @@ import shlex
 import signal
 import socket
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from experiments import ROOT
-from experiments.grid import Trial
+from experiments.grid import LaunchError, Trial
 from experiments.slots import Slot
 from shared.files import write_text
 
-__all__ = ["EXIT_INTERRUPTED", "STATES", "begin_attempt", "end_attempt", "finished", "git_info", "new_record",
-           "now", "package_versions", "read_json", "write_json"]
+__all__ = ["EXIT_INTERRUPTED", "STATES", "begin_attempt", "end_attempt", "experiment_problem", "finished", "git_info",
+           "jobs_problem", "launch_problem", "load_record", "new_record", "now", "package_versions", "read_json",
+           "read_records", "status_problem", "write_json"]
 
 EXIT_INTERRUPTED = 130
 STATES = ("queued", "submitted", "running", "done", "failed", "interrupted", "pruned")  # pruned: tune.py
@@ -56,6 +62,88 @@ def read_json(path: Path) -> dict:
         return data if isinstance(data, dict) else {}
     except (OSError, ValueError):
         return {}
+
+
+def load_record(path: Path, problem: Callable[[dict], str | None] | None = None) -> dict:
+    """The JSON object in ``path`` (``{}`` when there is none), for a launch to carry on from: a file that is there
+    but cannot be read, is not a JSON object, or in which ``problem`` finds a field of the wrong type raises
+    ``LaunchError`` naming the file and what is wrong, before anything is written (the launcher never rewrites a
+    record it could not read: that would lose what it held)."""
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        raise LaunchError(f"{path}: cannot be read ({e.strerror or e}); move it away to start afresh") from None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError too
+        raise LaunchError(f"{path}: damaged, not JSON ({' '.join(str(e).split())[:120]}); move it away to start "
+                          f"afresh") from None
+    if not isinstance(data, dict):
+        what = f"a JSON {type(data).__name__}, not an object"
+    else:
+        what = problem(data) if problem else None
+    if what:
+        raise LaunchError(f"{path}: damaged, {what}; move it away to start afresh")
+    return data
+
+
+def _wrong(data: dict, checks: dict[str, tuple[Callable[[Any], bool], str]]) -> str | None:
+    for key, (ok, what) in checks.items():
+        if key in data and not ok(data[key]):
+            return f"{key} is {json.dumps(data[key], default=str)[:60]}, not {what}"
+    return None
+
+
+def _int_or_none(x: Any) -> bool:
+    return x is None or (isinstance(x, int) and not isinstance(x, bool))
+
+
+def _strings(x: Any) -> bool:
+    return isinstance(x, list) and all(isinstance(v, str) for v in x)
+
+
+def launch_problem(rec: dict) -> str | None:
+    """What is wrong with a run's ``launch.json`` (None: nothing the launcher relies on)."""
+    if rec.get("state") not in STATES:
+        return f"state is {json.dumps(rec.get('state'), default=str)[:60]}, not one of {', '.join(STATES)}"
+    return _wrong(rec, {
+        "attempts": (lambda x: isinstance(x, list) and all(isinstance(t, dict) for t in x), "a list of objects"),
+        "exit_code": (_int_or_none, "an integer or null"), "pid": (_int_or_none, "an integer or null"),
+        "error": (lambda x: x is None or isinstance(x, str), "a string or null"),
+        "command": (lambda x: x is None or _strings(x), "a list of strings or null"),
+        "nproc_per_node": (lambda x: isinstance(x, int) and not isinstance(x, bool), "an integer")})
+
+
+def experiment_problem(exp: dict) -> str | None:
+    """What is wrong with an experiment root's ``experiment.json`` (its ``grid`` checked by the caller)."""
+    return _wrong(exp, {"grid": (lambda x: isinstance(x, dict), "an object"),
+                        "launches": (lambda x: isinstance(x, list), "a list"), "runs": (_strings, "a list of strings")})
+
+
+def status_problem(status: dict) -> str | None:
+    """What is wrong with an experiment root's ``status.json`` (a view, but never overwritten unread)."""
+    return _wrong(status, {"runs": (lambda x: isinstance(x, dict) and all(isinstance(v, dict) for v in x.values()),
+                                    "an object of objects"),
+                           "counts": (lambda x: isinstance(x, dict), "an object")})
+
+
+def jobs_problem(jobs: dict) -> str | None:
+    """What is wrong with an experiment root's ``slurm_jobs.json``: run -> {job_id, cluster, submitted}."""
+    bad = next((k for k, v in jobs.items() if not isinstance(v, dict)), None)
+    return None if bad is None else f"{bad} is {json.dumps(jobs[bad], default=str)[:60]}, not an object"
+
+
+def read_records(runs: Sequence[Trial]) -> dict[str, dict]:
+    """Each run's ``launch.json`` as the last launch left it (a fresh, queued record where there is none); a
+    damaged one raises ``LaunchError`` naming it (``load_record``)."""
+    records = {}
+    for r in runs:
+        rec = load_record(r.folder / "launch.json", launch_problem)
+        records[r.rel] = rec or {"state": "queued", "attempts": []}
+        records[r.rel].setdefault("attempts", [])
+    return records
 
 
 def now() -> str:

@@ -9,7 +9,11 @@ scores, aggregates across tasks and performance profiles.
 Runs. Every run folder under EXPERIMENT (one with a ``progress.csv`` or ``eval.json``; ``.stale``/``.submitit``
 left out) is grouped by script, env id and variant: from the ``launch.json`` that ``experiments/launch.py``
 writes, else from ``config.json`` (variant ``base``). Runs that the launcher has not finished (``state`` other
-than ``done``) are left out unless ``--include-unfinished``; the tables say how many.
+than ``done``) are left out unless ``--include-unfinished``. So is every run that cannot be read (a damaged
+``launch.json``, ``config.json``, ``eval.json`` or ``progress.csv``: not JSON, a field of the wrong type, a return
+that is not a number) or cannot be scored (no evaluation and no finished training episode, a score that is not
+finite): a left-out run never counts as a seed. Each table row says how many of its runs were left out, and the
+report's last section lists every left-out run folder with the reason.
 
 Final return of a run (the table's ``source`` column says which):
 - ``eval``: the mean of ``eval.json``'s returns (the greedy/deterministic policy after training), when present and
@@ -28,15 +32,18 @@ and for each script x variant across the env ids in the file: mean, median, IQM 
 run of every task), and the performance profile (fraction of runs above each normalised score, with its band).
 Aggregates need the same number of seeds on every task: the first seeds of each task, as many as the task with
 fewest has (said in the table). One seed (per task) has no interval: its cells read ``-``. Curves:
-``benchmarks/plot.py``'s mean and min-max band over seeds, one figure per env id. Written to ``--out`` (default
+``experiments/plot.py``'s mean and min-max band over seeds, one figure per env id. Written to ``--out`` (default
 ``EXPERIMENT/report``): ``report.md``, ``curves_<env>.png``, ``aggregates.png``, ``profiles.png``; ``report.md``
 is printed too.
+
+Bad arguments (a missing folder, ``--reps`` outside [10, 100000], ``--seed`` outside [0, 2**31), an ``--out``
+under a file, a damaged ``--reference``) are one ``error:`` line and exit 2, before anything is written.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import json
 import math
 import re
 import sys
@@ -53,25 +60,17 @@ if sys.path and sys.path[0] and Path(sys.path[0]).resolve() == _HERE:
     del sys.path[0]
 sys.path.insert(0, str(next(p for p in _HERE.parents if (p / "shared" / "__init__.py").exists())))
 
-from experiments import ROOT
-from experiments.records import read_json
+from experiments import plot
+from experiments.flags import Parser
 from shared.progress import read_rows
 
 SKIP_DIRS = {".stale", ".submitit", "report"}
 
 
-def _plot_module():
-    """``benchmarks/plot.py`` (figure, curve, save, read_run), loaded by path."""
-    spec = importlib.util.spec_from_file_location("benchmarks_plot", ROOT / "benchmarks" / "plot.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @dataclass
 class RunResult:
     folder: Path
-    script: str
+    script: str | None  # None: not known (its launch.json and config.json both unusable)
     env_id: str
     variant: str
     seed: int | None
@@ -79,6 +78,7 @@ class RunResult:
     score: float | None = None
     source: str | None = None  # "eval" or "train"
     episodes: int = 0  # episodes behind a train score (eval: the evaluation's)
+    problem: str | None = None  # why it has no score: it is then listed as left out, never counted as a seed
 
 
 @dataclass
@@ -99,6 +99,10 @@ class Group:
         return sources[0] if len(sources) == 1 else "mixed: " + ", ".join(sources)
 
 
+class Unusable(ValueError):
+    """A run's file that cannot be read or holds the wrong thing: the run is left out, with this reason."""
+
+
 def train_score(progress: Path, last: int) -> tuple[float | None, int]:
     """Mean of the last ``last`` training episodes from progress.csv rows (each row's return_mean weighted by the
     episodes it covers); returns (score, episodes used)."""
@@ -106,17 +110,22 @@ def train_score(progress: Path, last: int) -> tuple[float | None, int]:
 
 
 def rows_score(rows: list[dict[str, str]], last: int) -> tuple[float | None, int]:
-    """``train_score`` over rows already read (``shared.progress.read_rows``), e.g. those up to some step."""
+    """``train_score`` over rows already read (``shared.progress.read_rows``), e.g. those up to some step. A
+    ``return_mean`` that is not a number raises ``Unusable``."""
     chunks, prev = [], 0
     for r in rows:
         try:
             episodes = int(float(r["episodes"]))
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             continue
         n = episodes - prev
         prev = episodes
         if n > 0 and r.get("return_mean") not in (None, ""):
-            chunks.append((n, float(r["return_mean"])))
+            try:
+                chunks.append((n, float(r["return_mean"])))
+            except ValueError:
+                raise Unusable(f"return_mean {r['return_mean']!r:.40} at step {r.get('global_step')} is not a "
+                               f"number") from None
     total, weight = 0.0, 0
     for n, mean in reversed(chunks):
         take = min(n, last - weight)
@@ -127,23 +136,83 @@ def rows_score(rows: list[dict[str, str]], last: int) -> tuple[float | None, int
     return (total / weight if weight else None), weight
 
 
+def _read(path: Path) -> dict:
+    """The JSON object in ``path``; ``{}`` when there is none; ``Unusable`` when it is damaged."""
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        raise Unusable(f"{path.name}: cannot be read ({e.strerror or e})") from None
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):
+        raise Unusable(f"{path.name}: not JSON") from None
+    if not isinstance(data, dict):
+        raise Unusable(f"{path.name}: a JSON {type(data).__name__}, not an object")
+    return data
+
+
+def _typed(data: dict, key: str, kind: type | tuple[type, ...], name: str) -> object:
+    value = data.get(key)
+    if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+        raise Unusable(f"{name}: {key} is {json.dumps(value, default=str)[:40]}, not {kind_name(kind)}")
+    return value
+
+
+def kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join({"str": "a string", "int": "an integer", "dict": "an object", "list": "a list"}.get(
+        k.__name__, k.__name__) for k in kinds)
+
+
 def read_result(folder: Path, source: str, last: int) -> RunResult:
-    launch = read_json(folder / "launch.json")
-    config = read_json(folder / "config.json")
-    args = config.get("args", {})
-    script = launch.get("script") or config.get("script") or folder.name
-    env_id = launch.get("env_id") or args.get("env_id") or "?"
-    variant = (launch.get("variant") or {}).get("name") or "base"
-    seed = launch.get("seed", args.get("seed"))
-    res = RunResult(folder, script, env_id, variant, seed, launch.get("state"))
-    ev = read_json(folder / "eval.json")
-    if source in ("auto", "eval") and ev.get("returns"):
-        res.score, res.source, res.episodes = float(np.mean(ev["returns"])), "eval", len(ev["returns"])
-    elif source in ("auto", "train") and (folder / "progress.csv").is_file():
-        score, n = train_score(folder / "progress.csv", last)
-        if score is not None:
-            res.score, res.source, res.episodes = score, "train", n
+    """One run folder's identity and score; a run it cannot read or score has ``problem`` set (the reason)."""
+    res = RunResult(folder, None, "?", "base", None, None)
+    try:
+        launch = _read(folder / "launch.json")
+        config = _read(folder / "config.json")
+        args = _typed(config, "args", dict, "config.json") or {}
+        variant = _typed(launch, "variant", dict, "launch.json") or {}
+        res.script = _typed(launch, "script", str, "launch.json") or _typed(config, "script", str, "config.json")
+        res.env_id = _typed(launch, "env_id", str, "launch.json") or _typed(args, "env_id", str, "config.json args")
+        res.env_id = res.env_id or "?"
+        res.variant = _typed(variant, "name", str, "launch.json variant") or "base"
+        res.seed = _typed(launch, "seed", int, "launch.json") if "seed" in launch else _typed(
+            args, "seed", int, "config.json args")
+        res.state = _typed(launch, "state", str, "launch.json")
+        res.script = res.script or folder.name  # a run folder made without launch.json or config.json
+        res.score, res.source, res.episodes = score_of(folder, source, last)
+        if not math.isfinite(res.score):
+            res.problem = f"its {res.source} score is {res.score} (a return that is not finite)"
+            res.score = None
+    except Unusable as e:
+        res.problem, res.score = str(e), None
     return res
+
+
+def score_of(folder: Path, source: str, last: int) -> tuple[float, str, int]:
+    """(score, source, episodes) of a run folder; ``Unusable`` with the reason when it has none."""
+    ev = _read(folder / "eval.json") if source in ("auto", "eval") else {}
+    returns = ev.get("returns")
+    if returns is not None and not (isinstance(returns, list) and all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) for x in returns)):
+        raise Unusable("eval.json: returns is not a list of numbers")
+    if returns:
+        return float(np.mean(returns)), "eval", len(returns)
+    if source == "eval":
+        raise Unusable("no evaluation returns (eval.json) and --source eval")
+    if not (folder / "progress.csv").is_file():
+        raise Unusable("no eval.json returns and no progress.csv")
+    try:
+        score, n = train_score(folder / "progress.csv", last)
+    except OSError as e:
+        raise Unusable(f"progress.csv: cannot be read ({e.strerror or e})") from None
+    except Unusable as e:
+        raise Unusable(f"progress.csv: {e}") from None
+    if score is None:
+        raise Unusable("progress.csv: no training episode finished")
+    return score, "train", n
 
 
 def find_runs(root: Path) -> list[Path]:
@@ -155,18 +224,30 @@ def find_runs(root: Path) -> list[Path]:
     return sorted(found)
 
 
-def collect(root: Path, source: str, last: int, include_unfinished: bool) -> list[Group]:
+def survey(root: Path, source: str, last: int, include_unfinished: bool) -> tuple[list[Group], list[RunResult]]:
+    """The groups of scored runs, and every run left out (its ``problem`` says why), by folder."""
     groups: dict[tuple[str, str, str], Group] = {}
+    left_out = []
     for folder in find_runs(root):
         res = read_result(folder, source, last)
-        g = groups.setdefault((res.script, res.env_id, res.variant), Group(res.script, res.env_id, res.variant))
-        if res.score is None or (res.state not in (None, "done") and not include_unfinished):
-            g.left_out += 1
-        else:
-            g.runs.append(res)
+        if res.problem is None and res.state not in (None, "done") and not include_unfinished:
+            res.problem = f"not finished (state {res.state}; --include-unfinished counts it)"
+        if res.script is not None:
+            g = groups.setdefault((res.script, res.env_id, res.variant), Group(res.script, res.env_id, res.variant))
+            if res.problem is None:
+                g.runs.append(res)
+            else:
+                g.left_out += 1
+        if res.problem is not None:
+            left_out.append(res)
     for g in groups.values():
         g.runs.sort(key=lambda r: (r.seed is None, r.seed if r.seed is not None else 0, str(r.folder)))
-    return [groups[k] for k in sorted(groups)]
+    return [groups[k] for k in sorted(groups)], left_out
+
+
+def collect(root: Path, source: str, last: int, include_unfinished: bool) -> list[Group]:
+    """The groups of ``survey`` (each counts its runs left out; ``survey`` also says why)."""
+    return survey(root, source, last, include_unfinished)[0]
 
 
 # ---------------------------------------------------------------------------------------------- statistics
@@ -215,17 +296,28 @@ def group_stats(scores: np.ndarray, reps: int, seed: int) -> dict[str, float]:
 
 
 def load_reference(path: Path) -> dict[str, tuple[float, float]]:
-    data = read_json(path)
-    if not data:
+    """``--reference``: env id -> (random, human) finite scores, distinct; ``ValueError`` naming what is wrong."""
+    try:
+        data = json.loads(path.read_bytes())
+    except OSError as e:
+        raise ValueError(f"--reference {path}: {e.strerror or e}") from None
+    except (ValueError, RecursionError):
+        raise ValueError(f"--reference {path}: not JSON") from None
+    if not isinstance(data, dict) or not data:
         raise ValueError(f"--reference {path}: expected a JSON object of env id -> {{random, human}}")
     refs = {}
     for env, r in data.items():
         if not isinstance(r, dict) or "random" not in r:
             raise ValueError(f"--reference {path}: {env} needs a 'random' score")
         top = next((r[k] for k in ("human", "reference", "max") if k in r), None)
-        if top is None or float(top) == float(r["random"]):
-            raise ValueError(f"--reference {path}: {env} needs a 'human' (or 'reference') score other than random")
-        refs[env] = (float(r["random"]), float(top))
+        try:
+            lo, hi = float(r["random"]), float(top)
+        except (TypeError, ValueError):
+            raise ValueError(f"--reference {path}: {env} needs numbers for 'random' and 'human' (or 'reference')") from None
+        if not (math.isfinite(lo) and math.isfinite(hi)) or lo == hi:
+            raise ValueError(f"--reference {path}: {env} needs finite 'random' and 'human' (or 'reference') scores that "
+                             f"differ")
+        refs[env] = (lo, hi)
     return refs
 
 
@@ -277,7 +369,7 @@ def _safe(name: str) -> str:
 
 
 def write_report(root: Path, out: Path, groups: list[Group], refs: dict | None, last: int, source: str, reps: int,
-                 seed: int, curves: bool = True) -> str:
+                 seed: int, curves: bool = True, left_out: Sequence[RunResult] = ()) -> str:
     out.mkdir(parents=True, exist_ok=True)
     lines = [f"# Report: {root}", ""]
     what = {"auto": f"eval.json's mean where present, else the mean of the last {last} training episodes",
@@ -327,16 +419,25 @@ def write_report(root: Path, out: Path, groups: list[Group], refs: dict | None, 
         names = _curves(out, groups)
         if names:
             lines += ["## Curves", "", "Training return (progress.csv) against env steps: the mean over seeds and "
-                      "the min-max band (benchmarks/plot.py).", ""]
+                      "the min-max band (experiments/plot.py).", ""]
             lines += [f"![{env}]({name})" for env, name in names]
             lines.append("")
+    if left_out:
+        lines += ["## Runs left out", "", f"{len(left_out)} run folder(s) not counted as seeds, each with the reason:",
+                  ""]
+        for r in left_out:
+            try:
+                rel = r.folder.relative_to(root)
+            except ValueError:
+                rel = r.folder
+            lines.append(f"- `{rel}`: {r.problem}")
+        lines.append("")
     text = "\n".join(lines)
     (out / "report.md").write_text(text)
     return text
 
 
 def _aggregate_figures(out: Path, points, cis, taus, prof) -> None:
-    plot = _plot_module()
     names = ["Mean", "Median", "IQM", "Optimality gap"]
     from matplotlib.ticker import MaxNLocator
 
@@ -360,7 +461,6 @@ def _aggregate_figures(out: Path, points, cis, taus, prof) -> None:
 
 
 def _curves(out: Path, groups: list[Group]) -> list[tuple[str, str]]:
-    plot = _plot_module()
     by_env: dict[str, list[Group]] = {}
     for g in groups:
         if g.runs:
@@ -374,7 +474,7 @@ def _curves(out: Path, groups: list[Group]) -> list[tuple[str, str]]:
             for r in g.runs:
                 try:
                     runs.append(plot.read_run(r.folder)[2])
-                except (ValueError, OSError, KeyError):
+                except (ValueError, OSError):  # its score came from eval.json: no curve to draw
                     continue
             runs = [pts for pts in runs if pts]
             if runs:
@@ -392,9 +492,19 @@ def _curves(out: Path, groups: list[Group]) -> list[tuple[str, str]]:
     return names
 
 
+MAX_REPS = 100_000  # rliable holds reps x runs resamples: 10^5 is a few hundred MB at most, 50x the default
+SEED_RANGE = 2**31  # numpy's RandomState takes [0, 2**32); the profiles' bootstrap uses seed + 1
+
+
+def check_out(out: Path) -> None:
+    """``--out`` can hold report.md and the PNGs: a folder, or a path where one can be made (nothing made here)."""
+    there = next(p for p in [out, *out.parents] if p.exists())
+    if not there.is_dir():
+        raise ValueError(f"--out {out}: {there} is a file, not a folder")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("experiment", type=Path, help="an experiment root (experiments/launch.py) or any folder of runs")
     p.add_argument("--out", type=Path, default=None, help="folder for report.md and PNGs (default EXPERIMENT/report)")
     p.add_argument("--source", choices=["auto", "eval", "train"], default="auto",
@@ -402,25 +512,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--last-episodes", type=int, default=100, help="training episodes behind a train score")
     p.add_argument("--reference", type=Path, default=None,
                    help='JSON {"ENV": {"random": R, "human": H}} for normalised scores and aggregates')
-    p.add_argument("--reps", type=int, default=2000, help="bootstrap resamples")
-    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap")
+    p.add_argument("--reps", type=int, default=2000, help=f"bootstrap resamples (10 to {MAX_REPS:,})")
+    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (0 to 2**31 - 1)")
     p.add_argument("--include-unfinished", action="store_true", help="also runs the launcher has not finished")
     p.add_argument("--no-curves", action="store_true", help="skip the curve figures")
     a = p.parse_args(argv)
     if not a.experiment.is_dir():
-        p.exit(2, f"error: {a.experiment} is not a folder\n")
-    if a.last_episodes < 1 or a.reps < 10:
-        p.exit(2, "error: --last-episodes must be at least 1 and --reps at least 10\n")
+        p.error(f"{a.experiment} is not a folder")
+    if a.last_episodes < 1:
+        p.error(f"--last-episodes must be at least 1, got {a.last_episodes}")
+    if not 10 <= a.reps <= MAX_REPS:
+        p.error(f"--reps must be in [10, {MAX_REPS}], got {a.reps}")
+    if not 0 <= a.seed < SEED_RANGE:
+        p.error(f"--seed must be in [0, 2**31), got {a.seed}")
+    out = a.out or a.experiment / "report"
     try:
+        check_out(out)
         refs = load_reference(a.reference) if a.reference else None
     except ValueError as e:
-        p.exit(2, f"error: {e}\n")
-    groups = collect(a.experiment, a.source, a.last_episodes, a.include_unfinished)
-    if not groups:
-        p.exit(2, f"error: no run folders (progress.csv or eval.json) under {a.experiment}\n")
-    out = a.out or a.experiment / "report"
+        p.error(str(e))
+    groups, left_out = survey(a.experiment, a.source, a.last_episodes, a.include_unfinished)
+    if not groups and not left_out:
+        p.error(f"no run folders (progress.csv, eval.json or launch.json) under {a.experiment}")
     print(write_report(a.experiment, out, groups, refs, a.last_episodes, a.source, a.reps, a.seed,
-                       curves=not a.no_curves))
+                       curves=not a.no_curves, left_out=left_out))
     return 0
 
 

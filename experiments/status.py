@@ -1,5 +1,7 @@
-"""What the runs have reached, read from their files: a run's step, total, latest return and SPS, and the root's
-``status.json``.
+"""What the runs have reached, read from their files: a run's step, total, latest return and SPS, the experiment's
+ETA, the root's ``status.json``, and ``python experiments/status.py ROOT`` (the same as ``launch.py ROOT --status``).
+
+    python experiments/status.py runs/cartpole      # each run's state, step of total and return; the summary
 
 Guarantees
 - ``progress_of(run)`` never fails and never blocks on a run: what it cannot read is None. The step, SPS and
@@ -9,6 +11,12 @@ Guarantees
 - ``write_status`` writes ``status.json`` at the experiment root (atomically): every run's state, exit code,
   error, step, total and return, and the count of each state. A failure to write it is ignored: it is a view,
   the runs' own ``launch.json`` files are the record.
+- ``overview`` gives the experiment's ETA: the steps left over the runs not done or failed, at the summed SPS of
+  the running ones; a queued run's total comes from its flags, else from a sibling of the same variant; ``-``
+  when some run's total is unknown, or steps are left and no running run reports its SPS yet.
+- ``python experiments/status.py ROOT`` (``main``) reads only: the grid of the root's ``experiment.json`` and
+  each run's ``launch.json`` and progress; a root that is not an experiment's, or a damaged record, is one
+  ``error:`` line naming it and exit 2, and nothing is written.
 """
 
 from __future__ import annotations
@@ -16,14 +24,24 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
-from experiments.grid import Trial
-from experiments.records import STATES, now, write_json
+if __name__ == "__main__":  # run as a script, this folder gives way to the repository on sys.path (see launch.py)
+    _HERE = Path(__file__).resolve().parent
+    if sys.path and sys.path[0] and Path(sys.path[0]).resolve() == _HERE:
+        sys.path[0] = str(_HERE.parent)
+
+from experiments.flags import Parser
+from experiments.grid import LaunchError, Trial, build_grid, saved_grid
+from experiments.records import STATES, experiment_problem, load_record, now, read_records, write_json
 from shared.files import WriteError
 from shared.progress import read_rows
 
-__all__ = ["fmt_duration", "fmt_steps", "progress_of", "write_status"]
+__all__ = ["experiment_runs", "fmt_duration", "fmt_steps", "main", "overview", "print_status", "progress_of",
+           "summary_line", "write_status"]
 
 TAIL_BYTES = 16384  # of progress.csv: a few hundred rows, more than the latest return needs
 
@@ -83,3 +101,82 @@ def write_status(runs: list[Trial], records: dict[str, dict]) -> None:
     status["counts"] = {s: sum(v["state"] == s for v in status["runs"].values()) for s in STATES}
     with contextlib.suppress(OSError, WriteError):
         write_json(root / "status.json", status)
+
+
+def overview(runs: Sequence[Trial], records: dict[str, dict]) -> tuple[dict[str, dict], str, dict[str, int]]:
+    """(progress of each run that started, the experiment's ETA, the count of each state): see the docstring."""
+    prog = {r.rel: progress_of(r) for r in runs if records[r.rel]["state"] in
+            ("running", "done", "interrupted", "failed", "submitted")}
+    totals = {}
+    for r in runs:  # a queued run's total: its flags, else a sibling's config (same flags but the seed)
+        p = prog.get(r.rel) or {}
+        totals[r.rel] = p.get("total") or r.total_from_flags()
+    by_variant: dict[tuple, int] = {}
+    for r in runs:
+        if totals[r.rel]:
+            by_variant.setdefault((r.script, r.env_id, r.variant_name), totals[r.rel])
+    remaining, sps, unknown = 0.0, 0.0, False
+    for r in runs:
+        state = records[r.rel]["state"]
+        if state in ("done", "failed"):
+            continue
+        total = totals[r.rel] or by_variant.get((r.script, r.env_id, r.variant_name))
+        step = (prog.get(r.rel) or {}).get("step") or 0
+        if total is None:
+            unknown = True
+            continue
+        remaining += max(total - step, 0)
+        if state == "running":
+            sps += (prog.get(r.rel) or {}).get("sps") or 0.0
+    eta = "-" if unknown or (remaining and not sps) else fmt_duration(remaining / sps if sps else 0)
+    counts = {s: sum(records[r.rel]["state"] == s for r in runs) for s in STATES}
+    return prog, eta, counts
+
+
+def summary_line(runs: Sequence[Trial], records: dict[str, dict]) -> str:
+    _, eta, counts = overview(runs, records)
+    return (f"{counts['done']}/{len(runs)} done, {counts['running']} running, {counts['queued']} queued, "
+            f"{counts['failed']} failed, {counts['interrupted']} interrupted; ETA {eta}")
+
+
+def print_status(runs: Sequence[Trial], records: dict[str, dict]) -> None:
+    """One line per run (state, step of total, return; a failed run's error) and the summary."""
+    for r in runs:
+        rec, p = records[r.rel], progress_of(r)
+        ret = f"{p['return']:.1f}" if p.get("return") is not None else "-"
+        print(f"{rec['state']:<11} {r.rel}  step {fmt_steps(p.get('step'))}/{fmt_steps(p.get('total'))}  return "
+              f"{ret}" + (f"  {rec.get('error')}" if rec["state"] == "failed" else ""))
+    print(summary_line(runs, records))
+
+
+def experiment_runs(root: Path) -> tuple[list[Trial], dict[str, dict]]:
+    """The runs of the grid ``root/experiment.json`` recorded, and their records; ``LaunchError`` when ``root``
+    is not an experiment root or a record is damaged."""
+    if not (root / "experiment.json").is_file():
+        what = "does not exist" if not root.exists() else "is not a folder" if not root.is_dir() else (
+            "has no experiment.json (not an experiment root of experiments/launch.py)")
+        raise LaunchError(f"{root} {what}")
+    path = root / "experiment.json"
+    grid = saved_grid(load_record(path, experiment_problem), str(path))
+    if not grid.get("scripts"):
+        raise LaunchError(f"{path}: no grid recorded (no launch got as far as writing it)")
+    runs = build_grid(root, grid["scripts"], grid.get("env_ids", []), grid.get("seeds", []), grid.get("flags", []),
+                      grid["levels"], grid.get("nproc_per_node", 1))
+    return runs, read_records(runs)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = Parser(prog="status.py", description="The states of an experiment's runs, from its files (read only).")
+    p.add_argument("root", type=Path, help="an experiment root (experiments/launch.py)")
+    a = p.parse_args(argv)
+    try:
+        runs, records = experiment_runs(a.root.resolve())
+    except LaunchError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 2
+    print_status(runs, records)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -16,6 +16,7 @@ import pytest
 
 from experiments import launch
 from experiments.display import Display
+from experiments.flags import CHECK_ONLY
 from experiments.grid import LaunchError, build_grid, load_file, split_flags
 from experiments.records import begin_attempt, end_attempt
 from experiments.slots import child_env, make_slots
@@ -95,6 +96,8 @@ def children(pid: int) -> dict[int, dict]:
         except (OSError, StopIteration, ValueError):
             continue
         if not env:  # it exited between the reads: an ended process's environ reads empty (its memory is gone)
+            continue
+        if env.get(CHECK_ONLY):  # the launcher's check of the flags (experiments/flags.py) before any run: not a run
             continue
         folder = Path(cmd[cmd.index("--out-dir") + 1]) / cmd[cmd.index("--run-name") + 1]
         out[int(entry)] = {"folder": folder, "cpus": launch_cpus(allowed), "omp": env.get("OMP_NUM_THREADS")}
@@ -308,30 +311,43 @@ def test_ctrl_c_checkpoints_every_run_and_the_same_command_finishes_them(tmp_pat
         assert assert_steps_increase(root / rel)[-1] == 10240
 
 
+# A script that passes the launcher's check of its flags (RL_CHECK_ONLY) and fails only once running with --fail,
+# as a run does that is refused a size it cannot allocate or loses an env worker; otherwise it finishes at once.
+FAILS_WHEN_RUNNING = """
+import argparse, os, pathlib, sys
+p = argparse.ArgumentParser()
+for f in ("--seed", "--out-dir", "--run-name", "--env-id", "--resume"):
+    p.add_argument(f)
+p.add_argument("--fail", action="store_true")
+a, _ = p.parse_known_args()
+if os.environ.get("RL_CHECK_ONLY"):
+    sys.exit(0)
+folder = pathlib.Path(a.out_dir) / a.run_name
+folder.mkdir(parents=True, exist_ok=True)
+if a.fail:
+    print("error: failed while running", file=sys.stderr)
+    sys.exit(2)
+(folder / "checkpoint.pt").write_bytes(b"x")
+"""
+
+
 def test_a_bad_variant_fails_alone(tmp_path):
-    root = tmp_path / "exp"
-    grid = [
-        "--scripts",
-        "ppo_atari",
-        "--env-ids",
-        "CartPole-v1",
-        "--seeds",
-        "1",
-        "--level",
-        "bad:--num-envs 0",
-        "ok:--num-envs 4",
-    ]
+    """A variant whose run fails after it started (its flags passed the check) fails alone: the other variant
+    finishes, the summary names the failure, and the same command does not rerun it without --retry-failed."""
+    root, script = tmp_path / "exp", tmp_path / "fails.py"
+    script.write_text(FAILS_WHEN_RUNNING)
+    grid = ["--scripts", str(script), "--env-ids", "CartPole-v1", "--seeds", "1", "--level", "bad:--fail", "ok:"]
     out = subprocess.run(command(root, grid=grid, total=1024), capture_output=True, text=True, timeout=300)
     assert out.returncode == 1, out.stdout + out.stderr
-    bad, ok = record(root, "ppo_atari/CartPole-v1/bad/seed1"), record(root, "ppo_atari/CartPole-v1/ok/seed1")
+    bad, ok = record(root, "fails/CartPole-v1/bad/seed1"), record(root, "fails/CartPole-v1/ok/seed1")
     assert bad["state"] == "failed" and bad["exit_code"] == 2
-    assert bad["error"] == "error: --num-envs must be positive, got 0"
+    assert bad["error"] == "error: failed while running"
     assert ok["state"] == "done" and ok["exit_code"] == 0
     summary = out.stdout[out.stdout.index("2 runs:") :]
-    assert "failed ppo_atari/CartPole-v1/bad/seed1: exit 2: error: --num-envs must be positive, got 0" in summary
+    assert "failed fails/CartPole-v1/bad/seed1: exit 2: error: failed while running" in summary
     again = subprocess.run(command(root, grid=grid, total=1024), capture_output=True, text=True, timeout=60)
     assert again.returncode == 1 and "--retry-failed reruns it" in again.stdout  # not rerun without the flag
-    assert len(record(root, "ppo_atari/CartPole-v1/bad/seed1")["attempts"]) == 1
+    assert len(record(root, "fails/CartPole-v1/bad/seed1")["attempts"]) == 1
 
 
 def test_submitit_local_executor_runs_to_completion(tmp_path):

@@ -1,4 +1,4 @@
-"""benchmarks/plot.py: smoothing and the seed band against plain definitions, run folders to a PNG, bad input."""
+"""experiments/plot.py: smoothing and the seed band against plain definitions, run folders to a PNG, bad input."""
 
 from __future__ import annotations
 
@@ -11,10 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from experiments import plot
 from tests.helpers import ROOT
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import plot
 
 finite = st.floats(-1e6, 1e6, allow_nan=False)
 
@@ -60,7 +58,7 @@ def test_run_folders_grouped_by_script_and_env_make_a_png(x, tmp_path):
 
 def test_a_folder_that_is_not_a_run_exits_2_with_one_line(tmp_path):
     done = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "plot.py"), str(tmp_path), "--out", str(tmp_path / "x.png")],
+        [sys.executable, str(ROOT / "experiments" / "plot.py"), str(tmp_path), "--out", str(tmp_path / "x.png")],
         capture_output=True,
         text=True,
     )

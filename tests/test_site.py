@@ -1,4 +1,4 @@
-"""The documentation site (mkdocs.yml, docs/, benchmarks/docs_site.py): it builds with ``mkdocs build --strict`` (a
+"""The documentation site (mkdocs.yml, docs/, docs/generate.py): it builds with ``mkdocs build --strict`` (a
 broken link, a missing page, a missing snippet or a notebook section that is gone fails it), it has a page per
 script whose structure and results come from the script and the committed result files, and in headless Chromium
 every page loads without a console error, every image loads and the search box finds a script by its name.
@@ -40,9 +40,9 @@ FLAGS = [
 
 
 def docs_site():
-    """benchmarks/docs_site.py, imported by path (benchmarks/ is not a package)."""
+    """docs/generate.py, imported by path (docs/ is not a package), as mkdocs loads it."""
     if "docs_site_under_test" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("docs_site_under_test", ROOT / "benchmarks" / "docs_site.py")
+        spec = importlib.util.spec_from_file_location("docs_site_under_test", ROOT / "docs" / "generate.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules["docs_site_under_test"] = module
         spec.loader.exec_module(module)
