@@ -6,7 +6,7 @@
     python experiments/tune.py runs/tune-ppo ... --dry-run        # the search space and a trial's runs; nothing starts
     python experiments/tune.py runs/tune-ppo ...                  # again after Ctrl-C: the study goes on to --trials
     python experiments/tune.py runs/tune-ppo --report             # best flags, trials.csv, importances, plots
-    optuna-dashboard sqlite:///runs/tune-ppo/study.db             # the study in a browser (pip install optuna-dashboard)
+    optuna-dashboard sqlite:///runs/tune-ppo/study.db             # the study in a browser (requirements.txt)
 
 A trial is one set of flags (Optuna's suggestion, one value per ``--search`` entry) run on every env id x seed, each
 run a normal run folder of the launcher, ``{root}/{script}/{env id}/trial{NNNN}/seed{N}`` (``launch.json``,
@@ -27,7 +27,12 @@ The search space, on the command line or as ``search`` in the ``--config`` file 
 
 Each name is a flag of the script's ``Args`` (read from the script itself, in a child process); an unknown flag, a
 flag the launcher sets, a form that does not fit the flag's type, a range outside the flag's declared range
-(``shared.argtypes.Range``) or an empty one is one ``error:`` line and exit 2 before anything starts.
+(``shared.argtypes.Range``) or an empty one is one ``error:`` line and exit 2 before anything starts
+(``experiments/search_space.py``). Then the script's own parser and pre-start checks (``experiments/flags.py``:
+``RL_CHECK_ONLY``) see the flags of a run of each env id and each seed, and each searched range's LOW and HIGH and
+each ``cat`` value (the other searched flags at the script's defaults): a value the script would refuse (``--seeds
+-1``, an env id it cannot make, a bound its checks refuse) is one ``error:`` line, exit 2, before the first trial or
+run folder exists.
 
 Optuna does the search: ``--sampler`` (default ``tpe``; ``random``, ``cmaes``, ``gp``, ``qmc``, ``grid``... or any
 ``optuna.samplers`` class, with ``NAME:KEY=VALUE,...`` arguments) and ``--pruner`` (default ``median``; ``none``,
@@ -40,6 +45,13 @@ the process that asked for it; the ask is serialised by a lock in the root, and 
 ``--trials`` all the same is failed unrun, marked ``surplus``), and every process stops when the study holds
 ``--trials`` trials. The study records the tune's arguments: another script, env ids, seeds, flags, search space,
 targets or aggregate on the same study is refused (one line).
+
+One study per tune folder (``experiments/tune_folder.py``): ``{root}/tune.json`` records the study's name and its
+storage (a SQLite or journal file inside the folder by its path relative to the folder, so a moved or copied folder
+opens its own copy), and each run's ``launch.json`` records its study (name and uid). Given neither
+``--study-name`` nor ``--storage``, a folder's later commands use the recorded ones; another study or storage in
+the same folder is refused (its trials would take the first study's run folders of the same number as their own),
+and so is a folder whose runs belong to another study or whose study file is gone.
 
 Pruning: every ``--prune-every`` steps (default a tenth of the runs' ``--total-timesteps``) a trial reports the
 aggregate of its runs' normalised training score up to that step (its last ``--last-episodes`` episodes), from the
@@ -62,7 +74,15 @@ ready command line and as a launcher command that re-runs them beside the defaul
 coordinates, slices, importances, intermediate values) as PNG.
 
 Exit status: 0 when the study holds ``--trials`` finished trials (or this process has no trial left to run); 1 when
-``--max-failures`` trials failed; 130 after Ctrl-C or SIGTERM; 2 for bad arguments, with one ``error:`` line.
+``--max-failures`` trials failed; 130 after Ctrl-C or SIGTERM; 2 for a bad argument, ``--config`` file, tune folder,
+storage or flag of the runs, or a damaged record in the folder: one ``error:`` line (docs/contract.md), before
+anything is created or changed.
+
+This module is the command line and the loop (``Tune``); the parts are modules of their own, each saying in its
+docstring what it guarantees: ``search_space`` (``--search`` parsed and checked against the script's ``Args``),
+``study`` (storage, sampler and pruner factories, the checked ``Setup``, a trial's value), ``tune_folder``
+(``tune.json``, the run records, one study per folder), ``tune_display`` (the live table) and ``tune_report``
+(``tune-report/``).
 """
 
 # ruff: noqa: E402 (the repository goes on sys.path before its imports, as in launch.py)
@@ -71,18 +91,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import difflib
 import fcntl
-import json
-import math
 import os
-import random
 import shlex
+import shutil
 import socket
-import subprocess
 import sys
 import time
-import warnings
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -93,8 +109,8 @@ if sys.path and sys.path[0] and Path(sys.path[0]).resolve() == _HERE:
     del sys.path[0]
 sys.path.insert(0, str(next(p for p in _HERE.parents if (p / "shared" / "__init__.py").exists())))
 
-from experiments.display import LiveView
-from experiments.grid import RESERVED, LaunchError, Trial, build_grid, load_file, resolve_script, split_flags
+from experiments.flags import Parser, refusals
+from experiments.grid import LaunchError, Trial, build_grid
 from experiments.local import Launcher
 from experiments.records import (
     EXIT_INTERRUPTED,
@@ -106,381 +122,70 @@ from experiments.records import (
     read_json,
     write_json,
 )
-from experiments.slots import gpu_count, make_slots
+from experiments.search_space import Param, check_space, flag_tokens, parse_search, script_fields, searched_values
+from experiments.slots import Slot, gpu_count, make_slots
 from experiments.status import progress_of
+from experiments.study import (
+    Setup,
+    aggregate,
+    default_storage,
+    make_pruner,
+    make_sampler,
+    make_storage,
+    normalised,
+    run_score,
+    score_at,
+    setup_from,
+)
+from experiments.tune_display import TuneDisplay
+from experiments.tune_folder import check_runs, runs_without_storage, storage_file, write_record
+from experiments.tune_report import report_only, write_report
 from shared.affinity import physical_cores
 from shared.progress import read_rows
 
-__all__ = ["Param", "main", "parse_search", "parser"]
+# Param, parse_search, aggregate and make_storage: the search space's and the study's, named here as before the cut
+__all__ = ["Param", "Tune", "aggregate", "check_flags", "main", "make_storage", "parse_search", "parser"]
 
-TUNE_KEYS = ("script", "search", "target_scores", "trials", "aggregate", "score", "last_episodes", "sampler",
-             "pruner", "storage", "study_name", "prune_every")
 HEARTBEAT_S = 30.0  # how often a process stamps its running trials
 PRUNE_POLL_S = 2.0  # how often the running trials' progress rows are read for pruning
-SAMPLERS = {"tpe": "TPESampler", "random": "RandomSampler", "cmaes": "CmaEsSampler", "gp": "GPSampler",
-            "qmc": "QMCSampler", "grid": "GridSampler", "bruteforce": "BruteForceSampler", "nsgaii": "NSGAIISampler"}
-PRUNERS = {"none": "NopPruner", "nop": "NopPruner", "median": "MedianPruner", "percentile": "PercentilePruner",
-           "hyperband": "HyperbandPruner", "successive-halving": "SuccessiveHalvingPruner",
-           "threshold": "ThresholdPruner", "patient": "PatientPruner", "wilcoxon": "WilcoxonPruner"}
-
-
-# ---------------------------------------------------------------------------------------------- search space
-
-
-@dataclasses.dataclass(frozen=True)
-class Param:
-    """One searched flag: ``name`` as on the command line (``learning-rate``), its distribution."""
-
-    name: str
-    kind: str  # float, int or cat
-    low: float = 0.0
-    high: float = 0.0
-    log: bool = False
-    step: float | None = None
-    choices: tuple[str, ...] = ()
-
-    @property
-    def field(self) -> str:
-        return self.name.replace("-", "_")
-
-    def spec(self) -> str:
-        """The canonical search string (what the study records)."""
-        if self.kind == "cat":
-            return f"{self.name}=cat:{','.join(self.choices)}"
-        tail = ":log" if self.log else f":step={_num(self.step)}" if self.step is not None else ""
-        return f"{self.name}={self.kind}:{_num(self.low)}:{_num(self.high)}{tail}"
-
-    def suggest(self, trial) -> Any:
-        if self.kind == "float":
-            return trial.suggest_float(self.name, self.low, self.high, log=self.log, step=self.step)
-        if self.kind == "int":
-            return trial.suggest_int(self.name, int(self.low), int(self.high), log=self.log, step=int(self.step or 1))
-        return trial.suggest_categorical(self.name, list(self.choices))
-
-
-def _num(x: float | None) -> str:
-    return repr(int(x)) if x is not None and float(x).is_integer() and abs(x) < 1e15 else repr(x)
-
-
-def parse_search(item: str) -> Param:
-    """``NAME=log:LOW:HIGH``, ``NAME=float:LOW:HIGH[:log|:step=Q]``, ``NAME=int:LOW:HIGH[:log|:step=K]`` or
-    ``NAME=cat:A,B,...``; a malformed one raises ``LaunchError``."""
-    where = f"--search {item!r}"
-    name, sep, spec = item.partition("=")
-    name = name.strip().removeprefix("--")
-    if not sep or not name or not spec:
-        raise LaunchError(f"{where}: not NAME=FORM (e.g. learning-rate=log:1e-5:1e-2)")
-    kind, _, rest = spec.partition(":")
-    if kind == "cat":
-        choices = tuple(c.strip() for c in rest.split(","))
-        if not rest or any(not c for c in choices):
-            raise LaunchError(f"{where}: cat needs values separated by commas (cat:true,false)")
-        if len(set(choices)) != len(choices):
-            raise LaunchError(f"{where}: a value is listed twice")
-        return Param(name, "cat", choices=choices)
-    if kind not in ("log", "float", "int"):
-        raise LaunchError(f"{where}: the form is log:, float:, int: or cat:, not {kind!r}")
-    parts = rest.split(":")
-    if len(parts) < 2 or len(parts) > 3 or (kind == "log" and len(parts) != 2):
-        raise LaunchError(f"{where}: expected {kind}:LOW:HIGH" + ("" if kind == "log" else "[:log|:step=Q]"))
-    try:
-        low, high = (int(p) if kind == "int" else float(p) for p in parts[:2])
-    except ValueError:
-        raise LaunchError(f"{where}: LOW and HIGH must be {'integers' if kind == 'int' else 'numbers'}") from None
-    if not (math.isfinite(low) and math.isfinite(high)):
-        raise LaunchError(f"{where}: LOW and HIGH must be finite")
-    log, step = kind == "log", None
-    if len(parts) == 3:
-        if parts[2] == "log":
-            log = True
-        elif parts[2].startswith("step="):
-            try:
-                step = int(parts[2][5:]) if kind == "int" else float(parts[2][5:])
-            except ValueError:
-                raise LaunchError(f"{where}: step= takes a {'integer' if kind == 'int' else 'number'}") from None
-            if not (math.isfinite(step) and step > 0) or step > high - low:
-                raise LaunchError(f"{where}: step must be positive and at most HIGH - LOW")
-        else:
-            raise LaunchError(f"{where}: the third part is log or step=Q, not {parts[2]!r}")
-    if not low < high:
-        raise LaunchError(f"{where}: LOW must be below HIGH")
-    if log and low <= 0:
-        raise LaunchError(f"{where}: a log range needs LOW > 0")
-    return Param(name, "int" if kind == "int" else "float", float(low), float(high), log, step)
-
-
-PROBE = r"""
-import dataclasses, importlib.util, json, sys, types, typing
-spec = importlib.util.spec_from_file_location("_tune_probe", sys.argv[1])
-module = importlib.util.module_from_spec(spec)
-sys.modules["_tune_probe"] = module
-spec.loader.exec_module(module)
-cls = getattr(module, "Args", None)
-out = None
-if dataclasses.is_dataclass(cls):
-    hints, out = typing.get_type_hints(cls, include_extras=True), {}
-    for f in dataclasses.fields(cls):
-        t, ranges = hints.get(f.name), []
-        if typing.get_origin(t) is typing.Annotated:
-            t, *meta = typing.get_args(t)
-            ranges = [{k: getattr(m, k) for k in ("gt", "ge", "lt", "le")} for m in meta
-                      if all(hasattr(m, k) for k in ("gt", "ge", "lt", "le", "allows"))]
-        optional = False
-        if typing.get_origin(t) in (typing.Union, types.UnionType):
-            inner = [a for a in typing.get_args(t) if a is not type(None)]
-            optional, t = len(inner) < len(typing.get_args(t)), inner[0] if len(inner) == 1 else t
-        if typing.get_origin(t) is typing.Literal:
-            kind, choices = "literal", [str(c) for c in typing.get_args(t)]
-        else:
-            kind, choices = (t.__name__ if t in (bool, int, float, str) else "other"), None
-        out[f.name] = {"kind": kind, "choices": choices, "ranges": ranges, "optional": optional}
-print("\n@@ARGS@@" + json.dumps(out))
-"""
-
-
-def script_fields(script_path: str) -> dict[str, dict]:
-    """The script's ``Args`` fields (kind, Literal choices, declared ranges), read by importing it in a child
-    process (torch and the script's imports stay out of this one, which forks the runs)."""
-    try:
-        out = subprocess.run([sys.executable, "-c", PROBE, script_path], capture_output=True, text=True, timeout=300)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise LaunchError(f"cannot read the flags of {script_path}: {e}") from None
-    marker = out.stdout.rfind("@@ARGS@@")
-    if out.returncode != 0 or marker < 0:
-        last = (out.stderr.strip().splitlines() or ["no output"])[-1]
-        raise LaunchError(f"cannot read the flags of {script_path}: {last}")
-    fields = json.loads(out.stdout[marker + len("@@ARGS@@") :])
-    if not fields:
-        raise LaunchError(f"{script_path} has no dataclass Args to search over")
-    return fields
-
-
-def _allowed(value: float, ranges: list[dict]) -> bool:
-    for r in ranges:
-        if ((r["gt"] is not None and not value > r["gt"]) or (r["ge"] is not None and not value >= r["ge"])
-                or (r["lt"] is not None and not value < r["lt"]) or (r["le"] is not None and not value <= r["le"])):
-            return False
-    return True
-
-
-def _range_text(ranges: list[dict]) -> str:
-    parts = []
-    for r in ranges:
-        lo = f"({r['gt']}" if r["gt"] is not None else f"[{r['ge']}" if r["ge"] is not None else "(-inf"
-        hi = f"{r['lt']})" if r["lt"] is not None else f"{r['le']}]" if r["le"] is not None else "inf)"
-        parts.append(f"{lo}, {hi}")
-    return " and ".join(parts)
-
-
-def check_space(params: list[Param], fields: dict[str, dict], script: str, common: list[str]) -> list[Param]:
-    """Each searched flag against the script's ``Args``; returns the params with bool choices normalised."""
-    names = [p.name for p in params]
-    if len(set(names)) != len(names):
-        raise LaunchError(f"--search: a flag is searched twice ({names})")
-    given = {f.split("=", 1)[0] for f in common if f.startswith("--")}
-    out = []
-    for p in params:
-        where = f"--search {p.spec()}"
-        field = fields.get(p.field)
-        if field is None:
-            near = difflib.get_close_matches(p.field, list(fields), n=1)
-            hint = f" (did you mean {near[0].replace('_', '-')}?)" if near else ""
-            raise LaunchError(f"{where}: {script} has no flag --{p.name}{hint}")
-        if f"--{p.name}" in RESERVED:
-            raise LaunchError(f"{where}: --{p.name} is set by the launcher for every run")
-        if f"--{p.name}" in given or f"--no-{p.name}" in given:
-            raise LaunchError(f"{where}: --{p.name} is also given among the flags of every run")
-        kind, ranges = field["kind"], field["ranges"]
-        if p.kind == "float" and kind != "float":
-            raise LaunchError(f"{where}: --{p.name} takes {_kind_text(field)}, not a float")
-        if p.kind == "int" and kind not in ("int", "float"):
-            raise LaunchError(f"{where}: --{p.name} takes {_kind_text(field)}, not an integer")
-        if p.kind in ("float", "int"):
-            for v in (p.low, p.high):
-                if not _allowed(v, ranges):
-                    raise LaunchError(f"{where}: --{p.name} must be in {_range_text(ranges)}, the range reaches {_num(v)}")
-            out.append(p)
-            continue
-        choices = []
-        for c in p.choices:
-            if kind == "bool":
-                if c.lower() not in ("true", "false"):
-                    raise LaunchError(f"{where}: --{p.name} is a switch: its values are true and false, not {c!r}")
-                choices.append(c.lower())
-                continue
-            if kind == "literal" and c not in field["choices"]:
-                raise LaunchError(f"{where}: --{p.name} takes one of {', '.join(field['choices'])}, not {c!r}")
-            if kind in ("int", "float"):
-                try:
-                    v = int(c) if kind == "int" else float(c)
-                except ValueError:
-                    raise LaunchError(f"{where}: --{p.name} takes {_kind_text(field)}, not {c!r}") from None
-                if not math.isfinite(v) or not _allowed(v, ranges):
-                    raise LaunchError(f"{where}: --{p.name} must be in {_range_text(ranges)}, not {c}")
-            if kind == "other":
-                raise LaunchError(f"{where}: --{p.name} is not a number, switch, string or choice: it cannot be searched")
-            choices.append(c)
-        if len(set(choices)) != len(choices):
-            raise LaunchError(f"{where}: a value is listed twice")
-        out.append(dataclasses.replace(p, choices=tuple(choices)))
-    return out
-
-
-def _kind_text(field: dict) -> str:
-    return {"bool": "true or false", "int": "an integer", "float": "a number", "str": "a string",
-            "literal": "one of " + ", ".join(field.get("choices") or [])}.get(field["kind"], "a value")
-
-
-def flag_tokens(p: Param, value: Any, fields: dict[str, dict]) -> list[str]:
-    """The script's flags for one searched value: a switch as ``--name``/``--no-name``, else ``--name VALUE``."""
-    if fields.get(p.field, {}).get("kind") == "bool":
-        if str(value).startswith("<"):  # --dry-run's placeholder
-            return [f"--[no-]{p.name}"]
-        return [f"--{p.name}"] if str(value).lower() == "true" else [f"--no-{p.name}"]
-    return [f"--{p.name}", repr(value) if isinstance(value, float) else str(value)]
-
-
-# ---------------------------------------------------------------------------------------------- arguments
-
-
-def parse_targets(items: Sequence[str] | dict, env_ids: Sequence[str | None]) -> dict[str, tuple[float, float]]:
-    if isinstance(items, dict):
-        items = [f"{k}={v if isinstance(v, str) else ':'.join(map(str, v))}" for k, v in items.items()]
-    out = {}
-    for item in items:
-        env, sep, rng = str(item).partition("=")
-        lo, sep2, hi = rng.partition(":")
-        try:
-            low, high = float(lo), float(hi)
-        except ValueError:
-            low = high = math.nan
-        if not sep or not sep2 or not (math.isfinite(low) and math.isfinite(high)) or low == high:
-            raise LaunchError(f"--target-scores {item!r}: not ENV=LOW:HIGH with two different numbers (CartPole-v1=0:500)")
-        if env not in env_ids:
-            raise LaunchError(f"--target-scores {item!r}: {env} is not among --env-ids")
-        out[env] = (low, high)
-    missing = [e for e in env_ids if e not in out]
-    if missing and len(env_ids) > 1:
-        raise LaunchError(f"--target-scores: several env ids are averaged: give each a LOW:HIGH (missing {missing[0]})")
-    return out
-
-
-def _spec_args(text: str, where: str) -> tuple[str, dict]:
-    """``NAME`` or ``NAME:KEY=VALUE,...`` (values read as JSON where they parse: numbers, true/false, null)."""
-    name, _, rest = text.partition(":")
-    kwargs = {}
-    for kv in filter(None, rest.split(",")):
-        k, sep, v = kv.partition("=")
-        if not sep or not k.strip():
-            raise LaunchError(f"{where} {text!r}: arguments are KEY=VALUE separated by commas")
-        try:
-            kwargs[k.strip()] = json.loads(v)
-        except ValueError:
-            kwargs[k.strip()] = v
-    return name.strip(), kwargs
-
-
-def _optuna_class(text: str, flag: str, names: dict[str, str], module, base: type) -> tuple[str, type, dict]:
-    """``NAME[:KEY=VALUE,...]`` -> (class name, the class in ``module``, its keyword arguments); a short name from
-    ``names`` or a class name of ``module`` deriving from ``base``, else a LaunchError naming the choices."""
-    name, kwargs = _spec_args(text, flag)
-    cls_name = names.get(name.lower().replace("_", "-"), name)
-    cls = getattr(module, cls_name, None)
-    if not (isinstance(cls, type) and issubclass(cls, base)):
-        raise LaunchError(f"{flag} {text!r}: unknown (one of {', '.join(names)}, or an {module.__name__} class)")
-    return cls_name, cls, kwargs
-
-
-def make_sampler(text: str, seed: int | None, space: list[Param]):
-    import optuna
-
-    cls_name, cls, kwargs = _optuna_class(text, "--sampler", SAMPLERS, optuna.samplers, optuna.samplers.BaseSampler)
-    if cls_name == "GridSampler" and "search_space" not in kwargs:
-        if any(p.kind != "cat" and p.step is None and p.kind != "int" for p in space):
-            raise LaunchError("--sampler grid: every searched float needs a step (float:LOW:HIGH:step=Q) or cat: values")
-        kwargs["search_space"] = {p.name: _grid_values(p) for p in space}
-    if seed is not None and "seed" not in kwargs and "seed" in _params_of(cls):
-        kwargs["seed"] = seed
-    try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as e:
-        raise LaunchError(f"--sampler {text!r}: {e}") from None
-
-
-def _grid_values(p: Param) -> list:
-    if p.kind == "cat":
-        return list(p.choices)
-    step = p.step or 1
-    n = int(math.floor((p.high - p.low) / step + 1e-9))
-    return [int(p.low + i * step) if p.kind == "int" else p.low + i * step for i in range(n + 1)]
-
-
-def _params_of(cls) -> set[str]:
-    import inspect
-
-    with contextlib.suppress(TypeError, ValueError):
-        return set(inspect.signature(cls).parameters)
-    return set()
-
-
-def make_pruner(text: str):
-    import optuna
-
-    cls_name, cls, kwargs = _optuna_class(text, "--pruner", PRUNERS, optuna.pruners, optuna.pruners.BasePruner)
-    if cls_name == "PatientPruner" and "wrapped_pruner" not in kwargs:
-        kwargs["wrapped_pruner"] = optuna.pruners.MedianPruner()
-        kwargs.setdefault("patience", 1)
-    try:
-        return cls(**kwargs)
-    except (TypeError, ValueError) as e:
-        raise LaunchError(f"--pruner {text!r}: {e}") from None
-
-
-def make_storage(url: str | None, root: Path):
-    """``sqlite:///{root}/study.db`` by default, an RDB URL, or ``journal:PATH`` (a journal file)."""
-    import optuna
-
-    if not url:
-        url = f"sqlite:///{root / 'study.db'}"
-    try:
-        if url.startswith("journal:"):
-            from optuna.storages.journal import JournalFileBackend, JournalStorage
-
-            path = Path(url[len("journal:") :]).expanduser()
-            path.parent.mkdir(parents=True, exist_ok=True)
-            return JournalStorage(JournalFileBackend(str(path))), url
-        kwargs = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else {}
-        if url.startswith("sqlite:///"):
-            Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
-        for attempt in range(5):  # two processes creating a new database's tables at once: the later one retries
-            try:
-                return optuna.storages.RDBStorage(url, engine_kwargs=kwargs), url
-            except Exception as e:
-                if "already exists" not in str(e) or attempt == 4:
-                    raise
-                time.sleep(0.5 + random.random())
-    except Exception as e:  # an unknown dialect, a missing driver, a server that does not answer
-        raise LaunchError(f"--storage {url}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Flags after `--` go to every run (so do --flags). The module docstring has the forms and the file.")
+    """tune.py's arguments; a bad one is one ``error:`` line and exit 2 (``experiments.flags.Parser``)."""
+    p = Parser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Flags after `--` go to every run (so do --flags). The module docstring has the forms and the file.",
+    )
     p.add_argument("root", nargs="?", help="tune folder (or `root` in the --config file): runs, study.db, report")
     p.add_argument("--config", type=Path, help="the launcher's TOML/JSON form with tune keys (search, trials, ...)")
     p.add_argument("--script", "--scripts", dest="script", nargs="+", help="the algos/ script (ppo_atari) or a path")
     p.add_argument("--env-ids", nargs="+", help="gymnasium ids (left out: the script's default)")
     p.add_argument("--seeds", nargs="+", type=int, help="every trial runs each seed on each env id")
     p.add_argument("--flags", default="", help="flags for every run, one string")
-    p.add_argument("--search", action="append", nargs="+", default=[], metavar="NAME=FORM",
-                   help="a searched flag: log:LOW:HIGH, float:LOW:HIGH[:log|:step=Q], int:LOW:HIGH[:log|:step=K], cat:A,B")
-    p.add_argument("--target-scores", nargs="+", default=None, metavar="ENV=LOW:HIGH",
-                   help="each env's score normalised (score - LOW) / (HIGH - LOW)")
+    p.add_argument(
+        "--search",
+        action="append",
+        nargs="+",
+        default=[],
+        metavar="NAME=FORM",
+        help="a searched flag: log:LOW:HIGH, float:LOW:HIGH[:log|:step=Q], int:LOW:HIGH[:log|:step=K], cat:A,B",
+    )
+    p.add_argument(
+        "--target-scores",
+        nargs="+",
+        default=None,
+        metavar="ENV=LOW:HIGH",
+        help="each env's score normalised (score - LOW) / (HIGH - LOW)",
+    )
     p.add_argument("--trials", type=int, help="complete or pruned trials the study ends with")
     p.add_argument("--aggregate", choices=["mean", "iqm"], default=None, help="over a trial's runs (default mean)")
-    p.add_argument("--score", choices=["auto", "eval", "train"], default=None,
-                   help="a run's score: eval.json where present (auto), or the last training episodes (train)")
+    p.add_argument(
+        "--score",
+        choices=["auto", "eval", "train"],
+        default=None,
+        help="a run's score: eval.json where present (auto), or the last training episodes (train)",
+    )
     p.add_argument("--last-episodes", type=int, default=None, help="training episodes behind a train score (100)")
     p.add_argument("--sampler", default=None, help="NAME[:KEY=VALUE,...] (default tpe)")
     p.add_argument("--sampler-seed", type=int, default=None, help="seed of the sampler")
@@ -489,150 +194,44 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--storage", default=None, help="Optuna storage URL or journal:PATH (default sqlite in the root)")
     p.add_argument("--study-name", default=None, help="study name in the storage (default the root's name)")
     p.add_argument("--max-failures", type=int, default=5, help="failed trials after which no new trial starts")
-    p.add_argument("--stale-after", type=float, default=300.0,
-                   help="seconds without a heartbeat after which another process's running trial is queued again")
+    p.add_argument(
+        "--stale-after",
+        type=float,
+        default=300.0,
+        help="seconds without a heartbeat after which another process's running trial is queued again",
+    )
     p.add_argument("--report", action="store_true", help="write the results (best flags, CSV, plots) and exit")
     p.add_argument("--dry-run", action="store_true", help="print the search space and a trial's runs; change nothing")
     p.add_argument("--cores-per-run", type=int, default=1, help="physical cores per slot (default 1)")
     p.add_argument("--gpus-per-run", type=int, default=None, help="GPUs of its own per run (0: hide the GPUs)")
     p.add_argument("--runs-per-gpu", type=int, default=None, help="at most this many runs share one GPU")
-    p.add_argument("--stop-timeout", type=float, default=120.0,
-                   help="seconds to wait for the runs to checkpoint after Ctrl-C/SIGTERM or a prune before SIGKILL")
+    p.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=120.0,
+        help="seconds to wait for the runs to checkpoint after Ctrl-C/SIGTERM or a prune before SIGKILL",
+    )
     p.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
     p.add_argument("--status-every", type=float, default=30.0, help="seconds between summary lines (plain output)")
     s = p.add_argument_group("clusters (submitit): tune processes as jobs, each with its node's slots")
     s.add_argument("--slurm", action="store_true", help="submit --workers tune processes as SLURM jobs")
     s.add_argument("--workers", type=int, default=1, help="with --slurm: tune processes (jobs) on the study")
-    s.add_argument("--cluster", choices=["auto", "slurm", "local"], default="auto",
-                   help="submitit's executor: auto (SLURM where sbatch exists), slurm, or local (testing)")
+    s.add_argument(
+        "--cluster",
+        choices=["auto", "slurm", "local"],
+        default="auto",
+        help="submitit's executor: auto (SLURM where sbatch exists), slurm, or local (testing)",
+    )
     s.add_argument("--partition", default=None)
     s.add_argument("--time", type=int, default=60, help="minutes per job (the worker is requeued after)")
     s.add_argument("--cpus-per-worker", type=int, default=None, help="CPUs of each job (default --cores-per-run)")
     s.add_argument("--gpus-per-worker", type=int, default=0, help="GPUs of each job")
     s.add_argument("--mem-gb", type=float, default=None)
-    s.add_argument("--slurm-param", action="append", default=[], metavar="KEY=VALUE",
-                   help="any other sbatch option (e.g. account=abc)")
+    s.add_argument(
+        "--slurm-param", action="append", default=[], metavar="KEY=VALUE", help="any other sbatch option (e.g. account=abc)"
+    )
     s.add_argument("--wait", action="store_true", help="with --slurm: wait for the workers")
     return p
-
-
-@dataclasses.dataclass
-class Setup:
-    """Everything a tune needs, checked: the grid's parts, the space, how a trial is scored."""
-
-    root: Path
-    script: str  # path
-    env_ids: list
-    seeds: list[int]
-    common: list[str]
-    space: list[Param]
-    fields: dict[str, dict]
-    targets: dict[str, tuple[float, float]]
-    trials: int | None
-    aggregate: str
-    score: str
-    last_episodes: int
-    sampler: str
-    pruner: str
-    prune_every: int | None
-    storage: str | None
-    study_name: str
-
-    def spec(self) -> dict:
-        """What the study records and checks on every later start (the same study must mean the same thing)."""
-        return {"script": Path(self.script).stem, "env_ids": list(self.env_ids), "seeds": list(self.seeds),
-                "flags": list(self.common), "search": [p.spec() for p in self.space],
-                "target_scores": {k: list(v) for k, v in sorted(self.targets.items())}, "aggregate": self.aggregate,
-                "score": self.score, "last_episodes": self.last_episodes}
-
-
-def setup_from(a: argparse.Namespace, tail: list[str]) -> Setup:
-    data = load_file(a.config, extra=TUNE_KEYS) if a.config else {}
-    if data.get("levels"):
-        raise LaunchError(f"--config {a.config}: a tune has no levels (its trials are the variants): use search")
-    root_s = a.root or data.get("root")
-    if not root_s:
-        raise LaunchError("no tune folder: give it first (or `root` in the --config file)")
-    root = Path(root_s).resolve()
-    saved = read_json(root / "tune.json")
-    script_l = a.script or data.get("script") or data.get("scripts") or saved.get("script")
-    if isinstance(script_l, str):
-        script_l = [script_l]
-    if a.report and not a.script and saved:  # the root alone: what its last tune ran
-        data = {**saved, **data}
-    if not script_l:
-        raise LaunchError("no script: give --script (or script in the --config file)")
-    if len(script_l) != 1:
-        raise LaunchError(f"--script: a tune searches one script, got {len(script_l)}")
-    script = str(resolve_script(script_l[0]))
-    env_ids = a.env_ids or data.get("env_ids") or [None]
-    seeds = a.seeds if a.seeds is not None else data.get("seeds", [])
-    if not seeds or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds):
-        raise LaunchError(f"--seeds: give integer seeds, got {seeds!r}")
-    common = split_flags(data.get("flags"), "--config flags") + split_flags(a.flags, "--flags") + tail
-    build_grid(root, [script], env_ids, seeds, common, [])  # the launcher's own checks of the grid
-    search = [s for group in a.search for s in group]
-    file_search = data.get("search", [])
-    if isinstance(file_search, dict):
-        file_search = [f"{k}={v}" for k, v in file_search.items()]
-    if not isinstance(file_search, list):
-        raise LaunchError(f"--config {a.config}: search is a table (name = form) or a list of NAME=FORM strings")
-    space = [parse_search(str(s)) for s in [*file_search, *search]]
-    targets = parse_targets(a.target_scores if a.target_scores is not None else data.get("target_scores", {}), env_ids)
-    trials = a.trials if a.trials is not None else data.get("trials")
-    if trials is not None and (not isinstance(trials, int) or trials < 1):
-        raise LaunchError(f"--trials must be a positive integer, got {trials!r}")
-    last = a.last_episodes if a.last_episodes is not None else data.get("last_episodes", 100)
-    prune_every = a.prune_every if a.prune_every is not None else data.get("prune_every")
-    for name, v in (("--last-episodes", last), ("--prune-every", prune_every), ("--max-failures", a.max_failures)):
-        if v is not None and (not isinstance(v, int) or v < 1):
-            raise LaunchError(f"{name} must be a positive integer, got {v!r}")
-    for name, v in (("--stale-after", a.stale_after), ("--stop-timeout", a.stop_timeout)):
-        if not v >= 0:
-            raise LaunchError(f"{name} must be non-negative, got {v}")
-    if a.workers < 1:
-        raise LaunchError(f"--workers must be at least 1, got {a.workers}")
-    aggregate = a.aggregate or data.get("aggregate", "mean")
-    score = a.score or data.get("score", "auto")
-    if aggregate not in ("mean", "iqm") or score not in ("auto", "eval", "train"):
-        raise LaunchError("aggregate is mean or iqm and score is auto, eval or train")
-    return Setup(root, script, list(env_ids), list(seeds), common, space, {}, targets, trials, aggregate, score, last,
-                 a.sampler or data.get("sampler", "tpe"), a.pruner or data.get("pruner", "median"), prune_every,
-                 a.storage or data.get("storage"), a.study_name or data.get("study_name") or root.name)
-
-
-# ---------------------------------------------------------------------------------------------- scoring
-
-
-def normalised(st: Setup, env_id: str | None, score: float | None) -> float | None:
-    if score is None:
-        return None
-    low, high = st.targets.get(env_id, (0.0, 1.0))
-    return (score - low) / (high - low)
-
-
-def aggregate(values: list[float], how: str) -> float:
-    x = sorted(values)
-    if how == "iqm":  # rliable's IQM: scipy.stats.trim_mean(x, 0.25), the middle half of the runs
-        cut = int(0.25 * len(x))
-        x = x[cut : len(x) - cut]
-    return float(sum(x) / len(x))
-
-
-def run_score(st: Setup, run: Trial) -> float | None:
-    from experiments.report import read_result
-
-    return read_result(run.folder, st.score, st.last_episodes).score
-
-
-def score_at(st: Setup, rows: list[dict[str, str]], step: int) -> float | None:
-    from experiments.report import rows_score
-
-    upto = [r for r in rows if int(r["global_step"]) <= step]
-    return rows_score(upto, st.last_episodes)[0]
-
-
-# ---------------------------------------------------------------------------------------------- the tune
 
 
 @dataclasses.dataclass
@@ -652,31 +251,29 @@ class TrialRuns:
 
 
 class Tune:
-    def __init__(self, st: Setup, a: argparse.Namespace):
-        import optuna
+    """One tune process on a study: asks the study for trials while a slot is free, runs each trial's runs on this
+    machine's slots (the launcher's ``Launcher``), reports their progress to the pruner, tells the study each
+    trial's end, and puts its unfinished trials back in the study's queue when stopped.
 
-        self.st, self.a = st, a
+    Made only after every check of ``main`` passed; creating it opens (or creates) the study and, for a new tune
+    folder, the folder. A refusal it can only make then (another tune's arguments on the study, a run of another
+    study in the folder, a storage that does not answer) is a ``LaunchError`` after which what this call created
+    is removed again: the tune folder it made, the study file it made, the study it added to a storage."""
+
+    def __init__(self, st: Setup, a: argparse.Namespace, slots: list[Slot]):
+        self.st, self.a, self.slots = st, a, slots
         self.host, self.pid = socket.gethostname(), os.getpid()
-        with self.root_lock():  # the processes of one root create a new study database one at a time
-            self.storage, self.storage_url = make_storage(st.storage, st.root)
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self.sampler = make_sampler(st.sampler, a.sampler_seed, st.space)
-        self.pruner = make_pruner(st.pruner)
+        url = st.storage or default_storage(st.root)
+        file = storage_file(url)
+        made_root = not st.root.exists()
+        made_lock = not (st.root / ".tune.lock").exists()
+        made_file = file is not None and not file[1].exists()
+        self.made_study = False
         try:
-            with self.root_lock():
-                self.study = optuna.create_study(storage=self.storage, study_name=st.study_name, direction="maximize",
-                                                 sampler=self.sampler, pruner=self.pruner, load_if_exists=True)
-                recorded = self.study.user_attrs.get("tune")
-                if recorded is None:
-                    self.study.set_user_attr("tune", st.spec())
-                elif recorded != st.spec():
-                    diff = [k for k in st.spec() if recorded.get(k) != st.spec()[k]]
-                    raise LaunchError(f"study {st.study_name!r} in {self.storage_url} was made with other {', '.join(diff)}: "
-                                      f"give the same arguments, or another --study-name")
-        except LaunchError:
+            self._open_study()
+        except BaseException:
+            self._undo(made_root, made_lock, file[1] if made_file and file else None)
             raise
-        except Exception as e:
-            raise LaunchError(f"--storage {self.storage_url}: {type(e).__name__}: {e}") from None
         self.mine: dict[int, TrialRuns] = {}
         self.by_run: dict[str, TrialRuns] = {}
         self.runs: list[Trial] = []
@@ -687,6 +284,63 @@ class Tune:
         self.more = True  # whether to ask the study for another trial when a slot is free
         self.last_heartbeat = 0.0
         self.last_prune_poll = 0.0
+
+    def _open_study(self) -> None:
+        import optuna
+
+        st = self.st
+        with self.root_lock():  # the processes of one root create a new study database one at a time
+            self.storage, self.storage_url = make_storage(st.storage, st.root)
+        optuna.logging.set_verbosity(optuna.logging.WARNING)
+        self.sampler = make_sampler(st.sampler, self.a.sampler_seed, st.space)
+        self.pruner = make_pruner(st.pruner)
+        try:
+            with self.root_lock():
+                names = {s.study_name for s in optuna.get_all_study_summaries(self.storage, include_best_trial=False)}
+                self.made_study = st.study_name not in names
+                self.study = optuna.create_study(
+                    storage=self.storage,
+                    study_name=st.study_name,
+                    direction="maximize",
+                    sampler=self.sampler,
+                    pruner=self.pruner,
+                    load_if_exists=True,
+                )
+                recorded = self.study.user_attrs.get("tune")
+                if recorded is None:
+                    self.study.set_user_attr("tune", st.spec())
+                elif recorded != st.spec():
+                    diff = [k for k in st.spec() if recorded.get(k) != st.spec()[k]]
+                    raise LaunchError(
+                        f"study {st.study_name!r} in {self.storage_url} was made with other {', '.join(diff)}: "
+                        f"give the same arguments, or another --study-name"
+                    )
+                # the study's identity, which its runs record: a study made again under the same name (its file
+                # deleted, another storage) is another study, and its trials must not take these runs as theirs
+                self.uid = self.study.user_attrs.get("uid")
+                if self.uid is None:
+                    self.uid = uuid.uuid4().hex
+                    self.study.set_user_attr("uid", self.uid)
+                check_runs(st.root, st.study_name, self.uid)
+        except LaunchError:
+            raise
+        except Exception as e:
+            raise LaunchError(f"--storage {self.storage_url}: {type(e).__name__}: {e}") from None
+
+    def _undo(self, made_root: bool, made_lock: bool, made_file: Path | None) -> None:
+        """What a refused ``__init__`` created, removed (see the class docstring)."""
+        if self.made_study and getattr(self, "storage", None) is not None:
+            with contextlib.suppress(Exception):
+                import optuna
+
+                optuna.delete_study(study_name=self.st.study_name, storage=self.storage)
+        if made_root:
+            shutil.rmtree(self.st.root, ignore_errors=True)
+            return
+        for path, made in ((made_file, made_file is not None), (self.st.root / ".tune.lock", made_lock)):
+            if made and path is not None:
+                with contextlib.suppress(OSError):
+                    path.unlink()
 
     @contextlib.contextmanager
     def root_lock(self):
@@ -755,9 +409,13 @@ class Tune:
             frozen = self.storage.get_trial(trial._trial_id)
             resumed = bool(frozen.params) or "flags" in frozen.user_attrs
             if not resumed:
-                ahead = [t for t in self.study.get_trials(deepcopy=False) if t.number <= trial.number and
-                         t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
-                         and not t.user_attrs.get("surplus")]
+                ahead = [
+                    t
+                    for t in self.study.get_trials(deepcopy=False)
+                    if t.number <= trial.number
+                    and t.state in (TrialState.COMPLETE, TrialState.PRUNED, TrialState.RUNNING, TrialState.WAITING)
+                    and not t.user_attrs.get("surplus")
+                ]
                 if len(ahead) > self.st.trials:  # another root's process asked at the same time
                     trial.set_user_attr("surplus", True)
                     self.study.tell(trial, state=TrialState.FAIL)
@@ -766,8 +424,14 @@ class Tune:
             trial.set_user_attr("owner", f"{self.host}:{self.pid}")
             trial.set_user_attr("heartbeat", time.time())
         flags = [tok for p in self.st.space for tok in flag_tokens(p, params[p.name], self.st.fields)]
-        runs = build_grid(self.st.root, [self.st.script], self.st.env_ids, self.st.seeds, self.st.common,
-                          [[(f"trial{trial.number:04d}", flags)]])
+        runs = build_grid(
+            self.st.root,
+            [self.st.script],
+            self.st.env_ids,
+            self.st.seeds,
+            self.st.common,
+            [[(f"trial{trial.number:04d}", flags)]],
+        )
         if not resumed:
             trial.set_user_attr("flags", shlex.join(flags))
             trial.set_user_attr("runs", [r.rel for r in runs])
@@ -784,10 +448,12 @@ class Tune:
         todo = []
         for r in tr.runs:
             rec = read_json(r.folder / "launch.json")
-            base = {**new_record(r, self.meta), "trial": tr.number}
+            base = {**new_record(r, self.meta), "trial": tr.number, "study": {"name": self.st.study_name, "uid": self.uid}}
             if rec.get("state") in STATES and (rec.get("attempts") or rec.get("command")):
-                rec = {**rec, **{k: v for k, v in base.items() if k not in ("state", "exit_code", "error", "command",
-                                                                             "attempts")}}
+                rec = {
+                    **rec,
+                    **{k: v for k, v in base.items() if k not in ("state", "exit_code", "error", "command", "attempts")},
+                }
             else:
                 rec = base
             rec.setdefault("attempts", [])
@@ -950,15 +616,15 @@ class Tune:
     # -- the loop
 
     def run(self) -> int:
-        n_gpus = gpu_count() if self.a.gpus_per_run != 0 else 0
-        slots = make_slots(physical_cores(), self.a.cores_per_run, n_gpus, self.a.gpus_per_run, self.a.runs_per_gpu)
+        slots = self.slots
         self.display = TuneDisplay(self, plain=self.a.plain or not sys.stdout.isatty(), status_every=self.a.status_every)
         self.launcher = Launcher(self.runs, self.records, slots, self.display, self.a.stop_timeout, self.meta)
-        write_json(self.st.root / "tune.json", {**self.st.spec(), "script": self.st.script, "storage": self.storage_url,
-                                                "study_name": self.st.study_name, "trials": self.st.trials})
-        self.display.note(f"study {self.st.study_name!r} in {self.storage_url}: {self.st.trials} trials of "
-                          f"{len(self.st.env_ids) * len(self.st.seeds)} runs, {len(slots)} slot(s) of "
-                          f"{self.a.cores_per_run} core(s) here")
+        write_record(self.st.root, self.st.spec(), self.st.script, self.storage_url, self.st.study_name, self.st.trials)
+        self.display.note(
+            f"study {self.st.study_name!r} in {self.storage_url}: {self.st.trials} trials of "
+            f"{len(self.st.env_ids) * len(self.st.seeds)} runs, {len(slots)} slot(s) of "
+            f"{self.a.cores_per_run} core(s) here"
+        )
         self.more = True
         try:
             with self.launcher.supervising():
@@ -998,8 +664,10 @@ class Tune:
                 self.interrupt()
             self.display.close()
         c = self.counts()
-        print(f"study {self.st.study_name!r}: {c['complete']} complete, {c['pruned']} pruned, {c['fail']} failed, "
-              f"{c['running']} running elsewhere, {c['waiting']} queued (of --trials {self.st.trials})")
+        print(
+            f"study {self.st.study_name!r}: {c['complete']} complete, {c['pruned']} pruned, {c['fail']} failed, "
+            f"{c['running']} running elsewhere, {c['waiting']} queued (of --trials {self.st.trials})"
+        )
         if self.launcher.stop_signal is not None:
             return EXIT_INTERRUPTED
         if self.exhausted:
@@ -1009,182 +677,66 @@ class Tune:
         return 0
 
 
-class TuneDisplay(LiveView):
-    """The study while it runs: on a terminal (rich, not ``--plain``) one table refreshed in place at most once a
-    second (trial, state, value or latest intermediate value, flags, this process's runs done and their step); plain
-    lines otherwise, one per event and a summary every ``status_every`` seconds. No refresh thread."""
-
-    SHOWN = 30  # the table's rows: the best trial and the latest ones
-    TOLERATE = (Exception,)  # a storage hiccup must not stop the runs' supervision
-
-    def __init__(self, tune: Tune, plain: bool, status_every: float):
-        self.tune = tune
-        super().__init__(plain, status_every)
-        self._last_refresh = time.time()
-
-    def summary_line(self) -> str:
-        c, best = self.tune.counts(), self._best()
-        return (f"{c['complete']} complete, {c['pruned']} pruned, {c['running']} running, {c['waiting']} queued, "
-                f"{c['fail']} failed of {self.tune.st.trials}" +
-                (f"; best trial {best.number}: {best.value:.4g}" if best is not None else ""))
-
-    def _best(self):
-        with contextlib.suppress(ValueError):
-            return self.tune.study.best_trial
-        return None
-
-    def table(self):
-        from optuna.trial import TrialState
-        from rich.table import Table
-
-        trials = self.tune.study.get_trials(deepcopy=False)
-        best = self._best()
-        shown = trials[-self.SHOWN :]
-        if best is not None and best not in shown:
-            shown = [best, *shown[1:]]
-        t = Table(title=f"study {self.tune.st.study_name}: {self.summary_line()}", title_justify="left")
-        for col in ("trial", "state", "value", "runs", "flags"):
-            t.add_column(col, justify="right" if col in ("trial", "value") else "left",
-                         overflow="fold" if col == "flags" else "ellipsis")
-        colour = {TrialState.COMPLETE: "green", TrialState.PRUNED: "magenta", TrialState.FAIL: "red",
-                  TrialState.RUNNING: "cyan", TrialState.WAITING: "yellow"}
-        for tr in shown:
-            mine = self.tune.mine.get(tr.number)
-            value = tr.value if tr.value is not None else (mine.last_report if mine else None)
-            runs = ""
-            if mine is not None:
-                recs = [self.tune.records[r.rel] for r in mine.runs]
-                steps = [progress_of(r)["step"] or 0 for r, rec in zip(mine.runs, recs) if rec["state"] == "running"]
-                runs = f"{sum(rec['state'] == 'done' for rec in recs)}/{len(recs)} done" + (
-                    f", {len(steps)} at {min(steps):,}+" if steps else "")
-            state = tr.state.name.lower() + (" (best)" if best is not None and tr.number == best.number else "")
-            t.add_row(str(tr.number), f"[{colour.get(tr.state, 'white')}]{state}[/]",
-                      f"{value:.4g}" if value is not None else "-", runs, tr.user_attrs.get("flags", ""))
-        return t
-
-
-# ---------------------------------------------------------------------------------------------- results
-
-
-def best_commands(st: Setup, best) -> tuple[str, str]:
-    script = Path(st.script)
-    with contextlib.suppress(ValueError):
-        script = script.relative_to(Path.cwd())
-    flags = shlex.split(best.user_attrs.get("flags", ""))
-    one = shlex.join(["python", str(script), *st.common, *flags])
-    seeds = [max(st.seeds) + 100 + i for i in range(max(len(st.seeds), 5))]
-    env = (["--env-ids", *[e for e in st.env_ids if e]] if any(st.env_ids) else [])
-    rerun = shlex.join(["python", "experiments/launch.py", f"{st.root}-rerun", "--scripts", script.stem, *env,
-                        "--seeds", *map(str, seeds), "--level", f"best:{shlex.join(flags)}", "default:", "--",
-                        *st.common])
-    return one, rerun
-
-
-def write_report(st: Setup, study, storage_url: str) -> Path:
-    """report.md, trials.csv, importances.json and the plots in ``{root}/tune-report``; report.md is printed."""
-    import optuna
-    from optuna.trial import TrialState
-
-    out = st.root / "tune-report"
-    out.mkdir(parents=True, exist_ok=True)
-    trials = study.get_trials(deepcopy=False)
-    df = study.trials_dataframe(attrs=("number", "value", "state", "params", "user_attrs", "intermediate_values",
-                                       "datetime_start", "datetime_complete", "duration"))
-    df.to_csv(out / "trials.csv", index=False)
-    done = [t for t in trials if t.state == TrialState.COMPLETE]
-    lines = [f"# Tune {st.study_name}", "", f"Storage `{storage_url}`; script `{Path(st.script).stem}`, env ids "
-             f"{', '.join(str(e) for e in st.env_ids)}, seeds {', '.join(map(str, st.seeds))}; value: the "
-             f"{st.aggregate} of the runs' normalised scores ({st.score}, targets "
-             f"{', '.join(f'{k} {lo}:{hi}' for k, (lo, hi) in st.targets.items()) or 'none: raw scores'}).", "",
-             f"Search: {' '.join(p.spec() for p in st.space)}. Flags of every run: `{shlex.join(st.common)}`.", ""]
-    counts = {s: sum(t.state == s for t in trials) for s in TrialState}
-    lines += [", ".join(f"{n} {s.name.lower()}" for s, n in counts.items() if n) + f" (of --trials {st.trials}).", ""]
-    importances: dict[str, float] = {}
-    if done:
-        best = study.best_trial
-        one, rerun = best_commands(st, best)
-        lines += [f"Best: trial {best.number}, value {best.value:.4g}: `{best.user_attrs.get('flags', '')}`", "",
-                  "```bash", one + "   # add --env-id and --seed", "# the best flags beside the defaults, fresh seeds:",
-                  rerun, "```", ""]
-        if len(done) >= 2 and st.space:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                with contextlib.suppress(Exception):
-                    importances = optuna.importance.get_param_importances(
-                        study, evaluator=optuna.importance.PedAnovaImportanceEvaluator())
-            write_json(out / "importances.json", importances)
-            if importances:
-                lines += ["Importances (PED-ANOVA): " + ", ".join(f"{k} {v:.3f}" for k, v in importances.items()), ""]
-    lines += ["| trial | state | value | flags |", "| --- | --- | --- | --- |"]
-    key = lambda t: (t.value is None, -(t.value or 0.0) if t.state == TrialState.COMPLETE else math.inf, t.number)
-    for t in sorted(trials, key=key):
-        value = f"{t.value:.4g}" if t.value is not None else "-"
-        extra = (f" (at step {t.user_attrs['pruned_at_step']})" if "pruned_at_step" in t.user_attrs else "") + (
-            f" {t.user_attrs['error']}" if t.state == TrialState.FAIL and t.user_attrs.get("error") else "")
-        lines.append(f"| {t.number} | {t.state.name.lower()}{extra} | {value} | `{t.user_attrs.get('flags', '')}` |")
-    plots = _plots(study, out, len(done))
-    if plots:
-        lines += ["", " ".join(f"![{p}]({p})" for p in plots)]
-    text = "\n".join(lines) + "\n"
-    (out / "report.md").write_text(text)
-    print(text + f"\nwritten to {out}/ (report.md, trials.csv{', importances.json' if importances else ''}"
-          f"{', ' + ', '.join(plots) if plots else ''})")
-    return out
-
-
-def _plots(study, out: Path, n_done: int) -> list[str]:
-    if n_done < 1:
-        return []
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import optuna.visualization.matplotlib as vis
-    from optuna.importance import PedAnovaImportanceEvaluator
-
-    made = []
-    figures = [("history.png", lambda: vis.plot_optimization_history(study)),
-               ("parallel.png", lambda: vis.plot_parallel_coordinate(study)),
-               ("slices.png", lambda: vis.plot_slice(study)),
-               ("intermediate.png", lambda: vis.plot_intermediate_values(study))]
-    if n_done >= 2:
-        figures.append(("importances.png",
-                        lambda: vis.plot_param_importances(study, evaluator=PedAnovaImportanceEvaluator())))
-    for name, make in figures:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            try:
-                ax = make()
-                fig = (ax.flat[0] if hasattr(ax, "flat") else ax).figure
-                fig.set_size_inches(max(fig.get_size_inches()[0], 8), max(fig.get_size_inches()[1], 5))
-                fig.tight_layout()
-                fig.savefig(out / name, dpi=100)
-                made.append(name)
-            except Exception:  # a plot Optuna cannot draw for this study (no intermediate values, one parameter)
-                pass
-            finally:
-                plt.close("all")
-    return made
-
-
 # ---------------------------------------------------------------------------------------------- the command
 
 
-def dry_run(st: Setup, a: argparse.Namespace) -> int:
-    print(f"study {st.study_name!r} in {st.storage or 'sqlite:///' + str(st.root / 'study.db')}, sampler {st.sampler}, "
-          f"pruner {st.pruner}, {st.trials} trials")
+def check_flags(st: Setup, jobs: int | None = None) -> None:
+    """The flags this study will pass, checked by the script's own parser and pre-start checks before any trial
+    or run folder exists (``experiments.flags.refusals``, the script under ``RL_CHECK_ONLY``): a run of each env id
+    and of each seed with the flags of every run, and each searched value at the edges of its range (LOW, HIGH,
+    every ``cat`` value; the other searched flags at the script's defaults). The first refusal in that order is a
+    ``LaunchError`` with the script's own reason. Each check imports the script (seconds): they run ``jobs`` at a
+    time, identical ones once, all of them (stopping at the first to end refused would name whichever check
+    finished first: a bad seed reported as a searched value's refusal)."""
+    stem = Path(st.script).stem
+    runs = build_grid(st.root, [st.script], st.env_ids, st.seeds, st.common, [[("trial0000", [])]])
+    first = runs[0]
+    checks: list[tuple[str, list[str]]] = []
+    labels: list[str] = []
+    shown = lambda r: shlex.join(r.flags()[:-4])  # without --out-dir and --run-name, which are the launcher's own
+    for r in runs:  # every env id with the first seed, every seed with the first env id
+        if r.env_id == first.env_id or r.seed == first.seed:
+            checks.append((r.script_path, r.flags()))
+            labels.append(f"{stem} refuses the flags of a run ({shown(r)})")
+    for p in st.space:
+        for v in searched_values(p):
+            tokens = flag_tokens(p, v, st.fields)
+            r = dataclasses.replace(first, variant=(("trial0000", tuple(tokens)),))
+            checks.append((r.script_path, r.flags()))
+            labels.append(f"--search {p.spec()}: {stem} refuses {shlex.join(tokens)} (beside the flags of every run)")
+    n = jobs or max(1, min(4, len(os.sched_getaffinity(0))))
+    refused = refusals(checks, jobs=n)
+    if refused:
+        index, reason = refused[0]
+        raise LaunchError(f"{labels[index]}: {reason}")
+
+
+def dry_run(st: Setup, slots: list[Slot]) -> int:
+    print(
+        f"study {st.study_name!r} in {st.storage or default_storage(st.root)}, sampler {st.sampler}, "
+        f"pruner {st.pruner}, {st.trials} trials"
+    )
     for p in st.space:
         print(f"  {p.spec():<40} -> --{p.name}")
-    slots = make_slots(physical_cores(), a.cores_per_run, 0, a.gpus_per_run, a.runs_per_gpu)
-    print(f"{len(slots)} slot(s) of {a.cores_per_run} physical core(s); each trial runs:")
+    print(f"{len(slots)} slot(s) of {slots[0].cores if slots else 0} physical core(s); each trial runs:")
     flags = [tok for p in st.space for tok in flag_tokens(p, f"<{p.name}>", st.fields)] if st.space else []
     for r in build_grid(st.root, [st.script], st.env_ids, st.seeds, st.common, [[("trialNNNN", flags)]]):
         print(f"  {r.rel}\n    {shlex.join(r.command())}")
     return 0
 
 
-SLURM_OPTIONS = {"--workers": 1, "--cluster": 1, "--partition": 1, "--time": 1, "--cpus-per-worker": 1,
-                 "--gpus-per-worker": 1, "--mem-gb": 1, "--slurm-param": 1, "--slurm": 0, "--wait": 0}
+SLURM_OPTIONS = {
+    "--workers": 1,
+    "--cluster": 1,
+    "--partition": 1,
+    "--time": 1,
+    "--cpus-per-worker": 1,
+    "--gpus-per-worker": 1,
+    "--mem-gb": 1,
+    "--slurm-param": 1,
+    "--slurm": 0,
+    "--wait": 0,
+}
 
 
 def worker_command(argv: list[str], tail: list[str]) -> list[str]:
@@ -1203,49 +755,56 @@ def worker_command(argv: list[str], tail: list[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """tune.py's command line (the module docstring); returns the exit status. Every check is made before
+    anything is created or changed: the arguments and the ``--config`` file (``study.setup_from``: the folder, its
+    ``tune.json`` and run records, the storage), the search space against the script's ``Args``, the sampler and
+    pruner, this machine's slots, then the runs' flags with the script's own parser (``check_flags``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     tail: list[str] = []
     if "--" in argv:
         i = argv.index("--")
         argv, tail = argv[:i], argv[i + 1 :]
-    a = parser().parse_args(argv)
+    try:
+        a = parser().parse_args(argv)
+    except SystemExit as e:  # Parser: the error: line is written; --help: exit 0
+        return e.code if isinstance(e.code, int) else 2
     try:
         st = setup_from(a, tail)
         if a.report:
             return report_only(st)
         if st.trials is None:
             raise LaunchError("--trials: how many trials the study ends with")
+        url = st.storage or default_storage(st.root)
+        orphan = runs_without_storage(st.root, url)
+        if orphan is not None:
+            raise LaunchError(
+                f"{orphan} is a run of a study whose storage {storage_file(url)[1]} does not exist: a "
+                f"new study would take its runs as its own; give another folder (or the study's storage)"
+            )
+        check_runs(st.root, st.study_name, None)
         st.fields = script_fields(st.script)
         st.space = check_space(st.space, st.fields, Path(st.script).stem, st.common)
         if not st.space:
             raise LaunchError("--search: nothing to search (give NAME=FORM, e.g. learning-rate=log:1e-5:1e-2)")
         make_sampler(st.sampler, a.sampler_seed, st.space)
         make_pruner(st.pruner)
+        slots: list[Slot] = []
+        if not a.slurm:  # a worker job's slots are its node's, made there
+            n_gpus = gpu_count() if a.gpus_per_run != 0 else 0
+            slots = make_slots(physical_cores(), a.cores_per_run, n_gpus, a.gpus_per_run, a.runs_per_gpu)
+        check_flags(st)
         if a.dry_run:
-            return dry_run(st, a)
+            return dry_run(st, slots or make_slots(physical_cores(), a.cores_per_run))
         if a.slurm:
             from experiments.slurm import submit_workers
 
             return submit_workers(a, worker_command(argv, tail), st.root)
-        return Tune(st, a).run()
+        return Tune(st, a, slots).run()
     except LaunchError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     except KeyboardInterrupt:  # before the runs' supervision took the signals: nothing of a run started
         return EXIT_INTERRUPTED
-
-
-def report_only(st: Setup) -> int:
-    import optuna
-
-    storage, url = make_storage(st.storage or read_json(st.root / "tune.json").get("storage"), st.root)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    try:
-        study = optuna.load_study(study_name=st.study_name, storage=storage)
-    except KeyError:
-        raise LaunchError(f"no study {st.study_name!r} in {url}") from None
-    write_report(st, study, url)
-    return 0
 
 
 if __name__ == "__main__":

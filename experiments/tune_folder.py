@@ -1,0 +1,219 @@
+"""A tune folder and the one study it belongs to: ``tune.json`` (which study, in which storage), the run records
+under it, and the checks that keep runs of two studies apart.
+
+Guarantees
+- ``check_root`` refuses a tune folder that is a file or that could not be created (its nearest existing parent is
+  a file, or not writable), without creating anything.
+- ``read_record`` returns the folder's ``tune.json`` (``{}`` where there is none); one that cannot be read, is not
+  a JSON object or holds a value of the wrong type is refused in one ``LaunchError`` naming the file and the key,
+  and nothing is rewritten.
+- ``tune.json`` records its storage so that a moved or copied folder still finds its own study: a SQLite or
+  journal file inside the folder by its path relative to the folder (``sqlite:///study.db``,
+  ``journal:study.log``), one outside it by its absolute path, a database server by its URL
+  (``recorded_storage``; ``storage_from_record`` reads all three, and the absolute paths of older records).
+- One study per folder: a command that names another study (``--study-name``) or another storage than the one its
+  ``tune.json`` records is refused (``check_same_study``); with neither given, the recorded ones are used, so
+  ``tune.py COPY --report`` reports the copy's own study. Each run's ``launch.json`` records its study (name and
+  the study's ``uid``, a user attribute set when the tune creates it); ``check_runs`` refuses, before a trial
+  starts, a folder holding a run of another study (one that would otherwise be taken as this study's trial of
+  the same number, already finished) and names the first such run, and refuses a damaged run record in one line
+  (which file, what is wrong) without rewriting it. ``runs_without_storage`` finds the case where the study is
+  gone but its runs are not (a deleted ``study.db``): the tune refuses before it creates a new study there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from experiments.grid import LaunchError
+from experiments.records import STATES, write_json
+
+__all__ = [
+    "RUN_RECORDS",
+    "check_creatable",
+    "check_root",
+    "check_runs",
+    "check_same_study",
+    "read_record",
+    "recorded_storage",
+    "run_records",
+    "runs_without_storage",
+    "storage_file",
+    "storage_from_record",
+    "write_record",
+]
+
+RUN_RECORDS = "*/*/trial[0-9]*/seed*/launch.json"  # {script}/{env id}/trial{NNNN}/seed{N}/launch.json
+# tune.json's keys and the types each must have (older records may lack any of them)
+RECORD_TYPES: dict[str, tuple[type, ...]] = {
+    "script": (str,),
+    "storage": (str,),
+    "study_name": (str,),
+    "trials": (int, type(None)),
+    "env_ids": (list,),
+    "seeds": (list,),
+    "flags": (list,),
+    "search": (list,),
+    "target_scores": (dict,),
+    "aggregate": (str,),
+    "score": (str,),
+    "last_episodes": (int,),
+}
+
+
+def storage_file(url: str) -> tuple[str, Path] | None:
+    """``("sqlite", path)`` or ``("journal", path)`` for a storage kept in a file (a relative path is relative to
+    the current directory, as SQLAlchemy reads it); None for a database server or a URL that is not one."""
+    if url.startswith("journal:"):
+        return "journal", Path(url[len("journal:") :]).expanduser()
+    if url.startswith("sqlite:///"):
+        db = url[len("sqlite:///") :].split("?", 1)[0]
+        return ("sqlite", Path(db)) if db and db != ":memory:" else None
+    return None
+
+
+def nearest_existing(path: Path) -> Path:
+    p = path.absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def check_creatable(folder: Path, where: str) -> None:
+    """That ``folder`` exists or could be made, without making it: its nearest existing parent is a folder this
+    process may write in."""
+    base = nearest_existing(folder)
+    if not base.is_dir():
+        raise LaunchError(f"{where}: {base} is a file, not a folder")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise LaunchError(f"{where}: cannot create anything in {base} (permission denied)")
+
+
+def check_root(root: Path) -> None:
+    if root.exists() and not root.is_dir():
+        raise LaunchError(f"tune folder {root} is a file, not a folder")
+    check_creatable(root, f"tune folder {root}")
+
+
+def read_record(root: Path) -> dict[str, Any]:
+    path = root / "tune.json"
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise LaunchError(f"{path}: cannot be read ({getattr(e, 'strerror', None) or e}); nothing was changed") from None
+    if not isinstance(data, dict):
+        raise LaunchError(f"{path}: not a JSON object; nothing was changed")
+    for key, types in RECORD_TYPES.items():
+        if key in data and (not isinstance(data[key], types) or isinstance(data[key], bool)):
+            raise LaunchError(f"{path}: {key} is {data[key]!r}, not a {types[0].__name__}; nothing was changed")
+    return data
+
+
+def recorded_storage(url: str, root: Path) -> str:
+    """``url`` as ``tune.json`` records it (see the module docstring)."""
+    file = storage_file(url)
+    if file is None:
+        return url
+    kind, path = file
+    path = path.resolve()
+    try:
+        path = path.relative_to(root.resolve())
+    except ValueError:
+        pass
+    return f"sqlite:///{path}" if kind == "sqlite" else f"journal:{path}"
+
+
+def storage_from_record(text: str, root: Path) -> str:
+    """The URL to open for a ``tune.json`` storage: a relative file path is the folder's."""
+    file = storage_file(text)
+    if file is None or file[1].is_absolute():
+        return text
+    kind, path = file
+    return f"sqlite:///{root / path}" if kind == "sqlite" else f"journal:{root / path}"
+
+
+def same_storage(a: str, b: str) -> bool:
+    fa, fb = storage_file(a), storage_file(b)
+    if fa is None or fb is None:
+        return a == b
+    return fa[0] == fb[0] and fa[1].resolve() == fb[1].resolve()
+
+
+def check_same_study(root: Path, saved: dict, study_name: str | None, storage: str | None) -> tuple[str, str | None]:
+    """The study and storage of this command: the given ones, which must be the recorded ones where ``tune.json``
+    records them, else the recorded ones (None: the defaults)."""
+    where = f"tune folder {root}"
+    rec_name = saved.get("study_name")
+    rec_storage = storage_from_record(saved["storage"], root) if saved.get("storage") else None
+    if study_name and rec_name and study_name != rec_name:
+        raise LaunchError(
+            f"{where} holds the runs of study {rec_name!r}: study {study_name!r} needs a folder of its "
+            f"own (runs of two studies would share trial folders)"
+        )
+    if storage and rec_storage and not same_storage(storage, rec_storage):
+        raise LaunchError(
+            f"{where} holds the runs of study {rec_name or root.name!r} in {rec_storage}, not "
+            f"{storage}: give that storage, or another folder"
+        )
+    return study_name or rec_name or root.name, storage or rec_storage
+
+
+def write_record(root: Path, spec: dict, script: str, storage_url: str, study_name: str, trials: int | None) -> None:
+    write_json(
+        root / "tune.json",
+        {**spec, "script": script, "storage": recorded_storage(storage_url, root), "study_name": study_name, "trials": trials},
+    )
+
+
+def run_records(root: Path) -> list[tuple[Path, dict]]:
+    """Every run record of the folder's trials, read; a damaged one raises ``LaunchError`` naming it."""
+    out = []
+    for path in sorted(root.glob(RUN_RECORDS)):
+        try:
+            rec = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise LaunchError(
+                f"{path}: cannot be read ({getattr(e, 'strerror', None) or e}); nothing was changed: repair or remove it"
+            ) from None
+        why = None
+        if not isinstance(rec, dict):
+            why = "not a JSON object"
+        elif rec.get("state") not in STATES:
+            why = f"state is {rec.get('state')!r}, not one of {', '.join(STATES)}"
+        elif "trial" in rec and (not isinstance(rec["trial"], int) or isinstance(rec["trial"], bool)):
+            why = f"trial is {rec['trial']!r}, not an integer"
+        elif not isinstance(rec.get("attempts", []), list):
+            why = f"attempts is {rec.get('attempts')!r}, not a list"
+        elif "study" in rec and not (isinstance(rec["study"], dict) and isinstance(rec["study"].get("name"), str)):
+            why = f"study is {rec['study']!r}, not {{name, uid}}"
+        if why:
+            raise LaunchError(f"{path}: {why}; nothing was changed: repair or remove it")
+        out.append((path, rec))
+    return out
+
+
+def check_runs(root: Path, study_name: str, uid: str | None) -> None:
+    """Refuses a run of another study among the folder's runs (see the module docstring)."""
+    for path, rec in run_records(root):
+        study = rec.get("study")
+        if study is None:
+            continue  # a run recorded before runs carried their study: the folder's tune.json said whose it is
+        if study.get("name") != study_name or (uid is not None and study.get("uid") not in (None, uid)):
+            raise LaunchError(
+                f"{path.parent} is a run of another study ({study.get('name')!r}, uid "
+                f"{study.get('uid')}) than {study_name!r} (uid {uid}): one study per tune folder; give "
+                f"another folder"
+            )
+
+
+def runs_without_storage(root: Path, url: str) -> Path | None:
+    """A run of the folder when the study's storage file does not exist (its study is gone, its runs are not)."""
+    file = storage_file(url)
+    if file is None or file[1].exists():
+        return None
+    return next((p.parent for p in root.glob(RUN_RECORDS)), None)
