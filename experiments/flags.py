@@ -3,7 +3,8 @@ that script's own parser before anything starts.
 
 Guarantees
 - ``Parser`` is ``argparse.ArgumentParser`` whose refusal is the scripts' (docs/contract.md): one line
-  ``error: ...`` on stderr, no usage block, exit 2. ``launch.py``, ``report.py``, ``status.py`` and ``tune.py``
+  ``error: ...`` on stderr, no usage block, exit 2, also for a typed option given ``--`` as its value (where
+  argparse would leave an empty list). ``launch.py``, ``report.py``, ``status.py``, ``plot.py`` and ``tune.py``
   parse their arguments with it.
 - ``refusal(script, flags)`` says whether ``script`` would start with ``flags``, asking the script itself: it runs
   ``python script *flags`` with ``RL_CHECK_ONLY=1`` in its environment (``shared.run.CHECK_ONLY``), so the script
@@ -40,6 +41,14 @@ TIMEOUT_S = 300.0  # a check probes one env: seconds, tens of seconds for a slow
 
 class Parser(argparse.ArgumentParser):
     """``argparse.ArgumentParser`` refusing as the scripts do: one ``error:`` line on stderr, exit 2."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        ns, rest = super().parse_known_args(args, namespace)
+        for action in self._actions:
+            # argparse drops a value "--" (``--time=--``) and leaves [] where one typed value belongs
+            if action.nargs is None and action.type is not None and isinstance(getattr(ns, action.dest, None), list):
+                self.error(f"argument {'/'.join(action.option_strings) or action.dest}: expected one value")
+        return ns, rest
 
     def error(self, message: str) -> NoReturn:
         # argparse's own messages are one line; a type's ValueError text might not be, and the contract is one line

@@ -65,11 +65,11 @@ def test_a_missing_script_is_a_refusal_not_a_traceback(tmp_path):
 
 def test_a_script_checks_its_flags_and_writes_nothing(tmp_path):
     """ppo_atari's own parser and checks, under RL_CHECK_ONLY: a bad seed refused in its words, good flags
-    accepted, and the run folder given with --out-dir never made (three subprocesses, torch imported in each)."""
+    accepted, and the run folder given with --out-dir never made (two subprocesses, torch imported in each; the
+    launcher's tests check more of the scripts' refusals)."""
     out = tmp_path / "not" / "made"
     ok = ["--preset", "cartpole", "--out-dir", str(out), "--run-name", "r"]
-    got = flags.refusals([(PPO, [*ok, "--seed", "-1"]), (PPO, ok), (PPO, [*ok, "--env-id", "ALE/NoSuchGame-v5"])])
-    assert [i for i, _ in got] == [0, 2], got
+    got = flags.refusals([(PPO, [*ok, "--seed", "-1"]), (PPO, ok)])
+    assert [i for i, _ in got] == [0], got
     assert got[0][1].startswith("--seed"), got
-    assert "NoSuchGame" in got[1][1], got
     assert list(tmp_path.iterdir()) == []
