@@ -20,11 +20,12 @@ state after the last row, and initial_state(B, device) the zero state; the loss 
 n_step_target; the acting policy of evaluation and --export in Policy; the schedule in main.
 """
 
+import copy
 import importlib.util
 import sys
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -50,6 +51,7 @@ from shared.envs import EpisodeTally, image_shape, make_envs, observe_only
 from shared.evaluation import Draws
 from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayPacer
+from shared.precision import channels_last
 from shared.procs import SamplerProcess
 from shared.replay import SequenceReplayBuffer, prefetch_on
 from shared.rnn import lstm_rows
@@ -246,6 +248,12 @@ class R2D1Net(nn.Module):
         """Dueling head: Q [T, B, A] from the core's output [T, B, hidden]."""
         adv = self.a(h)
         return self.v(h) + adv - adv.mean(-1, keepdim=True)
+
+
+def make_network(args: Args, obs_space: gym.Space, act_space: gym.Space) -> nn.Module:
+    """The network, for the learner (and its target copy) and the async sampler alike: a new network is one edit here
+    (its forward and ``initial_state``: R2D1Net's)."""
+    return R2D1Net(obs_space.shape, int(act_space.n), args.hidden, args.recurrent)
 
 
 class Policy(nn.Module):
@@ -504,11 +512,11 @@ def check_args(args: Args) -> None:
 def make_learner(args: Args, run: Run) -> tuple[R2D1Net, R2D1Net, torch.optim.Optimizer]:
     """The online network, its target copy and the optimiser."""
     try:
-        net = R2D1Net(run.obs_space.shape, run.act_space.n, args.hidden, args.recurrent).to(run.device)
+        net = make_network(args, run.obs_space, run.act_space).to(run.device)
     except ValueError as e:  # observations the network cannot take
         bad_args(f"--env-id {args.env_id}: {e}")
-    target_net = R2D1Net(run.obs_space.shape, run.act_space.n, args.hidden, args.recurrent).to(run.device)
-    target_net.load_state_dict(net.state_dict())
+    net = channels_last(net, run.device, args.bf16)
+    target_net = copy.deepcopy(net).requires_grad_(False)
     fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}  # one kernel for all parameters
     optimizer = torch.optim.Adam(net.parameters(), lr=args.learning_rate, eps=1e-3, **fused)
     return net, target_net, optimizer
@@ -554,11 +562,11 @@ class EvalPolicy:
         if len(starts) != len(self.prev_action):  # another number of envs than the last evaluation
             self.state = self.net.initial_state(len(starts), self.device)
             self.prev_action = np.zeros(len(starts), np.int64)
-        t = partial(torch.as_tensor, device=self.device)
-        greedy, q, h, c = self.policy(t(obs), t(self.prev_action), t(rewards), *self.state, t(starts))
+        up = upload({"obs": obs, "prev_action": self.prev_action, "rewards": rewards, "starts": starts}, self.device)
+        greedy, q, h, c = self.policy(up["obs"], up["prev_action"], up["rewards"], *self.state, up["starts"])
         self.state = RnnState(h, c)
         explore = draws.random() < self.epsilon
-        self.prev_action = np.where(explore, draws.integers(q.shape[1]), greedy.cpu().numpy())
+        self.prev_action = np.where(explore, draws.integers(q.shape[1]), to_host(greedy))
         return self.prev_action
 
 
@@ -624,26 +632,21 @@ def main() -> int:
 def sampler_main(args: Args, buffer: SequenceReplayBuffer, link: AsyncReplay, proc: SamplerProcess) -> None:
     """Async sampler process: steps the envs and appends chunks to the shared replay with the newest parameters the
     learner published; waits while it is more than max_lag_steps ahead of the learner's updates."""
-    envs = make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial", n_threads=proc.n_threads)
-    net = R2D1Net(envs.single_observation_space.shape, envs.single_action_space.n, args.hidden, args.recurrent)
-    step = link.start_step
-    stepper = EnvStepper(envs, args, net, distributed.env_seed(args.seed + step, args.num_envs))
-    try:
+    with closing(make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial", proc.n_threads)) as envs:
+        net = make_network(args, envs.single_observation_space, envs.single_action_space)
+        step = link.start_step
+        stepper = EnvStepper(envs, args, net, distributed.env_seed(args.seed + step, args.num_envs))
         while step < args.total_timesteps:
             if not link.ready(proc, step, net, args.max_lag_steps, chunk_steps=args.num_envs * args.rnn_state_interval):
                 continue  # too far ahead of the learner
             chunk, priorities, episodes = stepper.step(net, torch.device("cpu"))
             if chunk is not None:
                 buffer.append(chunk, priorities)
-            # counted as global steps, like the learner's
-            step += args.num_envs * distributed.world_size()
+            step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
             link.report(episodes, step)
-        # the last, partial chunk (no input priorities: its sequences get the default)
-        rest = stepper.flush()
+        rest = stepper.flush()  # the last, partial chunk (no input priorities: its sequences get the default)
         if rest is not None:
             buffer.append(rest)
-    finally:
-        envs.close()
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ import importlib.util
 import math
 import sys
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -44,7 +45,7 @@ from shared import distributed
 from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveFloat, PositiveInt, Range
 from shared.cli import RunArgs, check_replay_sizes, parse_args
 from shared.compiling import compiled, graphed
-from shared.device import to_host
+from shared.device import to_host, upload
 from shared.envs import EpisodeTally, make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import ObsNorm, upload_batch
@@ -174,6 +175,13 @@ class Critics(nn.Module):
             if i < len(self.weights) - 1:
                 x = F.relu(x)
         return x.squeeze(-1)  # [K, N]
+
+
+def make_networks(args: Args, obs_space: gym.Space, act_space: gym.Space) -> tuple[nn.Module, nn.Module]:
+    """The actor and the critics, for the learner (and their target copies) and the async sampler (the actor) alike: a
+    new network is one edit here (their forwards: Actor's and Critics')."""
+    obs_dim, act_dim = int(np.prod(obs_space.shape)), int(np.prod(act_space.shape))
+    return Actor(obs_dim, act_dim, args.hidden), Critics(obs_dim, act_dim, args.hidden)
 
 
 class Policy(nn.Module):
@@ -314,19 +322,14 @@ def td3_update(actor, target_actor, critics, target_critics, optimizers, b: dict
 def make_learner(args: Args, run: Run) -> tuple[Actor, Actor, Critics, Critics, dict, ObsNorm]:
     """The actor and the critics with their target copies, the optimisers by their checkpoint names, and the
     observation statistics."""
-    obs_dim, act_dim = int(np.prod(run.obs_space.shape)), int(np.prod(run.act_space.shape))
-    actor = Actor(obs_dim, act_dim, args.hidden).to(run.device)
-    target_actor = copy.deepcopy(actor).requires_grad_(False)
-    critics = Critics(obs_dim, act_dim, args.hidden).to(run.device)
-    target_critics = Critics(obs_dim, act_dim, args.hidden).to(run.device)
-    target_critics.load_state_dict(critics.state_dict())
-    target_critics.requires_grad_(False)
+    actor, critics = (net.to(run.device) for net in make_networks(args, run.obs_space, run.act_space))
+    target_actor, target_critics = (copy.deepcopy(net).requires_grad_(False) for net in (actor, critics))
     fused = {"fused": True} if run.device.type in ("cpu", "cuda") else {}
     optimizers = {
         "actor_optimizer": torch.optim.Adam(actor.parameters(), lr=args.learning_rate, **fused),
         "critic_optimizer": torch.optim.Adam(critics.parameters(), lr=args.learning_rate, **fused),
     }
-    obs_norm = ObsNorm(obs_dim, args.normalize_obs, shared=args.sampler == "async")
+    obs_norm = ObsNorm(int(np.prod(run.obs_space.shape)), args.normalize_obs, shared=args.sampler == "async")
     return actor, target_actor, critics, target_critics, optimizers, obs_norm
 
 
@@ -341,7 +344,7 @@ def make_replay(args: Args, run: Run) -> ReplayBuffer:
 
 def act(policy: Policy, device: torch.device, obs: np.ndarray) -> np.ndarray:
     """Evaluation: Policy's action [B, A] at observations [B, S]."""
-    return policy(torch.as_tensor(obs, dtype=torch.float32, device=device)).cpu().numpy()
+    return to_host(policy(upload(obs, device)))
 
 
 def main() -> int:
@@ -361,7 +364,7 @@ def main() -> int:
     updates_per_step = args.replay_ratio / (args.batch_size * run.world)  # per job env step: each update samples on every rank
     pacer = ReplayPacer(updates_per_step, args.min_steps_learn * run.world, *start.replay_origin)
     with run:
-        # this process steps the envs: in turn (serial), or in threads or processes
+        # this process steps the envs: in turn (serial), or in worker processes (parallel)
         if args.sampler != "async":
             envs = run.hold(make_envs(args, make_env, args.sampler))
             stepper = EnvStepper(envs, args, obs_norm, distributed.env_seed(args.seed + global_step, args.num_envs))
@@ -394,12 +397,10 @@ def main() -> int:
 def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: AsyncReplay, proc: SamplerProcess) -> None:
     """Async sampler process: steps the envs and appends to the shared replay with the newest actor the learner
     published; waits while it is more than max_lag_steps ahead of what the learner's updates cover."""
-    torch.set_num_threads(1)
-    envs = make_envs(args, make_env, "serial")
-    step = link.start_step
-    stepper = EnvStepper(envs, args, obs_norm, distributed.env_seed(args.seed + step, args.num_envs))
-    actor = Actor(int(np.prod(envs.single_observation_space.shape)), int(np.prod(stepper.space.shape)), args.hidden)
-    try:
+    with closing(make_envs(args, make_env, "serial")) as envs:
+        step = link.start_step
+        stepper = EnvStepper(envs, args, obs_norm, distributed.env_seed(args.seed + step, args.num_envs))
+        actor, _ = make_networks(args, envs.single_observation_space, envs.single_action_space)
         while step < args.total_timesteps:
             if not link.ready(proc, step, actor, args.max_lag_steps):  # too far ahead of the learner
                 continue
@@ -407,8 +408,6 @@ def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: Asyn
             buffer.append(row)
             step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
             link.report(episodes, step)
-    finally:
-        envs.close()
 
 
 if __name__ == "__main__":
