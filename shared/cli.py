@@ -38,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 
+from shared import distributed
 from shared.argtypes import NonNegFloat, NonNegInt, Range
 from shared.precision import cpu_has_bf16
 
@@ -330,7 +331,7 @@ def check_common(args: Any) -> None:
             bad_args("--export writes a checkpoint's policy: give the run with --resume runs/<run>")
         if getattr(args, "eval_only", False):
             bad_args("--export and --eval-only: give one of them")
-        if _world_size() > 1:
+        if distributed.world_size() > 1:
             bad_args("--export runs in one process, not under torchrun")
         target = Path(args.export)
         if target.is_dir() or not target.parent.is_dir():
@@ -342,7 +343,7 @@ def check_common(args: Any) -> None:
         bad_args("--eval-only and --eval-every need --eval-episodes of at least 1")
     if not 0 <= args.seed < 2**31:  # numpy seeds are below 2**32, and the scripts add offsets to this one
         bad_args(f"--seed must be in [0, 2**31), got {args.seed}")
-    if getattr(args, "save_replay", False) and _world_size() > 1:
+    if getattr(args, "save_replay", False) and distributed.world_size() > 1:
         bad_args("--save-replay is not supported under torchrun yet (each rank keeps its own replay)")
     if not args.resume:
         # the run folder goes there: find out now rather than after the envs started, leaving nothing behind (a
@@ -375,17 +376,13 @@ def check_common(args: Any) -> None:
             bad_args("--capture-video needs moviepy (pip install -r requirements.txt)")
 
 
-def _world_size() -> int:
-    return int(os.environ.get("WORLD_SIZE", 1))  # torchrun's, read before the process group exists
-
-
 def resolve_device(spec: str, bf16: bool = False):
     """``auto`` (cuda if available), ``cpu``, ``cuda`` or ``cuda:N``; bad or unavailable devices exit 2. Under
     torchrun ``auto``/``cuda`` is ``cuda:LOCAL_RANK``. With ``bf16`` where it is not native (a CPU without
     AVX512-BF16 or AMX, a GPU older than compute capability 8.0), one warning line: the run goes on, slower."""
     import torch
 
-    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", _world_size()))
+    local_ranks = int(os.environ.get("LOCAL_WORLD_SIZE", distributed.world_size()))
     try:
         device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if spec == "auto" else spec)
     except RuntimeError:
@@ -400,10 +397,10 @@ def resolve_device(spec: str, bf16: bool = False):
                 f"--device {spec}: {local_ranks} ranks on this machine would share one GPU; give --device cuda "
                 f"(each rank takes the GPU of its local rank)"
             )
-        if device.index is None and _world_size() > 1:
+        if device.index is None and distributed.world_size() > 1:
             if local_ranks > torch.cuda.device_count():
                 bad_args(f"--nproc-per-node {local_ranks} is more than the {torch.cuda.device_count()} GPU(s) here")
-            device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            device = torch.device("cuda", distributed.local_rank())
         if device.index is not None and device.index >= torch.cuda.device_count():
             bad_args(f"--device {spec}: only {torch.cuda.device_count()} CUDA device(s) here")
     if device.type == "cuda":

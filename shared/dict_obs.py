@@ -1,4 +1,4 @@
-"""Dict observations for the on-policy scripts (ppo_atari.py, a2c_atari.py, ppo_lstm.py): the per-key torso and
+"""Dict observations for a script whose network takes them (``Run(..., dict_obs=True)``): the per-key torso and
 the rollout's allocation.
 
 Guarantees

@@ -11,7 +11,8 @@ Guarantees
   mask=[n, A] bool)``; the keywords are passed only to an ``act`` that names them: ``starts`` marks the first
   step of an episode (a recurrent policy starts afresh there), ``rewards`` the previous step's rewards,
   ``mask`` the env's ``info["action_mask"]`` (every action where an env gives none; None for continuous
-  actions). A row whose env has no
+  actions); ``check_act`` refuses an ``act`` with any other parameter (it would never be passed). A row whose env
+  has no
   episode left is still in the batch (static shapes) and its action is not used.
 - The envs: ``envs`` envs of ``make_env(render)``, the ones training makes, so the evaluation plays the same
   episodes as the one-env loop it replaced. Only the envs that still play an episode step. With ``procs`` > 1
@@ -52,7 +53,10 @@ from shared.affinity import available_cpus
 from shared.procs import CTX, Worker, WorkerError, parent_alive_check
 from shared.sync import POLL_S, wait_for
 
-__all__ = ["CLOSE_S", "QUICK_CLOSE_S", "Draws", "Episodes", "EvaluationError", "play"]
+__all__ = ["ACT_KEYWORDS", "CLOSE_S", "QUICK_CLOSE_S", "Draws", "Episodes", "EvaluationError", "check_act", "play"]
+
+# What an act function may take after the observations, by these names (the module docstring).
+ACT_KEYWORDS = ("draws", "starts", "rewards", "mask")
 
 CLOSE_S = 600.0  # the longest a worker may take to close its envs after a normal end (a video may be encoded)
 QUICK_CLOSE_S = 10.0  # the same after an error or a signal
@@ -90,6 +94,17 @@ class Draws:
     def gumbel(self, k: int) -> np.ndarray:
         """[n, k] float32 standard Gumbel noise: ``argmax(logits + noise)`` samples ``Categorical(logits)``."""
         return np.stack([rng.gumbel(size=k) for rng in self._rngs]).astype(np.float32)
+
+
+def check_act(act: Callable[..., Any]) -> None:
+    """``TypeError`` naming the parameter when ``act`` takes one after the observations that evaluation would never
+    pass (a renamed ``mask``, say): the keywords go only by name, so such a parameter would silently keep its default.
+    """
+    parameters = list(inspect.signature(act).parameters.values())[1:]
+    variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+    unknown = [p.name for p in parameters if p.name not in ACT_KEYWORDS and p.kind not in variadic]
+    if unknown:
+        raise TypeError(f"the evaluation's act takes {unknown}: after the observations it gets only {list(ACT_KEYWORDS)}")
 
 
 def play(

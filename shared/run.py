@@ -95,7 +95,7 @@ from shared.buffer import NotEnoughMemory, available_memory, check_fits, uncheck
 from shared.checkpoint import Start
 from shared.cli import bad_args, resolve_device, resume_changes
 from shared.envs import close_envs, probe_spaces
-from shared.evaluation import play
+from shared.evaluation import check_act, play
 from shared.files import WriteError, write_text
 from shared.precision import sampler_bf16
 from shared.procs import Worker, WorkerError, sampler_entry
@@ -211,8 +211,8 @@ class Run:
         if isinstance(self.obs_space, gym.spaces.Dict) and not dict_obs:
             bad_args(
                 f"--env-id {args.env_id}: {self.script} needs a Box observation space, got a Dict "
-                f"({', '.join(self.obs_space.spaces)}); ppo_atari.py, a2c_atari.py and ppo_lstm.py take Dict "
-                "observations"
+                f"({', '.join(self.obs_space.spaces)}); docs/contract.md (Dict observations) names the scripts that "
+                "take one"
             )
         if iteration_steps:  # the rollout's observations alone, before a network or a sampler is made
             copies = 2 if args.sampler == "async" else 1  # the async double buffer's two slots
@@ -291,7 +291,10 @@ class Run:
             bad_args(f"{named}: {refused}" if named else refused)
 
     def begin(self, policy: Callable, replay: Any = None, **objects: Any) -> Start:
-        """Restore or start (see the module docstring); ``policy(obs, last_reward)`` plays evaluations."""
+        """Restore or start (see the module docstring); ``policy`` plays evaluations: ``shared.evaluation`` calls it with
+        the observations and, by name, only the keywords among ``draws``, ``starts``, ``rewards``, ``mask`` that its
+        signature has; any other parameter is a ``TypeError`` here (``shared.evaluation.check_act``)."""
+        check_act(policy)
         self._check_setup()
         try:
             return self._begin(policy, replay, **objects)

@@ -179,3 +179,23 @@ def test_bad_evaluation_arguments_exit_2_with_one_line(bad, words, tmp_path):
     # In this process, before run.setup(); tests/test_ppo.py runs a refusal of ppo_atari.py end to end.
     lines = refusal("ppo_atari.py", *CARTPOLE_PPO, "--out-dir", str(tmp_path), *bad)
     assert len(lines) == 1 and words in lines[0], lines
+
+
+def test_an_act_parameter_evaluation_would_never_pass_is_refused_by_name():
+    """The keywords go to act by name only, so a renamed one (``masks`` for ``mask``) would silently keep its default:
+    check_act (called by Run.begin) refuses it; the names evaluation passes, and partial's bound arguments, are fine."""
+    from functools import partial
+
+    from shared.evaluation import check_act
+
+    def ok(policy, obs, draws, starts, rewards, mask=None):
+        return obs
+
+    check_act(partial(ok, None))
+    check_act(lambda obs: obs)
+
+    def renamed(obs, draws, masks=None):
+        return obs
+
+    with pytest.raises(TypeError, match=r"\['masks'\]"):
+        check_act(renamed)

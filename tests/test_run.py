@@ -53,7 +53,7 @@ def make_env(args, render: bool = False):
 def new_run(tmp_path, **kw) -> tuple[Run, torch.nn.Module]:
     run = Run(FakeArgs(out_dir=str(tmp_path), **kw), "script", make_env, action_space=gym.spaces.Discrete).setup()
     model = torch.nn.Linear(2, 2)
-    run.begin(lambda obs, last_reward: 0, model=model)
+    run.begin(lambda obs: 0, model=model)
     return run, model
 
 
@@ -113,7 +113,7 @@ def test_periodic_writes_rows_when_due_and_finish_writes_the_last_step_once(tmp_
 
 def test_on_policy_rows_count_iterations(tmp_path):
     run = Run(FakeArgs(out_dir=str(tmp_path), log_every=2), "script", make_env, iteration_steps=32).setup()
-    run.begin(lambda obs, last_reward: 0)
+    run.begin(lambda obs: 0)
     with run:
         for it in range(1, 6):
             run.periodic(32 * it, loss=float(it))
@@ -125,7 +125,7 @@ def test_on_policy_rows_count_iterations(tmp_path):
 def test_on_policy_rows_stay_on_multiples_of_log_every_after_a_resume(tmp_path):
     def first_run(**kw):
         run = Run(FakeArgs(out_dir=str(tmp_path), log_every=3, **kw), "script", make_env, iteration_steps=32).setup()
-        start = run.begin(lambda obs, last_reward: 0)
+        start = run.begin(lambda obs: 0)
         return run, start
 
     run, _ = first_run()
@@ -177,7 +177,7 @@ def test_checkpoints_come_every_n_minutes_of_wall_time(tmp_path, monkeypatch):
 
 def test_the_stop_rule_needs_n_episodes_at_or_above_the_threshold(tmp_path, capsys):
     run = Run(FakeArgs(out_dir=str(tmp_path), stop_at_return=11.5), "script", make_env, stop_window=2).setup()
-    run.begin(lambda obs, last_reward: 0)
+    run.begin(lambda obs: 0)
     with run:
         for r in [1.0, 9.0, 11.0]:
             run.episodes([(r, 1)], 0)
@@ -403,7 +403,7 @@ def test_a_run_that_fails_to_begin_leaves_the_process_group(tmp_path, monkeypatc
     run = Run(FakeArgs(out_dir=str(tmp_path), track=True), "script", make_env, action_space=gym.spaces.Discrete).setup()
     monkeypatch.setattr("shared.tracking.start", lambda *a: (_ for _ in ()).throw(RuntimeError("W&B is down")))
     with pytest.raises(SystemExit):
-        run.begin(lambda obs, last_reward: 0)
+        run.begin(lambda obs: 0)
     assert ended == [True] and capsys.readouterr().err == "error: W&B is down\n"
     with pytest.raises(SystemExit), run.allocating():  # a bad argument found while the networks are made
         cli.bad_args("observations the network cannot take")
@@ -464,7 +464,7 @@ def test_run_only_checks_and_setup_is_the_one_call_that_changes_the_process(tmp_
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # no handler installed
     assert run.affinity is None and not any(tmp_path.iterdir())
     with pytest.raises(RuntimeError, match="run.setup"):
-        run.begin(lambda obs, last_reward: 0)
+        run.begin(lambda obs: 0)
     with pytest.raises(RuntimeError, match="run.setup"), run.allocating():
         pass
     run.setup()
