@@ -13,9 +13,11 @@ it weighs 0 in the loss; its observation is the episode's last, whose value a ti
 On Atari a lost life ends the training episode (no bootstrap across it) while the game goes on: logged returns are
 whole games, unclipped.
 
-Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the network in Agent, any
-nn.Module whose forward(obs) takes observations [N, ...] as the env gives them and returns logits [N, A] and values
-[N]; the loss in a2c_loss, whose stats dict is logged (a new key is a new progress.csv column); the schedule in main.
+Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the network in make_agent
+(Agent here), any nn.Module whose forward(obs) takes observations [N, ...] as the env gives them and returns logits
+[N, A] and values [N]; the loss in a2c_loss, whose stats dict is logged (a new key is a new progress.csv column); a new
+per-step quantity (stored in the rollout) is a field in rollout_example, written in collect, put in learn_from's rows
+and read by the loss; the schedule in main.
 """
 
 import importlib.util
@@ -237,6 +239,8 @@ class EnvState:
         self.final_row = np.zeros(n, bool)
         self.mask = action_mask(info, self.final_row, envs.single_action_space.n)  # [B, A]: all True without one
         self.lives = np.asarray(info.get("lives", np.zeros(n)), np.int64)
+        # the episode sums travel in the rollout (ep_return, ep_length), which is how the async sampler's episodes reach
+        # the learner; the replay scripts, whose rows hold no episode totals, keep them in shared.envs.EpisodeTally
         self.ep_return = np.zeros(n, np.float64)
         self.ep_length = np.zeros(n, np.int64)
 
@@ -438,6 +442,8 @@ def make_learner(args: Args, run: Run) -> tuple[Agent, torch.optim.Optimizer]:
     return agent, optimizer
 
 
+# Evaluation's act (shared.evaluation): the observations [B, ...], then by parameter name only those of draws,
+# starts, rewards, mask that it names (another name is refused at the start: a renamed one would never be passed).
 def act(policy: Policy, device: torch.device, obs, draws: Draws, mask: np.ndarray) -> np.ndarray:
     """Evaluation: each episode samples from the policy among the valid actions with its own ``draws`` (Gumbel-max: the
     argmax of the logits plus Gumbel noise is a sample of Categorical(logits))."""

@@ -11,8 +11,8 @@ updates (tau 0.005) every step, Adam 3e-4, batch 256, no weight decay. replay_ra
 fraction of half the action range) and scaled to the env's bounds when stepping; --normalize-obs keeps running
 observation statistics, frozen in evaluation and in --export.
 
-Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the networks in Actor
-(forward(obs) -> action [N, A] in [-1, 1]) and Critics (forward(obs, action) -> Q-values [K, N], K = 1 here); the
+Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the networks in make_networks:
+Actor (forward(obs) -> action [N, A] in [-1, 1]) and Critics (forward(obs, action) -> Q-values [K, N], K = 1 here); the
 losses in ddpg_critic_loss and ddpg_actor_loss, whose statistics ddpg_update returns (a new key is a new progress.csv
 column); the evaluation and --export action in Policy; the schedule in main.
 """
@@ -327,6 +327,8 @@ def make_replay(args: Args, run: Run) -> ReplayBuffer:
     return ReplayBuffer(example, args.buffer_size, args.num_envs, **n_step, shared=args.sampler == "async", seed=seed)
 
 
+# Evaluation's act (shared.evaluation): the observations [B, ...], then by parameter name only those of draws,
+# starts, rewards, mask that it names (another name is refused at the start: a renamed one would never be passed).
 def act(policy: Policy, device: torch.device, obs: np.ndarray) -> np.ndarray:
     """Evaluation: Policy's action [B, A] at observations [B, S]."""
     return to_host(policy(upload(obs, device)))

@@ -11,8 +11,8 @@ once learning starts; evaluation uses the mean weights). On Atari a lost life is
 clipped to their sign; logged returns are whole games, unclipped. Replay rows and autoreset: shared/replay.py; the
 async and torchrun pacing (`wait_s`, `sampler_wait_s`): shared/pacing.py.
 
-Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the network in QNetwork and
-make_network: any nn.Module whose forward(obs, noise) takes observations [N, ...] as the env gives them (uint8 frames
+Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the network in make_network
+(QNetwork here): any nn.Module whose forward(obs, noise) takes observations [N, ...] as the env gives them (uint8 frames
 too) and returns Q-values [N, A] (noise: None, or the noisy layers' torch.Generator, which a network without them
 ignores; make_network refuses --noisy and --dueling for a network that cannot honour them); the loss in dqn_loss (its
 dict: the row's logged statistics, a new key a new progress.csv column); the schedule (replay ratio, target updates) in
@@ -325,6 +325,8 @@ def greedy_actions(q_net: nn.Module, obs: torch.Tensor, noise, bf16: bool) -> to
         return q_net(obs, noise).float().argmax(dim=1)
 
 
+# Evaluation's act (shared.evaluation): the observations [B, ...], then by parameter name only those of draws,
+# starts, rewards, mask that it names (another name is refused at the start: a renamed one would never be passed).
 def act(policy: Policy, device: torch.device, epsilon: float, obs: np.ndarray, draws) -> np.ndarray:
     """Evaluation: epsilon-greedy, each episode's coin and random action from its own ``draws`` (shared.evaluation)."""
     greedy, q = policy(upload(obs, device))

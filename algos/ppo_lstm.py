@@ -18,12 +18,14 @@ weighs 0 in every loss; its observation is the episode's last, seen with the epi
 truncation bootstraps from; the row after it starts from a zero state. On Atari a lost life ends the training episode
 (no bootstrap across it) but neither the game nor the LSTM's memory.
 
-Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the network in Agent, any
-nn.Module with `discrete` (Discrete actions, else Box), forward(obs, state, episode_start) from observations [T * B, ...]
-(rows time-major) and the state, zeroed before the rows where episode_start [T, B], to the policy's outputs [T * B, A]
-(logits or a Gaussian's mean), values [T * B] and the last state, policy(out, mask, action) to the action (sampled where
-None), its log-probability and entropy, initial_state(B), obs_norm (observation statistics) and, continuous, log_std;
-the loss in ppo_loss, whose stats dict is logged (a new key is a new progress.csv column); the schedule in main.
+Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the network in make_agent
+(Agent here), any nn.Module with `discrete` (Discrete actions, else Box), forward(obs, state, episode_start) from
+observations [T * B, ...] (rows time-major) and the state, zeroed before the rows where episode_start [T, B], to the
+policy's outputs [T * B, A] (logits or a Gaussian's mean), values [T * B] and the last state, policy(out, mask, action)
+to the action (sampled where None), its log-probability and entropy, initial_state(B), obs_norm (observation statistics)
+and, continuous, log_std; the loss in ppo_loss, whose stats dict is logged (a new key is a new progress.csv column); a
+new per-step quantity (stored in the rollout) is a field in rollout_example, written in collect, put in learn_from's
+rows and read by the loss; the schedule in main.
 """
 
 import importlib.util
@@ -387,6 +389,8 @@ class EnvState:
         self.mask = action_mask(info, self.final_row, n_actions)  # [B, A]: all True where the env gives none
         self.rnn = agent.initial_state(n, device)
         self.lives = np.asarray(info.get("lives", np.zeros(n)), np.int64)
+        # the episode sums travel in the rollout (ep_return, ep_length), which is how the async sampler's episodes reach
+        # the learner; the replay scripts, whose rows hold no episode totals, keep them in shared.envs.EpisodeTally
         self.ep_return = np.zeros(n, np.float64)
         self.ep_length = np.zeros(n, np.int64)
         self.discounted = np.zeros(n, np.float64)  # G <- gamma G + r within the episode
@@ -668,6 +672,8 @@ def make_learner(args: Args, run: Run) -> tuple:
     return agent, optimizer, torch.Generator().manual_seed(args.seed), return_norm
 
 
+# Evaluation's act (shared.evaluation): the observations [B, ...], then by parameter name only those of draws,
+# starts, rewards, mask that it names (another name is refused at the start: a renamed one would never be passed).
 class EvalPolicy:
     """Evaluation's act: the Policy, each env carrying its LSTM state through its episode (zeroed where ``starts`` [B]);
     discrete actions sampled among the valid ones ``mask`` [B, A] with each episode's own ``draws`` (Gumbel-max: the

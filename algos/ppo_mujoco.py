@@ -19,10 +19,11 @@ Envs autoreset on the step after an episode ends (gymnasium's next-step mode): t
 it weighs 0 in every loss; its observation is the episode's last, whose value a time-limit truncation bootstraps from
 (every MuJoCo v5 episode ends at 1000 steps).
 
-Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the network in Agent, whose
-forward(obs) takes raw observations [N, S] and returns the Gaussian mean [N, A], its log-std [N, A] and values [N], with
-`obs_norm` (the observation statistics) and `log_std` beside; the loss in ppo_loss, whose stats dict is logged (a new
-key is a new progress.csv column); the schedule in main.
+Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the network in make_agent
+(Agent here), whose forward(obs) takes raw observations [N, S] and returns the Gaussian mean [N, A], its log-std [N, A]
+and values [N], with `obs_norm` (the observation statistics) and `log_std` beside; the loss in ppo_loss, whose stats
+dict is logged (a new key is a new progress.csv column); a new per-step quantity (stored in the rollout) is a field in
+rollout_example, written in collect, put in learn_from's rows and read by the loss; the schedule in main.
 """
 
 import importlib.util
@@ -228,6 +229,8 @@ class EnvState:
         self.obs, _ = envs.reset(seed=seed)
         n = len(self.obs)
         self.final_row = np.zeros(n, bool)
+        # the episode sums travel in the rollout (ep_return, ep_length), which is how the async sampler's episodes reach
+        # the learner; the replay scripts, whose rows hold no episode totals, keep them in shared.envs.EpisodeTally
         self.ep_return = np.zeros(n, np.float64)
         self.ep_length = np.zeros(n, np.int64)
         self.discounted = np.zeros(n, np.float64)  # G <- gamma G + r within the episode
@@ -466,6 +469,8 @@ def make_learner(args: Args, run: Run) -> tuple:
     return agent, optimizer, generator, return_norm
 
 
+# Evaluation's act (shared.evaluation): the observations [B, ...], then by parameter name only those of draws,
+# starts, rewards, mask that it names (another name is refused at the start: a renamed one would never be passed).
 def act(policy: Policy, device: torch.device, obs: np.ndarray) -> np.ndarray:
     """Evaluation: Policy's deterministic action [B, ...] at observations [B, ...]."""
     action, _ = policy(upload(obs, device))

@@ -14,9 +14,9 @@ clipping); a sequence's priority mixes the max and the mean of its absolute TD e
 sequences input priorities from the Q-values it acted with. The recurrent state, previous action and previous reward are
 zeroed at every row that starts an episode. replay_ratio: training rows (burn-in not counted) per env step, as in rlpyt.
 
-Where to change what: the env in make_env; the network in R2D1Net, any nn.Module with forward(obs, prev_action,
-prev_reward, state, episode_start, start_rows=None) over sequences [T, B, ...] returning Q-values [T, B, A] and the
-state after the last row, and initial_state(B, device) the zero state; the loss in r2d1_loss; the target in
+Where to change what: the env in make_env; the network in make_network (R2D1Net here), any nn.Module with forward(obs,
+prev_action, prev_reward, state, episode_start, start_rows=None) over sequences [T, B, ...] returning Q-values [T, B, A]
+and the state after the last row, and initial_state(B, device) the zero state; the loss in r2d1_loss; the target in
 n_step_target; the acting policy of evaluation and --export in Policy; the schedule in main.
 """
 
@@ -548,6 +548,8 @@ def make_replay(args: Args, run: Run) -> SequenceReplayBuffer:
     )
 
 
+# Evaluation's act (shared.evaluation): the observations [B, ...], then by parameter name only those of draws,
+# starts, rewards, mask that it names (another name is refused at the start: a renamed one would never be passed).
 class EvalPolicy:
     """Evaluation's act: the Policy, eval_epsilon-greedy with each episode's own draws, each env carrying its recurrent
     state and previous action through its episode (``starts``: a new one begins there)."""

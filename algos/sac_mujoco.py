@@ -11,8 +11,8 @@ paper's one update per step). n-step targets sum the rewards only; n = 1 is the 
 inside the agent and the replay and scaled to the env's bounds when stepping; --normalize-obs keeps running
 observation statistics, frozen in evaluation and in --export.
 
-Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the networks in Actor
-(net(obs) -> mean and log std [N, 2A] of the pre-tanh Gaussian; forward(obs) -> a sampled action in [-1, 1] [N, A]
+Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the networks in make_networks:
+Actor (net(obs) -> mean and log std [N, 2A] of the pre-tanh Gaussian; forward(obs) -> a sampled action in [-1, 1] [N, A]
 and its log-probability [N]) and Critics (forward(obs, action) -> Q-values [K, N]); the losses in sac_critic_loss,
 sac_actor_loss and sac_alpha_loss, whose statistics sac_update returns (a new key is a new progress.csv column); the
 evaluation and --export action in Policy; the schedule in main.
@@ -367,6 +367,8 @@ def make_replay(args: Args, run: Run) -> ReplayBuffer:
     return ReplayBuffer(example, args.buffer_size, args.num_envs, **n_step, shared=args.sampler == "async", seed=seed)
 
 
+# Evaluation's act (shared.evaluation): the observations [B, ...], then by parameter name only those of draws,
+# starts, rewards, mask that it names (another name is refused at the start: a renamed one would never be passed).
 def act(policy: Policy, device: torch.device, obs: np.ndarray) -> np.ndarray:
     """Evaluation: Policy's deterministic action [B, A] at observations [B, S]."""
     return to_host(policy(upload(obs, device))[0])

@@ -11,10 +11,10 @@ batch 256: the paper's one critic update per step); n = 1 is the paper's TD3. Ac
 and the replay (the noise scales are fractions of half the action range) and scaled to the env's bounds when stepping;
 --normalize-obs keeps running observation statistics, frozen in evaluation and in --export.
 
-Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the networks in Actor
-(forward(obs) -> action [N, A] in [-1, 1]) and Critics (forward(obs, action, first) -> Q-values [K, N] of the K
-critics, or of the first `first`); the losses in td3_critic_loss and td3_actor_loss, whose statistics td3_update
-returns (a new key is a new progress.csv column); the evaluation and --export action in Policy; the schedule in main.
+Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the networks in make_networks:
+Actor (forward(obs) -> action [N, A] in [-1, 1]) and Critics (forward(obs, action, first) -> Q-values [K, N] of the K
+critics, or of the first `first`); the losses in td3_critic_loss and td3_actor_loss, whose statistics td3_update returns
+(a new key is a new progress.csv column); the evaluation and --export action in Policy; the schedule in main.
 """
 
 import copy
@@ -342,6 +342,8 @@ def make_replay(args: Args, run: Run) -> ReplayBuffer:
     return ReplayBuffer(example, args.buffer_size, args.num_envs, **n_step, shared=args.sampler == "async", seed=seed)
 
 
+# Evaluation's act (shared.evaluation): the observations [B, ...], then by parameter name only those of draws,
+# starts, rewards, mask that it names (another name is refused at the start: a renamed one would never be passed).
 def act(policy: Policy, device: torch.device, obs: np.ndarray) -> np.ndarray:
     """Evaluation: Policy's action [B, A] at observations [B, S]."""
     return to_host(policy(upload(obs, device)))
