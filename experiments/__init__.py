@@ -23,8 +23,22 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository: algos/ and shared/ are here
 
-# Every module of the package; the command lines among them run as scripts (tests/test_launch_contract.py checks
-# both, and that this list is the folder's).
-MODULES = ("display", "flags", "grid", "launch", "local", "plot", "process", "records", "report", "slots", "slurm",
-           "status", "tune")
+# The package's modules, and those that are command lines (``python experiments/<name>.py``); the modules that
+# tune.py is cut into join MODULES with it. tests/test_launch_contract.py imports every module of the folder and
+# runs every command.
+MODULES = (
+    "display",
+    "flags",
+    "grid",
+    "launch",
+    "local",
+    "plot",
+    "process",
+    "records",
+    "report",
+    "slots",
+    "slurm",
+    "status",
+    "tune",
+)
 COMMANDS = ("launch", "plot", "report", "status", "tune")

@@ -95,12 +95,15 @@ class Display(LiveView):
         from rich.table import Table
 
         prog, eta, counts = self.stats()
-        t = Table(title=f"{len(self.runs)} runs: {counts['done']} done, {counts['running']} running, "
-                        f"{counts['queued']} queued, {counts['failed']} failed   experiment ETA {eta}",
-                  title_justify="left")
+        t = Table(
+            title=f"{len(self.runs)} runs: {counts['done']} done, {counts['running']} running, "
+            f"{counts['queued']} queued, {counts['failed']} failed   experiment ETA {eta}",
+            title_justify="left",
+        )
         for c in ("run", "state", "cpus", "step", "return", "SPS", "ETA"):
-            t.add_column(c, justify="left" if c in ("run", "state", "cpus") else "right",
-                         overflow="fold" if c == "run" else "ellipsis")
+            t.add_column(
+                c, justify="left" if c in ("run", "state", "cpus") else "right", overflow="fold" if c == "run" else "ellipsis"
+            )
         colour = {"running": "cyan", "done": "green", "failed": "red", "interrupted": "yellow", "pruned": "magenta"}
         for r in self.runs:
             rec = self.records[r.rel]
@@ -109,10 +112,19 @@ class Display(LiveView):
             cpus = ",".join(map(str, att.get("cpus", []))) if rec["state"] == "running" else ""
             ret = f"{p['return']:.1f}" if p.get("return") is not None else "-"
             sps = f"{p['sps']:.0f}" if p.get("sps") else "-"
-            run_eta = (fmt_duration((p["total"] - p["step"]) / p["sps"]) if rec["state"] == "running" and p.get("sps")
-                       and p.get("total") and p.get("step") is not None else "-")
+            run_eta = (
+                fmt_duration((p["total"] - p["step"]) / p["sps"])
+                if rec["state"] == "running" and p.get("sps") and p.get("total") and p.get("step") is not None
+                else "-"
+            )
             state = rec["state"] + (f" ({rec['exit_code']})" if rec["state"] == "failed" else "")
-            t.add_row(r.rel, f"[{colour.get(rec['state'], 'white')}]{state}[/]", cpus,
-                      f"{fmt_steps(p.get('step'))}/{fmt_steps(p.get('total') or r.total_from_flags())}", ret, sps,
-                      run_eta)
+            t.add_row(
+                r.rel,
+                f"[{colour.get(rec['state'], 'white')}]{state}[/]",
+                cpus,
+                f"{fmt_steps(p.get('step'))}/{fmt_steps(p.get('total') or r.total_from_flags())}",
+                ret,
+                sps,
+                run_eta,
+            )
         return t

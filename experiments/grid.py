@@ -33,8 +33,19 @@ from typing import Any
 
 from experiments import ROOT
 
-__all__ = ["RESERVED", "LaunchError", "Trial", "build_grid", "check_env_ids", "check_values", "load_file",
-           "parse_level", "resolve_script", "saved_grid", "split_flags"]
+__all__ = [
+    "RESERVED",
+    "LaunchError",
+    "Trial",
+    "build_grid",
+    "check_env_ids",
+    "check_values",
+    "load_file",
+    "parse_level",
+    "resolve_script",
+    "saved_grid",
+    "split_flags",
+]
 
 RESERVED = ("--seed", "--env-id", "--out-dir", "--run-name", "--resume")  # set by the launcher for every run
 NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=,-]*$")
@@ -103,8 +114,7 @@ def split_flags(flags: Any, where: str) -> list[str]:
             return shlex.split(flags)
         except ValueError as e:
             raise LaunchError(f"{where}: cannot split {flags!r} into flags ({e})") from None
-    if isinstance(flags, (list, tuple)) and all(isinstance(f, (str, int, float)) and not isinstance(f, bool)
-                                                for f in flags):
+    if isinstance(flags, (list, tuple)) and all(isinstance(f, (str, int, float)) and not isinstance(f, bool) for f in flags):
         return [str(f) for f in flags]
     raise LaunchError(f"{where}: flags must be a string or a list of strings, got {flags!r}")
 
@@ -133,8 +143,9 @@ def _check_reserved(flags: list[str], where: str) -> None:
     for f in flags:
         name = f.split("=", 1)[0]
         if name in RESERVED:
-            raise LaunchError(f"{where}: {name} is set by the launcher for every run (use --seeds, --env-ids or the "
-                              f"experiment root)")
+            raise LaunchError(
+                f"{where}: {name} is set by the launcher for every run (use --seeds, --env-ids or the experiment root)"
+            )
 
 
 def resolve_script(name: str) -> Path:
@@ -201,9 +212,17 @@ def saved_grid(experiment: dict, where: str) -> dict:
         check_values(grid, "grid")
         levels = grid.get("levels", [])
         ok = isinstance(levels, list) and all(
-            isinstance(lv, list) and all(isinstance(v, list) and len(v) == 2 and isinstance(v[0], str)
-                                         and isinstance(v[1], list) and all(isinstance(f, str) for f in v[1])
-                                         for v in lv) for lv in levels)
+            isinstance(lv, list)
+            and all(
+                isinstance(v, list)
+                and len(v) == 2
+                and isinstance(v[0], str)
+                and isinstance(v[1], list)
+                and all(isinstance(f, str) for f in v[1])
+                for v in lv
+            )
+            for lv in levels
+        )
         if not ok:
             raise LaunchError(f"grid: levels must be lists of [name, [flags]], got {levels!r:.80}")
         if not (isinstance(grid.get("flags", []), list)):
@@ -241,14 +260,21 @@ def load_file(path: Path, extra: Sequence[str] = ()) -> dict:
     levels = data.get("levels", [])
     if not isinstance(levels, list) or not all(isinstance(lv, dict) for lv in levels):
         raise LaunchError(f"--config {path}: levels must be a list of tables (name = flags)")
-    data["levels"] = [[(str(k), split_flags(v, f"--config {path}: level {i + 1}")) for k, v in lv.items()]
-                      for i, lv in enumerate(levels)]
+    data["levels"] = [
+        [(str(k), split_flags(v, f"--config {path}: level {i + 1}")) for k, v in lv.items()] for i, lv in enumerate(levels)
+    ]
     return data
 
 
-def build_grid(root: Path, scripts: Sequence[str], env_ids: Sequence[str | None], seeds: Sequence[int],
-               common: Sequence[str], levels: Sequence[Sequence[tuple[str, list[str]]]], nproc: int = 1
-               ) -> list[Trial]:
+def build_grid(
+    root: Path,
+    scripts: Sequence[str],
+    env_ids: Sequence[str | None],
+    seeds: Sequence[int],
+    common: Sequence[str],
+    levels: Sequence[Sequence[tuple[str, list[str]]]],
+    nproc: int = 1,
+) -> list[Trial]:
     """Every run of the grid, in order: scripts, env ids, variants (the last level fastest), seeds."""
     if not scripts:
         raise LaunchError("no scripts: give --scripts (or scripts in the --config file)")
@@ -266,8 +292,7 @@ def build_grid(root: Path, scripts: Sequence[str], env_ids: Sequence[str | None]
         names = [n for n, _ in level]
         for n in names:
             if not NAME_OK.match(n):
-                raise LaunchError(f"level {i + 1}: variant name {n!r} must be letters, digits and ._=,- (it names "
-                                  f"folders)")
+                raise LaunchError(f"level {i + 1}: variant name {n!r} must be letters, digits and ._=,- (it names folders)")
         if len(set(names)) != len(names):
             raise LaunchError(f"level {i + 1}: a variant name is given twice ({names})")
         variants = []
@@ -282,8 +307,18 @@ def build_grid(root: Path, scripts: Sequence[str], env_ids: Sequence[str | None]
         for combo in itertools.product(*checked_levels) if checked_levels else [()]:
             n = next((v[2] for v in reversed(combo) if v[2] is not None), None) or common_nproc or nproc
             for seed in seeds:
-                runs.append(Trial(root, paths[script].stem, str(paths[script]), env_id, int(seed),
-                                  tuple((name, flags) for name, flags, _ in combo), tuple(common), n))
+                runs.append(
+                    Trial(
+                        root,
+                        paths[script].stem,
+                        str(paths[script]),
+                        env_id,
+                        int(seed),
+                        tuple((name, flags) for name, flags, _ in combo),
+                        tuple(common),
+                        n,
+                    )
+                )
     rels = [r.rel for r in runs]
     if len(set(rels)) != len(rels):
         raise LaunchError("two runs would share a folder (the same script name twice in --scripts?)")

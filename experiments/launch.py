@@ -19,7 +19,7 @@ Usage
         --cores-per-run 1 -- --preset cartpole --total-timesteps 50000
     python experiments/launch.py runs/cartpole ... --dry-run      # every run, its command and resources
     python experiments/launch.py --config cartpole.toml          # the same grid from a file
-    python experiments/launch.py runs/cartpole --status          # the states, from the files
+    python experiments/launch.py runs/cartpole --status          # the states, from the files (or status.py)
     # again after Ctrl-C, a crash or a reboot: finished runs are skipped, interrupted ones resumed
     python experiments/launch.py --config cartpole.toml [--retry-failed]
     python experiments/launch.py runs/cartpole                   # the root alone: its last launch's grid
@@ -69,10 +69,20 @@ What each part does, each guaranteed in its module's docstring (this package's `
   ``--array-parallelism`` and ``--slurm-param KEY=VALUE``; a job requeued after a timeout or a preemption
   resumes its run. ``--cluster local`` runs the same jobs on this machine (for testing) and waits for them; with
   SLURM ``--wait`` waits and summarises.
+- Checks first (``grid.py``, ``records.py``, ``flags.py``): before anything is created or changed, the launcher's
+  own options (ranges, finite numbers), the config file (each key of its type), the root (not a file, in a folder
+  that can be made and written; parents are made as ``mkdir -p`` would) and the records of an existing root
+  (``experiment.json``, ``status.json``, each run's ``launch.json``; ``slurm_jobs.json`` with ``--slurm``) are
+  checked. A damaged record is named in one line (which file, what is wrong) and never rewritten. Then the flags
+  each run will get are checked by its script's own parser and pre-start checks (``RL_CHECK_ONLY``: flag
+  ranges, env id, spaces, device), one check per script x env id x variant, the seeds' range folded into those
+  checks, at most four at a time; a refusal names the variant and the script's own ``error:`` line, and no run
+  folder is made (``--dry-run`` checks too; ``--status`` reads only).
 
 Exit status: 0 when every run of the grid is done; 1 otherwise (the summary names each failed run with the last
-``error:`` line of its stderr); 130 after Ctrl-C or SIGTERM; 2 for bad launcher arguments or an unusable
-experiment, with one ``error:`` line. ``--slurm`` without waiting: 0 once the jobs are submitted.
+``error:`` line of its stderr); 130 after Ctrl-C or SIGTERM; 2 for bad launcher arguments, a damaged record, flags
+a script refuses, or an unusable experiment, with one ``error:`` line and nothing written. ``--slurm`` without
+waiting: 0 once the jobs are submitted. ``python experiments/status.py ROOT`` prints the same as ``--status``.
 """
 
 from __future__ import annotations
@@ -127,16 +137,24 @@ __all__ = ["launch", "main", "parser"]
 
 def parser() -> argparse.ArgumentParser:
     p = Parser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="Flags after `--` go to every run (so do --flags). See the module docstring for the file form.")
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Flags after `--` go to every run (so do --flags). See the module docstring for the file form.",
+    )
     p.add_argument("root", nargs="?", help="experiment root (or `root` in the --config file)")
     p.add_argument("--config", type=Path, help="the grid in a TOML or JSON file")
     p.add_argument("--scripts", nargs="+", help="algos/ names (ppo_atari) or paths")
     p.add_argument("--env-ids", nargs="+", help="gymnasium ids (left out: the script's default)")
     p.add_argument("--seeds", nargs="+", type=int)
     p.add_argument("--flags", default="", help="flags for every run, one string")
-    p.add_argument("--level", action="append", nargs="+", default=[], metavar="NAME:FLAGS",
-                   help="one level of variants, each NAME:FLAGS; repeat for more levels (they are crossed)")
+    p.add_argument(
+        "--level",
+        action="append",
+        nargs="+",
+        default=[],
+        metavar="NAME:FLAGS",
+        help="one level of variants, each NAME:FLAGS; repeat for more levels (they are crossed)",
+    )
     p.add_argument("--cores-per-run", type=int, default=1, help="physical cores per slot (default 1)")
     p.add_argument("--gpus-per-run", type=int, default=None, help="GPUs of its own per run (0: hide the GPUs)")
     p.add_argument("--runs-per-gpu", type=int, default=None, help="at most this many runs share one GPU")
@@ -144,20 +162,29 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--retry-failed", action="store_true", help="rerun runs that failed (exit 1 or 2) before")
     p.add_argument("--dry-run", action="store_true", help="print every run, its command and resources; change nothing")
     p.add_argument("--status", action="store_true", help="print the runs' states from the files and exit")
-    p.add_argument("--stop-timeout", type=float, default=120.0,
-                   help="seconds to wait for the runs to checkpoint after Ctrl-C/SIGTERM before SIGKILL")
+    p.add_argument(
+        "--stop-timeout",
+        type=float,
+        default=120.0,
+        help="seconds to wait for the runs to checkpoint after Ctrl-C/SIGTERM before SIGKILL",
+    )
     p.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
     p.add_argument("--status-every", type=float, default=30.0, help="seconds between summary lines (plain output)")
     s = p.add_argument_group("clusters (submitit)")
     s.add_argument("--slurm", action="store_true", help="submit the runs as SLURM job arrays through submitit")
-    s.add_argument("--cluster", choices=["auto", "slurm", "local"], default="auto",
-                   help="submitit's executor: auto (SLURM where sbatch exists), slurm, or local (testing)")
+    s.add_argument(
+        "--cluster",
+        choices=["auto", "slurm", "local"],
+        default="auto",
+        help="submitit's executor: auto (SLURM where sbatch exists), slurm, or local (testing)",
+    )
     s.add_argument("--partition", default=None)
     s.add_argument("--time", type=int, default=60, help="minutes per job (the script is requeued after)")
     s.add_argument("--mem-gb", type=float, default=None)
     s.add_argument("--array-parallelism", type=int, default=256, help="most jobs of an array running at once")
-    s.add_argument("--slurm-param", action="append", default=[], metavar="KEY=VALUE",
-                   help="any other sbatch option (e.g. account=abc)")
+    s.add_argument(
+        "--slurm-param", action="append", default=[], metavar="KEY=VALUE", help="any other sbatch option (e.g. account=abc)"
+    )
     s.add_argument("--wait", action="store_true", help="with --slurm: wait for the jobs and summarise")
     return p
 
@@ -178,14 +205,22 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def check_options(a: argparse.Namespace) -> None:
     """The launcher's own options, each in its range (finite floats), before anything is read or written."""
-    least = {"--cores-per-run": (a.cores_per_run, 1), "--nproc-per-node": (a.nproc_per_node, 1), "--time": (a.time, 1),
-             "--array-parallelism": (a.array_parallelism, 1), "--gpus-per-run": (a.gpus_per_run, 0),
-             "--runs-per-gpu": (a.runs_per_gpu, 1)}
+    least = {
+        "--cores-per-run": (a.cores_per_run, 1),
+        "--nproc-per-node": (a.nproc_per_node, 1),
+        "--time": (a.time, 1),
+        "--array-parallelism": (a.array_parallelism, 1),
+        "--gpus-per-run": (a.gpus_per_run, 0),
+        "--runs-per-gpu": (a.runs_per_gpu, 1),
+    }
     for name, (v, lo) in least.items():
         if v is not None and v < lo:
             raise LaunchError(f"{name} must be at least {lo}, got {v}")
-    for name, v, positive in (("--stop-timeout", a.stop_timeout, False), ("--status-every", a.status_every, False),
-                              ("--mem-gb", a.mem_gb, True)):
+    for name, v, positive in (
+        ("--stop-timeout", a.stop_timeout, False),
+        ("--status-every", a.status_every, False),
+        ("--mem-gb", a.mem_gb, True),
+    ):
         if v is not None and not (math.isfinite(v) and (v > 0 if positive else v >= 0)):
             raise LaunchError(f"{name} must be a finite number {'above' if positive else 'at least'} 0, got {v}")
     if a.gpus_per_run is not None and a.runs_per_gpu is not None:
@@ -261,12 +296,15 @@ def check_flags(a: argparse.Namespace, todo: Sequence[Trial]) -> None:
     if refused:
         i, reason = refused[0]
         t, seed = picked[i]
-        raise LaunchError(f"{Path(t.script_path).name} refuses the flags of {t.rel.rsplit('/', 1)[0]} (seed {seed}): "
-                          f"{reason} (no run started)")
+        raise LaunchError(
+            f"{Path(t.script_path).name} refuses the flags of {t.rel.rsplit('/', 1)[0]} (seed {seed}): "
+            f"{reason} (no run started)"
+        )
 
 
-def plan(a: argparse.Namespace, root: Path, runs: list[Trial], records: dict[str, dict]
-         ) -> tuple[list[Trial], list[Trial], dict[str, str]]:
+def plan(
+    a: argparse.Namespace, root: Path, runs: list[Trial], records: dict[str, dict]
+) -> tuple[list[Trial], list[Trial], dict[str, str]]:
     """What each run needs now: (to run, skipped as failed, the action of each run by its folder)."""
     todo, skipped_failed, actions = [], [], {}
     for r in runs:
@@ -290,17 +328,19 @@ def plan(a: argparse.Namespace, root: Path, runs: list[Trial], records: dict[str
     return todo, skipped_failed, actions
 
 
-def print_dry_run(a: argparse.Namespace, runs: list[Trial], todo: list[Trial], slots: list[Slot],
-                  actions: dict[str, str]) -> None:
+def print_dry_run(
+    a: argparse.Namespace, runs: list[Trial], todo: list[Trial], slots: list[Slot], actions: dict[str, str]
+) -> None:
     if slots:
         print(f"{len(slots)} slot(s) of {a.cores_per_run} physical core(s):")
         for s in slots:
             gpu = f"  CUDA_VISIBLE_DEVICES={','.join(s.gpus)}" if s.gpus or s.hide_gpus else ""
-            print(f"  slot {s.index}: cpus {','.join(map(str, s.cpus))}  OMP_NUM_THREADS={s.cores}  affinity "
-                  f"{s.code}{gpu}")
+            print(f"  slot {s.index}: cpus {','.join(map(str, s.cpus))}  OMP_NUM_THREADS={s.cores}  affinity {s.code}{gpu}")
     else:
-        print(f"SLURM ({a.cluster}): {a.cores_per_run} core(s) and {a.gpus_per_run or 0} GPU(s) per process, "
-              f"{a.time} min per job, partition {a.partition or '(default)'}")
+        print(
+            f"SLURM ({a.cluster}): {a.cores_per_run} core(s) and {a.gpus_per_run or 0} GPU(s) per process, "
+            f"{a.time} min per job, partition {a.partition or '(default)'}"
+        )
     for r in runs:
         res = f"{r.nproc} slot(s)" + (f" (torchrun, {r.nproc} processes)" if r.nproc > 1 else "")
         print(f"{actions[r.rel]:<8} {r.rel}  [{res}]\n    {shlex.join(r.command(actions[r.rel] == 'resume'))}")
@@ -344,9 +384,14 @@ def launch(a: argparse.Namespace, tail: list[str]) -> int:
     seeds = a.seeds if a.seeds is not None else data.get("seeds", [])
     scripts, env_ids = a.scripts or data.get("scripts", []), a.env_ids or data.get("env_ids", [])
     runs = build_grid(root, scripts, env_ids, seeds, common, levels, a.nproc_per_node)
-    grid = {"scripts": [r.script_path for r in {r.script: r for r in runs}.values()], "env_ids": list(env_ids),
-            "seeds": list(seeds), "flags": common, "levels": [[[n, list(f)] for n, f in lv] for lv in levels],
-            "nproc_per_node": a.nproc_per_node}
+    grid = {
+        "scripts": [r.script_path for r in {r.script: r for r in runs}.values()],
+        "env_ids": list(env_ids),
+        "seeds": list(seeds),
+        "flags": common,
+        "levels": [[[n, list(f)] for n, f in lv] for lv in levels],
+        "nproc_per_node": a.nproc_per_node,
+    }
     records = read_records(runs)
     check_root(root, runs, write=not a.status)
 
@@ -361,8 +406,10 @@ def launch(a: argparse.Namespace, tail: list[str]) -> int:
         slots = make_slots(physical_cores(), a.cores_per_run, n_gpus, a.gpus_per_run, a.runs_per_gpu)
         too_big = [r for r in runs if r.nproc > len(slots)]
         if too_big:
-            raise LaunchError(f"{too_big[0].rel} needs {too_big[0].nproc} slots (--nproc-per-node); this machine has "
-                              f"{len(slots)} of {a.cores_per_run} core(s)")
+            raise LaunchError(
+                f"{too_big[0].rel} needs {too_big[0].nproc} slots (--nproc-per-node); this machine has "
+                f"{len(slots)} of {a.cores_per_run} core(s)"
+            )
 
     check_flags(a, todo)
 
@@ -387,8 +434,10 @@ def launch(a: argparse.Namespace, tail: list[str]) -> int:
         if rec.get("command") is None and not rec.get("attempts"):
             records[r.rel] = base
         else:
-            records[r.rel] = {**rec, **{k: v for k, v in base.items() if k not in
-                                        ("state", "exit_code", "error", "command", "attempts")}}
+            records[r.rel] = {
+                **rec,
+                **{k: v for k, v in base.items() if k not in ("state", "exit_code", "error", "command", "attempts")},
+            }
         if r in todo:
             records[r.rel]["state"] = "queued"
         r.folder.mkdir(parents=True, exist_ok=True)
@@ -397,12 +446,14 @@ def launch(a: argparse.Namespace, tail: list[str]) -> int:
 
     display = Display(runs, records, plain=a.plain or not sys.stdout.isatty(), status_every=a.status_every)
     skipped = len(runs) - len(todo)
-    display.note(f"{len(runs)} runs: {len(todo)} to run" + (f", {skipped} skipped" if skipped else "") +
-                 (f" on {len(slots)} slot(s) of {a.cores_per_run} core(s)" if slots else ""))
+    display.note(
+        f"{len(runs)} runs: {len(todo)} to run"
+        + (f", {skipped} skipped" if skipped else "")
+        + (f" on {len(slots)} slot(s) of {a.cores_per_run} core(s)" if slots else "")
+    )
     try:
         if a.slurm:
-            code = submit(a, todo, runs, records, display, lambda r: write_json(r.folder / "launch.json",
-                                                                                 records[r.rel]))
+            code = submit(a, todo, runs, records, display, lambda r: write_json(r.folder / "launch.json", records[r.rel]))
             display.close()
             if code >= 0:
                 if code == EXIT_INTERRUPTED:

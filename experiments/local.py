@@ -42,8 +42,9 @@ class Child:
 
 
 class Launcher:
-    def __init__(self, runs: list[Trial], records: dict[str, dict], slots: list[Slot], display: Display,
-                 stop_timeout: float, meta: dict):
+    def __init__(
+        self, runs: list[Trial], records: dict[str, dict], slots: list[Slot], display: Display, stop_timeout: float, meta: dict
+    ):
         self.runs, self.records, self.slots, self.display = runs, records, slots, display
         self.stop_timeout, self.meta = stop_timeout, meta
         self.children: dict[int, Child] = {}
@@ -139,8 +140,9 @@ class Launcher:
     def stop_all(self) -> None:
         """After a signal: SIGTERM every running run and wait up to ``stop_timeout`` for their checkpoints (a
         second signal stops waiting); what is left is killed when ``supervising`` ends."""
-        self.display.note(f"{signal.Signals(self.stop_signal).name}: stopping {len(self.children)} running "
-                          f"run(s) (they write a checkpoint)")
+        self.display.note(
+            f"{signal.Signals(self.stop_signal).name}: stopping {len(self.children)} running run(s) (they write a checkpoint)"
+        )
         self.stop_children()
         deadline, counted = time.time() + self.stop_timeout, self.signals
         while self.children and time.time() < deadline and self.signals == counted:

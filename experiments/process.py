@@ -48,12 +48,20 @@ def _child_setup(cpus: tuple[int, ...] | None):
     return setup
 
 
-def start_process(cmd: Sequence[str], folder: Path, env: dict[str, str], cpus: tuple[int, ...] | None = None
-                  ) -> subprocess.Popen:
+def start_process(
+    cmd: Sequence[str], folder: Path, env: dict[str, str], cpus: tuple[int, ...] | None = None
+) -> subprocess.Popen:
     """``cmd`` in a session of its own, its output appended to ``folder``'s logs (see the module docstring)."""
     with open(folder / "stdout.log", "ab") as out, open(folder / "stderr.log", "ab") as err:
-        return subprocess.Popen(list(cmd), stdout=out, stderr=err, stdin=subprocess.DEVNULL, env=env,
-                                start_new_session=True, preexec_fn=_child_setup(cpus))
+        return subprocess.Popen(
+            list(cmd),
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,
+            preexec_fn=_child_setup(cpus),
+        )
 
 
 def kill_session(sid: int) -> None:

@@ -41,9 +41,25 @@ from experiments.grid import LaunchError, Trial
 from experiments.slots import Slot
 from shared.files import write_text
 
-__all__ = ["EXIT_INTERRUPTED", "STATES", "begin_attempt", "end_attempt", "experiment_problem", "finished", "git_info",
-           "jobs_problem", "launch_problem", "load_record", "new_record", "now", "package_versions", "read_json",
-           "read_records", "status_problem", "write_json"]
+__all__ = [
+    "EXIT_INTERRUPTED",
+    "STATES",
+    "begin_attempt",
+    "end_attempt",
+    "experiment_problem",
+    "finished",
+    "git_info",
+    "jobs_problem",
+    "launch_problem",
+    "load_record",
+    "new_record",
+    "now",
+    "package_versions",
+    "read_json",
+    "read_records",
+    "status_problem",
+    "write_json",
+]
 
 EXIT_INTERRUPTED = 130
 STATES = ("queued", "submitted", "running", "done", "failed", "interrupted", "pruned")  # pruned: tune.py
@@ -78,8 +94,9 @@ def load_record(path: Path, problem: Callable[[dict], str | None] | None = None)
     try:
         data = json.loads(text)
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError too
-        raise LaunchError(f"{path}: damaged, not JSON ({' '.join(str(e).split())[:120]}); move it away to start "
-                          f"afresh") from None
+        raise LaunchError(
+            f"{path}: damaged, not JSON ({' '.join(str(e).split())[:120]}); move it away to start afresh"
+        ) from None
     if not isinstance(data, dict):
         what = f"a JSON {type(data).__name__}, not an object"
     else:
@@ -108,25 +125,40 @@ def launch_problem(rec: dict) -> str | None:
     """What is wrong with a run's ``launch.json`` (None: nothing the launcher relies on)."""
     if rec.get("state") not in STATES:
         return f"state is {json.dumps(rec.get('state'), default=str)[:60]}, not one of {', '.join(STATES)}"
-    return _wrong(rec, {
-        "attempts": (lambda x: isinstance(x, list) and all(isinstance(t, dict) for t in x), "a list of objects"),
-        "exit_code": (_int_or_none, "an integer or null"), "pid": (_int_or_none, "an integer or null"),
-        "error": (lambda x: x is None or isinstance(x, str), "a string or null"),
-        "command": (lambda x: x is None or _strings(x), "a list of strings or null"),
-        "nproc_per_node": (lambda x: isinstance(x, int) and not isinstance(x, bool), "an integer")})
+    return _wrong(
+        rec,
+        {
+            "attempts": (lambda x: isinstance(x, list) and all(isinstance(t, dict) for t in x), "a list of objects"),
+            "exit_code": (_int_or_none, "an integer or null"),
+            "pid": (_int_or_none, "an integer or null"),
+            "error": (lambda x: x is None or isinstance(x, str), "a string or null"),
+            "command": (lambda x: x is None or _strings(x), "a list of strings or null"),
+            "nproc_per_node": (lambda x: isinstance(x, int) and not isinstance(x, bool), "an integer"),
+        },
+    )
 
 
 def experiment_problem(exp: dict) -> str | None:
     """What is wrong with an experiment root's ``experiment.json`` (its ``grid`` checked by the caller)."""
-    return _wrong(exp, {"grid": (lambda x: isinstance(x, dict), "an object"),
-                        "launches": (lambda x: isinstance(x, list), "a list"), "runs": (_strings, "a list of strings")})
+    return _wrong(
+        exp,
+        {
+            "grid": (lambda x: isinstance(x, dict), "an object"),
+            "launches": (lambda x: isinstance(x, list), "a list"),
+            "runs": (_strings, "a list of strings"),
+        },
+    )
 
 
 def status_problem(status: dict) -> str | None:
     """What is wrong with an experiment root's ``status.json`` (a view, but never overwritten unread)."""
-    return _wrong(status, {"runs": (lambda x: isinstance(x, dict) and all(isinstance(v, dict) for v in x.values()),
-                                    "an object of objects"),
-                           "counts": (lambda x: isinstance(x, dict), "an object")})
+    return _wrong(
+        status,
+        {
+            "runs": (lambda x: isinstance(x, dict) and all(isinstance(v, dict) for v in x.values()), "an object of objects"),
+            "counts": (lambda x: isinstance(x, dict), "an object"),
+        },
+    )
 
 
 def jobs_problem(jobs: dict) -> str | None:
@@ -157,8 +189,10 @@ def git_info() -> dict:
         except (OSError, subprocess.TimeoutExpired):
             return ""
 
-    return {"commit": git("rev-parse", "HEAD").strip() or None,
-            "dirty": bool(git("status", "--porcelain", "--untracked-files=no").strip())}
+    return {
+        "commit": git("rev-parse", "HEAD").strip() or None,
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no").strip()),
+    }
 
 
 def package_versions() -> dict[str, str]:
@@ -216,27 +250,53 @@ def set_aside(folder: Path) -> list[str]:
 
 
 def new_record(run: Trial, meta: dict) -> dict:
-    return {"run": run.rel, "script": run.script, "script_path": run.script_path, "env_id": run.env_id,
-            "seed": run.seed, "variant": {"name": run.variant_name,
-                                          "levels": [{"name": n, "flags": list(f)} for n, f in run.variant]},
-            "common_flags": list(run.common), "nproc_per_node": run.nproc, "state": "queued", "exit_code": None,
-            "error": None, "command": None, "attempts": [], **meta}
+    return {
+        "run": run.rel,
+        "script": run.script,
+        "script_path": run.script_path,
+        "env_id": run.env_id,
+        "seed": run.seed,
+        "variant": {"name": run.variant_name, "levels": [{"name": n, "flags": list(f)} for n, f in run.variant]},
+        "common_flags": list(run.common),
+        "nproc_per_node": run.nproc,
+        "state": "queued",
+        "exit_code": None,
+        "error": None,
+        "command": None,
+        "attempts": [],
+        **meta,
+    }
 
 
-def begin_attempt(run: Trial, record: dict, slots: Sequence[Slot] | None, host_info: dict | None = None
-                  ) -> tuple[list[str], dict]:
+def begin_attempt(
+    run: Trial, record: dict, slots: Sequence[Slot] | None, host_info: dict | None = None
+) -> tuple[list[str], dict]:
     """Decide resume or fresh start, set aside stale files, open the log files; returns (command, attempt)."""
     folder = run.folder
     folder.mkdir(parents=True, exist_ok=True)
     resume = (folder / "checkpoint.pt").is_file()
     moved = [] if resume else set_aside(folder)
     cmd = run.command(resume)
-    attempt = {"command": cmd, "command_line": shlex.join(cmd), "resumed": resume, "started": now(),
-               "host": socket.gethostname(), "git": record.get("git"),
-               **({"cpus": [c for s in slots for c in s.cpus], "gpus": [g for s in slots for g in s.gpus],
-                   "threads": slots[0].cores, "slots": [s.index for s in slots], "affinity": [s.code for s in slots]}
-                  if slots else {}),
-               **(host_info or {})}
+    attempt = {
+        "command": cmd,
+        "command_line": shlex.join(cmd),
+        "resumed": resume,
+        "started": now(),
+        "host": socket.gethostname(),
+        "git": record.get("git"),
+        **(
+            {
+                "cpus": [c for s in slots for c in s.cpus],
+                "gpus": [g for s in slots for g in s.gpus],
+                "threads": slots[0].cores,
+                "slots": [s.index for s in slots],
+                "affinity": [s.code for s in slots],
+            }
+            if slots
+            else {}
+        ),
+        **(host_info or {}),
+    }
     if moved:
         attempt["set_aside"] = moved
     for name in ("stdout.log", "stderr.log"):

@@ -124,8 +124,9 @@ def rows_score(rows: list[dict[str, str]], last: int) -> tuple[float | None, int
             try:
                 chunks.append((n, float(r["return_mean"])))
             except ValueError:
-                raise Unusable(f"return_mean {r['return_mean']!r:.40} at step {r.get('global_step')} is not a "
-                               f"number") from None
+                raise Unusable(
+                    f"return_mean {r['return_mean']!r:.40} at step {r.get('global_step')} is not a number"
+                ) from None
     total, weight = 0.0, 0
     for n, mean in reversed(chunks):
         take = min(n, last - weight)
@@ -162,8 +163,10 @@ def _typed(data: dict, key: str, kind: type | tuple[type, ...], name: str) -> ob
 
 def kind_name(kind: type | tuple[type, ...]) -> str:
     kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join({"str": "a string", "int": "an integer", "dict": "an object", "list": "a list"}.get(
-        k.__name__, k.__name__) for k in kinds)
+    return " or ".join(
+        {"str": "a string", "int": "an integer", "dict": "an object", "list": "a list"}.get(k.__name__, k.__name__)
+        for k in kinds
+    )
 
 
 def read_result(folder: Path, source: str, last: int) -> RunResult:
@@ -178,8 +181,9 @@ def read_result(folder: Path, source: str, last: int) -> RunResult:
         res.env_id = _typed(launch, "env_id", str, "launch.json") or _typed(args, "env_id", str, "config.json args")
         res.env_id = res.env_id or "?"
         res.variant = _typed(variant, "name", str, "launch.json variant") or "base"
-        res.seed = _typed(launch, "seed", int, "launch.json") if "seed" in launch else _typed(
-            args, "seed", int, "config.json args")
+        res.seed = (
+            _typed(launch, "seed", int, "launch.json") if "seed" in launch else _typed(args, "seed", int, "config.json args")
+        )
         res.state = _typed(launch, "state", str, "launch.json")
         res.script = res.script or folder.name  # a run folder made without launch.json or config.json
         res.score, res.source, res.episodes = score_of(folder, source, last)
@@ -195,8 +199,9 @@ def score_of(folder: Path, source: str, last: int) -> tuple[float, str, int]:
     """(score, source, episodes) of a run folder; ``Unusable`` with the reason when it has none."""
     ev = _read(folder / "eval.json") if source in ("auto", "eval") else {}
     returns = ev.get("returns")
-    if returns is not None and not (isinstance(returns, list) and all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) for x in returns)):
+    if returns is not None and not (
+        isinstance(returns, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in returns)
+    ):
         raise Unusable("eval.json: returns is not a list of numbers")
     if returns:
         return float(np.mean(returns)), "eval", len(returns)
@@ -281,12 +286,19 @@ def group_stats(scores: np.ndarray, reps: int, seed: int) -> dict[str, float]:
     from rliable import metrics
 
     x = np.asarray(scores, np.float64).reshape(-1, 1)  # [seeds, 1 task]
-    out = {"n": len(x), "mean": float(x.mean()), "std": float(x.std(ddof=1)) if len(x) > 1 else math.nan,
-           "iqm": float(metrics.aggregate_iqm(x))}
+    out = {
+        "n": len(x),
+        "mean": float(x.mean()),
+        "std": float(x.std(ddof=1)) if len(x) > 1 else math.nan,
+        "iqm": float(metrics.aggregate_iqm(x)),
+    }
     if len(x) > 1 and np.ptp(x) > 0:
         points, cis = _bootstrap(
-            {"g": x}, lambda s: np.array([metrics.aggregate_mean(s), metrics.aggregate_iqm(s)]), reps=reps,
-            random_state=np.random.RandomState(seed))
+            {"g": x},
+            lambda s: np.array([metrics.aggregate_mean(s), metrics.aggregate_iqm(s)]),
+            reps=reps,
+            random_state=np.random.RandomState(seed),
+        )
         (out["mean_lo"], out["iqm_lo"]), (out["mean_hi"], out["iqm_hi"]) = cis["g"].tolist()
     elif len(x) > 1:  # all equal: every resample is the point
         out.update(mean_lo=out["mean"], mean_hi=out["mean"], iqm_lo=out["iqm"], iqm_hi=out["iqm"])
@@ -315,8 +327,9 @@ def load_reference(path: Path) -> dict[str, tuple[float, float]]:
         except (TypeError, ValueError):
             raise ValueError(f"--reference {path}: {env} needs numbers for 'random' and 'human' (or 'reference')") from None
         if not (math.isfinite(lo) and math.isfinite(hi)) or lo == hi:
-            raise ValueError(f"--reference {path}: {env} needs finite 'random' and 'human' (or 'reference') scores that "
-                             f"differ")
+            raise ValueError(
+                f"--reference {path}: {env} needs finite 'random' and 'human' (or 'reference') scores that differ"
+            )
         refs[env] = (lo, hi)
     return refs
 
@@ -344,14 +357,16 @@ def aggregates(groups: list[Group], refs: dict[str, tuple[float, float]], reps: 
         notes[algo] = (tasks, n)
     if not matrices:
         return {}, {}, {}, None, None, {}
-    funcs = lambda s: np.array([metrics.aggregate_mean(s), metrics.aggregate_median(s), metrics.aggregate_iqm(s),
-                                metrics.aggregate_optimality_gap(s)])
+    funcs = lambda s: np.array(
+        [metrics.aggregate_mean(s), metrics.aggregate_median(s), metrics.aggregate_iqm(s), metrics.aggregate_optimality_gap(s)]
+    )
     points, cis = _bootstrap(matrices, funcs, reps=reps, random_state=np.random.RandomState(seed))
     top = max(1.0, max(float(m.max()) for m in matrices.values()))
     taus = np.linspace(min(0.0, min(float(m.min()) for m in matrices.values())), top, 81)
     profile = lambda s: np.array([np.mean(s > t) for t in taus])  # rliable's score distribution
-    profiles, profile_cis = _bootstrap(matrices, profile, reps=max(reps // 4, 200),
-                                                       random_state=np.random.RandomState(seed + 1))
+    profiles, profile_cis = _bootstrap(
+        matrices, profile, reps=max(reps // 4, 200), random_state=np.random.RandomState(seed + 1)
+    )
     return points, cis, notes, taus, (profiles, profile_cis), matrices
 
 
@@ -368,63 +383,104 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
 
 
-def write_report(root: Path, out: Path, groups: list[Group], refs: dict | None, last: int, source: str, reps: int,
-                 seed: int, curves: bool = True, left_out: Sequence[RunResult] = ()) -> str:
+def write_report(
+    root: Path,
+    out: Path,
+    groups: list[Group],
+    refs: dict | None,
+    last: int,
+    source: str,
+    reps: int,
+    seed: int,
+    curves: bool = True,
+    left_out: Sequence[RunResult] = (),
+) -> str:
     out.mkdir(parents=True, exist_ok=True)
     lines = [f"# Report: {root}", ""]
-    what = {"auto": f"eval.json's mean where present, else the mean of the last {last} training episodes",
-            "eval": "eval.json's mean", "train": f"the mean of the last {last} training episodes (progress.csv)"}
-    lines += [f"Final return per run: {what[source]}. Over seeds: mean, standard deviation (ddof=1), 95% stratified "
-              f"bootstrap CI of the mean and the interquartile mean (IQM) with its CI (rliable, {reps} resamples).",
-              "", "| script | env | variant | seeds | source | mean | std | 95% CI | IQM | IQM 95% CI | left out |",
-              "| --- | --- | --- | ---: | --- | ---: | ---: | --- | ---: | --- | ---: |"]
+    what = {
+        "auto": f"eval.json's mean where present, else the mean of the last {last} training episodes",
+        "eval": "eval.json's mean",
+        "train": f"the mean of the last {last} training episodes (progress.csv)",
+    }
+    lines += [
+        f"Final return per run: {what[source]}. Over seeds: mean, standard deviation (ddof=1), 95% stratified "
+        f"bootstrap CI of the mean and the interquartile mean (IQM) with its CI (rliable, {reps} resamples).",
+        "",
+        "| script | env | variant | seeds | source | mean | std | 95% CI | IQM | IQM 95% CI | left out |",
+        "| --- | --- | --- | ---: | --- | ---: | ---: | --- | ---: | --- | ---: |",
+    ]
     stats = {}
     for g in groups:
         if not g.runs:
             lines.append(f"| {g.script} | {g.env_id} | {g.variant} | 0 | - | - | - | - | - | - | {g.left_out} |")
             continue
         s = stats[(g.script, g.env_id, g.variant)] = group_stats(g.scores, reps, seed)
-        lines.append(f"| {g.script} | {g.env_id} | {g.variant} | {s['n']} | {g.source} | {_f(s['mean'])} | "
-                     f"{_f(s['std'])} | [{_f(s['mean_lo'])}, {_f(s['mean_hi'])}] | {_f(s['iqm'])} | "
-                     f"[{_f(s['iqm_lo'])}, {_f(s['iqm_hi'])}] | {g.left_out} |")
+        lines.append(
+            f"| {g.script} | {g.env_id} | {g.variant} | {s['n']} | {g.source} | {_f(s['mean'])} | "
+            f"{_f(s['std'])} | [{_f(s['mean_lo'])}, {_f(s['mean_hi'])}] | {_f(s['iqm'])} | "
+            f"[{_f(s['iqm_lo'])}, {_f(s['iqm_hi'])}] | {g.left_out} |"
+        )
     lines.append("")
     if refs:
         from rliable import metrics
 
-        lines += ["## Normalised scores", "",
-                  "(score - random) / (human - random), from " + ", ".join(
-                      f"{e}: random {lo:g}, human {hi:g}" for e, (lo, hi) in sorted(refs.items())) + ".", "",
-                  "| script | env | variant | mean | IQM |", "| --- | --- | --- | ---: | ---: |"]
+        lines += [
+            "## Normalised scores",
+            "",
+            "(score - random) / (human - random), from "
+            + ", ".join(f"{e}: random {lo:g}, human {hi:g}" for e, (lo, hi) in sorted(refs.items()))
+            + ".",
+            "",
+            "| script | env | variant | mean | IQM |",
+            "| --- | --- | --- | ---: | ---: |",
+        ]
         for g in groups:
             if g.env_id in refs and g.runs:
                 z = normalise(g.scores, refs[g.env_id])
-                lines.append(f"| {g.script} | {g.env_id} | {g.variant} | {_f(float(z.mean()))} | "
-                             f"{_f(float(metrics.aggregate_iqm(z)))} |")
+                lines.append(
+                    f"| {g.script} | {g.env_id} | {g.variant} | {_f(float(z.mean()))} | "
+                    f"{_f(float(metrics.aggregate_iqm(z)))} |"
+                )
         points, cis, notes, taus, prof, matrices = aggregates(groups, refs, reps, seed)
         if points:
-            lines += ["", "## Aggregates across tasks (normalised)", "",
-                      "| script variant | tasks | seeds per task | mean [95% CI] | median [95% CI] | IQM [95% CI] | "
-                      "optimality gap [95% CI] |", "| --- | --- | ---: | --- | --- | --- | --- |"]
+            lines += [
+                "",
+                "## Aggregates across tasks (normalised)",
+                "",
+                "| script variant | tasks | seeds per task | mean [95% CI] | median [95% CI] | IQM [95% CI] | "
+                "optimality gap [95% CI] |",
+                "| --- | --- | ---: | --- | --- | --- | --- |",
+            ]
             for algo in points:
                 p, c = points[algo], cis[algo]
                 cells = " | ".join(f"{_f(p[i])} [{_f(c[0][i])}, {_f(c[1][i])}]" for i in range(4))
                 tasks, n = notes[algo]
                 lines.append(f"| {algo} | {', '.join(tasks)} | {n} | {cells} |")
             _aggregate_figures(out, points, cis, taus, prof)
-            lines += ["", "![aggregates](aggregates.png)", "", "Performance profile: the fraction of runs (all "
-                      "tasks) whose normalised score is above tau, with its 95% band.", "",
-                      "![profiles](profiles.png)"]
+            lines += [
+                "",
+                "![aggregates](aggregates.png)",
+                "",
+                "Performance profile: the fraction of runs (all "
+                "tasks) whose normalised score is above tau, with its 95% band.",
+                "",
+                "![profiles](profiles.png)",
+            ]
         lines.append("")
     if curves:
         names = _curves(out, groups)
         if names:
-            lines += ["## Curves", "", "Training return (progress.csv) against env steps: the mean over seeds and "
-                      "the min-max band (experiments/plot.py).", ""]
+            lines += [
+                "## Curves",
+                "",
+                "Training return (progress.csv) against env steps: the mean over seeds and "
+                "the min-max band (experiments/plot.py).",
+                "",
+            ]
             lines += [f"![{env}]({name})" for env, name in names]
             lines.append("")
     if left_out:
-        lines += ["## Runs left out", "", f"{len(left_out)} run folder(s) not counted as seeds, each with the reason:",
-                  ""]
+        lines += ["## Runs left out", "", f"{len(left_out)} run folder(s) not counted as seeds, each with the reason:", ""]
         for r in left_out:
             try:
                 rel = r.folder.relative_to(root)
@@ -507,11 +563,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("experiment", type=Path, help="an experiment root (experiments/launch.py) or any folder of runs")
     p.add_argument("--out", type=Path, default=None, help="folder for report.md and PNGs (default EXPERIMENT/report)")
-    p.add_argument("--source", choices=["auto", "eval", "train"], default="auto",
-                   help="final return from eval.json (auto: where present) or the last training episodes")
+    p.add_argument(
+        "--source",
+        choices=["auto", "eval", "train"],
+        default="auto",
+        help="final return from eval.json (auto: where present) or the last training episodes",
+    )
     p.add_argument("--last-episodes", type=int, default=100, help="training episodes behind a train score")
-    p.add_argument("--reference", type=Path, default=None,
-                   help='JSON {"ENV": {"random": R, "human": H}} for normalised scores and aggregates')
+    p.add_argument(
+        "--reference",
+        type=Path,
+        default=None,
+        help='JSON {"ENV": {"random": R, "human": H}} for normalised scores and aggregates',
+    )
     p.add_argument("--reps", type=int, default=2000, help=f"bootstrap resamples (10 to {MAX_REPS:,})")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (0 to 2**31 - 1)")
     p.add_argument("--include-unfinished", action="store_true", help="also runs the launcher has not finished")
@@ -534,8 +598,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     groups, left_out = survey(a.experiment, a.source, a.last_episodes, a.include_unfinished)
     if not groups and not left_out:
         p.error(f"no run folders (progress.csv, eval.json or launch.json) under {a.experiment}")
-    print(write_report(a.experiment, out, groups, refs, a.last_episodes, a.source, a.reps, a.seed,
-                       curves=not a.no_curves, left_out=left_out))
+    print(
+        write_report(
+            a.experiment,
+            out,
+            groups,
+            refs,
+            a.last_episodes,
+            a.source,
+            a.reps,
+            a.seed,
+            curves=not a.no_curves,
+            left_out=left_out,
+        )
+    )
     return 0
 
 

@@ -50,15 +50,24 @@ def gpu_count() -> int:
     if not (any(dev.glob("nvidia[0-9]*")) or (dev / "kfd").exists()):
         return 0
     try:
-        out = subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
-                             capture_output=True, text=True, timeout=120)
+        out = subprocess.run(
+            [sys.executable, "-c", "import torch; print(torch.cuda.device_count())"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         return int(out.stdout.strip().splitlines()[-1])
     except (OSError, ValueError, IndexError, subprocess.TimeoutExpired):
         return 0
 
 
-def make_slots(cores: Sequence[tuple[int, ...]], cores_per_run: int, n_gpus: int = 0,
-               gpus_per_run: int | None = None, runs_per_gpu: int | None = None) -> list[Slot]:
+def make_slots(
+    cores: Sequence[tuple[int, ...]],
+    cores_per_run: int,
+    n_gpus: int = 0,
+    gpus_per_run: int | None = None,
+    runs_per_gpu: int | None = None,
+) -> list[Slot]:
     """Cut ``cores`` (physical cores, each a tuple of logical CPUs) into slots of ``cores_per_run`` and give each
     its GPUs (see the module docstring). Slots are disjoint and equal; each carries its ``shared.affinity`` code
     (what ``slot_code(i, n)`` gives over the cores used: that function reads the topology from sysfs itself)."""

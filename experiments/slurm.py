@@ -128,16 +128,32 @@ def stop_signals():
             signal.signal(s, h)
 
 
-
 def run_spec(run: Trial, cores_per_run: int) -> dict:
-    return {"root": str(run.root), "script": run.script, "script_path": run.script_path, "env_id": run.env_id,
-            "seed": run.seed, "variant": [[n, list(f)] for n, f in run.variant], "common": list(run.common),
-            "nproc": run.nproc, "folder": str(run.folder), "cores_per_run": cores_per_run}
+    return {
+        "root": str(run.root),
+        "script": run.script,
+        "script_path": run.script_path,
+        "env_id": run.env_id,
+        "seed": run.seed,
+        "variant": [[n, list(f)] for n, f in run.variant],
+        "common": list(run.common),
+        "nproc": run.nproc,
+        "folder": str(run.folder),
+        "cores_per_run": cores_per_run,
+    }
 
 
 def spec_run(spec: dict) -> Trial:
-    return Trial(Path(spec["root"]), spec["script"], spec["script_path"], spec["env_id"], int(spec["seed"]),
-                 tuple((n, tuple(f)) for n, f in spec["variant"]), tuple(spec["common"]), int(spec["nproc"]))
+    return Trial(
+        Path(spec["root"]),
+        spec["script"],
+        spec["script_path"],
+        spec["env_id"],
+        int(spec["seed"]),
+        tuple((n, tuple(f)) for n, f in spec["variant"]),
+        tuple(spec["common"]),
+        int(spec["nproc"]),
+    )
 
 
 def job_fn() -> SlurmRun:
@@ -159,8 +175,9 @@ def slurm_alive(job_id: str | None) -> bool:
         return False
 
 
-def submit(a: argparse.Namespace, todo: list[Trial], runs: list[Trial], records: dict[str, dict], display: Display,
-           save) -> int:
+def submit(
+    a: argparse.Namespace, todo: list[Trial], runs: list[Trial], records: dict[str, dict], display: Display, save
+) -> int:
     try:
         import submitit
     except ImportError:
@@ -174,10 +191,15 @@ def submit(a: argparse.Namespace, todo: list[Trial], runs: list[Trial], records:
     for nproc in sorted({r.nproc for r in todo}):
         group = [r for r in todo if r.nproc == nproc]
         extra = dict(kv.split("=", 1) for kv in a.slurm_param)
-        params: dict[str, Any] = dict(timeout_min=a.time, cpus_per_task=a.cores_per_run * nproc, nodes=1,
-                                      tasks_per_node=1, name=f"launch-{root.name}",
-                                      slurm_array_parallelism=a.array_parallelism,
-                                      slurm_additional_parameters={"requeue": True, **extra})
+        params: dict[str, Any] = dict(
+            timeout_min=a.time,
+            cpus_per_task=a.cores_per_run * nproc,
+            nodes=1,
+            tasks_per_node=1,
+            name=f"launch-{root.name}",
+            slurm_array_parallelism=a.array_parallelism,
+            slurm_additional_parameters={"requeue": True, **extra},
+        )
         if a.gpus_per_run:
             params["gpus_per_node"] = a.gpus_per_run * nproc
         if a.partition:
@@ -218,9 +240,13 @@ def submit(a: argparse.Namespace, todo: list[Trial], runs: list[Trial], records:
     for r, job in submitted:
         rec = read_json(r.folder / "launch.json") or records[r.rel]
         if rec.get("state") in ("submitted", "running") and not pid_runs(rec.get("pid"), r.folder):
-            rec.update(state="interrupted" if stop.signum else "failed", pid=None,
-                       error=rec.get("error") or None if stop.signum else
-                       f"error: job {job.job_id} ended without recording an exit (see {root}/.submitit/)")
+            rec.update(
+                state="interrupted" if stop.signum else "failed",
+                pid=None,
+                error=rec.get("error") or None
+                if stop.signum
+                else f"error: job {job.job_id} ended without recording an exit (see {root}/.submitit/)",
+            )
             write_json(r.folder / "launch.json", rec)
         records[r.rel] = rec
     write_status(runs, records)
@@ -287,9 +313,15 @@ def submit_workers(a: argparse.Namespace, command: list[str], root: Path) -> int
         raise LaunchError("--slurm needs submitit (pip install -r requirements.txt)") from None
     executor = submitit.AutoExecutor(folder=root / ".submitit" / "%j", cluster=None if a.cluster == "auto" else a.cluster)
     extra = dict(kv.split("=", 1) for kv in a.slurm_param)
-    params: dict[str, Any] = dict(timeout_min=a.time, cpus_per_task=a.cpus_per_worker or a.cores_per_run, nodes=1,
-                                  tasks_per_node=1, name=f"tune-{root.name}", slurm_array_parallelism=a.workers,
-                                  slurm_additional_parameters={"requeue": True, **extra})
+    params: dict[str, Any] = dict(
+        timeout_min=a.time,
+        cpus_per_task=a.cpus_per_worker or a.cores_per_run,
+        nodes=1,
+        tasks_per_node=1,
+        name=f"tune-{root.name}",
+        slurm_array_parallelism=a.workers,
+        slurm_additional_parameters={"requeue": True, **extra},
+    )
     if a.gpus_per_worker:
         params["gpus_per_node"] = a.gpus_per_worker
     if a.partition:
@@ -299,8 +331,11 @@ def submit_workers(a: argparse.Namespace, command: list[str], root: Path) -> int
     executor.update_parameters(**params)
     root.mkdir(parents=True, exist_ok=True)
     jobs = executor.map_array(job_fn_tune(), [{"root": str(root), "command": command}] * a.workers)
-    print(f"{len(jobs)} tune worker(s) submitted ({executor.cluster}): {', '.join(j.job_id for j in jobs)}; logs in "
-          f"{root}/.workers/", flush=True)
+    print(
+        f"{len(jobs)} tune worker(s) submitted ({executor.cluster}): {', '.join(j.job_id for j in jobs)}; logs in "
+        f"{root}/.workers/",
+        flush=True,
+    )
     if not (a.wait or executor.cluster in ("local", "debug")):
         return 0
     with stop_signals() as stop:

@@ -40,8 +40,17 @@ from experiments.records import STATES, experiment_problem, load_record, now, re
 from shared.files import WriteError
 from shared.progress import read_rows
 
-__all__ = ["experiment_runs", "fmt_duration", "fmt_steps", "main", "overview", "print_status", "progress_of",
-           "summary_line", "write_status"]
+__all__ = [
+    "experiment_runs",
+    "fmt_duration",
+    "fmt_steps",
+    "main",
+    "overview",
+    "print_status",
+    "progress_of",
+    "summary_line",
+    "write_status",
+]
 
 TAIL_BYTES = 16384  # of progress.csv: a few hundred rows, more than the latest return needs
 
@@ -95,9 +104,14 @@ def write_status(runs: list[Trial], records: dict[str, dict]) -> None:
     for r in runs:
         rec = records[r.rel]
         p = progress_of(r) if rec["state"] != "queued" else {}
-        status["runs"][r.rel] = {"state": rec["state"], "exit_code": rec.get("exit_code"), "error": rec.get("error"),
-                                 "step": p.get("step"), "total": p.get("total") or r.total_from_flags(),
-                                 "return": p.get("return")}
+        status["runs"][r.rel] = {
+            "state": rec["state"],
+            "exit_code": rec.get("exit_code"),
+            "error": rec.get("error"),
+            "step": p.get("step"),
+            "total": p.get("total") or r.total_from_flags(),
+            "return": p.get("return"),
+        }
     status["counts"] = {s: sum(v["state"] == s for v in status["runs"].values()) for s in STATES}
     with contextlib.suppress(OSError, WriteError):
         write_json(root / "status.json", status)
@@ -105,8 +119,11 @@ def write_status(runs: list[Trial], records: dict[str, dict]) -> None:
 
 def overview(runs: Sequence[Trial], records: dict[str, dict]) -> tuple[dict[str, dict], str, dict[str, int]]:
     """(progress of each run that started, the experiment's ETA, the count of each state): see the docstring."""
-    prog = {r.rel: progress_of(r) for r in runs if records[r.rel]["state"] in
-            ("running", "done", "interrupted", "failed", "submitted")}
+    prog = {
+        r.rel: progress_of(r)
+        for r in runs
+        if records[r.rel]["state"] in ("running", "done", "interrupted", "failed", "submitted")
+    }
     totals = {}
     for r in runs:  # a queued run's total: its flags, else a sibling's config (same flags but the seed)
         p = prog.get(r.rel) or {}
@@ -135,8 +152,10 @@ def overview(runs: Sequence[Trial], records: dict[str, dict]) -> tuple[dict[str,
 
 def summary_line(runs: Sequence[Trial], records: dict[str, dict]) -> str:
     _, eta, counts = overview(runs, records)
-    return (f"{counts['done']}/{len(runs)} done, {counts['running']} running, {counts['queued']} queued, "
-            f"{counts['failed']} failed, {counts['interrupted']} interrupted; ETA {eta}")
+    return (
+        f"{counts['done']}/{len(runs)} done, {counts['running']} running, {counts['queued']} queued, "
+        f"{counts['failed']} failed, {counts['interrupted']} interrupted; ETA {eta}"
+    )
 
 
 def print_status(runs: Sequence[Trial], records: dict[str, dict]) -> None:
@@ -144,8 +163,10 @@ def print_status(runs: Sequence[Trial], records: dict[str, dict]) -> None:
     for r in runs:
         rec, p = records[r.rel], progress_of(r)
         ret = f"{p['return']:.1f}" if p.get("return") is not None else "-"
-        print(f"{rec['state']:<11} {r.rel}  step {fmt_steps(p.get('step'))}/{fmt_steps(p.get('total'))}  return "
-              f"{ret}" + (f"  {rec.get('error')}" if rec["state"] == "failed" else ""))
+        print(
+            f"{rec['state']:<11} {r.rel}  step {fmt_steps(p.get('step'))}/{fmt_steps(p.get('total'))}  return "
+            f"{ret}" + (f"  {rec.get('error')}" if rec["state"] == "failed" else "")
+        )
     print(summary_line(runs, records))
 
 
@@ -153,15 +174,27 @@ def experiment_runs(root: Path) -> tuple[list[Trial], dict[str, dict]]:
     """The runs of the grid ``root/experiment.json`` recorded, and their records; ``LaunchError`` when ``root``
     is not an experiment root or a record is damaged."""
     if not (root / "experiment.json").is_file():
-        what = "does not exist" if not root.exists() else "is not a folder" if not root.is_dir() else (
-            "has no experiment.json (not an experiment root of experiments/launch.py)")
+        what = (
+            "does not exist"
+            if not root.exists()
+            else "is not a folder"
+            if not root.is_dir()
+            else ("has no experiment.json (not an experiment root of experiments/launch.py)")
+        )
         raise LaunchError(f"{root} {what}")
     path = root / "experiment.json"
     grid = saved_grid(load_record(path, experiment_problem), str(path))
     if not grid.get("scripts"):
         raise LaunchError(f"{path}: no grid recorded (no launch got as far as writing it)")
-    runs = build_grid(root, grid["scripts"], grid.get("env_ids", []), grid.get("seeds", []), grid.get("flags", []),
-                      grid["levels"], grid.get("nproc_per_node", 1))
+    runs = build_grid(
+        root,
+        grid["scripts"],
+        grid.get("env_ids", []),
+        grid.get("seeds", []),
+        grid.get("flags", []),
+        grid["levels"],
+        grid.get("nproc_per_node", 1),
+    )
     return runs, read_records(runs)
 
 
