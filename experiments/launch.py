@@ -291,8 +291,12 @@ def check_flags(a: argparse.Namespace, todo: Sequence[Trial]) -> None:
     env = dict(os.environ)
     if a.gpus_per_run == 0 and not a.slurm:
         env["CUDA_VISIBLE_DEVICES"] = ""  # as the runs get it (experiments/slots.py): no GPU
-    with scratch:
-        refused = refusals(checks, jobs=max(1, min(4, len(os.sched_getaffinity(0)))), env=env, stop_at_first=True)
+    try:
+        with scratch:
+            refused = refusals(checks, jobs=max(1, min(4, len(os.sched_getaffinity(0)))), env=env, stop_at_first=True)
+    except KeyboardInterrupt:  # the checks (in this foreground group) got the Ctrl-C too; nothing was written yet
+        print("interrupted while the scripts checked their flags: nothing was written", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_INTERRUPTED) from None
     if refused:
         i, reason = refused[0]
         t, seed = picked[i]
