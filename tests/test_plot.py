@@ -64,3 +64,21 @@ def test_a_folder_that_is_not_a_run_exits_2_with_one_line(tmp_path):
     )
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [f"error: {tmp_path}: not a run folder (no config.json or progress.csv)"]
+
+
+@pytest.mark.parametrize("damage", ["config", "progress", "out_is_a_folder", "out_under_a_file"])
+def test_a_damaged_run_or_a_bad_out_is_one_line_and_no_png(damage, tmp_path, capsys):
+    """In-process: a config.json without its strings, a return that is not a number, an --out that cannot be a
+    PNG's path; each one error: line, exit 2, nothing written (these were tracebacks)."""
+    _run_folder(tmp_path / "a1", "ppo_atari", "CartPole-v1", 1, [(100, 10.0), (200, 20.0)])
+    (tmp_path / "file").write_text("x")
+    out = {"out_is_a_folder": tmp_path / "a1", "out_under_a_file": tmp_path / "file" / "x.png"}.get(damage, tmp_path / "x.png")
+    if damage == "config":
+        (tmp_path / "a1" / "config.json").write_text(json.dumps({"script": "ppo_atari", "args": []}))
+    if damage == "progress":
+        (tmp_path / "a1" / "progress.csv").write_text("global_step,return_mean\n100,abc\n")
+    with pytest.raises(SystemExit) as e:
+        plot.main([str(tmp_path / "a1"), "--out", str(out)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.startswith("error: ") and err.count("\n") == 1, err
+    assert not list(tmp_path.rglob("*.png"))
