@@ -298,14 +298,23 @@ class Tune:
             with self.root_lock():
                 names = {s.study_name for s in optuna.get_all_study_summaries(self.storage, include_best_trial=False)}
                 self.made_study = st.study_name not in names
-                self.study = optuna.create_study(
-                    storage=self.storage,
-                    study_name=st.study_name,
-                    direction="maximize",
-                    sampler=self.sampler,
-                    pruner=self.pruner,
-                    load_if_exists=True,
-                )
+                # an existing study is loaded, not created again: create_study(load_if_exists=True) appends a
+                # creation record to a journal each time, so a refusal below would have changed the storage
+                if self.made_study:
+                    try:
+                        self.study = optuna.create_study(
+                            storage=self.storage,
+                            study_name=st.study_name,
+                            direction="maximize",
+                            sampler=self.sampler,
+                            pruner=self.pruner,
+                        )
+                    except optuna.exceptions.DuplicatedStudyError:  # another root's process made it meanwhile
+                        self.made_study = False
+                if not self.made_study:
+                    self.study = optuna.load_study(
+                        storage=self.storage, study_name=st.study_name, sampler=self.sampler, pruner=self.pruner
+                    )
                 recorded = self.study.user_attrs.get("tune")
                 if recorded is None:
                     self.study.set_user_attr("tune", st.spec())

@@ -365,3 +365,17 @@ def test_every_option_with_a_bad_value_is_one_line_and_leaves_the_folder_as_it_w
     code = run_tune(argv)
     assert_refused(capsys, code)
     assert snapshot(finished) == before and snapshot(tmp_path) == around
+
+
+def test_a_refusal_only_the_study_can_make_removes_the_folder_it_made(tmp_path, capsys):
+    """Two folders on one journal: the second with other seeds is refused by the study's record of the first's
+    arguments, which is known only once the storage is open; the folder it had made for its lock is gone again."""
+    journal = f"journal:{tmp_path / 'study.log'}"
+    assert run_tune(command(tmp_path / "a", "--storage", journal, "--study-name", "shared", trials=1)) == 0
+    capsys.readouterr()
+    before = snapshot(tmp_path / "a")
+    log = (tmp_path / "study.log").read_bytes()
+    code = run_tune(command(tmp_path / "b", "--storage", journal, "--study-name", "shared", trials=1, seeds=("2",)))
+    assert_refused(capsys, code, "study 'shared' in journal:", "was made with other seeds")
+    assert not (tmp_path / "b").exists() and snapshot(tmp_path / "a") == before
+    assert (tmp_path / "study.log").read_bytes() == log
