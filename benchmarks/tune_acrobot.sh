@@ -15,9 +15,13 @@ COMMON=(--preset cartpole --total-timesteps 50000)
     --target-scores Acrobot-v1=-500:0 --sampler tpe:n_startup_trials=6 --sampler-seed 0 \
     --pruner median:n_startup_trials=3,n_warmup_steps=10000 --prune-every 5000 --plain -- "${COMMON[@]}"
 BEST=$("$PY" - "$OUT/tune" <<'PYEOF'
-import sys, optuna
+import json, sys, optuna
+from pathlib import Path
+from experiments.tune_folder import storage_from_record  # tune.json's storage is relative to its folder
 optuna.logging.set_verbosity(optuna.logging.WARNING)
-study = optuna.load_study(study_name="tune", storage=f"sqlite:///{sys.argv[1]}/study.db")
+root = Path(sys.argv[1])
+record = json.loads((root / "tune.json").read_text())
+study = optuna.load_study(study_name=record["study_name"], storage=storage_from_record(record["storage"], root))
 print(study.best_trial.user_attrs["flags"])
 PYEOF
 )
