@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from experiments import tune
+from experiments import search_space, tune, tune_display, tune_folder, tune_report
+from experiments import study as study_module
 from experiments.grid import LaunchError
+from experiments.search_space import searched_values
 from shared.affinity import physical_cores
 from tests.helpers import ROOT, assert_no_leftovers, progress
 
@@ -119,6 +121,37 @@ def test_search_strings_read_as_optuna_distributions():
     assert tune.parse_search("ent-coef=float:0:0.05:step=0.01").step == 0.01
     assert tune.parse_search("anneal-lr=cat:true,false").choices == ("true", "false")
     assert tune.aggregate([0.0, 1.0, 2.0, 100.0], "iqm") == 1.5 and tune.aggregate([0.0, 1.0, 2.0, 101.0], "mean") == 26.0
+
+
+@pytest.mark.unit
+def test_the_values_the_scripts_parser_sees_are_each_ranges_edges_and_every_choice():
+    assert searched_values(tune.parse_search("num-steps=int:32:512:log")) == [32, 512]
+    assert searched_values(tune.parse_search("learning-rate=log:1e-5:1e-2")) == [1e-5, 1e-2]
+    assert searched_values(tune.parse_search("sampler=cat:serial,async")) == ["serial", "async"]
+
+
+@pytest.mark.unit
+def test_tune_json_records_a_storage_file_of_the_folder_relative_to_it(tmp_path):
+    """So a moved or copied folder opens its own study; a file outside the folder (a journal two folders share)
+    stays absolute, and a database server is its URL."""
+    root, moved = tmp_path / "tune", tmp_path / "moved"
+    cases = {
+        f"sqlite:///{root}/study.db": "sqlite:///study.db",
+        f"journal:{root}/sub/study.log": "journal:sub/study.log",
+        f"journal:{tmp_path}/shared.log": f"journal:{tmp_path}/shared.log",
+        "postgresql://user@host/db": "postgresql://user@host/db",
+    }
+    for url, recorded in cases.items():
+        assert tune_folder.recorded_storage(url, root) == recorded
+        assert tune_folder.storage_from_record(recorded, root) == url
+    assert tune_folder.storage_from_record("sqlite:///study.db", moved) == f"sqlite:///{moved}/study.db"
+
+
+@pytest.mark.unit
+def test_each_part_of_the_tune_says_what_it_guarantees():
+    for module in (search_space, study_module, tune_folder, tune_display, tune_report):
+        assert "Guarantees" in (module.__doc__ or ""), module.__name__
+    assert tune.Tune.__doc__ and tune.main.__doc__
 
 
 @pytest.fixture(scope="module")
