@@ -4,7 +4,7 @@ a tune, and how a trial is scored.
 Guarantees
 - ``check_storage`` refuses, with one ``LaunchError`` and without creating or opening anything, a ``--storage``
   that cannot hold a study: not a URL SQLAlchemy reads (``bogus://``), a database kind it does not know, a
-  driver that is not installed (``mysql://`` without MySQLdb, ``postgresql://`` without psycopg2: the module to
+  driver that is not installed (``mysql://`` without MySQLdb, ``postgresql://`` without psycopg: the package to
   install named), an in-memory SQLite database, a SQLite or journal path that is a folder, a file that is not a
   SQLite database, or a file that could not be created where it would be (a parent that is a file, or not
   writable). With ``must_exist`` (``--report``) a storage file that does not exist is refused: nothing to
@@ -12,12 +12,15 @@ Guarantees
 - ``make_sampler`` and ``make_pruner`` build ``optuna.samplers``/``optuna.pruners`` objects from
   ``NAME[:KEY=VALUE,...]`` (short names or class names); a wrong name or argument is one ``LaunchError``.
 - ``setup_from`` turns the command line and the ``--config`` file into a ``Setup`` or raises ``LaunchError``
-  naming the argument: every value is checked for its type and range here, before anything is created, and the
-  grid passes the launcher's own checks (``experiments/grid.py``). ``Setup.spec()`` is what the study records
+  naming the argument: every value is checked for its type and range here (``check_options``: the options of
+  this process, ``--cores-per-run`` to ``--slurm-param``), before anything is created; the grid passes the
+  launcher's own checks (``experiments/grid.py``), and the tune folder, its ``tune.json`` and the study's
+  storage theirs (``experiments/tune_folder.py``, ``check_storage``). ``Setup.spec()`` is what the study records
   and compares on every later start.
-- A trial's value (``trial_value``) is the ``--aggregate`` (mean or rliable's IQM) over its runs of each run's
-  score (``experiments/report.py``'s ``read_result``) normalised by its env's ``--target-scores``; a run without a
-  score gives None, never a number.
+- A trial's value is the ``--aggregate`` (``aggregate``: the mean, or rliable's IQM) over its runs of each run's
+  score (``run_score``: ``experiments/report.py``'s ``read_result``) normalised by its env's ``--target-scores``
+  (``normalised``); a run without a score gives None, never a number. ``score_at`` is the same training score
+  up to a step, what the pruner is told.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ under it, and the checks that keep runs of two studies apart.
 
 Guarantees
 - ``check_root`` refuses a tune folder that is a file or that could not be created (its nearest existing parent is
-  a file, or not writable), without creating anything.
+  a file, or not writable), without creating anything (``check_creatable``, which the storage's checks share).
+  ``storage_file`` names the file a storage URL keeps its study in (SQLite, journal), or None for a server.
 - ``read_record`` returns the folder's ``tune.json`` (``{}`` where there is none); one that cannot be read, is not
   a JSON object or holds a value of the wrong type is refused in one ``LaunchError`` naming the file and the key,
   and nothing is rewritten.
