@@ -67,6 +67,42 @@ def make_networks(args, obs_space, act_space):
 }
 
 
+# The other scripts (slow: the three above stand for their families): the script's own factory wrapped so that every
+# network it makes carries one more parameter, which the checkpoint must hold and the async sampler's copy must
+# match (the sampler takes the learner's parameters by name and shape).
+MARKED = {
+    "a2c_atari": (["--preset", "cartpole", "--total-timesteps", "512"], "make_agent", "model"),
+    "ppo_mujoco": (["--preset", "pendulum", "--total-timesteps", "1024", "--num-envs", "2"], "make_agent", "model"),
+    "ppo_lstm": (["--preset", "cartpole", "--total-timesteps", "1024"], "make_agent", "model"),
+    "catdqn_atari": (
+        ["--preset", "cartpole", "--total-timesteps", "1500", "--min-steps-learn", "300"],
+        "make_network",
+        "model",
+    ),
+    "r2d1_atari": (["--preset", "memory", "--total-timesteps", "2000"], "make_network", "model"),
+    "td3_mujoco": (
+        ["--preset", "pendulum", "--total-timesteps", "600", "--min-steps-learn", "300", "--batch-size", "64"],
+        "make_networks",
+        "actor",
+    ),
+    "ddpg_mujoco": (
+        ["--preset", "pendulum", "--total-timesteps", "600", "--min-steps-learn", "300", "--batch-size", "64"],
+        "make_networks",
+        "actor",
+    ),
+}
+MARK = """
+_script_factory = {factory}
+
+
+def {factory}(*args):
+    made = _script_factory(*args)
+    for net in made if isinstance(made, tuple) else (made,):
+        net.copy_marker = nn.Parameter(torch.zeros(3))
+    return made
+"""
+
+
 def _copy(name: str, where: Path, extra: str = "") -> Path:
     """``algos/{name}.py`` copied to ``where``, ``extra`` (new definitions) inserted before its ``__main__`` block."""
     text = (ROOT / "algos" / f"{name}.py").read_text()
@@ -82,13 +118,19 @@ def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
-@pytest.mark.parametrize("name", sorted(NEW_NETWORK))
+@pytest.mark.parametrize(
+    "name", [*sorted(NEW_NETWORK), *(pytest.param(name, marks=pytest.mark.slow) for name in sorted(MARKED))]
+)
 def test_a_copy_outside_the_repository_trains_a_new_network_in_every_part(name: str, tmp_path: Path):
     """The copy lives outside the repository (tmp), runs with the async sampler (a sampler process building its own
     network from the factory: a different one would not take the learner's parameters), evaluates, then exports the
     new network from the checkpoint; its runs are labelled with the copy's name."""
     assert ROOT not in tmp_path.resolve().parents
-    flags, network, (part, key, shape) = NEW_NETWORK[name]
+    if name in NEW_NETWORK:
+        flags, network, (part, key, shape) = NEW_NETWORK[name]
+    else:
+        flags, factory, part = MARKED[name]
+        network, key, shape = MARK.format(factory=factory), "copy_marker", (3,)
     copy = _copy(name, tmp_path, network)
     train = [sys.executable, str(copy), *flags, "--sampler", "async", "--eval-episodes", "2", "--out-dir", "runs"]
     done = _run([*train, "--run-name", "r"], tmp_path)
