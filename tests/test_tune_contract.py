@@ -335,8 +335,21 @@ def fields():
     return tune.script_fields(SCRIPT)
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(case=st.sampled_from([(flag, v) for flag, values in BAD.items() for v in values]))
+POSITIVE_INT = ["--trials", "--last-episodes", "--prune-every", "--max-failures", "--cores-per-run", "--runs-per-gpu",
+                "--workers", "--time", "--cpus-per-worker"]  # fmt: skip
+NON_NEGATIVE = ["--gpus-per-run", "--gpus-per-worker", "--stale-after", "--stop-timeout", "--status-every"]
+NUMBERS = [*POSITIVE_INT, *NON_NEGATIVE, "--seeds", "--sampler-seed", "--mem-gb"]
+CASES = st.one_of(
+    st.sampled_from([(flag, v) for flag, values in BAD.items() for v in values]),
+    st.tuples(st.sampled_from(POSITIVE_INT), st.integers(max_value=0).map(str)),
+    st.tuples(st.sampled_from(NON_NEGATIVE), st.integers(max_value=-1).map(str)),
+    st.tuples(st.just("--sampler-seed"), st.one_of(st.integers(max_value=-1), st.integers(min_value=2**32)).map(str)),
+    st.tuples(st.sampled_from(NUMBERS), st.text("abx.,!_ ", min_size=1, max_size=4)),  # not a number at all
+)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=CASES)
 def test_every_option_with_a_bad_value_is_one_line_and_leaves_the_folder_as_it_was(
     finished, fields, tmp_path, capsys, monkeypatch, case
 ):
