@@ -98,8 +98,12 @@ DRIVERS = {"MySQLdb": "mysqlclient", "psycopg2": "psycopg2-binary", "pymysql": "
 
 
 def parse_targets(items: Sequence[str] | dict, env_ids: Sequence[str | None]) -> dict[str, tuple[float, float]]:
-    if isinstance(items, dict):
-        items = [f"{k}={v if isinstance(v, str) else ':'.join(map(str, v))}" for k, v in items.items()]
+    """``ENV=LOW:HIGH`` items (or the file's table: env id = "LOW:HIGH" or [LOW, HIGH]) -> {env: (low, high)}."""
+    if isinstance(items, dict):  # anything but a string or a pair reads as no range: refused below, in one line
+        items = [
+            f"{k}={v if isinstance(v, str) else ':'.join(map(str, v)) if isinstance(v, list) else ''}"
+            for k, v in items.items()
+        ]
     out = {}
     for item in items:
         env, sep, rng = str(item).partition("=")

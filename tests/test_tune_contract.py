@@ -165,6 +165,7 @@ def test_argument_errors_are_one_line_without_the_usage_block(tmp_path, capsys, 
         ('seeds = [1, "2"]', "seeds"),
         ('seeds = [1]\ntrials = "3"', "trials is '3', not an integer"),
         ("seeds = [1]\nsearch = 5", "search is 5, not a list or a table"),
+        ('seeds = [1]\ntarget_scores = {"CartPole-v1" = 5}', "--target-scores 'CartPole-v1='"),
         ("seeds = [1", "--config"),
     ],
 )
