@@ -152,8 +152,9 @@ def _plots(study, out: Path, n_done: int) -> list[str]:
         ("history.png", lambda: vis.plot_optimization_history(study)),
         ("parallel.png", lambda: vis.plot_parallel_coordinate(study)),
         ("slices.png", lambda: vis.plot_slice(study)),
-        ("intermediate.png", lambda: vis.plot_intermediate_values(study)),
     ]
+    if any(t.intermediate_values for t in study.get_trials(deepcopy=False)):  # else Optuna warns and draws nothing
+        figures.append(("intermediate.png", lambda: vis.plot_intermediate_values(study)))
     if n_done >= 2:
         figures.append(("importances.png", lambda: vis.plot_param_importances(study, evaluator=PedAnovaImportanceEvaluator())))
     for name, make in figures:
