@@ -160,9 +160,23 @@ def make_sampler(text: str, seed: int | None, space: list[Param]):
     if seed is not None and "seed" not in kwargs and "seed" in _params_of(cls):
         kwargs["seed"] = seed
     try:
-        return cls(**kwargs)
+        with _quiet():
+            return cls(**kwargs)
     except (TypeError, ValueError) as e:
         raise LaunchError(f"--sampler {text!r}: {e}") from None
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Optuna's ExperimentalWarning for a class the user chose (gp, wilcoxon, patient) unsaid: stderr holds one
+    ``error:`` line when a command is refused, and nothing else of ours when it runs."""
+    import warnings
+
+    import optuna
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+        yield
 
 
 def _grid_values(p: Param) -> list:
@@ -189,7 +203,8 @@ def make_pruner(text: str):
         kwargs["wrapped_pruner"] = optuna.pruners.MedianPruner()
         kwargs.setdefault("patience", 1)
     try:
-        return cls(**kwargs)
+        with _quiet():
+            return cls(**kwargs)
     except (TypeError, ValueError) as e:
         raise LaunchError(f"--pruner {text!r}: {e}") from None
 
