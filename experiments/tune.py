@@ -123,7 +123,7 @@ from experiments.records import (
     write_json,
 )
 from experiments.search_space import Param, check_space, flag_tokens, parse_search, script_fields, searched_values
-from experiments.slots import Slot, gpu_count, make_slots
+from experiments.slots import Slot, child_env, gpu_count, make_slots
 from experiments.status import progress_of
 from experiments.study import (
     Setup,
@@ -689,14 +689,15 @@ class Tune:
 # ---------------------------------------------------------------------------------------------- the command
 
 
-def check_flags(st: Setup, jobs: int | None = None) -> None:
+def check_flags(st: Setup, jobs: int | None = None, env: dict[str, str] | None = None) -> None:
     """The flags this study will pass, checked by the script's own parser and pre-start checks before any trial
     or run folder exists (``experiments.flags.refusals``, the script under ``RL_CHECK_ONLY``): a run of each env id
     and of each seed with the flags of every run, and each searched value at the edges of its range (LOW, HIGH,
     every ``cat`` value; the other searched flags at the script's defaults). The first refusal in that order is a
     ``LaunchError`` with the script's own reason. Each check imports the script (seconds): they run ``jobs`` at a
     time, identical ones once, all of them (stopping at the first to end refused would name whichever check
-    finished first: a bad seed reported as a searched value's refusal)."""
+    finished first: a bad seed reported as a searched value's refusal). ``env``: the environment the runs get where
+    it differs from this process's (a slot's: ``experiments.slots.child_env``)."""
     stem = Path(st.script).stem
     runs = build_grid(st.root, [st.script], st.env_ids, st.seeds, st.common, [[("trial0000", [])]])
     first = runs[0]
@@ -714,7 +715,7 @@ def check_flags(st: Setup, jobs: int | None = None) -> None:
             checks.append((r.script_path, r.flags()))
             labels.append(f"--search {p.spec()}: {stem} refuses {shlex.join(tokens)} (beside the flags of every run)")
     n = jobs or max(1, min(4, len(os.sched_getaffinity(0))))
-    refused = refusals(checks, jobs=n)
+    refused = refusals(checks, jobs=n, env=env)
     if refused:
         index, reason = refused[0]
         raise LaunchError(f"{labels[index]}: {reason}")
@@ -801,7 +802,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not a.slurm:  # a worker job's slots are its node's, made there
             n_gpus = gpu_count() if a.gpus_per_run != 0 else 0
             slots = make_slots(physical_cores(), a.cores_per_run, n_gpus, a.gpus_per_run, a.runs_per_gpu)
-        check_flags(st)
+        # the checks see what a run sees: a slot's environment (its GPUs, or none with --gpus-per-run 0)
+        check_flags(st, env=child_env(slots[:1]) if slots else None)
         if a.dry_run:
             return dry_run(st, slots or make_slots(physical_cores(), a.cores_per_run))
         if a.slurm:

@@ -126,7 +126,7 @@ def test_impossible_resources_are_refused_before_anything_is_created(tmp_path, c
     # neither the script's Args nor its checks are what is tested here: no subprocess (raising=False: the code
     # before had no check_flags, and these commands failed after creating the folder)
     monkeypatch.setattr(tune, "script_fields", lambda path: {"learning_rate": FIELD}, raising=False)
-    monkeypatch.setattr(tune, "check_flags", lambda st: None, raising=False)
+    monkeypatch.setattr(tune, "check_flags", lambda st, **_: None, raising=False)
     code = run_main(command(tmp_path / "new", *extra))
     assert_refused(capsys, code, message)
     assert list(tmp_path.iterdir()) == []
