@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.grid import LaunchError
-from experiments.records import STATES, write_json
+from experiments.records import launch_problem, load_record, write_json
 
 __all__ = [
     "RUN_RECORDS",
@@ -99,20 +99,16 @@ def check_root(root: Path) -> None:
     check_creatable(root, f"tune folder {root}")
 
 
-def read_record(root: Path) -> dict[str, Any]:
-    path = root / "tune.json"
-    if not path.exists():
-        return {}
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise LaunchError(f"{path}: cannot be read ({getattr(e, 'strerror', None) or e}); nothing was changed") from None
-    if not isinstance(data, dict):
-        raise LaunchError(f"{path}: not a JSON object; nothing was changed")
+def _record_problem(data: dict) -> str | None:
     for key, types in RECORD_TYPES.items():
         if key in data and (not isinstance(data[key], types) or isinstance(data[key], bool)):
-            raise LaunchError(f"{path}: {key} is {data[key]!r}, not a {types[0].__name__}; nothing was changed")
-    return data
+            return f"{key} is {json.dumps(data[key], default=str)[:60]}, not {' or '.join(t.__name__ for t in types)}"
+    return None
+
+
+def read_record(root: Path) -> dict[str, Any]:
+    """``tune.json`` (``{}`` where there is none); a damaged one raises ``LaunchError`` (``records.load_record``)."""
+    return load_record(root / "tune.json", _record_problem)
 
 
 def recorded_storage(url: str, root: Path) -> str:
@@ -171,31 +167,22 @@ def write_record(root: Path, spec: dict, script: str, storage_url: str, study_na
     )
 
 
+def _run_problem(rec: dict) -> str | None:
+    """What is wrong with a trial's run record: the launcher's checks (``records.launch_problem``) and the tune's."""
+    if why := launch_problem(rec):
+        return why
+    if "trial" in rec and (not isinstance(rec["trial"], int) or isinstance(rec["trial"], bool)):
+        return f"trial is {json.dumps(rec['trial'], default=str)[:60]}, not an integer"
+    study = rec.get("study")
+    if study is not None and not (isinstance(study, dict) and isinstance(study.get("name"), str)):
+        return f"study is {json.dumps(study, default=str)[:60]}, not {{name, uid}}"
+    return None
+
+
 def run_records(root: Path) -> list[tuple[Path, dict]]:
-    """Every run record of the folder's trials, read; a damaged one raises ``LaunchError`` naming it."""
-    out = []
-    for path in sorted(root.glob(RUN_RECORDS)):
-        try:
-            rec = json.loads(path.read_text())
-        except (OSError, ValueError) as e:
-            raise LaunchError(
-                f"{path}: cannot be read ({getattr(e, 'strerror', None) or e}); nothing was changed: repair or remove it"
-            ) from None
-        why = None
-        if not isinstance(rec, dict):
-            why = "not a JSON object"
-        elif rec.get("state") not in STATES:
-            why = f"state is {rec.get('state')!r}, not one of {', '.join(STATES)}"
-        elif "trial" in rec and (not isinstance(rec["trial"], int) or isinstance(rec["trial"], bool)):
-            why = f"trial is {rec['trial']!r}, not an integer"
-        elif not isinstance(rec.get("attempts", []), list):
-            why = f"attempts is {rec.get('attempts')!r}, not a list"
-        elif "study" in rec and not (isinstance(rec["study"], dict) and isinstance(rec["study"].get("name"), str)):
-            why = f"study is {rec['study']!r}, not {{name, uid}}"
-        if why:
-            raise LaunchError(f"{path}: {why}; nothing was changed: repair or remove it")
-        out.append((path, rec))
-    return out
+    """Every run record of the folder's trials, read; a damaged one raises ``LaunchError`` naming it and what is
+    wrong (``records.load_record``), before anything is written."""
+    return [(path, load_record(path, _run_problem)) for path in sorted(root.glob(RUN_RECORDS))]
 
 
 def check_runs(root: Path, study_name: str, uid: str | None) -> None:

@@ -192,11 +192,16 @@ def test_a_damaged_record_is_named_and_nothing_is_rewritten(folder, capsys):
     run.write_text(run.read_text()[:40])  # cut short, as a full disk leaves a file written in place
     before = snapshot(folder)
     code = run_tune(command(folder, trials=3))
-    assert_refused(capsys, code, str(run), "cannot be read", "nothing was changed")
+    assert_refused(capsys, code, f"{run}: damaged, not JSON")
+    assert snapshot(folder) == before
+    rec = json.loads((folder / "tune_script" / "CartPole-v1" / "trial0001" / "seed1" / "launch.json").read_text())
+    run.write_text(json.dumps({**rec, "trial": "1"}))  # JSON, but a field of the wrong type
+    before = snapshot(folder)
+    assert_refused(capsys, run_tune(command(folder, trials=3)), f'{run}: damaged, trial is "1", not an integer')
     assert snapshot(folder) == before
     (folder / "tune.json").write_text('{"study_name": 3}')
     before = snapshot(folder)
-    assert_refused(capsys, run_tune([str(folder), "--report"]), "tune.json: study_name is 3, not a str")
+    assert_refused(capsys, run_tune([str(folder), "--report"]), "tune.json: damaged, study_name is 3, not str")
     assert snapshot(folder) == before
 
 
