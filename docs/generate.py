@@ -937,6 +937,7 @@ def write_all(out: Path) -> list[str]:
     (out / "run_folder.md").write_text(run_folder_markdown())
     (out / "launch.md").write_text(docstring_page(ROOT / "experiments" / "launch.py"))
     (out / "report.md").write_text(docstring_page(ROOT / "experiments" / "report.py"))
+    (out / "tune.md").write_text(docstring_page(ROOT / "experiments" / "tune.py"))
     (out / "results").mkdir(exist_ok=True)
     for page, blocks in RESULTS_PAGES.items():
         (out / "results" / f"{page}.md").write_text("\n".join(block(ctx) for block in blocks))

@@ -11,7 +11,10 @@ The modules, each saying in its docstring what it guarantees (``MODULES``):
   expansion), ``slots`` (CPU and GPU slots), ``process`` (a run's process: pinned, in its own session, never
   outliving the launcher), ``records`` (each run's ``launch.json``: attempts, resuming, durability, damaged
   records refused), ``display`` (the live table), ``local`` (the local runner), ``slurm`` (job arrays through
-  submitit).
+  submitit); and tune's: ``search_space`` (``--search`` parsed and checked against a script's ``Args``), ``study``
+  (a tune's storage, sampler and pruner, its checked ``Setup``, a trial's value), ``tune_folder`` (``tune.json``,
+  the trials' run records, one study per tune folder), ``tune_display`` (the study's live table),
+  ``tune_report`` (``tune-report/``).
 
 They import each other without cycles (tested), and ``shared/`` only for its files, progress rows, affinity and
 process helpers. Each imports as ``experiments.<name>``, and the command lines run as ``python
@@ -23,8 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository: algos/ and shared/ are here
 
-# The package's modules, and those that are command lines (``python experiments/<name>.py``); the modules that
-# tune.py is cut into join MODULES with it. tests/test_launch_contract.py imports every module of the folder and
+# The package's modules, and those that are command lines (``python experiments/<name>.py``).
+# tests/test_launch_contract.py imports every module of the folder and
 # runs every command.
 MODULES = (
     "display",
@@ -36,9 +39,14 @@ MODULES = (
     "process",
     "records",
     "report",
+    "search_space",
     "slots",
     "slurm",
     "status",
+    "study",
     "tune",
+    "tune_display",
+    "tune_folder",
+    "tune_report",
 )
 COMMANDS = ("launch", "plot", "report", "status", "tune")
