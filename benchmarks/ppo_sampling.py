@@ -64,7 +64,7 @@ def forward_sps(agent, n_envs: int, seconds: float) -> float:
 
 
 def mode_sps(args: P.Args, mode: str, seconds: float) -> float:
-    example, boot_example = P.rollout_example(P.make_env(args)().observation_space, args.num_steps, args.num_envs)
+    example, boot_example = P.rollout_example(P.make_env(args)().observation_space, 4, args.num_envs)  # Breakout: 4 actions
     if mode == "async":
         affinity = make_affinity("async")
         buffers = DoubleBuffer(example, (args.num_steps, args.num_envs), module=P.Agent((4, 84, 84), 4))

@@ -23,6 +23,13 @@ from shared.procs import session_processes
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def spaces(obs_shape: tuple[int, ...], n_actions: int) -> tuple:
+    """A Box of ``obs_shape`` and ``n_actions`` discrete actions: what a script's network factory takes."""
+    import gymnasium as gym
+
+    return gym.spaces.Box(-np.inf, np.inf, obs_shape, np.float32), gym.spaces.Discrete(n_actions)
+
+
 def script(name: str) -> str:
     return str(ROOT / "algos" / name)
 

@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.evaluation import Draws
-from tests.helpers import ROOT, progress, refusal, run
+from tests.helpers import ROOT, progress, refusal, run, spaces
 
 sys.path.insert(0, str(ROOT / "algos"))
 import catdqn_atari
@@ -383,11 +383,11 @@ def replaced_network():
     """catdqn_atari.py with its network replaced by a plain categorical head (one nn.Linear, no noisy layers, no dueling
     head), as a module loaded from a copy inside the repository (a copy finds shared/ from there)."""
     src = (ROOT / "algos" / "catdqn_atari.py").read_text()
-    built = "QNetwork(obs_shape, n_actions, args.dueling, support, args.network, args.noisy_sigma if args.noisy else None)"
+    built = "QNetwork(obs_space.shape, int(act_space.n), args.dueling, support, args.network, noisy_sigma)"
     assert src.count(built) == 1
     folder = Path(tempfile.mkdtemp(prefix="tmp_c51_", dir=ROOT))
     path = folder / "c51_linear.py"
-    path.write_text(src.replace(built, "nn.Linear(int(np.prod(obs_shape)), n_actions * len(support))"))
+    path.write_text(src.replace(built, "nn.Linear(int(np.prod(obs_space.shape)), int(act_space.n) * len(support))"))
     spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[path.stem] = module  # dataclasses look the module up while Args is made
@@ -400,14 +400,14 @@ def replaced_network():
 
 
 def test_flags_the_network_cannot_honour_are_refused_in_one_place(replaced_network, capsys):
-    replaced_network.make_network(replaced_network.Args(), (4,), 2)  # no flag: nothing to refuse
+    replaced_network.make_network(replaced_network.Args(), *spaces((4,), 2))  # no flag: nothing to refuse
     args = catdqn_atari.Args(noisy=True, dueling=True)
-    catdqn_atari.make_network(args, (4,), 2)  # the script's network honours both
+    catdqn_atari.make_network(args, *spaces((4,), 2))  # the script's network honours both
     for flag, message in [
         ("noisy", "--noisy: the network has no NoisyLinear layer to draw noise for"),
         ("dueling", "--dueling: the dueling head is QNetwork's; Linear has none"),
     ]:
         with pytest.raises(SystemExit) as e:
-            replaced_network.make_network(replaced_network.Args(**{flag: True}), (4,), 2)
+            replaced_network.make_network(replaced_network.Args(**{flag: True}), *spaces((4,), 2))
         assert e.value.code == 2
         assert capsys.readouterr().err.splitlines() == [f"error: {message}"]

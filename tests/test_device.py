@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from shared import cli, distributed, precision
-from tests.helpers import ROOT
+from tests.helpers import ROOT, spaces
 
 
 @pytest.fixture
@@ -359,7 +359,7 @@ def _dqn_setup(module, prefetch: bool):
     if module.__name__ == "dqn_atari":
         q, tq = module.QNetwork((4,), 2, True), module.QNetwork((4,), 2, True)
     else:
-        q, tq = module.make_network(args, (4,), 2), module.make_network(args, (4,), 2)
+        q, tq = module.make_network(args, *spaces((4,), 2)), module.make_network(args, *spaces((4,), 2))
     return buf, q, tq, torch.optim.Adam(q.parameters(), lr=1e-3), args
 
 

@@ -16,7 +16,7 @@ import onnxruntime
 import pytest
 import torch
 
-from tests.helpers import ROOT, assert_killed_sampler_ends_the_run, progress, refusal, run
+from tests.helpers import ROOT, assert_killed_sampler_ends_the_run, progress, refusal, run, spaces
 
 sys.path.insert(0, str(ROOT / "algos"))
 import dqn_atari
@@ -188,7 +188,7 @@ def test_atari_smoke_small_buffer_checkpoint_and_resume(sampler, tmp_path):
     assert [int(r["global_step"]) for r in rows] == [200, 400]
     assert int(rows[-1]["updates"]) > 0
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
-    net = dqn_atari.make_network(dqn_atari.Args(), (4, 84, 84), 4)  # whatever network the script makes
+    net = dqn_atari.make_network(dqn_atari.Args(), *spaces((4, 84, 84), 4))  # whatever network the script makes
     net.load_state_dict(ckpt["model"])
     assert net(torch.zeros(2, 4, 84, 84, dtype=torch.uint8)).shape == (2, 4)  # Q-values [N, A], as documented
     assert ckpt["global_step"] == 400
@@ -353,7 +353,7 @@ MLP = '''class MLP(nn.Module):
 
 
 '''
-QNETWORK = "QNetwork(obs_shape, n_actions, args.dueling, args.noisy_sigma if args.noisy else None)"
+QNETWORK = "QNetwork(obs_space.shape, int(act_space.n), args.dueling, args.noisy_sigma if args.noisy else None)"
 
 
 @pytest.fixture(scope="module")
@@ -363,7 +363,7 @@ def mlp_script():
     assert src.count(QNETWORK) == 1 and src.count("\ndef make_network(") == 1
     folder = Path(tempfile.mkdtemp(prefix="tmp_mlp_", dir=ROOT))
     path = folder / "dqn_mlp.py"
-    edited = src.replace(QNETWORK, "MLP(obs_shape, n_actions)")
+    edited = src.replace(QNETWORK, "MLP(obs_space.shape, int(act_space.n))")
     path.write_text(edited.replace("\ndef make_network(", f"\n{MLP}def make_network("))
     yield path
     shutil.rmtree(folder)
@@ -382,7 +382,7 @@ def test_evaluation_reads_nothing_of_a_replaced_network_but_its_output(mlp_scrip
     """Edit (b), in CI: the evaluation act over the MLP's Policy takes the action count from the Q-values' shape (the
     script before issue 52 read ``q_net.n_actions``: AttributeError)."""
     edited = load(mlp_script)
-    policy = edited.Policy(edited.make_network(edited.Args(), (4,), 3))
+    policy = edited.Policy(edited.make_network(edited.Args(), *spaces((4,), 3)))
     draws = Draws(64)
     for b in range(64):
         draws.start(b, episode_seed=b)
@@ -414,13 +414,13 @@ def test_a_plain_mlp_meeting_only_the_written_contract_learns_is_evaluated_and_e
 
 def test_flags_the_network_cannot_honour_are_refused_in_one_place(mlp_script, capsys):
     edited = load(mlp_script)
-    edited.make_network(edited.Args(), (4,), 2)  # no flag: nothing to refuse
-    dqn_atari.make_network(dqn_atari.Args(noisy=True, dueling=True), (4,), 2)  # the script's network honours both
+    edited.make_network(edited.Args(), *spaces((4,), 2))  # no flag: nothing to refuse
+    dqn_atari.make_network(dqn_atari.Args(noisy=True, dueling=True), *spaces((4,), 2))  # the script's network honours both
     for flag, message in [
         ("noisy", "--noisy: the network has no NoisyLinear layer to draw noise for"),
         ("dueling", "--dueling: the dueling head is QNetwork's; MLP has none"),
     ]:
         with pytest.raises(SystemExit) as e:
-            edited.make_network(edited.Args(**{flag: True}), (4,), 2)
+            edited.make_network(edited.Args(**{flag: True}), *spaces((4,), 2))
         assert e.value.code == 2
         assert capsys.readouterr().err.splitlines() == [f"error: {message}"]

@@ -90,7 +90,7 @@ def test_masked_log_probabilities_and_entropy_are_those_of_the_valid_actions_alo
 def test_the_masks_of_a_rollout_line_up_with_its_observations_after_resets():
     envs = vector_env([lambda: masked_env.MaskedChoice() for _ in range(3)], "serial")
     args = ppo_atari.Args(env_id=ENV, num_envs=3, num_steps=40)
-    example, boot_example = ppo_atari.rollout_example(envs.single_observation_space, 5, 40, 3)
+    example, boot_example = ppo_atari.rollout_example(envs.single_observation_space, 5, 3)
     from shared.buffer import buffer_from_example
 
     buf, boot = buffer_from_example(example, (40, 3)), buffer_from_example(boot_example, ())
