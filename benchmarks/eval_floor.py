@@ -19,6 +19,7 @@ import time
 from functools import partial
 from pathlib import Path
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -86,7 +87,8 @@ def main() -> None:
 
     sys.argv = ["catdqn_atari.py", "--preset", "atari100k", "--env-id", a.env_id]
     args = parse_args(C.Args, C.PRESETS, C.check_args)
-    net = C.make_network(args, (4, 84, 84), n_actions).eval()
+    spaces = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8), gym.spaces.Discrete(n_actions)
+    net = C.Policy(C.make_network(args, *spaces).eval())
     for b in (1, a.envs):
         act = partial(
             C.act, net, torch.device("cpu"), args.eval_epsilon, rng.integers(0, 256, (b, 4, 84, 84), dtype=np.uint8), Draws(b)

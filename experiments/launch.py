@@ -105,7 +105,8 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent
 if sys.path and sys.path[0] and Path(sys.path[0]).resolve() == _HERE:
     del sys.path[0]
-sys.path.insert(0, str(next(p for p in _HERE.parents if (p / "shared" / "__init__.py").exists())))
+# the repository around this file (shared/ beside it), else the installed packages
+sys.path[:0] = [str(p) for p in _HERE.parents if (p / "shared" / "run.py").exists()][:1]
 
 from experiments.display import Display
 from experiments.flags import Parser, refusals
@@ -238,9 +239,12 @@ def check_root(root: Path, runs: Sequence[Trial], write: bool) -> None:
     """The root and the run folders under it can be made (``write``: and written), found out without changing
     anything: a folder made and removed in the nearest one that exists (permissions alone do not say it for root
     or on a read-only mount), whose times are then set back (``--dry-run`` leaves even those as they were)."""
-    if root.exists() and not root.is_dir():
-        raise LaunchError(f"experiment root {root} is a file, not a folder")
-    there = next(p for p in [root, *root.parents] if p.exists())
+    try:  # exists() itself raises for a folder this user may not enter
+        if root.exists() and not root.is_dir():
+            raise LaunchError(f"experiment root {root} is a file, not a folder")
+        there = next(p for p in [root, *root.parents] if p.exists())
+    except OSError as e:
+        raise LaunchError(f"experiment root {root}: {e.strerror or e}") from None
     if not there.is_dir():
         raise LaunchError(f"experiment root {root}: {there} is a file, not a folder")
     for r in runs:

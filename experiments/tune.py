@@ -107,7 +107,8 @@ from typing import Any
 _HERE = Path(__file__).resolve().parent
 if sys.path and sys.path[0] and Path(sys.path[0]).resolve() == _HERE:
     del sys.path[0]
-sys.path.insert(0, str(next(p for p in _HERE.parents if (p / "shared" / "__init__.py").exists())))
+# the repository around this file (shared/ beside it), else the installed packages
+sys.path[:0] = [str(p) for p in _HERE.parents if (p / "shared" / "run.py").exists()][:1]
 
 from experiments.flags import Parser, refusals
 from experiments.grid import LaunchError, Trial, build_grid

@@ -94,9 +94,12 @@ def check_creatable(folder: Path, where: str) -> None:
 
 
 def check_root(root: Path) -> None:
-    if root.exists() and not root.is_dir():
-        raise LaunchError(f"tune folder {root} is a file, not a folder")
-    check_creatable(root, f"tune folder {root}")
+    try:  # exists() itself raises for a folder this user may not enter
+        if root.exists() and not root.is_dir():
+            raise LaunchError(f"tune folder {root} is a file, not a folder")
+        check_creatable(root, f"tune folder {root}")
+    except OSError as e:
+        raise LaunchError(f"tune folder {root}: {e.strerror or e}") from None
 
 
 def _record_problem(data: dict) -> str | None:

@@ -348,8 +348,8 @@ def check_common(args: Any) -> None:
     if not args.resume:
         # the run folder goes there: find out now rather than after the envs started, leaving nothing behind (a
         # folder made and removed in the nearest one that exists: permissions alone do not say it for root or /proc)
-        there = next(p for p in [Path(args.out_dir).absolute(), *Path(args.out_dir).absolute().parents] if p.exists())
-        try:
+        try:  # exists() itself raises for a folder this user may not enter
+            there = next(p for p in [Path(args.out_dir).absolute(), *Path(args.out_dir).absolute().parents] if p.exists())
             os.rmdir(tempfile.mkdtemp(prefix=".write-test-", dir=there))
         except OSError as e:
             bad_args(f"--out-dir {args.out_dir}: cannot create a run folder there ({e.strerror or e})")

@@ -12,8 +12,7 @@ Guarantees
   step of an episode (a recurrent policy starts afresh there), ``rewards`` the previous step's rewards,
   ``mask`` the env's ``info["action_mask"]`` (every action where an env gives none; None for continuous
   actions); ``check_act`` refuses an ``act`` with any other parameter (it would never be passed). A row whose env
-  has no
-  episode left is still in the batch (static shapes) and its action is not used.
+  has no episode left is still in the batch (static shapes) and its action is not used.
 - The envs: ``envs`` envs of ``make_env(render)``, the ones training makes, so the evaluation plays the same
   episodes as the one-env loop it replaced. Only the envs that still play an episode step. With ``procs`` > 1
   they live in ``min(procs, envs)`` worker processes (``shared.procs.Worker``: spawned, dying with this process,

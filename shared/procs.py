@@ -253,8 +253,11 @@ class SharedParameters:
         with locked(self._lock, check):
             flat = torch.from_numpy(np.array(self.flat))
             version = int(self._version[0])
+        tensors = self._tensors(module)
+        if [t.numel() for t in tensors] != self._sizes:  # another network than the learner's: never a partial copy
+            raise ValueError(f"the module's tensors ({len(tensors)}) do not match the published ones ({len(self._sizes)})")
         with torch.no_grad():
-            for t, chunk in zip(self._tensors(module), torch.split(flat, self._sizes)):
+            for t, chunk in zip(tensors, torch.split(flat, self._sizes), strict=True):
                 t.copy_(chunk.view_as(t))
         return version
 

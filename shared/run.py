@@ -25,7 +25,8 @@ Guarantees
   ``Dict`` observation space unless the script takes one: ``dict_obs=True``), refuses an
   on-policy rollout (``iteration_steps``: ``--num-envs`` x ``--num-steps``) whose observations alone exceed the
   memory left. It creates nothing on disk and changes no global state. With ``RL_CHECK_ONLY`` set in the
-  environment it exits 0 there: how ``experiments/`` checks the flags it will pass, with the script's own parser.
+  environment, ``begin`` exits 0 before it starts anything, every earlier check made (these, the script's own in
+  building its networks, ``allocating``'s sizes): how ``experiments/`` checks the flags it will pass.
 - ``run.setup()`` is the one call that changes this process's global state: TF32 on a GPU, SIGINT/SIGTERM
   raise ``KeyboardInterrupt``, the torchrun job joined (``shared.distributed``), this process pinned to its
   cores (``shared.affinity``: ``run.affinity`` has the sampler's), numpy and torch seeded with ``--seed``.
@@ -160,8 +161,8 @@ def _leaves(space: Any) -> list:
     return [space] if isinstance(space, (gym.spaces.Box, gym.spaces.Discrete)) else []
 
 
-# Set (to anything but the empty string) in a script's environment: ``Run(...)`` makes its checks and exits 0, before
-# anything starts; experiments/ checks a launch's or a study's flags with each script's own parser this way.
+# Set (to anything but the empty string) in a script's environment: ``Run.begin`` exits 0 before it starts anything,
+# every check before it made; experiments/ checks a launch's or a study's flags with each script's own code this way.
 CHECK_ONLY = "RL_CHECK_ONLY"
 
 
@@ -221,8 +222,6 @@ class Run:
                 check_fits(copies * iteration_steps * obs_bytes, f"a rollout of {iteration_steps} steps")
             except NotEnoughMemory as e:
                 bad_args(f"--num-envs {args.num_envs} x --num-steps {args.num_steps}: {e}")
-        if os.environ.get(CHECK_ONLY):  # experiments/ asks whether these flags would start: yes, and nothing made
-            sys.exit(0)
         self.tracker = None  # W&B, rank 0 alone, started by begin once the networks and the replay are made
         self.world = 1  # ranks in the job, known once setup() has joined it
         self.affinity: Any = None  # this process's cores and its sampler's, set by setup()
@@ -294,9 +293,11 @@ class Run:
         """Restore or start (see the module docstring); ``policy`` plays evaluations: ``shared.evaluation`` calls it with
         the observations and, by name, only the keywords among ``draws``, ``starts``, ``rewards``, ``mask`` that its
         signature has; any other parameter is a ``TypeError`` here (``shared.evaluation.check_act``)."""
-        check_act(policy)
         self._check_setup()
         try:
+            check_act(policy)
+            if os.environ.get(CHECK_ONLY):  # experiments/ asked whether these flags start: every check made, nothing written
+                sys.exit(0)
             return self._begin(policy, replay, **objects)
         except BaseException as e:  # an exit 2, or a peer lost while sharing: leave the process group here too,
             distributed.end()  # as ``with run:`` does on every later path (NCCL may hang at exit otherwise)

@@ -57,6 +57,8 @@ def make_network(args, obs_space, act_space):
     ),
     "sac_mujoco": (
         ["--preset", "pendulum", "--total-timesteps", "600", "--min-steps-learn", "300", "--batch-size", "64"],
+        # the script's own classes at another size (hidden 32, 3 critics): a sampler that built the actor itself,
+        # at the default 256, would not take the learner's parameters
         """
 def make_networks(args, obs_space, act_space):
     obs_dim, act_dim = int(np.prod(obs_space.shape)), int(np.prod(act_space.shape))

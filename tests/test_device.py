@@ -413,3 +413,18 @@ def test_a_prefetching_learner_draws_the_next_batch_before_it_reads_the_prioriti
         writes = [rows for kind, rows in events if kind == "write"]
         for drawn, written in zip(draws, writes):  # each update trains on (and writes back) the k-th draw
             np.testing.assert_array_equal(drawn, written)
+
+
+def test_channels_last_is_one_rule_on_a_cpu_and_with_bf16_on_a_gpu():
+    """shared.precision.channels_last: NHWC weights on a CPU (any precision) and on a GPU with bf16 only; the rule
+    reads the device's type alone, so a CUDA device object tells it without a GPU."""
+    from shared.precision import channels_last
+
+    def nhwc(device: str, bf16: bool) -> bool:
+        conv = torch.nn.Conv2d(4, 8, 3)
+        return channels_last(conv, torch.device(device), bf16).weight.is_contiguous(memory_format=torch.channels_last)
+
+    assert nhwc("cpu", False) and nhwc("cpu", True) and nhwc("cuda", True)
+    assert not nhwc("cuda", False)
+    linear = torch.nn.Linear(3, 2)
+    assert channels_last(linear, torch.device("cpu"), False) is linear  # nothing 4-d: unchanged

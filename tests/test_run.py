@@ -597,28 +597,34 @@ def test_a_signal_during_a_checkpoint_raises_once_it_is_written_and_the_state_is
     assert torch.load(run.path / "checkpoint.pt", weights_only=True)["replay_cursor"] == 5
 
 
-def test_check_only_makes_the_checks_and_exits_0_before_anything_is_written(tmp_path: Path):
-    """RL_CHECK_ONLY (how experiments/ checks the flags it passes): good flags exit 0 with nothing on disk, bad ones
-    give the script's own one-line refusal and exit 2."""
+@pytest.mark.parametrize(
+    "script, flags, refused",
+    [
+        ("ppo_atari", ["--env-id", "ALE/NoSuchGame-v5"], "--env-id"),  # parse_args
+        ("ppo_atari", ["--env-id", "Pendulum-v1"], "--env-id Pendulum-v1: ppo_atari needs a discrete"),  # Run(...)
+        ("dqn_atari", ["--preset", "cartpole", "--buffer-size", "2000000000"], "--buffer-size 2000000000"),  # allocating
+    ],
+)
+def test_check_only_makes_every_check_before_begin_and_exits_0_with_nothing_written(tmp_path: Path, script, flags, refused):
+    """RL_CHECK_ONLY (how experiments/ checks the flags it passes): good flags exit 0 with nothing on disk; bad ones
+    give the script's own one-line refusal and exit 2, wherever it is made before Run.begin: the flags, Run's own
+    checks, the sizes the machine cannot hold."""
     import subprocess
 
-    script = str(Path(__file__).resolve().parents[1] / "algos" / "ppo_atari.py")
+    path = str(Path(__file__).resolve().parents[1] / "algos" / f"{script}.py")
     env = {**os.environ, "RL_CHECK_ONLY": "1"}
-    ok = subprocess.run(
-        [sys.executable, script, "--preset", "cartpole", "--out-dir", str(tmp_path / "runs")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert ok.returncode == 0, ok.stderr
-    assert not (tmp_path / "runs").exists()
-    bad = subprocess.run(
-        [sys.executable, script, "--env-id", "ALE/NoSuchGame-v5", "--out-dir", str(tmp_path / "runs")],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert bad.returncode == 2 and bad.stderr.strip().startswith("error: --env-id")
+    out = ["--out-dir", str(tmp_path / "runs")]
+    ok = subprocess.run([sys.executable, path, "--preset", "cartpole", *out], env=env, capture_output=True, text=True)
+    assert ok.returncode == 0 and not ok.stdout.strip(), ok.stderr
+    bad = subprocess.run([sys.executable, path, *flags, *out], env=env, capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.strip().startswith(f"error: {refused}"), bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
+
+
+def test_begin_refuses_an_act_that_evaluation_would_never_fully_call(tmp_path):
+    """Run.begin checks the evaluation act first (shared.evaluation.check_act): a renamed keyword is a TypeError
+    before the run folder exists, not an evaluation that silently drops it."""
+    run = Run(FakeArgs(out_dir=str(tmp_path)), "script", make_env, action_space=gym.spaces.Discrete).setup()
+    with pytest.raises(TypeError, match="masks"):
+        run.begin(lambda obs, masks=None: 0, model=torch.nn.Linear(2, 2))
+    assert not (tmp_path / "r").exists()
