@@ -614,8 +614,9 @@ def test_check_only_makes_every_check_before_begin_and_exits_0_with_nothing_writ
     path = str(Path(__file__).resolve().parents[1] / "algos" / f"{script}.py")
     env = {**os.environ, "RL_CHECK_ONLY": "1"}
     out = ["--out-dir", str(tmp_path / "runs")]
-    ok = subprocess.run([sys.executable, path, "--preset", "cartpole", *out], env=env, capture_output=True, text=True)
-    assert ok.returncode == 0 and not ok.stdout.strip(), ok.stderr
+    if script == "dqn_atari":  # good flags (one script is enough): every check passes, exit 0, nothing written
+        ok = subprocess.run([sys.executable, path, "--preset", "cartpole", *out], env=env, capture_output=True, text=True)
+        assert ok.returncode == 0 and not ok.stdout.strip(), ok.stderr
     bad = subprocess.run([sys.executable, path, *flags, *out], env=env, capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.strip().startswith(f"error: {refused}"), bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
