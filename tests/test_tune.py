@@ -267,6 +267,7 @@ def test_a_search_over_a_bad_range_finds_a_better_learning_rate(tmp_path):
 
 
 @two_cores
+@pytest.mark.slow  # 41 s: CI's 40 minutes (the flag checks made every tune test longer); the pruner's unit tests stay
 def test_a_pruned_trial_leaves_its_runs_ended_and_recorded(tmp_path):
     """ThresholdPruner(lower=1000) prunes each trial at its first report (raw CartPole returns stay below): of
     its three runs two run on the two slots (SIGTERMed: checkpoint, exit 130) and one is still queued (dropped);
@@ -333,7 +334,8 @@ def test_an_interrupted_tune_resumed_with_the_same_command_ends_with_exactly_tri
 
 
 @two_cores
-@pytest.mark.parametrize("storage", ["sqlite", pytest.param("journal", marks=pytest.mark.slow)])  # journal: CI time
+@pytest.mark.slow  # 46 s a storage: CI's 40 minutes; tune's interrupted-and-resumed test keeps a whole study in CI
+@pytest.mark.parametrize("storage", ["sqlite", "journal"])
 def test_two_tune_processes_share_one_study_without_overlap(tmp_path, storage):
     """Two processes, one core each. sqlite: the default storage in one shared root (asks serialised by its lock);
     journal: one journal file and two roots (nothing shared but the storage: a surplus ask is failed unrun)."""
