@@ -132,6 +132,7 @@ from experiments.slots import Slot, gpu_count, make_slots
 from experiments.slurm import slurm_alive, submit
 from experiments.status import print_status, write_status
 from shared.affinity import physical_cores
+from shared.files import nearest_existing, probe_creatable
 
 __all__ = ["launch", "main", "parser"]
 
@@ -242,7 +243,7 @@ def check_root(root: Path, runs: Sequence[Trial], write: bool) -> None:
     try:  # exists() itself raises for a folder this user may not enter
         if root.exists() and not root.is_dir():
             raise LaunchError(f"experiment root {root} is a file, not a folder")
-        there = next(p for p in [root, *root.parents] if p.exists())
+        there = nearest_existing(root)
     except OSError as e:
         raise LaunchError(f"experiment root {root}: {e.strerror or e}") from None
     if not there.is_dir():
@@ -255,9 +256,7 @@ def check_root(root: Path, runs: Sequence[Trial], write: bool) -> None:
                 raise LaunchError(f"{p} is a file where the run folder of {r.rel} goes")
     if write:
         try:
-            times = there.stat()
-            os.rmdir(tempfile.mkdtemp(prefix=".write-test-", dir=there))
-            os.utime(there, ns=(times.st_atime_ns, times.st_mtime_ns))
+            probe_creatable(there)
         except OSError as e:
             raise LaunchError(f"experiment root {root}: cannot create it in {there} ({e.strerror or e})") from None
 

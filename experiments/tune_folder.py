@@ -31,6 +31,7 @@ from typing import Any
 
 from experiments.grid import LaunchError
 from experiments.records import launch_problem, load_record, write_json
+from shared.files import nearest_existing
 
 __all__ = [
     "RUN_RECORDS",
@@ -76,17 +77,13 @@ def storage_file(url: str) -> tuple[str, Path] | None:
     return None
 
 
-def nearest_existing(path: Path) -> Path:
-    p = path.absolute()
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    return p
-
-
 def check_creatable(folder: Path, where: str) -> None:
     """That ``folder`` exists or could be made, without making it: its nearest existing parent is a folder this
     process may write in."""
-    base = nearest_existing(folder)
+    try:  # exists() itself raises for a folder this user may not enter
+        base = nearest_existing(folder)
+    except OSError as e:
+        raise LaunchError(f"{where}: {e.strerror or e}") from None
     if not base.is_dir():
         raise LaunchError(f"{where}: {base} is a file, not a folder")
     if not os.access(base, os.W_OK | os.X_OK):

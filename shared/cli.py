@@ -32,7 +32,6 @@ import json
 import math
 import os
 import sys
-import tempfile
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ from typing import Annotated, Any, NoReturn
 
 from shared import distributed
 from shared.argtypes import NonNegFloat, NonNegInt, Range
+from shared.files import nearest_existing, probe_creatable
 from shared.precision import cpu_has_bf16
 
 __all__ = [
@@ -346,11 +346,8 @@ def check_common(args: Any) -> None:
     if getattr(args, "save_replay", False) and distributed.world_size() > 1:
         bad_args("--save-replay is not supported under torchrun yet (each rank keeps its own replay)")
     if not args.resume:
-        # the run folder goes there: find out now rather than after the envs started, leaving nothing behind (a
-        # folder made and removed in the nearest one that exists: permissions alone do not say it for root or /proc)
-        try:  # exists() itself raises for a folder this user may not enter
-            there = next(p for p in [Path(args.out_dir).absolute(), *Path(args.out_dir).absolute().parents] if p.exists())
-            os.rmdir(tempfile.mkdtemp(prefix=".write-test-", dir=there))
+        try:  # the run folder goes there: find out now rather than after the envs started, leaving nothing behind
+            probe_creatable(nearest_existing(Path(args.out_dir)))
         except OSError as e:
             bad_args(f"--out-dir {args.out_dir}: cannot create a run folder there ({e.strerror or e})")
     if args.env_id not in gym.registry and is_atari(args.env_id):

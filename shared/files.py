@@ -14,7 +14,7 @@ import shutil
 from collections.abc import Callable
 from pathlib import Path
 
-__all__ = ["WriteError", "atomic_write", "write_text"]
+__all__ = ["WriteError", "atomic_write", "nearest_existing", "probe_creatable", "write_text"]
 
 
 class WriteError(RuntimeError):
@@ -54,3 +54,19 @@ def write_text(path: Path, text_writer: Callable) -> None:
             text_writer(f)
 
     atomic_write(path, write)
+
+
+def nearest_existing(path: Path) -> Path:
+    """``path`` (absolute) or its nearest parent that exists; ``OSError`` where ``exists()`` itself cannot tell (a
+    folder this user may not enter)."""
+    return next(p for p in [path.absolute(), *path.absolute().parents] if p.exists())
+
+
+def probe_creatable(there: Path) -> None:
+    """``OSError`` unless a folder can be made in the existing folder ``there``, found out by making one and removing
+    it, its times set back: permissions alone do not say it for root, /proc or a read-only mount; nothing changes."""
+    import tempfile
+
+    times = there.stat()
+    os.rmdir(tempfile.mkdtemp(prefix=".write-test-", dir=there))
+    os.utime(there, ns=(times.st_atime_ns, times.st_mtime_ns))
