@@ -44,7 +44,9 @@ written (eager: the reference) until ``enable(device)`` is called, which ``Run.s
   all-reduces for its life: the scripts run no update after ``distributed.end()``).
 - On the CPU (and on CUDA with ``RL_COMPILE_GRAPHS=0``) the same protocol runs without the capture: static
   inputs copied in, the function called on them, outputs copied out; so the CPU tests exercise everything but
-  the capture itself. ``report()`` adds ``cuda_graphs``, the graphs captured so far.
+  the capture itself. ``report()`` adds ``cuda_graphs``, the graphs captured so far. ``RL_COMPILE_GRAPHS=dry``
+  (benchmarks only; wrong results) times a replay's host work on any device: from the third call of a key the
+  function is not called and its third call's outputs are copied out again (``benchmarks/loop_overhead.py``).
 - An async sampler process never calls ``enable``: it acts eagerly, on the CPU. What stays outside every graph:
   the env step, host-device copies, the replay's gather and the host's GAE.
 Imports only ``shared.namedarraytuple`` (its structure walk), and torch where it is used: ``shared.run`` imports
@@ -70,6 +72,7 @@ WARMUP_CALLS = 2  # calls of a key run as written before its capture (optimiser 
 _state: dict[str, Any] = {"device": None, "graphs": 0, "seconds": 0.0, "cuda_graphs": 0, "capture": None}
 _graphed_entries: list[dict] = []  # each @graphed function's graphs: dropped by enable and disable
 _VALUES = {bool, int, float, str, type(None)}  # Python values that pick a graph by their value
+_DRY = os.environ.get("RL_COMPILE_GRAPHS") == "dry"  # benchmarks only (module docstring)
 
 
 def enable(device: Any) -> None:
@@ -192,7 +195,8 @@ def graphed(fn: F) -> F:
                     f"@graphed {fn.__qualname__}: a {MAX_GRAPHS + 1}th graph; an argument's value or "
                     f"shape changes between calls (pass a changing number as a tensor)"
                 )
-            capture = device.type == "cuda" and os.environ.get("RL_COMPILE_GRAPHS", "1") != "0"
+            mode = os.environ.get("RL_COMPILE_GRAPHS", "1")
+            capture = "dry" if mode == "dry" else "cuda" if device.type == "cuda" and mode != "0" else ""
             data = [isinstance(x, torch.Tensor) and not x.requires_grad for x in leaves]
             entry = entries[graph_key] = _Graph(fn, leaves, data, spec, capture)
         return entry(leaves)
@@ -203,7 +207,7 @@ def graphed(fn: F) -> F:
 class _Graph:
     """One key of a ``@graphed`` function: its static inputs, its capture (CUDA) and how a call runs it."""
 
-    def __init__(self, fn: Callable, leaves: list, data: list[bool], spec: Any, capture: bool):
+    def __init__(self, fn: Callable, leaves: list, data: list[bool], spec: Any, capture: str):
         import torch
 
         self.fn, self.spec, self.capture = fn, spec, capture
@@ -215,7 +219,7 @@ class _Graph:
         self.last: dict[int, tuple[Any, int]] = {}  # position -> (tensor, version) copied there last
         self.calls, self.graphs, self.between, self.out = 0, [], [], None
         self.optimizers = [x for x in leaves if isinstance(x, torch.optim.Optimizer)]
-        if capture:
+        if capture == "cuda":
             self.side = torch.cuda.Stream()
             self._prepare_optimizers()
         self.lrs = [group["lr"] for opt in self.optimizers for group in opt.param_groups]
@@ -255,12 +259,12 @@ class _Graph:
             block = _span([leaves[i] for i in self.static])
             if block is not None and block[1:] == self.block[1:]:  # the same layout in one storage: one copy
                 x = leaves[next(iter(self.static))]
-                self.block_static.copy_(_bytes(x, block[0], block[1]), non_blocking=True)
+                _device_copy(self.block_static, _bytes(x, block[0], block[1]), bool(self.graphs))
                 self.last = {i: (leaves[i], _version(leaves[i])) for i in self.static}
         for i, static in self.static.items():
             x = leaves[i]
             if not _seen(self.last.get(i), x):
-                static.copy_(x, non_blocking=True)
+                _device_copy(static, x, bool(self.graphs))
                 self.last[i] = (x, _version(x))  # held: its id cannot pass to another tensor meanwhile
             args[i] = static
         return args
@@ -268,7 +272,7 @@ class _Graph:
     def __call__(self, leaves: list) -> Any:
         import torch
 
-        lrs = [group["lr"] for opt in self.optimizers for group in opt.param_groups] if self.capture else []
+        lrs = [group["lr"] for opt in self.optimizers for group in opt.param_groups] if self.capture == "cuda" else []
         if any(a is not b for a, b in zip(lrs, self.lrs)):
             raise RuntimeError(
                 f"@graphed {self.fn.__qualname__}: an optimiser's learning rate was replaced; "
@@ -286,7 +290,7 @@ class _Graph:
             return _copy_out(self.out)
         a, k = unflatten_structure(self.spec, iter(args))
         versions = {i: s._version for i, s in self.static.items()}
-        if self.capture:  # a warm-up call, on a side stream as a capture will be
+        if self.capture == "cuda":  # a warm-up call, on a side stream as a capture will be
             self.side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(self.side):
                 out = self.fn(*a, **k)
@@ -306,6 +310,9 @@ class _Graph:
         import torch
 
         a, k = unflatten_structure(self.spec, iter(args))
+        if self.capture == "dry":  # the host's part of a replay, timed on a CPU: the graph's outputs are this call's
+            self.out, self.graphs = self.fn(*a, **k), [_DryGraph()]
+            return
         torch.cuda.synchronize()
         capture = _Capture(self, torch.cuda.graph_pool_handle())
         with torch.cuda.stream(self.side):
@@ -325,6 +332,13 @@ class _Graph:
                 _state["capture"] = None
         torch.cuda.current_stream().wait_stream(self.side)
         _state["cuda_graphs"] += len(self.graphs)
+
+
+class _DryGraph:
+    """``RL_COMPILE_GRAPHS=dry``: a graph whose replay does nothing (module docstring)."""
+
+    def replay(self) -> None:
+        pass
 
 
 class _Capture:
@@ -347,6 +361,15 @@ class _Capture:
         self.end()
         self.owner.between.append(op)
         self.begin()
+
+
+def _device_copy(static: Any, x: Any, replay: bool) -> None:
+    """``x`` into ``static`` (on a GPU, a copy the device makes); dry before a replay, a copy of one element: its
+    launch alone."""
+    if _DRY and replay:
+        static.view(-1)[:1].copy_(x.reshape(-1)[:1]) if static.is_contiguous() and x.numel() else None
+    else:
+        static.copy_(x, non_blocking=True)
 
 
 def _seen(last: Any, x: Any) -> bool:

@@ -14,16 +14,26 @@ Guarantees
   take turns, and one is refilled only after the event recorded behind its last copy has passed, so the host
   never overwrites bytes still in flight: it runs at most two uploads ahead of the device (loops that upload
   several times between reads, such as PPO's epochs, may wait there; nothing else does).
+- ``RL_HOST_PATH=cuda`` (benchmarks and tests only): on the CPU, the host work of the CUDA path runs as it would on
+  a GPU (uploads packed into staging and copied as one block, ``to_host`` through one joined copy), so that the
+  tests run it and ``benchmarks/loop_overhead.py`` can count and time it on a machine without one; ``dry`` also
+  leaves out the bytes of the copy up, which a GPU's DMA engine moves (the values are then wrong).
 Imports nothing from the project.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
 
 __all__ = ["Uploader", "to_host", "upload"]
+
+# The CUDA host path on the CPU (module docstring); "dry": also without the bytes a GPU's DMA engine would copy.
+CUDA_PATH = os.environ.get("RL_HOST_PATH") in ("cuda", "dry")
+DRY = os.environ.get("RL_HOST_PATH") == "dry"
+_NUMPY = {}  # torch dtype -> numpy dtype, and back: found once (a lookup through an empty array costs microseconds)
 
 
 def to_host(*tensors: Any) -> Any:
@@ -31,18 +41,36 @@ def to_host(*tensors: Any) -> Any:
     import torch
 
     tensors = tuple(t.detach().float() if t.dtype == torch.bfloat16 else t.detach() for t in tensors)
-    out = [t.numpy() for t in tensors] if tensors[0].device.type == "cpu" else one_copy(tensors)
+    out = [t.numpy() for t in tensors] if tensors[0].device.type == "cpu" and not CUDA_PATH else one_copy(tensors)
     return out[0] if len(out) == 1 else out
+
+
+def numpy_dtype(dtype: Any) -> np.dtype:
+    """The numpy dtype of a torch ``dtype`` (cached)."""
+    if dtype not in _NUMPY:
+        import torch
+
+        _NUMPY[dtype] = torch.empty(0, dtype=dtype).numpy().dtype
+    return _NUMPY[dtype]
+
+
+def torch_dtype(dtype: np.dtype) -> Any:
+    """The torch dtype of a numpy ``dtype`` (cached)."""
+    if dtype not in _NUMPY:
+        import torch
+
+        _NUMPY[dtype] = torch.from_numpy(np.empty(0, dtype)).dtype
+    return _NUMPY[dtype]
 
 
 def one_copy(tensors: tuple) -> list[np.ndarray]:
     """The tensors' bytes joined on their device, copied to the host at once, and split back into arrays."""
     import torch
 
-    flat = torch.cat([t.contiguous().reshape(-1).view(torch.uint8) for t in tensors]).cpu().numpy()
+    flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors]).cpu().numpy()
     out, at = [], 0
     for t in tensors:
-        dtype = torch.empty(0, dtype=t.dtype).numpy().dtype
+        dtype = numpy_dtype(t.dtype)
         n = t.numel() * dtype.itemsize
         out.append(flat[at : at + n].view(dtype).reshape(tuple(t.shape)))
         at += n
@@ -57,10 +85,11 @@ class Uploader:
 
     def __init__(self, device: Any, depth: int = 2, pack: bool | None = None):
         self.device, self.depth = device, depth
-        self.pack = device.type == "cuda" if pack is None else pack
+        self.pack = (device.type == "cuda" or CUDA_PATH) if pack is None else pack
         self.buffers: list = [None] * depth
         self.events: list = [None] * depth
         self.copies = 0  # packed copies made
+        self.dry: dict[int, Any] = {}  # RL_HOST_PATH=dry: a block by size
 
     def __call__(self, arrays: dict[str, Any]) -> dict[str, Any]:
         import torch
@@ -81,13 +110,18 @@ class Uploader:
         for k, a in arrays.items():
             host[offsets[k] : offsets[k] + a.nbytes] = a.reshape(-1).view(np.uint8)
         block = self.buffers[slot][:end]
-        block = block.to(self.device, non_blocking=True) if self.device.type == "cuda" else block.clone()
+        if self.device.type == "cuda":
+            block = block.to(self.device, non_blocking=True)
+        elif DRY:  # a copy up costs the host its launch only: the first copy of this size, again (stale values)
+            block = self.dry.setdefault(end, block.clone())
+        else:
+            block = block.clone()
         if self.device.type == "cuda":
             self.events[slot] = torch.cuda.Event()
             self.events[slot].record()
         self.copies += 1
-        dtypes = {k: torch.from_numpy(np.empty(0, a.dtype)).dtype for k, a in arrays.items()}
-        return {k: block[offsets[k] : offsets[k] + a.nbytes].view(dtypes[k]).view(a.shape) for k, a in arrays.items()}
+        views = {k: block[offsets[k] : offsets[k] + a.nbytes] for k, a in arrays.items()}
+        return {k: views[k].view(torch_dtype(a.dtype)).view(a.shape) for k, a in arrays.items()}
 
 
 _uploaders: dict = {}

@@ -43,13 +43,34 @@ CHART_KEYS = {"learning_rate", "epsilon", "updates", "wait_s", "sampler_wait_s",
 
 
 def scalar(v: Any) -> Any:
-    """A number for the row: 0-d tensors and numpy scalars are read here (the only host sync of a statistic); a
-    list of them is their mean (a statistic over an update's minibatches)."""
+    """A number for the row: 0-d tensors and numpy scalars are read here (a sync each: ``scalars`` reads a row's
+    in one); a list of them is their mean (a statistic over an update's minibatches)."""
     if v is None or isinstance(v, (int, float, str)):
         return v
     if isinstance(v, (list, tuple)):
         return float(np.mean([scalar(x) for x in v])) if v else None
     return v.item() if hasattr(v, "item") else v
+
+
+def scalars(values: dict[str, Any]) -> dict[str, Any]:
+    """``scalar`` of each value, every one-element tensor among them (alone or in a list) read in one copy per
+    device: the row's one host sync of its statistics, however many minibatches they cover."""
+    tensors: dict[Any, list] = {}  # device -> its tensors, in order
+    for v in values.values():
+        for x in v if isinstance(v, (list, tuple)) else (v,):
+            if hasattr(x, "detach") and x.numel() == 1:
+                tensors.setdefault(x.device, []).append(x)
+    if not tensors:
+        return {k: scalar(v) for k, v in values.items()}
+    import torch
+
+    read = {}  # id(tensor) -> its number
+    for group in tensors.values():
+        numbers = torch.cat([t.detach().reshape(1).double() for t in group]).cpu().tolist()
+        for t, n in zip(group, numbers):  # .item()'s type: float, int or bool
+            read[id(t)] = n if t.is_floating_point() else bool(n) if t.dtype == torch.bool else int(n)
+    number = lambda x: read.get(id(x), x)
+    return {k: scalar([number(x) for x in v] if isinstance(v, (list, tuple)) else number(v)) for k, v in values.items()}
 
 
 def read_rows(path: Path, last_bytes: int | None = None) -> list[dict[str, str]]:
@@ -150,7 +171,7 @@ class ProgressLog:
     def row(self, global_step: int, **values: Any) -> dict:
         """Write one progress row (any keys: new ones become columns), its TensorBoard scalars and a console
         line; returns the row."""
-        values = {k: scalar(v) for k, v in values.items()}
+        values = scalars(values)
         if distributed.in_lockstep():
             self._merge_ranks(values)
             distributed.check_in_sync()

@@ -100,7 +100,7 @@ from shared.evaluation import check_act, play
 from shared.files import WriteError, write_text
 from shared.precision import sampler_bf16
 from shared.procs import Worker, WorkerError, sampler_entry
-from shared.progress import ProgressLog, scalar
+from shared.progress import ProgressLog, scalars
 
 __all__ = ["EXIT_INTERRUPTED", "Run"]
 
@@ -485,7 +485,7 @@ class Run:
 
     def save(self) -> None:
         """Write the checkpoint (and first the replay, with --save-replay); rank 0 only, once per state."""
-        self._check_finite({k: scalar(v) for k, v in self._values.items()}, self._values)
+        self._check_finite(scalars(self._values), self._values)
         if not self.writes or self._saved == (self.global_step, self.updates):  # this state is on disk already
             return  # (a signal that came during the last checkpoint raised once it was written)
         # A checkpoint once started is finished, the replay's long write included: a signal raises after it.
