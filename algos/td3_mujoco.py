@@ -231,7 +231,8 @@ class EnvStepper:
     @torch.no_grad()
     def step(self, actor: Actor, random: bool, device: torch.device) -> tuple:
         """One step of every env; returns the replay row [1, B] and the episodes that ended [(return, length)]."""
-        self.obs_norm.update(self.obs[~self.final_row])
+        if self.obs_norm.enabled:  # the index alone costs, also when there is nothing to update
+            self.obs_norm.update(self.obs[~self.final_row])
         if random:
             action = self.rng.uniform(-1.0, 1.0, (self.args.num_envs,) + self.space.shape).astype(np.float32)
         else:  # one copy each way per step
@@ -251,10 +252,13 @@ class EnvStepper:
 # ---------------------------------------------------------------------------------- loss and update
 
 
+# The replay fields the update reads: only these are gathered (buffer.sample(..., fields=BATCH_FIELDS)) and uploaded.
+BATCH_FIELDS = ("observation", "next_observation", "action", "n_step_return", "terminated_n", "bootstrap_discount")
+
+
 def to_tensors(batch, obs_norm: ObsNorm, device: torch.device) -> dict:
     """Replay batch (numpy, [N, ...]) -> the update's float tensors in one copy to the device, observations normalised."""
-    fields = ("observation", "next_observation", "action", "n_step_return", "terminated_n", "bootstrap_discount")
-    return upload_batch({k: getattr(batch, k) for k in fields}, obs_norm, device)
+    return upload_batch({k: getattr(batch, k) for k in BATCH_FIELDS}, obs_norm, device)
 
 
 def critic_target(batch: dict, target_actor: Actor, target_critics: Critics, args: Args) -> torch.Tensor:
@@ -381,7 +385,7 @@ def main() -> int:
             else:  # the rows the sampler appended meanwhile; actor is published to it when due
                 global_step, waits = sampler.exchange(run, actor, updates)
             for _ in range(pacer.due(global_step, updates)):  # replay_ratio samples per env step
-                batch, _ = buffer.sample(args.batch_size)  # [N, ...]
+                batch, _ = buffer.sample(args.batch_size, fields=BATCH_FIELDS)  # [N, ...]
                 updates += 1
                 update_actor = updates % args.policy_delay == 0
                 b = to_tensors(batch, obs_norm, run.device)

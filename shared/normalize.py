@@ -16,8 +16,9 @@ Guarantees
   rank with torchrun's broadcast. Its ``update(x)`` merges the batches of every rank (``distributed.moments``),
   so all ranks hold the same statistics after each update.
 - ``upload_batch(arrays, obs_norm, device)``: a replay batch, or a step's observations (numpy), as float32
-  tensors on ``device`` in one copy (``shared.device.upload``), ``observation`` and ``next_observation`` (those
-  present) normalised with the statistics, which travel in that same copy.
+  tensors on ``device`` in one copy (``shared.device.upload``; converted to float32 on the host, so that each is a
+  view of that copy), ``observation`` and ``next_observation`` (those present) normalised with the statistics,
+  which travel in that same copy.
 """
 
 from __future__ import annotations
@@ -95,9 +96,12 @@ class ObsNorm:
 
 def upload_batch(arrays: dict, obs_norm: ObsNorm, device: torch.device) -> dict:
     """See the module docstring: the off-policy scripts' batch, observations normalised, in one upload."""
+    # float32 on the host (nothing to do for the replay's float32 fields): every tensor stays a view of the one copy
+    # (a graphed update then copies its batch in as one block), and no conversion runs per field on the device
+    arrays = {k: np.asarray(v, np.float32) for k, v in arrays.items()}
     if obs_norm.enabled:
-        arrays = {**arrays, "obs_stats": obs_norm.moments()}
-    out = {k: v.float() for k, v in upload(arrays, device).items()}
+        arrays["obs_stats"] = obs_norm.moments()
+    out = upload(arrays, device)
     stats = out.pop("obs_stats", None)
     for k in ("observation", "next_observation"):
         if k in out:

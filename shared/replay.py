@@ -119,13 +119,20 @@ class _Storage:
         self.last_flags = alloc((2, B), np.bool_)  # [episode_end, final_row] of the newest row
         self.state = alloc(2, np.float64)  # [cursor (abs rows written), max priority seen]
         self.state[_MAX_PRIORITY] = 1.0
+        self.checked: tuple = (None, 0)  # (signature, Tc) of the last chunk that passed check
+        # bootstrap_discount by n_taken: the same float64 powers, looked up rather than computed per sample
+        self.discounts = (self.discount ** np.arange(n_step_return + 1, dtype=np.float64)).astype(np.float32)
 
     @property
     def cursor(self) -> int:
         return int(self.state[_CURSOR])
 
     def check(self, samples: Any) -> int:
-        """Validate a ``[Tc, B, ...]`` chunk against the example; returns ``Tc``."""
+        """Validate a ``[Tc, B, ...]`` chunk against the example; returns ``Tc``. A chunk of plain arrays with the
+        shapes and dtypes of the last one that passed passes at once (the checks depend on nothing else)."""
+        signature = _signature(samples)
+        if signature is not None and signature == self.checked[0]:
+            return self.checked[1]
         if not is_namedarraytuple(samples) or samples._fields != self.example._fields:
             raise ValueError(f"samples must be a {type(self.example).__name__} with fields {self.example._fields}")
         Tc = None
@@ -148,13 +155,20 @@ class _Storage:
             raise ValueError("samples must hold at least one time step")
         if Tc > self.T:
             raise ValueError(f"samples hold {Tc} time steps, more than the buffer's {self.T} rows")
+        self.checked = (signature, Tc)
         return Tc
+
+    def rows(self, abs_lo: int, m: int) -> Any:
+        """Storage rows of abs rows ``[abs_lo, abs_lo + m)``: a slice where they do not wrap around (basic indexing,
+        a fraction of the cost of an index array for each field written), else an index array."""
+        lo = abs_lo % self.T
+        return slice(lo, lo + m) if lo + m <= self.T else (abs_lo + np.arange(m)) % self.T
 
     def append(self, samples: Any, Tc: int) -> tuple[int, int]:
         """Write ``[Tc, B]`` rows at the cursor, update flags and n-step returns; returns abs ``(start, end)``."""
         s = self.cursor
-        rows = (s + np.arange(Tc)) % self.T
-        stored = samples._replace(**{f: None for f in self.skip_fields})
+        rows = self.rows(s, Tc)
+        stored = samples._replace(**{f: None for f in self.skip_fields}) if self.skip_fields else samples
         if self.frames is not None:
             self.frames[rows] = np.asarray(samples.observation)[:, :, -1]
             stored = stored._replace(observation=None)
@@ -180,14 +194,22 @@ class _Storage:
         m = abs_hi - abs_lo
         if m <= 0:
             return
+        reward, terminated = self.data.reward, self.data.terminated
+        truncated = self.data.truncated if "truncated" in self.data and self.data.truncated is not None else None
+        if self.n == 1:  # each window is its own row: the loop below reduces to this (the same values, bit for bit)
+            rows = self.rows(abs_lo, m)
+            term = terminated[rows].astype(bool)
+            self.n_step_return[rows] = 0.0 + reward[rows].astype(np.float64)  # 0.0 +: -0.0 sums to 0.0 as below
+            self.terminated_n[rows] = term
+            self.truncated_n[rows] = truncated[rows].astype(bool) & ~term if truncated is not None else False
+            self.n_taken[rows] = 1
+            return
         t = abs_lo + np.arange(m)
         ret = np.zeros((m, self.B), np.float64)
         alive = np.ones((m, self.B), bool)
         terminated_n = np.zeros((m, self.B), bool)
         truncated_n = np.zeros((m, self.B), bool)
         k = np.zeros((m, self.B), np.uint8)
-        reward, terminated = self.data.reward, self.data.terminated
-        truncated = self.data.truncated if "truncated" in self.data and self.data.truncated is not None else None
         for j in range(self.n):
             idx = (t + j) % self.T
             ret += np.where(alive, self.discount**j * reward[idx], 0.0)
@@ -203,10 +225,18 @@ class _Storage:
         self.truncated_n[rows] = truncated_n
         self.n_taken[rows] = k
 
+    def take(self, x: Any, rows: np.ndarray, b: np.ndarray) -> Any:
+        """``x[rows, b]`` of a ``[T, B, ...]`` field (any structure of arrays): one take along the flattened
+        ``[T * B]`` rows, a fraction of the cost of indexing with two arrays."""
+        flat = rows * self.B + b
+        if type(x) is np.ndarray:  # the common case, without the structure walk
+            return x.reshape(-1, *x.shape[2:]).take(flat, axis=0)
+        return map_structure(lambda a: a.reshape(-1, *a.shape[2:]).take(flat, axis=0), x)
+
     def observation(self, rows: np.ndarray, b: np.ndarray) -> np.ndarray:
         """Observations at storage ``rows`` (any shape, broadcast with ``b``), frames reassembled if frame-wise."""
         if self.frames is None:
-            return self.data.observation[rows, b]
+            return self.take(self.data.observation, rows, b)
         C = self.C
         rows, b = np.broadcast_arrays(rows, b)
         r = (rows[..., None] + np.arange(-(C - 1), 1)) % self.T  # [..., C], oldest frame first
@@ -236,21 +266,41 @@ class _Storage:
         frames[1:] = self.frames[keys // self.B, keys % self.B]
         return frames, np.where(zero, 0, index.reshape(r.shape) + 1)
 
-    def gather(self, rows: np.ndarray, b: np.ndarray, unique_frames: bool = False) -> dict[str, np.ndarray]:
-        """Every stored field plus the derived flags at ``(rows, b)`` (copies); with ``unique_frames`` (frame-wise
-        storage) ``frames`` and ``frame_index`` (see ``unique_frames``) in place of ``observation``."""
+    def gather(
+        self, rows: np.ndarray, b: np.ndarray, unique_frames: bool = False, fields: Any = None
+    ) -> dict[str, np.ndarray]:
+        """Every stored field plus the derived flags at ``(rows, b)`` (copies), or only those in ``fields`` (and
+        ``n_taken``, which the bootstrap needs; the others None); with ``unique_frames`` (frame-wise storage)
+        ``frames`` and ``frame_index`` (see ``unique_frames``) in place of ``observation``."""
+        wanted = (lambda name: True) if fields is None else (lambda name: name in fields or name == "n_taken")
         out = {
-            name: (None if x is None else map_structure(lambda a: a[rows, b], x))
+            name: (None if x is None or not wanted(name) else self.take(x, rows, b))
             for name, x in self.data.items()
             if name != "observation"
         }
         if unique_frames and self.frames is not None:
-            out["frames"], out["frame_index"] = self.unique_frames(rows, b)
-        else:
-            out["observation"] = self.observation(rows, b)  # one gather (or a frame reassembly), not two
+            out["frames"], out["frame_index"] = self.unique_frames(rows, b) if wanted("frames") else (None, None)
+        else:  # one gather (or a frame reassembly), not two
+            out["observation"] = self.observation(rows, b) if wanted("observation") else None
         for f in _DERIVED:
-            out[f] = getattr(self, f)[rows, b]
+            out[f] = self.take(getattr(self, f), rows, b) if wanted(f) else None
         return out
+
+
+def _signature(samples: Any) -> tuple | None:
+    """A chunk's class, and each field's shape and dtype, when every field is a plain array or None (what ``check``
+    depends on); None for any other chunk, which is checked in full."""
+    if not is_namedarraytuple(samples):
+        return None
+    signature: list = [type(samples)]
+    for x in samples:
+        if x is None:
+            signature.append(None)
+        elif type(x) is np.ndarray:
+            signature.append((x.shape, x.dtype))
+        else:
+            return None
+    return tuple(signature)
 
 
 def _set_leaves(dst: Any, idx: Any, src: Any) -> None:
@@ -395,11 +445,13 @@ class _Base:
         """Valid indices (transitions or sequence starts) that sampling may return."""
         return (int(self._window[1]) - int(self._window[0])) * self.B
 
-    def sample(self, batch_size: int, beta: float | None = None) -> tuple[Any, Any]:
+    def sample(self, batch_size: int, beta: float | None = None, fields: Any = None) -> tuple[Any, Any]:
         """Draw ``batch_size`` indices (with replacement) and return ``(batch, index)``; see the class docstring.
-        The batch ``sample_ahead`` drew is returned instead if it has this size (see the module docstring)."""
+        ``fields`` (names of the batch's fields): only those are gathered, the others are None (the same draws).
+        The batch ``sample_ahead`` drew is returned instead if it has this size and these fields (see the module
+        docstring)."""
         drawn, self._ahead = self._ahead, None
-        if drawn is not None and drawn[0] == batch_size:
+        if drawn is not None and drawn[0] == (batch_size, fields):
             return drawn[1]
         beta = self._beta(beta)
         if batch_size < 1:
@@ -413,22 +465,22 @@ class _Base:
             else:
                 abs_idx, b = self._uniform(batch_size)
                 weights = np.ones(batch_size, np.float32)
-            out = self._extract(abs_idx, b)
-        out["bootstrap_discount"] = (self.storage.discount ** out["n_taken"].astype(np.float64)).astype(np.float32)
+            out = self._extract(abs_idx, b, fields)
+        out["bootstrap_discount"] = self.storage.discounts[out["n_taken"]]  # discount ** n_taken
         out["is_weights"] = weights
-        return self._batch_cls(**out), SampleIndex(abs_idx, b)
+        return self._batch_cls(*(out[f] for f in self._batch_cls._fields)), SampleIndex(abs_idx, b)
 
-    def sample_ahead(self, batch_size: int, beta: float | None = None) -> None:
+    def sample_ahead(self, batch_size: int, beta: float | None = None, fields: Any = None) -> None:
         """With ``prefetch``: draw the next batch now, for the next ``sample``; otherwise nothing (see the module
         docstring)."""
         if self.prefetch:  # sample() takes any batch drawn before: this one replaces it
-            self._ahead = (batch_size, self.sample(batch_size, beta))
+            self._ahead = ((batch_size, fields), self.sample(batch_size, beta, fields))
 
     def _uniform(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         lo, hi = int(self._window[0]), int(self._window[1])
         return self.rng.integers(lo, hi, n), self.rng.integers(0, self.B, n)
 
-    def _extract(self, abs_idx: np.ndarray, b: np.ndarray) -> dict:
+    def _extract(self, abs_idx: np.ndarray, b: np.ndarray, fields: Any = None) -> dict:
         raise NotImplementedError
 
     def update_priorities(self, index: Any, priorities: Any) -> int:
@@ -613,17 +665,18 @@ class ReplayBuffer(_Base):
                 self.tree.append(s, p, lo, hi)
             self._window[0], self._window[1] = lo, hi
 
-    def _extract(self, abs_row: np.ndarray, b: np.ndarray) -> dict:
+    def _extract(self, abs_row: np.ndarray, b: np.ndarray, fields: Any = None) -> dict:
         rows = abs_row % self.T
-        out = self.storage.gather(rows, b)
-        out["next_observation"] = self.storage.observation((rows + out["n_taken"]) % self.T, b)
+        out = self.storage.gather(rows, b, fields=fields)
+        wanted = fields is None or "next_observation" in fields
+        out["next_observation"] = self.storage.observation((rows + out["n_taken"]) % self.T, b) if wanted else None
         return out
 
     def _uniform(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         lo, hi = int(self._window[0]), int(self._window[1])
         abs_row, b = super()._uniform(n)
         for _ in range(100):  # redraw the rare final-observation rows
-            bad = self.storage.final_row[abs_row % self.T, b]
+            bad = self.storage.take(self.storage.final_row, abs_row % self.T, b)
             if not bad.any():
                 return abs_row, b
             k = int(bad.sum())
@@ -748,10 +801,10 @@ class SequenceReplayBuffer(_Base):
 
     _unit = "sequences"
 
-    def _extract(self, abs_slot: np.ndarray, b: np.ndarray) -> dict:
+    def _extract(self, abs_slot: np.ndarray, b: np.ndarray, fields: Any = None) -> dict:
         L = self.sequence_length + self.n_step_return
         rows = (abs_slot[None, :] * self.interval + np.arange(L)[:, None]) % self.T  # [L+n, batch]
-        out = self.storage.gather(rows, b[None, :], self.unique_frames)
+        out = self.storage.gather(rows, b[None, :], self.unique_frames, fields)
         out.pop("rnn_state", None)
         out["init_rnn_state"] = map_structure(lambda x: x[abs_slot % self.n_slots, b], self.rnn_state)
         return out
