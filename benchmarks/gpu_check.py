@@ -5,6 +5,8 @@ what passed even when cut short (docs/gpu.md, "One command on a GPU node").
     python benchmarks/gpu_check.py OUT2 --redo OUT          # a second, shorter run: only what failed or was not run
     python benchmarks/gpu_check.py OUT --parts cuda --cuda-s 120 --workers 8
     python benchmarks/gpu_check.py OUT --unit               # adds the unit tier on the node's own torch
+    python benchmarks/gpu_check.py OUT --parts checks,race --race ppo-atari td3 --leanrl .peers/leanrl
+    python benchmarks/gpu_check.py OUT --parts race --dry   # the race's plumbing on a CPU (no figures)
 
 From the repository root, in this order, each part within its own budget and all within ``--budget``:
 
@@ -20,11 +22,20 @@ From the repository root, in this order, each part within its own budget and all
    ``--device cpu``: first every script's ``--compile`` figure (each update one CUDA graph; LeanRL's H100 figures
    beside them in docs/gpu.md), then PPO Breakout (serial, parallel, async) and SAC HalfCheetah against
    Stable-Baselines3 on the GPU, DQN and C51 Breakout, R2D1's learner sequences/s;
-4. ``unit`` (``--unit``): ``python -m pytest -m unit`` on the node's torch;
-5. ``OUT/summary.txt``, rewritten after every test and figure (one screen: what passed, what failed with its first
+4. ``race`` (asked for by ``--parts``): ours beside LeanRL's own scripts (``--leanrl``, their packages from
+   ``<--wheels>/leanrl/``, installed for their processes only), on the same node, in the same step window, one
+   after the other (``benchmarks/race.py``): each figure the median SPS of the intervals after a burn-in (3
+   rollouts, then 30k+ steps for the PPO family; 5k learning steps, then 10k for the replay scripts), beside the
+   window's mean, the env-only ceiling and the ratio ours/LeanRL; then DQN, C51, DDPG and R2D1's learner alone
+   (``--race`` picks and orders the items, ``--race-run-s`` caps each process);
+5. ``long`` (asked for by ``--parts``): PPO Breakout for 10M frames, one seed, for what the budget leaves; its
+   ``progress.csv`` is copied to ``OUT/long-progress.csv``, and a later call resumes the run from ``--long-dir``;
+6. ``unit`` (``--unit``): ``python -m pytest -m unit`` on the node's torch;
+7. ``OUT/summary.txt``, rewritten after every test and figure (one screen: what passed, what failed with its first
    error lines, every figure with its command), ``OUT/results.json`` (what ``--redo`` reads) and every log.
 
-Without a CUDA device (this script's own test on a CPU machine) the GPU parts are skipped. Python rather than
+Without a CUDA device (this script's own test on a CPU machine) the GPU parts are skipped; ``--dry`` runs the race
+and long parts there anyway, on the CPU with tiny windows, to check their plumbing. Python rather than
 bash: the budget cut, the process-tree kill, the test order and the summary are functions a test can call.
 Exit 0 when everything asked for ran and passed, 1 otherwise.
 """
@@ -269,14 +280,17 @@ def _interrupt(signum, frame):
     raise Interrupted(signal.Signals(signum).name)
 
 
-def run_cmd(cmd: list[str], log: Path, timeout: float, env: dict | None = None) -> tuple[int | None, bool, float]:
-    """Run ``cmd`` from the repository root into ``log``; (exit code, cut by the timeout, seconds). A cut (or an
-    interrupt of this check) kills the command's whole tree; so does a normal end, for whatever it left behind."""
+def run_cmd(
+    cmd: list[str], log: Path, timeout: float, env: dict | None = None, cwd: Path | None = None, grace: float = 3.0
+) -> tuple[int | None, bool, float]:
+    """Run ``cmd`` from the repository root (or ``cwd``) into ``log``; (exit code, cut by the timeout, seconds). A
+    cut (or an interrupt of this check) kills the command's whole tree, SIGKILL ``grace`` seconds after SIGTERM; so
+    does a normal end, for whatever it left behind."""
     t0 = time.monotonic()
     with open(log, "a") as f:
         f.write(f"$ {' '.join(cmd)}\n")
         f.flush()
-        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env, start_new_session=True)
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=cwd or ROOT, env=env, start_new_session=True)
         try:
             rc = proc.wait(timeout=max(timeout, 0.1))
             cut = False
@@ -286,7 +300,7 @@ def run_cmd(cmd: list[str], log: Path, timeout: float, env: dict | None = None) 
             kill_tree()
             proc.wait()
             raise
-        left = kill_tree()
+        left = kill_tree(grace)
         if cut:
             proc.wait()
             f.write(f"\n[gpu_check] cut after {timeout:.0f} s: killed {len(left)} process(es)\n")
@@ -526,6 +540,9 @@ class Check:
         for name, part in ((self.prev or {}).get("parts") or {}).items():
             if name not in args.parts and name != "figures":
                 self.r["parts"][name] = {**part, "note": "earlier run, not redone"}
+        for name in ("race", "long"):  # their figures too
+            if name not in args.parts and (self.prev or {}).get(name):
+                self.r[name] = self.prev[name]
 
     def left(self) -> float:
         return self.deadline - time.monotonic()
@@ -771,6 +788,145 @@ class Check:
             self.say(f"figure {n}: {f.get('value', f['state'])} {unit if value is not None else ''}")
             self.save()
 
+    # 5. the race beside LeanRL's own scripts (benchmarks/race.py), same node, same window, one after another
+    def race(self) -> None:
+        import race as R
+
+        a = self.a
+        names = a.race or R.ORDER
+        folder = self.out / "race"
+        folder.mkdir(exist_ok=True)
+        leanrl = Path(a.leanrl).resolve() if a.leanrl else None
+        prev = (self.prev or {}).get("race", {})
+        results, site = self.r["race"], None
+        try:
+            for name in names:
+                if (prev.get(name) or {}).get("state") == "done":
+                    results[name] = dict(prev[name], earlier=True)
+                    continue
+                item = R.plan(name, a.dry)
+                entry = results[name] = {"what": item.what, "state": "running", "runs": {}}
+                for run in item.runs:
+                    r = entry["runs"][run.label] = {"state": "not run", "unit": run.unit, "min_steps": run.min_steps}
+                    if run.kind == "leanrl" and not (leanrl and Path(R.leanrl_argv(run, leanrl)[0]).exists()):
+                        r["state"] = f"skipped: no {run.argv[0].split('/')[-1]} in --leanrl {a.leanrl or '(none)'}"
+                        continue
+                    budget = min(a.race_run_s, self.left() - 5)
+                    if budget < min(15, a.race_run_s):
+                        r["state"] = "not run: budget spent"
+                        continue
+                    if run.kind == "leanrl" and site is None:
+                        site = self._leanrl_site(folder)
+                    self._race_run(name, run, r, budget, folder, leanrl, site)
+                    self.say(f"race {name}, {run.label}: " + (R.run_line("", r).strip()))
+                    self.save()
+                has = [
+                    x.get("median") is not None or x.get("value") is not None or x["state"].startswith("skipped")
+                    for x in entry["runs"].values()
+                ]
+                entry["state"] = "done" if all(has) else "incomplete"
+                self.save()
+        finally:
+            if site:
+                shutil.rmtree(site, ignore_errors=True)
+
+    def _leanrl_site(self, folder: Path) -> str:
+        """LeanRL's wheels (``<--wheels>/leanrl/*.whl``: tensordict, torchrl, pyvers, hoptorch) installed into a
+        folder of their own that only LeanRL's processes see: ours run on the node's packages as in every figure."""
+        import tempfile
+
+        wheels = sorted((Path(self.a.wheels) / "leanrl").glob("*.whl")) if self.a.wheels else []
+        if not wheels:
+            self.r["race_install"] = "no LeanRL wheels (<--wheels>/leanrl/*.whl): the node's own packages"
+            return ""
+        site = tempfile.mkdtemp(prefix="leanrl-site-")
+        cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile", "--target", site]
+        rc, _, _ = run_cmd([*cmd, *map(str, wheels)], folder / "install.log", min(120, self.left()), self.env)
+        names = ", ".join(" ".join(wheel_name(w)) for w in wheels)
+        self.r["race_install"] = (
+            f"installed {names} for LeanRL only" if rc == 0 else f"pip failed (exit {rc}) for {names}, see race/install.log"
+        )
+        return site
+
+    def _race_run(self, name: str, run, r: dict, budget: float, folder: Path, leanrl: Path | None, site: str) -> None:
+        """One process of the race, cut after ``budget`` seconds; its figure from what it wrote, also when cut."""
+        import tempfile
+
+        import race as R
+
+        slug = f"{name}-{re.sub(r'[^a-z0-9]+', '-', run.label.lower()).strip('-')}"
+        log, env, cwd = folder / f"{slug}.log", dict(self.env), None
+        if run.kind == "ours":
+            argv = [*run.argv, "--out-dir", str(folder), "--run-name", slug]
+        elif run.kind == "leanrl":
+            argv = R.leanrl_argv(run, leanrl)
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [site, str(leanrl / "stubs"), env.get("PYTHONPATH")]))
+            cwd = Path(tempfile.mkdtemp(prefix=f"{slug}-"))  # whatever LeanRL writes lands there, not in the repo
+        else:
+            argv = run.argv
+        r["cmd"] = "python " + " ".join(shlex.quote(a) for a in argv)
+        try:
+            rc, cut, wall = run_cmd([sys.executable, *argv], log, budget, env, cwd=cwd)
+        finally:
+            if cwd:
+                shutil.rmtree(cwd, ignore_errors=True)
+        r["wall_s"] = round(wall, 1)
+        text = log.read_bytes().decode(errors="replace")
+        r["state"] = "done" if rc == 0 else f"cut after {budget:.0f} s" if cut else "failed"
+        if rc not in (0, None):
+            r["error"] = first_error(text)
+        try:
+            if run.kind == "ours":
+                r.update(R.progress_sps(folder / slug / "progress.csv", run.burn_in, run.min_steps))
+                for junk in [*(folder / slug).glob("*.pt"), *(folder / slug).glob("events.out.tfevents*")]:
+                    junk.unlink()  # the checkpoint and TensorBoard's copy of the rows: not needed here
+            elif run.kind == "leanrl":
+                speeds = R.tqdm_speeds(text)
+                r["prints"] = len(speeds)
+                r.update(R.window_sps(R.leanrl_intervals(speeds, run.schedule), run.burn_in, run.min_steps, run.every))
+            elif rc == 0 and _last_float(text) is not None:
+                r["value"] = round(_last_float(text), 1)
+        except (OSError, ValueError) as e:  # no progress.csv, or no interval after the burn-in (yet)
+            r.setdefault("error", f"no figure: {e}")
+
+    # 6. PPO Breakout, 10M frames, one seed: the curve (progress.csv) comes back
+    def long(self) -> None:
+        import race as R
+
+        a = self.a
+        run_dir = Path(a.long_dir).resolve()
+        r = self.r["long"] = {"state": "not run", "steps": a.long_steps, "run_dir": str(run_dir)}
+        budget = min(a.long_s or float("inf"), self.left() - 30)  # SIGTERM: the script writes a row and checkpoint
+        if budget < 30:
+            r["state"] = "not run: budget spent"
+            return
+        argv = R.long_argv(run_dir, a.long_steps, a.dry)
+        r["cmd"] = "python " + " ".join(argv)
+        r["resumed"] = "--resume" in argv
+        self.say(f"long: {r['cmd']} (within {budget:.0f} s)")
+        self.save()
+        rc, cut, wall = run_cmd([sys.executable, *argv], self.out / "long.log", budget, self.env, grace=20)
+        r.update(wall_s=round(wall, 1), state="done" if rc == 0 else f"cut after {budget:.0f} s" if cut else "failed")
+        if rc not in (0, None):
+            r["error"] = first_error((self.out / "long.log").read_text(errors="replace"))
+        progress = run_dir / "progress.csv"
+        if progress.exists():
+            shutil.copy(progress, self.out / "long-progress.csv")
+            if str(ROOT) not in sys.path:
+                sys.path.insert(0, str(ROOT))
+            from shared.progress import read_rows
+
+            rows = read_rows(progress)
+            returns = [row["return_mean"] for row in rows if row.get("return_mean")]
+            r.update(reached=int(rows[-1]["global_step"]) if rows else 0, rows=len(rows))
+            r["return_mean"] = float(returns[-1]) if returns else None
+            try:
+                r["sps"] = R.window_sps(R.intervals_from_rows(rows), int(rows[0]["global_step"]))["median"]
+            except (ValueError, IndexError):
+                pass
+        self.say(f"long: {r['state']}, step {r.get('reached', 0):,} of {a.long_steps:,}")
+        self.save()
+
     def run(self) -> int:
         a = self.a
         try:
@@ -794,11 +950,21 @@ class Check:
                     self.r["parts"]["figures"] = {"state": "running"}
                     self.figures()
                     self.r["parts"]["figures"]["state"] = "done"
+                elif part in ("race", "long"):
+                    self.r[part] = {}
+                    if not gpu and not a.dry:
+                        self.r["parts"][part] = {"state": "skipped: no CUDA device (--dry runs it on the CPU)"}
+                        continue
+                    self.r["parts"][part] = {"state": "running"}
+                    self.race() if part == "race" else self.long()
+                    self.r["parts"][part]["state"] = "done"
                 elif part == "unit":
                     self.pytest_part("unit", "unit", min(a.unit_s, self.left() - 5), a.unit_workers, order=False)
                 self.save()
             cut = [n for n, p in self.r["parts"].items() if str(p.get("state", "")).startswith("cut")]
             cut += [n for n, f in self.r["figures"].items() if f["state"].startswith(("cut", "not run"))]
+            cut += [f"race {n}" for n, e in self.r.get("race", {}).items() if e.get("state") != "done"]
+            cut += ["long"] if self.r.get("long") and self.r["long"].get("state") != "done" else []
             self.r["status"] = ("finished" if self.left() > 0 else "budget spent") + (
                 f", cut or not run: {', '.join(cut)}" if cut else ""
             )
@@ -876,6 +1042,14 @@ def all_passed(r: dict) -> bool:
             return False
         if p.get("collected") and set(p["collected"]) - set(tests):
             return False
+    for item in r.get("race", {}).values():
+        for run in item.get("runs", {}).values():
+            if not run["state"].startswith(("done", "skipped")) or (
+                run["state"] == "done" and run.get("median") is None and run.get("value") is None
+            ):
+                return False
+    if r.get("long") and r["long"].get("state") != "done":
+        return False
     return all(f.get("value") is not None or f["state"].startswith("skipped") for f in r["figures"].values())
 
 
@@ -952,7 +1126,7 @@ def summary(r: dict, out: Path) -> str:
     opt = [c for c in checks if c["ok"] is None]
     lines += [f"  {c['check']}: {c['detail']}" for c in opt]
     for name, p in r.get("parts", {}).items():
-        if name == "figures":
+        if name in ("figures", "race", "long"):  # their own lines below
             continue
         extra = p.get("cmd", "").split("console_output_style=classic")[-1].strip()
         head = (
@@ -989,10 +1163,52 @@ def summary(r: dict, out: Path) -> str:
                 lines.append(f"      {f['state']}")
             if f.get("error"):
                 lines.append("      " + f["error"].replace("\n", "\n      "))
+    lines += race_lines(r)
     if r.get("leftovers_killed"):
         lines.append(f"left behind and killed at the end: {r['leftovers_killed']}")
-    lines.append(f"logs: {out}/ (checks.log, cuda.log, figures/*.log, unit.log, results.json)")
+    lines.append(f"logs: {out}/ (checks.log, cuda.log, figures/*.log, race/*.log, long.log, unit.log, results.json)")
     return "\n".join(lines)
+
+
+def race_lines(r: dict) -> list[str]:
+    """The race's and the long run's lines of the summary: every run's figure with its window, the ratios."""
+    import race as R
+
+    lines = []
+    for part in ("race", "long"):
+        p = r.get("parts", {}).get(part)
+        if p and not r.get(part):
+            lines.append(f"{part}: {p.get('state')}")
+    if r.get("race"):
+        lines.append(
+            "race (benchmarks/race.py; median SPS of the intervals after the burn-in [window mean; intervals; steps; "
+            "slowest-fastest]; same node, one after another):"
+        )
+        if r.get("race_install"):
+            lines.append(f"  LeanRL's packages: {r['race_install']}")
+    for name, item in r.get("race", {}).items():
+        lines.append(f"  {name}: {item.get('what', '')}" + (" [earlier run]" if item.get("earlier") else ""))
+        for label, run in item.get("runs", {}).items():
+            lines.append("    " + R.run_line(label, run))
+            if run.get("error"):
+                lines.append("        " + run["error"].replace("\n", "\n        "))
+        if R.ratio_line(item):
+            lines.append("    " + R.ratio_line(item))
+        if name == "ppo-atari" and R.ceiling_line(item, r["race"].get("envs")):
+            lines.append("    " + R.ceiling_line(item, r["race"].get("envs")))
+    g = r.get("long")
+    if g:
+        lines.append(
+            f"long: PPO Breakout {g['steps']:,} agent steps ({4 * g['steps']:,} frames), seed 1: {g['state']}"
+            + (", resumed" if g.get("resumed") else "")
+            + (f"; step {g['reached']:,} ({g['rows']} rows)" if "reached" in g else "")
+            + (f", median {g['sps']:.1f} SPS" if g.get("sps") else "")
+            + (f", last return_mean {g['return_mean']:.1f}" if g.get("return_mean") is not None else "")
+            + ("; long-progress.csv" if "reached" in g else "")
+        )
+        if g.get("error"):
+            lines.append("    " + g["error"].replace("\n", "\n    "))
+    return lines
 
 
 def main() -> int:
@@ -1003,7 +1219,7 @@ def main() -> int:
         "--parts",
         default="checks,cuda,figures",
         help="comma-separated, in order: checks (install, imports, envs; without it only torch's "
-        "versions and the CUDA checks), cuda, figures, unit (default checks,cuda,figures)",
+        "versions and the CUDA checks), cuda, figures, race, long, unit (default checks,cuda,figures)",
     )
     p.add_argument("--unit", action="store_true", help="add the unit tier (python -m pytest -m unit), about 3 min")
     p.add_argument("--checks-s", type=float, default=150, help="seconds for the imports, envs and CUDA checks")
@@ -1018,13 +1234,40 @@ def main() -> int:
     )
     p.add_argument("--wheels", default=str(ROOT / ".whl"), help="wheel folder to install from ('' for none)")
     p.add_argument(
+        "--race", nargs="*", help="race items, in order (default all: envs ppo-atari ppo-mujoco td3 sac dqn c51 ddpg r2d1)"
+    )
+    p.add_argument(
+        "--leanrl",
+        default=str(ROOT / ".peers" / "leanrl"),
+        help="folder of LeanRL's scripts adapted to ale-py, with stubs/ (default .peers/leanrl); its packages come "
+        "from <--wheels>/leanrl/*.whl, installed for LeanRL's processes only",
+    )
+    p.add_argument("--race-run-s", type=float, default=150, help="seconds for each process of the race (default 150)")
+    p.add_argument("--long-steps", type=int, default=2_500_000, help="the long part's agent steps (default 2.5M: 10M frames)")
+    p.add_argument(
+        "--long-dir",
+        default=str(ROOT / "runs" / "gpu-check-ppo-breakout-10m"),
+        help="the long part's run folder; resumed when it holds a checkpoint (default runs/gpu-check-ppo-breakout-10m)",
+    )
+    p.add_argument("--long-s", type=float, default=0, help="seconds for the long part (default: what the budget leaves)")
+    p.add_argument(
+        "--dry",
+        action="store_true",
+        help="run the race and long parts on the CPU (no CUDA, no compiling, tiny windows): the plumbing, not figures",
+    )
+    p.add_argument(
         "--redo", metavar="PREV_OUT", help="an earlier run's folder: run only the tests and figures that did not pass there"
     )
     a = p.parse_args()
     a.parts = [x for x in a.parts.split(",") if x] + (["unit"] if a.unit and "unit" not in a.parts else [])
-    bad = set(a.parts) - {"checks", "cuda", "figures", "unit"}
+    bad = set(a.parts) - {"checks", "cuda", "figures", "race", "long", "unit"}
     if bad:
         p.error(f"unknown part(s) {sorted(bad)}")
+    import race
+
+    unknown = [n for n in a.race or [] if n not in race.ORDER]
+    if unknown:
+        p.error(f"unknown race item(s) {unknown}; known: {' '.join(race.ORDER)}")
     _subreaper()
     for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(s, _interrupt)

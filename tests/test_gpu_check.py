@@ -1,9 +1,12 @@
 """``benchmarks/gpu_check.py``, the one command for a GPU node, checked on the CPU: it runs end to end with the GPU
 parts skipped, a budget cut or a SIGTERM leaves nothing running, a second run redoes only what did not pass, and
-the cuda tests run every script once first. Also ``tests/count_syncs.py``'s window for CUDA's sync warnings."""
+the cuda tests run every script once first. The race beside LeanRL (``benchmarks/race.py``): its median per-row SPS
+after a burn-in, its reading of LeanRL's tqdm line, its commands, the part with stand-ins, and (slow) a dry run of
+our scripts. Also ``tests/count_syncs.py``'s window for CUDA's sync warnings."""
 
 from __future__ import annotations
 
+import argparse
 import collections
 import json
 import os
@@ -23,6 +26,7 @@ from tests.helpers import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import gpu_check
+import race
 
 CHECK = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py")]
 SYNC = "called a synchronizing CUDA operation"  # the text of CUDA's sync debug warning (c10/cuda)
@@ -351,3 +355,329 @@ def test_the_update_figures_run_on_the_cpu_and_refuse_a_graph_there():
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1] == (
         "update_speed.py: error: --updates must be at least 1, got 0"
     )
+
+
+# --- the race beside LeanRL (benchmarks/race.py, gpu_check's race and long parts) -------------------------------
+
+# An async PPO run as the H200 showed it (2026-11-28): the first row pays start-up and compiling, the second comes
+# from a rollout that was already waiting (40,960 SPS), then the steady state, with one slow row (a gc pass, say).
+# Rows every 1,024 steps (8 envs x 128); the times are exact in milliseconds, as progress.csv rounds them.
+PROGRESS = """global_step,wall_time_s,sps,episodes,return_mean
+1024,30.000,34.1,0,
+2048,30.025,40960.0,3,1.0
+3072,30.613,1741.5,5,1.0
+4096,31.253,1600.0,7,
+5120,31.853,1706.7,9,2.0
+6144,32.365,2000.0,12,
+7168,33.645,800.0,14,1.0
+8192,34.270,1638.4,16,
+"""
+# after the 3-rollout burn-in (intervals from step 3,072 on): 1600, 1706.7, 2000, 800, 1638.4 SPS
+MEDIAN = 1638.4
+
+
+def _median_after_burn_in(rows: list[dict]) -> float:
+    return race.window_sps(race.intervals_from_rows(rows), burn_in=3072)["median"]
+
+
+def _rate(first: dict, last: dict) -> float:
+    """Steps per second from one row to another."""
+    steps = int(last["global_step"]) - int(first["global_step"])
+    return round(steps / (float(last["wall_time_s"]) - float(first["wall_time_s"])), 1)
+
+
+def _mean_after_burn_in(rows: list[dict]) -> float:  # a mutant: the window's mean instead of its median
+    return _rate(rows[2], rows[-1])
+
+
+def _median_with_burn_in(rows: list[dict]) -> float:  # a mutant: every interval, the burn-in's too
+    return race.window_sps(race.intervals_from_rows(rows), burn_in=0)["median"]
+
+
+def _the_old_figure(rows: list[dict]) -> float:  # a mutant: ppo_training.ours's (first row to last) on 3 rows
+    return _rate(rows[0], rows[2])
+
+
+def _check_figure(helper, path: Path) -> None:
+    from shared.progress import read_rows
+
+    assert helper(read_rows(path)) == MEDIAN
+
+
+def test_the_race_figure_is_the_median_per_row_sps_after_the_burn_in(tmp_path):
+    """From a hand-made progress.csv: the median of the per-row SPS whose interval starts at or after the burn-in,
+    with the window's mean, its rows and steps beside it; and the same check fails on a mean, on a window that
+    includes the burn-in, and on the old two-row figure (3,340.9 here: the async artefact)."""
+    path = tmp_path / "progress.csv"
+    path.write_text(PROGRESS)
+    got = race.progress_sps(path, burn_in=3072, min_steps=5000)
+    assert got == {
+        "median": MEDIAN,
+        "mean": 1400.1,  # 5,120 steps in 3.657 s: the slow row weighs on the mean, not on the median
+        "intervals": 5,
+        "from": 3072,
+        "to": 8192,
+        "steps": 5120,
+        "min": 800.0,
+        "max": 2000.0,
+        "short": False,
+    }
+    assert race.progress_sps(path, burn_in=3072, min_steps=30_000)["short"]  # under the 30k steps asked for
+    _check_figure(_median_after_burn_in, path)
+    for mutant, value in ((_mean_after_burn_in, 1400.1), (_median_with_burn_in, 1706.7), (_the_old_figure, 3340.9)):
+        from shared.progress import read_rows
+
+        assert mutant(read_rows(path)) == value
+        with pytest.raises(AssertionError):
+            _check_figure(mutant, path)
+    with pytest.raises(ValueError, match="no interval starts at or after step 9000"):
+        race.progress_sps(path, burn_in=9000)
+    # a compiled run's rows carry compile_s (shared.compiling.report): the last row's is given
+    path.write_text(PROGRESS.replace("return_mean\n", "return_mean,compile_s\n").replace("1638.4,16,\n", "1638.4,16,,24.5\n"))
+    assert race.progress_sps(path, 3072)["compile_s"] == 24.5
+
+
+def _tqdm_line(desc: str, n: int, total: int) -> str:
+    """One redraw of tqdm's bar as LeanRL's scripts print it (``\\r`` first; the description, when set, then ": ")."""
+    pct = 100 * n // total
+    bar = "█" * (pct // 10) + " " * (10 - pct // 10)
+    return f"\r{desc + ': ' if desc else ''}{pct:3d}%|{bar}| {n}/{total} [00:05<00:20, 97.1it/s]"
+
+
+def _leanrl_output(descs: list[tuple[int, str]], total: int) -> str:
+    """A LeanRL script's output: warnings first, then tqdm's redraws. Each description (set at its step) is drawn
+    with a counter that lags (tqdm syncs it only when it redraws on its own) and redrawn several times, as
+    the scripts showed on the CPU."""
+    out = [
+        "/venv/lib/python3.12/site-packages/tyro/_parsers.py:365: UserWarning: The field `target-kl` is annotated ...\n",
+        "  warnings.warn(message)\n",
+        _tqdm_line("", 0, total),
+    ]
+    lag = 0
+    for step, desc in descs:
+        out += [_tqdm_line(desc, lag, total), _tqdm_line(desc, lag + 1, total), _tqdm_line(desc, min(step, total), total)]
+        lag = step - 3
+    return "".join(out) + _tqdm_line(descs[-1][1], total, total) + "\n"
+
+
+def test_leanrl_speeds_are_read_from_its_tqdm_line_by_its_schedule():
+    """PPO Atari prints the SPS of its own 10 iterations; SAC and TD3 the mean since their clock started (0.0 at
+    the start itself), every 100 steps, regrouped here to our rows' 500."""
+    ppo = next(r for r in race.plan("ppo-atari").runs if r.kind == "leanrl")
+    speeds = [4900.0, 5012.3, 5101.7, 4988.0]
+    text = _leanrl_output(
+        [
+            (10240 * (k + 1), f"speed: {v: 4.1f} sps, reward avg: 0.01, reward max: 1.00, returns:  1.50,lr:  0.00")
+            for k, v in enumerate(speeds)
+        ],
+        40,
+    )
+    assert "\r" in text and race.tqdm_speeds(text) == speeds
+    got = race.window_sps(race.leanrl_intervals(speeds, ppo.schedule), ppo.burn_in, ppo.min_steps)
+    assert (got["from"], got["to"], got["intervals"], got["short"]) == (3072, 40960, 4, False)
+    assert got["median"] == round((4988.0 + 5012.3) / 2, 1)
+    assert got["mean"] == round(37888 / (7168 / 4900.0 + 10240 / 5012.3 + 10240 / 5101.7 + 10240 / 4988.0), 1)
+
+    # SAC: 100 intervals of 100 steps from step 10,000 (learning from 5,000, 5,000 of burn-in), at known rates
+    sac = next(r for r in race.plan("sac").runs if r.kind == "leanrl")
+    rates = [700.0 + 10 * (i % 7) - (300 if i in (30, 31) else 0) for i in range(100)]
+    seconds = [100 / v for v in rates]
+    cumulative = [100 * (k + 1) / sum(seconds[: k + 1]) for k in range(100)]
+    descs = [(10_000, f"{0.0: 4.4f} sps, ")] + [
+        (10_000 + 100 * (k + 1), f"{v: 4.4f} sps, global_step={10_000 + 100 * k}, episodic_return= nan (max=-inf)")
+        for k, v in enumerate(cumulative)
+    ]
+    text = _leanrl_output(descs, 20_001)
+    assert race.tqdm_speeds(text) == [0.0] + [float(f"{v:.4f}") for v in cumulative]
+    got = race.window_sps(race.leanrl_intervals(race.tqdm_speeds(text), sac.schedule), sac.burn_in, sac.min_steps, sac.every)
+    per_500 = [500 / sum(seconds[i : i + 5]) for i in range(0, 100, 5)]
+    assert (got["from"], got["to"], got["intervals"], got["short"]) == (10_000, 20_000, 20, False)
+    assert got["median"] == pytest.approx(sorted(per_500)[9] / 2 + sorted(per_500)[10] / 2, abs=0.11)
+    assert got["mean"] == pytest.approx(10_000 / sum(seconds), abs=0.11)
+    # a run cut before its clock started shows no speed: no figure, said as a ValueError
+    with pytest.raises(ValueError):
+        race.window_sps(
+            race.leanrl_intervals(race.tqdm_speeds(_leanrl_output([(10_000, " 0.0000 sps, ")], 20_001)), sac.schedule), 10_000
+        )
+
+
+def test_the_race_commands_take_the_same_window_on_both_sides():
+    """Each pair's commands: compiled with CUDA graphs on both sides, the same steps, a burn-in that ends where
+    LeanRL's clock starts, windows of 30k+ (PPO) and 10k (replay) steps; the dry plan is the same on the CPU."""
+    leanrl = Path("/peers/leanrl")
+    for name in race.ORDER:
+        for dry in (False, True):
+            for run in race.plan(name, dry).runs:
+                argv = race.leanrl_argv(run, leanrl)
+                if run.kind == "ours":
+                    assert (ROOT / argv[0]).exists() and ("--compile" in argv) != dry, argv
+                    assert argv[argv.index("--device") + 1] == ("cpu" if dry else "cuda")
+                elif run.kind == "leanrl":
+                    assert argv[0].startswith("/peers/leanrl/") and argv[0].endswith("_torchcompile.py")
+                    assert ("--no-cuda" in argv) == dry and ("--cudagraphs" in argv) != dry
+                    assert not any(a.startswith("LEANRL/") for a in argv)
+
+    def flag(run, name):
+        return run.argv[run.argv.index(name) + 1]
+
+    ours, ours_async, lean = race.plan("ppo-atari").runs
+    assert flag(ours, "--sampler") == "parallel" and flag(ours_async, "--sampler") == "async"
+    assert flag(ours, "--total-timesteps") == flag(lean, "--total-timesteps") == "40960"
+    assert flag(lean, "--measure-burnin") == "4" and ours.burn_in == lean.burn_in == 3 * 1024  # LeanRL's clock
+    assert 40960 - ours.burn_in >= ours.min_steps == 30_000 and lean.schedule.kind == "windows"
+    ours, lean = race.plan("ppo-mujoco").runs
+    assert flag(ours, "--env-id") == flag(lean, "--env-id") == "HalfCheetah-v5"  # LeanRL's default is v4
+    assert flag(ours, "--total-timesteps") == flag(lean, "--total-timesteps") == "40960" and ours.burn_in == 3 * 2048
+    assert lean.schedule == race.Schedule("cumulative", 6144, 20480, 20480) and 40960 - 6144 >= 30_000
+    for name in ("td3", "sac"):
+        ours, lean = race.plan(name).runs
+        assert flag(ours, "--min-steps-learn") == flag(lean, "--learning-starts") == "5000"
+        assert flag(lean, "--measure-burnin") == "5000" and ours.burn_in == lean.burn_in == 10_000
+        assert int(flag(ours, "--total-timesteps")) - ours.burn_in == ours.min_steps == 10_000
+        assert flag(lean, "--total-timesteps") == "20001"  # its last print is at step 20,000
+        assert lean.every == int(flag(ours, "--log-every")) == 500
+    assert [r.label for r in race.plan("ddpg").runs] == ["ours"]  # LeanRL has no DDPG
+    (dqn,) = race.plan("dqn").runs
+    assert dqn.burn_in == 2000 + 5000 and int(flag(dqn, "--total-timesteps")) - dqn.burn_in == 10_000
+    (envs,) = race.plan("envs").runs
+    assert "envs_only('BreakoutNoFrameskip-v4', 8, 'parallel', 10.0)" in envs.argv[-1]
+    assert race.long_argv(Path("/x/runs/long"))[:6] == [
+        "algos/ppo_atari.py",
+        "--env-id",
+        "BreakoutNoFrameskip-v4",
+        "--total-timesteps",
+        "2500000",
+        "--sampler",
+    ]
+    with pytest.raises(ValueError, match="unknown race item"):
+        race.plan("ppo-lstm")
+
+
+FAKE_OURS = """import sys
+out = sys.argv[sys.argv.index('--out-dir') + 1] + '/' + sys.argv[sys.argv.index('--run-name') + 1]
+import os; os.makedirs(out)
+t = [0.0, 5.0, 5.5, 6.0, 6.5, 7.1]  # rows every 1,000 steps; after the 2-row burn-in: 2000, 2000, 2000, 1666.7 SPS
+with open(out + '/progress.csv', 'w') as f:
+    f.write('global_step,wall_time_s,sps\\n' + ''.join(f'{1000 * (i + 1)},{x},0\\n' for i, x in enumerate(t)))
+"""
+FAKE_LEANRL = """import sys
+for k, v in enumerate([1000.0, 1000.0, 1000.0, 1000.0]):
+    sys.stderr.write(f'\\rspeed: {v + k: 4.1f} sps, lr: 0.00:  50%|#####     | 2/4 [00:01<00:01, 2.0it/s]')
+sys.stderr.write('\\n')
+"""
+
+
+def test_the_race_part_runs_each_side_reads_its_figure_and_says_what_it_skipped(tmp_path, monkeypatch):
+    """gpu_check's race part with stand-in runs (each a subprocess of a few lines): ours read from the
+    progress.csv it writes, LeanRL from its tqdm line, a benchmark's number from its last line; LeanRL's side is
+    skipped without its scripts; the summary gives each figure with its window, and ours/LeanRL."""
+    leanrl = tmp_path / "leanrl"
+    (leanrl / "stubs").mkdir(parents=True)
+    (leanrl / "fake_torchcompile.py").write_text(FAKE_LEANRL)
+
+    def plan(name, dry=False):
+        runs = [
+            race.Run("ours", "ours", ["-c", FAKE_OURS], burn_in=2000, min_steps=3000),
+            race.Run(
+                "LeanRL",
+                "leanrl",
+                ["LEANRL/fake_torchcompile.py"],
+                2000,
+                3000,
+                schedule=race.Schedule("windows", 2000, 3000, 1000),
+            ),
+        ]
+        if name == "envs":
+            return race.Item(name, "the ceiling", [race.Run("envs only", "value", ["-c", "print('x'); print(3000.0)"])])
+        return race.Item(
+            name,
+            f"{name}, a stand-in",
+            runs
+            if name == "ppo-atari"
+            else runs[:1] + [race.Run("LeanRL", "leanrl", ["LEANRL/missing_torchcompile.py"], 2000)],
+        )
+
+    monkeypatch.setattr(race, "plan", plan)
+    args = argparse.Namespace(
+        out=str(tmp_path / "out"),
+        budget=120,
+        redo=None,
+        parts=["race"],
+        race=["envs", "ppo-atari", "td3"],
+        leanrl=str(leanrl),
+        race_run_s=60,
+        dry=True,
+        wheels="",
+    )
+    check = gpu_check.Check(args)
+    check.r["race"] = {}
+    check.race()
+    got = check.r["race"]
+    assert got["envs"]["runs"]["envs only"]["value"] == 3000.0
+    ours, lean = got["ppo-atari"]["runs"]["ours"], got["ppo-atari"]["runs"]["LeanRL"]
+    assert (ours["median"], ours["mean"], ours["intervals"], ours["from"], ours["to"]) == (2000.0, 1904.8, 4, 2000, 6000)
+    assert (lean["median"], lean["intervals"], lean["prints"], lean["from"], lean["to"]) == (1001.5, 4, 4, 2000, 6000)
+    assert got["ppo-atari"]["state"] == "done" and lean["cmd"].endswith("fake_torchcompile.py")
+    assert got["td3"]["runs"]["LeanRL"]["state"].startswith("skipped: no missing_torchcompile.py in --leanrl")
+    assert got["td3"]["state"] == "done"  # ours has its figure, LeanRL's side was skipped and says why
+    check.r["status"] = "finished"
+    text = gpu_check.summary(check.r, tmp_path)
+    assert "    ours/LeanRL: ours 2.00 (window mean 1.90)" in text, text
+    assert "    ours              2000.0 SPS  [mean 1904.8; 4 intervals, steps 2,000->6,000, 1667-2000;" in text, text
+    assert "of the envs-only ceiling (3000 SPS): ours 0.67, LeanRL 0.33" in text, text
+    assert "LeanRL's packages: no LeanRL wheels" in text
+    assert gpu_check.all_passed(check.r)
+    # the budget spent: what is left says so, and is not a pass
+    check.deadline = time.monotonic()
+    check.r["race"] = {}
+    check.race()
+    assert check.r["race"]["envs"]["runs"]["envs only"]["state"] == "not run: budget spent"
+    assert not gpu_check.all_passed(check.r)
+
+
+@pytest.mark.slow
+def test_the_dry_race_and_long_parts_run_our_scripts_on_the_cpu(tmp_path):
+    """``--dry``: the race's and long part's plumbing with our real scripts on the CPU (tiny windows, no
+    compiling), LeanRL's side a stand-in that prints SAC's tqdm line; a second call resumes the long run."""
+    leanrl = tmp_path / "leanrl"
+    (leanrl / "stubs").mkdir(parents=True)
+    lines = [_tqdm_line("", 0, 401)] + [_tqdm_line(f"{v: 4.4f} sps, ", 290, 401) for v in (0.0, 90.0, 95.0)]
+    (leanrl / "sac_continuous_action_torchcompile.py").write_text(
+        f"import sys; sys.stderr.write({''.join(lines)!r} + '\\n')\n"
+    )
+    common = ["--dry", "--leanrl", str(leanrl), "--wheels", "", "--long-dir", str(tmp_path / "runs" / "long")]
+    out = check_run(tmp_path / "a", "--parts", "race,long", "--race", "envs", "sac", "--long-steps", "64", *common)
+    summary = (tmp_path / "a" / "summary.txt").read_text()
+    assert out.returncode == 0, summary + out.stderr[-3000:]
+    results = json.loads((tmp_path / "a" / "results.json").read_text())
+    sac = results["race"]["sac"]["runs"]
+    assert sac["ours"]["median"] > 0 and (sac["ours"]["from"], sac["ours"]["to"]) == (200, 400)
+    # its means since the clock started: 90.0 at step 300, 95.0 at 400, so the steps 300-400 ran at 100.6 SPS
+    assert sac["LeanRL"]["median"] == pytest.approx((90 + 100 / (200 / 95 - 100 / 90)) / 2, abs=0.1)
+    assert sac["LeanRL"]["intervals"] == 2
+    assert results["long"]["reached"] == 64 and (tmp_path / "a" / "long-progress.csv").exists()
+    assert not list((tmp_path / "a" / "race" / "sac-ours").glob("*.pt"))  # the checkpoint does not come back
+    out = check_run(tmp_path / "b", "--parts", "long", "--long-steps", "128", *common)
+    assert out.returncode == 0, out.stdout[-3000:]
+    long = json.loads((tmp_path / "b" / "results.json").read_text())["long"]
+    assert long["resumed"] and long["reached"] == 128
+
+
+@pytest.mark.slow
+def test_our_scripts_accept_every_flag_of_the_gpu_race():
+    """Each of our race commands (the GPU plan, on the CPU) passes its script's own checks (RL_CHECK_ONLY: every
+    check made, nothing started or written): a flag a script does not know would otherwise surface on the node."""
+    cmds = [r.argv for name in race.ORDER for r in race.plan(name).runs if r.kind == "ours"]
+    cmds.append(race.long_argv(ROOT / "runs" / "gpu-check-flags-test-none"))
+    for argv in cmds:
+        argv = [*argv, "--out-dir", "/nonexistent-never-written"] if "--out-dir" not in argv else list(argv)
+        argv[argv.index("--device") + 1] = "cpu"
+        out = subprocess.run(
+            [sys.executable, *argv],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "RL_CHECK_ONLY": "1"},
+        )
+        assert out.returncode == 0, (argv, out.stderr[-2000:])
