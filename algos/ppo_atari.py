@@ -43,7 +43,7 @@ from torch.distributions import Categorical
 from shared import distributed
 from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveInt, Range
 from shared.atari import is_atari, make_atari_env
-from shared.buffer import buffer_from_example
+from shared.buffer import buffer_from_example, on_device
 from shared.cli import RunArgs, bad_args, parse_args
 from shared.compiling import compiled, graphed, set_lr
 from shared.device import to_host, upload
@@ -279,8 +279,7 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
     for t in range(args.num_steps):
         up = upload({"obs": state.obs, "mask": state.mask}, device)  # one copy
         action, logprob, value = policy_step(agent, up["obs"], up["mask"], args.bf16)
-        buf.obs[t] = state.obs
-        buf.mask[t] = state.mask
+        buf.obs[t], buf.mask[t] = up["obs"], up["mask"]  # serial/parallel: into the rollout on the learner's device
         buf.final_row[t] = state.final_row
         buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, logprob, value)  # one copy
         next_obs, reward, term, trunc, info = envs.step(buf.action[t])
@@ -388,8 +387,8 @@ def ppo_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
 
 
 def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.device, generator) -> dict:
-    """GAE with the learner's current critic, then the PPO update; ``buf`` [T, B] and ``boot`` [B] are numpy (possibly
-    shared)."""
+    """GAE with the learner's current critic, then the PPO update; ``buf`` [T, B] and ``boot`` [B] are numpy (async:
+    shared), but for the observations and masks of a rollout collected in this process, already on the device."""
     T, B = args.num_steps, args.num_envs
     up = upload({"obs": buf.obs, "mask": buf.mask, "boot_obs": boot.obs}, device)  # one copy to a GPU
     with torch.no_grad(), autocast(device, args.bf16):
@@ -441,7 +440,8 @@ class Sampler:
             self.envs = run.hold(make_envs(args, make_env, args.sampler, n_threads=len(run.affinity.learner_cpus)))
             # A resumed run starts fresh episodes; every env of every rank has a seed of its own.
             self.state = EnvState(self.envs, distributed.env_seed(args.seed + first, args.num_envs))
-            self.buf = buffer_from_example(example, (args.num_steps, args.num_envs))  # [T, B]
+            # [T, B]; observations and masks where the update reads them, written there by each step's one copy
+            self.buf = on_device(buffer_from_example(example, (args.num_steps, args.num_envs)), ("obs", "mask"), run.device)
             self.boot = buffer_from_example(boot_example, ())  # [B]
 
     def rollout(self, it: int, agent: Agent, global_step: int) -> tuple:

@@ -54,7 +54,7 @@ from torch.distributions import Categorical
 from shared import distributed
 from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveInt, Range
 from shared.atari import is_atari, make_atari_env
-from shared.buffer import buffer_from_example
+from shared.buffer import buffer_from_example, on_device
 from shared.cli import RunArgs, bad_args, parse_args
 from shared.compiling import compiled, enabled, graphed, set_lr
 from shared.device import to_host, upload
@@ -429,9 +429,9 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
     """Step the envs num_steps times, writing buf [T, B] and the rollout's edges boot [B]."""
     boot.h0[:], boot.c0[:] = to_host(state.rnn.h, state.rnn.c)  # the state each env's first row continues from
     for t in range(args.num_steps):
-        buf.obs[t], buf.mask[t] = state.obs, state.mask
         buf.final_row[t], buf.episode_start[t] = state.final_row, state.episode_start
         up = upload({"obs": state.obs, "start": state.episode_start[None], "mask": state.mask}, device)  # one copy
+        buf.obs[t], buf.mask[t] = up["obs"], up["mask"]  # serial/parallel: into the rollout on the learner's device
         action, logprob, value, state.rnn = policy_step(agent, up["obs"], state.rnn, up["start"], up["mask"], args.bf16)
         buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, logprob, value)  # one copy
         env_action = buf.action[t]
@@ -555,7 +555,8 @@ def ppo_update(agent: Agent, optimizer, data: dict, state: RnnState, episode_sta
 
 def learn_from(agent: Agent, return_norm: RunningNorm, optimizer, buf, boot, args: Args, device: torch.device, generator):
     """Rewards scaled (--normalize-reward), GAE with the learner's current critic, the PPO update, then the observation
-    statistics take the rollout; ``buf`` [T, B] and ``boot`` [B] are numpy (possibly shared)."""
+    statistics take the rollout; ``buf`` [T, B] and ``boot`` [B] are numpy (async: shared), but for the observations and
+    masks of a rollout collected in this process, already on the device."""
     T, B = args.num_steps, args.num_envs
     final_row = np.asarray(buf.final_row)
     episode_start = np.asarray(buf.episode_start)
@@ -615,7 +616,8 @@ class Sampler:
             self.envs = run.hold(make_envs(args, make_env, args.sampler, n_threads=len(run.affinity.learner_cpus)))
             # A resumed run starts fresh episodes (and states); every env of every rank has a seed of its own.
             self.state = EnvState(self.envs, distributed.env_seed(args.seed + first, args.num_envs), agent, run.device)
-            self.buf = buffer_from_example(example, (args.num_steps, args.num_envs))  # [T, B]
+            # [T, B]; observations and masks where the update reads them, written there by each step's one copy
+            self.buf = on_device(buffer_from_example(example, (args.num_steps, args.num_envs)), ("obs", "mask"), run.device)
             self.boot = buffer_from_example(boot_example, ())  # [B]
 
     def rollout(self, it: int, agent: Agent, global_step: int) -> tuple:

@@ -26,10 +26,8 @@ from __future__ import annotations
 
 import os
 
-# Before shared/ is imported: the host path of CUDA on this CPU, and dry graph replays (module docstring).
-os.environ["RL_HOST_PATH"] = "dry"
-os.environ["RL_COMPILE_GRAPHS"] = "dry"
-os.environ["RL_COMPILE_BACKEND"] = "eager"
+if __name__ == "__main__":  # before shared/ is imported: CUDA's host path on this CPU, dry replays (module docstring)
+    os.environ.update(RL_HOST_PATH="dry", RL_COMPILE_GRAPHS="dry", RL_COMPILE_BACKEND="eager")
 
 import argparse
 import contextlib
@@ -57,8 +55,38 @@ ATARI_OBS = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
 CHEETAH_OBS = gym.spaces.Box(-np.inf, np.inf, (17,), np.float64)
 CHEETAH_ACT = gym.spaces.Box(-1.0, 1.0, (6,), np.float32)
 
-# Per vector step (per rollout for the ``rollout_`` counts) at most: the counts tests/test_loop_overhead.py holds.
-BUDGETS: dict[str, dict[str, float]] = {}
+# Per vector step (per rollout for the ``rollout_`` counts) at most: the counts tests/test_loop_overhead.py holds. Set
+# from a run of --counts (torch 2.13, numpy 2.4) with about 5% over the calls; syncs and bytes as they are.
+_ON_POLICY = {"syncs": 1.0, "bytes_up": 225_824, "rollout_syncs": 2.0}
+_CONTINUOUS = {"python_calls": 367, "torch_calls": 126, "syncs": 1.0, "bytes_up": 44_100, "bytes_down": 24}
+BUDGETS: dict[str, dict[str, float]] = {
+    "ppo_atari": {**_ON_POLICY, "python_calls": 157, "torch_calls": 76, "bytes_down": 128, "rollout_torch_calls": 1635},
+    "a2c_atari": {**_ON_POLICY, "python_calls": 160, "torch_calls": 77, "bytes_down": 128, "rollout_torch_calls": 192},
+    "ppo_lstm": {
+        **_ON_POLICY,
+        "python_calls": 224,
+        "torch_calls": 126,
+        "syncs": 1.02,
+        "bytes_up": 225_832,
+        "bytes_down": 256,
+        "rollout_torch_calls": 2136,
+    },
+    "ppo_mujoco": {
+        "python_calls": 124,
+        "torch_calls": 55,
+        "syncs": 1.0,
+        "bytes_up": 68,
+        "bytes_down": 32,
+        "rollout_torch_calls": 27538,
+        "rollout_syncs": 2.0,
+    },
+    "dqn_atari": {"python_calls": 426, "torch_calls": 139, "syncs": 1.0, "bytes_up": 1_919_904, "bytes_down": 32},
+    "catdqn_atari": {"python_calls": 426, "torch_calls": 139, "syncs": 1.0, "bytes_up": 1_919_904, "bytes_down": 32},
+    "r2d1_atari": {"python_calls": 259, "torch_calls": 127, "syncs": 1.04, "bytes_up": 1_181_950, "bytes_down": 41_616},
+    "sac_mujoco": dict(_CONTINUOUS),
+    "td3_mujoco": dict(_CONTINUOUS),
+    "ddpg_mujoco": dict(_CONTINUOUS),
+}
 
 
 # ------------------------------------------------------------------------------------------------ the stub env
@@ -167,7 +195,9 @@ def count(fn: Callable[[], Any], per: int) -> dict[str, float]:
 
 
 def best_us(fn: Callable[[], Any], per: int, chunks: int) -> float:
-    """The quickest of ``chunks`` runs of ``fn()``, in µs per ``per``."""
+    """The quickest of ``chunks`` runs of ``fn()``, in µs per ``per`` (nan for none: counts only)."""
+    if not chunks:
+        return float("nan")
     best = float("inf")
     for _ in range(chunks):
         t0 = time.perf_counter()
@@ -201,8 +231,8 @@ def load(name: str) -> Any:
 
 
 def on_policy(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
-    """ppo_atari, a2c_atari, ppo_mujoco: ``collect`` per vector step, ``learn_from`` and the row per rollout."""
-    from shared.buffer import buffer_from_example
+    """ppo_atari, a2c_atari, ppo_lstm, ppo_mujoco: the script's ``Sampler.rollout`` (its ``collect``) per vector step,
+    ``learn_from`` and the row per rollout (8 envs of Breakout's spaces, or one of HalfCheetah's; default settings)."""
     from shared.progress import ProgressLog
 
     S = load(name)
@@ -210,39 +240,79 @@ def on_policy(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
     args = S.Args(num_envs=8, sampler="parallel") if atari else S.Args()
     obs_space, act_space = (ATARI_OBS, gym.spaces.Discrete(4)) if atari else (CHEETAH_OBS, CHEETAH_ACT)
     envs = StubVectorEnv(obs_space, act_space, args.num_envs, env_cost_us, lives=atari)
-    cpu = torch.device("cpu")
-    agent = S.make_agent(args, obs_space, act_space)
-    optimizer = torch.optim.Adam(agent.parameters(), lr=1e-4, eps=1e-5, fused=True)
-    example, boot_example = S.rollout_example(*_rollout_spaces(S, obs_space, act_space, args))
-    buf = buffer_from_example(example, (args.num_steps, args.num_envs))
-    boot = buffer_from_example(boot_example, ())
-    state = S.EnvState(envs, 0)
-    generator = torch.Generator().manual_seed(0)
-    collect = lambda: S.collect(envs, agent, state, buf, boot, args, cpu)
+    run = _RunStub(obs_space, act_space)
+    learner = S.make_learner(args, run)  # (agent, optimizer[, generator[, return_norm]])
+    agent, optimizer, tail, extra = learner[0], learner[1], learner[2:3], learner[3:]
+    S.make_envs = lambda *a, **k: envs  # the script's sampler steps the stub
+    sampler = S.Sampler(args, run, agent, 0, 10**6)
+    rollout = [None]
+    collect = lambda: rollout.__setitem__(0, sampler.rollout(0, agent, 0))
     progress = ProgressLog(None, 10**9)
 
     def learn() -> None:
-        stats = S.learn_from(agent, optimizer, buf, boot, args, cpu, generator)
+        stats = S.learn_from(agent, *extra, optimizer, *rollout[0], args, run.device, *tail)
         progress.row(0, **stats)
 
     for _ in range(3):  # the graphs' warm-up calls and "captures"
         collect()
         learn()
     T = args.num_steps
-    out = {
+    return {
         "host_us": best_us(collect, T, chunks),
         "bare_us": best_us(bare_loop(envs, T, torch.int64 if atari else torch.float32), T, chunks),
         "rollout_ms": best_us(learn, 1000, chunks),
         **count(collect, T),
         **{f"rollout_{k}": v for k, v in count(learn, 1).items()},
     }
-    return out
 
 
-def _rollout_spaces(S: Any, obs_space: Any, act_space: Any, args: Any) -> tuple:
-    """rollout_example's arguments: (obs_space, n_actions, B) in the discrete scripts, (obs_space, act_space, B)
-    in ppo_mujoco."""
-    return (obs_space, act_space.n, args.num_envs) if hasattr(act_space, "n") else (obs_space, act_space, args.num_envs)
+def value_based(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
+    """dqn_atari, catdqn_atari, r2d1_atari: one step of every env (Breakout's spaces), its append, and the updates its
+    replay ratio makes per vector step, as main's loop does (uniform replay; a small one)."""
+    S = load(name)
+    args = S.Args(sampler="parallel", buffer_size=20_000)
+    act_space = gym.spaces.Discrete(4)
+    envs = StubVectorEnv(ATARI_OBS, act_space, args.num_envs, env_cost_us, lives=True)
+    cpu = torch.device("cpu")
+    run = _RunStub(ATARI_OBS, act_space)
+    learner = S.make_learner(args, run)
+    buffer = S.make_replay(args, run)
+    if name == "r2d1_atari":
+        net, target_net, optimizer = learner
+        stepper = S.EnvStepper(envs, args, net, 0)
+        per_update = args.batch_size * args.sequence_length
+        step = lambda: (lambda c, p, _: c is not None and buffer.append(c, p))(*stepper.step(net, cpu))
+        update = lambda: S.r2d1_update(net, target_net, optimizer, buffer, args, args.beta, cpu)
+    else:
+        q_net, target_net, optimizer, noise = learner
+        stepper = S.EnvStepper(envs, args, 0, noise)
+        eps = np.full(args.num_envs, 0.01)
+        per_update = args.batch_size
+        step = lambda: buffer.append(stepper.step(q_net, eps, cpu)[0])
+        learn = S.dqn_update if name == "dqn_atari" else S.c51_update
+        update = lambda: learn(q_net, target_net, optimizer, buffer, args, args.beta, cpu, noise)
+    updates = args.replay_ratio * args.num_envs / per_update  # per vector step
+    steps = 64
+    every = max(round(1 / updates), 1) if updates < 1 else 1
+    per_step = max(round(updates), 1) if updates >= 1 else 1
+
+    def loop() -> None:
+        for t in range(steps):
+            step()
+            if t % every == 0:
+                for _ in range(per_step):
+                    update()
+
+    while len(buffer) < 4 * args.batch_size or buffer.cursor < 2_000 // args.num_envs:  # rows to sample from
+        step()
+    for _ in range(3):  # the graphs' warm-up calls and "captures"
+        update()
+    return {
+        "host_us": best_us(loop, steps, chunks),
+        "bare_us": best_us(bare_loop(envs, steps, torch.int64), steps, chunks),
+        "updates_per_step": per_step / every,
+        **count(loop, steps),
+    }
 
 
 def off_policy_continuous(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
@@ -277,11 +347,19 @@ def off_policy_continuous(name: str, env_cost_us: float, chunks: int) -> dict[st
 
 
 class _RunStub:
-    """What make_learner and make_replay read of a Run."""
+    """What make_learner, make_replay and a Sampler read of a Run."""
 
     def __init__(self, obs_space: Any, act_space: Any):
         self.obs_space, self.act_space, self.device = obs_space, act_space, torch.device("cpu")
         self.world = 1
+        self.affinity = type("Affinity", (), {"learner_cpus": [0]})()
+
+    def hold(self, envs: Any) -> Any:
+        return envs
+
+    def episodes(self, episodes: Any, global_step: int) -> None:
+        for _ in episodes:  # a generator in some scripts: walked as Run walks it
+            pass
 
 
 def _continuous_update(S: Any, name: str, args: Any, learner: tuple, buffer: Any, obs_norm: Any, cpu: Any) -> Callable:
@@ -291,17 +369,26 @@ def _continuous_update(S: Any, name: str, args: Any, learner: tuple, buffer: Any
         actor, target_actor, critics, target_critics, optimizers, _ = learner
 
         def update() -> None:
-            batch, _ = buffer.sample(args.batch_size)
+            batch, _ = buffer.sample(args.batch_size, fields=S.BATCH_FIELDS)
             state["updates"] += 1
             b = S.to_tensors(batch, obs_norm, cpu)
             S.td3_update(actor, target_actor, critics, target_critics, optimizers, b, args, state["updates"] % 2 == 0)
+
+        return update
+    if name == "sac_mujoco":
+        actor, critics, target_critics, log_alpha, optimizers, _ = learner
+
+        def update() -> None:
+            batch, _ = buffer.sample(args.batch_size, fields=S.BATCH_FIELDS)
+            b = S.to_tensors(batch, obs_norm, cpu)
+            S.sac_update(actor, critics, target_critics, log_alpha, optimizers, b, args)
 
         return update
     if name == "ddpg_mujoco":
         actor, target_actor, critics, target_critics, optimizers, _ = learner
 
         def update() -> None:
-            batch, _ = buffer.sample(args.batch_size)
+            batch, _ = buffer.sample(args.batch_size, fields=S.BATCH_FIELDS)
             b = S.to_tensors(batch, obs_norm, cpu)
             S.ddpg_update(actor, target_actor, critics, target_critics, optimizers, b, args)
 
@@ -312,10 +399,20 @@ def _continuous_update(S: Any, name: str, args: Any, learner: tuple, buffer: Any
 SCRIPTS: dict[str, Callable[[str, float, int], dict[str, Any]]] = {
     "ppo_atari": on_policy,
     "a2c_atari": on_policy,
+    "ppo_lstm": on_policy,
     "ppo_mujoco": on_policy,
+    "dqn_atari": value_based,
+    "catdqn_atari": value_based,
+    "r2d1_atari": value_based,
+    "sac_mujoco": off_policy_continuous,
     "td3_mujoco": off_policy_continuous,
     "ddpg_mujoco": off_policy_continuous,
 }
+
+
+def over_budget(name: str, figures: dict[str, float]) -> dict[str, tuple[float, float]]:
+    """The counts of ``figures`` above ``name``'s budget: {count: (figure, budget)}."""
+    return {k: (figures[k], b) for k, b in BUDGETS[name].items() if figures[k] > b}
 
 
 def measure(name: str, env_cost_us: float = 0.0, chunks: int = 5) -> dict[str, Any]:
@@ -333,15 +430,22 @@ def measure(name: str, env_cost_us: float = 0.0, chunks: int = 5) -> dict[str, A
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("scripts", nargs="*", default=list(SCRIPTS), choices=list(SCRIPTS), metavar="SCRIPT")
+    parser.add_argument("scripts", nargs="*", metavar="SCRIPT", help=f"any of {', '.join(SCRIPTS)} (default: all)")
     parser.add_argument("--env-cost-us", type=float, default=0.0, help="busy wait of the stub env's step (µs)")
     parser.add_argument("--chunks", type=int, default=7, help="timed runs of each loop; the quickest counts")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    parser.add_argument("--counts", action="store_true", help="the counts only, no timing (the tests' budgets)")
     a = parser.parse_args()
+    if a.counts:
+        a.chunks = 0
+    unknown = [name for name in a.scripts if name not in SCRIPTS]
+    if unknown:
+        parser.error(f"unknown script {unknown[0]}: choose from {', '.join(SCRIPTS)}")
+    a.scripts = a.scripts or list(SCRIPTS)
     torch.set_num_threads(1)
     results = {}
     cols = ["host_us", "bare_us", "ratio", "python_calls", "c_calls", "torch_calls", "syncs", "bytes_up", "bytes_down"]
-    print(f"per vector step, stub env of {a.env_cost_us:g} µs, {torch.__version__}, one thread")
+    print(f"per vector step (rollout_ms, r_*: per rollout), stub env of {a.env_cost_us:g} µs, torch {torch.__version__}")
     print(f"{'script':<13}" + "".join(f"{c:>13}" for c in cols) + f"{'rollout_ms':>12}{'r_syncs':>9}{'r_torch':>9}")
     for name in a.scripts:
         r = results[name] = measure(name, a.env_cost_us, a.chunks)

@@ -16,6 +16,7 @@ Guarantees
   the kernel's overcommit rule refuses, and shared memory is never refused at all (its pages are taken when
   written, hours later, by which time the kernel's out-of-memory killer ends the run). ``check_fits`` checks a
   sum of arrays made this way, whose pages are not touched yet.
+- ``on_device(structure, fields, device)``: the same structure with those fields as zeroed tensors on ``device``.
 """
 
 from __future__ import annotations
@@ -35,7 +36,16 @@ import numpy as np
 
 from shared.namedarraytuple import map_structure
 
-__all__ = ["NotEnoughMemory", "SharedArray", "available_memory", "buffer_from_example", "check_fits", "shared_zeros", "zeros"]
+__all__ = [
+    "NotEnoughMemory",
+    "SharedArray",
+    "available_memory",
+    "buffer_from_example",
+    "check_fits",
+    "on_device",
+    "shared_zeros",
+    "zeros",
+]
 
 
 class NotEnoughMemory(MemoryError):
@@ -193,6 +203,20 @@ def buffer_from_example(example: Any, leading_dims: Sequence[int] | int, shared:
     rows = math.prod(leading)
     check_fits(rows * sum(x.nbytes for x in leaves), f"a structure of {len(leaves)} arrays of {list(leading)} rows")
     return map_structure(alloc, example)
+
+
+def on_device(structure: Any, fields: Sequence[str], device: Any) -> Any:
+    """``structure`` (a namedarraytuple of arrays) with ``fields`` replaced by zeroed tensors on ``device`` of each
+    leaf's shape and dtype: where a sampler in the learner's process writes what the update reads on the device (a
+    rollout's observations), so that each step's copy up is also its copy into the rollout, on the device."""
+    import torch
+
+    from shared.device import torch_dtype
+
+    def alloc(x: np.ndarray) -> Any:
+        return torch.zeros(x.shape, dtype=torch_dtype(x.dtype), device=device)
+
+    return structure._replace(**{f: map_structure(alloc, getattr(structure, f)) for f in fields})
 
 
 def _as_numpy(x: Any) -> np.ndarray:

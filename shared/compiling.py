@@ -13,6 +13,7 @@ written (eager: the reference) until ``enable(device)`` is called, which ``Run.s
   s}``. A count that grows after the first iterations is a recompile; with ``RL_COMPILE_STRICT=1`` (the tests)
   a recompile is an error. ``RL_COMPILE_BACKEND`` picks torch's backend (default ``inductor``; ``aot_eager``
   traces the same graphs without generating code: how the tests check graph breaks and recompiles cheaply).
+  The first call of each function prints one line (rank 0) saying that it compiles: the wait is announced.
 - No CUDA graphs of its own (inductor's default mode): on a GPU the ``@graphed`` call around it captures its
   kernels with everything else.
 
@@ -24,7 +25,11 @@ written (eager: the reference) until ``enable(device)`` is called, which ``Run.s
   alpha) is state, as are modules, optimisers and every other argument: used in place, never copied. Python
   values (bools, ints, floats, strings; TD3's ``update_actor``) and the identity of every other argument pick
   the graph: another value is another graph (TD3's delayed actor update has its own). More than
-  ``MAX_GRAPHS`` graphs for one function is an error (a value that changes every call must be a tensor).
+  ``MAX_GRAPHS`` graphs for one function is an error (a value that changes every call must be a tensor). A data
+  tensor's shape, strides, dtype and device pick the graph too, read again only for a tensor that is not the
+  object passed in its place at the previous call (changing them in place, by ``resize_`` or ``set_``, is not seen).
+  Copying data in costs the host, per call: one copy where the data tensors are views of one storage at the
+  graph's offsets (one ``shared.device.upload``), else one per tensor not seen before.
 - On CUDA, each graph is captured at the third call with its key, after two calls run as written on a side
   stream (they are the run's real first updates: optimiser state, cuDNN's choices and compiling happen there,
   no update is repeated), and every later call replays it: forward, loss, backward, clipping, optimiser steps
@@ -137,6 +142,8 @@ def compiled(fn: F) -> F:
         graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
         if device not in cache:
             cache[device] = torch.compile(fn, fullgraph=True, dynamic=False, backend=backend())
+            if os.environ.get("RANK", "0") == "0":  # a wait of seconds to minutes is announced, once per function
+                print(f"--compile: compiling {fn.__qualname__} ({backend()}, on {device}): its first calls wait", flush=True)
         start = time.perf_counter()
         out = cache[device](*args, **kwargs)
         new = torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs
@@ -173,6 +180,7 @@ def graphed(fn: F) -> F:
 
     entries: dict[Any, _Graph] = {}
     _graphed_entries.append(entries)
+    last: list = [[], []]  # the last call's leaves and their parts of the key
 
     def key(x: Any) -> Any:
         """A leaf's part of the graph key: a data tensor's layout, a Python value, or the identity of anything else."""
@@ -187,7 +195,11 @@ def graphed(fn: F) -> F:
             return fn(*args, **kwargs)
         leaves: list = []
         spec = flatten_structure((args, kwargs), leaves)
-        graph_key = (spec, torch.is_grad_enabled(), torch.is_inference_mode_enabled(), *map(key, leaves))
+        # A tensor passed again (the same object: PPO's rollout, a module's state) keeps the part of the key it had.
+        keys = [k if x is p and isinstance(x, torch.Tensor) else key(x) for x, p, k in zip(leaves, *last)]
+        keys += map(key, leaves[len(keys) :])
+        last[:] = leaves, keys
+        graph_key = (spec, torch.is_grad_enabled(), torch.is_inference_mode_enabled(), *keys)
         entry = entries.get(graph_key)
         if entry is None:
             if len(entries) >= MAX_GRAPHS:
@@ -256,11 +268,14 @@ class _Graph:
     def _copy_in(self, leaves: list) -> list:
         args = list(self.leaves)
         if self.block is not None and not all(_seen(self.last.get(i), leaves[i]) for i in self.static):
-            block = _span([leaves[i] for i in self.static])
+            block = self._same_block([leaves[i] for i in self.static]) or _span([leaves[i] for i in self.static])
             if block is not None and block[1:] == self.block[1:]:  # the same layout in one storage: one copy
                 x = leaves[next(iter(self.static))]
                 _device_copy(self.block_static, _bytes(x, block[0], block[1]), bool(self.graphs))
                 self.last = {i: (leaves[i], _version(leaves[i])) for i in self.static}
+                for i, static in self.static.items():
+                    args[i] = static
+                return args
         for i, static in self.static.items():
             x = leaves[i]
             if not _seen(self.last.get(i), x):
@@ -268,6 +283,18 @@ class _Graph:
                 self.last[i] = (x, _version(x))  # held: its id cannot pass to another tensor meanwhile
             args[i] = static
         return args
+
+    def _same_block(self, data: list) -> Any:
+        """The block of ``data`` when they are views of one storage at this graph's offsets (one upload, as a rule), else
+        None: the key already holds their shapes, strides and dtypes, so only the offsets are left to compare."""
+        storage = data[0].untyped_storage().data_ptr()
+        if any(x.untyped_storage().data_ptr() != storage for x in data[1:]):
+            return None
+        starts = [x.data_ptr() - storage for x in data]
+        first = min(starts)
+        if any(b - first != layout[0] for b, layout in zip(starts, self.block[2])):
+            return None
+        return first, self.block[1], self.block[2]
 
     def __call__(self, leaves: list) -> Any:
         import torch
@@ -287,7 +314,7 @@ class _Graph:
                 graph.replay()
                 if i < len(self.between):
                     self.between[i]()
-            return _copy_out(self.out)
+            return self.copy_out()
         a, k = unflatten_structure(self.spec, iter(args))
         versions = {i: s._version for i, s in self.static.items()}
         if self.capture == "cuda":  # a warm-up call, on a side stream as a capture will be
@@ -312,6 +339,7 @@ class _Graph:
         a, k = unflatten_structure(self.spec, iter(args))
         if self.capture == "dry":  # the host's part of a replay, timed on a CPU: the graph's outputs are this call's
             self.out, self.graphs = self.fn(*a, **k), [_DryGraph()]
+            self.copy_out = _copier(self.out)
             return
         torch.cuda.synchronize()
         capture = _Capture(self, torch.cuda.graph_pool_handle())
@@ -331,6 +359,7 @@ class _Graph:
             finally:
                 _state["capture"] = None
         torch.cuda.current_stream().wait_stream(self.side)
+        self.copy_out = _copier(self.out)
         _state["cuda_graphs"] += len(self.graphs)
 
 
@@ -419,16 +448,29 @@ def _view(block: Any, like: Any, byte_offset: int) -> Any:
 
 def _copy_out(out: Any) -> Any:
     """``out`` with every tensor copied: the 0-d float32 ones in one stack, the others one by one."""
+    return _copier(out)()
+
+
+def _copier(out: Any) -> Callable[[], Any]:
+    """A function returning ``_copy_out(out)``, its walk over ``out`` made once (a graph's outputs, copied out at every
+    replay, are always the same tensors)."""
     import torch
 
     leaves: list = []
     spec = flatten_structure(out, leaves)
+    leaves = [x.detach() if isinstance(x, torch.Tensor) else x for x in leaves]
     scalars = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.dim() == 0 and x.dtype == torch.float32]
-    if scalars:
-        for i, x in zip(scalars, torch.stack([leaves[i].detach() for i in scalars]).unbind()):
-            leaves[i] = x
-    scalar = set(scalars)
-    for i, x in enumerate(leaves):
-        if isinstance(x, torch.Tensor) and i not in scalar:
-            leaves[i] = x.detach().clone()
-    return unflatten_structure(spec, iter(leaves))
+    others = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and i not in set(scalars)]
+    if spec is None and len(others) == 1:  # one tensor
+        return leaves[0].clone
+
+    def copy() -> Any:
+        copies = list(leaves)
+        if scalars:
+            for i, x in zip(scalars, torch.stack([leaves[i] for i in scalars]).unbind()):
+                copies[i] = x
+        for i in others:
+            copies[i] = leaves[i].clone()
+        return unflatten_structure(spec, iter(copies))
+
+    return copy

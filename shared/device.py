@@ -8,7 +8,8 @@ Guarantees
   tensors until a progress row reads it (``shared.progress``).
 - ``upload(arrays, device)`` brings a batch to the learner's device: ``arrays`` is a numpy array, or a dict or
   namedarraytuple of them, nested to any depth (a Dict observation inside a rollout), and comes back in the same
-  structure with tensors in place of the arrays (a namedarraytuple of the same class, ``None`` fields kept). On
+  structure with tensors in place of the arrays (a namedarraytuple of the same class, ``None`` fields kept); a
+  tensor among them is passed as it is (moved, where it is elsewhere: a rollout kept on the device). On
   the CPU the tensors share the arrays' memory (no copy). On CUDA the arrays' bytes are packed into a pinned staging
   buffer and sent in one non-blocking copy, the tensors being views of the one device block; two staging buffers
   take turns, and one is refilled only after the event recorded behind its last copy has passed, so the host
@@ -67,7 +68,8 @@ def one_copy(tensors: tuple) -> list[np.ndarray]:
     """The tensors' bytes joined on their device, copied to the host at once, and split back into arrays."""
     import torch
 
-    flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors]).cpu().numpy()
+    flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors]) if len(tensors) > 1 else tensors[0].reshape(-1)
+    flat = flat.cpu().numpy().view(np.uint8)
     out, at = [], 0
     for t in tensors:
         dtype = numpy_dtype(t.dtype)
@@ -87,6 +89,7 @@ class Uploader:
         self.device, self.depth = device, depth
         self.pack = (device.type == "cuda" or CUDA_PATH) if pack is None else pack
         self.buffers: list = [None] * depth
+        self.hosts: list = [None] * depth  # the buffers' bytes as numpy arrays
         self.events: list = [None] * depth
         self.copies = 0  # packed copies made
         self.dry: dict[int, Any] = {}  # RL_HOST_PATH=dry: a block by size
@@ -96,7 +99,7 @@ class Uploader:
 
         if not self.pack:
             return {k: torch.as_tensor(np.asarray(a), device=self.device) for k, a in arrays.items()}
-        arrays = {k: np.asarray(a, order="C") for k, a in arrays.items()}
+        arrays = {k: np.asarray(a, order="C") for k, a in arrays.items()}  # the array itself where it is one
         offsets, end = {}, 0
         for k, a in arrays.items():
             offsets[k] = -(-end // self.ALIGN) * self.ALIGN
@@ -106,18 +109,19 @@ class Uploader:
             self.events[slot].synchronize()  # its last copy is done (long since, as a rule)
         if self.buffers[slot] is None or self.buffers[slot].numel() < end:
             self.buffers[slot] = torch.empty(end, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
-        host = self.buffers[slot].numpy()
+            self.hosts[slot] = self.buffers[slot].numpy()
+        host = self.hosts[slot]
         for k, a in arrays.items():
             host[offsets[k] : offsets[k] + a.nbytes] = a.reshape(-1).view(np.uint8)
         block = self.buffers[slot][:end]
         if self.device.type == "cuda":
             block = block.to(self.device, non_blocking=True)
         elif DRY:  # a copy up costs the host its launch only: the first copy of this size, again (stale values)
-            block = self.dry.setdefault(end, block.clone())
+            block = self.dry[end] if end in self.dry else self.dry.setdefault(end, block.clone())
         else:
             block = block.clone()
         if self.device.type == "cuda":
-            self.events[slot] = torch.cuda.Event()
+            self.events[slot] = self.events[slot] or torch.cuda.Event()
             self.events[slot].record()
         self.copies += 1
         views = {k: block[offsets[k] : offsets[k] + a.nbytes] for k, a in arrays.items()}
@@ -132,9 +136,15 @@ def upload(arrays: Any, device: Any) -> Any:
     same structure (see the module docstring)."""
     if device not in _uploaders:
         _uploaders[device] = Uploader(device)
+    if type(arrays) is dict and all(type(a) is np.ndarray for a in arrays.values()):  # flat: no walk
+        return _uploaders[device](arrays)
     leaves: dict[str, Any] = {}
     _flatten(arrays, "", leaves)
-    return _rebuild(arrays, "", _uploaders[device](leaves))
+    import torch
+
+    tensors = {k: x.to(device, non_blocking=True) for k, x in leaves.items() if isinstance(x, torch.Tensor)}  # as they are
+    packed = _uploaders[device]({k: x for k, x in leaves.items() if k not in tensors}) if len(tensors) < len(leaves) else {}
+    return _rebuild(arrays, "", {**packed, **tensors})
 
 
 def _is_node(x: Any) -> str:

@@ -24,7 +24,7 @@ Guarantees
   next step, from ``info["action_mask"]`` as the envs' ``reset`` and ``step`` give it (a bool per action:
   MaskablePPO's and PettingZoo's masks, passed through ``info``); every action where an env gives none and on a
   final row (its action is ignored: it only resets the env). A mask that allows no action raises ValueError
-  naming the env.
+  naming the env. Without any mask in ``info`` it is one array of True, the same at every call: never write to it.
 - ``EpisodeTally(n_envs).step(reward, counted, ended)``: each env's running return (float64) and length; returns
   ``[(return, length)]`` of the envs whose episode ended at this step, in env order, and starts their tallies again.
   A step with ``counted`` False (a final row that only resets the env) adds its reward but not to the length.
@@ -35,6 +35,7 @@ Guarantees
 
 from __future__ import annotations
 
+import functools
 import multiprocessing as mp
 import warnings
 from collections.abc import Callable
@@ -147,8 +148,15 @@ def image_shape(obs_shape: tuple[int, ...]) -> tuple[int, int, int]:
     return int(c), int(h), int(w)
 
 
+@functools.lru_cache(maxsize=8)
+def _every_action(n_envs: int, n_actions: int) -> np.ndarray:
+    return np.ones((n_envs, n_actions), bool)  # writable: torch.as_tensor warns on a read-only array
+
+
 def action_mask(info: dict, final_row: Any, n_actions: int) -> np.ndarray:
     """Valid actions ``[n_envs, n_actions]`` for the next step (see the module docstring)."""
+    if "action_mask" not in info:  # every action, every step: one array (a step's bookkeeping is host work)
+        return _every_action(len(final_row), n_actions)
     final_row = np.asarray(final_row, bool)
     mask = np.ones((len(final_row), n_actions), bool)
     if "action_mask" in info:

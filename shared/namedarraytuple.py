@@ -121,9 +121,16 @@ class _NamedArrayTupleBase(tuple):
 
 
 _MISSING = object()
+try:  # CPython's C accessor of namedtuple fields (collections' own, since 3.8)
+    from collections import _tuplegetter  # type: ignore[attr-defined]
+except ImportError:  # another implementation: a Python property
+    _tuplegetter = None
 
 
-def _field_property(i: int, name: str) -> property:
+def _field_property(i: int, name: str) -> Any:
+    """Field ``i``: the tuple's own item (``__getitem__`` is overridden), read in C as a namedtuple's fields are."""
+    if _tuplegetter is not None:
+        return _tuplegetter(i, f"field {i}: {name}")
     return property(lambda self: tuple.__getitem__(self, i), doc=f"field {i}: {name}")
 
 

@@ -53,22 +53,20 @@ def scalar(v: Any) -> Any:
 
 
 def scalars(values: dict[str, Any]) -> dict[str, Any]:
-    """``scalar`` of each value, every one-element tensor among them (alone or in a list) read in one copy per
-    device: the row's one host sync of its statistics, however many minibatches they cover."""
-    tensors: dict[Any, list] = {}  # device -> its tensors, in order
+    """``scalar`` of each value, every 0-d tensor among them (alone or in a list) read in one copy per device and
+    dtype: the row's one host sync of its statistics, however many minibatches they cover."""
+    tensors: dict[Any, list] = {}  # (device, dtype) -> its 0-d tensors, in order
     for v in values.values():
         for x in v if isinstance(v, (list, tuple)) else (v,):
-            if hasattr(x, "detach") and x.numel() == 1:
-                tensors.setdefault(x.device, []).append(x)
+            if hasattr(x, "detach") and x.dim() == 0:
+                tensors.setdefault((x.device, x.dtype), []).append(x)
     if not tensors:
         return {k: scalar(v) for k, v in values.items()}
     import torch
 
-    read = {}  # id(tensor) -> its number
-    for group in tensors.values():
-        numbers = torch.cat([t.detach().reshape(1).double() for t in group]).cpu().tolist()
-        for t, n in zip(group, numbers):  # .item()'s type: float, int or bool
-            read[id(t)] = n if t.is_floating_point() else bool(n) if t.dtype == torch.bool else int(n)
+    read = {}  # id(tensor) -> its number, of .item()'s type
+    for group in tensors.values():  # as a rule one: float32 statistics on the learner's device
+        read.update(zip(map(id, group), torch.stack(group).detach().tolist()))
     number = lambda x: read.get(id(x), x)
     return {k: scalar([number(x) for x in v] if isinstance(v, (list, tuple)) else number(v)) for k, v in values.items()}
 

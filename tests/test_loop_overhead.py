@@ -1,0 +1,165 @@
+"""The loops' own host work, held to budgets (``benchmarks/loop_overhead.py``), and the two switches that let a CPU
+count it as a GPU runs it: ``RL_HOST_PATH`` (``shared.device``) and ``RL_COMPILE_GRAPHS=dry`` (``shared.compiling``).
+
+The budgets are counts that do not depend on the machine (Python calls, torch calls, syncs, bytes copied, per vector
+step and per rollout), so a change that adds host work to a loop fails here on any machine; the times the benchmark
+prints are not asserted."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from tests.helpers import ROOT
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import loop_overhead
+
+SCRIPTS = list(loop_overhead.SCRIPTS)
+
+
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
+    import os
+
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=300
+    )
+
+
+@pytest.fixture(scope="module")
+def counts(tmp_path_factory) -> dict:
+    """Every script's counts, in one run of the benchmark (its own process: the switches are read at import)."""
+    out = tmp_path_factory.mktemp("overhead") / "counts.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "loop_overhead.py"), "--counts", "--json", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_each_loop_keeps_to_its_budget_of_host_work(counts, script):
+    assert script in loop_overhead.BUDGETS, f"{script} has no budget in benchmarks/loop_overhead.py"
+    assert loop_overhead.over_budget(script, counts[script]) == {}
+    assert counts[script]["syncs"] <= 1.05  # the one declared copy a step makes (R2D1: a chunk's state, 1 in 32)
+
+
+def test_a_budget_is_broken_by_a_sync_or_a_torch_call_more():
+    """What the budgets rely on: an extra ``.item()`` is a sync and a torch call, an extra upload its bytes."""
+    t = torch.ones(3)
+    base = loop_overhead.count(lambda: t + 1, 1)
+    more = loop_overhead.count(
+        lambda: ((t + 1).sum().item(), loop_overhead.device.upload(np.zeros(10), torch.device("cpu"))), 1
+    )
+    assert (base["syncs"], more["syncs"]) == (0, 1)
+    assert more["torch_calls"] > base["torch_calls"]
+    assert (base["bytes_up"], more["bytes_up"]) == (0, 80)
+    loop_overhead.BUDGETS["fake"] = {"torch_calls": base["torch_calls"], "syncs": 0}
+    try:
+        assert loop_overhead.over_budget("fake", base) == {}
+        assert set(loop_overhead.over_budget("fake", more)) == {"torch_calls", "syncs"}
+    finally:
+        del loop_overhead.BUDGETS["fake"]
+
+
+CODE = """
+import numpy as np, torch
+from shared import device
+t = torch.arange(6, dtype=torch.float32)
+calls = []
+one_copy = device.one_copy
+device.one_copy = lambda ts: calls.append(len(ts)) or one_copy(ts)
+out = device.to_host(t, t.long(), t > 2)
+up = device.upload({"a": np.arange(4.0), "b": np.ones(3, bool)}, torch.device("cpu"))
+print(calls, [o.tolist() for o in out], up["a"].tolist(), up["b"].tolist(), device._uploaders[torch.device("cpu")].copies)
+"""
+
+
+@pytest.mark.unit
+def test_the_cuda_host_path_on_the_cpu_packs_and_joins_and_keeps_the_values():
+    """RL_HOST_PATH=cuda: to_host through one joined copy, upload packed in one block, values exact; without it the
+    CPU path copies nothing (no join, no pack); dry keeps the first upload of a size (the values are then stale)."""
+    cuda = run_python(CODE, RL_HOST_PATH="cuda")
+    assert cuda.returncode == 0, cuda.stderr
+    exact = "[[0.0, 1.0, 2.0, 3.0, 4.0, 5.0], [0, 1, 2, 3, 4, 5], [False, False, False, True, True, True]]"
+    assert cuda.stdout.split() == f"[3] {exact} [0.0, 1.0, 2.0, 3.0] [True, True, True] 1".split()
+    cpu = run_python(CODE, RL_HOST_PATH="")
+    assert cpu.stdout.split() == f"[] {exact} [0.0, 1.0, 2.0, 3.0] [True, True, True] 0".split()
+
+
+DRY = """
+import json
+import torch
+from shared import compiling
+calls = []
+
+@compiling.graphed
+def step(w, x):
+    calls.append(1)
+    return {"y": x * 2, "s": x.sum()}
+
+compiling.enable("cpu")
+w = torch.ones(1, requires_grad=True)
+outs = [step(w, torch.full((3,), float(i))) for i in range(5)]
+print(json.dumps([len(calls), [o["y"].tolist() for o in outs], [float(o["s"]) for o in outs]]))
+"""
+
+
+@pytest.mark.unit
+def test_dry_graphs_run_the_function_for_the_warm_up_and_the_capture_then_only_copy_out():
+    """RL_COMPILE_GRAPHS=dry: calls 1-3 run the function (warm-up, the "capture"), later calls only its protocol, and
+    copy out the third call's outputs again; without dry, every call runs it on the CPU."""
+    dry = run_python(DRY, RL_COMPILE_GRAPHS="dry")
+    assert dry.returncode == 0, dry.stderr
+    assert json.loads(dry.stdout) == [3, [[0.0] * 3, [2.0] * 3, [4.0] * 3, [4.0] * 3, [4.0] * 3], [0.0, 3.0, 6.0, 6.0, 6.0]]
+    plain = run_python(DRY)
+    assert json.loads(plain.stdout) == [5, [[2.0 * i] * 3 for i in range(5)], [3.0 * i for i in range(5)]]
+
+
+@pytest.mark.unit
+def test_a_row_reads_all_its_statistics_in_one_copy(monkeypatch):
+    """80 statistics of 16 minibatches (and a count, a None) cost one read of the device, not one each."""
+    from shared import progress
+
+    reads = []
+    real = torch.Tensor.tolist
+    monkeypatch.setattr(torch.Tensor, "tolist", lambda self: reads.append(self.shape) or real(self))
+    monkeypatch.setattr(torch.Tensor, "item", lambda self: pytest.fail("a statistic read on its own"))
+    values = {f"s{k}": [torch.tensor(float(k + i)) for i in range(16)] for k in range(5)}
+    row = progress.scalars({**values, "updates": 7, "none": None, "n": torch.tensor(3), "ok": torch.tensor(True)})
+    assert reads == [torch.Size([80]), torch.Size([1]), torch.Size([1])]  # float32, then the int64 and the bool
+    assert row["s2"] == pytest.approx(np.mean([2 + i for i in range(16)]))
+    assert (row["updates"], row["none"], row["n"], row["ok"]) == (7, None, 3, True)
+    assert type(row["n"]) is int and type(row["ok"]) is bool
+
+
+@pytest.mark.unit
+def test_compiling_announces_itself_once_per_function(capsys):
+    from shared import compiling
+
+    f = compiling.compiled(plus_one)
+    compiling.enable("cpu")
+    try:
+        import os
+
+        os.environ["RL_COMPILE_BACKEND"] = "eager"
+        f(torch.ones(2))
+        f(torch.ones(2))
+    finally:
+        os.environ.pop("RL_COMPILE_BACKEND")
+        compiling.disable()
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("--compile: compiling")]
+    assert lines == ["--compile: compiling plus_one (eager, on cpu): its first calls wait"]
+
+
+def plus_one(x):
+    return x + 1
