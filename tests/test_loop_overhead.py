@@ -53,6 +53,7 @@ def test_each_loop_keeps_to_its_budget_of_host_work(counts, script):
     assert counts[script]["syncs"] <= 1.05  # the one declared copy a step makes (R2D1: a chunk's state, 1 in 32)
 
 
+@pytest.mark.unit
 def test_a_budget_is_broken_by_a_sync_or_a_torch_call_more():
     """What the budgets rely on: an extra ``.item()`` is a sync and a torch call, an extra upload its bytes."""
     t = torch.ones(3)
@@ -84,7 +85,6 @@ print(calls, [o.tolist() for o in out], up["a"].tolist(), up["b"].tolist(), devi
 """
 
 
-@pytest.mark.unit
 def test_the_cuda_host_path_on_the_cpu_packs_and_joins_and_keeps_the_values():
     """RL_HOST_PATH=cuda: to_host through one joined copy, upload packed in one block, values exact; without it the
     CPU path copies nothing (no join, no pack); dry keeps the first upload of a size (the values are then stale)."""
@@ -114,7 +114,6 @@ print(json.dumps([len(calls), [o["y"].tolist() for o in outs], [float(o["s"]) fo
 """
 
 
-@pytest.mark.unit
 def test_dry_graphs_run_the_function_for_the_warm_up_and_the_capture_then_only_copy_out():
     """RL_COMPILE_GRAPHS=dry: calls 1-3 run the function (warm-up, the "capture"), later calls only its protocol, and
     copy out the third call's outputs again; without dry, every call runs it on the CPU."""
@@ -163,3 +162,26 @@ def test_compiling_announces_itself_once_per_function(capsys):
 
 def plus_one(x):
     return x + 1
+
+
+@pytest.mark.parametrize("script", ["ppo_atari", pytest.param("a2c_atari", marks=pytest.mark.slow)])
+def test_the_cuda_host_path_trains_exactly_as_the_cpu_path(tmp_path, script):
+    """The host work counted above is the work that gives the results: a seeded CartPole run through CUDA's host path
+    (packed uploads, the rollout's observations on the "device", joined reads, --compile's graph protocol with its
+    one-copy inputs) writes the same statistics, to the last digit, as the plain CPU path."""
+    from tests.helpers import progress, run
+
+    flags = ["--preset", "cartpole", "--total-timesteps", "1024", "--eval-episodes", "0", "--compile", "--seed", "3"]
+    flags += ["--log-every", "4"] if script == "a2c_atari" else []  # its rollouts are 64 steps
+    env = {"RL_COMPILE_BACKEND": "eager"}
+    rows = {}
+    for path in ("", "cuda"):
+        out = tmp_path / (path or "cpu")
+        proc = run(f"{script}.py", *flags, "--out-dir", str(out), "--run-name", "r", env={**env, "RL_HOST_PATH": path})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        rows[path] = [
+            {k: v for k, v in r.items() if k not in ("wall_time_s", "sps", "compile_s")} for r in progress(out / "r")
+        ]
+    csv = (tmp_path / "cpu" / "r" / "progress.csv").read_text()
+    assert len(rows[""]) >= 2, csv
+    assert rows["cuda"] == rows[""]
