@@ -27,7 +27,8 @@ written (eager: the reference) until ``enable(device)`` is called, which ``Run.s
   the graph: another value is another graph (TD3's delayed actor update has its own). More than
   ``MAX_GRAPHS`` graphs for one function is an error (a value that changes every call must be a tensor). A data
   tensor's shape, strides, dtype and device pick the graph too, read again only for a tensor that is not the
-  object passed in its place at the previous call (changing them in place, by ``resize_`` or ``set_``, is not seen).
+  object passed in its place at the previous call (changing them in place, by ``resize_``, ``set_`` or
+  ``requires_grad_``, between two calls is not seen).
   Copying data in costs the host, per call: one copy where the data tensors are views of one storage at the
   graph's offsets (one ``shared.device.upload``), else one per tensor not seen before.
 - On CUDA, each graph is captured at the third call with its key, after two calls run as written on a side
