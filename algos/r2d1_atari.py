@@ -14,10 +14,13 @@ clipping); a sequence's priority mixes the max and the mean of its absolute TD e
 sequences input priorities from the Q-values it acted with. The recurrent state, previous action and previous reward are
 zeroed at every row that starts an episode. replay_ratio: training rows (burn-in not counted) per env step, as in rlpyt.
 
-Where to change what: the env in make_env; the network in make_network (R2D1Net here), any nn.Module with forward(obs,
-prev_action, prev_reward, state, episode_start, start_rows=None) over sequences [T, B, ...] returning Q-values [T, B, A]
-and the state after the last row, and initial_state(B, device) the zero state; the loss in r2d1_loss; the target in
-n_step_target; the acting policy of evaluation and --export in Policy; the schedule in main.
+Where to change what: the env in make_env; the network in make_network (R2D1Net here), any nn.Module over sequences
+[T, B, ...] in three parts: embed(obs, prev_action, prev_reward, episode_start) the core's input, recur(x, state,
+episode_start, start_rows=None) the core's output and the state after the last row, head(out) the Q-values [T, B, A]
+(--compile compiles embed and head and runs recur, the recurrence, eagerly between them); forward(obs, prev_action,
+prev_reward, state, episode_start, start_rows=None) the three in turn (evaluation and --export use it) and
+initial_state(B, device) the zero state; the loss in r2d1_loss; the target in n_step_target; the acting policy of
+evaluation and --export in Policy; the schedule in main.
 """
 
 import copy
@@ -54,7 +57,7 @@ from shared.pacing import AsyncReplay, ReplayPacer
 from shared.precision import channels_last
 from shared.procs import SamplerProcess
 from shared.replay import SequenceReplayBuffer, prefetch_on
-from shared.rnn import lstm_rows
+from shared.rnn import lstm_stretches
 from shared.run import Run
 
 
@@ -212,8 +215,16 @@ class R2D1Net(nn.Module):
         return RnnState(z, z.clone())
 
     def forward(self, obs, prev_action, prev_reward, state: RnnState, episode_start, start_rows=None) -> tuple:
-        """``start_rows`` [T] (host, optional): whether any sequence starts an episode at each row; the learner knows it
-        from the batch on the host, and without it it is read from ``episode_start`` (a wait on a GPU)."""
+        """Q-values [T, B, A] and the state after the last row: ``embed``, ``recur``, ``head``. ``start_rows`` [T] (host,
+        optional): whether any sequence starts an episode at each row, which the learner knows from the batch: the fused
+        LSTM over the stretches between them; without it the LSTM runs row by row (static: no host data)."""
+        x = self.embed(obs, prev_action, prev_reward, episode_start)
+        out, state = self.recur(x, state, episode_start, start_rows)
+        return self.head(out), state
+
+    def embed(self, obs, prev_action, prev_reward, episode_start) -> torch.Tensor:
+        """The core's input [T, B, hidden + A + 1]: the torso's features, the one-hot previous action and the previous
+        reward, the last two zeroed where ``episode_start`` [T, B] is set. No recurrence: --compile compiles this."""
         T, B = episode_start.shape
         x = obs.flatten(0, 1)  # [T*B, ...]
         if self.image:
@@ -225,29 +236,22 @@ class R2D1Net(nn.Module):
         keep = (~episode_start).float().unsqueeze(-1)  # [T, B, 1]
         # one-hot by comparison: F.one_hot checks the range of the actions on the host
         a = (prev_action.long().unsqueeze(-1) == torch.arange(self.n_actions, device=x.device)).float() * keep
-        x = torch.cat([x, a, prev_reward.float().unsqueeze(-1) * keep], dim=-1)  # [T, B, hidden + A + 1]
-        if not self.recurrent:
-            return self._head(self.core(x)), state
-        # Dynamo cannot trace the fused LSTM: under --compile the same LSTM row by row (eager calls keep the fused one)
-        if torch.compiler.is_compiling():
-            out, (hs, cs) = lstm_rows(self.core, x, state.h[None], state.c[None], keep)
-            return self._head(out), RnnState(hs[0], cs[0])
-        # The fused LSTM over each stretch of rows in which no sequence starts an episode, the state zeroed at a
-        # stretch's first row where one starts: mostly one stretch; a batch of 64 Atari sequences holds a few.
-        if start_rows is None:
-            start_rows = episode_start.any(1).cpu().numpy() if T > 1 else np.zeros(1, bool)
-        bounds = [0, *(np.flatnonzero(start_rows[1:]) + 1).tolist(), T]
-        out = []
-        hs, cs = state.h[None], state.c[None]
-        for t0, t1 in zip(bounds[:-1], bounds[1:]):
-            o, (hs, cs) = self.core(x[t0:t1], (hs * keep[t0], cs * keep[t0]))
-            out.append(o)
-        return self._head(torch.cat(out) if len(out) > 1 else out[0]), RnnState(hs[0], cs[0])
+        return torch.cat([x, a, prev_reward.float().unsqueeze(-1) * keep], dim=-1)
 
-    def _head(self, h: torch.Tensor) -> torch.Tensor:
-        """Dueling head: Q [T, B, A] from the core's output [T, B, hidden]."""
-        adv = self.a(h)
-        return self.v(h) + adv - adv.mean(-1, keepdim=True)
+    def recur(self, x, state: RnnState, episode_start, start_rows=None) -> tuple:
+        """The core over ``x`` [T, B, ...] from ``state``, zeroed before each row where ``episode_start`` [T, B] is set:
+        (out [T, B, hidden], the state after the last row). The recurrence runs eagerly, also under --compile (inside
+        the update's CUDA graph on a GPU): unrolled into one inductor graph, 125 rows took minutes to compile."""
+        if not self.recurrent:
+            return self.core(x), state
+        keep = (~episode_start).float().unsqueeze(-1)  # [T, B, 1]
+        out, (hs, cs) = lstm_stretches(self.core, x, state.h[None], state.c[None], keep, start_rows)
+        return out, RnnState(hs[0], cs[0])
+
+    def head(self, out: torch.Tensor) -> torch.Tensor:
+        """Dueling head: Q [T, B, A] from the core's output [T, B, hidden]. No recurrence: --compile compiles this."""
+        adv = self.a(out)
+        return self.v(out) + adv - adv.mean(-1, keepdim=True)
 
 
 def make_network(args: Args, obs_space: gym.Space, act_space: gym.Space) -> nn.Module:
@@ -316,15 +320,27 @@ def priority_shift(args: Args) -> int:
     return -(-(args.burn_in_steps + args.sequence_length + args.n_step_return) // args.rnn_state_interval)
 
 
-@graphed
 @compiled
+def embed_row(net: R2D1Net, up: dict) -> torch.Tensor:
+    """The acting step's core input [1, B, ...] (``R2D1Net.embed``: no recurrence, compiled)."""
+    return net.embed(up["obs"][None], up["prev_action"][None], up["prev_reward"][None], up["episode_start"][None])
+
+
+@compiled
+def q_values(net: R2D1Net, out: torch.Tensor) -> torch.Tensor:
+    """The acting step's Q-values [B, A] from the core's output [1, B, hidden] (``R2D1Net.head``: compiled)."""
+    return net.head(out)[0].float()
+
+
+@graphed
 def q_step(net: R2D1Net, up: dict, state: RnnState) -> tuple:
-    """The acting step over one row of B envs: Q-values [B, A], the recurrent state the row starts from (zeroed where
-    an episode starts) and the state after it."""
+    """The acting step over one row of B envs (one CUDA graph under --compile on a GPU, the LSTM's row eager inside
+    it): Q-values [B, A], the recurrent state the row starts from (zeroed where an episode starts) and the state after
+    it."""
     keep = (~up["episode_start"]).float().unsqueeze(-1)
     state = RnnState(state.h * keep, state.c * keep)
-    q, new_state = net(up["obs"][None], up["prev_action"][None], up["prev_reward"][None], state, up["episode_start"][None])
-    return q[0].float(), state, new_state
+    out, new_state = net.recur(embed_row(net, up), state, up["episode_start"][None])
+    return q_values(net, out), state, new_state
 
 
 class EnvStepper:
@@ -413,33 +429,35 @@ class EnvStepper:
 
 
 @compiled
-def r2d1_loss(net: R2D1Net, target_net: R2D1Net, b: dict, args: Args) -> tuple:
-    """Double-DQN loss over the training rows of sequences b [W, B, ...] (W = burn_in + sequence_length +
-    n_step_return rows) starting from b["init_rnn_state"]; returns (loss, |TD| [L, B], valid [L, B])."""
+def embed_sequences(net: R2D1Net, target_net: R2D1Net, b: dict, args: Args) -> tuple:
+    """Both networks' core inputs for the sequences b [W, B, ...] (``R2D1Net.embed``: no recurrence, compiled): the
+    online net's over the burn-in rows (None without any) and over the rows after them, the target net's over all W."""
+    burn = args.burn_in_steps
+    inputs = (b["observation"], b["prev_action"], b["prev_reward"], b["episode_start"])
+    with torch.no_grad():  # the burn-in rows only advance the online state: no gradient through them
+        x_burn = net.embed(*(x[:burn] for x in inputs)) if burn else None
+        x_target = target_net.embed(*inputs)
+    x = net.embed(*(x[burn:] for x in inputs))
+    return x_burn, x_target, x
+
+
+@compiled
+def loss_from_cores(net: R2D1Net, target_net: R2D1Net, out, out_target, b: dict, args: Args) -> tuple:
+    """Double-DQN loss over the training rows from the cores' outputs, the online net's over the rows after the burn-in
+    [L+n, B, hidden] and the target net's over all W rows (``R2D1Net.head``: no recurrence, compiled); returns (loss,
+    |TD| [L, B], valid [L, B])."""
     burn = args.burn_in_steps
     L = args.sequence_length
     train = slice(burn, burn + L)
-    inputs = (b["observation"], b["prev_action"], b["prev_reward"])
-    starts = b["episode_start"]  # [W, B]
-    # [W] on the host (to_tensors knows it; without it the net reads the device); compiled: not given, the LSTM runs
-    # row by row
-    rows = b.get("start_rows")
-    part = lambda s: None if rows is None else rows[s]
-    state = b["init_rnn_state"]
-    # burn-in: advances the online state only; the target net sees the whole sequence
+    q = net.head(out)  # [L+n, B, A]
     with torch.no_grad():
-        if burn:
-            _, state = net(*(x[:burn] for x in inputs), state, starts[:burn], part(slice(burn)))
-        q_target, _ = target_net(*inputs, b["init_rnn_state"], starts, rows)  # [W, B, A]
-    # [L+n, B, A]
-    state = RnnState(state.h.detach(), state.c.detach())
-    q, _ = net(*(x[burn:] for x in inputs), state, starts[burn:], part(slice(burn, None)))
+        q_target = target_net.head(out_target[burn:])  # [L+n, B, A]: the burn-in rows are never bootstrapped from
     q_taken = q[:L].gather(-1, b["action"][train].long().unsqueeze(-1)).squeeze(-1)  # [L, B]
     k = b["n_taken"][train].long()  # rows to the bootstrap row, relative
     boot_row = (torch.arange(L, device=k.device).unsqueeze(1) + k).clamp(max=q.shape[0] - 1)  # [L, B]
     with torch.no_grad():
         a_star = q.argmax(-1).gather(0, boot_row)  # double DQN: the online net picks the action
-        q_next = q_target[burn:].gather(0, boot_row.unsqueeze(-1).expand(-1, -1, q.shape[-1]))
+        q_next = q_target.gather(0, boot_row.unsqueeze(-1).expand(-1, -1, q.shape[-1]))
         q_next = q_next.gather(-1, a_star.unsqueeze(-1)).squeeze(-1)  # [L, B]
         not_done = 1.0 - b["terminated_n"][train].float()
         y = n_step_target(b["n_step_return"][train], not_done, b["bootstrap_discount"][train], q_next, args)
@@ -448,6 +466,27 @@ def r2d1_loss(net: R2D1Net, target_net: R2D1Net, b: dict, args: Args) -> tuple:
     per_seq = (0.5 * td**2 * valid).sum(0) / valid.sum(0).clamp(min=1)  # [B]
     loss = (b["is_weights"] * per_seq).mean()
     return loss, td.detach().abs(), valid
+
+
+def r2d1_loss(net: R2D1Net, target_net: R2D1Net, b: dict, args: Args) -> tuple:
+    """Double-DQN loss over the training rows of sequences b [W, B, ...] (W = burn_in + sequence_length +
+    n_step_return rows) starting from b["init_rnn_state"]; returns (loss, |TD| [L, B], valid [L, B]). Under --compile
+    the parts without recurrence are compiled (embed_sequences, loss_from_cores) and the LSTM between them runs eagerly
+    (inside the update's CUDA graph on a GPU): unrolled into one inductor graph, it took minutes to compile."""
+    burn = args.burn_in_steps
+    starts = b["episode_start"]  # [W, B]
+    # [W] on the host: eager, the fused LSTM over the stretches between episode starts; compiled (not given), row by row
+    rows = b.get("start_rows")
+    part = lambda s: None if rows is None else rows[s]
+    x_burn, x_target, x = embed_sequences(net, target_net, b, args)
+    state = b["init_rnn_state"]
+    # burn-in: advances the online state only; the target net sees the whole sequence
+    with torch.no_grad():
+        if burn:
+            _, state = net.recur(x_burn, state, starts[:burn], part(slice(burn)))
+        out_target, _ = target_net.recur(x_target, b["init_rnn_state"], starts, rows)  # [W, B, hidden]
+    out, _ = net.recur(x, state, starts[burn:], part(slice(burn, None)))  # [L+n, B, hidden]
+    return loss_from_cores(net, target_net, out, out_target, b, args)
 
 
 def to_tensors(batch, device: torch.device) -> dict:

@@ -1,24 +1,34 @@
-"""A one-layer ``nn.LSTM`` stepped row by row, for ``--compile``: Dynamo refuses ``nn.LSTM``'s fused kernel, and
-under its experimental ``allow_rnn`` (which ``shared.compiling.enable`` sets, so that a graph may read the LSTM's
-weights) the kernel fails to compile whenever its input needs no gradient but its weights do (torch 2.13, both
-aot_eager and inductor; r2d1's learner has such inputs). Dynamo traces this in every case, one graph per sequence
-length, in less time than the fused kernel where that compiles.
+"""A one-layer ``nn.LSTM`` over sequences in which episodes start at any row (the state zeroed there), fused or row by
+row.
+
+Row by row is static (no data-dependent branch, no host data): a CUDA graph captures it whole, and Dynamo traces it
+where it refuses ``nn.LSTM``'s fused kernel (under Dynamo's experimental ``allow_rnn``, which
+``shared.compiling.enable`` sets so that a graph may read the LSTM's weights, the kernel fails to compile whenever
+its input needs no gradient but its weights do; torch 2.13, aot_eager and inductor alike). Traced, T rows are T
+cells unrolled into one inductor graph: minutes of compiling for R2D1's 125 rows, so r2d1_atari.py runs the rows
+eagerly inside its update's CUDA graph and compiles only its torso and heads; ppo_lstm.py traces them inside its
+compiled loss.
 
 Guarantees
 - ``lstm_rows(lstm, x, h, c, keep)`` is ``lstm``'s own function over ``x`` [T, B, in] from the state ``h``, ``c``
   [1, B, hidden], with the state multiplied by ``keep`` [T, B, 1] before each row (0 where an episode starts
   there, 1 elsewhere): the scripts' fused calls over stretches between episode starts compute the same, within
   float rounding (the same weights, torch's gate order i, f, g, o). Returns (out [T, B, hidden], (h, c)).
-- Static: T Python steps, no data-dependent branch, so one graph per sequence length.
-- Only a one-layer, unidirectional LSTM without projections (what the scripts build); anything else is a
-  ``ValueError``.
+  Static: T Python steps, no data-dependent branch, so one graph per sequence length where it is traced.
+- ``lstm_stretches(lstm, x, h, c, keep, start_rows=None)`` is the same function: with ``start_rows`` [T] (host
+  booleans: whether any sequence starts an episode at each row) the fused ``lstm`` over each stretch of rows in
+  which none starts one, the state multiplied by ``keep`` at a stretch's first row (fast, eager only: the
+  stretches depend on the data); with ``start_rows=None``, ``lstm_rows`` (static: under ``--compile`` and in
+  one-row acting steps).
+- Only a one-layer, unidirectional LSTM without projections (what the scripts build): ``lstm_rows`` refuses
+  anything else with a ``ValueError``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["lstm_rows"]
+__all__ = ["lstm_rows", "lstm_stretches"]
 
 
 def lstm_rows(lstm: Any, x: Any, h: Any, c: Any, keep: Any) -> tuple[Any, tuple[Any, Any]]:
@@ -40,3 +50,20 @@ def lstm_rows(lstm: Any, x: Any, h: Any, c: Any, keep: Any) -> tuple[Any, tuple[
         h = torch.sigmoid(o) * torch.tanh(c)
         out.append(h)
     return torch.stack(out), (h[None], c[None])
+
+
+def lstm_stretches(lstm: Any, x: Any, h: Any, c: Any, keep: Any, start_rows: Any = None) -> tuple[Any, tuple[Any, Any]]:
+    """``lstm_rows``' function: the fused ``lstm`` between the episode starts ``start_rows`` [T] (host) marks, else row
+    by row."""
+    import numpy as np
+    import torch
+
+    if start_rows is None:
+        return lstm_rows(lstm, x, h, c, keep)
+    # mostly one stretch: a batch of 64 Atari sequences of 125 rows holds a few episode starts
+    bounds = [0, *(np.flatnonzero(np.asarray(start_rows)[1:]) + 1).tolist(), x.shape[0]]
+    out = []
+    for t0, t1 in zip(bounds[:-1], bounds[1:]):
+        o, (h, c) = lstm(x[t0:t1], (h * keep[t0], c * keep[t0]))
+        out.append(o)
+    return (torch.cat(out) if len(out) > 1 else out[0]), (h, c)
