@@ -24,7 +24,7 @@ from tests.test_syncs import COMMON, RUNS
 FLAGS = {script: [f for f in flags if f != "--noisy"] for script, flags in RUNS.items()}
 # The @compiled functions each script calls in these runs: the acting step and the losses (SAC: critic, actor,
 # temperature; TD3 and DDPG: critic, actor), one graph each.
-GRAPHS = {"sac_mujoco": 4, "td3_mujoco": 3, "ddpg_mujoco": 3}
+GRAPHS = {"sac_mujoco": 4, "td3_mujoco": 3, "ddpg_mujoco": 3, "r2d1_atari": 4}  # R2D1: embed and loss, embed and q
 # CI runs one on-policy and one replay script (30 minutes); the others are the slow tier's. ppo_lstm's compiled
 # loss (the weighted minibatch) stays in CI in-process: test_rows_of_weight_zero_... and test_lstm_rows_compiles_whole.
 CI = {"ppo_atari", "dqn_atari"}  # the other eight with the slow tests, for CI's 30 minutes
