@@ -217,7 +217,9 @@ class R2D1Net(nn.Module):
     def forward(self, obs, prev_action, prev_reward, state: RnnState, episode_start, start_rows=None) -> tuple:
         """Q-values [T, B, A] and the state after the last row: ``embed``, ``recur``, ``head``. ``start_rows`` [T] (host,
         optional): whether any sequence starts an episode at each row, which the learner knows from the batch: the fused
-        LSTM over the stretches between them; without it the LSTM runs row by row (static: no host data)."""
+        LSTM over the stretches between them; without it the LSTM runs row by row (static: no host data). Evaluation and
+        --export call this; the learner and the acting step call the three parts themselves (--compile compiles the
+        first and the last): a change belongs in them, not here."""
         x = self.embed(obs, prev_action, prev_reward, episode_start)
         out, state = self.recur(x, state, episode_start, start_rows)
         return self.head(out), state
@@ -256,7 +258,7 @@ class R2D1Net(nn.Module):
 
 def make_network(args: Args, obs_space: gym.Space, act_space: gym.Space) -> nn.Module:
     """The network, for the learner (and its target copy) and the async sampler alike: a new network is one edit here
-    (its forward and ``initial_state``: R2D1Net's)."""
+    (its ``embed``, ``recur``, ``head`` and ``initial_state``, which ``forward`` chains: R2D1Net's)."""
     return R2D1Net(obs_space.shape, int(act_space.n), args.hidden, args.recurrent)
 
 
@@ -339,7 +341,8 @@ def q_step(net: R2D1Net, up: dict, state: RnnState) -> tuple:
     it."""
     keep = (~up["episode_start"]).float().unsqueeze(-1)
     state = RnnState(state.h * keep, state.c * keep)
-    out, new_state = net.recur(embed_row(net, up), state, up["episode_start"][None])
+    one_row = None if enabled() else np.zeros(1, bool)  # eager: the fused LSTM over the one row (one kernel, not ~12)
+    out, new_state = net.recur(embed_row(net, up), state, up["episode_start"][None], one_row)
     return q_values(net, out), state, new_state
 
 

@@ -78,7 +78,6 @@ WARMUP_CALLS = 2  # calls of a key run as written before its capture (optimiser 
 _state: dict[str, Any] = {"device": None, "graphs": 0, "seconds": 0.0, "cuda_graphs": 0, "capture": None}
 _graphed_entries: list[dict] = []  # each @graphed function's graphs: dropped by enable and disable
 _VALUES = {bool, int, float, str, type(None)}  # Python values that pick a graph by their value
-_DRY = os.environ.get("RL_COMPILE_GRAPHS") == "dry"  # benchmarks only (module docstring)
 
 
 def enable(device: Any) -> None:
@@ -272,7 +271,7 @@ class _Graph:
             block = self._same_block([leaves[i] for i in self.static]) or _span([leaves[i] for i in self.static])
             if block is not None and block[1:] == self.block[1:]:  # the same layout in one storage: one copy
                 x = leaves[next(iter(self.static))]
-                _device_copy(self.block_static, _bytes(x, block[0], block[1]), bool(self.graphs))
+                _device_copy(self.block_static, _bytes(x, block[0], block[1]), self._dry_replay())
                 self.last = {i: (leaves[i], _version(leaves[i])) for i in self.static}
                 for i, static in self.static.items():
                     args[i] = static
@@ -280,10 +279,14 @@ class _Graph:
         for i, static in self.static.items():
             x = leaves[i]
             if not _seen(self.last.get(i), x):
-                _device_copy(static, x, bool(self.graphs))
+                _device_copy(static, x, self._dry_replay())
                 self.last[i] = (x, _version(x))  # held: its id cannot pass to another tensor meanwhile
             args[i] = static
         return args
+
+    def _dry_replay(self) -> bool:
+        """``RL_COMPILE_GRAPHS=dry`` after the "capture": a copy in costs its launch alone."""
+        return self.capture == "dry" and bool(self.graphs)
 
     def _same_block(self, data: list) -> Any:
         """The block of ``data`` when they are views of one storage at this graph's offsets (one upload, as a rule), else
@@ -393,13 +396,12 @@ class _Capture:
         self.begin()
 
 
-def _device_copy(static: Any, x: Any, replay: bool) -> None:
-    """``x`` into ``static`` (on a GPU, a copy the device makes); dry before a replay, a copy of one element: its
-    launch alone."""
-    if _DRY and replay:
-        static.view(-1)[:1].copy_(x.reshape(-1)[:1]) if static.is_contiguous() and x.numel() else None
-    else:
+def _device_copy(static: Any, x: Any, dry: bool) -> None:
+    """``x`` into ``static`` (on a GPU, a copy the device makes); ``dry``, a copy of one element: its launch alone."""
+    if not dry:
         static.copy_(x, non_blocking=True)
+    elif static.is_contiguous() and x.numel():
+        static.view(-1)[:1].copy_(x.reshape(-1)[:1])
 
 
 def _seen(last: Any, x: Any) -> bool:

@@ -68,7 +68,8 @@ def one_copy(tensors: tuple) -> list[np.ndarray]:
     """The tensors' bytes joined on their device, copied to the host at once, and split back into arrays."""
     import torch
 
-    flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in tensors]) if len(tensors) > 1 else tensors[0].reshape(-1)
+    flat = [t.contiguous().view(-1) for t in tensors]  # a strided view (x[:, 0]) too: contiguous() costs nothing else
+    flat = torch.cat([t.view(torch.uint8) for t in flat]) if len(flat) > 1 else flat[0]
     flat = flat.cpu().numpy().view(np.uint8)
     out, at = [], 0
     for t in tensors:
@@ -97,8 +98,9 @@ class Uploader:
     def __call__(self, arrays: dict[str, Any]) -> dict[str, Any]:
         import torch
 
-        if not self.pack:
-            return {k: torch.as_tensor(np.asarray(a), device=self.device) for k, a in arrays.items()}
+        if not self.pack:  # shares the arrays' memory; a read-only one (shared.envs.action_mask's) is copied: torch warns
+            arrays = {k: np.asarray(a) for k, a in arrays.items()}
+            return {k: torch.as_tensor(a if a.flags.writeable else a.copy(), device=self.device) for k, a in arrays.items()}
         arrays = {k: np.asarray(a, order="C") for k, a in arrays.items()}  # the array itself where it is one
         offsets, end = {}, 0
         for k, a in arrays.items():

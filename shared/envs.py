@@ -24,7 +24,7 @@ Guarantees
   next step, from ``info["action_mask"]`` as the envs' ``reset`` and ``step`` give it (a bool per action:
   MaskablePPO's and PettingZoo's masks, passed through ``info``); every action where an env gives none and on a
   final row (its action is ignored: it only resets the env). A mask that allows no action raises ValueError
-  naming the env. Without any mask in ``info`` it is one array of True, the same at every call: never write to it.
+  naming the env. Without any mask in ``info`` it is one read-only array of True, the same at every call.
 - ``EpisodeTally(n_envs).step(reward, counted, ended)``: each env's running return (float64) and length; returns
   ``[(return, length)]`` of the envs whose episode ended at this step, in env order, and starts their tallies again.
   A step with ``counted`` False (a final row that only resets the env) adds its reward but not to the length.
@@ -150,7 +150,9 @@ def image_shape(obs_shape: tuple[int, ...]) -> tuple[int, int, int]:
 
 @functools.lru_cache(maxsize=8)
 def _every_action(n_envs: int, n_actions: int) -> np.ndarray:
-    return np.ones((n_envs, n_actions), bool)  # writable: torch.as_tensor warns on a read-only array
+    mask = np.ones((n_envs, n_actions), bool)
+    mask.flags.writeable = False  # shared by every step: a write to it would be an error, never every step's mask
+    return mask
 
 
 def action_mask(info: dict, final_row: Any, n_actions: int) -> np.ndarray:
@@ -159,9 +161,8 @@ def action_mask(info: dict, final_row: Any, n_actions: int) -> np.ndarray:
         return _every_action(len(final_row), n_actions)
     final_row = np.asarray(final_row, bool)
     mask = np.ones((len(final_row), n_actions), bool)
-    if "action_mask" in info:
-        given = np.asarray(info.get("_action_mask", np.ones(len(final_row), bool)), bool) & ~final_row
-        mask[given] = np.asarray(info["action_mask"], bool)[given]
+    given = np.asarray(info.get("_action_mask", np.ones(len(final_row), bool)), bool) & ~final_row
+    mask[given] = np.asarray(info["action_mask"], bool)[given]
     empty = np.flatnonzero(~mask.any(1))
     if len(empty):
         raise ValueError(f"env {int(empty[0])}: its action mask allows no action")

@@ -49,6 +49,7 @@ def counts(tmp_path_factory) -> dict:
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_each_loop_keeps_to_its_budget_of_host_work(counts, script):
     assert script in loop_overhead.BUDGETS, f"{script} has no budget in benchmarks/loop_overhead.py"
+    # {count: (now, budget)}; the call counts are those of the pinned torch and numpy (requirements.txt)
     assert loop_overhead.over_budget(script, counts[script]) == {}
     assert counts[script]["syncs"] <= 1.05  # the one declared copy a step makes (R2D1: a chunk's state, 1 in 32)
 
@@ -62,6 +63,7 @@ def test_a_budget_is_broken_by_a_sync_or_a_torch_call_more():
         lambda: ((t + 1).sum().item(), loop_overhead.device.upload(np.zeros(10), torch.device("cpu"))), 1
     )
     assert (base["syncs"], more["syncs"]) == (0, 1)
+    assert loop_overhead.count(lambda: (t[t > 0], bool(t.sum())), 1)["syncs"] == 2  # a boolean-mask index, bool(t)
     assert more["torch_calls"] > base["torch_calls"]
     assert (base["bytes_up"], more["bytes_up"]) == (0, 80)
     loop_overhead.BUDGETS["fake"] = {"torch_calls": base["torch_calls"], "syncs": 0}
@@ -87,7 +89,7 @@ print(calls, [o.tolist() for o in out], up["a"].tolist(), up["b"].tolist(), devi
 
 def test_the_cuda_host_path_on_the_cpu_packs_and_joins_and_keeps_the_values():
     """RL_HOST_PATH=cuda: to_host through one joined copy, upload packed in one block, values exact; without it the
-    CPU path copies nothing (no join, no pack); dry keeps the first upload of a size (the values are then stale)."""
+    CPU path copies nothing (no join, no pack)."""
     cuda = run_python(CODE, RL_HOST_PATH="cuda")
     assert cuda.returncode == 0, cuda.stderr
     exact = "[[0.0, 1.0, 2.0, 3.0, 4.0, 5.0], [0, 1, 2, 3, 4, 5], [False, False, False, True, True, True]]"
@@ -142,19 +144,16 @@ def test_a_row_reads_all_its_statistics_in_one_copy(monkeypatch):
 
 
 @pytest.mark.unit
-def test_compiling_announces_itself_once_per_function(capsys):
+def test_compiling_announces_itself_once_per_function(capsys, monkeypatch):
     from shared import compiling
 
+    monkeypatch.setenv("RL_COMPILE_BACKEND", "eager")
     f = compiling.compiled(plus_one)
     compiling.enable("cpu")
     try:
-        import os
-
-        os.environ["RL_COMPILE_BACKEND"] = "eager"
         f(torch.ones(2))
         f(torch.ones(2))
     finally:
-        os.environ.pop("RL_COMPILE_BACKEND")
         compiling.disable()
     lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("--compile: compiling")]
     assert lines == ["--compile: compiling plus_one (eager, on cpu): its first calls wait"]

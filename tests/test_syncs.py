@@ -129,7 +129,8 @@ def count(script: str, tmp_path) -> dict:
 
 
 # catdqn, td3 and ddpg (loops written as dqn's and sac's) with the slow tests, for CI's 40 minutes; ppo_lstm, sac and r2d1
-# too (the longest): every script's loop is held to its syncs per step by tests/test_loop_overhead.py in the default tier
+# too (the longest). In the default tier tests/test_loop_overhead.py still holds every script's loop to its syncs per step
+# (reads of a device value and copies to the host), but not to this file's other check: no pageable copy up
 SLOW = {"catdqn_atari", "td3_mujoco", "ddpg_mujoco", "ppo_lstm", "sac_mujoco", "r2d1_atari"}
 
 
