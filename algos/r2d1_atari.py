@@ -217,9 +217,9 @@ class R2D1Net(nn.Module):
     def forward(self, obs, prev_action, prev_reward, state: RnnState, episode_start, start_rows=None) -> tuple:
         """Q-values [T, B, A] and the state after the last row: ``embed``, ``recur``, ``head``. ``start_rows`` [T] (host,
         optional): whether any sequence starts an episode at each row, which the learner knows from the batch: the fused
-        LSTM over the stretches between them; without it the LSTM runs row by row (static: no host data). Evaluation and
-        --export call this; the learner and the acting step call the three parts themselves (--compile compiles the
-        first and the last): a change belongs in them, not here."""
+        LSTM over the stretches between them; without it the LSTM runs row by row (static: no host data)."""
+        # Evaluation and --export call this; the learner and the acting step call the three parts themselves (--compile
+        # compiles the first and the last): a change to the network belongs in them, not here.
         x = self.embed(obs, prev_action, prev_reward, episode_start)
         out, state = self.recur(x, state, episode_start, start_rows)
         return self.head(out), state
