@@ -561,7 +561,7 @@ def learn_from(agent: Agent, return_norm: RunningNorm, optimizer, buf, boot, arg
     final_row = np.asarray(buf.final_row)
     episode_start = np.asarray(buf.episode_start)
     start_rows = episode_start.any(1)  # [T] on the host: where the LSTM's stretches end
-    host = {
+    rollout = {
         "obs": buf.obs,
         "mask": buf.mask,
         "episode_start": episode_start,
@@ -569,7 +569,7 @@ def learn_from(agent: Agent, return_norm: RunningNorm, optimizer, buf, boot, arg
         "boot": boot,
         "discounted": np.asarray(buf.discounted)[~final_row],  # of the rows that are not final rows
     }
-    up = upload(host, device)  # one copy to a GPU
+    up = upload(rollout, device)  # one copy to a GPU (serial/parallel: observations and masks are there already)
     edge = up.pop("boot")
     with torch.no_grad(), autocast(device, args.bf16):
         if args.sampler == "async":  # sampled with the previous parameters: the values and the last state again
