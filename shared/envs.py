@@ -179,6 +179,8 @@ class EpisodeTally:
         """Add one step of every env (``reward``, ``counted``, ``ended``: [B]); [(return, length)] of those that ended."""
         self.ret += reward
         self.length += counted
+        if not ended.any():  # most steps: no episode ends (four boolean indexings saved, a step's host work)
+            return []
         episodes = list(zip(self.ret[ended].tolist(), self.length[ended].tolist()))
         self.ret[ended], self.length[ended] = 0.0, 0
         return episodes
