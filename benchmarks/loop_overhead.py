@@ -51,6 +51,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "algos"))
 
 from shared import compiling, device
+from tests.count_syncs import reads_device
 
 ATARI_OBS = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
 CHEETAH_OBS = gym.spaces.Box(-np.inf, np.inf, (17,), np.float64)
@@ -163,20 +164,15 @@ class TorchCalls(TorchFunctionMode):
 
 
 class DeviceReads(TorchDispatchMode):
-    """Counts the operators that read a device value on the host (tests/count_syncs.py's): ``.item()``, ``bool(t)``,
-    ``float(t)``, a boolean-mask index, ``nonzero``, ``equal``, ``unique``, ``masked_select``."""
-
-    OPS = {"_local_scalar_dense", "nonzero", "equal", "masked_select", "unique", "_unique2"}
+    """Counts the operators that read a device value on the host, as tests/count_syncs.py judges them: ``.item()``,
+    ``bool(t)``, ``float(t)``, a boolean-mask index, ``nonzero``, ``equal``, ``unique``, ``masked_select``."""
 
     def __init__(self) -> None:
         super().__init__()
         self.syncs = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = func.overloadpacket.__name__
-        masked = name == "index" and any(getattr(i, "dtype", None) == torch.bool for i in args[1] or ())
-        if name in self.OPS or masked:
-            self.syncs += 1
+        self.syncs += reads_device(func, args)
         return func(*args, **(kwargs or {}))
 
 
@@ -400,37 +396,20 @@ class _RunStub:
 
 
 def _continuous_update(S: Any, name: str, args: Any, learner: tuple, buffer: Any, obs_norm: Any, cpu: Any) -> Callable:
-    """One sample and one update, as the script's main loop makes them."""
-    state = {"updates": 0}
-    if name == "td3_mujoco":
-        actor, target_actor, critics, target_critics, optimizers, _ = learner
+    """One sample and one update, as the script's main loop makes them (the learner's first five are the update's
+    first arguments in every one of the three; TD3 updates its actor every policy_delay-th update)."""
+    updates = [0]
 
-        def update() -> None:
-            batch, _ = buffer.sample(args.batch_size, fields=S.BATCH_FIELDS)
-            state["updates"] += 1
-            b = S.to_tensors(batch, obs_norm, cpu)
-            S.td3_update(actor, target_actor, critics, target_critics, optimizers, b, args, state["updates"] % 2 == 0)
+    def update() -> None:
+        batch, _ = buffer.sample(args.batch_size, fields=S.BATCH_FIELDS)
+        b = S.to_tensors(batch, obs_norm, cpu)
+        updates[0] += 1
+        if name == "td3_mujoco":
+            S.td3_update(*learner[:5], b, args, updates[0] % args.policy_delay == 0)
+        else:
+            getattr(S, name.replace("_mujoco", "_update"))(*learner[:5], b, args)
 
-        return update
-    if name == "sac_mujoco":
-        actor, critics, target_critics, log_alpha, optimizers, _ = learner
-
-        def update() -> None:
-            batch, _ = buffer.sample(args.batch_size, fields=S.BATCH_FIELDS)
-            b = S.to_tensors(batch, obs_norm, cpu)
-            S.sac_update(actor, critics, target_critics, log_alpha, optimizers, b, args)
-
-        return update
-    if name == "ddpg_mujoco":
-        actor, target_actor, critics, target_critics, optimizers, _ = learner
-
-        def update() -> None:
-            batch, _ = buffer.sample(args.batch_size, fields=S.BATCH_FIELDS)
-            b = S.to_tensors(batch, obs_norm, cpu)
-            S.ddpg_update(actor, target_actor, critics, target_critics, optimizers, b, args)
-
-        return update
-    raise KeyError(name)
+    return update
 
 
 SCRIPTS: dict[str, Callable[[str, float, int], dict[str, Any]]] = {

@@ -268,8 +268,8 @@ class _Graph:
     def _copy_in(self, leaves: list) -> list:
         args = list(self.leaves)
         if self.block is not None and not all(_seen(self.last.get(i), leaves[i]) for i in self.static):
-            block = self._same_block([leaves[i] for i in self.static]) or _span([leaves[i] for i in self.static])
-            if block is not None and block[1:] == self.block[1:]:  # the same layout in one storage: one copy
+            block = self._same_block([leaves[i] for i in self.static])
+            if block is not None:  # the same layout in one storage: one copy
                 x = leaves[next(iter(self.static))]
                 _device_copy(self.block_static, _bytes(x, block[0], block[1]), self._dry_replay())
                 self.last = {i: (leaves[i], _version(leaves[i])) for i in self.static}
@@ -290,7 +290,8 @@ class _Graph:
 
     def _same_block(self, data: list) -> Any:
         """The block of ``data`` when they are views of one storage at this graph's offsets (one upload, as a rule), else
-        None: the key already holds their shapes, strides and dtypes, so only the offsets are left to compare."""
+        None: the key already holds their shapes, strides and dtypes, so only the storage and the offsets are left to
+        compare with ``_span``'s block of the first call (no overlap, as it checked then)."""
         storage = data[0].untyped_storage().data_ptr()
         if any(x.untyped_storage().data_ptr() != storage for x in data[1:]):
             return None
@@ -462,8 +463,9 @@ def _copier(out: Any) -> Callable[[], Any]:
     leaves: list = []
     spec = flatten_structure(out, leaves)
     leaves = [x.detach() if isinstance(x, torch.Tensor) else x for x in leaves]
-    scalars = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and x.dim() == 0 and x.dtype == torch.float32]
-    others = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and i not in set(scalars)]
+    scalar = [isinstance(x, torch.Tensor) and x.dim() == 0 and x.dtype == torch.float32 for x in leaves]
+    scalars = [i for i, x in enumerate(scalar) if x]
+    others = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and not scalar[i]]
     if spec is None and len(others) == 1:  # one tensor
         return leaves[0].clone
 

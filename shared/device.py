@@ -118,13 +118,14 @@ class Uploader:
         block = self.buffers[slot][:end]
         if self.device.type == "cuda":
             block = block.to(self.device, non_blocking=True)
-        elif DRY:  # a copy up costs the host its launch only: the first copy of this size, again (stale values)
-            block = self.dry[end] if end in self.dry else self.dry.setdefault(end, block.clone())
-        else:
-            block = block.clone()
-        if self.device.type == "cuda":
             self.events[slot] = self.events[slot] or torch.cuda.Event()
             self.events[slot].record()
+        elif DRY:  # a copy up costs the host its launch only: the first copy of this size, again (stale values)
+            if end not in self.dry:
+                self.dry[end] = block.clone()
+            block = self.dry[end]
+        else:
+            block = block.clone()
         self.copies += 1
         views = {k: block[offsets[k] : offsets[k] + a.nbytes] for k, a in arrays.items()}
         return {k: views[k].view(torch_dtype(a.dtype)).view(a.shape) for k, a in arrays.items()}

@@ -60,13 +60,12 @@ def scalars(values: dict[str, Any]) -> dict[str, Any]:
         for x in v if isinstance(v, (list, tuple)) else (v,):
             if hasattr(x, "detach") and x.dim() == 0:
                 tensors.setdefault((x.device, x.dtype), []).append(x)
-    if not tensors:
-        return {k: scalar(v) for k, v in values.items()}
-    import torch
-
     read = {}  # id(tensor) -> its number, of .item()'s type
-    for group in tensors.values():  # as a rule one: float32 statistics on the learner's device
-        read.update(zip(map(id, group), torch.stack(group).detach().tolist()))
+    if tensors:
+        import torch
+
+        for group in tensors.values():  # as a rule one: float32 statistics on the learner's device
+            read.update(zip(map(id, group), torch.stack(group).detach().tolist()))
     number = lambda x: read.get(id(x), x)
     return {k: scalar([number(x) for x in v] if isinstance(v, (list, tuple)) else number(v)) for k, v in values.items()}
 

@@ -272,19 +272,18 @@ class _Storage:
         """Every stored field plus the derived flags at ``(rows, b)`` (copies), or only those in ``fields`` (and
         ``n_taken``, which the bootstrap needs; the others None); with ``unique_frames`` (frame-wise storage)
         ``frames`` and ``frame_index`` (see ``unique_frames``) in place of ``observation``."""
-        every = fields is None
-        wanted = () if every else {*fields, "n_taken"}
+        wanted = (lambda name: True) if fields is None else {*fields, "n_taken"}.__contains__
         out = {
-            name: (None if x is None or not (every or name in wanted) else self.take(x, rows, b))
+            name: (self.take(x, rows, b) if x is not None and wanted(name) else None)
             for name, x in self.data.items()
             if name != "observation"
         }
         if unique_frames and self.frames is not None:
-            out["frames"], out["frame_index"] = self.unique_frames(rows, b) if every or "frames" in wanted else (None, None)
+            out["frames"], out["frame_index"] = self.unique_frames(rows, b) if wanted("frames") else (None, None)
         else:  # one gather (or a frame reassembly), not two
-            out["observation"] = self.observation(rows, b) if every or "observation" in wanted else None
+            out["observation"] = self.observation(rows, b) if wanted("observation") else None
         for f in _DERIVED:
-            out[f] = self.take(getattr(self, f), rows, b) if every or f in wanted else None
+            out[f] = self.take(getattr(self, f), rows, b) if wanted(f) else None
         return out
 
 
@@ -469,7 +468,7 @@ class _Base:
             out = self._extract(abs_idx, b, fields)
         out["bootstrap_discount"] = self.storage.discounts[out["n_taken"]]  # discount ** n_taken
         out["is_weights"] = weights
-        return self._batch_cls(*map(out.__getitem__, self._batch_cls._fields)), SampleIndex(abs_idx, b)
+        return self._batch_cls(**out), SampleIndex(abs_idx, b)
 
     def sample_ahead(self, batch_size: int, beta: float | None = None, fields: Any = None) -> None:
         """With ``prefetch``: draw the next batch now, for the next ``sample``; otherwise nothing (see the module

@@ -93,13 +93,18 @@ def where() -> str:
     return script_site or shared_site or "elsewhere"
 
 
+def reads_device(func, args: tuple) -> bool:
+    """Whether the aten operator ``func`` on ``args`` reads a device value on the host (a wait on a GPU): one of
+    ``SYNC_OPS``, or an index by a boolean mask (a data-dependent shape). benchmarks/loop_overhead.py counts by it too."""
+    name = str(func)
+    if name in SYNC_OPS:
+        return True
+    return name == "aten.index.Tensor" and any(isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or ()))
+
+
 class CountSyncs(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        name = str(func)
-        bool_index = name == "aten.index.Tensor" and any(
-            isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in (args[1] or ())
-        )
-        if name in SYNC_OPS or bool_index:
+        if reads_device(func, args):
             sites[where()] += 1
         return func(*args, **(kwargs or {}))
 
