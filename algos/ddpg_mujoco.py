@@ -222,8 +222,7 @@ class EnvStepper:
     @torch.no_grad()
     def step(self, actor: Actor, random: bool, device: torch.device) -> tuple:
         """One step of every env; returns the replay row [1, B] and the episodes that ended [(return, length)]."""
-        if self.obs_norm.enabled:  # the index alone costs, also when there is nothing to update
-            self.obs_norm.update(self.obs[~self.final_row])
+        self.obs_norm.update(self.obs, ~self.final_row)
         if random:
             action = self.rng.uniform(-1.0, 1.0, (self.args.num_envs,) + self.space.shape).astype(np.float32)
         else:  # one copy each way per step

@@ -2,7 +2,8 @@
 module with its parameters (``RunningNorm``).
 
 Guarantees
-- ``update(x)`` folds a batch ``[N, D]`` into the running mean and variance with the parallel-variance formula
+- ``update(x, rows=None)`` folds a batch ``[N, D]`` (its ``rows`` where given) into the running mean and variance,
+  doing nothing when disabled, with the parallel-variance formula
   (exact for any split of the data into batches, up to float64 rounding); ``count`` starts at 1e-4 with mean 0
   and variance 1, as in Stable-Baselines3's ``RunningMeanStd``.
 - ``normalize(obs)`` returns ``clip((obs - mean) / sqrt(var + 1e-8), -clip, clip)`` as float32 on the tensor's
@@ -60,8 +61,13 @@ class ObsNorm:
     def count(self) -> float:
         return float(self.stats[-1])
 
-    def update(self, x: np.ndarray) -> None:
-        if not self.enabled or len(x) == 0:
+    def update(self, x: np.ndarray, rows: np.ndarray | None = None) -> None:
+        """Fold ``x`` [N, ...] (only its ``rows`` [N] where True, when given) into the statistics; disabled, nothing
+        at all, the rows' selection included (the off-policy samplers call this every step)."""
+        if not self.enabled:
+            return
+        x = x if rows is None else x[rows]
+        if len(x) == 0:
             return
         x = np.asarray(x, np.float64).reshape(len(x), self.dim)
         count, n = self.stats[-1], len(x)
