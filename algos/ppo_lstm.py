@@ -65,7 +65,7 @@ from shared.namedarraytuple import namedarraytuple
 from shared.normalize import RunningNorm
 from shared.precision import autocast, channels_last
 from shared.procs import DoubleBuffer, SamplerProcess
-from shared.rnn import lstm_rows
+from shared.rnn import lstm_stretches
 from shared.run import Run
 
 
@@ -313,19 +313,10 @@ class Agent(nn.Module):
         keep = (~episode_start).float().unsqueeze(-1)  # [T, B, 1]: 0 where the state is zeroed before the row
         if not self.recurrent:
             x = self.core(x)
-        elif torch.compiler.is_compiling():  # Dynamo cannot trace the fused LSTM (shared/rnn.py): the same, row by row
-            x, (h, c) = lstm_rows(self.core, x, state.h[None], state.c[None], keep)
-            state = RnnState(h[0].float(), c[0].float())
-        else:  # the fused LSTM over each stretch of rows in which no sequence starts an episode
-            if start_rows is None:
+        else:  # eager: the fused LSTM between episode starts; traced (Dynamo cannot trace it): row by row, no start_rows
+            if start_rows is None and not torch.compiler.is_compiling():
                 start_rows = episode_start.any(1).cpu().numpy() if T > 1 else np.zeros(1, bool)
-            bounds = [0, *(np.flatnonzero(np.asarray(start_rows)[1:]) + 1).tolist(), T]
-            h, c = state.h[None], state.c[None]
-            out = []
-            for t0, t1 in zip(bounds[:-1], bounds[1:]):
-                o, (h, c) = self.core(x[t0:t1], (h * keep[t0], c * keep[t0]))
-                out.append(o)
-            x = torch.cat(out)
+            x, (h, c) = lstm_stretches(self.core, x, state.h[None], state.c[None], keep, start_rows)
             state = RnnState(h[0].float(), c[0].float())
         x = x.flatten(0, 1)
         return self.actor(x).float(), self.critic(x).float().squeeze(-1), state

@@ -7,7 +7,7 @@ where it refuses ``nn.LSTM``'s fused kernel (under Dynamo's experimental ``allow
 its input needs no gradient but its weights do; torch 2.13, aot_eager and inductor alike). Traced, T rows are T
 cells unrolled into one inductor graph: minutes of compiling for R2D1's 125 rows, so r2d1_atari.py runs the rows
 eagerly inside its update's CUDA graph and compiles only its torso and heads; ppo_lstm.py traces them inside its
-compiled loss.
+compiled loss. Both scripts' networks go through ``lstm_stretches``.
 
 Guarantees
 - ``lstm_rows(lstm, x, h, c, keep)`` is ``lstm``'s own function over ``x`` [T, B, in] from the state ``h``, ``c``
