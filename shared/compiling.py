@@ -23,9 +23,14 @@ written (eager: the reference) until ``enable(device)`` is called, which ``Run.s
   none for a tensor that is the one copied last time and unchanged since (same object, same version: the PPO
   family's rollout, copied once for all its minibatches). A tensor that requires grad (a parameter, SAC's log
   alpha) is state, as are modules, optimisers and every other argument: used in place, never copied. Python
-  values (bools, ints, floats, strings; TD3's ``update_actor``) and the identity of every other argument pick
-  the graph: another value is another graph (TD3's delayed actor update has its own). More than
-  ``MAX_GRAPHS`` graphs for one function is an error (a value that changes every call must be a tensor). A data
+  values (bools, ints, floats, strings; TD3's ``update_actor``), the identity of every other argument and the
+  attributes of a settings object (a dataclass such as ``Args``, or any object with plain attributes that is not
+  a module or an optimiser; read at every call) pick the graph: another value is another graph (TD3's delayed
+  actor update has its own; ``args.ent_coef = schedule(it)`` between calls is used by the next). More than
+  ``MAX_GRAPHS`` graphs for one function is an error naming what changed (a value that changes every call must
+  be a tensor). A call that writes a setting's attribute or changes a list or dict among its arguments (a
+  counter, an append) is refused when it runs the body (every call on the CPU, the first two on CUDA): a replay
+  never would. Writes to anything else outside the outputs (globals, a module's attributes) are not seen. A data
   tensor's shape, strides, dtype and device pick the graph too, read again only for a tensor that is not the
   object passed in its place at the previous call (changing them in place, by ``resize_``, ``set_`` or
   ``requires_grad_``, between two calls is not seen).
@@ -64,6 +69,7 @@ from __future__ import annotations
 import functools
 import os
 import time
+import types
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -78,6 +84,7 @@ WARMUP_CALLS = 2  # calls of a key run as written before its capture (optimiser 
 _state: dict[str, Any] = {"device": None, "graphs": 0, "seconds": 0.0, "cuda_graphs": 0, "capture": None}
 _graphed_entries: list[dict] = []  # each @graphed function's graphs: dropped by enable and disable
 _VALUES = {bool, int, float, str, type(None)}  # Python values that pick a graph by their value
+_NOT_SETTINGS = (type, types.FunctionType, types.MethodType, types.ModuleType, functools.partial)
 
 
 def enable(device: Any) -> None:
@@ -183,10 +190,13 @@ def graphed(fn: F) -> F:
     last: list = [[], []]  # the last call's leaves and their parts of the key
 
     def key(x: Any) -> Any:
-        """A leaf's part of the graph key: a data tensor's layout, a Python value, or the identity of anything else."""
+        """A leaf's part of the graph key: a data tensor's layout, a Python value, a settings object's identity and
+        readable state, or the identity of anything else."""
         if isinstance(x, torch.Tensor):
             return id(x) if x.requires_grad else (x.shape, x.stride(), x.dtype, x.device)
-        return (type(x), x) if type(x) in _VALUES else id(x)
+        if type(x) in _VALUES:
+            return (type(x), x)
+        return (id(x), _frozen(x.__dict__)) if _is_settings(x) else id(x)
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -203,9 +213,10 @@ def graphed(fn: F) -> F:
         entry = entries.get(graph_key)
         if entry is None:
             if len(entries) >= MAX_GRAPHS:
+                what = _what_changed(next(reversed(entries)), graph_key, leaves, _names(fn, args, kwargs))
                 raise RuntimeError(
-                    f"@graphed {fn.__qualname__}: a {MAX_GRAPHS + 1}th graph; an argument's value or "
-                    f"shape changes between calls (pass a changing number as a tensor)"
+                    f"@graphed {fn.__qualname__}: a {MAX_GRAPHS + 1}th graph, because {what} changed between calls "
+                    "(pass a value that changes between calls as a tensor)"
                 )
             mode = os.environ.get("RL_COMPILE_GRAPHS", "1")
             capture = "dry" if mode == "dry" else "cuda" if device.type == "cuda" and mode != "0" else ""
@@ -231,6 +242,7 @@ class _Graph:
         self.last: dict[int, tuple[Any, int]] = {}  # position -> (tensor, version) copied there last
         self.calls, self.graphs, self.between, self.out = 0, [], [], None
         self.optimizers = [x for x in leaves if isinstance(x, torch.optim.Optimizer)]
+        self.settings = [i for i, x in enumerate(self.leaves) if x is not None and _is_settings(x)]
         if capture == "cuda":
             self.side = torch.cuda.Stream()
             self._prepare_optimizers()
@@ -322,6 +334,7 @@ class _Graph:
             return self.copy_out()
         a, k = unflatten_structure(self.spec, iter(args))
         versions = {i: s._version for i, s in self.static.items()}
+        settings = {i: _frozen(args[i].__dict__) for i in self.settings}
         if self.capture == "cuda":  # a warm-up call, on a side stream as a capture will be
             self.side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(self.side):
@@ -335,6 +348,15 @@ class _Graph:
             raise RuntimeError(
                 f"@graphed {self.fn.__qualname__} writes its data argument(s) {changed} in place; "
                 "return the new values instead (or pass a tensor that requires grad: state)"
+            )
+        # a replay never runs the body: a write it makes to a setting or a container would happen twice, then never
+        written = [_what_changed(before, _frozen(args[i].__dict__), args[i], settings=True) for i, before in settings.items()]
+        if flatten_structure((a, k), []) != self.spec:
+            written.append("a list, tuple or dict among its arguments")
+        if any(written):
+            raise RuntimeError(
+                f"@graphed {self.fn.__qualname__} writes {'; '.join(filter(None, written))} outside its outputs, which "
+                "a replay would never do; return the new value instead"
             )
         return out
 
@@ -395,6 +417,79 @@ class _Capture:
         self.end()
         self.owner.between.append(op)
         self.begin()
+
+
+def _is_settings(x: Any) -> bool:
+    """Whether ``x`` is a settings object, whose readable state picks the graph: a dataclass (the script's ``Args``) or
+    another object with plain attributes; not a module, an optimiser, a function or a class (state or code)."""
+    import torch
+
+    return hasattr(x, "__dict__") and not isinstance(x, _NOT_SETTINGS + (torch.nn.Module, torch.optim.Optimizer))
+
+
+def _frozen(d: dict) -> Any:
+    """A settings object's attributes as a hashable key part: the values themselves, lists and dicts as tuples, and
+    anything unhashable by its identity."""
+    items = tuple(d.items())
+    try:
+        hash(items)
+        return items
+    except TypeError:
+        return tuple((name, _hashable(v)) for name, v in items)
+
+
+def _hashable(v: Any) -> Any:
+    if isinstance(v, (list, tuple)):
+        return (type(v), tuple(_hashable(x) for x in v))
+    if isinstance(v, dict):
+        return (dict, tuple((k, _hashable(x)) for k, x in v.items()))
+    try:
+        hash(v)
+        return v
+    except TypeError:
+        return ("id", id(v))
+
+
+def _names(fn: Callable, args: tuple, kwargs: dict) -> list[str]:
+    """The name of the argument each leaf of a call's ``(args, kwargs)`` belongs to (for an error message)."""
+    import inspect
+
+    try:
+        bound = inspect.signature(fn).bind(*args, **kwargs).arguments
+    except (TypeError, ValueError):
+        bound = {f"{i}": a for i, a in enumerate(args)} | kwargs
+    names: list[str] = []
+    for name, value in bound.items():
+        names += [name] * _count_leaves(value)
+    return names
+
+
+def _count_leaves(value: Any) -> int:
+    leaves: list = []
+    flatten_structure(value, leaves)
+    return len(leaves)
+
+
+def _what_changed(before: Any, after: Any, leaves: Any, names: Any = None, settings: bool = False) -> str:
+    """What differs between two graph keys (``leaves`` and ``names``: the new call's), or between two states of one
+    settings object (``settings``: ``leaves`` is that object), in words naming the field: "" when nothing does."""
+    if settings:
+        old, new = dict(before), dict(after)
+        names = [n for n in {**old, **new} if old.get(n, "(none)") != new.get(n, "(none)")]
+        kind = type(leaves).__name__
+        return ", ".join(f"{kind}.{n} ({old.get(n, '(none)')!r}, then {new.get(n, '(none)')!r})" for n in names)
+    if before[:3] != after[:3]:
+        return "the arguments' structure or the grad mode"
+    for i, (a, b) in enumerate(zip(before[3:], after[3:])):
+        if a == b:
+            continue
+        x = leaves[i]
+        if _is_settings(x) and isinstance(a, tuple) and a[0] == b[0]:
+            return _what_changed(a[1], b[1], x, settings=True)
+        if type(x) in _VALUES:
+            return f"the argument {names[i]} ({a[1]!r}, then {b[1]!r})"
+        return f"the argument {names[i]} ({type(x).__name__}: its shape, dtype, device or identity)"
+    return "an argument"
 
 
 def _device_copy(static: Any, x: Any, dry: bool) -> None:

@@ -9,6 +9,9 @@ agree with eager ones over 20 updates, random draws differ between replays, a le
 
 from __future__ import annotations
 
+import types
+from dataclasses import dataclass, field
+
 import pytest
 import torch
 import torch.nn as nn
@@ -189,8 +192,74 @@ def test_a_python_value_picks_the_graph_and_too_many_graphs_is_an_error(enabled)
     assert torch.equal(f(x, True), x * 2) and torch.equal(f(x, False), x)  # TD3's delayed actor: two graphs
     for i in range(compiling.MAX_GRAPHS - 2):
         f(x, float(i))
-    with pytest.raises(RuntimeError, match="pass a changing number as a tensor"):
+    with pytest.raises(RuntimeError, match=r"9th graph, because the argument flag \(5.0, then 99.0\) changed.*as a tensor"):
         f(x, 99.0)
+
+
+@dataclass
+class Settings:
+    coef: float = 2.0
+    name: str = "a"
+    sizes: list = field(default_factory=lambda: [1, 2])  # unhashable: still part of the key, by value
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("graphs", ["1", "dry"])
+def test_a_changed_setting_is_a_new_graph_whose_replays_use_it(enabled, graphs, monkeypatch):
+    """``args.coef = schedule(it)`` between calls: a replay (dry: the body not run, as on CUDA) uses the new value."""
+    monkeypatch.setenv("RL_COMPILE_GRAPHS", graphs)
+    f = compiling.graphed(lambda x, args: x * args.coef * sum(args.sizes))
+    x, args = torch.ones(2), Settings()
+    for _ in range(4):
+        assert torch.equal(f(x, args), x * 6)
+    args.coef = 3.0
+    for _ in range(4):
+        assert torch.equal(f(x, args), x * 9)
+    args.sizes.append(1)  # a list field changed in place
+    assert torch.equal(f(x, args), x * 12)
+    ns = types.SimpleNamespace(coef=1.0, sizes=[1])  # plain attributes of a simple object
+    f(x, ns), f(x, ns), f(x, ns)
+    ns.coef = 5.0
+    assert torch.equal(f(x, ns), x * 5)
+
+
+@on_cuda
+@pytest.mark.parametrize("enabled", ["cuda"], indirect=True)
+def test_a_changed_setting_is_a_new_captured_graph(enabled):
+    f = compiling.graphed(lambda x, args: x * args.coef)
+    x, args = torch.ones(2, device=enabled), Settings()
+    for _ in range(4):
+        assert torch.equal(f(x, args), x * 2)
+    args.coef = 3.0
+    for _ in range(4):
+        assert torch.equal(f(x, args), x * 3)
+    assert compiling.report()["cuda_graphs"] == 2
+
+
+@pytest.mark.unit
+def test_a_setting_changed_at_every_call_is_an_error_naming_the_field(enabled):
+    f = compiling.graphed(lambda x, args: x * args.coef)
+    x, args = torch.ones(2), Settings()
+    for i in range(compiling.MAX_GRAPHS):
+        args.coef = float(i)
+        f(x, args)
+    args.coef = 0.5
+    with pytest.raises(RuntimeError, match=r"because Settings.coef \(7.0, then 0.5\) changed between calls.*as a tensor"):
+        f(x, args)
+
+
+@pytest.mark.unit
+def test_a_write_outside_the_outputs_is_refused(enabled):
+    """A counter in a setting, or an append to a list argument: a replay would never make it."""
+
+    def count(x, args):
+        args.coef += 1
+        return x
+
+    with pytest.raises(RuntimeError, match=r"writes Settings.coef \(2.0, then 3.0\) outside its outputs"):
+        compiling.graphed(count)(torch.ones(2), Settings())
+    with pytest.raises(RuntimeError, match="writes a list, tuple or dict among its arguments outside its outputs"):
+        compiling.graphed(lambda x, stats: stats.append(x.sum()) or x)(torch.ones(2), [])
 
 
 @pytest.mark.unit
