@@ -445,11 +445,13 @@ class _Base:
         """Valid indices (transitions or sequence starts) that sampling may return."""
         return (int(self._window[1]) - int(self._window[0])) * self.B
 
-    def sample(self, batch_size: int, beta: float | None = None, fields: Any = None) -> tuple[Any, Any]:
+    def sample(self, batch_size: int, beta: float | None = None, fields: Any = None, skip: Any = ()) -> tuple[Any, Any]:
         """Draw ``batch_size`` indices (with replacement) and return ``(batch, index)``; see the class docstring.
-        ``fields`` (names of the batch's fields): only those are gathered, the others are None (the same draws).
-        The batch ``sample_ahead`` drew is returned instead if it has this size and these fields (see the module
-        docstring)."""
+        ``fields`` (names of the batch's fields): only those are gathered, the others are None (the same draws);
+        ``skip``: every field but those. The batch ``sample_ahead`` drew is returned instead if it has this size and
+        these fields (see the module docstring)."""
+        if skip:
+            fields = tuple(f for f in self._batch_cls._fields if f not in skip)
         drawn, self._ahead = self._ahead, None
         if drawn is not None and drawn[0] == (batch_size, fields):
             return drawn[1]
@@ -470,10 +472,12 @@ class _Base:
         out["is_weights"] = weights
         return self._batch_cls(**out), SampleIndex(abs_idx, b)
 
-    def sample_ahead(self, batch_size: int, beta: float | None = None, fields: Any = None) -> None:
+    def sample_ahead(self, batch_size: int, beta: float | None = None, fields: Any = None, skip: Any = ()) -> None:
         """With ``prefetch``: draw the next batch now, for the next ``sample``; otherwise nothing (see the module
         docstring)."""
         if self.prefetch:  # sample() takes any batch drawn before: this one replaces it
+            if skip:
+                fields = tuple(f for f in self._batch_cls._fields if f not in skip)
             self._ahead = ((batch_size, fields), self.sample(batch_size, beta, fields))
 
     def _uniform(self, n: int) -> tuple[np.ndarray, np.ndarray]:

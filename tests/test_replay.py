@@ -595,3 +595,22 @@ def test_a_replay_the_machine_cannot_hold_is_refused_before_any_of_it_is_allocat
     with pytest.raises(buffer.NotEnoughMemory, match=r"^the replay needs 1\.[1-9] GiB, and 1\.0 GiB"):
         cls(vec, 13_000_000, 4, shared=True, **kw)
     cls(vec, 1_000_000, 4, shared=True, **kw)  # one that fits is made
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_a_sample_skipping_fields_draws_the_same_batch_without_them(prefetch):
+    """``skip`` (the replay scripts' host-only fields): the same draws as a full sample, those fields left out."""
+    full, part = (ReplayBuffer(_example(1), 60, 3, seed=4, prefetch=prefetch) for _ in range(2))
+    for buf in (full, part):
+        buf.append(Stream(3, 1, np.random.default_rng(2), p_end=0.2).chunk(15))
+    skip = ("reward", "truncated", "final_row", "n_taken")
+    for _ in range(3):
+        (a, ia), (b, ib) = full.sample(8), part.sample(8, skip=skip)
+        part.sample_ahead(8, skip=skip)
+        assert np.array_equal(ia.abs_row, ib.abs_row) and np.array_equal(ia.b, ib.b)
+        for name, x in a.items():
+            if name in skip and name != "n_taken":  # n_taken is always taken: the bootstrap needs it
+                assert getattr(b, name) is None
+            else:
+                assert np.array_equal(x, getattr(b, name)), name
