@@ -16,10 +16,11 @@ defaults and help, the presets with the comments that cite their sources, the lo
 
 Sources of the results (``benchmarks/results/``): the run folders of experiments (``experiments/report.py``'s
 collection and rliable intervals, ``experiments/plot.py``'s curves: the mean over seeds with the min-max band
-shaded), ``recheck.json`` (``benchmarks/recheck.py``'s intervals), ``atari100k`` (``benchmarks/atari100k.py``'s
-table, with the published scores it holds), the committed PNGs, and sections of ``README.md`` (the lab notebook:
-the figures measured once, the speed tables and the peers' published numbers, quoted as they stand). A section
-named here that the notebook no longer has is an error: the build fails and says which.
+shaded), ``recheck.json`` (``benchmarks/checks/recheck_learning.py``'s intervals), ``atari100k``
+(``benchmarks/learning/atari100k.py``'s table, with the published scores it holds), the committed PNGs, and
+sections of ``README.md`` (the lab notebook: the figures measured once, the speed tables and the peers' published
+numbers, quoted as they stand). A section named here that the notebook no longer has is an error: the build fails
+and says which.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ BASE_COLUMNS = ["global_step", "wall_time_s", "sps", "episodes", "return_mean"]
 
 
 def _module(path: Path, name: str):
-    """A benchmark script by path (benchmarks/ holds scripts, not a package): the tables it holds."""
+    """A benchmark module by path, under a name of its own (mkdocs loads this hook by path too): the tables it holds."""
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
@@ -88,7 +89,7 @@ def report():
 
 
 def recheck():
-    return _module(ROOT / "benchmarks" / "recheck.py", "benchmarks_recheck")
+    return _module(ROOT / "benchmarks" / "checks" / "recheck_learning.py", "benchmarks_recheck")
 
 
 # ------------------------------------------------------------------------------------------ text helpers
@@ -498,7 +499,7 @@ def recheck_rows(script: str | None) -> list[tuple[str, dict]]:
 
 def recheck_block(script: str | None = None, level: int = 4) -> Block:
     """The cheap learning figures of ``benchmarks/results/recheck.json``: every seed, the mean and its 95%
-    percentile-bootstrap interval (``benchmarks/recheck.py``'s)."""
+    percentile-bootstrap interval (``benchmarks/checks/recheck_learning.py``'s)."""
 
     def block(ctx: Context) -> str:
         rc = recheck()
@@ -523,8 +524,9 @@ def recheck_block(script: str | None = None, level: int = 4) -> Block:
         head = "#" * level + " Several seeds, re-measured by one command\n\n" if level else ""
         return (
             head + "The figure of a run is the mean return of the training episodes that end in the last tenth "
-            "of its steps; over seeds: the mean and a 95% percentile-bootstrap interval (`benchmarks/recheck.py`, "
-            "which re-measures them: `taskset -c 0 python benchmarks/recheck.py`). From "
+            "of its steps; over seeds: the mean and a 95% percentile-bootstrap interval "
+            "(`benchmarks/checks/recheck_learning.py`, which re-measures them: "
+            "`taskset -c 0 python benchmarks/checks/recheck_learning.py`). From "
             "`benchmarks/results/recheck.json`.\n\n"
             + table(["figure", "command", "seeds", "mean [95% interval]", "per seed", "commit", "date", "CPU"], rows)
         )
@@ -630,20 +632,20 @@ def _close(fig) -> None:
 
 
 def atari100k_block(level: int = 4, curves: bool = True) -> Block:
-    """Data-efficient Rainbow on the Atari 100k games: ``benchmarks/atari100k.py``'s table (ours over seeds beside
+    """Data-efficient Rainbow on the Atari 100k games: ``benchmarks/learning/atari100k.py``'s table (ours over seeds beside
     the published DER, random and human scores it holds; human-normalised aggregates with rliable's intervals) and
     the training curves of every game."""
 
     def block(ctx: Context) -> str:
-        a100 = _module(ROOT / "benchmarks" / "atari100k.py", "benchmarks_atari100k")
+        a100 = _module(ROOT / "benchmarks" / "learning" / "atari100k.py", "benchmarks_atari100k")
         root = RESULTS / "atari100k"
         out = [
             "#" * level + " Atari 100k: data-efficient Rainbow beside the published scores\n" if level else "",
             "`python algos/catdqn_atari.py --preset atari100k --env-id GAME --seed S`, run by `python "
-            "benchmarks/atari100k.py`; ours: the mean over seeds of each run's 100 evaluation episodes after "
+            "benchmarks/learning/atari100k.py`; ours: the mean over seeds of each run's 100 evaluation episodes after "
             "100k agent steps. DER: data-efficient Rainbow as published (van Hasselt et al. 2019, tabulated "
             "in the SPR paper); random and human: the Atari 100k reference scores; HNS: human-normalised score. "
-            "From `benchmarks/results/atari100k/` and the published scores in `benchmarks/atari100k.py`.\n",
+            "From `benchmarks/results/atari100k/` and the published scores in `benchmarks/learning/atari100k.py`.\n",
         ]
         if "atari100k" not in ctx.cache:
             games = [g for g in report().collect(root, "eval", 100, False) if g.script == "catdqn_atari"]
@@ -779,7 +781,7 @@ RESULTS_BY_SCRIPT: dict[str, list[Block]] = {
         figure(
             "atari_breakout.png",
             "Breakout, 500k agent steps: ppo_atari.py and a2c_atari.py, one seed each "
-            "(benchmarks/atari_learning.py; SB3's PPO is in the table)",
+            "(benchmarks/learning/breakout_vs_sb3.py; SB3's PPO is in the table)",
         ),
         minigrid_block(),
         quote("Learning curves, CartPole-v1 (", level=4),
@@ -795,7 +797,7 @@ RESULTS_BY_SCRIPT: dict[str, list[Block]] = {
         figure(
             "atari_breakout.png",
             "Breakout, 500k agent steps: ppo_atari.py and a2c_atari.py, one seed each "
-            "(benchmarks/atari_learning.py; SB3's PPO is in the table)",
+            "(benchmarks/learning/breakout_vs_sb3.py; SB3's PPO is in the table)",
         ),
         quote("Learning curves, CartPole-v1 (", level=4),
         quote("`--compile` against eager", rows=("a2c_atari",)),

@@ -41,7 +41,7 @@ PENDULUM = ["--preset", "pendulum", "--log-every", "1000", "--eval-episodes", "0
 
 
 # SAC serially in CI; DDPG, TD3 and SAC's parallel and async runs (60-90 s each) with the slow tests, for CI's
-# 30 minutes (every one of them passes there; benchmarks/continuous_learning_curves.py plots them all).
+# 30 minutes (every one of them passes there; benchmarks/learning/continuous_curves.py plots them all).
 @pytest.mark.parametrize(
     "script, sampler, num_envs",
     [
@@ -228,7 +228,7 @@ def test_batched_critics_equal_independent_mlps():
 
 
 # One HalfCheetah run per mode, each script once (every script runs in every mode on Pendulum in
-# benchmarks/continuous_learning_curves.py).
+# benchmarks/learning/continuous_curves.py).
 # In CI the serial one only, for CI's 30 minutes: parallel MuJoCo sampling is checked step for step by
 # test_ppo_mujoco.py, sac's async path by the killed-sampler and lag-bound tests below.
 @pytest.mark.parametrize(

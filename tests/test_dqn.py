@@ -48,7 +48,7 @@ def test_dqn_learns_to_balance_cartpole_for_200_steps_within_50k(tmp_path):
     assert m and int(m.group(2)) <= 50_000, out.stdout[-2000:]
 
 
-# The preset's test in every mode, with the slow tests (150 s serial); benchmarks/learning_curves.py draws them.
+# The preset's test in every mode, with the slow tests (150 s serial); benchmarks/learning/cartpole_curves.py draws them.
 @pytest.mark.slow
 @pytest.mark.parametrize("sampler", ["serial", "async"])
 def test_dqn_learns_cartpole(sampler, tmp_path):

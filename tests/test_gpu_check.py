@@ -1,6 +1,6 @@
-"""``benchmarks/gpu_check.py``, the one command for a GPU node, checked on the CPU: it runs end to end with the GPU
+"""``benchmarks/gpu/check.py``, the one command for a GPU node, checked on the CPU: it runs end to end with the GPU
 parts skipped, a budget cut or a SIGTERM leaves nothing running, a second run redoes only what did not pass, and
-the cuda tests run every script once first. The race beside LeanRL (``benchmarks/race.py``): its median per-row SPS
+the cuda tests run every script once first. The race beside LeanRL (``benchmarks/gpu/race.py``): its median per-row SPS
 after a burn-in, its reading of LeanRL's tqdm line, its commands, the part with stand-ins, and (slow) a dry run of
 our scripts. Also ``tests/count_syncs.py``'s window for CUDA's sync warnings."""
 
@@ -24,11 +24,11 @@ import torch
 
 from tests.helpers import ROOT
 
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import gpu_check
-import race
+from benchmarks import script_speed
+from benchmarks.gpu import check as gpu_check
+from benchmarks.gpu import race
 
-CHECK = [sys.executable, str(ROOT / "benchmarks" / "gpu_check.py")]
+CHECK = [sys.executable, str(ROOT / "benchmarks" / "gpu" / "check.py")]
 SYNC = "called a synchronizing CUDA operation"  # the text of CUDA's sync debug warning (c10/cuda)
 
 
@@ -104,7 +104,7 @@ def test_wheel_names_and_the_figures_and_errors_read_from_the_logs():
     assert gpu_check._last_float("$ python -c ...\nA.L.E: ...\n1234.5\n\n") == 1234.5
     assert gpu_check.first_error(FIGURE_LOG).splitlines() == FIGURE_LOG.splitlines()[-2:]
     for name, (module, call, _) in gpu_check.FIGURES.items():
-        assert (ROOT / "benchmarks" / f"{module}.py").exists() and name.rsplit("-", 1)[1] in call
+        assert (ROOT / "benchmarks" / "speed" / f"{module}.py").exists() and name.rsplit("-", 1)[1] in call
 
 
 def _wheel(folder: Path, dist: str, version: str) -> Path:
@@ -217,7 +217,7 @@ def test_a_tiny_budget_cuts_a_figure_and_leaves_nothing_running(tmp_path):
     summary = (tmp_path / "summary.txt").read_text()
     assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
     assert "ppo-serial-cpu     cut after 3 s" in summary, summary
-    assert "ppo_training.ours('BreakoutNoFrameskip-v4', 3072, 'serial', [], 'cpu')" in summary
+    assert "ppo_atari_vs_sb3.ours('BreakoutNoFrameskip-v4', 3072, 'serial', [], 'cpu')" in summary
     log = (tmp_path / "figures" / "ppo-serial-cpu.log").read_text()
     assert "[gpu_check] cut after 3 s: killed" in log
     assert "[gpu_check] at the cut: no progress.csv row (none yet, or none kept)" in log  # said either way
@@ -241,7 +241,7 @@ def test_a_cut_figure_says_how_far_its_script_got(tmp_path):
         "figures": {
             "sac-serial-cuda": {
                 "state": "cut after 48 s (step 2000, 2 row(s), 100.0 steps/s between the last two)",
-                "cmd": "continuous_training.ours(...)",
+                "cmd": "sac_td3_ddpg_vs_sb3.ours(...)",
             }
         },
     }
@@ -258,8 +258,8 @@ def test_a_cut_figure_says_how_far_its_script_got(tmp_path):
 def test_a_figure_log_keeps_the_end_of_its_scripts_output(tmp_path):
     """The benchmark captures its script's output; the figure's code copies its end into the log (the rows with
     SPS and compile seconds, a warning such as a CUDA graph skipped), and its value stays the last line."""
-    (tmp_path / "benchmarks").mkdir()
-    (tmp_path / "benchmarks" / "fake_bench.py").write_text(
+    (tmp_path / "benchmarks" / "speed").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "speed" / "fake_bench.py").write_text(
         "import subprocess, sys\n"
         "def ours():\n"
         "    subprocess.run([sys.executable, '-c', 'import sys; print(\"row 1\"); print(\"warn\", file=sys.stderr)'],"
@@ -277,8 +277,7 @@ def test_a_figure_log_keeps_the_end_of_its_scripts_output(tmp_path):
 
 def test_a_script_profiled_for_a_figure_keeps_its_exit_code(tmp_path):
     """cProfile.run swallows SystemExit: the profile wrapper must not turn a failing script into a success."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    import continuous_training
+    from benchmarks.speed import sac_td3_ddpg_vs_sb3 as continuous_training
 
     fake = tmp_path / "fails.py"
     fake.write_text("import sys\nsys.exit(3)\n")
@@ -343,21 +342,21 @@ def test_a_cut_or_a_test_not_run_is_not_a_pass(state):
 
 
 def test_the_update_figures_run_on_the_cpu_and_refuse_a_graph_there():
-    """benchmarks/update_speed.py imports SAC's own update: a change there shows here, not first on a GPU."""
-    import update_speed
+    """benchmarks/speed/sac_update.py imports SAC's own update: a change there shows here, not first on a GPU."""
+    from benchmarks.speed import sac_update as update_speed
 
     assert update_speed.sac_updates_per_second("cpu", "eager", hidden=8, batch_size=8, updates=4) > 0
     with pytest.raises(ValueError, match="needs a CUDA device"):
         update_speed.sac_updates_per_second("cpu", "compile-no-graph", hidden=8, batch_size=8, updates=4)
     out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "update_speed.py"), "--updates", "0"], capture_output=True, text=True
+        [sys.executable, str(ROOT / "benchmarks" / "speed" / "sac_update.py"), "--updates", "0"], capture_output=True, text=True
     )
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1] == (
-        "update_speed.py: error: --updates must be at least 1, got 0"
+        "sac_update.py: error: --updates must be at least 1, got 0"
     )
 
 
-# --- the race beside LeanRL (benchmarks/race.py, gpu_check's race and long parts) -------------------------------
+# --- the race beside LeanRL (benchmarks/gpu/race.py, gpu_check's race and long parts) -------------------------------
 
 # An async PPO run as the H200 showed it (2026-11-28): the first row pays start-up and compiling, the second comes
 # from a rollout that was already waiting (40,960 SPS), then the steady state, with one slow row (a gc pass, say).
@@ -377,7 +376,7 @@ MEDIAN = 1638.4
 
 
 def _median_after_burn_in(rows: list[dict]) -> float:
-    return race.window_sps(race.intervals_from_rows(rows), burn_in=3072)["median"]
+    return script_speed.window_sps(script_speed.intervals_from_rows(rows), burn_in=3072)["median"]
 
 
 def _rate(first: dict, last: dict) -> float:
@@ -391,7 +390,7 @@ def _mean_after_burn_in(rows: list[dict]) -> float:  # a mutant: the window's me
 
 
 def _median_with_burn_in(rows: list[dict]) -> float:  # a mutant: every interval, the burn-in's too
-    return race.window_sps(race.intervals_from_rows(rows), burn_in=0)["median"]
+    return script_speed.window_sps(script_speed.intervals_from_rows(rows), burn_in=0)["median"]
 
 
 def _the_old_figure(rows: list[dict]) -> float:  # a mutant: ppo_training.ours's (first row to last) on 3 rows
@@ -410,7 +409,7 @@ def test_the_race_figure_is_the_median_per_row_sps_after_the_burn_in(tmp_path):
     includes the burn-in, and on the old two-row figure (3,340.9 here: the async artefact)."""
     path = tmp_path / "progress.csv"
     path.write_text(PROGRESS)
-    got = race.progress_sps(path, burn_in=3072, min_steps=5000)
+    got = script_speed.progress_sps(path, burn_in=3072, min_steps=5000)
     assert got == {
         "median": MEDIAN,
         "mean": 1400.1,  # 5,120 steps in 3.657 s: the slow row weighs on the mean, not on the median
@@ -422,7 +421,7 @@ def test_the_race_figure_is_the_median_per_row_sps_after_the_burn_in(tmp_path):
         "max": 2000.0,
         "short": False,
     }
-    assert race.progress_sps(path, burn_in=3072, min_steps=30_000)["short"]  # under the 30k steps asked for
+    assert script_speed.progress_sps(path, burn_in=3072, min_steps=30_000)["short"]  # under the 30k steps asked for
     _check_figure(_median_after_burn_in, path)
     for mutant, value in ((_mean_after_burn_in, 1400.1), (_median_with_burn_in, 1706.7), (_the_old_figure, 3340.9)):
         from shared.progress import read_rows
@@ -431,10 +430,10 @@ def test_the_race_figure_is_the_median_per_row_sps_after_the_burn_in(tmp_path):
         with pytest.raises(AssertionError):
             _check_figure(mutant, path)
     with pytest.raises(ValueError, match="no interval starts at or after step 9000"):
-        race.progress_sps(path, burn_in=9000)
+        script_speed.progress_sps(path, burn_in=9000)
     # a compiled run's rows carry compile_s (shared.compiling.report): the last row's is given
     path.write_text(PROGRESS.replace("return_mean\n", "return_mean,compile_s\n").replace("1638.4,16,\n", "1638.4,16,,24.5\n"))
-    assert race.progress_sps(path, 3072)["compile_s"] == 24.5
+    assert script_speed.progress_sps(path, 3072)["compile_s"] == 24.5
 
 
 def _tqdm_line(desc: str, n: int, total: int) -> str:
@@ -473,7 +472,7 @@ def test_leanrl_speeds_are_read_from_its_tqdm_line_by_its_schedule():
         40,
     )
     assert "\r" in text and race.tqdm_speeds(text) == speeds
-    got = race.window_sps(race.leanrl_intervals(speeds, ppo.schedule), ppo.burn_in, ppo.min_steps)
+    got = script_speed.window_sps(race.leanrl_intervals(speeds, ppo.schedule), ppo.burn_in, ppo.min_steps)
     assert (got["from"], got["to"], got["intervals"], got["short"]) == (3072, 40960, 4, False)
     assert got["median"] == round((4988.0 + 5012.3) / 2, 1)
     assert got["mean"] == round(37888 / (7168 / 4900.0 + 10240 / 5012.3 + 10240 / 5101.7 + 10240 / 4988.0), 1)
@@ -489,14 +488,14 @@ def test_leanrl_speeds_are_read_from_its_tqdm_line_by_its_schedule():
     ]
     text = _leanrl_output(descs, 20_001)
     assert race.tqdm_speeds(text) == [0.0] + [float(f"{v:.4f}") for v in cumulative]
-    got = race.window_sps(race.leanrl_intervals(race.tqdm_speeds(text), sac.schedule), sac.burn_in, sac.min_steps, sac.every)
+    got = script_speed.window_sps(race.leanrl_intervals(race.tqdm_speeds(text), sac.schedule), sac.burn_in, sac.min_steps, sac.every)
     per_500 = [500 / sum(seconds[i : i + 5]) for i in range(0, 100, 5)]
     assert (got["from"], got["to"], got["intervals"], got["short"]) == (10_000, 20_000, 20, False)
     assert got["median"] == pytest.approx(sorted(per_500)[9] / 2 + sorted(per_500)[10] / 2, abs=0.11)
     assert got["mean"] == pytest.approx(10_000 / sum(seconds), abs=0.11)
     # a run cut before its clock started shows no speed: no figure, said as a ValueError
     with pytest.raises(ValueError):
-        race.window_sps(
+        script_speed.window_sps(
             race.leanrl_intervals(race.tqdm_speeds(_leanrl_output([(10_000, " 0.0000 sps, ")], 20_001)), sac.schedule), 10_000
         )
 

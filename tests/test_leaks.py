@@ -1,19 +1,16 @@
 """A run does not grow where a mechanism could leak: an async replay run that evaluates and checkpoints (with its
 replay) every few hundred steps holds the same processes, file descriptors and shared-memory segments from a
 point after its replay filled to its end, and its private memory stays flat. The hour-long measurement behind
-it is ``benchmarks/long_run.py`` (figures in benchmarks/results/README.md); this is its cheap form."""
+it is ``benchmarks/checks/leak_check.py`` (figures in benchmarks/results/README.md); this is its cheap form."""
 
 from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 
-from tests.helpers import ROOT, assert_no_leftovers, finish, our_shm, progress, start
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from long_run import sample  # the same sampling of a process tree as the hour-long measurement
+from benchmarks.checks.leak_check import sample  # the same sampling of a process tree as the hour-long measurement
+from tests.helpers import assert_no_leftovers, finish, our_shm, progress, start
 
 CYCLE = 250  # steps between evaluations and checkpoints (with the replay): dozens of each in the run
 JOB = [

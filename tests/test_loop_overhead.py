@@ -1,4 +1,4 @@
-"""The loops' own host work, held to budgets (``benchmarks/loop_overhead.py``), and the two switches that let a CPU
+"""The loops' own host work, held to budgets (``benchmarks/speed/loop_overhead.py``), and the two switches that let a CPU
 count it as a GPU runs it: ``RL_HOST_PATH`` (``shared.device``) and ``RL_COMPILE_GRAPHS=dry`` (``shared.compiling``).
 
 The budgets are counts that do not depend on the machine (Python calls, torch calls, syncs, bytes copied, per vector
@@ -15,10 +15,8 @@ import numpy as np
 import pytest
 import torch
 
+from benchmarks.speed import loop_overhead
 from tests.helpers import ROOT
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import loop_overhead
 
 SCRIPTS = list(loop_overhead.SCRIPTS)
 
@@ -36,7 +34,7 @@ def counts(tmp_path_factory) -> dict:
     """Every script's counts, in one run of the benchmark (its own process: the switches are read at import)."""
     out = tmp_path_factory.mktemp("overhead") / "counts.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "loop_overhead.py"), "--counts", "--json", str(out)],
+        [sys.executable, str(ROOT / "benchmarks" / "speed" / "loop_overhead.py"), "--counts", "--json", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -48,7 +46,7 @@ def counts(tmp_path_factory) -> dict:
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_each_loop_keeps_to_its_budget_of_host_work(counts, script):
-    assert script in loop_overhead.BUDGETS, f"{script} has no budget in benchmarks/loop_overhead.py"
+    assert script in loop_overhead.BUDGETS, f"{script} has no budget in benchmarks/speed/loop_overhead.py"
     # {count: (now, budget)}; the call counts are those of the pinned torch and numpy (requirements.txt)
     assert loop_overhead.over_budget(script, counts[script]) == {}
     assert counts[script]["syncs"] <= 1.05  # the one declared copy a step makes (R2D1: a chunk's state, 1 in 32)

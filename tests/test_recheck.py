@@ -1,13 +1,8 @@
-"""benchmarks/recheck.py's figure of a run and its verdict, against the definitions written out by hand."""
+"""benchmarks/checks/recheck_learning.py's figure of a run and its verdict, against the definitions written out by hand."""
 
 from __future__ import annotations
 
-import sys
-
-from tests.helpers import ROOT
-
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import recheck
+from benchmarks.checks import recheck_learning as recheck
 
 
 def test_last_tenth_weights_each_row_by_the_episodes_that_ended_since_the_row_before(tmp_path):

@@ -5,18 +5,13 @@ from __future__ import annotations
 import csv
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.helpers import ROOT
-
 pytest.importorskip("rliable")
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import atari100k
-
+from benchmarks.learning import atari100k
 from experiments import report
 
 EVAL = {1: 10.0, 2: 20.0, 3: 30.0, 4: 100.0}  # ppo_atari on CartPole-v1: eval.json means per seed
@@ -124,7 +119,7 @@ def test_the_bootstrap_is_reproducible_whatever_numpys_global_generator_holds():
 
 def test_one_seed_per_task_gives_aggregates_without_intervals(tmp_path):
     """A stratified bootstrap over one run per task can only return the point: the report says there is no
-    interval ('-') rather than printing [x, x], and so does benchmarks/atari100k.py's table; two seeds give one."""
+    interval ('-') rather than printing [x, x], and so does benchmarks/learning/atari100k.py's table; two seeds give one."""
     root = tmp_path / "exp"
     for env, mean in (("RoadRunnerNoFrameskip-v4", 7845.0), ("FreewayNoFrameskip-v4", 14.8)):
         fake_run(root, "catdqn_atari", env, "base", 1, [(100, 2, 1.0)], [mean])

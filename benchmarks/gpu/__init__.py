@@ -1,0 +1,1 @@
+"""The one prepared command for a GPU node (``check.py``) and the parts it is made of."""

@@ -1,0 +1,1 @@
+"""What the scripts learn: returns and curves beside the published figures or a peer's on the same budget."""

@@ -1,0 +1,477 @@
+"""The sampling loop's own host work, counted and timed on a CPU as it runs on a GPU (no GPU needed).
+
+Each script's own loop functions (imported, not copied) run against a stub vector env that has the real env's
+spaces and info keys, returns preallocated arrays and costs nothing (or ``--env-cost-us`` of busy waiting), with:
+
+- ``RL_HOST_PATH=dry`` (``shared.device``): uploads packed into staging as on CUDA, ``to_host`` through one joined
+  copy, the bytes a GPU's DMA engine would move left out of the host's time;
+- ``RL_COMPILE_GRAPHS=dry`` with ``RL_COMPILE_BACKEND=eager`` (``shared.compiling``): every ``@graphed`` call runs its
+  key, copy-in and copy-out, but from the third call of a key the function itself is not called (a replay costs the
+  host only its launch), and no time goes to inductor.
+
+It prints, per vector step (the per-rollout work of the PPO family, per rollout), the host time (µs; the minimum over
+chunks, so a busy neighbour only adds noise upward), the ratio to a bare loop on the same stub (copy the observations
+into a static input, read the actions back, step, store the observations), and counts that do not depend on the
+machine: Python calls, C calls (``sys.setprofile``), torch calls (``TorchFunctionMode``), host-device syncs (a read of
+a device value: ``one_copy``, ``.item()``, ``.cpu()``, ``.tolist()``, ``bool(t)``, ...), and the bytes copied up and down.
+``tests/test_loop_overhead.py`` holds each script to its budget of those counts (``BUDGETS``), so a change that adds
+host work to a loop fails there.
+
+    python benchmarks/speed/loop_overhead.py                          # every script
+    python benchmarks/speed/loop_overhead.py ppo_atari td3_mujoco     # some
+    python benchmarks/speed/loop_overhead.py --json out.json          # also the figures as JSON
+"""
+
+from __future__ import annotations
+
+import os
+
+if __name__ == "__main__":  # before shared/ is imported: CUDA's host path on this CPU, dry replays (module docstring)
+    os.environ.update(RL_HOST_PATH="dry", RL_COMPILE_GRAPHS="dry", RL_COMPILE_BACKEND="eager")
+
+import argparse
+import contextlib
+import importlib
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "algos"))
+
+from shared import compiling, device
+from tests.count_syncs import reads_device
+
+ATARI_OBS = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+CHEETAH_OBS = gym.spaces.Box(-np.inf, np.inf, (17,), np.float64)
+CHEETAH_ACT = gym.spaces.Box(-1.0, 1.0, (6,), np.float32)
+
+# Per vector step (per rollout for the ``rollout_`` counts) at most: the counts tests/test_loop_overhead.py holds. Set
+# from a run of --counts (torch 2.13, numpy 2.4) with about 5% over the calls; syncs and bytes as they are.
+_ON_POLICY = {"syncs": 1.0, "bytes_up": 225_824, "rollout_syncs": 2.0}
+_CONTINUOUS = {"python_calls": 369, "torch_calls": 125, "syncs": 1.0, "bytes_up": 44_100, "bytes_down": 24}
+BUDGETS: dict[str, dict[str, float]] = {
+    "ppo_atari": {
+        **_ON_POLICY,
+        "python_calls": 158,
+        "torch_calls": 76,
+        "bytes_down": 128,
+        "rollout_torch_calls": 995,
+        "rollout_bytes_up": 287_232,  # the rollout's observations stay on the device: not 29 MB again
+    },
+    "a2c_atari": {
+        **_ON_POLICY,
+        "python_calls": 161,
+        "torch_calls": 77,
+        "bytes_down": 128,
+        "rollout_torch_calls": 192,
+        "rollout_bytes_up": 226_752,
+    },
+    "ppo_lstm": {
+        **_ON_POLICY,
+        "python_calls": 225,
+        "torch_calls": 126,
+        "syncs": 1.02,
+        "bytes_up": 225_832,
+        "bytes_down": 256,
+        "rollout_torch_calls": 1259,
+        "rollout_bytes_up": 276_228,
+    },
+    "ppo_mujoco": {
+        "python_calls": 125,
+        "torch_calls": 55,
+        "syncs": 1.0,
+        "bytes_up": 68,
+        "bytes_down": 32,
+        "rollout_torch_calls": 15815,
+        "rollout_syncs": 2.0,
+        "rollout_bytes_up": 409_660,
+    },
+    "dqn_atari": {"python_calls": 428, "torch_calls": 139, "syncs": 1.0, "bytes_up": 1_919_904, "bytes_down": 32},
+    "catdqn_atari": {"python_calls": 428, "torch_calls": 139, "syncs": 1.0, "bytes_up": 1_919_904, "bytes_down": 32},
+    "r2d1_atari": {"python_calls": 260, "torch_calls": 127, "syncs": 1.04, "bytes_up": 1_181_951, "bytes_down": 41_616},
+    "sac_mujoco": dict(_CONTINUOUS),
+    "td3_mujoco": dict(_CONTINUOUS),
+    "ddpg_mujoco": dict(_CONTINUOUS),
+}
+
+
+# ------------------------------------------------------------------------------------------------ the stub env
+
+
+class StubVectorEnv:
+    """``num_envs`` envs of the given spaces that cost ``cost_us`` of busy waiting a step; each env's episode ends
+    every ``episode_steps`` steps (staggered), with Atari's ``lives`` in ``info`` where asked."""
+
+    def __init__(self, obs_space, act_space, num_envs: int, cost_us: float = 0.0, episode_steps: int = 1000, lives=False):
+        self.single_observation_space, self.single_action_space = obs_space, act_space
+        self.num_envs, self.cost, self.episode_steps = num_envs, cost_us * 1e-6, episode_steps
+        rng = np.random.default_rng(0)
+        low = np.where(np.isfinite(obs_space.low), obs_space.low, -1).astype(obs_space.dtype)
+        high = np.where(np.isfinite(obs_space.high), obs_space.high, 1).astype(obs_space.dtype)
+        self.obs = (low + (high - low) * rng.random((num_envs, *obs_space.shape))).astype(obs_space.dtype)
+        self.reward = np.ones(num_envs, np.float64)
+        self.trunc = np.zeros(num_envs, bool)
+        self.t = np.arange(num_envs) * (episode_steps // max(num_envs, 1))
+        self.lives = lives
+
+    def info(self) -> dict:
+        return {"lives": np.full(self.num_envs, 3, np.int64)} if self.lives else {}
+
+    def reset(self, seed: Any = None, options: Any = None) -> tuple:
+        return self.obs, self.info()
+
+    def step(self, action: np.ndarray) -> tuple:
+        end = time.perf_counter() + self.cost
+        while time.perf_counter() < end:
+            pass
+        self.t += 1
+        term = self.t % self.episode_steps == 0
+        return self.obs, self.reward, term, self.trunc, self.info()
+
+    def close(self) -> None:
+        pass
+
+
+# -------------------------------------------------------------------------------------------------- counting
+
+
+class TorchCalls(TorchFunctionMode):
+    """Counts torch calls, and the copies to the host among them (``.cpu()``, ``.tolist()``: a sync on a GPU)."""
+
+    SYNCS = {"cpu", "tolist"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls, self.syncs = 0, 0
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        self.calls += 1
+        if getattr(func, "__name__", "") in self.SYNCS:
+            self.syncs += 1
+        return func(*args, **(kwargs or {}))
+
+
+class DeviceReads(TorchDispatchMode):
+    """Counts the operators that read a device value on the host, as tests/count_syncs.py judges them: ``.item()``,
+    ``bool(t)``, ``float(t)``, a boolean-mask index, ``nonzero``, ``equal``, ``unique``, ``masked_select``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.syncs = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.syncs += reads_device(func, args)
+        return func(*args, **(kwargs or {}))
+
+
+class Bytes:
+    """Bytes through ``upload`` (up) and ``to_host`` (down), counted by wrapping the two copies."""
+
+    def __init__(self) -> None:
+        self.up = self.down = 0
+        self._call, self._one_copy = device.Uploader.__call__, device.one_copy
+
+    def __enter__(self) -> Bytes:
+        counter = self
+
+        def call(uploader, arrays):
+            counter.up += sum(np.asarray(a).nbytes for a in arrays.values())
+            return counter._call(uploader, arrays)
+
+        def one_copy(tensors):
+            counter.down += sum(t.numel() * t.element_size() for t in tensors)
+            return counter._one_copy(tensors)
+
+        device.Uploader.__call__, device.one_copy = call, one_copy
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        device.Uploader.__call__, device.one_copy = self._call, self._one_copy
+
+
+def count(fn: Callable[[], Any], per: int) -> dict[str, float]:
+    """Python calls, C calls, torch calls, syncs and bytes of one ``fn()`` (the operators that read the device: of
+    another), divided by ``per``."""
+    calls: Counter = Counter()
+
+    def profile(frame, event, arg):
+        calls[event] += 1
+
+    with Bytes() as nbytes, TorchCalls() as torch_calls:
+        sys.setprofile(profile)
+        try:
+            fn()
+        finally:
+            sys.setprofile(None)
+    with DeviceReads() as reads:  # a second run, its Python not among the calls counted
+        fn()
+    return {
+        "python_calls": calls["call"] / per,
+        "c_calls": calls["c_call"] / per,
+        "torch_calls": torch_calls.calls / per,
+        "syncs": (torch_calls.syncs + reads.syncs) / per,
+        "bytes_up": nbytes.up / per,
+        "bytes_down": nbytes.down / per,
+    }
+
+
+def best_us(fn: Callable[[], Any], per: int, chunks: int) -> float:
+    """The quickest of ``chunks`` runs of ``fn()``, in µs per ``per`` (nan for none: counts only)."""
+    if not chunks:
+        return float("nan")
+    best = float("inf")
+    for _ in range(chunks):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return 1e6 * best / per
+
+
+def bare_loop(envs: StubVectorEnv, steps: int, act_dtype: Any) -> Callable[[], None]:
+    """The least a loop does: observations into a static input, actions back, the step, the observations stored."""
+    obs = envs.reset()[0]
+    static = torch.empty(obs.shape, dtype=device.torch_dtype(obs.dtype))
+    action = torch.zeros((envs.num_envs, *envs.single_action_space.shape), dtype=act_dtype)
+    store = np.empty((steps, *obs.shape), obs.dtype)
+
+    def run() -> None:
+        nonlocal obs
+        for t in range(steps):
+            static.copy_(torch.from_numpy(obs))
+            obs = envs.step(action.numpy().copy())[0]
+            store[t] = obs
+
+    return run
+
+
+# ------------------------------------------------------------------------------------------------ the scripts
+
+
+def load(name: str) -> Any:
+    return importlib.import_module(name)
+
+
+def on_policy(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
+    """ppo_atari, a2c_atari, ppo_lstm, ppo_mujoco: the script's ``Sampler.rollout`` (its ``collect``) per vector step,
+    ``learn_from`` and the row per rollout (8 envs of Breakout's spaces, or one of HalfCheetah's; default settings)."""
+    from shared.progress import ProgressLog
+
+    S = load(name)
+    atari = name != "ppo_mujoco"
+    args = S.Args(num_envs=8, sampler="parallel") if atari else S.Args()
+    obs_space, act_space = (ATARI_OBS, gym.spaces.Discrete(4)) if atari else (CHEETAH_OBS, CHEETAH_ACT)
+    envs = StubVectorEnv(obs_space, act_space, args.num_envs, env_cost_us, lives=atari)
+    run = _RunStub(obs_space, act_space)
+    learner = S.make_learner(args, run)  # (agent, optimizer[, generator[, return_norm]])
+    agent, optimizer, tail, extra = learner[0], learner[1], learner[2:3], learner[3:]
+    S.make_envs = lambda *a, **k: envs  # the script's sampler steps the stub
+    sampler = S.Sampler(args, run, agent, 0, 10**6)
+    rollout = [None]
+    collect = lambda: rollout.__setitem__(0, sampler.rollout(0, agent, 0))
+    progress = ProgressLog(None, 10**9)
+
+    def learn() -> None:
+        stats = S.learn_from(agent, *extra, optimizer, *rollout[0], args, run.device, *tail)
+        progress.row(0, **stats)
+
+    for _ in range(3):  # the graphs' warm-up calls and "captures"
+        collect()
+        learn()
+    T = args.num_steps
+    return {
+        "host_us": best_us(collect, T, chunks),
+        "bare_us": best_us(bare_loop(envs, T, torch.int64 if atari else torch.float32), T, chunks),
+        "rollout_ms": best_us(learn, 1000, chunks),
+        **count(collect, T),
+        **{f"rollout_{k}": v for k, v in count(learn, 1).items()},
+    }
+
+
+def value_based(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
+    """dqn_atari, catdqn_atari, r2d1_atari: one step of every env (Breakout's spaces), its append, and the updates its
+    replay ratio makes per vector step, as main's loop does (uniform replay; a small one)."""
+    S = load(name)
+    args = S.Args(sampler="parallel", buffer_size=20_000)
+    act_space = gym.spaces.Discrete(4)
+    envs = StubVectorEnv(ATARI_OBS, act_space, args.num_envs, env_cost_us, lives=True)
+    cpu = torch.device("cpu")
+    run = _RunStub(ATARI_OBS, act_space)
+    learner = S.make_learner(args, run)
+    buffer = S.make_replay(args, run)
+    if name == "r2d1_atari":
+        net, target_net, optimizer = learner
+        stepper = S.EnvStepper(envs, args, net, 0)
+        per_update = args.batch_size * args.sequence_length
+        step = lambda: (lambda c, p, _: c is not None and buffer.append(c, p))(*stepper.step(net, cpu))
+        update = lambda: S.r2d1_update(net, target_net, optimizer, buffer, args, args.beta, cpu)
+    else:
+        q_net, target_net, optimizer, noise = learner
+        stepper = S.EnvStepper(envs, args, 0, noise)
+        eps = np.full(args.num_envs, 0.01)
+        per_update = args.batch_size
+        step = lambda: buffer.append(stepper.step(q_net, eps, cpu)[0])
+        learn = S.dqn_update if name == "dqn_atari" else S.c51_update
+        update = lambda: learn(q_net, target_net, optimizer, buffer, args, args.beta, cpu, noise)
+    updates = args.replay_ratio * args.num_envs / per_update  # per vector step
+    steps = 64
+    every = max(round(1 / updates), 1) if updates < 1 else 1
+    per_step = max(round(updates), 1) if updates >= 1 else 1
+
+    def loop() -> None:
+        for t in range(steps):
+            step()
+            if t % every == 0:
+                for _ in range(per_step):
+                    update()
+
+    while len(buffer) < 4 * args.batch_size or buffer.cursor < 2_000 // args.num_envs:  # rows to sample from
+        step()
+    for _ in range(3):  # the graphs' warm-up calls and "captures"
+        update()
+    return {
+        "host_us": best_us(loop, steps, chunks),
+        "bare_us": best_us(bare_loop(envs, steps, torch.int64), steps, chunks),
+        "updates_per_step": per_step / every,
+        **count(loop, steps),
+    }
+
+
+def off_policy_continuous(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
+    """sac_mujoco, td3_mujoco, ddpg_mujoco: one env step, its append, one sample and one update, per step."""
+    S = load(name)
+    args = S.Args(num_envs=1, buffer_size=100_000)
+    envs = StubVectorEnv(CHEETAH_OBS, CHEETAH_ACT, 1, env_cost_us)
+    cpu = torch.device("cpu")
+    run = _RunStub(CHEETAH_OBS, CHEETAH_ACT)
+    learner = S.make_learner(args, run)
+    obs_norm = learner[-1]
+    buffer = S.make_replay(args, run)
+    stepper = S.EnvStepper(envs, args, obs_norm, 0)
+    update = _continuous_update(S, name, args, learner, buffer, obs_norm, cpu)
+    steps = 200
+
+    def loop() -> None:
+        for _ in range(steps):
+            row, _ = stepper.step(learner[0], False, cpu)
+            buffer.append(row)
+            update()
+
+    for _ in range(1000):  # a replay of some rows
+        buffer.append(stepper.step(learner[0], True, cpu)[0])
+    for _ in range(2):  # the graphs' warm-up calls and "captures"
+        loop()
+    return {
+        "host_us": best_us(loop, steps, chunks),
+        "bare_us": best_us(bare_loop(envs, steps, torch.float32), steps, chunks),
+        **count(loop, steps),
+    }
+
+
+class _RunStub:
+    """What make_learner, make_replay and a Sampler read of a Run."""
+
+    def __init__(self, obs_space: Any, act_space: Any):
+        self.obs_space, self.act_space, self.device = obs_space, act_space, torch.device("cpu")
+        self.world = 1
+        self.affinity = type("Affinity", (), {"learner_cpus": [0]})()
+
+    def hold(self, envs: Any) -> Any:
+        return envs
+
+    def episodes(self, episodes: Any, global_step: int) -> None:
+        for _ in episodes:  # a generator in some scripts: walked as Run walks it
+            pass
+
+
+def _continuous_update(S: Any, name: str, args: Any, learner: tuple, buffer: Any, obs_norm: Any, cpu: Any) -> Callable:
+    """One sample and one update, as the script's main loop makes them (the learner's first five are the update's
+    first arguments in every one of the three; TD3 updates its actor every policy_delay-th update)."""
+    updates = [0]
+
+    def update() -> None:
+        batch, _ = buffer.sample(args.batch_size, skip=S.HOST_ONLY)
+        b = S.to_tensors(batch, obs_norm, cpu)
+        updates[0] += 1
+        if name == "td3_mujoco":
+            S.td3_update(*learner[:5], b, args, updates[0] % args.policy_delay == 0)
+        else:
+            getattr(S, name.replace("_mujoco", "_update"))(*learner[:5], b, args)
+
+    return update
+
+
+SCRIPTS: dict[str, Callable[[str, float, int], dict[str, Any]]] = {
+    "ppo_atari": on_policy,
+    "a2c_atari": on_policy,
+    "ppo_lstm": on_policy,
+    "ppo_mujoco": on_policy,
+    "dqn_atari": value_based,
+    "catdqn_atari": value_based,
+    "r2d1_atari": value_based,
+    "sac_mujoco": off_policy_continuous,
+    "td3_mujoco": off_policy_continuous,
+    "ddpg_mujoco": off_policy_continuous,
+}
+
+
+def over_budget(name: str, figures: dict[str, float]) -> dict[str, tuple[float, float]]:
+    """The counts of ``figures`` above ``name``'s budget: {count: (figure, budget)}."""
+    return {k: (figures[k], b) for k, b in BUDGETS[name].items() if figures[k] > b}
+
+
+def measure(name: str, env_cost_us: float = 0.0, chunks: int = 5) -> dict[str, Any]:
+    """One script's figures (module docstring), with compiling enabled on the CPU in the dry protocol."""
+    torch.manual_seed(0)
+    compiling.enable("cpu")
+    try:
+        with torch.inference_mode(False), contextlib.redirect_stdout(sys.stderr):
+            out = SCRIPTS[name](name, env_cost_us, chunks)
+    finally:
+        compiling.disable()
+    out["ratio"] = out["host_us"] / out["bare_us"]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("scripts", nargs="*", metavar="SCRIPT", help=f"any of {', '.join(SCRIPTS)} (default: all)")
+    parser.add_argument("--env-cost-us", type=float, default=0.0, help="busy wait of the stub env's step (µs)")
+    parser.add_argument("--chunks", type=int, default=7, help="timed runs of each loop; the quickest counts")
+    parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    parser.add_argument("--counts", action="store_true", help="the counts only, no timing (the tests' budgets)")
+    a = parser.parse_args()
+    if a.counts:
+        a.chunks = 0
+    unknown = [name for name in a.scripts if name not in SCRIPTS]
+    if unknown:
+        parser.error(f"unknown script {unknown[0]}: choose from {', '.join(SCRIPTS)}")
+    a.scripts = a.scripts or list(SCRIPTS)
+    torch.set_num_threads(1)
+    results = {}
+    cols = ["host_us", "bare_us", "ratio", "python_calls", "c_calls", "torch_calls", "syncs", "bytes_up", "bytes_down"]
+    print(f"per vector step (rollout_ms, r_*: per rollout), stub env of {a.env_cost_us:g} µs, torch {torch.__version__}")
+    print(f"{'script':<13}" + "".join(f"{c:>13}" for c in cols) + f"{'rollout_ms':>12}{'r_syncs':>9}{'r_torch':>9}")
+    for name in a.scripts:
+        r = results[name] = measure(name, a.env_cost_us, a.chunks)
+        line = f"{name:<13}" + "".join(f"{r[c]:>13.4g}" for c in cols)
+        if "rollout_ms" in r:
+            line += f"{r['rollout_ms']:>12.3g}{r['rollout_syncs']:>9.0f}{r['rollout_torch_calls']:>9.0f}"
+        print(line, flush=True)
+    if a.json:
+        a.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
