@@ -18,20 +18,27 @@ Guarantees
   (each one imports torch: seconds), and returns the refused ones by their index in ``checks``, in that order.
   With ``stop_at_first`` the checks not yet started are dropped once one is refused (the refusals found so far
   are returned). Ctrl-C ends the checks running: they are in this process's foreground group.
+- ``command(main)`` runs a command line's ``main``: a Ctrl-C or SIGTERM that nothing inside handles (the
+  launcher's and the tuner's runs handle their own) ends it with one line on stderr, ``interrupted (SIGINT)``,
+  and exit 130, never a traceback. Each command blocks both signals at its first statement (``python
+  experiments/<name>.py``, before its imports); ``command`` unblocks them, so one that came while it imported
+  ends it here. Before that first statement the interpreter's own start-up holds the signal (Python's default:
+  a traceback, exit 1).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import NoReturn
 
-__all__ = ["CHECK_ONLY", "Parser", "refusal", "refusals"]
+__all__ = ["CHECK_ONLY", "Parser", "command", "refusal", "refusals"]
 
 # shared.run.CHECK_ONLY, spelled out: importing shared.run would import torch into every experiments/ command
 # (tests/test_launch_contract.py checks that the two agree).
@@ -125,3 +132,22 @@ def refusals(
             for fut in pending:
                 fut.cancel()
     return [(i, verdicts[k]) for i, k in enumerate(keys) if verdicts.get(k)]
+
+
+STOP = {signal.SIGINT, signal.SIGTERM}  # what a command blocks at its first statement (the module docstring)
+
+
+def _interrupt(signum, frame) -> NoReturn:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def command(main: Callable[[], int]) -> int:
+    """``main()``'s exit status; 130 with one line after a Ctrl-C or SIGTERM it lets through (the module docstring)."""
+    for s in STOP:
+        signal.signal(s, _interrupt)
+    try:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP)  # a signal kept while the command imported raises here
+        return main()
+    except KeyboardInterrupt as e:
+        print(f"interrupted ({e or 'SIGINT'})", file=sys.stderr, flush=True)
+        return 130

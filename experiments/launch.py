@@ -87,29 +87,27 @@ waiting: 0 once the jobs are submitted. ``python experiments/status.py ROOT`` pr
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+
+if __name__ == "__main__":  # Ctrl-C and SIGTERM wait until it has imported: experiments.flags.command (one line)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    if sys.path[0] and os.path.realpath(sys.path[0]) == os.path.dirname(os.path.realpath(__file__)):
+        sys.path[0] = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # modules import once, as experiments.*
+
 import argparse
 import fcntl
 import importlib.util
 import math
-import os
 import re
 import shlex
-import sys
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-# Find the repository without an install step, as the scripts in algos/ do. Run as a script, Python puts this
-# file's folder first on sys.path: it gives way to the repository, so these modules are imported once, as
-# experiments.*, and none of them stands in for an installed module of the same name.
-_HERE = Path(__file__).resolve().parent
-if sys.path and sys.path[0] and Path(sys.path[0]).resolve() == _HERE:
-    del sys.path[0]
-# the repository around this file (shared/ beside it), else the installed packages
-sys.path[:0] = [str(p) for p in _HERE.parents if (p / "shared" / "run.py").exists()][:1]
-
 from experiments.display import Display
-from experiments.flags import Parser, refusals
+from experiments.flags import Parser, command, refusals
 from experiments.grid import LaunchError, Trial, build_grid, load_file, parse_level, saved_grid, split_flags
 from experiments.local import Launcher
 from experiments.process import pid_runs
@@ -294,12 +292,8 @@ def check_flags(a: argparse.Namespace, todo: Sequence[Trial]) -> None:
     env = dict(os.environ)
     if a.gpus_per_run == 0 and not a.slurm:
         env["CUDA_VISIBLE_DEVICES"] = ""  # as the runs get it (experiments/slots.py): no GPU
-    try:
-        with scratch:
-            refused = refusals(checks, jobs=max(1, min(4, len(os.sched_getaffinity(0)))), env=env, stop_at_first=True)
-    except KeyboardInterrupt:  # the checks (in this foreground group) got the Ctrl-C too; nothing was written yet
-        print("interrupted while the scripts checked their flags: nothing was written", file=sys.stderr, flush=True)
-        raise SystemExit(EXIT_INTERRUPTED) from None
+    with scratch:  # a Ctrl-C reaches the checks too (this foreground group): experiments.flags.command's one line
+        refused = refusals(checks, jobs=max(1, min(4, len(os.sched_getaffinity(0)))), env=env, stop_at_first=True)
     if refused:
         i, reason = refused[0]
         t, seed = picked[i]
@@ -477,4 +471,4 @@ def launch(a: argparse.Namespace, tail: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command(main))

@@ -36,17 +36,27 @@ fewest has (said in the table). One seed (per task) has no interval: its cells r
 ``EXPERIMENT/report``): ``report.md``, ``curves_<env>.png``, ``aggregates.png``, ``profiles.png``; ``report.md``
 is printed too.
 
-Bad arguments (a missing folder, ``--reps`` outside [10, 100000], ``--seed`` outside [0, 2**31), an ``--out``
-under a file, a damaged ``--reference``) are one ``error:`` line and exit 2, before anything is written.
+Bad arguments (a missing folder or one this user may not read, ``--reps`` outside [10, 100000], ``--seed`` outside
+[0, 2**31), an ``--out`` where no folder can be made: under a file, under /proc, in a folder this user may not
+write, a damaged ``--reference``) are one ``error:`` line and exit 2, before anything is written. Ctrl-C or
+SIGTERM: one line and exit 130 (``experiments.flags.command``).
 """
 
 from __future__ import annotations
+
+import os
+import signal
+import sys
+
+if __name__ == "__main__":  # Ctrl-C and SIGTERM wait until it has imported: experiments.flags.command (one line)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    if sys.path[0] and os.path.realpath(sys.path[0]) == os.path.dirname(os.path.realpath(__file__)):
+        sys.path[0] = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # modules import once, as experiments.*
 
 import argparse
 import json
 import math
 import re
-import sys
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -54,15 +64,9 @@ from pathlib import Path
 
 import numpy as np
 
-# Find the repository without an install step, as experiments/launch.py does (see there).
-_HERE = Path(__file__).resolve().parent
-if sys.path and sys.path[0] and Path(sys.path[0]).resolve() == _HERE:
-    del sys.path[0]
-# the repository around this file (shared/ beside it), else the installed packages
-sys.path[:0] = [str(p) for p in _HERE.parents if (p / "shared" / "run.py").exists()][:1]
-
 from experiments import plot
-from experiments.flags import Parser
+from experiments.flags import Parser, command
+from shared.files import nearest_existing, probe_creatable
 from shared.progress import read_rows
 
 SKIP_DIRS = {".stale", ".submitit", "report"}
@@ -191,7 +195,7 @@ def read_result(folder: Path, source: str, last: int) -> RunResult:
         if not math.isfinite(res.score):
             res.problem = f"its {res.source} score is {res.score} (a return that is not finite)"
             res.score = None
-    except Unusable as e:
+    except (Unusable, OSError) as e:  # OSError: a file of a folder this user may not enter
         res.problem, res.score = str(e), None
     return res
 
@@ -396,7 +400,6 @@ def write_report(
     curves: bool = True,
     left_out: Sequence[RunResult] = (),
 ) -> str:
-    out.mkdir(parents=True, exist_ok=True)
     lines = [f"# Report: {root}", ""]
     what = {
         "auto": f"eval.json's mean where present, else the mean of the last {last} training episodes",
@@ -490,6 +493,7 @@ def write_report(
             lines.append(f"- `{rel}`: {r.problem}")
         lines.append("")
     text = "\n".join(lines)
+    out.mkdir(parents=True, exist_ok=True)  # only now (or by the first figure): a Ctrl-C before leaves nothing
     (out / "report.md").write_text(text)
     return text
 
@@ -554,10 +558,19 @@ SEED_RANGE = 2**31  # numpy's RandomState takes [0, 2**32); the profiles' bootst
 
 
 def check_out(out: Path) -> None:
-    """``--out`` can hold report.md and the PNGs: a folder, or a path where one can be made (nothing made here)."""
-    there = next(p for p in [out, *out.parents] if p.exists())
+    """``--out`` can hold report.md and the PNGs: a folder, or a path where one can be made, found out by making one in
+    the nearest folder that exists and removing it (``shared.files``: nothing is left, not even its times changed);
+    ``ValueError`` saying why not (below a file, under /proc, a folder this user may not enter or write)."""
+    try:
+        there = nearest_existing(out)
+    except OSError as e:
+        raise ValueError(f"--out {out}: {e.strerror or e}") from None
     if not there.is_dir():
         raise ValueError(f"--out {out}: {there} is a file, not a folder")
+    try:
+        probe_creatable(there)
+    except OSError as e:
+        raise ValueError(f"--out {out}: cannot make a folder in {there} ({e.strerror or e})") from None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -582,8 +595,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--include-unfinished", action="store_true", help="also runs the launcher has not finished")
     p.add_argument("--no-curves", action="store_true", help="skip the curve figures")
     a = p.parse_args(argv)
-    if not a.experiment.is_dir():
-        p.error(f"{a.experiment} is not a folder")
+    try:
+        if not a.experiment.is_dir():
+            p.error(f"{a.experiment} is not a folder")
+        os.listdir(a.experiment)  # one this user may not read is refused, not reported as a folder without runs
+    except OSError as e:
+        p.error(f"{a.experiment}: cannot be read ({e.strerror or e})")
     if a.last_episodes < 1:
         p.error(f"--last-episodes must be at least 1, got {a.last_episodes}")
     if not 10 <= a.reps <= MAX_REPS:
@@ -617,4 +634,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command(main))

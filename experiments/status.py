@@ -21,20 +21,23 @@ Guarantees
 
 from __future__ import annotations
 
+import os
+import signal
+import sys
+
+if __name__ == "__main__":  # Ctrl-C and SIGTERM wait until it has imported: experiments.flags.command (one line)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    if sys.path[0] and os.path.realpath(sys.path[0]) == os.path.dirname(os.path.realpath(__file__)):
+        sys.path[0] = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # modules import once, as experiments.*
+
 import contextlib
 import json
 import math
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-if __name__ == "__main__":  # run as a script, this folder gives way to the repository on sys.path (see launch.py)
-    _HERE = Path(__file__).resolve().parent
-    if sys.path and sys.path[0] and Path(sys.path[0]).resolve() == _HERE:
-        sys.path[0] = str(_HERE.parent)
-
-from experiments.flags import Parser
+from experiments.flags import Parser, command
 from experiments.grid import LaunchError, Trial, build_grid, saved_grid
 from experiments.records import STATES, experiment_problem, load_record, now, read_records, write_json
 from shared.files import WriteError
@@ -212,4 +215,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command(main))

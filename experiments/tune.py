@@ -85,32 +85,31 @@ docstring what it guarantees: ``search_space`` (``--search`` parsed and checked 
 (``tune-report/``).
 """
 
-# ruff: noqa: E402 (the repository goes on sys.path before its imports, as in launch.py)
 from __future__ import annotations
+
+import os
+import signal
+import sys
+
+if __name__ == "__main__":  # Ctrl-C and SIGTERM wait until it has imported: experiments.flags.command (one line)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    if sys.path[0] and os.path.realpath(sys.path[0]) == os.path.dirname(os.path.realpath(__file__)):
+        sys.path[0] = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))  # modules import once, as experiments.*
 
 import argparse
 import contextlib
 import dataclasses
 import fcntl
-import os
 import shlex
 import shutil
 import socket
-import sys
 import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-# Find the repository without an install step, as experiments/launch.py does (see there).
-_HERE = Path(__file__).resolve().parent
-if sys.path and sys.path[0] and Path(sys.path[0]).resolve() == _HERE:
-    del sys.path[0]
-# the repository around this file (shared/ beside it), else the installed packages
-sys.path[:0] = [str(p) for p in _HERE.parents if (p / "shared" / "run.py").exists()][:1]
-
-from experiments.flags import Parser, refusals
+from experiments.flags import Parser, command, refusals
 from experiments.grid import LaunchError, Trial, build_grid
 from experiments.local import Launcher
 from experiments.records import (
@@ -815,9 +814,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except LaunchError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
-    except KeyboardInterrupt:  # before the runs' supervision took the signals: nothing of a run started
-        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command(main))

@@ -186,3 +186,52 @@ def test_bad_input_exits_2(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         report.main([str(tmp_path), "--reference", str(tmp_path / "refs.json")])
     assert e.value.code == 2 and "needs a 'random' score" in capsys.readouterr().err
+
+
+def snapshot(root: Path) -> dict[str, tuple[bytes | None, int]]:
+    return {str(p): (p.read_bytes() if p.is_file() else None, p.stat().st_mtime_ns) for p in [root, *root.rglob("*")]}
+
+
+def without_dac_override() -> None:
+    """In the child, before it runs the report: root's power to read and enter any folder dropped from the
+    capabilities it keeps through exec (PR_CAPBSET_DROP of CAP_DAC_OVERRIDE and CAP_DAC_READ_SEARCH), so a folder's
+    mode bits hold for root as for anyone."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in (1, 2):
+        if libc.prctl(24, cap, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+@pytest.mark.parametrize("case", ["out_under_proc", "unreadable_experiment"])
+def test_an_out_that_cannot_be_made_or_an_unreadable_experiment_is_one_line(experiment, tmp_path, case):
+    """Both were tracebacks (issue 68): --out under /proc failed making the folder after the statistics, and an
+    experiment folder this user may not enter failed its --out check (exists() raises there)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    extra, setup = ["--no-curves", "--reps", "100"], None
+    if case == "out_under_proc":
+        extra += ["--out", "/proc/no/report"]
+    else:
+        os.chmod(experiment, 0)
+        setup = without_dac_override if os.geteuid() == 0 else None
+    before = snapshot(tmp_path)
+    try:
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "experiments" / "report.py"), str(experiment), *extra],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            preexec_fn=setup,
+        )
+    finally:
+        os.chmod(experiment, 0o755)
+    said = "cannot make a folder in /proc" if case == "out_under_proc" else "cannot be read (Permission denied)"
+    assert done.returncode == 2 and done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
+    assert said in done.stderr and not done.stdout, done.stderr
+    assert snapshot(tmp_path) == before
