@@ -282,7 +282,7 @@ def test_a_script_profiled_for_a_figure_keeps_its_exit_code(tmp_path):
     fake = tmp_path / "fails.py"
     fake.write_text("import sys\nsys.exit(3)\n")
     out = subprocess.run(
-        [sys.executable, "-c", continuous_training.PROFILE_CODE, str(fake), "0", str(tmp_path / "prof.out")],
+        [sys.executable, "-c", continuous_training.PROFILE_CODE, "0", str(tmp_path / "prof.out"), str(fake)],
         capture_output=True,
         text=True,
         timeout=120,

@@ -30,17 +30,16 @@ sampler).
 from __future__ import annotations
 
 import argparse
-import csv
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # run as a file: the repository's packages import from it
+
+from benchmarks.script_speed import mean_sps, run_script
 
 TASKS = {  # preset: (env id, observed entries, zoo settings for RecurrentPPO, steps)
     "cartpole": (
@@ -91,31 +90,9 @@ def curve(ends: list[tuple[int, float]], steps: int, bins: int = 10) -> list[flo
 
 def ours(task: str, steps: int, seed: int, sampler: str = "serial", extra: tuple[str, ...] = ()) -> tuple:
     """(SPS from the end of the first rollout, [(global step, return)] of its episodes) of one ppo_lstm.py run."""
-    with tempfile.TemporaryDirectory() as out:
-        cmd = [
-            sys.executable,
-            str(ROOT / "algos" / "ppo_lstm.py"),
-            "--preset",
-            task,
-            "--total-timesteps",
-            str(steps),
-            "--seed",
-            str(seed),
-            "--sampler",
-            sampler,
-            "--eval-episodes",
-            "0",
-            "--out-dir",
-            out,
-            "--run-name",
-            "b",
-            *extra,
-        ]
-        subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
-        with open(Path(out) / "b" / "progress.csv") as f:
-            rows = list(csv.DictReader(f))
-    first, last = rows[0], rows[-1]
-    sps = (int(last["global_step"]) - int(first["global_step"])) / (float(last["wall_time_s"]) - float(first["wall_time_s"]))
+    flags = ["--preset", task, "--total-timesteps", str(steps), "--seed", str(seed), "--sampler", sampler]
+    rows = run_script("ppo_lstm.py", [*flags, "--eval-episodes", "0", *extra])
+    sps = mean_sps(rows)
     # Each row's mean stands for the episodes that ended since the row before, at that row's step.
     ends, seen = [], 0
     for r in rows:

@@ -13,14 +13,14 @@ by Python and the env, not by kernel launches; the figures say which.
 from __future__ import annotations
 
 import argparse
-import csv
 import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # run as a file: the repository's packages import from it
+
+from benchmarks.script_speed import mean_sps, run_script
 
 COMMON = ["--eval-episodes", "0", "--checkpoint-minutes", "0", "--seed", "1"]
 RUNS = {  # a preset each, long enough for several rows after compiling
@@ -38,30 +38,7 @@ RUNS = {  # a preset each, long enough for several rows after compiling
 
 
 def progress(script: str, device: str, flags: list[str], env: dict) -> list[dict]:
-    with tempfile.TemporaryDirectory() as out:
-        cmd = [
-            sys.executable,
-            str(ROOT / "algos" / f"{script}.py"),
-            *RUNS[script],
-            *COMMON,
-            "--device",
-            device,
-            "--out-dir",
-            out,
-            "--run-name",
-            "b",
-            *flags,
-        ]
-        done = subprocess.run(cmd, capture_output=True, text=True, env=env)
-        if done.returncode:
-            raise RuntimeError(f"{script} {' '.join(flags)}: exit {done.returncode}\n{done.stderr[-2000:]}")
-        with open(Path(out) / "b" / "progress.csv") as f:
-            return list(csv.DictReader(f))
-
-
-def sps(rows: list[dict], first: int) -> float:
-    a, b = rows[first], rows[-1]
-    return (int(b["global_step"]) - int(a["global_step"])) / (float(b["wall_time_s"]) - float(a["wall_time_s"]))
+    return run_script(f"{script}.py", [*RUNS[script], *COMMON, "--device", device, *flags], env=env)
 
 
 def main() -> None:
@@ -82,7 +59,8 @@ def main() -> None:
         final = compiled[-1]["compiled_graphs"]
         first = next(i for i, r in enumerate(compiled) if r["compiled_graphs"] == final)
         first = min(first, len(compiled) - 2)  # at least one row's interval
-        e, c = sps(eager, first), sps(compiled, first)
+        start = int(compiled[first]["global_step"])  # the same window in both runs
+        e, c = mean_sps(eager, start), mean_sps(compiled, start)
         window = f"{compiled[first]['global_step']}..{compiled[-1]['global_step']}"
         print(
             f"{script:<14} {e:>10.0f} {c:>13.0f} {c / e:>7.2f} {float(compiled[-1]['compile_s']):>10.1f} "

@@ -18,15 +18,14 @@ SPS is measured from the first progress row to the last (start-up and the first 
 from __future__ import annotations
 
 import argparse
-import csv
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # run as a file: the repository's packages import from it
+
+from benchmarks.script_speed import ScriptFailed, mean_sps, run_script
 
 PPO_CARTPOLE = [
     "--num-steps",
@@ -49,45 +48,22 @@ PPO_CARTPOLE = [
 ]
 
 
-def train(
-    script: str, env_id: str, steps: int, ranks: int, num_envs: int, seed: int, extra: list[str], out: Path, name: str
-) -> dict:
-    """One job of ``ranks`` ranks; returns its SPS, wall time and (step, return_mean) rows."""
-    args = [
-        str(ROOT / "algos" / script),
-        "--env-id",
-        env_id,
-        "--total-timesteps",
-        str(steps),
-        "--num-envs",
-        str(num_envs),
-        "--seed",
-        str(seed),
-        "--eval-episodes",
-        "0",
-        "--out-dir",
-        str(out),
-        "--run-name",
-        name,
-        *extra,
+def train(script: str, env_id: str, steps: int, ranks: int, num_envs: int, seed: int, extra: list[str]) -> dict:
+    """One job of ``ranks`` ranks; returns its SPS (first progress row to last), wall time and (step, return_mean)
+    rows."""
+    flags = [
+        *("--env-id", env_id, "--total-timesteps", str(steps), "--num-envs", str(num_envs), "--seed", str(seed)),
+        *("--eval-episodes", "0", *extra),
     ]
-    if ranks == 1:
-        cmd = [sys.executable, *args]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), *args]
+    torchrun = ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)] if ranks > 1 else []
     t0 = time.perf_counter()
-    done = subprocess.run(cmd, capture_output=True, text=True)
+    try:
+        rows = run_script(script, flags, torchrun)
+    except ScriptFailed as e:
+        raise SystemExit(str(e)) from None
     wall = time.perf_counter() - t0
-    if done.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-3000:]}")
-    with open(out / name / "progress.csv") as f:
-        rows = list(csv.DictReader(f))
-    first, last = rows[0], rows[-1]
-    sps = (int(last["global_step"]) - int(first["global_step"])) / max(
-        float(last["wall_time_s"]) - float(first["wall_time_s"]), 1e-9
-    )
     curve = [(int(r["global_step"]), float(r["return_mean"])) for r in rows if r["return_mean"]]
-    return {"sps": sps, "wall": wall, "curve": curve}
+    return {"sps": mean_sps(rows), "wall": wall, "curve": curve}
 
 
 def at(curve: list[tuple[int, float]], step: int, window: int = 5) -> float | None:
@@ -115,19 +91,18 @@ def main() -> None:
         a.extra if a.extra is not None else (PPO_CARTPOLE if a.script == "ppo_atari.py" and a.env_id == "CartPole-v1" else [])
     )
     results: dict[tuple[str, int], list[dict]] = {}
-    with tempfile.TemporaryDirectory() as tmp:
-        for seed in a.seeds:
-            for n in a.ranks:
-                for kind in ("weak", "strong"):
-                    if kind == "strong" and (n == 1 or a.num_envs % n):
-                        continue
-                    envs = a.num_envs if kind == "weak" else a.num_envs // n
-                    r = train(a.script, a.env_id, a.steps, n, envs, seed, extra, Path(tmp), f"{kind}{n}s{seed}")
-                    results.setdefault((kind if n > 1 else "one", n), []).append(r)
-                    print(
-                        f"seed {seed}  {n} rank(s)  {kind:>6}  {envs} envs/rank  SPS {r['sps']:.0f}  wall {r['wall']:.0f} s",
-                        flush=True,
-                    )
+    for seed in a.seeds:
+        for n in a.ranks:
+            for kind in ("weak", "strong"):
+                if kind == "strong" and (n == 1 or a.num_envs % n):
+                    continue
+                envs = a.num_envs if kind == "weak" else a.num_envs // n
+                r = train(a.script, a.env_id, a.steps, n, envs, seed, extra)
+                results.setdefault((kind if n > 1 else "one", n), []).append(r)
+                print(
+                    f"seed {seed}  {n} rank(s)  {kind:>6}  {envs} envs/rank  SPS {r['sps']:.0f}  wall {r['wall']:.0f} s",
+                    flush=True,
+                )
 
     mean = lambda xs: sum(xs) / len(xs)
     base = mean([r["sps"] for r in results[("one", 1)]])

@@ -12,72 +12,27 @@ every 1,000 env steps, double DQN off (SB3's DQN has none), 100k replay, learnin
 from __future__ import annotations
 
 import argparse
-import csv
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # run as a file: the repository's packages import from it
+
+from benchmarks.script_speed import device_name, mean_sps, run_script
+
 LEARN_FROM = 2000
 
 
-def device_name(spec: str) -> str:
-    """The device a --device value means here, for the printed header: ``auto`` is cuda if available, else cpu."""
-    if spec != "auto":
-        return spec
-    import torch
-
-    return f"{'cuda' if torch.cuda.is_available() else 'cpu'} (auto)"
-
-
 def ours(script: str, env_id: str, steps: int, sampler: str, extra: list[str], device: str) -> float:
-    with tempfile.TemporaryDirectory() as out:
-        cmd = [
-            sys.executable,
-            str(ROOT / "algos" / script),
-            "--env-id",
-            env_id,
-            "--sampler",
-            sampler,
-            "--total-timesteps",
-            str(LEARN_FROM + steps),
-            "--num-envs",
-            "4",
-            "--replay-ratio",
-            "8",
-            "--batch-size",
-            "32",
-            "--optimizer",
-            "adam",
-            "--learning-rate",
-            "1e-4",
-            "--target-update-interval",
-            "1000",
-            "--no-double-dqn",
-            "--buffer-size",
-            "100000",
-            "--min-steps-learn",
-            str(LEARN_FROM),
-            "--log-every",
-            "1000",
-            "--eval-episodes",
-            "0",
-            "--out-dir",
-            out,
-            "--run-name",
-            "b",
-            "--device",
-            device,
-            *extra,
-        ]
-        subprocess.run(cmd, check=True, capture_output=True, text=True)
-        with open(Path(out) / "b" / "progress.csv") as f:
-            rows = [r for r in csv.DictReader(f) if int(r["global_step"]) >= LEARN_FROM + 1000]
-    first, last = rows[0], rows[-1]
-    steps = int(last["global_step"]) - int(first["global_step"])
-    return steps / (float(last["wall_time_s"]) - float(first["wall_time_s"]))
+    """SPS of ``script`` from its first row 1,000 steps into learning to its end."""
+    flags = [
+        *("--env-id", env_id, "--sampler", sampler, "--total-timesteps", str(LEARN_FROM + steps)),
+        *("--num-envs", "4", "--replay-ratio", "8", "--batch-size", "32", "--optimizer", "adam", "--learning-rate", "1e-4"),
+        *("--target-update-interval", "1000", "--no-double-dqn", "--buffer-size", "100000"),
+        *("--min-steps-learn", str(LEARN_FROM), "--log-every", "1000", "--eval-episodes", "0", "--device", device),
+    ]
+    return mean_sps(run_script(script, [*flags, *extra]), start=LEARN_FROM + 1000)
 
 
 def sb3(env_id: str, steps: int, device: str) -> float:

@@ -19,58 +19,28 @@ episodes of the last 10% of training; SPS: env steps over the training wall time
 from __future__ import annotations
 
 import argparse
-import csv
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # run as a file: the repository's packages import from it
+
+from benchmarks.script_speed import run_script
 
 ENV = "tests.masked_env:MaskedChoice-v0"
 
 
 def ours(steps: int, seed: int) -> tuple[float, float]:
-    """(SPS, mean return of the last 10% of steps) of one ppo_atari.py run."""
-    with tempfile.TemporaryDirectory() as out:
-        cmd = [
-            sys.executable,
-            str(ROOT / "algos" / "ppo_atari.py"),
-            "--env-id",
-            ENV,
-            "--num-envs",
-            "4",
-            "--num-steps",
-            "64",
-            "--num-minibatches",
-            "4",
-            "--update-epochs",
-            "4",
-            "--learning-rate",
-            "2.5e-3",
-            "--no-anneal-lr",
-            "--ent-coef",
-            "0.01",
-            "--total-timesteps",
-            str(steps),
-            "--log-every",
-            "1",
-            "--eval-episodes",
-            "0",
-            "--seed",
-            str(seed),
-            "--out-dir",
-            out,
-            "--run-name",
-            "b",
-        ]
-        subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
-        with open(Path(out) / "b" / "progress.csv") as f:
-            rows = list(csv.DictReader(f))
+    """(SPS over the whole run, mean return of the last 10% of steps) of one ppo_atari.py run."""
+    flags = [
+        *("--env-id", ENV, "--num-envs", "4", "--num-steps", "64", "--num-minibatches", "4", "--update-epochs", "4"),
+        *("--learning-rate", "2.5e-3", "--no-anneal-lr", "--ent-coef", "0.01", "--total-timesteps", str(steps)),
+        *("--log-every", "1", "--eval-episodes", "0", "--seed", str(seed)),
+    ]
+    rows = run_script("ppo_atari.py", flags)
     last = [float(r["return_mean"]) for r in rows if r["return_mean"] and int(r["global_step"]) > 0.9 * steps]
     return int(rows[-1]["global_step"]) / float(rows[-1]["wall_time_s"]), float(np.mean(last))
 

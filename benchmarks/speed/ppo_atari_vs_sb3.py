@@ -12,53 +12,20 @@ sides: our scripts' --device and SB3's device=, so the same comparison can be ta
 from __future__ import annotations
 
 import argparse
-import csv
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # run as a file: the repository's packages import from it
 
-
-def device_name(spec: str) -> str:
-    """The device a --device value means here, for the printed header: ``auto`` is cuda if available, else cpu."""
-    if spec != "auto":
-        return spec
-    import torch
-
-    return f"{'cuda' if torch.cuda.is_available() else 'cpu'} (auto)"
+from benchmarks.script_speed import device_name, mean_sps, run_script
 
 
 def ours(env_id: str, steps: int, sampler: str, extra: list[str], device: str) -> float:
-    with tempfile.TemporaryDirectory() as out:
-        cmd = [
-            sys.executable,
-            str(ROOT / "algos" / "ppo_atari.py"),
-            "--env-id",
-            env_id,
-            "--total-timesteps",
-            str(steps),
-            "--sampler",
-            sampler,
-            "--eval-episodes",
-            "0",
-            "--out-dir",
-            out,
-            "--run-name",
-            "b",
-            "--device",
-            device,
-            *extra,
-        ]
-        subprocess.run(cmd, check=True, capture_output=True, text=True)
-        with open(Path(out) / "b" / "progress.csv") as f:
-            rows = list(csv.DictReader(f))
-    # From the end of the first rollout to the end: start-up and the first rollout's warm-up left out.
-    first, last = rows[0], rows[-1]
-    steps = int(last["global_step"]) - int(first["global_step"])
-    return steps / (float(last["wall_time_s"]) - float(first["wall_time_s"]))
+    """SPS of ppo_atari.py from the end of its first rollout to its end (start-up and the first rollout left out)."""
+    flags = ["--env-id", env_id, "--total-timesteps", str(steps), "--sampler", sampler, "--eval-episodes", "0"]
+    return mean_sps(run_script("ppo_atari.py", [*flags, "--device", device, *extra]))
 
 
 def sb3(env_id: str, steps: int, device: str) -> float:

@@ -15,54 +15,22 @@ a GPU.
 from __future__ import annotations
 
 import argparse
-import csv
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # run as a file: the repository's packages import from it
 
-
-def device_name(spec: str) -> str:
-    """The device a --device value means here, for the printed header: ``auto`` is cuda if available, else cpu."""
-    if spec != "auto":
-        return spec
-    import torch
-
-    return f"{'cuda' if torch.cuda.is_available() else 'cpu'} (auto)"
+from benchmarks.script_speed import device_name, mean_sps, run_script
 
 
 def ours(env_id: str, steps: int, num_envs: int, sampler: str, device: str, extra: tuple = ()) -> float:
-    with tempfile.TemporaryDirectory() as out:
-        cmd = [
-            sys.executable,
-            str(ROOT / "algos" / "ppo_mujoco.py"),
-            "--env-id",
-            env_id,
-            "--total-timesteps",
-            str(steps),
-            "--num-envs",
-            str(num_envs),
-            "--num-steps",
-            str(2048 // num_envs),
-            "--sampler",
-            sampler,
-            "--eval-episodes",
-            "0",
-            "--out-dir",
-            out,
-            "--run-name",
-            "b",
-            "--device",
-            device,
-            *extra,
-        ]
-        subprocess.run(cmd, check=True, capture_output=True, text=True)
-        with open(Path(out) / "b" / "progress.csv") as f:
-            rows = list(csv.DictReader(f))
-    first, last = rows[0], rows[-1]
-    return (int(last["global_step"]) - int(first["global_step"])) / (float(last["wall_time_s"]) - float(first["wall_time_s"]))
+    """SPS of ppo_mujoco.py from the end of its first rollout to its end."""
+    flags = [
+        *("--env-id", env_id, "--total-timesteps", str(steps), "--num-envs", str(num_envs)),
+        *("--num-steps", str(2048 // num_envs), "--sampler", sampler, "--eval-episodes", "0", "--device", device),
+    ]
+    return mean_sps(run_script("ppo_mujoco.py", [*flags, *extra]))
 
 
 def sb3(env_id: str, steps: int, num_envs: int, subprocesses: bool, device: str) -> float:

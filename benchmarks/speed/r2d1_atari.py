@@ -12,61 +12,30 @@ batch_size * sequence_length = 5,120 env steps, as in R2D2 and rlpyt). --device 
 from __future__ import annotations
 
 import argparse
-import csv
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT))  # run as a file: the repository's packages import from it
+
 sys.path.insert(0, str(ROOT / "algos"))
+
+from benchmarks.script_speed import mean_sps, run_script
 
 
 def script_sps(env_id: str, num_envs: int, sampler: str, steps: int, learn_from: int, device: str) -> tuple[float, float, int]:
     """(sampling SPS before learning, training SPS after, updates done) from one run's progress.csv."""
-    with tempfile.TemporaryDirectory() as out:
-        cmd = [
-            sys.executable,
-            str(ROOT / "algos" / "r2d1_atari.py"),
-            "--env-id",
-            env_id,
-            "--sampler",
-            sampler,
-            "--num-envs",
-            str(num_envs),
-            "--total-timesteps",
-            str(learn_from + steps),
-            "--min-steps-learn",
-            str(learn_from),
-            "--buffer-size",
-            "200000",
-            "--log-every",
-            str(steps // 4),
-            "--eval-episodes",
-            "0",
-            "--out-dir",
-            out,
-            "--run-name",
-            "b",
-            "--device",
-            device,
-        ]
-        subprocess.run(cmd, check=True, capture_output=True, text=True)
-        with open(Path(out) / "b" / "progress.csv") as f:
-            rows = list(csv.DictReader(f))
-
-    def sps(rs):
-        steps = int(rs[-1]["global_step"]) - int(rs[0]["global_step"])
-        return steps / (float(rs[-1]["wall_time_s"]) - float(rs[0]["wall_time_s"]))
-
+    flags = [
+        *("--env-id", env_id, "--sampler", sampler, "--num-envs", str(num_envs)),
+        *("--total-timesteps", str(learn_from + steps), "--min-steps-learn", str(learn_from), "--buffer-size", "200000"),
+        *("--log-every", str(steps // 4), "--eval-episodes", "0", "--device", device),
+    ]
+    rows = run_script("r2d1_atari.py", flags)
     # The async learner sees steps a chunk (rnn_state_interval rows of every env) at a time: its rows land on
     # chunk boundaries, the first at or past learn_from within one chunk.
-    edge = learn_from + num_envs * 40
-    before = [r for r in rows if int(r["global_step"]) <= edge]
-    after = [r for r in rows if int(r["global_step"]) >= [int(x["global_step"]) for x in before][-1]]
-    return sps(before), sps(after), int(rows[-1]["updates"])
+    edge = max(int(r["global_step"]) for r in rows if int(r["global_step"]) <= learn_from + num_envs * 40)
+    return mean_sps(rows, end=edge), mean_sps(rows, start=edge), int(rows[-1]["updates"])
 
 
 def learner_sequences_per_second(

@@ -13,25 +13,18 @@ device=, for the same comparison on a GPU.
 from __future__ import annotations
 
 import argparse
-import csv
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # run as a file: the repository's packages import from it
+
+from benchmarks.script_speed import device_name, mean_sps, run_script
+
 LEARN_FROM = 1000
 SCRIPTS = {"sac": "sac_mujoco.py", "td3": "td3_mujoco.py", "ddpg": "ddpg_mujoco.py"}
-
-
-def device_name(spec: str) -> str:
-    """The device a --device value means here, for the printed header: ``auto`` is cuda if available, else cpu."""
-    if spec != "auto":
-        return spec
-    import torch
-
-    return f"{'cuda' if torch.cuda.is_available() else 'cpu'} (auto)"
 
 
 # The script under cProfile from the first step of the timed window on (compiling, start-up and the first 500
@@ -40,8 +33,8 @@ def device_name(spec: str) -> str:
 PROFILE_CODE = f"""import cProfile, runpy, sys
 sys.path.insert(0, {str(ROOT)!r})
 import shared.run
-script, start, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
-sys.argv = [script, *sys.argv[4:]]
+start, out, script = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+sys.argv = sys.argv[3:]
 prof = cProfile.Profile()
 periodic = shared.run.Run.periodic
 def timed(self, global_step, *args, **kwargs):
@@ -64,44 +57,20 @@ def ours(script: str, env_id: str, steps: int, sampler: str, extra: list[str], d
     (slower: the figure is not comparable) and the ``profile_top`` functions with the most time of their own are
     printed to stderr: where the host's time per step goes (on a GPU, what sets the pace once the updates are CUDA
     graphs)."""
-    with tempfile.TemporaryDirectory() as out:
-        path = str(ROOT / "algos" / script)
-        run = ["-c", PROFILE_CODE, path, str(LEARN_FROM + 500), str(Path(out) / "prof.out")] if profile_top else [path]
-        cmd = [
-            sys.executable,
-            *run,
-            "--env-id",
-            env_id,
-            "--sampler",
-            sampler,
-            "--total-timesteps",
-            str(LEARN_FROM + 500 + steps),
-            "--buffer-size",
-            "100000",
-            "--min-steps-learn",
-            str(LEARN_FROM),
-            "--log-every",
-            "500",
-            "--eval-episodes",
-            "0",
-            "--out-dir",
-            out,
-            "--run-name",
-            "b",
-            "--device",
-            device,
-            *extra,
-        ]
-        subprocess.run(cmd, check=True, capture_output=True, text=True)
-        with open(Path(out) / "b" / "progress.csv") as f:
-            rows = [r for r in csv.DictReader(f) if int(r["global_step"]) >= LEARN_FROM + 500]
+    start = LEARN_FROM + 500
+    flags = [
+        *("--env-id", env_id, "--sampler", sampler, "--total-timesteps", str(start + steps), "--buffer-size", "100000"),
+        *("--min-steps-learn", str(LEARN_FROM), "--log-every", "500", "--eval-episodes", "0", "--device", device),
+    ]
+    with tempfile.TemporaryDirectory() as tmp:
+        prof = Path(tmp) / "prof.out"
+        python_args = ["-c", PROFILE_CODE, str(start), str(prof)] if profile_top else []
+        rows = run_script(script, [*flags, *extra], python_args)
         if profile_top:
             import pstats
 
-            pstats.Stats(str(Path(out) / "prof.out"), stream=sys.stderr).sort_stats("tottime").print_stats(profile_top)
-    first, last = rows[0], rows[-1]
-    steps = int(last["global_step"]) - int(first["global_step"])
-    return steps / (float(last["wall_time_s"]) - float(first["wall_time_s"]))
+            pstats.Stats(str(prof), stream=sys.stderr).sort_stats("tottime").print_stats(profile_top)
+    return mean_sps(rows, start=start)
 
 
 def sb3(algo: str, env_id: str, steps: int, device: str) -> float:
