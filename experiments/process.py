@@ -23,7 +23,7 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
-from shared.procs import session_processes
+from shared.procs import process_stat, session_processes
 
 __all__ = ["kill_session", "pid_runs", "start_process"]
 
@@ -76,14 +76,12 @@ def kill_session(sid: int) -> None:
 
 def pid_runs(pid: int | None, folder: Path) -> bool:
     """Whether ``pid`` is alive and is a process of the run in ``folder`` (its command line names the folder)."""
-    if not pid:
+    stat = process_stat(pid) if pid else None
+    if stat is None or not stat.alive:
         return False
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
             cmd = f.read().decode(errors="replace").split("\0")
-        with open(f"/proc/{pid}/stat") as f:
-            if f.read().rsplit(")", 1)[1].split()[0] == "Z":
-                return False
     except OSError:
         return False
     return str(folder.parent) in cmd and folder.name in cmd

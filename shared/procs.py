@@ -17,6 +17,9 @@ Guarantees
 - ``SharedParameters`` publishes a module's parameters and buffers into shared memory with a version number;
   a reader copies them out under the same lock, so it never sees a mix of two versions.
 - Replay pacing (``ReplayPacer``, ``AsyncReplay``) is in ``shared.pacing``; waits and locks in ``shared.sync``.
+- Processes are read from ``/proc`` by one walk: ``process_table`` (each process's state, parent and session),
+  ``descendants`` (a process's tree, parents first), ``session_processes`` (a session's live processes); each a
+  snapshot of the moment it reads (see ``descendants``).
 - Shared memory comes from ``shared.buffer`` (anonymous: it cannot leak); semaphores and locks come from the
   ``spawn`` context, whose resource tracker removes them even after a crash.
 """
@@ -46,7 +49,11 @@ __all__ = [
     "SharedParameters",
     "Worker",
     "WorkerError",
+    "ProcessStat",
+    "descendants",
     "parent_alive_check",
+    "process_stat",
+    "process_table",
     "sampler_entry",
     "session_processes",
 ]
@@ -262,18 +269,59 @@ class SharedParameters:
         return version
 
 
+@dataclass(frozen=True)
+class ProcessStat:
+    """What ``/proc/<pid>/stat`` says of one process: its state letter (``Z`` a zombie, ``X`` dead), parent and
+    session."""
+
+    pid: int
+    state: str
+    ppid: int
+    sid: int
+
+    @property
+    def alive(self) -> bool:
+        return self.state not in ("Z", "X")
+
+
+def process_stat(pid: int) -> ProcessStat | None:
+    """``pid``'s stat, or None when there is no such process (it ended, or was reaped, before the read)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # after the command name, which may hold spaces and ")"
+    except (OSError, IndexError):
+        return None
+    return ProcessStat(pid, fields[0], int(fields[1]), int(fields[3]))
+
+
+def process_table() -> dict[int, ProcessStat]:
+    """Every process in ``/proc`` now, by pid: each one's stat read once; one that ends during the walk is left out."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and (stat := process_stat(int(entry))) is not None:
+            table[stat.pid] = stat
+    return table
+
+
+def descendants(root: int, zombies: bool = False) -> list[int]:
+    """The processes below ``root`` (not ``root`` itself), parents before their children, from one walk of
+    ``/proc``; zombies only with ``zombies``. A snapshot: a process started after the walk, or re-parented away from
+    the tree before it (its parent ended, so init or a subreaper adopted it), is not in it. A caller that ends a tree
+    walks again until nothing is left; the child subreaper (``PR_SET_CHILD_SUBREAPER``) keeps orphans below it."""
+    table = process_table()
+    children: dict[int, list[ProcessStat]] = {}
+    for stat in table.values():
+        children.setdefault(stat.ppid, []).append(stat)
+    out, todo = [], [root]
+    while todo:
+        for stat in children.get(todo.pop(0), ()):
+            todo.append(stat.pid)
+            if zombies or stat.alive:
+                out.append(stat.pid)
+    return out
+
+
 def session_processes(sid: int) -> list[int]:
     """Live (non-zombie) processes of session ``sid``: a child started in a session of its own, and everything
     it started, to check that nothing is left or to end what is."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[3]) == sid and fields[0] != "Z":
-            pids.append(int(entry))
-    return pids
+    return [stat.pid for stat in process_table().values() if stat.sid == sid and stat.alive]

@@ -18,7 +18,7 @@ from unittest import mock
 
 import numpy as np
 
-from shared.procs import session_processes
+from shared.procs import process_table, session_processes
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -171,16 +171,13 @@ def wait_for_progress_row(run_dir: Path, proc: subprocess.Popen, timeout: float 
 def children(pid: int) -> dict[int, str]:
     """The child processes of ``pid``, zombies included, with their command lines (a zombie's is empty)."""
     found = {}
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline") as f:
-                cmd = f.read()
-        except OSError:
-            continue
-        if ppid == pid:
-            found[int(entry)] = cmd
+    for stat in process_table().values():
+        if stat.ppid == pid:
+            try:
+                with open(f"/proc/{stat.pid}/cmdline") as f:
+                    found[stat.pid] = f.read()
+            except OSError:  # gone since the walk
+                continue
     return found
 
 

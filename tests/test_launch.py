@@ -22,6 +22,7 @@ from experiments.records import begin_attempt, end_attempt
 from experiments.slots import child_env, make_slots
 from experiments.status import progress_of
 from shared.affinity import physical_cores, slot_code
+from shared.procs import descendants, process_table
 from tests.helpers import ROOT, assert_no_leftovers, progress
 
 LAUNCH = str(ROOT / "experiments" / "launch.py")
@@ -77,14 +78,8 @@ def finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[str, str]:
 def children(pid: int) -> dict[int, dict]:
     """The launcher's running scripts: pid -> run folder, allowed CPUs, OMP_NUM_THREADS."""
     out = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
+    for entry in [stat.pid for stat in process_table().values() if stat.ppid == pid]:
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-            if ppid != pid:
-                continue
             with open(f"/proc/{entry}/cmdline", "rb") as f:
                 cmd = f.read().decode().split("\0")
             if not any(c.endswith("ppo_atari.py") for c in cmd):  # forked, not yet the script
@@ -391,7 +386,7 @@ def test_torchrun_variant_takes_two_slots(tmp_path):
         now = children(proc.pid)
         if len(now) > 1:
             together.append(now)
-        ranks = [p for p in _descendants(proc.pid) if "LOCAL_RANK" in _environ(p)]
+        ranks = [p for p in descendants(proc.pid, zombies=True) if "LOCAL_RANK" in _environ(p)]
         if ranks:
             seen_ranks.append({p: _allowed(p) for p in ranks})
         time.sleep(0.05)
@@ -403,23 +398,6 @@ def test_torchrun_variant_takes_two_slots(tmp_path):
     assert full, seen_ranks
     a, b = full[-1].values()  # the ranks (pinned once started) split the run's two cores
     assert len(a) == len(b) == 1 and not a & b, full[-1]
-
-
-def _descendants(pid: int) -> list[int]:
-    kids: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as f:
-                    kids.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry))
-            except OSError:
-                pass
-    out, todo = [], [pid]
-    while todo:
-        for k in kids.get(todo.pop(), []):
-            out.append(k)
-            todo.append(k)
-    return out
 
 
 def _environ(pid: int) -> str:

@@ -22,25 +22,15 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: shared/ imports from the repository
+from shared.procs import descendants, process_table
+
 FIELDS = ["minute", "global_step", "processes", "rss_mib", "private_mib", "shared_mib", "fds", "memfds", "memfd_mib"]
 
 
 def tree(root: int) -> list[int]:
-    """``root`` and every process below it (read from /proc, so no third-party package is needed)."""
-    children: dict[int, list[int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(ppid, []).append(int(entry))
-    out, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        out.append(pid)
-        todo.extend(children.get(pid, []))
-    return out
+    """``root`` and every process below it, zombies included (``shared.procs.descendants``)."""
+    return [root, *descendants(root, zombies=True)]
 
 
 def status_kib(pid: int) -> dict[str, int]:
@@ -183,14 +173,14 @@ def main() -> int:
 
 
 def survivors(session: int) -> list[str]:
-    """Processes still in the run's session (it was started in a new one), by pid and command line."""
+    """Processes still in the run's session (it was started in a new one), zombies included, by pid and command line."""
     out = []
-    for entry in os.listdir("/proc"):
-        try:
-            if entry.isdigit() and os.getsid(int(entry)) == session:
-                out.append(f"{entry} {Path(f'/proc/{entry}/cmdline').read_text().replace(chr(0), ' ')[:80]}")
-        except OSError:
-            continue
+    for stat in process_table().values():
+        if stat.sid == session:
+            try:
+                out.append(f"{stat.pid} {Path(f'/proc/{stat.pid}/cmdline').read_text().replace(chr(0), ' ')[:80]}")
+            except OSError:
+                continue
     return out
 
 
