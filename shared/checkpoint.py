@@ -13,6 +13,11 @@ Guarantees
   from a hash of the saved state, with one warning line: the run goes on, deterministically, with other draws
   than it would have made. ``state_of(objects)`` is the inverse, for ``save``; an optimiser's learning rate is
   saved as a number and not ``capturable`` (``portable``), as a ``--compile`` run on a GPU leaves neither.
+- ``save_run(folder, state, replay, lost_sampler)`` is a run's checkpoint: ``replay.npz`` first when a replay is
+  given (its cursor then recorded in the state), then ``checkpoint.pt`` (``save``). A replay whose write fails
+  because the sampler process sharing it failed (a ``WriteError`` caused by one of ``lost_sampler``: its rows
+  may be half written) is left out with one warning line; the checkpoint then names no replay, so a resume
+  starts with an empty one.
 - ``--save-replay``: ``save_replay`` writes the buffer as plain arrays (``replay.npz``) before the checkpoint
   that records its cursor; ``restore_replay`` restores it only when it is that checkpoint's, ends its episodes
   as a time limit would (the envs start afresh) and says so; a missing or stale replay gives one warning.
@@ -30,7 +35,7 @@ from typing import Any, NoReturn
 import numpy as np
 
 from shared.cli import bad_args
-from shared.files import atomic_write
+from shared.files import WriteError, atomic_write
 
 __all__ = [
     "RUN_FLAGS",
@@ -42,6 +47,7 @@ __all__ = [
     "resume_mismatch",
     "save",
     "save_replay",
+    "save_run",
     "state_of",
 ]
 
@@ -200,6 +206,24 @@ def save(path: Path, state: dict) -> None:
 
     state = on_cpu(state)
     atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+
+def save_run(folder: Path, state: dict, replay: Any = None, lost_sampler: tuple[type[BaseException], ...] = ()) -> None:
+    """A run's checkpoint in ``folder``, after its replay when one is given (see the module docstring)."""
+    if replay is not None:  # first the replay, then the checkpoint that names its cursor
+        try:
+            save_replay(folder / "replay.npz", replay)
+            state = {**state, "replay_cursor": replay.cursor}
+        except WriteError as e:
+            if not isinstance(e.__cause__, lost_sampler):
+                raise
+            print(
+                f"warning: --save-replay: the replay is not saved, the sampler process that shares it "
+                f"failed ({type(e.__cause__).__name__}); the checkpoint is written without it",
+                file=sys.stderr,
+                flush=True,
+            )
+    save(folder / "checkpoint.pt", state)
 
 
 def save_replay(path: Path, buffer: Any) -> None:

@@ -29,6 +29,13 @@ Guarantees
   before the worker ends).
 - Training is not changed by it: torch's random state (CPU and CUDA) is restored afterwards and the envs are the
   evaluation's own, closed on every path.
+- ``evaluate_run(make_env, act, args, global_step, folder, writes, tb, tracker, video)`` is a run's evaluation
+  (``shared.run.Run``'s periodic and final ones and ``--eval-only``): ``play`` with the run's flags
+  (``--eval-episodes`` on ``--eval-envs`` envs of ``make_env(args, render)``, seeded with ``--seed``; an Atari
+  game's envs in one worker process per available CPU), each return logged to ``tb`` as
+  ``eval/episodic_return`` at ``global_step``; where this process ``writes``, ``eval.json`` in ``folder``
+  (``global_step``, ``returns``, ``mean``, ``lengths``) and with ``video`` the first episode filmed into
+  ``folder/videos``, the newest film also sent to ``tracker`` (W&B). Returns the episodes.
 - In a torchrun job still in lockstep, rank r plays episodes r, r + ranks, ... and every rank returns all of
   them (gathered with a timeout for slow work: the ranks' episodes take different times); after the loop only
   the caller that asks plays, alone.
@@ -38,10 +45,12 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import json
 import os
 import signal
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -49,10 +58,22 @@ import numpy as np
 
 from shared import distributed, signals
 from shared.affinity import available_cpus
+from shared.atari import is_atari
+from shared.files import write_text
 from shared.procs import CTX, Worker, WorkerError, parent_alive_check
 from shared.sync import POLL_S, wait_for
 
-__all__ = ["ACT_KEYWORDS", "CLOSE_S", "QUICK_CLOSE_S", "Draws", "Episodes", "EvaluationError", "check_act", "play"]
+__all__ = [
+    "ACT_KEYWORDS",
+    "CLOSE_S",
+    "QUICK_CLOSE_S",
+    "Draws",
+    "Episodes",
+    "EvaluationError",
+    "check_act",
+    "evaluate_run",
+    "play",
+]
 
 # What an act function may take after the observations, by these names (the module docstring).
 ACT_KEYWORDS = ("draws", "starts", "rewards", "mask")
@@ -136,6 +157,44 @@ def play(
                 host.close(ok)
     ordered = sorted(sum(distributed.gather_objects(played, slow=True), []))
     return Episodes([r for _, r, _ in ordered], [t for _, _, t in ordered])
+
+
+def evaluate_run(
+    make_env: Callable[..., Callable[[], Any]],
+    act: Callable[..., Any],
+    args: Any,
+    global_step: int,
+    folder: Path,
+    writes: bool,
+    tb: Any,
+    tracker: Any = None,
+    video: bool = False,
+) -> Episodes:
+    """A run's evaluation, played and recorded (see the module docstring)."""
+    played = play(
+        partial(make_env, args),
+        act,
+        args.eval_episodes,
+        args.seed,
+        envs=args.eval_envs,
+        video_dir=folder / "videos" if video and writes else None,
+        procs=len(available_cpus()) if is_atari(args.env_id) else 1,  # the emulator's steps: worth a process each
+    )
+    for r in played.returns:
+        tb.add_scalar("eval/episodic_return", r, global_step)
+    if writes:
+        summary = {
+            "global_step": global_step,
+            "returns": played.returns,
+            "mean": float(np.mean(played.returns)),
+            "lengths": played.lengths,
+        }
+        write_text(folder / "eval.json", lambda f: json.dump(summary, f))
+    if video and tracker is not None and (folder / "videos").is_dir():
+        newest = max((folder / "videos").glob("*.mp4"), key=lambda f: f.stat().st_mtime, default=None)
+        if newest is not None:
+            tracker.video(newest, global_step)
+    return played
 
 
 def _play(vec: Any, act: Callable[..., Any], mine: list[int], seed: int) -> list[tuple[int, float, int]]:

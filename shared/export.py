@@ -15,6 +15,12 @@ Guarantees
   written beside ``path`` and replaces it only once checked: on any failure ``path`` is left as it was. Returns
   the largest difference seen.
 - The policy runs under ``torch.no_grad()`` in eval mode; nothing of the training state changes.
+- ``export_run(policy, obs_space, seed, outputs, path, rows, inputs)`` is a run's ``--export FILE``
+  (``shared.run.Run.export``): ``policy`` moved to the CPU and exported as above with ``rows`` observations
+  sampled from the env's space (seeded with ``seed``; a Dict space's Box and Discrete entries, each an input of
+  its own by key) and the tensors ``inputs`` by name. Returns what was written in words (inputs, outputs, the
+  difference from torch). Every failure (a graph that differs, the exporter, onnx's checker, the disk) is an
+  ``ExportError`` whose message is one line; a ``KeyboardInterrupt`` passes through, the file not written.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-__all__ = ["TOLERANCE", "ExportError", "export"]
+__all__ = ["TOLERANCE", "ExportError", "export", "export_run"]
 
 TOLERANCE = 1e-4
 
@@ -110,3 +116,34 @@ def _repeat(x: Any, times: int, dim: int) -> Any:
     if isinstance(x, dict):
         return {k: torch.cat([v] * times, dim=0) for k, v in x.items()}
     return torch.cat([x] * times, dim=dim)
+
+
+def export_run(
+    policy: Any, obs_space: Any, seed: int, outputs: list[str], path: str | Path, rows: int = 8, inputs: dict | None = None
+) -> str:
+    """A run's ``--export``, on observations sampled from its env's space (see the module docstring)."""
+    try:
+        import gymnasium as gym
+        import numpy as np
+        import torch
+
+        inputs = inputs or {}
+        policy = policy.cpu()  # the graph holds no device; the observations below are made on the CPU
+        obs_space.seed(seed)
+        samples = [obs_space.sample() for _ in range(rows)]
+        if isinstance(obs_space, gym.spaces.Dict):  # one input per key a network takes
+            obs = {
+                k: torch.as_tensor(np.stack([s[k] for s in samples]))
+                for k, sub in obs_space.items()
+                if isinstance(sub, (gym.spaces.Box, gym.spaces.Discrete))
+            }
+            names = [*obs, *inputs]
+        else:
+            obs = torch.as_tensor(np.stack(samples))
+            names = ["obs", *inputs]
+        worst = export(policy, {"obs": obs, **inputs}, outputs, path)
+    except ExportError:
+        raise
+    except Exception as e:  # the exporter, onnx's checker or the disk: one line, no traceback
+        raise ExportError(f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}") from e
+    return f"{', '.join(names)} in; {', '.join(outputs)} out; onnxruntime within {worst:.1g} of torch"

@@ -20,9 +20,9 @@ A script's ``main`` makes these calls, in this order (``docs/contract.md`` has t
     return run.exit_code
 
 Guarantees
-- ``Run(...)`` only checks (before anything starts; a problem exits 2 with one line): resolves ``--device``,
-  reads the ``--resume`` checkpoint, probes one env for its spaces and checks the action space (and refuses a
-  ``Dict`` observation space unless the script takes one: ``dict_obs=True``), refuses an
+- ``Run(...)`` only checks (``shared.run_checks``; before anything starts, a problem exits 2 with one line):
+  resolves ``--device``, reads the ``--resume`` checkpoint, probes one env for its spaces and checks the action
+  space (and refuses a ``Dict`` observation space unless the script takes one: ``dict_obs=True``), refuses an
   on-policy rollout (``iteration_steps``: ``--num-envs`` x ``--num-steps``) whose observations alone exceed the
   memory left. It creates nothing on disk and changes no global state. With ``RL_CHECK_ONLY`` set in the
   environment, ``begin`` exits 0 before it starts anything, every earlier check made (these, the script's own in
@@ -63,6 +63,10 @@ Guarantees
   a file that cannot be written (disk full) or any other error (with its traceback) gives a last ``error:``
   line and exit code 1. Whatever was ``hold``-en (a sampler process, vector envs) is closed on every path, then
   the run folder, then the process group.
+- ``evaluate_or_export(policy, outputs, rows, **inputs)``, the commands that train nothing: ``--eval-only`` plays
+  the evaluation into the run folder (``shared.evaluation.evaluate_run``), ``--export FILE`` writes the policy
+  as ONNX (``shared.export.export_run``). Exit code 0, 1 (an export that failed: one ``error:`` line) or 130 on
+  Ctrl-C; the run folder, W&B and the process group are closed on every path.
 - The checkpoint (``checkpoint.pt``, ``shared.checkpoint``) holds every object given to ``begin`` by its name,
   ``global_step``, ``updates``, the arguments, the script's name and the run's counters; it is written
   atomically, tensors on the CPU, and with ``--save-replay`` after the replay it names. One once started is
@@ -78,29 +82,28 @@ import json
 import math
 import os
 import platform
-import re
 import sys
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from shared import checkpoint, compiling, distributed, signals, tracking
-from shared.affinity import available_cpus, make_affinity
-from shared.atari import is_atari
-from shared.buffer import NotEnoughMemory, available_memory, check_fits, unchecked
+from shared.affinity import make_affinity
+from shared.buffer import unchecked
 from shared.checkpoint import Start
-from shared.cli import bad_args, resolve_device, resume_changes
-from shared.envs import close_envs, probe_spaces
-from shared.evaluation import check_act, play
+from shared.cli import bad_args
+from shared.envs import close_envs
+from shared.evaluation import check_act, evaluate_run
+from shared.export import ExportError, export_run
 from shared.files import WriteError, write_text
 from shared.precision import sampler_bf16
 from shared.procs import Worker, WorkerError, sampler_entry
 from shared.progress import ProgressLog, scalars
+from shared.run_checks import allocation_refusal, check_run
 
 __all__ = ["EXIT_INTERRUPTED", "Run"]
 
@@ -137,28 +140,45 @@ def _hardware(device: Any) -> dict[str, Any]:
     return out
 
 
-def _refused_allocation(e: BaseException) -> str | None:
-    """What a failed allocation needed and what is left, in words; None for an error that is no allocation's."""
-    if isinstance(e, NotEnoughMemory):
-        return str(e)
-    text = str(e).strip()
-    first = text.splitlines()[0] if text else type(e).__name__
-    if "out of memory" in text.lower():  # CUDA's allocator (torch.OutOfMemoryError), any device's
-        return first[:300]
-    asked = re.search(r"allocate (\d+) bytes", text)  # torch's CPU allocator
-    if isinstance(e, MemoryError) or asked:  # numpy's refusal names its size
-        what = f"{int(asked.group(1)) / 2**30:.1f} GiB in one tensor" if asked else first[:200]
-        return f"the allocation was refused ({what}), and {available_memory() / 2**30:.1f} GiB of memory are available here"
-    return None
+def _config(args: Any, device: Any, script: str) -> dict[str, Any]:
+    """What config.json records of a run: its flags, the versions and hardware its numbers depend on, its script."""
+    return {"args": dataclasses.asdict(args), "versions": _versions(), "hardware": _hardware(device), "script": script}
 
 
-def _leaves(space: Any) -> list:
-    """The Box and Discrete spaces of an observation space (a Dict's entries, by key), the ones a rollout stores."""
-    import gymnasium as gym
+def _check_finite(row: dict[str, Any], values: dict[str, Any], step: int) -> None:
+    """A statistic of the loop that is not finite (a loss gone to NaN or infinity) ends the run with
+    ``FloatingPointError``, before any further checkpoint: the parameters it came from are lost, the last
+    checkpoint is kept. Statistics stay on the device between rows, so this is where they are read."""
+    for k in values:
+        v = row.get(k)
+        if isinstance(v, float) and not math.isfinite(v):
+            raise FloatingPointError(f"{k} is {v} at step {step}: training diverged (the last checkpoint is kept)")
 
-    if isinstance(space, gym.spaces.Dict):
-        return [leaf for sub in space.spaces.values() for leaf in _leaves(sub)]
-    return [space] if isinstance(space, (gym.spaces.Box, gym.spaces.Discrete)) else []
+
+def _error(line: str) -> None:
+    print(f"error: {line}", file=sys.stderr, flush=True)
+
+
+def _report_failure(kind: type[BaseException], error: BaseException, tb: Any) -> None:
+    """The last ``error:`` line of a run that a failure ended: a lost torchrun peer, a file that cannot be written
+    (disk full: its reason is the line) or any other error, after its traceback."""
+    if distributed.lost_peer(error):
+        first = str(error).splitlines()[0][:200]
+        _error(f"rank {distributed.rank()} lost contact with another rank, which failed, was killed or hung ({first})")
+    elif issubclass(kind, WriteError):
+        _error(str(error))
+    else:  # e.g. a loss gone to infinity
+        traceback.print_exception(kind, error, tb)
+        _error(f"{kind.__name__}: {error}")
+
+
+def _doing(args: Any, step: int) -> str:
+    """What the command does, for the line ``begin`` says: the steps it trains, or what it evaluates or exports."""
+    if getattr(args, "export", ""):
+        return f"exporting the policy at step {step} to {args.export}"
+    if getattr(args, "eval_only", False):
+        return f"evaluating the policy at step {step}: {args.eval_episodes} episodes, {args.eval_envs} envs"
+    return f"steps {step}..{args.total_timesteps}"
 
 
 # Set (to anything but the empty string) in a script's environment: ``Run.begin`` exits 0 before it starts anything,
@@ -180,48 +200,11 @@ class Run:
         iteration_steps: int | None = None,
         dict_obs: bool = False,
     ):
-        import gymnasium as gym
-
         # the script's __file__ (or its name): a copy of a script labels its runs with its own file name
         self.args, self.script, self.make_env, self.stop_window = args, Path(script).stem, make_env, stop_window
-        self.device = resolve_device(args.device, getattr(args, "bf16", False))
-        self.resumed, ckpt_file = checkpoint.load(args.resume, args.env_id) if args.resume else (None, None)
-        # --resume: what differs from the flags the run folder recorded (None: it recorded none, or a new run)
-        changes = resume_changes(args)
-        self._recorded, self._changes = changes is not None, changes or {}
-        self.path = (
-            ckpt_file.parent
-            if ckpt_file is not None
-            else Path(args.out_dir) / (args.run_name or f"{args.env_id}__{self.script}__{args.seed}__{int(time.time())}")
-        )
-        try:
-            self.obs_space, self.act_space = probe_spaces(make_env(args))
-        except (ValueError, IndexError) as e:
-            bad_args(f"--env-id {args.env_id}: {e}")
-        if action_space is not None:
-            box = isinstance(self.act_space, gym.spaces.Box)
-            if not isinstance(self.act_space, action_space) or (
-                bounded and box and not (np.all(np.isfinite(self.act_space.low)) and np.all(np.isfinite(self.act_space.high)))
-            ):
-                kind = (
-                    "discrete (Discrete)"
-                    if action_space is gym.spaces.Discrete
-                    else f"{'bounded ' if bounded else ''}continuous (Box)"
-                )
-                bad_args(f"--env-id {args.env_id}: {self.script} needs a {kind} action space, got {self.act_space}")
-        if isinstance(self.obs_space, gym.spaces.Dict) and not dict_obs:
-            bad_args(
-                f"--env-id {args.env_id}: {self.script} needs a Box observation space, got a Dict "
-                f"({', '.join(self.obs_space.spaces)}); docs/contract.md (Dict observations) names the scripts that "
-                "take one"
-            )
-        if iteration_steps:  # the rollout's observations alone, before a network or a sampler is made
-            copies = 2 if args.sampler == "async" else 1  # the async double buffer's two slots
-            obs_bytes = sum(int(np.prod(space.shape)) * np.dtype(space.dtype).itemsize for space in _leaves(self.obs_space))
-            try:
-                check_fits(copies * iteration_steps * obs_bytes, f"a rollout of {iteration_steps} steps")
-            except NotEnoughMemory as e:
-                bad_args(f"--num-envs {args.num_envs} x --num-steps {args.num_steps}: {e}")
+        checked = check_run(args, self.script, make_env, action_space, bounded, iteration_steps, dict_obs)
+        self.device, self.path, self.resumed = checked.device, checked.path, checked.resumed
+        self.obs_space, self.act_space, self._checked = checked.obs_space, checked.act_space, checked
         self.tracker = None  # W&B, rank 0 alone, started by begin once the networks and the replay are made
         self.world = 1  # ranks in the job, known once setup() has joined it
         self.affinity: Any = None  # this process's cores and its sampler's, set by setup()
@@ -282,12 +265,11 @@ class Run:
             distributed.end()
             raise
         except (MemoryError, RuntimeError) as e:
-            refused = _refused_allocation(e)
-            if refused is None:
+            refusal = allocation_refusal(e, self.args, flags)
+            if refusal is None:
                 raise
             distributed.end()
-            named = ", ".join(f"--{f.replace('_', '-')} {getattr(self.args, f)}" for f in flags)
-            bad_args(f"{named}: {refused}" if named else refused)
+            bad_args(refusal)
 
     def begin(self, policy: Callable, replay: Any = None, **objects: Any) -> Start:
         """Restore or start (see the module docstring); ``policy`` plays evaluations: ``shared.evaluation`` calls it with
@@ -351,17 +333,10 @@ class Run:
         }
         self._last_checkpoint_t = time.time()
         compiled = f"  compiled ({compiling.backend()})" if compiling.enabled() else ""
-        if exporting:
-            doing = f"exporting the policy at step {start.global_step} to {args.export}"
-        elif evaluating:
-            doing = f"evaluating the policy at step {start.global_step}: {args.eval_episodes} episodes, {args.eval_envs} envs"
-        else:
-            doing = f"steps {start.global_step}..{args.total_timesteps}"
-        self._say(f"run folder {self.path}  sampler {args.sampler}  device {self.device}{compiled}  {doing}")
+        where = f"run folder {self.path}  sampler {args.sampler}  device {self.device}{compiled}"
+        self._say(f"{where}  {_doing(args, start.global_step)}")
         if self.resumed is not None:
-            changed = ", ".join(f"{'--' + k.replace('_', '-')} {was!r} -> {now!r}" for k, (was, now) in self._changes.items())
-            recorded = "its recorded flags" if self._recorded else "the flags given (the run records none)"
-            self._say(f"resumed with {recorded}; changed here: {changed or 'none'}")
+            self._say(self._checked.resume_line())
         return start
 
     def _open_folder(self, start_step: int, evaluating: bool) -> None:
@@ -370,17 +345,12 @@ class Run:
             self.progress = ProgressLog(None, self.args.total_timesteps, start_step, counters)
             return
         self.path.mkdir(parents=True, exist_ok=True)
-        config = dataclasses.asdict(self.args)
         config_file = self.path / "config.json"
         if start_step and config_file.exists():  # resumed: keep the first config, record the new one beside it
             config_file = self.path / f"config.resume-{start_step}.json"
-        self._config = {"args": config, "versions": _versions(), "hardware": _hardware(self.device), "script": self.script}
+        self._config = _config(self.args, self.device, self.script)
         if self.resumed is not None:  # which flags came from the run, which were changed
-            self._config["resumed"] = {
-                "from": str(self.args.resume),
-                "recorded_flags": self._recorded,
-                "changed": {k: list(v) for k, v in self._changes.items()},
-            }
+            self._config["resumed"] = self._checked.resume_record()
         if not evaluating:
             self._config_file = config_file
             write_text(config_file, lambda f: json.dump(self._config, f, indent=2, default=str))
@@ -426,18 +396,7 @@ class Run:
             values, self._eval_return = {**values, "eval_return": self._eval_return}, None
         if compiling.enabled():  # graphs compiled so far and the seconds it took: a count that grows recompiled
             values = {**values, **compiling.report()}
-        self._check_finite(self.progress.row(global_step, **values), values)
-
-    def _check_finite(self, row: dict[str, Any], values: dict[str, Any]) -> None:
-        """A statistic of the loop that is not finite (a loss gone to NaN or infinity) ends the run with
-        ``FloatingPointError``, before any further checkpoint: the parameters it came from are lost, the last
-        checkpoint is kept. Statistics stay on the device between rows, so this is where they are read."""
-        for k in values:
-            v = row.get(k)
-            if isinstance(v, float) and not math.isfinite(v):
-                raise FloatingPointError(
-                    f"{k} is {v} at step {self.global_step}: training diverged (the last checkpoint is kept)"
-                )
+        _check_finite(self.progress.row(global_step, **values), values, global_step)
 
     def _should_stop(self, global_step: int) -> bool:
         threshold = getattr(self.args, "stop_at_return", None)
@@ -485,7 +444,7 @@ class Run:
 
     def save(self) -> None:
         """Write the checkpoint (and first the replay, with --save-replay); rank 0 only, once per state."""
-        self._check_finite(scalars(self._values), self._values)
+        _check_finite(scalars(self._values), self._values, self.global_step)
         if not self.writes or self._saved == (self.global_step, self.updates):  # this state is on disk already
             return  # (a signal that came during the last checkpoint raised once it was written)
         # A checkpoint once started is finished, the replay's long write included: a signal raises after it.
@@ -506,48 +465,17 @@ class Run:
             "script": self.script,
             "run": {"episodes": self.progress.episodes, "wall_time_s": self.progress.wall_time()},
         }
-        if self._replay is not None:  # first the replay, then the checkpoint that names its cursor
-            try:
-                checkpoint.save_replay(self.path / "replay.npz", self._replay)
-                state["replay_cursor"] = self._replay.cursor
-            except WriteError as e:  # the sampler died holding the replay's lock (its rows may be half written):
-                # no replay; the checkpoint names none, so a resume starts with an empty one
-                if not isinstance(e.__cause__, SAMPLER_FAILURES):
-                    raise
-                print(
-                    f"warning: --save-replay: the replay is not saved, the sampler process that shares it "
-                    f"failed ({type(e.__cause__).__name__}); the checkpoint is written without it",
-                    file=sys.stderr,
-                    flush=True,
-                )
-        checkpoint.save(self.path / "checkpoint.pt", state)
+        checkpoint.save_run(self.path, state, self._replay, lost_sampler=SAMPLER_FAILURES)
 
     def _evaluate(self, global_step: int, video: bool = False) -> None:
-        """Play --eval-episodes (the ranks share them while in lockstep; after the loop rank 0 alone), log each
-        return as eval/episodic_return, the mean in the next row, eval.json."""
+        """Play --eval-episodes (the ranks share them while in lockstep; after the loop rank 0 alone): each return
+        logged as eval/episodic_return, the mean in the next row, eval.json (``shared.evaluation.evaluate_run``)."""
         if not distributed.in_lockstep() and not self.writes:
             return
-        args = self.args
-        returns, lengths = play(
-            partial(self.make_env, args),
-            self._policy,
-            args.eval_episodes,
-            args.seed,
-            envs=args.eval_envs,
-            video_dir=self.path / "videos" if video and self.writes else None,
-            procs=len(available_cpus()) if is_atari(args.env_id) else 1,
-        )  # emulation: worth it
-        for r in returns:
-            self.progress.tb.add_scalar("eval/episodic_return", r, global_step)
-        summary = {"global_step": global_step, "returns": returns, "mean": float(np.mean(returns)), "lengths": lengths}
-        if self.writes:
-            write_text(self.path / "eval.json", lambda f: json.dump(summary, f))
-        if video and self.tracker is not None and (self.path / "videos").is_dir():
-            newest = max((self.path / "videos").glob("*.mp4"), key=lambda f: f.stat().st_mtime, default=None)
-            if newest is not None:
-                self.tracker.video(newest, global_step)
-        self._eval_return, self._evaluated_at = summary["mean"], global_step
-        self._say(f"evaluation over {len(returns)} episodes at step {global_step}: mean return {summary['mean']:.1f}")
+        tb, tracker = self.progress.tb, self.tracker
+        played = evaluate_run(self.make_env, self._policy, self.args, global_step, self.path, self.writes, tb, tracker, video)
+        self._eval_return, self._evaluated_at = float(np.mean(played.returns)), global_step
+        self._say(f"evaluation over {len(played.returns)} episodes at step {global_step}: mean return {self._eval_return:.1f}")
 
     def evaluate_or_export(self, policy: Any, outputs: list[str], rows: int = 8, **inputs: Any) -> int:
         """The two commands that train nothing, ``--eval-only`` and ``--export FILE`` (both with ``--resume``):
@@ -556,70 +484,42 @@ class Run:
 
     def evaluate_only(self) -> int:
         """``--resume RUN --eval-only``: evaluate the checkpoint's policy into the run folder, train nothing;
-        returns the exit code (130 on Ctrl-C)."""
-        self.exit_code = 1  # until the evaluation has ended well or was interrupted
-        try:
+        returns the exit code (130 on Ctrl-C; an error raises, exit code 1)."""
+
+        def evaluate() -> bool:
             self._evaluate(self.global_step, video=self.args.capture_video)
-            self.exit_code = 0
-            return 0
-        except KeyboardInterrupt:
-            print("interrupted: evaluation stopped", file=sys.stderr, flush=True)
-            self.exit_code = EXIT_INTERRUPTED
-            return EXIT_INTERRUPTED
-        finally:
-            self.progress.close()
-            if self.tracker is not None:
-                self.tracker.finish(self.exit_code)
-            distributed.end()  # on every path: the process group is left
+            return True
+
+        return self._train_nothing(evaluate, "evaluation stopped")
 
     def export(self, policy: Any, outputs: list[str], rows: int = 8, **inputs: Any) -> int:
         """``--resume RUN --export FILE``: write ``policy`` (its ``forward`` takes ``obs``, a tensor or a dict of
         them by a Dict space's keys, and ``inputs`` by name) as ONNX, checked against torch on ``rows``
-        observations of the env's space (``shared.export``); train nothing. Returns the exit code."""
-        import torch
+        observations of the env's space (``shared.export.export_run``); train nothing. Returns the exit code: 1
+        after one ``error:`` line, 130 on Ctrl-C (no file written)."""
 
-        from shared.export import ExportError, export
+        def write() -> bool:
+            try:
+                done = export_run(policy, self.obs_space, self.args.seed, outputs, self.args.export, rows, inputs)
+            except ExportError as e:
+                print(f"error: --export {self.args.export}: {e}", file=sys.stderr, flush=True)
+                return False
+            self._say(f"exported the policy of step {self.global_step} to {self.args.export} ({done})")
+            return True
 
-        self.exit_code = 1
+        return self._train_nothing(write, "export stopped, no file written")
+
+    def _train_nothing(self, command: Callable[[], bool], stopped: str) -> int:
+        """Run ``command`` (True: it succeeded) for --eval-only or --export: the exit code 0, 1 or 130 on Ctrl-C
+        (``stopped`` said); the run folder, W&B and the process group closed on every path."""
+        self.exit_code = 1  # until the command has ended well or was interrupted
         try:
-            import gymnasium as gym
-
-            policy = policy.cpu()  # the graph holds no device; the inputs below are made on the CPU
-
-            self.obs_space.seed(self.args.seed)
-            samples = [self.obs_space.sample() for _ in range(rows)]
-            if isinstance(self.obs_space, gym.spaces.Dict):  # one input per key a network takes
-                obs = {
-                    k: torch.as_tensor(np.stack([s[k] for s in samples]))
-                    for k, sub in self.obs_space.items()
-                    if isinstance(sub, (gym.spaces.Box, gym.spaces.Discrete))
-                }
-                names = [*obs, *inputs]
-            else:
-                obs = torch.as_tensor(np.stack(samples))
-                names = ["obs", *inputs]
-            worst = export(policy, {"obs": obs, **inputs}, outputs, self.args.export)
-            self._say(
-                f"exported the policy of step {self.global_step} to {self.args.export} ({', '.join(names)} in; "
-                f"{', '.join(outputs)} out; onnxruntime within {worst:.1g} of torch)"
-            )
-            self.exit_code = 0
-        except ExportError as e:
-            print(f"error: --export {self.args.export}: {e}", file=sys.stderr, flush=True)
+            self.exit_code = 0 if command() else 1
         except KeyboardInterrupt:
-            print("interrupted: export stopped, no file written", file=sys.stderr, flush=True)
+            print(f"interrupted: {stopped}", file=sys.stderr, flush=True)
             self.exit_code = EXIT_INTERRUPTED
-        except Exception as e:  # the exporter, onnx's checker or the disk: one line, no traceback
-            print(
-                f"error: --export {self.args.export}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}",
-                file=sys.stderr,
-                flush=True,
-            )
         finally:
-            self.progress.close()
-            if self.tracker is not None:
-                self.tracker.finish(self.exit_code)
-            distributed.end()
+            self._close()
         return self.exit_code
 
     def hold(self, thing: Any) -> Any:
@@ -650,45 +550,26 @@ class Run:
             elif kind is not None and issubclass(kind, SAMPLER_FAILURES):
                 print(error, file=sys.stderr)
                 self.save()  # the learner is intact: keep what it learned
-                print(
-                    f"error: the sampler process failed ({kind.__name__}); the learner's checkpoint at step "
-                    f"{self.global_step} is written",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                step = self.global_step
+                _error(f"the sampler process failed ({kind.__name__}); the learner's checkpoint at step {step} is written")
                 self.exit_code = 1
-            elif kind is not None and distributed.lost_peer(error):
-                print(
-                    f"error: rank {distributed.rank()} lost contact with another rank, which failed, was killed or "
-                    f"hung ({str(error).splitlines()[0][:200]})",
-                    file=sys.stderr,
-                    flush=True,
-                )
-                self.exit_code = 1
-            elif kind is not None and issubclass(kind, WriteError):
-                print(f"error: {error}", file=sys.stderr, flush=True)
-                self.exit_code = 1
-            elif kind is not None and issubclass(kind, Exception):  # e.g. a loss gone to infinity
-                traceback.print_exception(kind, error, tb)
-                print(f"error: {kind.__name__}: {error}", file=sys.stderr, flush=True)
+            elif kind is not None and issubclass(kind, Exception):
+                _report_failure(kind, error, tb)
                 self.exit_code = 1
         except (WriteError, FloatingPointError) as e:  # no checkpoint of an interrupted or failed run: not
             # written (disk full), or not to be written (its statistics were not finite)
-            print(
-                f"error: {type(e).__name__}: {e}" if isinstance(e, FloatingPointError) else f"error: {e}",
-                file=sys.stderr,
-                flush=True,
-            )
+            _error(f"{type(e).__name__}: {e}" if isinstance(e, FloatingPointError) else str(e))
             self.exit_code = 1
         finally:
             for thing in reversed(self._held):
-                if hasattr(thing, "stop"):
-                    thing.stop()
-                else:
-                    close_envs(thing)
-            if self.progress is not None:
-                self.progress.close()
-            if self.tracker is not None:
-                self.tracker.finish(self.exit_code)
-            distributed.end()  # on every path: the process group is left
+                thing.stop() if hasattr(thing, "stop") else close_envs(thing)
+            self._close()
         return kind is None or self.exit_code != 0
+
+    def _close(self) -> None:
+        """The run folder, W&B (with the exit code) and the process group, left on every way out."""
+        if self.progress is not None:
+            self.progress.close()
+        if self.tracker is not None:
+            self.tracker.finish(self.exit_code)
+        distributed.end()
