@@ -22,11 +22,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.helpers import ROOT
-
 from benchmarks import script_speed
 from benchmarks.gpu import check as gpu_check
-from benchmarks.gpu import race
+from benchmarks.gpu import figures, probe, pytest_order, race, wheels
+from benchmarks.gpu import summary as gpu_summary
+from shared.procs import descendants
+from tests.helpers import ROOT
 
 CHECK = [sys.executable, str(ROOT / "benchmarks" / "gpu" / "check.py")]
 SYNC = "called a synchronizing CUDA operation"  # the text of CUDA's sync debug warning (c10/cuda)
@@ -65,7 +66,7 @@ def test_cuda_sync_warnings_are_counted_only_inside_the_loop(monkeypatch):
 
 
 def test_the_cuda_tests_run_every_script_once_first():
-    scripts = gpu_check.SCRIPTS
+    scripts = pytest_order.SCRIPTS
     f = "tests/test_cuda.py::"
     ids = [
         f"{f}test_every_script_runs_on_the_gpu_in_every_mode[{s}-{m}]"
@@ -78,16 +79,16 @@ def test_the_cuda_tests_run_every_script_once_first():
         f"{f}test_a_gpu_checkpoint_loads_with_plain_torch_load_on_a_machine_without_one",
         f"{f}test_two_ranks_train_over_nccl",
     ]
-    order = gpu_check.order_tests(ids)
+    order = pytest_order.order_tests(ids)
     assert all("compiles_to_cuda_graphs" in i for i in order[-len(scripts) :])  # the slow ones last
     assert sorted(order) == sorted(ids)
     first = order[: len(scripts) + 1]
-    assert {gpu_check.script_and_function(i)[0] for i in first} == set(scripts) | {""}
+    assert {pytest_order.script_and_function(i)[0] for i in first} == set(scripts) | {""}
     assert all(i.endswith("-serial]") for i in first if "every_mode" in i)
     second = order[len(scripts) + 1 : 2 * len(scripts) + 2]  # then each script's sync check
     assert sum("sync_debugging" in i for i in second) == len(scripts)
     # catdqn_atari's tests are not dqn_atari's
-    assert gpu_check.script_and_function(f"{f}test_x[catdqn_atari-serial]")[0] == "catdqn_atari"
+    assert pytest_order.script_and_function(f"{f}test_x[catdqn_atari-serial]")[0] == "catdqn_atari"
 
 
 FIGURE_LOG = (
@@ -98,13 +99,17 @@ FIGURE_LOG = (
 
 
 def test_wheel_names_and_the_figures_and_errors_read_from_the_logs():
-    assert gpu_check.wheel_name(Path("mujoco_core-4.0.0-cp312-cp312-manylinux_2_28_x86_64.whl")) == ("mujoco-core", "4.0.0")
-    assert gpu_check.wheel_name(Path("Farama_Notifications-0.0.6-py3-none-any.whl"))[0] == "farama-notifications"
-    assert gpu_check.installed_version("pytest") and gpu_check.installed_version("no-such-dist-here") is None
-    assert gpu_check._last_float("$ python -c ...\nA.L.E: ...\n1234.5\n\n") == 1234.5
-    assert gpu_check.first_error(FIGURE_LOG).splitlines() == FIGURE_LOG.splitlines()[-2:]
-    for name, (module, call, _) in gpu_check.FIGURES.items():
-        assert (ROOT / "benchmarks" / "speed" / f"{module}.py").exists() and name.rsplit("-", 1)[1] in call
+    assert wheels.wheel_name(Path("mujoco_core-4.0.0-cp312-cp312-manylinux_2_28_x86_64.whl")) == ("mujoco-core", "4.0.0")
+    assert wheels.wheel_name(Path("Farama_Notifications-0.0.6-py3-none-any.whl"))[0] == "farama-notifications"
+    assert wheels.installed_version("pytest") and wheels.installed_version("no-such-dist-here") is None
+    assert gpu_summary.last_float("$ python -c ...\nA.L.E: ...\n1234.5\n\n") == 1234.5
+    assert gpu_summary.first_error(FIGURE_LOG).splitlines() == FIGURE_LOG.splitlines()[-2:]
+    for name, fig in figures.FIGURES.items():  # a call of a function the benchmark defines, on the device it names
+        source = (ROOT / "benchmarks" / "speed" / f"{fig.module}.py").read_text()
+        assert f"\ndef {fig.function}(" in source and name.rsplit("-", 1)[1] in fig.call, name
+    assert (
+        figures.FIGURES["ppo-serial-cpu"].cmd == "ppo_atari_vs_sb3.ours('BreakoutNoFrameskip-v4', 3072, 'serial', [], 'cpu')"
+    )
 
 
 def _wheel(folder: Path, dist: str, version: str) -> Path:
@@ -159,7 +164,7 @@ def test_it_runs_end_to_end_on_the_cpu(tmp_path):
     assert "cuda tests: skipped: no CUDA device" in summary and "figures: skipped: no CUDA device" in summary
     results = json.loads((tmp_path / "out" / "results.json").read_text())
     assert results["status"] == "finished" and results["node"]["cuda"] is False
-    assert {c["check"] for c in results["checks"] if c["ok"]} >= {f"env {e}" for e in gpu_check.ENVS}
+    assert {c["check"] for c in results["checks"] if c["ok"]} >= {f"env {e}" for e in probe.ENVS}
 
 
 def test_a_second_run_redoes_only_the_tests_that_did_not_pass(tmp_path):
@@ -229,7 +234,7 @@ def test_a_cut_figure_says_how_far_its_script_got(tmp_path):
     run = tmp_path / "tmpabc" / "b"
     run.mkdir(parents=True)
     (run / "progress.csv").write_text("global_step,wall_time_s,sps\n1500,10.0,90.0\n2000,15.0,100.0\n")
-    assert gpu_check.progress_at_cut(tmp_path) == "step 2000, 2 row(s), 100.0 steps/s between the last two"
+    assert figures.progress_at_cut(tmp_path) == "step 2000, 2 row(s), 100.0 steps/s between the last two"
     r = {
         "started": "t",
         "status": "finished",
@@ -245,14 +250,14 @@ def test_a_cut_figure_says_how_far_its_script_got(tmp_path):
             }
         },
     }
-    assert "      cut after 48 s (step 2000, 2 row(s), 100.0 steps/s" in gpu_check.summary(r, tmp_path)  # not cut short
+    assert "      cut after 48 s (step 2000, 2 row(s), 100.0 steps/s" in gpu_summary.summary(r, tmp_path)  # not cut short
     rows = "global_step,wall_time_s,sps\n1500,10.0,90.0\n2000,15.0,100.0\n"
     (run / "progress.csv").write_text(rows + "2500,1")  # a row being written is not read
-    assert gpu_check.progress_at_cut(tmp_path) == "step 2000, 2 row(s), 100.0 steps/s between the last two"
+    assert figures.progress_at_cut(tmp_path) == "step 2000, 2 row(s), 100.0 steps/s between the last two"
     (run / "progress.csv").write_text("step,time\n1,2\n")  # not a progress.csv: no crash, nothing said
-    assert gpu_check.progress_at_cut(tmp_path) is None
+    assert figures.progress_at_cut(tmp_path) is None
     (run / "progress.csv").write_text("global_step,wall_time_s,sps\n")
-    assert gpu_check.progress_at_cut(tmp_path) is None
+    assert figures.progress_at_cut(tmp_path) is None
 
 
 def test_a_figure_log_keeps_the_end_of_its_scripts_output(tmp_path):
@@ -267,12 +272,12 @@ def test_a_figure_log_keeps_the_end_of_its_scripts_output(tmp_path):
         "    subprocess.check_output([sys.executable, '-c', 'print(\"a library call\")'])\n"
         "    return 42.5\n"
     )
-    code = gpu_check.FIGURE_CODE.format(module="fake_bench", call="ours()")
+    code = figures.FIGURE_CODE.format(module="fake_bench", call="ours()")
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "  | row 1" in out.stderr and "  | warn" in out.stderr
     assert "a library call" not in out.stderr  # only what the benchmark captured of its script
-    assert gpu_check._last_float(out.stderr + out.stdout) == 42.5
+    assert gpu_summary.last_float(out.stderr + out.stdout) == 42.5
 
 
 def test_a_script_profiled_for_a_figure_keeps_its_exit_code(tmp_path):
@@ -318,7 +323,7 @@ def test_a_sigterm_mid_part_kills_the_tree_and_keeps_the_summary(tmp_path):
 def _tree_commands(pid: int) -> str:
     """The command lines of ``pid``'s descendants, joined."""
     cmds = []
-    for p in gpu_check.descendants(pid):
+    for p in descendants(pid):
         try:
             cmds.append(Path(f"/proc/{p}/cmdline").read_bytes().replace(b"\0", b" ").decode())
         except OSError:
@@ -334,11 +339,11 @@ def test_a_cut_or_a_test_not_run_is_not_a_pass(state):
         "figures": {},
         "parts": {"cuda": {"state": "done", "collected": ["a", "b"], "tests": {"a": {"outcome": "passed"}}}},
     }
-    assert not gpu_check.all_passed(r)
+    assert not gpu_summary.all_passed(r)
     r["parts"]["cuda"]["tests"]["b"] = {"outcome": "passed"}
-    assert gpu_check.all_passed(r)
+    assert gpu_summary.all_passed(r)
     r["figures"]["ppo-serial-cuda"] = {"state": state}
-    assert not gpu_check.all_passed(r)
+    assert not gpu_summary.all_passed(r)
 
 
 def test_the_update_figures_run_on_the_cpu_and_refuse_a_graph_there():
@@ -349,7 +354,9 @@ def test_the_update_figures_run_on_the_cpu_and_refuse_a_graph_there():
     with pytest.raises(ValueError, match="needs a CUDA device"):
         update_speed.sac_updates_per_second("cpu", "compile-no-graph", hidden=8, batch_size=8, updates=4)
     out = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "speed" / "sac_update.py"), "--updates", "0"], capture_output=True, text=True
+        [sys.executable, str(ROOT / "benchmarks" / "speed" / "sac_update.py"), "--updates", "0"],
+        capture_output=True,
+        text=True,
     )
     assert out.returncode == 2 and out.stderr.strip().splitlines()[-1] == (
         "sac_update.py: error: --updates must be at least 1, got 0"
@@ -488,7 +495,9 @@ def test_leanrl_speeds_are_read_from_its_tqdm_line_by_its_schedule():
     ]
     text = _leanrl_output(descs, 20_001)
     assert race.tqdm_speeds(text) == [0.0] + [float(f"{v:.4f}") for v in cumulative]
-    got = script_speed.window_sps(race.leanrl_intervals(race.tqdm_speeds(text), sac.schedule), sac.burn_in, sac.min_steps, sac.every)
+    got = script_speed.window_sps(
+        race.leanrl_intervals(race.tqdm_speeds(text), sac.schedule), sac.burn_in, sac.min_steps, sac.every
+    )
     per_500 = [500 / sum(seconds[i : i + 5]) for i in range(0, 100, 5)]
     assert (got["from"], got["to"], got["intervals"], got["short"]) == (10_000, 20_000, 20, False)
     assert got["median"] == pytest.approx(sorted(per_500)[9] / 2 + sorted(per_500)[10] / 2, abs=0.11)
@@ -620,18 +629,18 @@ def test_the_race_part_runs_each_side_reads_its_figure_and_says_what_it_skipped(
     assert got["td3"]["runs"]["LeanRL"]["state"].startswith("skipped: no missing_torchcompile.py in --leanrl")
     assert got["td3"]["state"] == "done"  # ours has its figure, LeanRL's side was skipped and says why
     check.r["status"] = "finished"
-    text = gpu_check.summary(check.r, tmp_path)
+    text = gpu_summary.summary(check.r, tmp_path)
     assert "    ours/LeanRL: ours 2.00 (window mean 1.90)" in text, text
     assert "    ours              2000.0 SPS  [mean 1904.8; 4 intervals, steps 2,000->6,000, 1667-2000;" in text, text
     assert "of the envs-only ceiling (3000 SPS): ours 0.67, LeanRL 0.33" in text, text
     assert "LeanRL's packages: no LeanRL wheels" in text
-    assert gpu_check.all_passed(check.r)
+    assert gpu_summary.all_passed(check.r)
     # the budget spent: what is left says so, and is not a pass
     check.deadline = time.monotonic()
     check.r["race"] = {}
     check.race()
     assert check.r["race"]["envs"]["runs"]["envs only"]["state"] == "not run: budget spent"
-    assert not gpu_check.all_passed(check.r)
+    assert not gpu_summary.all_passed(check.r)
 
 
 @pytest.mark.slow

@@ -230,7 +230,7 @@ def plan(name: str, dry: bool = False) -> Item:
         return Item(name, what, [Run("ours", "ours", argv, burn, 0 if dry else window)])
     if name == "r2d1":
         repeats, device, compile = (1, "cpu", False) if dry else (5, "cuda", True)
-        call = f"learner_sequences_per_second({repeats}, torch.device('{device}'), 2500.0, compile={compile})"
+        call = f"learner_sequences_per_second({repeats}, '{device}', 2500.0, compile={compile})"
         mode = "--compile (torso and heads compiled, the LSTM eager inside the graph)" if compile else "eager"
         what = f"R2D1's learner alone, {mode} ({repeats} timed updates of 64 sequences after the untimed ones, random frames)"
         return Item(name, what, [Run("ours", "value", _value_code("r2d1_atari", call), unit="sequences/s")])

@@ -41,15 +41,17 @@ def script_sps(env_id: str, num_envs: int, sampler: str, steps: int, learn_from:
 def learner_sequences_per_second(
     repeats: int, device, episode_length: float, unique_frames: bool = True, compile: bool = False
 ) -> float:
-    """Sequences per second of ``repeats`` timed updates on ``device`` (a torch.device), after one untimed (three
-    with ``compile``: ``--compile``'s graphs are compiled and captured there), on random frames whose episodes end
-    with probability 1 / ``episode_length`` at each row. ``unique_frames``: the batch carries each frame once and
+    """Sequences per second of ``repeats`` timed updates on ``device`` (a torch.device or its name), after one
+    untimed (three with ``compile``: ``--compile``'s graphs are compiled and captured there), on random frames whose
+    episodes end with probability 1 / ``episode_length`` at each row. ``unique_frames``: the batch carries each frame once and
     the learner stacks them (as the script does), else the replay stacks them."""
     import numpy as np
     import r2d1_atari as r2d1
     import torch
 
     from shared.replay import SequenceReplayBuffer
+
+    device = torch.device(device)
 
     args = r2d1.Args()
     B = 16
