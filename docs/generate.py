@@ -397,13 +397,13 @@ def presets_markdown(all_structures: dict[str, dict]) -> str:
 
 
 class Notebook:
-    """``benchmarks/results/README.md`` by its ``##`` sections."""
+    """``benchmarks/results/README.md`` by its ``##`` sections (grouped under ``#`` headings: speed, learning, GPU)."""
 
     def __init__(self, path: Path = NOTEBOOK):
         self.path = path
         self.text = path.read_text()
         self.sections: dict[str, str] = {}
-        for part in re.split(r"^(?=## )", self.text, flags=re.M):
+        for part in re.split(r"^(?=##? )", self.text, flags=re.M):  # a group's heading (#) ends a section too
             if part.startswith("## "):
                 title, _, body = part.partition("\n")
                 self.sections[title[3:].strip()] = body
