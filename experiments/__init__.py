@@ -26,27 +26,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]  # the repository: algos/ and shared/ are here
 
-# The package's modules, and those that are command lines (``python experiments/<name>.py``).
-# tests/test_launch_contract.py imports every module of the folder and
-# runs every command.
-MODULES = (
-    "display",
-    "flags",
-    "grid",
-    "launch",
-    "local",
-    "plot",
-    "process",
-    "records",
-    "report",
-    "search_space",
-    "slots",
-    "slurm",
-    "status",
-    "study",
-    "tune",
-    "tune_display",
-    "tune_folder",
-    "tune_report",
-)
+# The package's modules (its files), and those that are command lines (``python experiments/<name>.py``).
+# tests/test_launch_contract.py imports every module of the folder and runs every command.
+MODULES = tuple(sorted(p.stem for p in Path(__file__).parent.glob("*.py") if p.stem != "__init__"))
 COMMANDS = ("launch", "plot", "report", "status", "tune")

@@ -18,6 +18,14 @@ Guarantees
   (each one imports torch: seconds), and returns the refused ones by their index in ``checks``, in that order.
   With ``stop_at_first`` the checks not yet started are dropped once one is refused (the refusals found so far
   are returned). Ctrl-C ends the checks running: they are in this process's foreground group.
+- ``run_options`` declares the options ``launch.py`` and ``tune.py`` share (the grid's root, ``--config``,
+  ``--env-ids``, ``--seeds``, ``--flags``, this machine's slots, stopping, the display, the SLURM group), once;
+  ``check_options`` refuses, in one ``LaunchError``, a value of those or of either command's own resource options
+  outside its range (before anything is read or written).
+- ``check_creatable(path, where)`` refuses, in one ``LaunchError`` naming ``where``, a folder that could not be made
+  where ``path`` is (a file there or above it, a folder this user may not enter), found out without making it: the
+  nearest folder that exists is walked to (``shared.files``) and, unless ``probe=False``, a folder made and removed
+  in it, its times set back (permissions alone do not say it for root, /proc or a read-only mount).
 - ``command(main)`` runs a command line's ``main``: a Ctrl-C or SIGTERM that nothing inside handles (the
   launcher's and the tuner's runs handle their own) ends it with one line on stderr, ``interrupted (SIGINT)``,
   and exit 130, never a traceback. Each command blocks both signals at its first statement (``python
@@ -29,7 +37,10 @@ Guarantees
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,7 +49,20 @@ from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import NoReturn
 
-__all__ = ["CHECK_ONLY", "Parser", "command", "refusal", "refusals"]
+from experiments.grid import LaunchError
+from shared.files import nearest_existing, probe_creatable
+
+__all__ = [
+    "CHECK_ONLY",
+    "Parser",
+    "check_creatable",
+    "check_options",
+    "command",
+    "refusal",
+    "refusals",
+    "run_options",
+    "split_tail",
+]
 
 # shared.run.CHECK_ONLY, spelled out: importing shared.run would import torch into every experiments/ command
 # (tests/test_launch_contract.py checks that the two agree).
@@ -151,3 +175,85 @@ def command(main: Callable[[], int]) -> int:
     except KeyboardInterrupt as e:
         print(f"interrupted ({e or 'SIGINT'})", file=sys.stderr, flush=True)
         return 130
+
+
+def split_tail(argv: Sequence[str] | None) -> tuple[list[str], list[str]]:
+    """A command's own arguments (``sys.argv``'s when ``argv`` is None) and those after ``--``: every run's flags."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    i = argv.index("--") if "--" in argv else len(argv)
+    return argv[:i], argv[i + 1 :]
+
+
+def run_options(p: argparse.ArgumentParser, root: str, slurm: str) -> argparse._ArgumentGroup:
+    """The options launch.py and tune.py share, on ``p``; ``root`` and ``slurm`` say what the root is and what
+    ``--slurm`` submits. Returns the SLURM group, for each command's own cluster options."""
+    p.add_argument("root", nargs="?", help=f"{root} (or `root` in the --config file)")
+    p.add_argument("--config", type=Path, help="the command in a TOML or JSON file (the module docstring's form)")
+    p.add_argument("--env-ids", nargs="+", help="gymnasium ids (left out: the script's default)")
+    p.add_argument("--seeds", nargs="+", type=int, help="each script x env id (x variant or trial) runs every seed")
+    p.add_argument("--flags", default="", help="flags for every run, one string")
+    p.add_argument("--dry-run", action="store_true", help="print what would run, and its resources; change nothing")
+    p.add_argument("--cores-per-run", type=int, default=1, help="physical cores per slot (default 1)")
+    p.add_argument("--gpus-per-run", type=int, default=None, help="GPUs of its own per run (0: hide the GPUs)")
+    p.add_argument("--runs-per-gpu", type=int, default=None, help="at most this many runs share one GPU")
+    p.add_argument(
+        "--stop-timeout", type=float, default=120.0, help="seconds a stopped run (Ctrl-C, SIGTERM, a prune) gets to checkpoint"
+    )
+    p.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
+    p.add_argument("--status-every", type=float, default=30.0, help="seconds between summary lines (plain output)")
+    s = p.add_argument_group("clusters (submitit)")
+    s.add_argument("--slurm", action="store_true", help=slurm)
+    s.add_argument("--cluster", choices=["auto", "slurm", "local"], default="auto", help="auto: SLURM where sbatch exists")
+    s.add_argument("--partition", default=None)
+    s.add_argument("--time", type=int, default=60, help="minutes per job (then it is requeued and resumes)")
+    s.add_argument("--mem-gb", type=float, default=None)
+    s.add_argument("--slurm-param", action="append", default=[], metavar="KEY=VALUE", help="any other sbatch option")
+    s.add_argument("--wait", action="store_true", help="with --slurm: wait for the jobs")
+    return s
+
+
+POSITIVE = ("cores_per_run", "nproc_per_node", "runs_per_gpu", "time", "array_parallelism", "max_failures", "workers")
+NON_NEGATIVE = ("gpus_per_run", "gpus_per_worker")
+SECONDS = ("stop_timeout", "status_every", "stale_after")
+
+
+def check_options(a: argparse.Namespace) -> None:
+    """The options of this process (``run_options`` and each command's own resources), each on its own."""
+    for dest in (*POSITIVE, "cpus_per_worker", *NON_NEGATIVE, *SECONDS, "mem_gb"):
+        v, flag = getattr(a, dest, None), "--" + dest.replace("_", "-")
+        if v is None:
+            continue
+        if dest in SECONDS and not (math.isfinite(v) and v >= 0):
+            raise LaunchError(f"{flag} must be a finite, non-negative number of seconds, got {v}")
+        if dest == "mem_gb" and not (math.isfinite(v) and v > 0):
+            raise LaunchError(f"{flag} must be a positive number, got {v}")
+        if dest in NON_NEGATIVE and v < 0:
+            raise LaunchError(f"{flag} must be a non-negative integer, got {v}")
+        if dest in (*POSITIVE, "cpus_per_worker") and v < 1:
+            raise LaunchError(f"{flag} must be a positive integer, got {v}")
+    if a.gpus_per_run is not None and a.runs_per_gpu is not None:
+        raise LaunchError("give --gpus-per-run or --runs-per-gpu, not both")
+    if a.partition is not None and not a.partition.strip():
+        raise LaunchError("--partition must not be empty")
+    for kv in a.slurm_param:
+        if not re.match(r"^[A-Za-z][A-Za-z0-9_-]*=", kv):
+            raise LaunchError(f"--slurm-param {kv!r}: not KEY=VALUE (e.g. account=abc)")
+    if getattr(a, "sampler_seed", None) is not None and not 0 <= a.sampler_seed < 2**32:
+        raise LaunchError(f"--sampler-seed must be in [0, 2**32), got {a.sampler_seed}")
+    if a.slurm and importlib.util.find_spec("submitit") is None:
+        raise LaunchError("--slurm needs submitit (pip install -r requirements.txt)")
+
+
+def check_creatable(path: Path, where: str, probe: bool = True) -> None:
+    """That folder ``path`` exists or could be made, without making it (the module docstring)."""
+    try:  # exists() itself raises for a folder this user may not enter
+        there = nearest_existing(path)
+    except OSError as e:
+        raise LaunchError(f"{where}: {e.strerror or e}") from None
+    if not there.is_dir():
+        raise LaunchError(f"{where}: {there} is a file, not a folder")
+    try:
+        if probe:
+            probe_creatable(there)
+    except OSError as e:
+        raise LaunchError(f"{where}: cannot make a folder in {there} ({e.strerror or e})") from None

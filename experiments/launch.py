@@ -98,16 +98,13 @@ if __name__ == "__main__":  # Ctrl-C and SIGTERM wait until it has imported: exp
 
 import argparse
 import fcntl
-import importlib.util
-import math
-import re
 import shlex
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.display import Display
-from experiments.flags import Parser, command, refusals
+from experiments.flags import Parser, check_creatable, check_options, command, refusals, run_options, split_tail
 from experiments.grid import LaunchError, Trial, build_grid, load_file, parse_level, saved_grid, split_flags
 from experiments.local import Launcher
 from experiments.process import pid_runs
@@ -123,6 +120,7 @@ from experiments.records import (
     now,
     package_versions,
     read_records,
+    renewed,
     status_problem,
     write_json,
 )
@@ -130,7 +128,6 @@ from experiments.slots import Slot, gpu_count, make_slots
 from experiments.slurm import slurm_alive, submit
 from experiments.status import print_status, write_status
 from shared.affinity import physical_cores
-from shared.files import nearest_existing, probe_creatable
 
 __all__ = ["launch", "main", "parser"]
 
@@ -141,12 +138,9 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Flags after `--` go to every run (so do --flags). See the module docstring for the file form.",
     )
-    p.add_argument("root", nargs="?", help="experiment root (or `root` in the --config file)")
-    p.add_argument("--config", type=Path, help="the grid in a TOML or JSON file")
+    s = run_options(p, "experiment root", "submit the runs as SLURM job arrays through submitit")
+    s.add_argument("--array-parallelism", type=int, default=256, help="most jobs of an array running at once")
     p.add_argument("--scripts", nargs="+", help="algos/ names (ppo_atari) or paths")
-    p.add_argument("--env-ids", nargs="+", help="gymnasium ids (left out: the script's default)")
-    p.add_argument("--seeds", nargs="+", type=int)
-    p.add_argument("--flags", default="", help="flags for every run, one string")
     p.add_argument(
         "--level",
         action="append",
@@ -155,46 +149,14 @@ def parser() -> argparse.ArgumentParser:
         metavar="NAME:FLAGS",
         help="one level of variants, each NAME:FLAGS; repeat for more levels (they are crossed)",
     )
-    p.add_argument("--cores-per-run", type=int, default=1, help="physical cores per slot (default 1)")
-    p.add_argument("--gpus-per-run", type=int, default=None, help="GPUs of its own per run (0: hide the GPUs)")
-    p.add_argument("--runs-per-gpu", type=int, default=None, help="at most this many runs share one GPU")
     p.add_argument("--nproc-per-node", type=int, default=1, help="torchrun processes per run (slots it takes)")
     p.add_argument("--retry-failed", action="store_true", help="rerun runs that failed (exit 1 or 2) before")
-    p.add_argument("--dry-run", action="store_true", help="print every run, its command and resources; change nothing")
     p.add_argument("--status", action="store_true", help="print the runs' states from the files and exit")
-    p.add_argument(
-        "--stop-timeout",
-        type=float,
-        default=120.0,
-        help="seconds to wait for the runs to checkpoint after Ctrl-C/SIGTERM before SIGKILL",
-    )
-    p.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
-    p.add_argument("--status-every", type=float, default=30.0, help="seconds between summary lines (plain output)")
-    s = p.add_argument_group("clusters (submitit)")
-    s.add_argument("--slurm", action="store_true", help="submit the runs as SLURM job arrays through submitit")
-    s.add_argument(
-        "--cluster",
-        choices=["auto", "slurm", "local"],
-        default="auto",
-        help="submitit's executor: auto (SLURM where sbatch exists), slurm, or local (testing)",
-    )
-    s.add_argument("--partition", default=None)
-    s.add_argument("--time", type=int, default=60, help="minutes per job (the script is requeued after)")
-    s.add_argument("--mem-gb", type=float, default=None)
-    s.add_argument("--array-parallelism", type=int, default=256, help="most jobs of an array running at once")
-    s.add_argument(
-        "--slurm-param", action="append", default=[], metavar="KEY=VALUE", help="any other sbatch option (e.g. account=abc)"
-    )
-    s.add_argument("--wait", action="store_true", help="with --slurm: wait for the jobs and summarise")
     return p
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    tail: list[str] = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, tail = argv[:i], argv[i + 1 :]
+    argv, tail = split_tail(argv)
     a = parser().parse_args(argv)
     try:
         return launch(a, tail)
@@ -203,49 +165,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
-def check_options(a: argparse.Namespace) -> None:
-    """The launcher's own options, each in its range (finite floats), before anything is read or written."""
-    least = {
-        "--cores-per-run": (a.cores_per_run, 1),
-        "--nproc-per-node": (a.nproc_per_node, 1),
-        "--time": (a.time, 1),
-        "--array-parallelism": (a.array_parallelism, 1),
-        "--gpus-per-run": (a.gpus_per_run, 0),
-        "--runs-per-gpu": (a.runs_per_gpu, 1),
-    }
-    for name, (v, lo) in least.items():
-        if v is not None and v < lo:
-            raise LaunchError(f"{name} must be at least {lo}, got {v}")
-    for name, v, positive in (
-        ("--stop-timeout", a.stop_timeout, False),
-        ("--status-every", a.status_every, False),
-        ("--mem-gb", a.mem_gb, True),
-    ):
-        if v is not None and not (math.isfinite(v) and (v > 0 if positive else v >= 0)):
-            raise LaunchError(f"{name} must be a finite number {'above' if positive else 'at least'} 0, got {v}")
-    if a.gpus_per_run is not None and a.runs_per_gpu is not None:
-        raise LaunchError("give --gpus-per-run or --runs-per-gpu, not both")
-    if a.partition is not None and not a.partition.strip():
-        raise LaunchError("--partition must not be empty")
-    for kv in a.slurm_param:
-        if not re.match(r"^[A-Za-z][A-Za-z0-9_-]*=", kv):
-            raise LaunchError(f"--slurm-param {kv!r} is not KEY=VALUE")
-    if a.slurm and importlib.util.find_spec("submitit") is None:
-        raise LaunchError("--slurm needs submitit (pip install -r requirements.txt)")
-
-
 def check_root(root: Path, runs: Sequence[Trial], write: bool) -> None:
     """The root and the run folders under it can be made (``write``: and written), found out without changing
-    anything: a folder made and removed in the nearest one that exists (permissions alone do not say it for root
-    or on a read-only mount), whose times are then set back (``--dry-run`` leaves even those as they were)."""
-    try:  # exists() itself raises for a folder this user may not enter
-        if root.exists() and not root.is_dir():
-            raise LaunchError(f"experiment root {root} is a file, not a folder")
-        there = nearest_existing(root)
-    except OSError as e:
-        raise LaunchError(f"experiment root {root}: {e.strerror or e}") from None
-    if not there.is_dir():
-        raise LaunchError(f"experiment root {root}: {there} is a file, not a folder")
+    anything (``experiments.flags.check_creatable``; ``--dry-run`` leaves even the times as they were)."""
+    check_creatable(root, f"experiment root {root}", probe=False)
     for r in runs:
         for p in [r.folder, *r.folder.parents]:
             if p == root:
@@ -253,10 +176,7 @@ def check_root(root: Path, runs: Sequence[Trial], write: bool) -> None:
             if p.exists() and not p.is_dir():
                 raise LaunchError(f"{p} is a file where the run folder of {r.rel} goes")
     if write:
-        try:
-            probe_creatable(there)
-        except OSError as e:
-            raise LaunchError(f"experiment root {root}: cannot create it in {there} ({e.strerror or e})") from None
+        check_creatable(root, f"experiment root {root}")
 
 
 def check_flags(a: argparse.Namespace, todo: Sequence[Trial]) -> None:
@@ -430,15 +350,7 @@ def launch(a: argparse.Namespace, tail: list[str]) -> int:
     experiment.setdefault("launches", []).append({"time": now(), "argv": sys.argv, "cwd": os.getcwd(), **meta})
     write_json(root / "experiment.json", experiment)
     for r in runs:
-        base = new_record(r, meta)
-        rec = records[r.rel]
-        if rec.get("command") is None and not rec.get("attempts"):
-            records[r.rel] = base
-        else:
-            records[r.rel] = {
-                **rec,
-                **{k: v for k, v in base.items() if k not in ("state", "exit_code", "error", "command", "attempts")},
-            }
+        records[r.rel] = renewed(records[r.rel], new_record(r, meta))
         if r in todo:
             records[r.rel]["state"] = "queued"
         r.folder.mkdir(parents=True, exist_ok=True)

@@ -12,7 +12,7 @@ between seeds and never an extrapolation. One env id gives one panel; several gi
 Guarantees
 - One module for every figure: ``experiments/report.py``, the benchmarks (``from experiments.plot import curve,
   figure, save``) and the documentation site draw with ``figure``, ``curve`` and ``save`` from here; it imports
-  only numpy, matplotlib (Agg: no display needed) and ``experiments.flags``.
+  only numpy, matplotlib (Agg: no display needed) and ``experiments.flags`` (with ``grid``).
 - ``read_run`` raises ``ValueError`` naming the file for a folder that is not a run folder or holds a damaged
   ``config.json`` or ``progress.csv``; the command line refuses any bad argument or run folder with one
   ``error:`` line and exit 2, before the PNG is written.
@@ -36,7 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.flags import Parser, command
+from experiments.flags import Parser, check_creatable, command
+from experiments.grid import LaunchError
 
 Points = Sequence[tuple[float, float]]  # (x, return) pairs of one run, x increasing
 
@@ -138,10 +139,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     if a.smooth < 1:
         p.exit(2, "error: --smooth must be at least 1\n")
-    out = Path(a.out).absolute()
-    there = next(q for q in [out.parent, *out.parents] if q.exists())
-    if out.is_dir() or not there.is_dir():
-        p.exit(2, f"error: --out {a.out}: {'a folder' if out.is_dir() else f'{there} is a file'}, not a PNG's path\n")
+    try:  # the PNG's folder exists or can be made (experiments.flags: nothing made here)
+        if Path(a.out).is_dir():
+            raise LaunchError(f"--out {a.out}: a folder, not a PNG's path")
+        check_creatable(Path(a.out).absolute().parent, f"--out {a.out}")
+    except (LaunchError, OSError) as e:
+        p.error(str(e) if isinstance(e, LaunchError) else f"--out {a.out}: {e.strerror or e}")
     groups: dict[str, dict[str, list]] = {}
     for folder in a.runs:
         try:

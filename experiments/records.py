@@ -57,6 +57,7 @@ __all__ = [
     "package_versions",
     "read_json",
     "read_records",
+    "renewed",
     "status_problem",
     "write_json",
 ]
@@ -266,6 +267,14 @@ def new_record(run: Trial, meta: dict) -> dict:
         "attempts": [],
         **meta,
     }
+
+
+def renewed(record: dict, base: dict) -> dict:
+    """A run's record for this launch: ``base`` (``new_record``'s) where ``record`` holds no attempt yet, else
+    ``record`` with this launch's identity (commit, versions, grid cell) and its own history kept."""
+    if record.get("state") not in STATES or not (record.get("attempts") or record.get("command")):
+        return base
+    return {**record, **{k: v for k, v in base.items() if k not in ("state", "exit_code", "error", "command", "attempts")}}
 
 
 def begin_attempt(

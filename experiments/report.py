@@ -65,8 +65,8 @@ from pathlib import Path
 import numpy as np
 
 from experiments import plot
-from experiments.flags import Parser, command
-from shared.files import nearest_existing, probe_creatable
+from experiments.flags import Parser, check_creatable, command
+from experiments.grid import LaunchError
 from shared.progress import read_rows
 
 SKIP_DIRS = {".stale", ".submitit", "report"}
@@ -557,22 +557,6 @@ MAX_REPS = 100_000  # rliable holds reps x runs resamples: 10^5 is a few hundred
 SEED_RANGE = 2**31  # numpy's RandomState takes [0, 2**32); the profiles' bootstrap uses seed + 1
 
 
-def check_out(out: Path) -> None:
-    """``--out`` can hold report.md and the PNGs: a folder, or a path where one can be made, found out by making one in
-    the nearest folder that exists and removing it (``shared.files``: nothing is left, not even its times changed);
-    ``ValueError`` saying why not (below a file, under /proc, a folder this user may not enter or write)."""
-    try:
-        there = nearest_existing(out)
-    except OSError as e:
-        raise ValueError(f"--out {out}: {e.strerror or e}") from None
-    if not there.is_dir():
-        raise ValueError(f"--out {out}: {there} is a file, not a folder")
-    try:
-        probe_creatable(there)
-    except OSError as e:
-        raise ValueError(f"--out {out}: cannot make a folder in {there} ({e.strerror or e})") from None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("experiment", type=Path, help="an experiment root (experiments/launch.py) or any folder of runs")
@@ -608,10 +592,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not 0 <= a.seed < SEED_RANGE:
         p.error(f"--seed must be in [0, 2**31), got {a.seed}")
     out = a.out or a.experiment / "report"
-    try:
-        check_out(out)
+    try:  # where report.md and the PNGs go: a folder, or a path where one can be made (nothing made here)
+        check_creatable(out, f"--out {out}")
         refs = load_reference(a.reference) if a.reference else None
-    except ValueError as e:
+    except (LaunchError, ValueError) as e:
         p.error(str(e))
     groups, left_out = survey(a.experiment, a.source, a.last_episodes, a.include_unfinished)
     if not groups and not left_out:

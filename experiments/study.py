@@ -12,7 +12,7 @@ Guarantees
 - ``make_sampler`` and ``make_pruner`` build ``optuna.samplers``/``optuna.pruners`` objects from
   ``NAME[:KEY=VALUE,...]`` (short names or class names); a wrong name or argument is one ``LaunchError``.
 - ``setup_from`` turns the command line and the ``--config`` file into a ``Setup`` or raises ``LaunchError``
-  naming the argument: every value is checked for its type and range here (``check_options``: the options of
+  naming the argument: every value is checked for its type and range here (``experiments.flags.check_options``: the options of
   this process, ``--cores-per-run`` to ``--slurm-param``), before anything is created; the grid passes the
   launcher's own checks (``experiments/grid.py``), and the tune folder, its ``tune.json`` and the study's
   storage theirs (``experiments/tune_folder.py``, ``check_storage``). ``Setup.spec()`` is what the study records
@@ -36,9 +36,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from experiments.flags import check_creatable, check_options
 from experiments.grid import LaunchError, Trial, build_grid, load_file, resolve_script, split_flags
 from experiments.search_space import Param, parse_search
-from experiments.tune_folder import check_creatable, check_root, check_same_study, read_record, storage_file
+from experiments.tune_folder import check_root, check_same_study, read_record, storage_file
 
 __all__ = [
     "PRUNERS",
@@ -48,7 +49,6 @@ __all__ = [
     "aggregate",
     "check_storage",
     "default_storage",
-    "check_options",
     "make_pruner",
     "make_sampler",
     "make_storage",
@@ -59,20 +59,6 @@ __all__ = [
     "storage_file",
 ]  # storage_file: tune_folder's, re-exported
 
-TUNE_KEYS = (
-    "script",
-    "search",
-    "target_scores",
-    "trials",
-    "aggregate",
-    "score",
-    "last_episodes",
-    "sampler",
-    "pruner",
-    "storage",
-    "study_name",
-    "prune_every",
-)
 SAMPLERS = {
     "tpe": "TPESampler",
     "random": "RandomSampler",
@@ -224,29 +210,21 @@ def check_storage(url: str, must_exist: bool = False, given: bool = True) -> Non
     if file is None and url.startswith("journal:"):
         raise LaunchError(f"{where}: journal:PATH needs a file path")
     if file is None or file[0] == "sqlite":
-        from sqlalchemy.engine import make_url
+        import sqlalchemy
         from sqlalchemy.exc import ArgumentError, NoSuchModuleError
 
-        try:
-            u = make_url(url)
+        try:  # what opening the storage does first (RDBStorage's create_engine): it connects to nothing, makes nothing
+            engine = sqlalchemy.create_engine(url)
+        except NoSuchModuleError:  # an ArgumentError too: first
+            kind = url.split(":", 1)[0]
+            raise LaunchError(f"{where}: SQLAlchemy knows no database kind {kind!r} (sqlite, postgresql, ...)") from None
         except ArgumentError:
-            raise LaunchError(
-                f"{where}: not a storage URL (sqlite:///PATH, postgresql://..., mysql://... or journal:PATH)"
-            ) from None
-        try:
-            dialect = u.get_dialect()
-        except NoSuchModuleError:
-            raise LaunchError(
-                f"{where}: SQLAlchemy knows no database kind {u.drivername!r} (sqlite, postgresql, "
-                f"mysql, ...; or journal:PATH)"
-            ) from None
-        try:
-            (dialect.import_dbapi if hasattr(dialect, "import_dbapi") else dialect.dbapi)()
+            raise LaunchError(f"{where}: not a storage URL (sqlite:///PATH, postgresql://..., journal:PATH)") from None
         except ImportError as e:  # the driver: a package of its own
             name = getattr(e, "name", None) or str(e)
             package = DRIVERS.get(name.split(".")[0], name)
             raise LaunchError(f"{where}: its driver {name} is not installed (pip install {package})") from None
-        if u.get_backend_name() == "sqlite" and file is None:
+        if file is None and engine.url.get_backend_name() == "sqlite":
             raise LaunchError(f"{where}: an in-memory SQLite database keeps no study: give sqlite:///PATH")
         if file is None:
             return  # a database server: whether it answers is known when the tune connects
@@ -354,6 +332,9 @@ CONFIG_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+TUNE_KEYS = tuple(k for k in CONFIG_TYPES if k not in ("root", "scripts", "env_ids", "seeds"))  # the launcher's own
+
+
 def _check_config(data: dict, path: Path) -> None:
     for key, types in CONFIG_TYPES.items():
         v = data.get(key)
@@ -375,35 +356,9 @@ def _positive(name: str, v, allow_none: bool = True) -> None:
         raise LaunchError(f"{name} must be a positive integer, got {v!r}")
 
 
-def check_options(a: argparse.Namespace) -> None:
-    """The tune's own options that are not part of the study (how this process runs it), each on its own."""
-    for name, v in (
-        ("--max-failures", a.max_failures),
-        ("--workers", a.workers),
-        ("--cores-per-run", a.cores_per_run),
-        ("--runs-per-gpu", a.runs_per_gpu),
-        ("--time", a.time),
-        ("--cpus-per-worker", a.cpus_per_worker),
-    ):
-        _positive(name, v)
-    for name, v in (("--gpus-per-run", a.gpus_per_run), ("--gpus-per-worker", a.gpus_per_worker)):
-        if v is not None and v < 0:
-            raise LaunchError(f"{name} must be a non-negative integer, got {v}")
-    for name, v in (("--stale-after", a.stale_after), ("--stop-timeout", a.stop_timeout), ("--status-every", a.status_every)):
-        if not v >= 0:  # NaN too
-            raise LaunchError(f"{name} must be a non-negative number of seconds, got {v}")
-    if a.mem_gb is not None and not (math.isfinite(a.mem_gb) and a.mem_gb > 0):
-        raise LaunchError(f"--mem-gb must be a positive number, got {a.mem_gb}")
-    for kv in a.slurm_param:
-        if "=" not in kv or not kv.split("=", 1)[0].strip():
-            raise LaunchError(f"--slurm-param {kv!r}: not KEY=VALUE (e.g. account=abc)")
-    if a.sampler_seed is not None and not 0 <= a.sampler_seed < 2**32:
-        raise LaunchError(f"--sampler-seed must be in [0, 2**32), got {a.sampler_seed}")
-
-
 def setup_from(a: argparse.Namespace, tail: list[str]) -> Setup:
     """The ``Setup`` of this command (see the module docstring); reads files, creates nothing."""
-    check_options(a)
+    check_options(a)  # experiments.flags': those of this process
     data = load_file(a.config, extra=TUNE_KEYS) if a.config else {}
     if a.config:
         _check_config(data, a.config)

@@ -109,17 +109,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from experiments.flags import Parser, command, refusals
+from experiments.flags import Parser, command, refusals, run_options, split_tail
 from experiments.grid import LaunchError, Trial, build_grid
 from experiments.local import Launcher
 from experiments.records import (
     EXIT_INTERRUPTED,
-    STATES,
     finished,
     git_info,
     new_record,
     package_versions,
     read_json,
+    renewed,
     write_json,
 )
 from experiments.search_space import Param, check_space, flag_tokens, parse_search, script_fields, searched_values
@@ -146,6 +146,10 @@ from shared.progress import read_rows
 # Param, parse_search, aggregate and make_storage: the search space's and the study's, named here as before the cut
 __all__ = ["Param", "Tune", "aggregate", "check_flags", "main", "make_storage", "parse_search", "parser"]
 
+# A heartbeat of our own (the user attribute "heartbeat"): Optuna's (RDBStorage(heartbeat_interval=...), then
+# fail_stale_trials) serves RDB storages only, not the JournalStorage of the pinned Optuna (5.0: no BaseHeartbeat),
+# and it fails a stale trial, whose retry is a new trial (another number, other run folders), where a tune queues
+# it again under its own number so that its runs resume from their checkpoints.
 HEARTBEAT_S = 30.0  # how often a process stamps its running trials
 PRUNE_POLL_S = 2.0  # how often the running trials' progress rows are read for pruning
 
@@ -157,12 +161,11 @@ def parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Flags after `--` go to every run (so do --flags). The module docstring has the forms and the file.",
     )
-    p.add_argument("root", nargs="?", help="tune folder (or `root` in the --config file): runs, study.db, report")
-    p.add_argument("--config", type=Path, help="the launcher's TOML/JSON form with tune keys (search, trials, ...)")
+    s = run_options(p, "tune folder: runs, study.db, report", "submit --workers tune processes as SLURM jobs")
+    s.add_argument("--workers", type=int, default=1, help="with --slurm: tune processes (jobs) on the study")
+    s.add_argument("--cpus-per-worker", type=int, default=None, help="CPUs of each job (default --cores-per-run)")
+    s.add_argument("--gpus-per-worker", type=int, default=0, help="GPUs of each job")
     p.add_argument("--script", "--scripts", dest="script", nargs="+", help="the algos/ script (ppo_atari) or a path")
-    p.add_argument("--env-ids", nargs="+", help="gymnasium ids (left out: the script's default)")
-    p.add_argument("--seeds", nargs="+", type=int, help="every trial runs each seed on each env id")
-    p.add_argument("--flags", default="", help="flags for every run, one string")
     p.add_argument(
         "--search",
         action="append",
@@ -171,21 +174,10 @@ def parser() -> argparse.ArgumentParser:
         metavar="NAME=FORM",
         help="a searched flag: log:LOW:HIGH, float:LOW:HIGH[:log|:step=Q], int:LOW:HIGH[:log|:step=K], cat:A,B",
     )
-    p.add_argument(
-        "--target-scores",
-        nargs="+",
-        default=None,
-        metavar="ENV=LOW:HIGH",
-        help="each env's score normalised (score - LOW) / (HIGH - LOW)",
-    )
+    p.add_argument("--target-scores", nargs="+", metavar="ENV=LOW:HIGH", help="score normalised (score - LOW) / (HIGH - LOW)")
     p.add_argument("--trials", type=int, help="complete or pruned trials the study ends with")
     p.add_argument("--aggregate", choices=["mean", "iqm"], default=None, help="over a trial's runs (default mean)")
-    p.add_argument(
-        "--score",
-        choices=["auto", "eval", "train"],
-        default=None,
-        help="a run's score: eval.json where present (auto), or the last training episodes (train)",
-    )
+    p.add_argument("--score", choices=["auto", "eval", "train"], help="a run's: eval.json where present, or training's")
     p.add_argument("--last-episodes", type=int, default=None, help="training episodes behind a train score (100)")
     p.add_argument("--sampler", default=None, help="NAME[:KEY=VALUE,...] (default tpe)")
     p.add_argument("--sampler-seed", type=int, default=None, help="seed of the sampler")
@@ -194,43 +186,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--storage", default=None, help="Optuna storage URL or journal:PATH (default sqlite in the root)")
     p.add_argument("--study-name", default=None, help="study name in the storage (default the root's name)")
     p.add_argument("--max-failures", type=int, default=5, help="failed trials after which no new trial starts")
-    p.add_argument(
-        "--stale-after",
-        type=float,
-        default=300.0,
-        help="seconds without a heartbeat after which another process's running trial is queued again",
-    )
+    p.add_argument("--stale-after", type=float, default=300.0, help="seconds without a heartbeat: a trial queued again")
     p.add_argument("--report", action="store_true", help="write the results (best flags, CSV, plots) and exit")
-    p.add_argument("--dry-run", action="store_true", help="print the search space and a trial's runs; change nothing")
-    p.add_argument("--cores-per-run", type=int, default=1, help="physical cores per slot (default 1)")
-    p.add_argument("--gpus-per-run", type=int, default=None, help="GPUs of its own per run (0: hide the GPUs)")
-    p.add_argument("--runs-per-gpu", type=int, default=None, help="at most this many runs share one GPU")
-    p.add_argument(
-        "--stop-timeout",
-        type=float,
-        default=120.0,
-        help="seconds to wait for the runs to checkpoint after Ctrl-C/SIGTERM or a prune before SIGKILL",
-    )
-    p.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
-    p.add_argument("--status-every", type=float, default=30.0, help="seconds between summary lines (plain output)")
-    s = p.add_argument_group("clusters (submitit): tune processes as jobs, each with its node's slots")
-    s.add_argument("--slurm", action="store_true", help="submit --workers tune processes as SLURM jobs")
-    s.add_argument("--workers", type=int, default=1, help="with --slurm: tune processes (jobs) on the study")
-    s.add_argument(
-        "--cluster",
-        choices=["auto", "slurm", "local"],
-        default="auto",
-        help="submitit's executor: auto (SLURM where sbatch exists), slurm, or local (testing)",
-    )
-    s.add_argument("--partition", default=None)
-    s.add_argument("--time", type=int, default=60, help="minutes per job (the worker is requeued after)")
-    s.add_argument("--cpus-per-worker", type=int, default=None, help="CPUs of each job (default --cores-per-run)")
-    s.add_argument("--gpus-per-worker", type=int, default=0, help="GPUs of each job")
-    s.add_argument("--mem-gb", type=float, default=None)
-    s.add_argument(
-        "--slurm-param", action="append", default=[], metavar="KEY=VALUE", help="any other sbatch option (e.g. account=abc)"
-    )
-    s.add_argument("--wait", action="store_true", help="with --slurm: wait for the workers")
     return p
 
 
@@ -364,6 +321,12 @@ class Tune:
 
     # -- the study
 
+    def trial_id(self, number: int) -> int:
+        """The storage's id of trial ``number``, by Optuna's public storage API (a Trial keeps its own private)."""
+        return self.storage.get_trial_id_from_study_id_trial_number(
+            self.storage.get_study_id_from_name(self.st.study_name), number
+        )
+
     def _alive_here(self, owner: str | None) -> bool | None:
         """Whether the process named ``host:pid`` lives (None: another host, unknown)."""
         host, _, pid = (owner or "").rpartition(":")
@@ -387,8 +350,10 @@ class Tune:
             alive = self._alive_here(owner)
             if alive is False or (alive is None and time.time() - beat > self.a.stale_after):
                 with contextlib.suppress(Exception):
-                    self.storage.set_trial_state_values(t._trial_id, TrialState.WAITING)
-                    self.storage.set_trial_user_attr(t._trial_id, "interrupted", t.user_attrs.get("interrupted", 0) + 1)
+                    self.storage.set_trial_state_values(self.trial_id(t.number), TrialState.WAITING)
+                    self.storage.set_trial_user_attr(
+                        self.trial_id(t.number), "interrupted", t.user_attrs.get("interrupted", 0) + 1
+                    )
                     self.display.note(f"trial {t.number}: its process ({owner}) is gone: queued again")
 
     def counts(self) -> dict[str, int]:
@@ -415,7 +380,7 @@ class Tune:
             if live >= self.st.trials and not c["waiting"]:
                 return None
             trial = self.study.ask()
-            frozen = self.storage.get_trial(trial._trial_id)
+            frozen = self.storage.get_trial(self.trial_id(trial.number))
             resumed = bool(frozen.params) or "flags" in frozen.user_attrs
             if not resumed:
                 ahead = [
@@ -456,15 +421,8 @@ class Tune:
         self.mine[tr.number] = tr
         todo = []
         for r in tr.runs:
-            rec = read_json(r.folder / "launch.json")
             base = {**new_record(r, self.meta), "trial": tr.number, "study": {"name": self.st.study_name, "uid": self.uid}}
-            if rec.get("state") in STATES and (rec.get("attempts") or rec.get("command")):
-                rec = {
-                    **rec,
-                    **{k: v for k, v in base.items() if k not in ("state", "exit_code", "error", "command", "attempts")},
-                }
-            else:
-                rec = base
+            rec = renewed(read_json(r.folder / "launch.json"), base)
             rec.setdefault("attempts", [])
             self.records[r.rel] = rec
             self.runs.append(r)
@@ -501,34 +459,30 @@ class Tune:
         elif state == "done" and all(finished(r.folder, self.records[r.rel]) for r in tr.runs):
             self.complete(tr)
 
-    def complete(self, tr: TrialRuns) -> None:
+    def tell(self, tr: TrialRuns, state: str, note: str) -> None:
+        """The trial's end (complete, pruned, failed) told to the study and shown; its slots may take a new trial."""
         from optuna.trial import TrialState
 
         self.more = self.exhausted is None
+        tr.state = state
+        self.study.tell(tr.trial, tr.value, state=TrialState[{"failed": "FAIL"}.get(state, state.upper())])
+        self.display.note(f"trial {tr.number} {state}{note}")
 
-        values = []
-        for r in tr.runs:
-            v = normalised(self.st, r.env_id, run_score(self.st, r))
-            if v is None:
-                self.fail(tr, f"{r.rel} has no score (no evaluation and no finished episode)")
-                return
-            values.append(v)
+    def complete(self, tr: TrialRuns) -> None:
+        values = [normalised(self.st, r.env_id, run_score(self.st, r)) for r in tr.runs]
+        if None in values:
+            r = tr.runs[values.index(None)]
+            self.fail(tr, f"{r.rel} has no score (no evaluation and no finished episode)")
+            return
         tr.value = aggregate(values, self.st.aggregate)
-        self.study.tell(tr.trial, tr.value, state=TrialState.COMPLETE)
-        tr.state = "complete"
-        self.display.note(f"trial {tr.number} complete: value {tr.value:.4g}")
+        self.tell(tr, "complete", f": value {tr.value:.4g}")
 
     def fail(self, tr: TrialRuns, error: str) -> None:
-        from optuna.trial import TrialState
-
-        self.more = self.exhausted is None
-
         tr.state, tr.error = "failed", error
         self.drop_queued(tr, "queued")
         self.launcher.stop_children(tr.runs)
         tr.trial.set_user_attr("error", error)
-        self.study.tell(tr.trial, state=TrialState.FAIL)
-        self.display.note(f"trial {tr.number} failed: {error}")
+        self.tell(tr, "failed", f": {error}")
 
     def drop_queued(self, tr: TrialRuns, state: str) -> None:
         for r in [r for r in self.launcher.queue if r in tr.runs]:
@@ -558,13 +512,7 @@ class Tune:
             self.finish_pruned(tr)
 
     def finish_pruned(self, tr: TrialRuns) -> None:
-        from optuna.trial import TrialState
-
-        self.more = self.exhausted is None
-
-        self.study.tell(tr.trial, state=TrialState.PRUNED)
-        tr.state = "pruned"
-        self.display.note(f"trial {tr.number} pruned: its runs ended")
+        self.tell(tr, "pruned", ": its runs ended")
 
     def report_progress(self, tr: TrialRuns) -> None:
         """Intermediate values from the progress rows; the pruner's decision."""
@@ -618,7 +566,7 @@ class Tune:
             with contextlib.suppress(Exception):
                 tr.trial.set_user_attr("interrupted", tr.trial.user_attrs.get("interrupted", 0) + 1)
                 tr.trial.set_user_attr("owner", None)
-                self.storage.set_trial_state_values(tr.trial._trial_id, TrialState.WAITING)
+                self.storage.set_trial_state_values(self.trial_id(tr.number), TrialState.WAITING)
             tr.state = "interrupted"
             self.display.note(f"trial {tr.number} interrupted: queued again for the next start")
 
@@ -769,11 +717,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     anything is created or changed: the arguments and the ``--config`` file (``study.setup_from``: the folder, its
     ``tune.json`` and run records, the storage), the search space against the script's ``Args``, the sampler and
     pruner, this machine's slots, then the runs' flags with the script's own parser (``check_flags``)."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    tail: list[str] = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, tail = argv[:i], argv[i + 1 :]
+    argv, tail = split_tail(argv)
     try:
         a = parser().parse_args(argv)
     except SystemExit as e:  # Parser: the error: line is written; --help: exit 0

@@ -3,7 +3,7 @@ under it, and the checks that keep runs of two studies apart.
 
 Guarantees
 - ``check_root`` refuses a tune folder that is a file or that could not be created (its nearest existing parent is
-  a file, or not writable), without creating anything (``check_creatable``, which the storage's checks share).
+  a file, or no folder can be made in it), without creating anything (``experiments.flags.check_creatable``).
   ``storage_file`` names the file a storage URL keeps its study in (SQLite, journal), or None for a server.
 - ``read_record`` returns the folder's ``tune.json`` (``{}`` where there is none); one that cannot be read, is not
   a JSON object or holds a value of the wrong type is refused in one ``LaunchError`` naming the file and the key,
@@ -25,17 +25,15 @@ Guarantees
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from experiments.flags import check_creatable
 from experiments.grid import LaunchError
 from experiments.records import launch_problem, load_record, write_json
-from shared.files import nearest_existing
 
 __all__ = [
     "RUN_RECORDS",
-    "check_creatable",
     "check_root",
     "check_runs",
     "check_same_study",
@@ -77,26 +75,8 @@ def storage_file(url: str) -> tuple[str, Path] | None:
     return None
 
 
-def check_creatable(folder: Path, where: str) -> None:
-    """That ``folder`` exists or could be made, without making it: its nearest existing parent is a folder this
-    process may write in."""
-    try:  # exists() itself raises for a folder this user may not enter
-        base = nearest_existing(folder)
-    except OSError as e:
-        raise LaunchError(f"{where}: {e.strerror or e}") from None
-    if not base.is_dir():
-        raise LaunchError(f"{where}: {base} is a file, not a folder")
-    if not os.access(base, os.W_OK | os.X_OK):
-        raise LaunchError(f"{where}: cannot create anything in {base} (permission denied)")
-
-
 def check_root(root: Path) -> None:
-    try:  # exists() itself raises for a folder this user may not enter
-        if root.exists() and not root.is_dir():
-            raise LaunchError(f"tune folder {root} is a file, not a folder")
-        check_creatable(root, f"tune folder {root}")
-    except OSError as e:
-        raise LaunchError(f"tune folder {root}: {e.strerror or e}") from None
+    check_creatable(root, f"tune folder {root}")
 
 
 def _record_problem(data: dict) -> str | None:
