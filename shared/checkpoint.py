@@ -36,6 +36,7 @@ import numpy as np
 
 from shared.cli import bad_args
 from shared.files import WriteError, atomic_write
+from shared.namedarraytuple import replace_leaves, walk_structure
 
 __all__ = [
     "RUN_FLAGS",
@@ -195,16 +196,9 @@ def save(path: Path, state: dict) -> None:
     """Write ``state`` atomically, every tensor on the CPU."""
     import torch
 
-    def on_cpu(x: Any) -> Any:  # state dicts nest dicts and lists (an optimizer's param_groups)
-        if isinstance(x, torch.Tensor):
-            return x.detach().cpu()
-        if isinstance(x, dict):
-            return {k: on_cpu(v) for k, v in x.items()}
-        if isinstance(x, (list, tuple)):
-            return type(x)(on_cpu(v) for v in x)
-        return x
-
-    state = on_cpu(state)
+    # state dicts nest dicts and lists (an optimizer's param_groups)
+    on_cpu = {path: x.detach().cpu() for path, x in walk_structure(state) if isinstance(x, torch.Tensor)}
+    state = replace_leaves(state, on_cpu)
     atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 

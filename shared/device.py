@@ -9,7 +9,9 @@ Guarantees
 - ``upload(arrays, device)`` brings a batch to the learner's device: ``arrays`` is a numpy array, or a dict or
   namedarraytuple of them, nested to any depth (a Dict observation inside a rollout), and comes back in the same
   structure with tensors in place of the arrays (a namedarraytuple of the same class, ``None`` fields kept); a
-  tensor among them is passed as it is (moved, where it is elsewhere: a rollout kept on the device). On
+  tensor among them is passed as it is (moved, where it is elsewhere: a rollout kept on the device); a plain tuple
+  or list is one array. One array and a flat dict of arrays (what a loop uploads every step) take no walk; anything
+  nested goes through ``shared.namedarraytuple.walk_structure`` and ``replace_leaves``, by path. On
   the CPU the tensors share the arrays' memory (no copy). On CUDA the arrays' bytes are packed into a pinned staging
   buffer and sent in one non-blocking copy, the tensors being views of the one device block; two staging buffers
   take turns, and one is refilled only after the event recorded behind its last copy has passed, so the host
@@ -17,9 +19,9 @@ Guarantees
   several times between reads, such as PPO's epochs, may wait there; nothing else does).
 - ``RL_HOST_PATH=cuda`` (benchmarks and tests only): on the CPU, the host work of the CUDA path runs as it would on
   a GPU (uploads packed into staging and copied as one block, ``to_host`` through one joined copy), so that the
-  tests run it and ``benchmarks/loop_overhead.py`` can count and time it on a machine without one; ``dry`` also
+  tests run it and ``benchmarks/speed/loop_overhead.py`` can count and time it on a machine without one; ``dry`` also
   leaves out the bytes of the copy up, which a GPU's DMA engine moves (the values are then wrong).
-Imports nothing from the project.
+Imports nothing from the project but ``shared.namedarraytuple``'s walk (which imports nothing from it either).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import os
 from typing import Any
 
 import numpy as np
+
+from shared.namedarraytuple import replace_leaves, walk_structure
 
 __all__ = ["Uploader", "to_host", "upload"]
 
@@ -95,7 +99,7 @@ class Uploader:
         self.copies = 0  # packed copies made
         self.dry: dict[int, Any] = {}  # RL_HOST_PATH=dry: a block by size
 
-    def __call__(self, arrays: dict[str, Any]) -> dict[str, Any]:
+    def __call__(self, arrays: dict[Any, Any]) -> dict[Any, Any]:
         import torch
 
         if not self.pack:  # shares the arrays' memory; a read-only one (shared.envs.action_mask's) is copied: torch warns
@@ -139,37 +143,21 @@ def upload(arrays: Any, device: Any) -> Any:
     same structure (see the module docstring)."""
     if device not in _uploaders:
         _uploaders[device] = Uploader(device)
-    if type(arrays) is dict and all(type(a) is np.ndarray for a in arrays.values()):  # flat: no walk
+    # The two shapes a loop uploads every step take no walk: one array, and a flat dict of arrays.
+    if type(arrays) is np.ndarray:
+        return _uploaders[device]({"": arrays})[""]
+    if type(arrays) is dict and all(type(a) is np.ndarray for a in arrays.values()):
         return _uploaders[device](arrays)
-    leaves: dict[str, Any] = {}
-    _flatten(arrays, "", leaves)
+    # Anything nested (a Dict observation in a rollout, namedarraytuples, tensors among the arrays): by path. A plain
+    # tuple or list is one array, as np.asarray makes it, not a node.
     import torch
 
-    tensors = {k: x.to(device, non_blocking=True) for k, x in leaves.items() if isinstance(x, torch.Tensor)}  # as they are
-    packed = _uploaders[device]({k: x for k, x in leaves.items() if k not in tensors}) if len(tensors) < len(leaves) else {}
-    return _rebuild(arrays, "", {**packed, **tensors})
-
-
-def _is_node(x: Any) -> str:
-    """ "dict", "tuple" (a namedarraytuple) or "" (a leaf: an array, or None)."""
-    if isinstance(x, dict):
-        return "dict"
-    return "tuple" if isinstance(x, tuple) and hasattr(x, "_fields") else ""
-
-
-def _flatten(x: Any, path: str, out: dict[str, Any]) -> None:
-    kind = _is_node(x)
-    if kind:
-        for k, v in x.items():
-            _flatten(v, f"{path}/{k}", out)
-    elif x is not None:
-        out[path] = x
-
-
-def _rebuild(x: Any, path: str, tensors: dict[str, Any]) -> Any:
-    kind = _is_node(x)
-    if kind == "dict":
-        return {k: _rebuild(v, f"{path}/{k}", tensors) for k, v in x.items()}
-    if kind == "tuple":
-        return type(x)(*(_rebuild(v, f"{path}/{k}", tensors) for k, v in x.items()))
-    return None if x is None else tensors[path]
+    done, packing = {}, {}  # by path: tensors moved as they are, arrays packed in one copy
+    for path, x in walk_structure(arrays, sequences=False):
+        if isinstance(x, torch.Tensor):
+            done[path] = x.to(device, non_blocking=True)
+        elif x is not None:
+            packing[path] = x
+    if packing:
+        done.update(_uploaders[device](packing))
+    return replace_leaves(arrays, done, sequences=False)  # None fields stay None

@@ -12,6 +12,16 @@ Guarantees
   returns the one class registered for that schema, so ``type(a) is type(b)`` holds across pickling.
 - ``flatten_structure`` / ``unflatten_structure``: the leaves of a structure as ``map_structure`` walks it, in
   order, and a hashable shape that rebuilds it with every type (``shared.compiling``'s graphs key on it).
+- ``walk_structure(struct, *others)``: every leaf with its path (the keys from the root: a field name, an index, a
+  dict key), in ``map_structure``'s order; with ``others`` (structures shaped like ``struct``, as samples are
+  like their example) each one's leaf at that path too, and ``ValueError`` naming the path where one is shaped
+  otherwise. ``replace_leaves(struct, by_path)`` is its inverse: the same structure (every type kept; a dict as a
+  ``dict``) with the leaves at the given paths replaced, the others kept.
+  Both see the same nodes as ``map_structure`` (dicts, tuples and lists, named or not) unless
+  ``sequences=False`` (plain tuples and lists are leaves); ``None`` is a leaf. ``shared.device`` (upload),
+  ``shared.replay`` (sample checks, stored arrays) and ``shared.checkpoint`` (tensors to the CPU) walk with them.
+  ``map_structure`` and ``flatten_structure`` keep their own plain recursion: ``torch.compile`` traces the first
+  inside graphs and ``shared.compiling`` keys its graphs on the second's shape.
 - ``torch.compile`` (fullgraph, torch 2.11 and later) traces them as namedtuples: building, indexing, reading
   fields and returning or taking one. Dynamo before 2.13 reads namedtuple's ``_field_defaults`` (empty here) and
   cannot trace ``tuple.__new__`` on a class it got from ``type(self)``, so results are built by calling the class.
@@ -23,7 +33,16 @@ import copyreg
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
-__all__ = ["flatten_structure", "is_namedarraytuple", "map_structure", "namedarraytuple", "unflatten_structure"]
+__all__ = [
+    "dotted",
+    "flatten_structure",
+    "is_namedarraytuple",
+    "map_structure",
+    "namedarraytuple",
+    "replace_leaves",
+    "unflatten_structure",
+    "walk_structure",
+]
 
 _CLASSES: dict[tuple[str, tuple[str, ...]], type] = {}
 
@@ -216,3 +235,78 @@ def unflatten_structure(shape: Any, leaves: Iterator[Any]) -> Any:
     if kind is dict:
         return dict(zip(keys, values))
     return kind(values) if kind in (list, tuple) or not hasattr(kind, "_fields") else kind(*values)
+
+
+# ----------------------------------------------------------------------------------------- the walk with paths
+
+
+def _children(node: Any, sequences: bool) -> Iterable[tuple[Any, Any]] | None:
+    """A node's (key, child) pairs in order, or None for a leaf: the one rule of what the walk descends into."""
+    if isinstance(node, dict):
+        return node.items()
+    if isinstance(node, tuple) and hasattr(node, "_fields"):  # a namedarraytuple or a namedtuple: by field name
+        return zip(node._fields, node)
+    if sequences and isinstance(node, (tuple, list)):
+        return enumerate(node)
+    return None
+
+
+def dotted(path: tuple) -> str:
+    """A path as one name, its keys joined by dots (``obs.image``, ``state.0``)."""
+    return ".".join(map(str, path))
+
+
+def _matching(node: Any, other: Any, path: tuple) -> list:
+    """``other``'s children in the order of ``node``'s keys; ``ValueError`` naming ``path`` when it is shaped otherwise:
+    another kind of node, other dict keys, another length, other field names."""
+    if isinstance(node, dict):
+        if isinstance(other, Mapping) and set(other) == set(node):
+            return [other[k] for k in node]
+    elif isinstance(other, (tuple, list)) and len(other) == len(node):
+        fields = getattr(other, "_fields", None)
+        if fields is None or fields == getattr(node, "_fields", fields):
+            return list(other)
+    where = dotted(path) or "the structure"
+    raise ValueError(f"{where}: expected the structure of the example ({type(node).__name__}), got {type(other).__name__}")
+
+
+def walk_structure(struct: Any, *others: Any, path: tuple = (), sequences: bool = True) -> list[tuple]:
+    """``(path, leaf, *others' leaves at path)`` for every leaf of ``struct`` in order (see the module docstring);
+    ``path`` prefixes every path. Below a leaf of ``struct`` (``None`` included) the others are not looked into."""
+    out: list[tuple] = []  # a list, not a generator, which would pass each leaf up through every level
+    if others:
+        _walk_along(struct, others, path, sequences, out)
+    else:  # the common case (an upload per step), without the others' bookkeeping
+        _walk(struct, path, sequences, out)
+    return out
+
+
+def _walk(node: Any, path: tuple, sequences: bool, out: list) -> None:
+    children = _children(node, sequences)
+    if children is None:
+        out.append((path, node))
+        return
+    for key, child in children:
+        _walk(child, (*path, key), sequences, out)
+
+
+def _walk_along(node: Any, others: tuple, path: tuple, sequences: bool, out: list) -> None:
+    children = _children(node, sequences)
+    if children is None:
+        out.append((path, node, *others))
+        return
+    theirs = [_matching(node, other, path) for other in others]
+    for i, (key, child) in enumerate(children):
+        _walk_along(child, tuple([t[i] for t in theirs]), (*path, key), sequences, out)
+
+
+def replace_leaves(struct: Any, by_path: Mapping[tuple, Any], path: tuple = (), sequences: bool = True) -> Any:
+    """``struct`` rebuilt with the leaf at each path of ``by_path`` (as the walk names it) replaced by its value there,
+    every other leaf kept: the walk's inverse."""
+    children = _children(struct, sequences)
+    if children is None:
+        return by_path.get(path, struct)
+    if isinstance(struct, dict):
+        return {key: replace_leaves(child, by_path, (*path, key), sequences) for key, child in children}
+    values = [replace_leaves(child, by_path, (*path, key), sequences) for key, child in children]
+    return type(struct)(*values) if hasattr(struct, "_fields") else type(struct)(values)

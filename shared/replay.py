@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from shared.buffer import buffer_from_example, check_fits, shared_zeros, zeros
-from shared.namedarraytuple import is_namedarraytuple, map_structure, namedarraytuple
+from shared.namedarraytuple import dotted, is_namedarraytuple, map_structure, namedarraytuple, walk_structure
 from shared.sync import locked
 
 if TYPE_CHECKING:
@@ -304,40 +304,19 @@ def _signature(samples: Any) -> tuple | None:
 
 
 def _set_leaves(dst: Any, idx: Any, src: Any) -> None:
-    """``dst[idx] = src`` leaf by leaf, for any structure ``_leaves`` walks (plain tuples and dicts cannot be
-    assigned into as a whole)."""
-    if dst is None:
-        return
-    if isinstance(dst, dict):
-        for k in dst:
-            _set_leaves(dst[k], idx, src[k])
-    elif isinstance(dst, (tuple, list)):  # namedarraytuples too
-        for d, v in zip(dst, src):
-            _set_leaves(d, idx, v)
-    else:
-        dst[idx] = src
+    """``dst[idx] = src`` leaf by leaf, for any structure ``walk_structure`` walks (plain tuples and dicts cannot be
+    assigned into as a whole); ``None`` leaves of ``dst`` are skipped."""
+    for _, d, v in walk_structure(dst, src):
+        if d is not None:
+            d[idx] = v
 
 
 def _leaves(name: str, ex: Any, x: Any):
-    """(path, example leaf, sample leaf) of possibly nested fields: namedarraytuples, (named)tuples, lists, dicts.
-    A sample whose structure differs from the example's raises ValueError naming the field."""
-    if is_namedarraytuple(ex):
-        items = list(ex.items())
-        values = list(x) if is_namedarraytuple(x) and len(x) == len(items) else None
-    elif isinstance(ex, dict):
-        items = list(ex.items())
-        values = [x[k] for k, _ in items] if isinstance(x, dict) and set(x) == set(ex) else None
-    elif isinstance(ex, (tuple, list)):
-        items = [(str(i), e) for i, e in enumerate(ex)]
-        values = list(x) if isinstance(x, (tuple, list)) and len(x) == len(ex) else None
-    else:
-        yield name, ex, x
-        return
-    if values is None:
-        raise ValueError(f"{name}: expected the structure of the example ({type(ex).__name__}), got {type(x).__name__}")
-    for (f, e), v in zip(items, values):
+    """(path, example leaf, sample leaf) of possibly nested fields: namedarraytuples, (named)tuples, lists, dicts;
+    the example's ``None`` leaves are left out. A sample shaped otherwise raises ValueError naming the field."""
+    for path, e, v in walk_structure(ex, x, path=(name,)):
         if e is not None:
-            yield from _leaves(f"{name}.{f}", e, v)
+            yield dotted(path), e, v
 
 
 def _sum_tree(T: int, B: int, shared: bool) -> SumTree:
@@ -507,17 +486,7 @@ class _Base:
         out: dict[str, np.ndarray] = {}
 
         def walk(name: str, x: Any) -> None:
-            if isinstance(x, np.ndarray):
-                out[name] = x
-            elif is_namedarraytuple(x) or (isinstance(x, tuple) and hasattr(x, "_fields")):
-                for field, v in zip(x._fields, x):
-                    walk(f"{name}.{field}", v)
-            elif isinstance(x, dict):
-                for k, v in x.items():
-                    walk(f"{name}.{k}", v)
-            elif isinstance(x, (tuple, list)):
-                for i, v in enumerate(x):
-                    walk(f"{name}.{i}", v)
+            out.update((dotted(path), a) for path, a in walk_structure(x, path=(name,)) if isinstance(a, np.ndarray))
 
         st = self.storage
         walk("data", st.data)

@@ -428,3 +428,25 @@ def test_channels_last_is_one_rule_on_a_cpu_and_with_bf16_on_a_gpu():
     assert not nhwc("cuda", False)
     linear = torch.nn.Linear(3, 2)
     assert channels_last(linear, torch.device("cpu"), False) is linear  # nothing 4-d: unchanged
+
+
+def test_an_upload_keeps_its_structure_whether_it_walks_or_not():
+    """shared.device.upload's three ways: one array and a flat dict of arrays without a walk, anything nested through
+    shared.namedarraytuple's walk (namedarraytuples with None fields, Dict observations, tensors among the arrays); a
+    plain list stays one array, as it always was."""
+    from shared.device import upload
+    from shared.namedarraytuple import namedarraytuple
+
+    cpu = torch.device("cpu")
+    State = namedarraytuple("State", ["h", "c"])
+    Batch = namedarraytuple("Batch", ["obs", "state", "extra"])
+    one = upload(np.arange(3.0), cpu)
+    assert isinstance(one, torch.Tensor) and one.tolist() == [0.0, 1.0, 2.0]
+    flat = upload({"a": np.zeros(2, np.uint8), "b": np.ones(1, bool)}, cpu)
+    assert list(flat) == ["a", "b"] and flat["a"].dtype == torch.uint8 and flat["b"].dtype == torch.bool
+    held = torch.full((2,), 7.0)
+    batch = Batch({"image": np.ones((2, 3), np.uint8), "vec": held}, State(np.zeros((1, 2)), None), [1, 2])
+    up = upload(batch, cpu)
+    assert type(up) is Batch and type(up.state) is State and up.state.c is None and list(up.obs) == ["image", "vec"]
+    assert up.obs["image"].dtype == torch.uint8 and up.obs["image"].shape == (2, 3) and up.obs["vec"] is held
+    assert isinstance(up.extra, torch.Tensor) and up.extra.tolist() == [1, 2]  # the list as one array

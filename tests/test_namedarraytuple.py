@@ -306,3 +306,53 @@ def test_flatten_structure_round_trips_what_map_structure_walks():
     again = unflatten_structure(shape, iter(leaves))
     assert again == struct and type(again[0]["state"]) is S and type(again[1][1]) is Pair
     assert map_structure(lambda v: v, struct) == again
+
+
+def test_the_walk_names_each_leaf_by_its_path_in_map_structures_order_and_its_inverse_keeps_every_type():
+    """walk_structure: (path, leaf) with the keys from the root (field names, indices, dict keys), the leaves those
+    flatten_structure finds, in its order; replace_leaves puts new leaves at paths back into the same types."""
+    from collections import namedtuple
+
+    from shared.namedarraytuple import dotted, replace_leaves, walk_structure
+
+    Pair = namedtuple("Pair", "a b")
+    S = namedarraytuple("S", ["x", "y"])
+    struct = ({"obs": 1, "state": S(2, None)}, [3, Pair(4, 5)], "six")
+    walked = walk_structure(struct)
+    flat = []
+    flatten_structure(struct, flat)
+    assert [leaf for _, leaf in walked] == flat
+    assert [dotted(p) for p, _ in walked] == ["0.obs", "0.state.x", "0.state.y", "1.0", "1.1.a", "1.1.b", "2"]
+    assert walk_structure(7, path=("x",)) == [(("x",), 7)]  # a leaf alone, under the given prefix
+    again = replace_leaves(struct, {path: f"<{leaf}>" for path, leaf in walked if isinstance(leaf, int)})
+    assert again == ({"obs": "<1>", "state": S("<2>", None)}, ["<3>", Pair("<4>", "<5>")], "six")
+    assert type(again[0]["state"]) is S and type(again[1]) is list and type(again[1][1]) is Pair
+    # sequences=False: a plain tuple or list is a leaf (shared.device uploads one as one array)
+    assert walk_structure({"a": [1, 2], "b": S((3, 4), None)}, sequences=False) == [
+        (("a",), [1, 2]),
+        (("b", "x"), (3, 4)),
+        (("b", "y"), None),
+    ]
+
+
+def test_the_walk_along_others_pairs_their_leaves_and_names_where_one_is_shaped_otherwise():
+    from shared.namedarraytuple import walk_structure
+
+    S = namedarraytuple("S", ["x", "y"])
+    T = namedarraytuple("T", ["x", "z"])
+    example = S({"a": 1, "b": (2, 3)}, None)
+    sample = S({"b": [20, 30], "a": 10}, "anything")  # keys in another order, a list for a tuple
+    assert walk_structure(example, sample, path=("s",)) == [
+        (("s", "x", "a"), 1, 10),
+        (("s", "x", "b", 0), 2, 20),
+        (("s", "x", "b", 1), 3, 30),
+        (("s", "y"), None, "anything"),  # below the example's leaf the sample is not looked into
+    ]
+    for bad, where in [
+        (S({"a": 1}, None), "s.x"),  # a key missing
+        (S({"a": 1, "b": (2,)}, None), "s.x.b"),  # shorter
+        (S({"a": 1, "b": 5}, None), "s.x.b"),  # a leaf for a node
+        (T({"a": 1, "b": (2, 3)}, None), "s"),  # other field names
+    ]:
+        with pytest.raises(ValueError, match=f"^{where}: expected the structure of the example"):
+            walk_structure(example, bad, path=("s",))

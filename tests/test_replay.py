@@ -614,3 +614,22 @@ def test_a_sample_skipping_fields_draws_the_same_batch_without_them(prefetch):
                 assert getattr(b, name) is None
             else:
                 assert np.array_equal(x, getattr(b, name)), name
+
+
+def test_a_sample_shaped_otherwise_than_the_example_is_refused_naming_the_field():
+    """ReplayBuffer.append checks a chunk by walking the example and the sample together
+    (shared.namedarraytuple.walk_structure): a nested field's path names what is wrong."""
+    XStep = namedarraytuple("XStep", ["observation", "action", "reward", "terminated", "extra"])
+    extra = {"goal": np.zeros(2, np.float32), "pair": (np.float32(0), np.int64(0))}
+    buf = ReplayBuffer(XStep(np.zeros(3, np.float32), np.int64(0), np.float32(0), np.bool_(False), extra), 8, 2)
+    rows = {"goal": np.zeros((1, 2, 2), np.float32), "pair": (np.zeros((1, 2), np.float32), np.zeros((1, 2), np.int64))}
+    good = XStep(
+        np.zeros((1, 2, 3), np.float32), np.zeros((1, 2), np.int64), np.zeros((1, 2), np.float32), np.zeros((1, 2), bool), rows
+    )
+    assert buf.storage.check(good) == 1
+    with pytest.raises(ValueError, match=r"^extra: expected the structure of the example \(dict\), got dict"):
+        buf.storage.check(good._replace(extra={"goal": rows["goal"]}))
+    with pytest.raises(ValueError, match=r"^extra\.pair: expected the structure of the example \(tuple\), got tuple"):
+        buf.storage.check(good._replace(extra={**rows, "pair": rows["pair"][:1]}))
+    with pytest.raises(ValueError, match=r"^samples\.extra\.pair\.1 must have shape \[T, 2, \*\(\)\]"):
+        buf.storage.check(good._replace(extra={**rows, "pair": (rows["pair"][0], np.zeros((1, 2, 5), np.int64))}))
