@@ -20,7 +20,11 @@ Where to change what: the env in make_env (a wrapper there reaches every samplin
 (QNetwork here): any nn.Module with forward(obs, noise) -> log-probabilities [N, A, n_atoms], q_values(obs, noise) ->
 their means [N, A] and a `support` tensor [n_atoms] (obs [N, ...] as the env gives them; noise: None or the noisy
 layers' torch.Generator; make_network refuses --noisy and --dueling for a network that cannot honour them); the loss in
-c51_loss (its dict: the row's logged statistics, a new key a new progress.csv column); the schedule in main.
+c51_loss (its dict: the row's logged statistics, a new key a new progress.csv column); a new stored quantity (per step,
+in the replay) is an entry in ROW, written in EnvStepper.step and read by the loss (every batch field but HOST_ONLY is
+uploaded); the schedule in main. An @graphed step (one CUDA graph under --compile) sees a setting changed between calls
+(an Args field) at its next call; pass a value that changes every call as a tensor, and return what the step computes:
+a write elsewhere (a counter, an append) is refused.
 """
 
 import copy
@@ -51,7 +55,7 @@ from shared.atari import is_atari, make_atari_env
 from shared.cli import RunArgs, bad_args, check_replay_sizes, parse_args
 from shared.compiling import compiled, graphed
 from shared.device import to_host, upload
-from shared.envs import EpisodeTally, image_shape, make_envs
+from shared.envs import EpisodeTally, image_shape, make_envs, replay_frame_stack
 from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayPacer
 from shared.precision import autocast, channels_last
@@ -364,7 +368,12 @@ class Policy(nn.Module):
 
 # ----------------------------------------------------------------------------------------- sampling
 
-Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated", "truncated", "episode_end"])
+# A replay row by field, with its example (shape and dtype; the observation's from the env). A new stored quantity is an
+# entry here, written in EnvStepper.step and read by the loss as batch[name]: the update uploads every field of the batch
+# but HOST_ONLY, the replay's bookkeeping (the loss reads the n-step fields made from them).
+ROW = dict(action=np.int64(0), reward=np.float32(0), terminated=False, truncated=False, episode_end=False)
+Step = namedarraytuple("Step", ["observation", *ROW])
+HOST_ONLY = ("reward", "terminated", "truncated", "episode_end", "truncated_n", "n_taken", "final_row", "episode_start")
 
 
 def epsilons(args: Args, global_step: int) -> np.ndarray:
@@ -423,13 +432,15 @@ class EnvStepper:
         raw = np.where(self.final_row, 0.0, reward)
         train_r = (np.sign(raw) if self.args.clip_rewards and is_atari(self.args.env_id) else raw).astype(np.float32)
         terminated = term | (life_lost & self.args.life_loss_terminal)
-        episode_end = term | trunc
-        row = Step(self.obs[None], action[None], train_r[None], terminated[None], trunc[None], episode_end[None])
-        episodes = self.episodes.step(raw, ~self.final_row, episode_end)  # [(return, length)] of those that ended
+        end = term | trunc
+        row = Step(
+            observation=self.obs, action=action, reward=train_r, terminated=terminated, truncated=trunc, episode_end=end
+        )
+        episodes = self.episodes.step(raw, ~self.final_row, end)  # [(return, length)] of those that ended
         self.obs = next_obs
-        self.final_row = episode_end
+        self.final_row = end
         self.lives = lives
-        return row, episodes
+        return row[None], episodes  # [1, B]
 
 
 # ---------------------------------------------------------------------------------- loss and update
@@ -488,11 +499,10 @@ def c51_step(q_net, target_net, optimizer, batch: dict, args: Args, noise=None) 
 
 
 def c51_update(q_net, target_net, optimizer, buffer: ReplayBuffer, args: Args, beta: float, device, noise=None) -> dict:
-    sample, index = buffer.sample(args.batch_size, beta=beta)
-    fields = ("observation", "next_observation", "action", "n_step_return", "terminated_n", "bootstrap_discount", "is_weights")
-    batch = upload({k: getattr(sample, k) for k in fields}, device)  # one copy to a GPU
+    sample, index = buffer.sample(args.batch_size, beta=beta, skip=HOST_ONLY)
+    batch = upload({k: v for k, v in sample.items() if k not in HOST_ONLY}, device)  # one copy to a GPU
     cross_entropy, stats = c51_step(q_net, target_net, optimizer, batch, args, noise)
-    buffer.sample_ahead(args.batch_size, beta)  # async on a GPU: the host gathers the next batch while this trains
+    buffer.sample_ahead(args.batch_size, beta, skip=HOST_ONLY)  # async on a GPU: the next batch gathered while this trains
     if args.prioritized:  # the one copy an update makes: the sum tree lives on the host
         buffer.update_priorities(index, to_host(cross_entropy))
     return stats
@@ -534,12 +544,12 @@ def make_replay(args: Args, run: Run) -> ReplayBuffer:
     """Each rank's replay: frames stored once each, n-step returns, optionally prioritized."""
     return ReplayBuffer(
         # an example row: the fields, their shapes and dtypes
-        Step(np.zeros(run.obs_space.shape, run.obs_space.dtype), np.int64(0), np.float32(0), False, False, False),
+        Step(observation=np.zeros(run.obs_space.shape, run.obs_space.dtype), **ROW),
         args.buffer_size,
         args.num_envs,
         discount=args.gamma,
         n_step_return=args.n_step_return,
-        frame_stack=run.obs_space.shape[0] if is_atari(args.env_id) else 1,
+        frame_stack=replay_frame_stack(args, make_env, run.obs_space),  # frames stored once only where exact
         prioritized=args.prioritized,
         alpha=args.alpha,
         beta=args.beta,

@@ -14,7 +14,11 @@ observation statistics, frozen in evaluation and in --export.
 Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the networks in make_networks:
 Actor (forward(obs) -> action [N, A] in [-1, 1]) and Critics (forward(obs, action) -> Q-values [K, N], K = 1 here); the
 losses in ddpg_critic_loss and ddpg_actor_loss, whose statistics ddpg_update returns (a new key is a new progress.csv
-column); the evaluation and --export action in Policy; the schedule in main.
+column); the evaluation and --export action in Policy; a new stored quantity (per step, in the replay) is an entry in
+ROW, written in EnvStepper.step and read by the loss (every batch field but HOST_ONLY is uploaded); the schedule in
+main. An @graphed step (one CUDA graph under --compile) sees a setting changed between calls (an Args field) at its
+next call; pass a value that changes every call as a tensor, and return what the step computes: a write elsewhere (a
+counter, an append) is refused.
 """
 
 import copy
@@ -192,7 +196,12 @@ class Policy(nn.Module):
 
 # ----------------------------------------------------------------------------------------- sampling
 
-Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated", "truncated"])
+# A replay row by field, with its example (the observation's and action's sizes from the env). A new stored quantity is
+# an entry here, written in EnvStepper.step and read by the loss as b[name]: the update uploads every field of the batch
+# but HOST_ONLY, the replay's bookkeeping (the loss reads the n-step fields made from them; uniform sampling's weights).
+ROW = dict(reward=np.float32(0), terminated=False, truncated=False)
+Step = namedarraytuple("Step", ["observation", "action", *ROW])
+HOST_ONLY = ("reward", "terminated", "truncated", "truncated_n", "n_taken", "final_row", "episode_start", "is_weights")
 
 
 @graphed
@@ -232,23 +241,19 @@ class EnvStepper:
             action = np.clip(action + noise, -1.0, 1.0).astype(np.float32)
         next_obs, reward, term, trunc, _ = self.envs.step(scale_action(action, self.space.low, self.space.high))
         reward = np.where(self.final_row, 0.0, reward)
-        row = Step(self.obs[None].astype(np.float32), action[None], reward[None].astype(np.float32), term[None], trunc[None])
+        row = Step(observation=self.obs, action=action, reward=reward, terminated=term, truncated=trunc)  # stored as float32
         episode_end = term | trunc
         episodes = self.episodes.step(reward, ~self.final_row, episode_end)  # [(return, length)] of those that ended
         self.obs, self.final_row = next_obs, episode_end
-        return row, episodes
+        return row[None], episodes  # [1, B]
 
 
 # ---------------------------------------------------------------------------------- loss and update
 
 
-# The replay fields the update reads: only these are gathered (buffer.sample(..., fields=BATCH_FIELDS)) and uploaded.
-BATCH_FIELDS = ("observation", "next_observation", "action", "n_step_return", "terminated_n", "bootstrap_discount")
-
-
 def to_tensors(batch, obs_norm: ObsNorm, device: torch.device) -> dict:
     """Replay batch (numpy, [N, ...]) -> the update's float tensors in one copy to the device, observations normalised."""
-    return upload_batch({k: getattr(batch, k) for k in BATCH_FIELDS}, obs_norm, device)
+    return upload_batch({k: v for k, v in batch.items() if k not in HOST_ONLY}, obs_norm, device)
 
 
 def critic_target(batch: dict, target_actor: Actor, target_critic: Critics) -> torch.Tensor:
@@ -324,7 +329,7 @@ def make_learner(args: Args, run: Run) -> tuple:
 def make_replay(args: Args, run: Run) -> ReplayBuffer:
     """Each rank's replay of raw (unnormalised) observations and [-1, 1] actions, n-step returns."""
     obs_dim, act_dim = int(np.prod(run.obs_space.shape)), int(np.prod(run.act_space.shape))
-    example = Step(np.zeros(obs_dim, np.float32), np.zeros(act_dim, np.float32), np.float32(0), False, False)
+    example = Step(observation=np.zeros(obs_dim, np.float32), action=np.zeros(act_dim, np.float32), **ROW)
     n_step = {"discount": args.gamma, "n_step_return": args.n_step_return}
     seed = distributed.rank_seed(args.seed)
     return ReplayBuffer(example, args.buffer_size, args.num_envs, **n_step, shared=args.sampler == "async", seed=seed)
@@ -370,7 +375,7 @@ def main() -> int:
             else:  # the rows the sampler appended meanwhile; actor is published to it when due
                 global_step, waits = sampler.exchange(run, actor, updates)
             for _ in range(pacer.due(global_step, updates)):  # replay_ratio samples per env step
-                batch, _ = buffer.sample(args.batch_size, fields=BATCH_FIELDS)  # [N, ...]
+                batch, _ = buffer.sample(args.batch_size, skip=HOST_ONLY)  # [N, ...]
                 b = to_tensors(batch, obs_norm, run.device)
                 stats = ddpg_update(actor, target_actor, critic, target_critic, optimizers, b, args)
                 updates += 1

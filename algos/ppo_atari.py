@@ -11,10 +11,12 @@ On Atari a lost life ends the training episode (no bootstrap across it) while th
 whole games, unclipped.
 
 Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the network in make_agent
-(Agent here), any nn.Module whose forward(obs) takes observations [N, ...] as the env gives them and returns logits
-[N, A] and values [N]; the loss in ppo_loss, whose stats dict is logged (a new key is a new progress.csv column); a new
+(Agent here), any nn.Module whose forward(obs) takes observations [N, ...] as the env gives them and returns logits [N,
+A] and values [N]; the loss in ppo_loss, whose stats dict is logged (a new key is a new progress.csv column); a new
 per-step quantity (stored in the rollout) is a field in rollout_example, written in collect, put in learn_from's rows
-and read by the loss; the schedule in main.
+and read by the loss; the schedule in main. An @graphed step (one CUDA graph under --compile) sees a setting changed
+between calls (an Args field) at its next call; pass a value that changes every call as a tensor, and return what the
+step computes: a write elsewhere (a counter, an append) is refused.
 """
 
 import importlib.util

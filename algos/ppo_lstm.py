@@ -22,10 +22,12 @@ Where to change what: the env in make_env (a wrapper there reaches every samplin
 (Agent here), any nn.Module with `discrete` (Discrete actions, else Box), forward(obs, state, episode_start) from
 observations [T * B, ...] (rows time-major) and the state, zeroed before the rows where episode_start [T, B], to the
 policy's outputs [T * B, A] (logits or a Gaussian's mean), values [T * B] and the last state, policy(out, mask, action)
-to the action (sampled where None), its log-probability and entropy, initial_state(B), obs_norm (observation statistics)
-and, continuous, log_std; the loss in ppo_loss, whose stats dict is logged (a new key is a new progress.csv column); a
-new per-step quantity (stored in the rollout) is a field in rollout_example, written in collect, put in learn_from's
-rows and read by the loss; the schedule in main.
+to the action (sampled where None), its log-probability and entropy, initial_state(B), obs_norm (observation
+statistics) and, continuous, log_std; the loss in ppo_loss, whose stats dict is logged (a new key is a new progress.csv
+column); a new per-step quantity (stored in the rollout) is a field in rollout_example, written in collect, put in
+learn_from's rows and read by the loss; the schedule in main. An @graphed step (one CUDA graph under --compile) sees a
+setting changed between calls (an Args field) at its next call; pass a value that changes every call as a tensor, and
+return what the step computes: a write elsewhere (a counter, an append) is refused.
 """
 
 import importlib.util

@@ -14,13 +14,17 @@ clipping); a sequence's priority mixes the max and the mean of its absolute TD e
 sequences input priorities from the Q-values it acted with. The recurrent state, previous action and previous reward are
 zeroed at every row that starts an episode. replay_ratio: training rows (burn-in not counted) per env step, as in rlpyt.
 
-Where to change what: the env in make_env; the network in make_network (R2D1Net here), any nn.Module over sequences
-[T, B, ...] in three parts: embed(obs, prev_action, prev_reward, episode_start) the core's input, recur(x, state,
+Where to change what: the env in make_env; the network in make_network (R2D1Net here), any nn.Module over sequences [T,
+B, ...] in three parts: embed(obs, prev_action, prev_reward, episode_start) the core's input, recur(x, state,
 episode_start, start_rows=None) the core's output and the state after the last row, head(out) the Q-values [T, B, A]
 (--compile compiles embed and head and runs recur, the recurrence, eagerly between them); forward(obs, prev_action,
 prev_reward, state, episode_start, start_rows=None) the three in turn (evaluation and --export use it) and
 initial_state(B, device) the zero state; the loss in r2d1_loss; the target in n_step_target; the acting policy of
-evaluation and --export in Policy; the schedule in main.
+evaluation and --export in Policy; a new stored quantity (per step, in the replay) is an entry in ROW, written in
+EnvStepper.step and read by the loss (every batch field but HOST_ONLY is uploaded); the schedule in main. An @graphed
+step (one CUDA graph under --compile) sees a setting changed between calls (an Args field) at its next call; pass a
+value that changes every call as a tensor, and return what the step computes: a write elsewhere (a counter, an append)
+is refused.
 """
 
 import copy
@@ -50,7 +54,7 @@ from shared.atari import is_atari, make_atari_env
 from shared.cli import RunArgs, bad_args, parse_args
 from shared.compiling import compiled, enabled, graphed
 from shared.device import to_host, upload
-from shared.envs import EpisodeTally, image_shape, make_envs, observe_only
+from shared.envs import EpisodeTally, image_shape, make_envs, observe_only, replay_frame_stack
 from shared.evaluation import Draws
 from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayPacer
@@ -302,7 +306,13 @@ def n_step_target(ret, not_done, discount, q_boot, args: Args) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------------------- sampling
 
-Row = namedarraytuple("Row", "observation action reward terminated truncated prev_action prev_reward rnn_state")
+# A replay row by field, with its example (shape and dtype; the observation's from the env, rnn_state's from --hidden). A
+# new stored quantity is an entry here, written in EnvStepper.step and read by the loss as b[name]: the update uploads
+# every field of the batch but HOST_ONLY, the replay's bookkeeping (the loss reads the n-step fields made from them).
+ROW = dict(action=np.int64(0), reward=np.float32(0), terminated=False, truncated=False)
+ROW.update(prev_action=np.int64(0), prev_reward=np.float32(0))  # the previous step's, an input of the network
+Row = namedarraytuple("Row", ["observation", *ROW, "rnn_state"])
+HOST_ONLY = ("reward", "terminated", "truncated", "truncated_n", "init_rnn_state")
 
 
 def epsilons(num_envs: int) -> np.ndarray:
@@ -378,7 +388,8 @@ class EnvStepper:
         reward = np.where(self.final_row, 0.0, reward).astype(np.float32)
         prev_a = np.where(self.episode_start, 0, self.prev_action)
         prev_r = np.where(self.episode_start, 0.0, self.prev_reward).astype(np.float32)
-        self.rows.append(Row(self.obs, action, reward, term, trunc, prev_a, prev_r, None))
+        row = dict(observation=self.obs, action=action, reward=reward, terminated=term, truncated=trunc)
+        self.rows.append(dict(row, prev_action=prev_a, prev_reward=prev_r))
         self.states.append(state)
         self.history.append((q[np.arange(len(action)), action], q.max(1), reward, term, trunc, self.final_row))
         episode_end = term | trunc
@@ -402,7 +413,7 @@ class EnvStepper:
         if not self.rows:
             return None
         h, c = to_host(torch.stack([s.h for s in self.states]), torch.stack([s.c for s in self.states]))
-        chunk = Row(*(np.stack(x) for x in list(zip(*self.rows))[:-1]), RnnState(h, c))
+        chunk = Row(**{k: np.stack([row[k] for row in self.rows]) for k in self.rows[0]}, rnn_state=RnnState(h, c))
         self.rows, self.states = [], []
         return chunk
 
@@ -495,9 +506,8 @@ def r2d1_loss(net: R2D1Net, target_net: R2D1Net, b: dict, args: Args) -> tuple:
 def to_tensors(batch, device: torch.device) -> dict:
     """A replay batch on the device in one upload. Atari frames travel once each (frames [U, H, W] and frame_index
     [W, B, C]) and are stacked on the device into observation [W, B, C, H, W]."""
-    unused = ("reward", "terminated", "truncated", "truncated_n", "init_rnn_state")
     state = {"h": batch.init_rnn_state.h, "c": batch.init_rnn_state.c}
-    out = upload({**{k: v for k, v in batch.items() if k not in unused}, **state}, device)
+    out = upload({**{k: v for k, v in batch.items() if k not in HOST_ONLY}, **state}, device)
     if "frames" in out:
         out["observation"] = out.pop("frames")[out.pop("frame_index")]
     out["init_rnn_state"] = RnnState(out.pop("h"), out.pop("c"))
@@ -569,7 +579,7 @@ def make_replay(args: Args, run: Run) -> SequenceReplayBuffer:
     from every rnn_state_interval-th row, with the sampler's input priorities."""
     obs = run.obs_space
     state = RnnState(np.zeros(args.hidden, np.float32), np.zeros(args.hidden, np.float32))
-    example = Row(np.zeros(obs.shape, obs.dtype), np.int64(0), np.float32(0), False, False, np.int64(0), np.float32(0), state)
+    example = Row(observation=np.zeros(obs.shape, obs.dtype), **ROW, rnn_state=state)
     return SequenceReplayBuffer(
         example,
         args.buffer_size,
@@ -578,7 +588,7 @@ def make_replay(args: Args, run: Run) -> SequenceReplayBuffer:
         rnn_state_interval=args.rnn_state_interval,
         discount=args.gamma,
         n_step_return=args.n_step_return,
-        frame_stack=obs.shape[0] if is_atari(args.env_id) else 1,
+        frame_stack=replay_frame_stack(args, make_env, obs),  # frames stored once only where exact
         prioritized=True,
         alpha=args.alpha,
         beta=args.beta,

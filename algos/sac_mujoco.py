@@ -12,10 +12,14 @@ inside the agent and the replay and scaled to the env's bounds when stepping; --
 observation statistics, frozen in evaluation and in --export.
 
 Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the networks in make_networks:
-Actor (net(obs) -> mean and log std [N, 2A] of the pre-tanh Gaussian; forward(obs) -> a sampled action in [-1, 1] [N, A]
-and its log-probability [N]) and Critics (forward(obs, action) -> Q-values [K, N]); the losses in sac_critic_loss,
-sac_actor_loss and sac_alpha_loss, whose statistics sac_update returns (a new key is a new progress.csv column); the
-evaluation and --export action in Policy; the schedule in main.
+Actor (gaussian(obs) -> the pre-tanh Gaussian's mean and log std, [N, A] each, which evaluation and --export read;
+forward(obs) -> a sampled action in [-1, 1] [N, A] and its log-probability [N]) and Critics (forward(obs, action) ->
+Q-values [K, N]); the losses in sac_critic_loss, sac_actor_loss and sac_alpha_loss, whose statistics sac_update returns
+(a new key is a new progress.csv column); the evaluation and --export action in Policy; a new stored quantity (per
+step, in the replay) is an entry in ROW, written in EnvStepper.step and read by the loss (every batch field but
+HOST_ONLY is uploaded); the schedule in main. An @graphed step (one CUDA graph under --compile) sees a setting changed
+between calls (an Args field) at its next call; pass a value that changes every call as a tensor, and return what the
+step computes: a write elsewhere (a counter, an append) is refused.
 """
 
 import copy
@@ -146,7 +150,7 @@ def squashed_gaussian(mean: torch.Tensor, log_std: torch.Tensor, noise: torch.Te
 
 
 class Actor(nn.Module):
-    """net: s -> (mean, log_std) of the pre-tanh Gaussian, 2 hidden ReLU layers; forward samples an action from it."""
+    """s -> (mean, log_std) of the pre-tanh Gaussian, 2 hidden ReLU layers; forward samples an action from it."""
 
     def __init__(self, obs_dim: int, act_dim: int, hidden: int):
         super().__init__()
@@ -154,9 +158,12 @@ class Actor(nn.Module):
             nn.Linear(obs_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 2 * act_dim)
         )
 
-    def forward(self, obs: torch.Tensor) -> tuple:
+    def gaussian(self, obs: torch.Tensor) -> tuple:
         mean, log_std = self.net(obs).chunk(2, dim=-1)
-        log_std = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
+        return mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)  # [N, A] each
+
+    def forward(self, obs: torch.Tensor) -> tuple:
+        mean, log_std = self.gaussian(obs)
         return squashed_gaussian(mean, log_std, torch.randn_like(mean))  # a in [-1, 1] [N, A], log pi [N]
 
 
@@ -205,13 +212,18 @@ class Policy(nn.Module):
         self.register_buffer("high", torch.as_tensor(space.high, dtype=torch.float32))
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mean = self.actor.net(self.obs_norm.normalize(obs.float())).chunk(2, dim=-1)[0]
+        mean, _ = self.actor.gaussian(self.obs_norm.normalize(obs.float()))
         return scale_action(torch.tanh(mean), self.low, self.high), mean
 
 
 # ----------------------------------------------------------------------------------------- sampling
 
-Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated", "truncated"])
+# A replay row by field, with its example (the observation's and action's sizes from the env). A new stored quantity is
+# an entry here, written in EnvStepper.step and read by the loss as b[name]: the update uploads every field of the batch
+# but HOST_ONLY, the replay's bookkeeping (the loss reads the n-step fields made from them; uniform sampling's weights).
+ROW = dict(reward=np.float32(0), terminated=False, truncated=False)
+Step = namedarraytuple("Step", ["observation", "action", *ROW])
+HOST_ONLY = ("reward", "terminated", "truncated", "truncated_n", "n_taken", "final_row", "episode_start", "is_weights")
 
 
 @graphed
@@ -248,23 +260,19 @@ class EnvStepper:
             action = to_host(policy_step(actor, obs, self.args.bf16))
         next_obs, reward, term, trunc, _ = self.envs.step(scale_action(action, self.space.low, self.space.high))
         reward = np.where(self.final_row, 0.0, reward)
-        row = Step(self.obs[None].astype(np.float32), action[None], reward[None].astype(np.float32), term[None], trunc[None])
+        row = Step(observation=self.obs, action=action, reward=reward, terminated=term, truncated=trunc)  # stored as float32
         episode_end = term | trunc
         episodes = self.episodes.step(reward, ~self.final_row, episode_end)  # [(return, length)] of those that ended
         self.obs, self.final_row = next_obs, episode_end
-        return row, episodes
+        return row[None], episodes  # [1, B]
 
 
 # ---------------------------------------------------------------------------------- loss and update
 
 
-# The replay fields the update reads: only these are gathered (buffer.sample(..., fields=BATCH_FIELDS)) and uploaded.
-BATCH_FIELDS = ("observation", "next_observation", "action", "n_step_return", "terminated_n", "bootstrap_discount")
-
-
 def to_tensors(batch, obs_norm: ObsNorm, device: torch.device) -> dict:
     """Replay batch (numpy, [N, ...]) -> the update's float tensors in one copy to the device, observations normalised."""
-    return upload_batch({k: getattr(batch, k) for k in BATCH_FIELDS}, obs_norm, device)
+    return upload_batch({k: v for k, v in batch.items() if k not in HOST_ONLY}, obs_norm, device)
 
 
 def critic_target(batch: dict, actor: Actor, target_critics: Critics, alpha: torch.Tensor) -> torch.Tensor:
@@ -364,7 +372,7 @@ def make_learner(args: Args, run: Run) -> tuple[Actor, Critics, Critics, torch.T
 def make_replay(args: Args, run: Run) -> ReplayBuffer:
     """Each rank's replay of raw (unnormalised) observations and [-1, 1] actions, n-step returns."""
     obs_dim, act_dim = int(np.prod(run.obs_space.shape)), int(np.prod(run.act_space.shape))
-    example = Step(np.zeros(obs_dim, np.float32), np.zeros(act_dim, np.float32), np.float32(0), False, False)
+    example = Step(observation=np.zeros(obs_dim, np.float32), action=np.zeros(act_dim, np.float32), **ROW)
     n_step = {"discount": args.gamma, "n_step_return": args.n_step_return}
     seed = distributed.rank_seed(args.seed)
     return ReplayBuffer(example, args.buffer_size, args.num_envs, **n_step, shared=args.sampler == "async", seed=seed)
@@ -409,7 +417,7 @@ def main() -> int:
             else:  # the rows the sampler appended meanwhile; actor is published to it when due
                 global_step, waits = sampler.exchange(run, actor, updates)
             for _ in range(pacer.due(global_step, updates)):  # replay_ratio samples per env step
-                batch, _ = buffer.sample(args.batch_size, fields=BATCH_FIELDS)  # [N, ...]
+                batch, _ = buffer.sample(args.batch_size, skip=HOST_ONLY)  # [N, ...]
                 b = to_tensors(batch, obs_norm, run.device)
                 stats = sac_update(actor, critics, target_critics, log_alpha, optimizers, b, args)
                 updates += 1

@@ -85,6 +85,7 @@ _state: dict[str, Any] = {"device": None, "graphs": 0, "seconds": 0.0, "cuda_gra
 _graphed_entries: list[dict] = []  # each @graphed function's graphs: dropped by enable and disable
 _VALUES = {bool, int, float, str, type(None)}  # Python values that pick a graph by their value
 _NOT_SETTINGS = (type, types.FunctionType, types.MethodType, types.ModuleType, functools.partial)
+_settings_types: dict[type, bool] = {}  # whether a type's objects are settings (_is_settings), by type
 
 
 def enable(device: Any) -> None:
@@ -194,9 +195,20 @@ def graphed(fn: F) -> F:
         readable state, or the identity of anything else."""
         if isinstance(x, torch.Tensor):
             return id(x) if x.requires_grad else (x.shape, x.stride(), x.dtype, x.device)
-        if type(x) in _VALUES:
-            return (type(x), x)
-        return (id(x), _frozen(x.__dict__)) if _is_settings(x) else id(x)
+        kind = type(x)
+        if kind in _VALUES:
+            return (kind, x)
+        settings = _settings_types.get(kind)
+        if settings is None:
+            settings = _settings_types[kind] = _is_settings(x)
+        if not settings:
+            return id(x)
+        items = tuple(x.__dict__.items())
+        try:
+            hash(items)  # the common case: every attribute hashable (Args)
+        except TypeError:
+            items = _frozen(x.__dict__)
+        return id(x), items
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:

@@ -56,6 +56,7 @@ __all__ = [
     "make_envs",
     "observe_only",
     "probe_spaces",
+    "replay_frame_stack",
     "standard_atari",
     "vector_env",
 ]
@@ -77,6 +78,24 @@ def make_envs(
             flush=True,
         )
     return vector_env([make_env(args) for _ in range(args.num_envs)], mode)
+
+
+def replay_frame_stack(args: Any, make_env: Callable[..., Callable[[], gym.Env]], obs_space: gym.Space) -> int:
+    """The ``frame_stack`` a replay of ``args.buffer_size`` rows stores ``make_env``'s observations with: the stack's
+    depth (each frame stored once) only for the standard Atari env, whose stacks are exactly its frames shifted one a
+    step; else 1, whole observations, with one printed line for a changed Atari env (a wrapper that reorders or
+    transforms the stack would otherwise be stored as frames it never gave)."""
+    if not is_atari(args.env_id):
+        return 1
+    if standard_atari(args, make_env):
+        return obs_space.shape[0]
+    whole = args.buffer_size * int(np.prod(obs_space.shape)) * np.dtype(obs_space.dtype).itemsize
+    print(
+        f"make_env changes the Atari env of shared/atari.py: the replay stores whole observations {list(obs_space.shape)}, "
+        f"not frames: {whole / 1e9:.2f} GB for --buffer-size {args.buffer_size}",
+        flush=True,
+    )
+    return 1
 
 
 def standard_atari(args: Any, make_env: Callable[..., Callable[[], gym.Env]]) -> bool:

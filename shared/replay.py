@@ -430,7 +430,7 @@ class _Base:
         ``skip``: every field but those. The batch ``sample_ahead`` drew is returned instead if it has this size and
         these fields (see the module docstring)."""
         if skip:
-            fields = tuple(f for f in self._batch_cls._fields if f not in skip)
+            fields = self._fields_without(skip)
         drawn, self._ahead = self._ahead, None
         if drawn is not None and drawn[0] == (batch_size, fields):
             return drawn[1]
@@ -456,8 +456,15 @@ class _Base:
         docstring)."""
         if self.prefetch:  # sample() takes any batch drawn before: this one replaces it
             if skip:
-                fields = tuple(f for f in self._batch_cls._fields if f not in skip)
+                fields = self._fields_without(skip)
             self._ahead = ((batch_size, fields), self.sample(batch_size, beta, fields))
+
+    def _fields_without(self, skip: Any) -> tuple:
+        """The batch's field names but those in ``skip``, found once for each ``skip`` (asked at every update)."""
+        cache = self.__dict__.setdefault("_without", {})
+        if skip not in cache:
+            cache[skip] = tuple(f for f in self._batch_cls._fields if f not in skip)
+        return cache[skip]
 
     def _uniform(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         lo, hi = int(self._window[0]), int(self._window[1])

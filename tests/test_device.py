@@ -304,7 +304,6 @@ def test_a_packed_upload_brings_every_dtype_and_shape_and_never_refills_a_buffer
 
 
 def test_an_off_policy_batch_and_its_normaliser_statistics_go_up_in_one_copy(monkeypatch):
-    from types import SimpleNamespace
 
     from shared import device as device_mod
 
@@ -316,7 +315,7 @@ def test_an_off_policy_batch_and_its_normaliser_statistics_go_up_in_one_copy(mon
     rng = np.random.default_rng(0)
     norm = ObsNorm(3)
     norm.update(rng.normal(2.0, 3.0, (50, 3)))
-    batch = SimpleNamespace(
+    batch = dict(  # a replay batch's uploaded fields (to_tensors leaves HOST_ONLY out)
         observation=rng.normal(size=(8, 3)),
         next_observation=rng.normal(size=(8, 3)),
         action=rng.uniform(-1, 1, (8, 2)),
@@ -333,7 +332,7 @@ def test_an_off_policy_batch_and_its_normaliser_statistics_go_up_in_one_copy(mon
         assert uploader.copies == int(pack)
     for k in outs[0]:
         assert torch.equal(outs[0][k], outs[1][k]), k
-    expected = torch.as_tensor((batch.observation - norm.mean) / np.sqrt(norm.var + 1e-8), dtype=torch.float32)
+    expected = torch.as_tensor((batch["observation"] - norm.mean) / np.sqrt(norm.var + 1e-8), dtype=torch.float32)
     torch.testing.assert_close(outs[1]["observation"], expected)
 
 
