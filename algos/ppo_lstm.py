@@ -302,7 +302,7 @@ class Agent(nn.Module):
     def forward(self, obs, state: RnnState, episode_start: torch.Tensor, start_rows: np.ndarray | None = None) -> tuple:
         """obs [T * B, ...] (rows time-major) -> logits or mean [T * B, A], values [T * B] and the state after the last
         row. ``start_rows`` [T] (host): whether any sequence starts an episode at each row, which the learner knows from
-        the rollout (without it, it is read from ``episode_start``: a wait on a GPU for more than one row)."""
+        the rollout (without it, shared.rnn reads it from ``episode_start``: a wait on a GPU for more than one row)."""
         T, B = episode_start.shape
         if self.dict:  # tensors [T * B, ...] by key
             x = obs
@@ -315,9 +315,7 @@ class Agent(nn.Module):
         keep = (~episode_start).float().unsqueeze(-1)  # [T, B, 1]: 0 where the state is zeroed before the row
         if not self.recurrent:
             x = self.core(x)
-        else:  # eager: the fused LSTM between episode starts; traced (Dynamo cannot trace it): row by row, no start_rows
-            if start_rows is None and not torch.compiler.is_compiling():
-                start_rows = episode_start.any(1).cpu().numpy() if T > 1 else np.zeros(1, bool)
+        else:  # eager: the fused LSTM between episode starts; traced (Dynamo cannot trace it): row by row
             x, (h, c) = lstm_stretches(self.core, x, state.h[None], state.c[None], keep, start_rows)
             state = RnnState(h[0].float(), c[0].float())
         x = x.flatten(0, 1)

@@ -351,8 +351,7 @@ def q_step(net: R2D1Net, up: dict, state: RnnState) -> tuple:
     it."""
     keep = (~up["episode_start"]).float().unsqueeze(-1)
     state = RnnState(state.h * keep, state.c * keep)
-    one_row = None if enabled() else np.zeros(1, bool)  # eager: the fused LSTM over the one row (one kernel, not ~12)
-    out, new_state = net.recur(embed_row(net, up), state, up["episode_start"][None], one_row)
+    out, new_state = net.recur(embed_row(net, up), state, up["episode_start"][None])  # eager: the fused LSTM, one kernel
     return q_values(net, out), state, new_state
 
 

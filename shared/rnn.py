@@ -15,11 +15,12 @@ Guarantees
   there, 1 elsewhere): the scripts' fused calls over stretches between episode starts compute the same, within
   float rounding (the same weights, torch's gate order i, f, g, o). Returns (out [T, B, hidden], (h, c)).
   Static: T Python steps, no data-dependent branch, so one graph per sequence length where it is traced.
-- ``lstm_stretches(lstm, x, h, c, keep, start_rows=None)`` is the same function: with ``start_rows`` [T] (host
-  booleans: whether any sequence starts an episode at each row) the fused ``lstm`` over each stretch of rows in
-  which none starts one, the state multiplied by ``keep`` at a stretch's first row (fast, eager only: the
-  stretches depend on the data); with ``start_rows=None``, ``lstm_rows`` (static: under ``--compile`` and in
-  one-row acting steps).
+- ``lstm_stretches(lstm, x, h, c, keep, start_rows=None)`` is the same function, eager and compiled alike, so a
+  network calls it without asking which: eagerly, the fused ``lstm`` over each stretch of rows in which no
+  sequence starts an episode, the state multiplied by ``keep`` at a stretch's first row (fast; the stretches
+  depend on the data: ``start_rows`` [T], host booleans, where the caller knows them, else read from ``keep``, one
+  wait on a GPU for more than one row, none for one); traced by Dynamo or captured into a CUDA graph,
+  ``lstm_rows`` (static; ``start_rows`` is ignored there).
 - Only a one-layer, unidirectional LSTM without projections (what the scripts build): ``lstm_rows`` refuses
   anything else with a ``ValueError``.
 """
@@ -52,14 +53,25 @@ def lstm_rows(lstm: Any, x: Any, h: Any, c: Any, keep: Any) -> tuple[Any, tuple[
     return torch.stack(out), (h[None], c[None])
 
 
+def _traced(x: Any) -> bool:
+    """Whether ``x`` is being traced by Dynamo or captured into a CUDA graph: no host read, no fused LSTM there."""
+    import torch
+
+    return torch.compiler.is_compiling() or (x.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
 def lstm_stretches(lstm: Any, x: Any, h: Any, c: Any, keep: Any, start_rows: Any = None) -> tuple[Any, tuple[Any, Any]]:
-    """``lstm_rows``' function: the fused ``lstm`` between the episode starts ``start_rows`` [T] (host) marks, else row
-    by row."""
+    """``lstm_rows``' function: the fused ``lstm`` between the episode starts ``start_rows`` [T] (host) marks (read
+    from ``keep`` where not given), row by row where traced or captured."""
     import numpy as np
     import torch
 
     if start_rows is None:
-        return lstm_rows(lstm, x, h, c, keep)
+        if _traced(x):  # static: row by row
+            return lstm_rows(lstm, x, h, c, keep)
+        # eager: read from keep where the caller did not give them (a wait on a GPU: the learners give them); one row
+        # is one stretch
+        start_rows = (keep[:, :, 0] == 0).any(1).cpu().numpy() if x.shape[0] > 1 else np.zeros(1, bool)
     # mostly one stretch: a batch of 64 Atari sequences of 125 rows holds a few episode starts
     bounds = [0, *(np.flatnonzero(np.asarray(start_rows)[1:]) + 1).tolist(), x.shape[0]]
     out = []
