@@ -376,16 +376,8 @@ def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.dev
         else:
             value, next_value = np.asarray(buf.value, np.float32), to_host(next_value)
     f32 = lambda x: np.asarray(x, np.float32)
-    adv, ret = compute_gae(
-        f32(buf.reward),
-        value,
-        next_value,
-        f32(buf.terminated),
-        f32(buf.episode_end),
-        f32(buf.final_row),
-        args.gamma,
-        args.gae_lambda,
-    )
+    flags = [f32(buf.terminated), f32(buf.episode_end), f32(buf.final_row)]  # [T, B] each
+    adv, ret = compute_gae(f32(buf.reward), value, next_value, *flags, args.gamma, args.gae_lambda)
     rows = {"action": buf.action, "logprob": buf.logprob, "adv": adv, "ret": ret, "weight": f32(~buf.final_row)}
     data = {"obs": obs, "mask": up["mask"].flatten(0, 1), **{k: v.flatten() for k, v in upload(rows, device).items()}}
     return a2c_update(agent, optimizer, data, args)
