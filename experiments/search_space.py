@@ -1,5 +1,5 @@
-"""The search space of a tune: each ``--search NAME=FORM`` parsed, checked against the script's ``Args``, and
-turned into Optuna suggestions and the script's flags.
+"""The search space of a tune: each ``--search NAME=FORM`` parsed, its names checked against the script's ``Args``,
+and turned into Optuna suggestions and the script's flags.
 
 Guarantees
 - ``parse_search`` reads ``NAME=log:LOW:HIGH``, ``NAME=float:LOW:HIGH[:log|:step=Q]``,
@@ -7,13 +7,13 @@ Guarantees
   naming the entry and what is wrong with it (a missing part, LOW not below HIGH, a log range reaching 0, a
   non-finite bound, a step wider than the range, a value listed twice). ``Param.spec()`` is the canonical text,
   what the study records: parsing it again gives the same ``Param``.
-- ``script_fields`` reads the script's ``Args`` (each field's kind, ``Literal`` choices and declared
-  ``shared.argtypes.Range`` bounds) by importing the script in a child process, so torch and the script's imports
-  stay out of the tune process (which forks the runs).
+- ``script_fields`` reads the names of the script's ``Args`` fields and which are switches (``bool``) by importing
+  the script in a child process, so torch and the script's imports stay out of the tune process (which forks
+  the runs).
 - ``check_space`` refuses, in one ``LaunchError``, a flag the script does not have (with the nearest name), one the
-  launcher sets, one also given among the flags of every run, a form that does not fit the flag's type, and a
-  range or a choice outside the flag's declared bounds (both ends of a range are checked). What it accepts
-  still goes past the script's own parser before a run folder exists (``experiments/tune.py``).
+  launcher sets, one also given among the flags of every run, and a switch searched as anything but
+  ``cat:true,false``. A flag's type and range are the script's own parser's to judge: ``experiments/tune.py``
+  hands it each range's LOW and HIGH and every choice before anything is created (``check_flags``).
 - ``flag_tokens`` writes one searched value as the script's flags: ``--name``/``--no-name`` for a switch,
   ``--name VALUE`` otherwise (a float by ``repr``, so the run gets the exact value Optuna suggested).
 """
@@ -116,37 +116,21 @@ def parse_search(item: str) -> Param:
 
 
 PROBE = r"""
-import dataclasses, importlib.util, json, sys, types, typing
+import dataclasses, importlib.util, json, sys, typing
 spec = importlib.util.spec_from_file_location("_tune_probe", sys.argv[1])
 module = importlib.util.module_from_spec(spec)
 sys.modules["_tune_probe"] = module
 spec.loader.exec_module(module)
 cls = getattr(module, "Args", None)
-out = None
-if dataclasses.is_dataclass(cls):
-    hints, out = typing.get_type_hints(cls, include_extras=True), {}
-    for f in dataclasses.fields(cls):
-        t, ranges = hints.get(f.name), []
-        if typing.get_origin(t) is typing.Annotated:
-            t, *meta = typing.get_args(t)
-            ranges = [{k: getattr(m, k) for k in ("gt", "ge", "lt", "le")} for m in meta
-                      if all(hasattr(m, k) for k in ("gt", "ge", "lt", "le", "allows"))]
-        optional = False
-        if typing.get_origin(t) in (typing.Union, types.UnionType):
-            inner = [a for a in typing.get_args(t) if a is not type(None)]
-            optional, t = len(inner) < len(typing.get_args(t)), inner[0] if len(inner) == 1 else t
-        if typing.get_origin(t) is typing.Literal:
-            kind, choices = "literal", [str(c) for c in typing.get_args(t)]
-        else:
-            kind, choices = (t.__name__ if t in (bool, int, float, str) else "other"), None
-        out[f.name] = {"kind": kind, "choices": choices, "ranges": ranges, "optional": optional}
+hints = typing.get_type_hints(cls) if dataclasses.is_dataclass(cls) else {}
+out = {f.name: {"kind": "bool" if hints.get(f.name) is bool else "other"} for f in dataclasses.fields(cls)} if hints else None
 print("\n@@ARGS@@" + json.dumps(out))
 """
 
 
 def script_fields(script_path: str) -> dict[str, dict]:
-    """The script's ``Args`` fields (kind, Literal choices, declared ranges), read by importing it in a child
-    process (torch and the script's imports stay out of this one, which forks the runs)."""
+    """The script's ``Args`` fields, each with its ``kind`` (``bool``: a switch, else ``other``), read by importing
+    the script in a child process (torch and the script's imports stay out of this one, which forks the runs)."""
     try:
         out = subprocess.run([sys.executable, "-c", PROBE, script_path], capture_output=True, text=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -161,29 +145,9 @@ def script_fields(script_path: str) -> dict[str, dict]:
     return fields
 
 
-def _allowed(value: float, ranges: list[dict]) -> bool:
-    for r in ranges:
-        if (
-            (r["gt"] is not None and not value > r["gt"])
-            or (r["ge"] is not None and not value >= r["ge"])
-            or (r["lt"] is not None and not value < r["lt"])
-            or (r["le"] is not None and not value <= r["le"])
-        ):
-            return False
-    return True
-
-
-def _range_text(ranges: list[dict]) -> str:
-    parts = []
-    for r in ranges:
-        lo = f"({r['gt']}" if r["gt"] is not None else f"[{r['ge']}" if r["ge"] is not None else "(-inf"
-        hi = f"{r['lt']})" if r["lt"] is not None else f"{r['le']}]" if r["le"] is not None else "inf)"
-        parts.append(f"{lo}, {hi}")
-    return " and ".join(parts)
-
-
 def check_space(params: list[Param], fields: dict[str, dict], script: str, common: list[str]) -> list[Param]:
-    """Each searched flag against the script's ``Args``; returns the params with bool choices normalised."""
+    """Each searched flag against the script's ``Args`` by name (its type and range are the script's parser's to
+    judge, ``experiments.tune.check_flags``); returns the params with a switch's choices as ``true``/``false``."""
     names = [p.name for p in params]
     if len(set(names)) != len(names):
         raise LaunchError(f"--search: a flag is searched twice ({names})")
@@ -191,8 +155,7 @@ def check_space(params: list[Param], fields: dict[str, dict], script: str, commo
     out = []
     for p in params:
         where = f"--search {p.spec()}"
-        field = fields.get(p.field)
-        if field is None:
+        if p.field not in fields:
             near = difflib.get_close_matches(p.field, list(fields), n=1)
             hint = f" (did you mean {near[0].replace('_', '-')}?)" if near else ""
             raise LaunchError(f"{where}: {script} has no flag --{p.name}{hint}")
@@ -200,50 +163,12 @@ def check_space(params: list[Param], fields: dict[str, dict], script: str, commo
             raise LaunchError(f"{where}: --{p.name} is set by the launcher for every run")
         if f"--{p.name}" in given or f"--no-{p.name}" in given:
             raise LaunchError(f"{where}: --{p.name} is also given among the flags of every run")
-        kind, ranges = field["kind"], field["ranges"]
-        if p.kind == "float" and kind != "float":
-            raise LaunchError(f"{where}: --{p.name} takes {_kind_text(field)}, not a float")
-        if p.kind == "int" and kind not in ("int", "float"):
-            raise LaunchError(f"{where}: --{p.name} takes {_kind_text(field)}, not an integer")
-        if p.kind in ("float", "int"):
-            for v in (p.low, p.high):
-                if not _allowed(v, ranges):
-                    raise LaunchError(f"{where}: --{p.name} must be in {_range_text(ranges)}, the range reaches {_num(v)}")
-            out.append(p)
-            continue
-        choices = []
-        for c in p.choices:
-            if kind == "bool":
-                if c.lower() not in ("true", "false"):
-                    raise LaunchError(f"{where}: --{p.name} is a switch: its values are true and false, not {c!r}")
-                choices.append(c.lower())
-                continue
-            if kind == "literal" and c not in field["choices"]:
-                raise LaunchError(f"{where}: --{p.name} takes one of {', '.join(field['choices'])}, not {c!r}")
-            if kind in ("int", "float"):
-                try:
-                    v = int(c) if kind == "int" else float(c)
-                except ValueError:
-                    raise LaunchError(f"{where}: --{p.name} takes {_kind_text(field)}, not {c!r}") from None
-                if not math.isfinite(v) or not _allowed(v, ranges):
-                    raise LaunchError(f"{where}: --{p.name} must be in {_range_text(ranges)}, not {c}")
-            if kind == "other":
-                raise LaunchError(f"{where}: --{p.name} is not a number, switch, string or choice: it cannot be searched")
-            choices.append(c)
-        if len(set(choices)) != len(choices):
-            raise LaunchError(f"{where}: a value is listed twice")
-        out.append(dataclasses.replace(p, choices=tuple(choices)))
+        if fields[p.field]["kind"] == "bool":  # the tune writes a switch's value as --name or --no-name: its own form
+            if p.kind != "cat" or any(c.lower() not in ("true", "false") for c in p.choices):
+                raise LaunchError(f"{where}: --{p.name} is a switch: search it as cat:true,false")
+            p = dataclasses.replace(p, choices=tuple(dict.fromkeys(c.lower() for c in p.choices)))
+        out.append(p)
     return out
-
-
-def _kind_text(field: dict) -> str:
-    return {
-        "bool": "true or false",
-        "int": "an integer",
-        "float": "a number",
-        "str": "a string",
-        "literal": "one of " + ", ".join(field.get("choices") or []),
-    }.get(field["kind"], "a value")
 
 
 def flag_tokens(p: Param, value: Any, fields: dict[str, dict]) -> list[str]:

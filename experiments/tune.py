@@ -26,13 +26,12 @@ The search space, on the command line or as ``search`` in the ``--config`` file 
     anneal-lr=cat:true,false          one of the listed values
 
 Each name is a flag of the script's ``Args`` (read from the script itself, in a child process); an unknown flag, a
-flag the launcher sets, a form that does not fit the flag's type, a range outside the flag's declared range
-(``shared.argtypes.Range``) or an empty one is one ``error:`` line and exit 2 before anything starts
-(``experiments/search_space.py``). Then the script's own parser and pre-start checks (``experiments/flags.py``:
-``RL_CHECK_ONLY``) see the flags of a run of each env id and each seed, and each searched range's LOW and HIGH and
-each ``cat`` value (the other searched flags at the script's defaults): a value the script would refuse (``--seeds
--1``, an env id it cannot make, a bound its checks refuse) is one ``error:`` line, exit 2, before the first trial or
-run folder exists.
+flag the launcher sets or an empty range is one ``error:`` line and exit 2 before anything starts
+(``experiments/search_space.py``). The script's own parser and pre-start checks (``experiments/flags.py``:
+``RL_CHECK_ONLY``) are the one judge of the rest: they see the flags of a run of each env id and each seed, and each
+searched range's LOW and HIGH and each ``cat`` value (the other searched flags at the script's defaults); a value
+the script would refuse (``--seeds -1``, an env id it cannot make, a float for an integer flag, a bound outside its
+declared range) is one ``error:`` line, exit 2, before the first trial or run folder exists.
 
 Optuna does the search: ``--sampler`` (default ``tpe``; ``random``, ``cmaes``, ``gp``, ``qmc``, ``grid``... or any
 ``optuna.samplers`` class, with ``NAME:KEY=VALUE,...`` arguments) and ``--pruner`` (default ``median``; ``none``,
@@ -79,7 +78,7 @@ storage or flag of the runs, or a damaged record in the folder: one ``error:`` l
 anything is created or changed.
 
 This module is the command line and the loop (``Tune``); the parts are modules of their own, each saying in its
-docstring what it guarantees: ``search_space`` (``--search`` parsed and checked against the script's ``Args``),
+docstring what it guarantees: ``search_space`` (``--search`` parsed, its names checked against the script's ``Args``),
 ``study`` (storage, sampler and pruner factories, the checked ``Setup``, a trial's value), ``tune_folder``
 (``tune.json``, the run records, one study per folder), ``tune_display`` (the live table) and ``tune_report``
 (``tune-report/``).
@@ -715,7 +714,7 @@ def worker_command(argv: list[str], tail: list[str]) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """tune.py's command line (the module docstring); returns the exit status. Every check is made before
     anything is created or changed: the arguments and the ``--config`` file (``study.setup_from``: the folder, its
-    ``tune.json`` and run records, the storage), the search space against the script's ``Args``, the sampler and
+    ``tune.json`` and run records, the storage), the search space's names against the script's ``Args``, the sampler and
     pruner, this machine's slots, then the runs' flags with the script's own parser (``check_flags``)."""
     argv, tail = split_tail(argv)
     try:

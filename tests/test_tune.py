@@ -165,17 +165,22 @@ def ppo_fields():
     [
         ("learning-rat=log:1e-5:1e-2", "ppo_atari has no flag --learning-rat (did you mean learning-rate?)"),
         ("seed=int:1:5", "--seed is set by the launcher"),
-        ("num-steps=float:32:512", "--num-steps takes an integer, not a float"),
-        ("num-steps=int:0:512", "--num-steps must be in (0, inf), the range reaches 0"),
-        ("gamma=float:0.9:1.5", "--gamma must be in [0, 1], the range reaches 1.5"),
-        ("learning-rate=log:1e-5:2", "--learning-rate must be in (0, 1), the range reaches 2"),
-        ("anneal-lr=cat:yes,no", "--anneal-lr is a switch: its values are true and false"),
-        ("sampler=cat:serial,threads", "--sampler takes one of serial, parallel, async, not 'threads'"),
-        ("num-envs=cat:4,eight", "--num-envs takes an integer, not 'eight'"),
+        ("num-steps=float:32:512", "refuses --num-steps 32.0 (beside the flags of every run): Error parsing --num-steps"),
+        ("num-steps=int:0:512", "refuses --num-steps 0 (beside the flags of every run): --num-steps must be positive"),
+        ("gamma=float:0.9:1.5", "refuses --gamma 1.5 (beside the flags of every run): --gamma must be in [0, 1], got 1.5"),
+        (
+            "learning-rate=log:1e-5:2",
+            "refuses --learning-rate 2.0 (beside the flags of every run): --learning-rate must be in (0, 1)",
+        ),
+        ("anneal-lr=cat:yes,no", "--anneal-lr is a switch: search it as cat:true,false"),
+        ("sampler=cat:serial,threads", "refuses --sampler threads (beside the flags of every run): invalid choice 'threads'"),
+        ("num-envs=cat:4,eight", "refuses --num-envs eight (beside the flags of every run): Error parsing --num-envs"),
         ("clip-coef=float:0.1:0.3", "--clip-coef is also given among the flags of every run"),
     ],
 )
 def test_search_strings_are_checked_against_the_scripts_args(ppo_fields, monkeypatch, tmp_path, capsys, item, message):
+    """Names against the script's Args (unknown, the launcher's, given to every run, a switch's form); types and
+    ranges by the script's own parser, which sees each range's LOW and HIGH and every choice: the one judge."""
     monkeypatch.setattr(tune, "script_fields", lambda path: ppo_fields)
 
     def started(*_):
@@ -185,7 +190,8 @@ def test_search_strings_are_checked_against_the_scripts_args(ppo_fields, monkeyp
     monkeypatch.setattr(tune, "dry_run", started)
     root = tmp_path / "tune"
     code = tune.main(
-        [str(root), "--script", "ppo_atari", "--seeds", "1", "--trials", "2", "--search", item, "--", "--clip-coef", "0.2"]
+        [str(root), "--script", "ppo_atari", "--env-ids", "CartPole-v1", "--seeds", "1", "--trials", "2", "--search", item]
+        + ["--", "--clip-coef", "0.2"]
     )
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and err.startswith("error: ") and message in err, err
