@@ -50,6 +50,7 @@ __all__ = [
     "finished",
     "git_info",
     "jobs_problem",
+    "json_object",
     "launch_problem",
     "load_record",
     "new_record",
@@ -59,6 +60,7 @@ __all__ = [
     "read_records",
     "renewed",
     "status_problem",
+    "Unusable",
     "write_json",
 ]
 
@@ -81,30 +83,39 @@ def read_json(path: Path) -> dict:
         return {}
 
 
-def load_record(path: Path, problem: Callable[[dict], str | None] | None = None) -> dict:
-    """The JSON object in ``path`` (``{}`` when there is none), for a launch to carry on from: a file that is there
-    but cannot be read, is not a JSON object, or in which ``problem`` finds a field of the wrong type raises
-    ``LaunchError`` naming the file and what is wrong, before anything is written (the launcher never rewrites a
-    record it could not read: that would lose what it held)."""
+class Unusable(ValueError):
+    """Why a JSON file cannot be used: ``cannot be read (...)``, ``not JSON (...)``, ``a JSON list, not an object``
+    or what a ``problem`` check found."""
+
+
+def json_object(path: Path, problem: Callable[[dict], str | None] | None = None) -> dict:
+    """The JSON object in ``path`` (``{}`` when there is none); ``Unusable`` with the reason when the file is there
+    but cannot be read, is not a JSON object, or ``problem`` finds a field of the wrong type in it."""
     try:
         text = path.read_bytes()
     except FileNotFoundError:
         return {}
     except OSError as e:
-        raise LaunchError(f"{path}: cannot be read ({e.strerror or e}); move it away to start afresh") from None
+        raise Unusable(f"cannot be read ({e.strerror or e})") from None
     try:
         data = json.loads(text)
     except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError too
-        raise LaunchError(
-            f"{path}: damaged, not JSON ({' '.join(str(e).split())[:120]}); move it away to start afresh"
-        ) from None
-    if not isinstance(data, dict):
-        what = f"a JSON {type(data).__name__}, not an object"
-    else:
-        what = problem(data) if problem else None
+        raise Unusable(f"not JSON ({' '.join(str(e).split())[:120]})") from None
+    what = f"a JSON {type(data).__name__}, not an object" if not isinstance(data, dict) else problem and problem(data)
     if what:
-        raise LaunchError(f"{path}: damaged, {what}; move it away to start afresh")
+        raise Unusable(what)
     return data
+
+
+def load_record(path: Path, problem: Callable[[dict], str | None] | None = None) -> dict:
+    """``json_object`` for a launch to carry on from: ``Unusable`` becomes a ``LaunchError`` naming the file and
+    what is wrong, raised before anything is written (the launcher never rewrites a record it could not read: that
+    would lose what it held)."""
+    try:
+        return json_object(path, problem)
+    except Unusable as e:
+        what = str(e) if str(e).startswith("cannot be read") else f"damaged, {e}"
+        raise LaunchError(f"{path}: {what}; move it away to start afresh") from None
 
 
 def _wrong(data: dict, checks: dict[str, tuple[Callable[[Any], bool], str]]) -> str | None:

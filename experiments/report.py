@@ -67,6 +67,7 @@ import numpy as np
 from experiments import plot
 from experiments.flags import Parser, check_creatable, command
 from experiments.grid import LaunchError
+from experiments.records import Unusable, json_object
 from shared.progress import read_rows
 
 SKIP_DIRS = {".stale", ".submitit", "report"}
@@ -104,10 +105,6 @@ class Group:
         return sources[0] if len(sources) == 1 else "mixed: " + ", ".join(sources)
 
 
-class Unusable(ValueError):
-    """A run's file that cannot be read or holds the wrong thing: the run is left out, with this reason."""
-
-
 def train_score(progress: Path, last: int) -> tuple[float | None, int]:
     """Mean of the last ``last`` training episodes from progress.csv rows (each row's return_mean weighted by the
     episodes it covers); returns (score, episodes used)."""
@@ -143,20 +140,11 @@ def rows_score(rows: list[dict[str, str]], last: int) -> tuple[float | None, int
 
 
 def _read(path: Path) -> dict:
-    """The JSON object in ``path``; ``{}`` when there is none; ``Unusable`` when it is damaged."""
+    """The JSON object in ``path``; ``{}`` when there is none; ``Unusable`` naming the file when it is damaged."""
     try:
-        text = path.read_bytes()
-    except FileNotFoundError:
-        return {}
-    except OSError as e:
-        raise Unusable(f"{path.name}: cannot be read ({e.strerror or e})") from None
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):
-        raise Unusable(f"{path.name}: not JSON") from None
-    if not isinstance(data, dict):
-        raise Unusable(f"{path.name}: a JSON {type(data).__name__}, not an object")
-    return data
+        return json_object(path)
+    except Unusable as e:
+        raise Unusable(f"{path.name}: {e}") from None
 
 
 def _typed(data: dict, key: str, kind: type | tuple[type, ...], name: str) -> object:
@@ -315,13 +303,11 @@ def group_stats(scores: np.ndarray, reps: int, seed: int) -> dict[str, float]:
 def load_reference(path: Path) -> dict[str, tuple[float, float]]:
     """``--reference``: env id -> (random, human) finite scores, distinct; ``ValueError`` naming what is wrong."""
     try:
-        data = json.loads(path.read_bytes())
-    except OSError as e:
-        raise ValueError(f"--reference {path}: {e.strerror or e}") from None
-    except (ValueError, RecursionError):
-        raise ValueError(f"--reference {path}: not JSON") from None
-    if not isinstance(data, dict) or not data:
-        raise ValueError(f"--reference {path}: expected a JSON object of env id -> {{random, human}}")
+        data = json_object(path) if path.is_file() else None
+    except Unusable as e:
+        raise ValueError(f"--reference {path}: {e}") from None
+    if not data:
+        raise ValueError(f"--reference {path}: expected a JSON file holding an object of env id -> {{random, human}}")
     refs = {}
     for env, r in data.items():
         if not isinstance(r, dict) or "random" not in r:
