@@ -37,6 +37,7 @@ Guarantees
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import math
 import os
@@ -177,6 +178,20 @@ def command(main: Callable[[], int]) -> int:
         return 130
 
 
+def one_line(main: Callable[..., int]) -> Callable[..., int]:
+    """``main`` with a ``LaunchError`` written as one ``error:`` line on stderr and returned as exit status 2."""
+
+    @functools.wraps(main)
+    def refusing(*args, **kwargs) -> int:
+        try:
+            return main(*args, **kwargs)
+        except LaunchError as e:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            return 2
+
+    return refusing
+
+
 def split_tail(argv: Sequence[str] | None) -> tuple[list[str], list[str]]:
     """A command's own arguments (``sys.argv``'s when ``argv`` is None) and those after ``--``: every run's flags."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -196,9 +211,7 @@ def run_options(p: argparse.ArgumentParser, root: str, slurm: str) -> argparse._
     p.add_argument("--cores-per-run", type=int, default=1, help="physical cores per slot (default 1)")
     p.add_argument("--gpus-per-run", type=int, default=None, help="GPUs of its own per run (0: hide the GPUs)")
     p.add_argument("--runs-per-gpu", type=int, default=None, help="at most this many runs share one GPU")
-    p.add_argument(
-        "--stop-timeout", type=float, default=120.0, help="seconds a stopped run (Ctrl-C, SIGTERM, a prune) gets to checkpoint"
-    )
+    p.add_argument("--stop-timeout", type=float, default=120.0, help="seconds a stopped run gets to write its checkpoint")
     p.add_argument("--plain", action="store_true", help="plain lines even on a terminal")
     p.add_argument("--status-every", type=float, default=30.0, help="seconds between summary lines (plain output)")
     s = p.add_argument_group("clusters (submitit)")

@@ -104,7 +104,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from experiments.display import Display
-from experiments.flags import Parser, check_creatable, check_options, command, refusals, run_options, split_tail
+from experiments.flags import Parser, check_creatable, check_options, command, one_line, refusals, run_options, split_tail
 from experiments.grid import LaunchError, Trial, build_grid, load_file, parse_level, saved_grid, split_flags
 from experiments.local import Launcher
 from experiments.process import pid_runs
@@ -124,10 +124,9 @@ from experiments.records import (
     status_problem,
     write_json,
 )
-from experiments.slots import Slot, gpu_count, make_slots
+from experiments.slots import Slot, local_slots
 from experiments.slurm import slurm_alive, submit
 from experiments.status import print_status, write_status
-from shared.affinity import physical_cores
 
 __all__ = ["launch", "main", "parser"]
 
@@ -141,28 +140,18 @@ def parser() -> argparse.ArgumentParser:
     s = run_options(p, "experiment root", "submit the runs as SLURM job arrays through submitit")
     s.add_argument("--array-parallelism", type=int, default=256, help="most jobs of an array running at once")
     p.add_argument("--scripts", nargs="+", help="algos/ names (ppo_atari) or paths")
-    p.add_argument(
-        "--level",
-        action="append",
-        nargs="+",
-        default=[],
-        metavar="NAME:FLAGS",
-        help="one level of variants, each NAME:FLAGS; repeat for more levels (they are crossed)",
-    )
+    level_help = "one level of variants, each NAME:FLAGS; repeat for more levels (they are crossed)"
+    p.add_argument("--level", action="append", nargs="+", default=[], metavar="NAME:FLAGS", help=level_help)
     p.add_argument("--nproc-per-node", type=int, default=1, help="torchrun processes per run (slots it takes)")
     p.add_argument("--retry-failed", action="store_true", help="rerun runs that failed (exit 1 or 2) before")
     p.add_argument("--status", action="store_true", help="print the runs' states from the files and exit")
     return p
 
 
+@one_line
 def main(argv: Sequence[str] | None = None) -> int:
     argv, tail = split_tail(argv)
-    a = parser().parse_args(argv)
-    try:
-        return launch(a, tail)
-    except LaunchError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
+    return launch(parser().parse_args(argv), tail)
 
 
 def check_root(root: Path, runs: Sequence[Trial], write: bool) -> None:
@@ -323,8 +312,7 @@ def launch(a: argparse.Namespace, tail: list[str]) -> int:
     todo, skipped_failed, actions = plan(a, root, runs, records)
     slots: list[Slot] = []
     if not a.slurm:
-        n_gpus = gpu_count() if a.gpus_per_run != 0 else 0
-        slots = make_slots(physical_cores(), a.cores_per_run, n_gpus, a.gpus_per_run, a.runs_per_gpu)
+        slots = local_slots(a)
         too_big = [r for r in runs if r.nproc > len(slots)]
         if too_big:
             raise LaunchError(

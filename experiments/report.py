@@ -547,19 +547,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = Parser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("experiment", type=Path, help="an experiment root (experiments/launch.py) or any folder of runs")
     p.add_argument("--out", type=Path, default=None, help="folder for report.md and PNGs (default EXPERIMENT/report)")
-    p.add_argument(
-        "--source",
-        choices=["auto", "eval", "train"],
-        default="auto",
-        help="final return from eval.json (auto: where present) or the last training episodes",
-    )
+    source_help = "final return from eval.json (auto: where present) or the last training episodes"
+    p.add_argument("--source", choices=["auto", "eval", "train"], default="auto", help=source_help)
     p.add_argument("--last-episodes", type=int, default=100, help="training episodes behind a train score")
-    p.add_argument(
-        "--reference",
-        type=Path,
-        default=None,
-        help='JSON {"ENV": {"random": R, "human": H}} for normalised scores and aggregates',
-    )
+    reference_help = 'JSON {"ENV": {"random": R, "human": H}} for normalised scores and aggregates'
+    p.add_argument("--reference", type=Path, default=None, help=reference_help)
     p.add_argument("--reps", type=int, default=2000, help=f"bootstrap resamples (10 to {MAX_REPS:,})")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (0 to 2**31 - 1)")
     p.add_argument("--include-unfinished", action="store_true", help="also runs the launcher has not finished")
@@ -586,20 +578,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     groups, left_out = survey(a.experiment, a.source, a.last_episodes, a.include_unfinished)
     if not groups and not left_out:
         p.error(f"no run folders (progress.csv, eval.json or launch.json) under {a.experiment}")
-    print(
-        write_report(
-            a.experiment,
-            out,
-            groups,
-            refs,
-            a.last_episodes,
-            a.source,
-            a.reps,
-            a.seed,
-            curves=not a.no_curves,
-            left_out=left_out,
-        )
-    )
+    text = write_report(a.experiment, out, groups, refs, a.last_episodes, a.source, a.reps, a.seed, not a.no_curves, left_out)
+    print(text)
     return 0
 
 

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from experiments.grid import LaunchError
-from shared.affinity import Affinity
+from shared.affinity import Affinity, physical_cores
 
 __all__ = ["Slot", "child_env", "gpu_count", "make_slots"]
 
@@ -97,6 +97,13 @@ def make_slots(
             gpus = (ids[i % n_gpus],)
         slots.append(Slot(i, tuple(cpus), cores_per_run, gpus, bool(n_gpus) and gpus_per_run == 0, code))
     return slots
+
+
+def local_slots(a) -> list[Slot]:
+    """This machine's slots for a command's ``--cores-per-run``, ``--gpus-per-run`` (0: no GPU asked for) and
+    ``--runs-per-gpu``."""
+    n_gpus = gpu_count() if a.gpus_per_run != 0 else 0
+    return make_slots(physical_cores(), a.cores_per_run, n_gpus, a.gpus_per_run, a.runs_per_gpu)
 
 
 def child_env(slots: Sequence[Slot], base: dict | None = None) -> dict[str, str]:

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from experiments.flags import Parser, command
+from experiments.flags import Parser, command, one_line
 from experiments.grid import LaunchError, Trial, build_grid, saved_grid
 from experiments.records import STATES, experiment_problem, load_record, now, read_records, write_json
 from shared.files import WriteError
@@ -177,40 +177,22 @@ def experiment_runs(root: Path) -> tuple[list[Trial], dict[str, dict]]:
     """The runs of the grid ``root/experiment.json`` recorded, and their records; ``LaunchError`` when ``root``
     is not an experiment root or a record is damaged."""
     if not (root / "experiment.json").is_file():
-        what = (
-            "does not exist"
-            if not root.exists()
-            else "is not a folder"
-            if not root.is_dir()
-            else ("has no experiment.json (not an experiment root of experiments/launch.py)")
-        )
-        raise LaunchError(f"{root} {what}")
+        what = "has no experiment.json (not an experiment root of launch.py)" if root.is_dir() else "is not a folder"
+        raise LaunchError(f"{root} {what if root.exists() else 'does not exist'}")
     path = root / "experiment.json"
     grid = saved_grid(load_record(path, experiment_problem), str(path))
     if not grid.get("scripts"):
         raise LaunchError(f"{path}: no grid recorded (no launch got as far as writing it)")
-    runs = build_grid(
-        root,
-        grid["scripts"],
-        grid.get("env_ids", []),
-        grid.get("seeds", []),
-        grid.get("flags", []),
-        grid["levels"],
-        grid.get("nproc_per_node", 1),
-    )
+    env_ids, seeds, flags = (grid.get(k, []) for k in ("env_ids", "seeds", "flags"))
+    runs = build_grid(root, grid["scripts"], env_ids, seeds, flags, grid["levels"], grid.get("nproc_per_node", 1))
     return runs, read_records(runs)
 
 
+@one_line
 def main(argv: Sequence[str] | None = None) -> int:
     p = Parser(prog="status.py", description="The states of an experiment's runs, from its files (read only).")
     p.add_argument("root", type=Path, help="an experiment root (experiments/launch.py)")
-    a = p.parse_args(argv)
-    try:
-        runs, records = experiment_runs(a.root.resolve())
-    except LaunchError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
-    print_status(runs, records)
+    print_status(*experiment_runs(p.parse_args(argv).root.resolve()))
     return 0
 
 

@@ -10,7 +10,8 @@ Guarantees
   writable). With ``must_exist`` (``--report``) a storage file that does not exist is refused: nothing to
   report, and nothing made. ``make_storage`` then opens it (creating the file and its folder where needed).
 - ``make_sampler`` and ``make_pruner`` build ``optuna.samplers``/``optuna.pruners`` objects from
-  ``NAME[:KEY=VALUE,...]`` (short names or class names); a wrong name or argument is one ``LaunchError``.
+  ``NAME[:KEY=VALUE,...]`` (a class name, or the short one Optuna's class names give: ``tpe``, ``median``); a
+  wrong name or argument is one ``LaunchError``.
 - ``setup_from`` turns the command line and the ``--config`` file into a ``Setup`` or raises ``LaunchError``
   naming the argument: every value is checked for its type and range here (``experiments.flags.check_options``: the options of
   this process, ``--cores-per-run`` to ``--slurm-param``), before anything is created; the grid passes the
@@ -42,8 +43,6 @@ from experiments.search_space import Param, parse_search
 from experiments.tune_folder import check_root, check_same_study, read_record, storage_file
 
 __all__ = [
-    "PRUNERS",
-    "SAMPLERS",
     "TUNE_KEYS",
     "Setup",
     "aggregate",
@@ -59,27 +58,6 @@ __all__ = [
     "storage_file",
 ]  # storage_file: tune_folder's, re-exported
 
-SAMPLERS = {
-    "tpe": "TPESampler",
-    "random": "RandomSampler",
-    "cmaes": "CmaEsSampler",
-    "gp": "GPSampler",
-    "qmc": "QMCSampler",
-    "grid": "GridSampler",
-    "bruteforce": "BruteForceSampler",
-    "nsgaii": "NSGAIISampler",
-}
-PRUNERS = {
-    "none": "NopPruner",
-    "nop": "NopPruner",
-    "median": "MedianPruner",
-    "percentile": "PercentilePruner",
-    "hyperband": "HyperbandPruner",
-    "successive-halving": "SuccessiveHalvingPruner",
-    "threshold": "ThresholdPruner",
-    "patient": "PatientPruner",
-    "wilcoxon": "WilcoxonPruner",
-}
 DRIVERS = {"MySQLdb": "mysqlclient", "psycopg2": "psycopg2-binary", "pymysql": "PyMySQL", "psycopg": "psycopg"}
 
 
@@ -124,21 +102,25 @@ def _spec_args(text: str, where: str) -> tuple[str, dict]:
     return name.strip(), kwargs
 
 
-def _optuna_class(text: str, flag: str, names: dict[str, str], module, base: type) -> tuple[str, type, dict]:
-    """``NAME[:KEY=VALUE,...]`` -> (class name, the class in ``module``, its keyword arguments); a short name from
-    ``names`` or a class name of ``module`` deriving from ``base``, else a LaunchError naming the choices."""
+def _optuna_class(text: str, flag: str, module, base: type) -> tuple[str, type, dict]:
+    """``NAME[:KEY=VALUE,...]`` -> (class name, the class in ``module``, its keyword arguments). NAME is a class of
+    ``module`` deriving from ``base``, by its name or by its name without the kind in any case (``tpe``, ``cmaes``,
+    ``successive-halving``; ``none`` is ``NopPruner``), else a LaunchError naming the choices."""
     name, kwargs = _spec_args(text, flag)
-    cls_name = names.get(name.lower().replace("_", "-"), name)
-    cls = getattr(module, cls_name, None)
-    if not (isinstance(cls, type) and issubclass(cls, base)):
-        raise LaunchError(f"{flag} {text!r}: unknown (one of {', '.join(names)}, or an {module.__name__} class)")
-    return cls_name, cls, kwargs
+    kind = base.__name__.removeprefix("Base")  # Sampler, Pruner
+    known = {n: c for n in dir(module) if isinstance(c := getattr(module, n), type) and issubclass(c, base) and c is not base}
+    short = {n.removesuffix(kind).lower(): n for n in known}
+    short |= {"none": short["nop"]} if "nop" in short else {}
+    cls_name = name if name in known else short.get(name.lower().replace("-", "").replace("_", ""), "")
+    if cls_name not in known:
+        raise LaunchError(f"{flag} {text!r}: unknown (one of {', '.join(sorted(short))}, or an {module.__name__} class)")
+    return cls_name, known[cls_name], kwargs
 
 
 def make_sampler(text: str, seed: int | None, space: list[Param]):
     import optuna
 
-    cls_name, cls, kwargs = _optuna_class(text, "--sampler", SAMPLERS, optuna.samplers, optuna.samplers.BaseSampler)
+    cls_name, cls, kwargs = _optuna_class(text, "--sampler", optuna.samplers, optuna.samplers.BaseSampler)
     if cls_name == "GridSampler" and "search_space" not in kwargs:
         if any(p.kind != "cat" and p.step is None and p.kind != "int" for p in space):
             raise LaunchError("--sampler grid: every searched float needs a step (float:LOW:HIGH:step=Q) or cat: values")
@@ -184,7 +166,7 @@ def _params_of(cls) -> set[str]:
 def make_pruner(text: str):
     import optuna
 
-    cls_name, cls, kwargs = _optuna_class(text, "--pruner", PRUNERS, optuna.pruners, optuna.pruners.BasePruner)
+    cls_name, cls, kwargs = _optuna_class(text, "--pruner", optuna.pruners, optuna.pruners.BasePruner)
     if cls_name == "PatientPruner" and "wrapped_pruner" not in kwargs:
         kwargs["wrapped_pruner"] = optuna.pruners.MedianPruner()
         kwargs.setdefault("patience", 1)

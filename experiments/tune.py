@@ -108,7 +108,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from experiments.flags import Parser, command, refusals, run_options, split_tail
+from experiments.flags import Parser, command, one_line, refusals, run_options, split_tail
 from experiments.grid import LaunchError, Trial, build_grid
 from experiments.local import Launcher
 from experiments.records import (
@@ -122,7 +122,7 @@ from experiments.records import (
     write_json,
 )
 from experiments.search_space import Param, check_space, flag_tokens, parse_search, script_fields, searched_values
-from experiments.slots import Slot, child_env, gpu_count, make_slots
+from experiments.slots import Slot, child_env, local_slots, make_slots
 from experiments.status import progress_of
 from experiments.study import (
     Setup,
@@ -137,7 +137,7 @@ from experiments.study import (
     setup_from,
 )
 from experiments.tune_display import TuneDisplay
-from experiments.tune_folder import check_runs, runs_without_storage, storage_file, write_record
+from experiments.tune_folder import check_runs, check_storage_kept, storage_file, write_record
 from experiments.tune_report import report_only, write_report
 from shared.affinity import physical_cores
 from shared.progress import read_rows
@@ -165,14 +165,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--cpus-per-worker", type=int, default=None, help="CPUs of each job (default --cores-per-run)")
     s.add_argument("--gpus-per-worker", type=int, default=0, help="GPUs of each job")
     p.add_argument("--script", "--scripts", dest="script", nargs="+", help="the algos/ script (ppo_atari) or a path")
-    p.add_argument(
-        "--search",
-        action="append",
-        nargs="+",
-        default=[],
-        metavar="NAME=FORM",
-        help="a searched flag: log:LOW:HIGH, float:LOW:HIGH[:log|:step=Q], int:LOW:HIGH[:log|:step=K], cat:A,B",
-    )
+    forms = "a searched flag: log:LOW:HIGH, float:LOW:HIGH[:log|:step=Q], int:LOW:HIGH[:log|:step=K], cat:A,B"
+    p.add_argument("--search", action="append", nargs="+", default=[], metavar="NAME=FORM", help=forms)
     p.add_argument("--target-scores", nargs="+", metavar="ENV=LOW:HIGH", help="score normalised (score - LOW) / (HIGH - LOW)")
     p.add_argument("--trials", type=int, help="complete or pruned trials the study ends with")
     p.add_argument("--aggregate", choices=["mean", "iqm"], default=None, help="over a trial's runs (default mean)")
@@ -348,12 +342,19 @@ class Tune:
             beat = t.user_attrs.get("heartbeat") or (t.datetime_start.timestamp() if t.datetime_start else time.time())
             alive = self._alive_here(owner)
             if alive is False or (alive is None and time.time() - beat > self.a.stale_after):
-                with contextlib.suppress(Exception):
-                    self.storage.set_trial_state_values(self.trial_id(t.number), TrialState.WAITING)
-                    self.storage.set_trial_user_attr(
-                        self.trial_id(t.number), "interrupted", t.user_attrs.get("interrupted", 0) + 1
-                    )
-                    self.display.note(f"trial {t.number}: its process ({owner}) is gone: queued again")
+                self.requeue(t)
+                self.display.note(f"trial {t.number}: its process ({owner}) is gone: queued again")
+
+    def requeue(self, t) -> None:
+        """Trial ``t`` (a Trial or FrozenTrial) back in the study's queue, its ``interrupted`` count one more, no
+        owner; a storage that fails meanwhile leaves it to the next process's stale check."""
+        from optuna.trial import TrialState
+
+        with contextlib.suppress(Exception):
+            trial_id = self.trial_id(t.number)
+            self.storage.set_trial_user_attr(trial_id, "interrupted", t.user_attrs.get("interrupted", 0) + 1)
+            self.storage.set_trial_user_attr(trial_id, "owner", None)
+            self.storage.set_trial_state_values(trial_id, TrialState.WAITING)
 
     def counts(self) -> dict[str, int]:
         from optuna.trial import TrialState
@@ -397,14 +398,8 @@ class Tune:
             trial.set_user_attr("owner", f"{self.host}:{self.pid}")
             trial.set_user_attr("heartbeat", time.time())
         flags = [tok for p in self.st.space for tok in flag_tokens(p, params[p.name], self.st.fields)]
-        runs = build_grid(
-            self.st.root,
-            [self.st.script],
-            self.st.env_ids,
-            self.st.seeds,
-            self.st.common,
-            [[(f"trial{trial.number:04d}", flags)]],
-        )
+        st = self.st
+        runs = build_grid(st.root, [st.script], st.env_ids, st.seeds, st.common, [[(f"trial{trial.number:04d}", flags)]])
         if not resumed:
             trial.set_user_attr("flags", shlex.join(flags))
             trial.set_user_attr("runs", [r.rel for r in runs])
@@ -553,7 +548,6 @@ class Tune:
 
     def interrupt(self) -> None:
         """After the runs stopped: this process's unfinished trials back in the study's queue."""
-        from optuna.trial import TrialState
 
         for tr in self.active():
             if tr.state == "pruning":
@@ -562,10 +556,7 @@ class Tune:
                         self.mark_pruned(r)
                 self.finish_pruned(tr)
                 continue
-            with contextlib.suppress(Exception):
-                tr.trial.set_user_attr("interrupted", tr.trial.user_attrs.get("interrupted", 0) + 1)
-                tr.trial.set_user_attr("owner", None)
-                self.storage.set_trial_state_values(self.trial_id(tr.number), TrialState.WAITING)
+            self.requeue(tr.trial)
             tr.state = "interrupted"
             self.display.note(f"trial {tr.number} interrupted: queued again for the next start")
 
@@ -682,18 +673,17 @@ def dry_run(st: Setup, slots: list[Slot]) -> int:
     return 0
 
 
-SLURM_OPTIONS = {
-    "--workers": 1,
-    "--cluster": 1,
-    "--partition": 1,
-    "--time": 1,
-    "--cpus-per-worker": 1,
-    "--gpus-per-worker": 1,
-    "--mem-gb": 1,
-    "--slurm-param": 1,
-    "--slurm": 0,
-    "--wait": 0,
-}
+SLURM_SWITCHES = ("--slurm", "--wait")  # the SLURM options without a value, and those with one:
+SLURM_OPTIONS = (
+    "--workers",
+    "--cluster",
+    "--partition",
+    "--time",
+    "--cpus-per-worker",
+    "--gpus-per-worker",
+    "--mem-gb",
+    "--slurm-param",
+)
 
 
 def worker_command(argv: list[str], tail: list[str]) -> list[str]:
@@ -701,8 +691,8 @@ def worker_command(argv: list[str], tail: list[str]) -> list[str]:
     out, i = [], 0
     while i < len(argv):
         name = argv[i].split("=", 1)[0]
-        if name in SLURM_OPTIONS:
-            i += 1 + (SLURM_OPTIONS[name] if "=" not in argv[i] else 0)
+        if name in SLURM_SWITCHES + SLURM_OPTIONS:
+            i += 1 + (name in SLURM_OPTIONS and "=" not in argv[i])
             continue
         out.append(argv[i])
         i += 1
@@ -711,52 +701,40 @@ def worker_command(argv: list[str], tail: list[str]) -> list[str]:
     return [sys.executable, str(Path(__file__).resolve()), *out, "--plain", *(["--", *tail] if tail else [])]
 
 
+@one_line
 def main(argv: Sequence[str] | None = None) -> int:
     """tune.py's command line (the module docstring); returns the exit status. Every check is made before
     anything is created or changed: the arguments and the ``--config`` file (``study.setup_from``: the folder, its
-    ``tune.json`` and run records, the storage), the search space's names against the script's ``Args``, the sampler and
-    pruner, this machine's slots, then the runs' flags with the script's own parser (``check_flags``)."""
+    ``tune.json`` and run records, the storage), the search space's names against the script's ``Args``, the
+    sampler and pruner, this machine's slots, then the runs' flags with the script's own parser (``check_flags``)."""
     argv, tail = split_tail(argv)
     try:
         a = parser().parse_args(argv)
     except SystemExit as e:  # Parser: the error: line is written; --help: exit 0
         return e.code if isinstance(e.code, int) else 2
-    try:
-        st = setup_from(a, tail)
-        if a.report:
-            return report_only(st)
-        if st.trials is None:
-            raise LaunchError("--trials: how many trials the study ends with")
-        url = st.storage or default_storage(st.root)
-        orphan = runs_without_storage(st.root, url)
-        if orphan is not None:
-            raise LaunchError(
-                f"{orphan} is a run of a study whose storage {storage_file(url)[1]} does not exist: a "
-                f"new study would take its runs as its own; give another folder (or the study's storage)"
-            )
-        check_runs(st.root, st.study_name, None)
-        st.fields = script_fields(st.script)
-        st.space = check_space(st.space, st.fields, Path(st.script).stem, st.common)
-        if not st.space:
-            raise LaunchError("--search: nothing to search (give NAME=FORM, e.g. learning-rate=log:1e-5:1e-2)")
-        make_sampler(st.sampler, a.sampler_seed, st.space)
-        make_pruner(st.pruner)
-        slots: list[Slot] = []
-        if not a.slurm:  # a worker job's slots are its node's, made there
-            n_gpus = gpu_count() if a.gpus_per_run != 0 else 0
-            slots = make_slots(physical_cores(), a.cores_per_run, n_gpus, a.gpus_per_run, a.runs_per_gpu)
-        # the checks see what a run sees: a slot's environment (its GPUs, or none with --gpus-per-run 0)
-        check_flags(st, env=child_env(slots[:1]) if slots else None)
-        if a.dry_run:
-            return dry_run(st, slots or make_slots(physical_cores(), a.cores_per_run))
-        if a.slurm:
-            from experiments.slurm import submit_workers
+    st = setup_from(a, tail)
+    if a.report:
+        return report_only(st)
+    if st.trials is None:
+        raise LaunchError("--trials: how many trials the study ends with")
+    check_storage_kept(st.root, st.storage or default_storage(st.root))
+    check_runs(st.root, st.study_name, None)
+    st.fields = script_fields(st.script)
+    st.space = check_space(st.space, st.fields, Path(st.script).stem, st.common)
+    if not st.space:
+        raise LaunchError("--search: nothing to search (give NAME=FORM, e.g. learning-rate=log:1e-5:1e-2)")
+    make_sampler(st.sampler, a.sampler_seed, st.space)
+    make_pruner(st.pruner)
+    slots = [] if a.slurm else local_slots(a)  # a worker job's slots are its node's, made there
+    # the checks see what a run sees: a slot's environment (its GPUs, or none with --gpus-per-run 0)
+    check_flags(st, env=child_env(slots[:1]) if slots else None)
+    if a.dry_run:
+        return dry_run(st, slots or make_slots(physical_cores(), a.cores_per_run))
+    if a.slurm:
+        from experiments.slurm import submit_workers
 
-            return submit_workers(a, worker_command(argv, tail), st.root)
-        return Tune(st, a, slots).run()
-    except LaunchError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return 2
+        return submit_workers(a, worker_command(argv, tail), st.root)
+    return Tune(st, a, slots).run()
 
 
 if __name__ == "__main__":

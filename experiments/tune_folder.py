@@ -18,7 +18,7 @@ Guarantees
   the study's ``uid``, a user attribute set when the tune creates it); ``check_runs`` refuses, before a trial
   starts, a folder holding a run of another study (one that would otherwise be taken as this study's trial of
   the same number, already finished) and names the first such run, and refuses a damaged run record in one line
-  (which file, what is wrong) without rewriting it. ``runs_without_storage`` finds the case where the study is
+  (which file, what is wrong) without rewriting it. ``check_storage_kept`` refuses the case where the study is
   gone but its runs are not (a deleted ``study.db``): the tune refuses before it creates a new study there.
 """
 
@@ -36,11 +36,11 @@ __all__ = [
     "RUN_RECORDS",
     "check_root",
     "check_runs",
+    "check_storage_kept",
     "check_same_study",
     "read_record",
     "recorded_storage",
     "run_records",
-    "runs_without_storage",
     "storage_file",
     "storage_from_record",
     "write_record",
@@ -179,9 +179,13 @@ def check_runs(root: Path, study_name: str, uid: str | None) -> None:
             )
 
 
-def runs_without_storage(root: Path, url: str) -> Path | None:
-    """A run of the folder when the study's storage file does not exist (its study is gone, its runs are not)."""
+def check_storage_kept(root: Path, url: str) -> None:
+    """Refuses a folder holding runs when the study's storage file does not exist (its study is gone, its runs
+    are not): a new study would take them as its own."""
     file = storage_file(url)
-    if file is None or file[1].exists():
-        return None
-    return next((p.parent for p in root.glob(RUN_RECORDS)), None)
+    run = None if file is None or file[1].exists() else next((p.parent for p in root.glob(RUN_RECORDS)), None)
+    if run is not None:
+        raise LaunchError(
+            f"{run} is a run of a study whose storage {file[1]} does not exist: a new study would take its runs as "
+            f"its own; give another folder (or the study's storage)"
+        )

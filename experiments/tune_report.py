@@ -37,24 +37,9 @@ def best_commands(st: Setup, best) -> tuple[str, str]:
     one = shlex.join(["python", str(script), *st.common, *flags])
     seeds = [max(st.seeds) + 100 + i for i in range(max(len(st.seeds), 5))]
     env = ["--env-ids", *[e for e in st.env_ids if e]] if any(st.env_ids) else []
-    rerun = shlex.join(
-        [
-            "python",
-            "experiments/launch.py",
-            f"{st.root}-rerun",
-            "--scripts",
-            script.stem,
-            *env,
-            "--seeds",
-            *map(str, seeds),
-            "--level",
-            f"best:{shlex.join(flags)}",
-            "default:",
-            "--",
-            *st.common,
-        ]
-    )
-    return one, rerun
+    rerun = ["python", "experiments/launch.py", f"{st.root}-rerun", "--scripts", script.stem, *env]
+    rerun += ["--seeds", *map(str, seeds), "--level", f"best:{shlex.join(flags)}", "default:", "--", *st.common]
+    return one, shlex.join(rerun)
 
 
 def write_report(st: Setup, study, storage_url: str) -> Path:
@@ -65,19 +50,8 @@ def write_report(st: Setup, study, storage_url: str) -> Path:
     out = st.root / "tune-report"
     out.mkdir(parents=True, exist_ok=True)
     trials = study.get_trials(deepcopy=False)
-    df = study.trials_dataframe(
-        attrs=(
-            "number",
-            "value",
-            "state",
-            "params",
-            "user_attrs",
-            "intermediate_values",
-            "datetime_start",
-            "datetime_complete",
-            "duration",
-        )
-    )
+    columns = "number value state params user_attrs intermediate_values datetime_start datetime_complete duration"
+    df = study.trials_dataframe(attrs=tuple(columns.split()))  # Optuna's columns without system_attrs
     df.to_csv(out / "trials.csv", index=False)
     done = [t for t in trials if t.state == TrialState.COMPLETE]
     lines = [
