@@ -17,8 +17,6 @@ import time
 from experiments.grid import Trial
 from experiments.status import fmt_duration, fmt_steps, overview, summary_line
 
-__all__ = ["Display", "LiveView"]
-
 
 class LiveView:
     """What the launcher's and the tuner's views share: on a terminal (rich installed, not ``plain``) a table

@@ -53,18 +53,6 @@ from typing import NoReturn
 from experiments.grid import LaunchError
 from shared.files import nearest_existing, probe_creatable
 
-__all__ = [
-    "CHECK_ONLY",
-    "Parser",
-    "check_creatable",
-    "check_options",
-    "command",
-    "refusal",
-    "refusals",
-    "run_options",
-    "split_tail",
-]
-
 # shared.run.CHECK_ONLY, spelled out: importing shared.run would import torch into every experiments/ command
 # (tests/test_launch_contract.py checks that the two agree).
 CHECK_ONLY = "RL_CHECK_ONLY"

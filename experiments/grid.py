@@ -33,20 +33,6 @@ from typing import Any
 
 from experiments import ROOT
 
-__all__ = [
-    "RESERVED",
-    "LaunchError",
-    "Trial",
-    "build_grid",
-    "check_env_ids",
-    "check_values",
-    "load_file",
-    "parse_level",
-    "resolve_script",
-    "saved_grid",
-    "split_flags",
-]
-
 RESERVED = ("--seed", "--env-id", "--out-dir", "--run-name", "--resume")  # set by the launcher for every run
 NAME_OK = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=,-]*$")
 

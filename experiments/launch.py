@@ -128,8 +128,6 @@ from experiments.slots import Slot, local_slots
 from experiments.slurm import slurm_alive, submit
 from experiments.status import print_status, write_status
 
-__all__ = ["launch", "main", "parser"]
-
 
 def parser() -> argparse.ArgumentParser:
     p = Parser(

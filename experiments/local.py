@@ -29,8 +29,6 @@ from experiments.records import begin_attempt, end_attempt, write_json
 from experiments.slots import Slot, child_env
 from experiments.status import fmt_duration, write_status
 
-__all__ = ["Launcher"]
-
 
 @dataclass
 class Child:

@@ -41,29 +41,6 @@ from experiments.grid import LaunchError, Trial
 from experiments.slots import Slot
 from shared.files import write_text
 
-__all__ = [
-    "EXIT_INTERRUPTED",
-    "STATES",
-    "begin_attempt",
-    "end_attempt",
-    "experiment_problem",
-    "finished",
-    "git_info",
-    "jobs_problem",
-    "json_object",
-    "launch_problem",
-    "load_record",
-    "new_record",
-    "now",
-    "package_versions",
-    "read_json",
-    "read_records",
-    "renewed",
-    "status_problem",
-    "Unusable",
-    "write_json",
-]
-
 EXIT_INTERRUPTED = 130
 STATES = ("queued", "submitted", "running", "done", "failed", "interrupted", "pruned")  # pruned: tune.py
 KEEP_ON_FRESH = {"launch.json", "stdout.log", "stderr.log", ".stale"}  # what a fresh start leaves in place

@@ -30,8 +30,6 @@ from typing import Any
 
 from experiments.grid import RESERVED, LaunchError
 
-__all__ = ["Param", "check_space", "flag_tokens", "parse_search", "script_fields", "searched_values"]
-
 
 @dataclasses.dataclass(frozen=True)
 class Param:

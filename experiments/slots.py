@@ -28,8 +28,6 @@ from pathlib import Path
 from experiments.grid import LaunchError
 from shared.affinity import Affinity, physical_cores
 
-__all__ = ["Slot", "child_env", "gpu_count", "make_slots"]
-
 
 @dataclass(frozen=True)
 class Slot:

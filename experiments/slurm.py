@@ -42,8 +42,6 @@ from experiments.process import kill_session, pid_runs, start_process
 from experiments.records import EXIT_INTERRUPTED, begin_attempt, end_attempt, now, read_json, write_json
 from experiments.status import write_status
 
-__all__ = ["SlurmRun", "TuneWorker", "slurm_alive", "submit", "submit_workers"]
-
 try:
     from submitit.helpers import Checkpointable as _Checkpointable
 except ImportError:  # pragma: no cover - only --slurm needs it

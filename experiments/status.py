@@ -43,18 +43,6 @@ from experiments.records import STATES, experiment_problem, load_record, now, re
 from shared.files import WriteError
 from shared.progress import read_rows
 
-__all__ = [
-    "experiment_runs",
-    "fmt_duration",
-    "fmt_steps",
-    "main",
-    "overview",
-    "print_status",
-    "progress_of",
-    "summary_line",
-    "write_status",
-]
-
 TAIL_BYTES = 16384  # of progress.csv: a few hundred rows, more than the latest return needs
 
 

@@ -42,22 +42,6 @@ from experiments.grid import LaunchError, Trial, build_grid, load_file, resolve_
 from experiments.search_space import Param, parse_search
 from experiments.tune_folder import check_root, check_same_study, read_record, storage_file
 
-__all__ = [
-    "TUNE_KEYS",
-    "Setup",
-    "aggregate",
-    "check_storage",
-    "default_storage",
-    "make_pruner",
-    "make_sampler",
-    "make_storage",
-    "normalised",
-    "run_score",
-    "score_at",
-    "setup_from",
-    "storage_file",
-]  # storage_file: tune_folder's, re-exported
-
 DRIVERS = {"MySQLdb": "mysqlclient", "psycopg2": "psycopg2-binary", "pymysql": "PyMySQL", "psycopg": "psycopg"}
 
 

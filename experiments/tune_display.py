@@ -20,8 +20,6 @@ from typing import Any
 from experiments.display import LiveView
 from experiments.status import progress_of
 
-__all__ = ["TuneDisplay"]
-
 
 class TuneDisplay(LiveView):
     """The study while it runs: on a terminal (rich, not ``--plain``) one table refreshed in place at most once a

@@ -32,20 +32,6 @@ from experiments.flags import check_creatable
 from experiments.grid import LaunchError
 from experiments.records import launch_problem, load_record, write_json
 
-__all__ = [
-    "RUN_RECORDS",
-    "check_root",
-    "check_runs",
-    "check_storage_kept",
-    "check_same_study",
-    "read_record",
-    "recorded_storage",
-    "run_records",
-    "storage_file",
-    "storage_from_record",
-    "write_record",
-]
-
 RUN_RECORDS = "*/*/trial[0-9]*/seed*/launch.json"  # {script}/{env id}/trial{NNNN}/seed{N}/launch.json
 # tune.json's keys and the types each must have (older records may lack any of them)
 RECORD_TYPES: dict[str, tuple[type, ...]] = {

@@ -26,8 +26,6 @@ from experiments.grid import LaunchError
 from experiments.records import write_json
 from experiments.study import Setup, make_storage
 
-__all__ = ["best_commands", "report_only", "write_report"]
-
 
 def best_commands(st: Setup, best) -> tuple[str, str]:
     script = Path(st.script)
