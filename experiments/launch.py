@@ -113,14 +113,13 @@ from experiments.records import (
     STATES,
     experiment_problem,
     finished,
-    git_info,
     jobs_problem,
     load_record,
     new_record,
     now,
-    package_versions,
     read_records,
     renewed,
+    run_meta,
     status_problem,
     write_json,
 )
@@ -330,7 +329,7 @@ def launch(a: argparse.Namespace, tail: list[str]) -> int:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
         raise LaunchError(f"another launcher is running the experiment in {root}") from None
-    meta = {"git": git_info(), "versions": package_versions()}
+    meta = run_meta()
     experiment = load_record(root / "experiment.json", experiment_problem)  # as the last launcher left it, locked
     experiment.update(root=str(root), grid=grid, runs=[r.rel for r in runs])
     experiment.setdefault("launches", []).append({"time": now(), "argv": sys.argv, "cwd": os.getcwd(), **meta})

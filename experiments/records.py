@@ -196,6 +196,11 @@ def package_versions() -> dict[str, str]:
     return dict(sorted(out.items()))
 
 
+def run_meta() -> dict:
+    """What a launch records of the code it runs: the git commit (and whether the tree was dirty), the packages."""
+    return {"git": git_info(), "versions": package_versions()}
+
+
 def last_error(path: Path, offset: int = 0) -> str | None:
     """The last line starting with ``error:`` in ``path`` from ``offset`` on."""
     try:

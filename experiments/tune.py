@@ -108,34 +108,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from experiments import study
 from experiments.flags import Parser, command, one_line, refusals, run_options, split_tail
 from experiments.grid import LaunchError, Trial, build_grid
 from experiments.local import Launcher
-from experiments.records import (
-    EXIT_INTERRUPTED,
-    finished,
-    git_info,
-    new_record,
-    package_versions,
-    read_json,
-    renewed,
-    write_json,
-)
+from experiments.records import EXIT_INTERRUPTED, finished, new_record, read_json, renewed, run_meta, write_json
 from experiments.search_space import Param, check_space, flag_tokens, parse_search, script_fields, searched_values
 from experiments.slots import Slot, child_env, local_slots, make_slots
 from experiments.status import progress_of
-from experiments.study import (
-    Setup,
-    aggregate,
-    default_storage,
-    make_pruner,
-    make_sampler,
-    make_storage,
-    normalised,
-    run_score,
-    score_at,
-    setup_from,
-)
+from experiments.study import Setup, aggregate, make_storage
 from experiments.tune_display import TuneDisplay
 from experiments.tune_folder import check_runs, check_storage_kept, storage_file, write_record
 from experiments.tune_report import report_only, write_report
@@ -213,7 +194,7 @@ class Tune:
     def __init__(self, st: Setup, a: argparse.Namespace, slots: list[Slot]):
         self.st, self.a, self.slots = st, a, slots
         self.host, self.pid = socket.gethostname(), os.getpid()
-        url = st.storage or default_storage(st.root)
+        url = st.storage or study.default_storage(st.root)
         file = storage_file(url)
         made_root = not st.root.exists()
         made_lock = not (st.root / ".tune.lock").exists()
@@ -228,7 +209,7 @@ class Tune:
         self.by_run: dict[str, TrialRuns] = {}
         self.runs: list[Trial] = []
         self.records: dict[str, dict] = {}
-        self.meta = {"git": git_info(), "versions": package_versions()}
+        self.meta = run_meta()
         self.interval: int | None = st.prune_every
         self.exhausted: str | None = None  # why no new trial may start
         self.more = True  # whether to ask the study for another trial when a slot is free
@@ -242,8 +223,8 @@ class Tune:
         with self.root_lock():  # the processes of one root create a new study database one at a time
             self.storage, self.storage_url = make_storage(st.storage, st.root)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
-        self.sampler = make_sampler(st.sampler, self.a.sampler_seed, st.space)
-        self.pruner = make_pruner(st.pruner)
+        self.sampler = study.make_sampler(st.sampler, self.a.sampler_seed, st.space)
+        self.pruner = study.make_pruner(st.pruner)
         try:
             with self.root_lock():
                 names = {s.study_name for s in optuna.get_all_study_summaries(self.storage, include_best_trial=False)}
@@ -463,7 +444,7 @@ class Tune:
         self.display.note(f"trial {tr.number} {state}{note}")
 
     def complete(self, tr: TrialRuns) -> None:
-        values = [normalised(self.st, r.env_id, run_score(self.st, r)) for r in tr.runs]
+        values = [study.normalised(self.st, r.env_id, study.run_score(self.st, r)) for r in tr.runs]
         if None in values:
             r = tr.runs[values.index(None)]
             self.fail(tr, f"{r.rel} has no score (no evaluation and no finished episode)")
@@ -533,7 +514,7 @@ class Tune:
             if step > reached or (total and step >= total):
                 return
             tr.next_k += 1
-            values = [normalised(self.st, r.env_id, score_at(self.st, rows[r.rel], step)) for r in started]
+            values = [study.normalised(self.st, r.env_id, study.score_at(self.st, rows[r.rel], step)) for r in started]
             if any(v is None for v in values):
                 continue
             tr.last_report = aggregate(values, self.st.aggregate)
@@ -661,7 +642,7 @@ def check_flags(st: Setup, jobs: int | None = None, env: dict[str, str] | None =
 
 def dry_run(st: Setup, slots: list[Slot]) -> int:
     print(
-        f"study {st.study_name!r} in {st.storage or default_storage(st.root)}, sampler {st.sampler}, "
+        f"study {st.study_name!r} in {st.storage or study.default_storage(st.root)}, sampler {st.sampler}, "
         f"pruner {st.pruner}, {st.trials} trials"
     )
     for p in st.space:
@@ -673,17 +654,8 @@ def dry_run(st: Setup, slots: list[Slot]) -> int:
     return 0
 
 
-SLURM_SWITCHES = ("--slurm", "--wait")  # the SLURM options without a value, and those with one:
-SLURM_OPTIONS = (
-    "--workers",
-    "--cluster",
-    "--partition",
-    "--time",
-    "--cpus-per-worker",
-    "--gpus-per-worker",
-    "--mem-gb",
-    "--slurm-param",
-)
+SLURM_SWITCHES = ["--slurm", "--wait"]  # the SLURM options without a value, and those with one:
+SLURM_OPTIONS = "--workers --cluster --partition --time --cpus-per-worker --gpus-per-worker --mem-gb --slurm-param".split()
 
 
 def worker_command(argv: list[str], tail: list[str]) -> list[str]:
@@ -712,19 +684,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         a = parser().parse_args(argv)
     except SystemExit as e:  # Parser: the error: line is written; --help: exit 0
         return e.code if isinstance(e.code, int) else 2
-    st = setup_from(a, tail)
+    st = study.setup_from(a, tail)
     if a.report:
         return report_only(st)
     if st.trials is None:
         raise LaunchError("--trials: how many trials the study ends with")
-    check_storage_kept(st.root, st.storage or default_storage(st.root))
+    check_storage_kept(st.root, st.storage or study.default_storage(st.root))
     check_runs(st.root, st.study_name, None)
     st.fields = script_fields(st.script)
     st.space = check_space(st.space, st.fields, Path(st.script).stem, st.common)
     if not st.space:
         raise LaunchError("--search: nothing to search (give NAME=FORM, e.g. learning-rate=log:1e-5:1e-2)")
-    make_sampler(st.sampler, a.sampler_seed, st.space)
-    make_pruner(st.pruner)
+    study.make_sampler(st.sampler, a.sampler_seed, st.space)
+    study.make_pruner(st.pruner)
     slots = [] if a.slurm else local_slots(a)  # a worker job's slots are its node's, made there
     # the checks see what a run sees: a slot's environment (its GPUs, or none with --gpus-per-run 0)
     check_flags(st, env=child_env(slots[:1]) if slots else None)

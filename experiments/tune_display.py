@@ -27,6 +27,7 @@ class TuneDisplay(LiveView):
     lines otherwise, one per event and a summary every ``status_every`` seconds. No refresh thread."""
 
     SHOWN = 30  # the table's rows: the best trial and the latest ones
+    COLOURS = {"complete": "green", "pruned": "magenta", "fail": "red", "running": "cyan", "waiting": "yellow"}  # by state
     TOLERATE = (Exception,)  # a storage hiccup must not stop the runs' supervision
 
     def __init__(self, tune: Any, plain: bool, status_every: float):  # an experiments.tune.Tune
@@ -48,7 +49,6 @@ class TuneDisplay(LiveView):
         return None
 
     def table(self):
-        from optuna.trial import TrialState
         from rich.table import Table
 
         trials = self.tune.study.get_trials(deepcopy=False)
@@ -63,13 +63,6 @@ class TuneDisplay(LiveView):
                 justify="right" if col in ("trial", "value") else "left",
                 overflow="fold" if col == "flags" else "ellipsis",
             )
-        colour = {
-            TrialState.COMPLETE: "green",
-            TrialState.PRUNED: "magenta",
-            TrialState.FAIL: "red",
-            TrialState.RUNNING: "cyan",
-            TrialState.WAITING: "yellow",
-        }
         for tr in shown:
             mine = self.tune.mine.get(tr.number)
             value = tr.value if tr.value is not None else (mine.last_report if mine else None)
@@ -80,10 +73,11 @@ class TuneDisplay(LiveView):
                 runs = f"{sum(rec['state'] == 'done' for rec in recs)}/{len(recs)} done" + (
                     f", {len(steps)} at {min(steps):,}+" if steps else ""
                 )
-            state = tr.state.name.lower() + (" (best)" if best is not None and tr.number == best.number else "")
+            state = tr.state.name.lower()
+            best_mark = " (best)" if best is not None and tr.number == best.number else ""
             t.add_row(
                 str(tr.number),
-                f"[{colour.get(tr.state, 'white')}]{state}[/]",
+                f"[{self.COLOURS.get(state, 'white')}]{state}{best_mark}[/]",
                 f"{value:.4g}" if value is not None else "-",
                 runs,
                 tr.user_attrs.get("flags", ""),
