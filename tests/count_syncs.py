@@ -95,7 +95,8 @@ def where() -> str:
 
 def reads_device(func, args: tuple) -> bool:
     """Whether the aten operator ``func`` on ``args`` reads a device value on the host (a wait on a GPU): one of
-    ``SYNC_OPS``, or an index by a boolean mask (a data-dependent shape). benchmarks/speed/loop_overhead.py counts by it too."""
+    ``SYNC_OPS``, or an index by a boolean mask (a data-dependent shape). benchmarks/speed/loop_overhead.py counts by it
+    too."""
     name = str(func)
     if name in SYNC_OPS:
         return True

@@ -68,8 +68,8 @@ def test_terminal_target_puts_all_mass_at_the_return():
     assert m[0, 3].item() == pytest.approx(1.0)
 
 
-# With the slow tests, for CI's 30 minutes (C51 CartPole is re-measured by benchmarks/checks/recheck_learning.py: 500.0 over 3 seeds);
-# the distributional loss and projection are checked against a reference in CI.
+# With the slow tests, for CI's 30 minutes (C51 CartPole is re-measured by benchmarks/checks/recheck_learning.py: 500.0
+# over 3 seeds); the distributional loss and projection are checked against a reference in CI.
 @pytest.mark.slow
 @pytest.mark.parametrize("noisy", [[], ["--noisy"]], ids=["epsilon-greedy", "noisy"])
 def test_c51_learns_cartpole_serial(noisy, tmp_path):

@@ -205,7 +205,8 @@ def reached(out, threshold: float) -> int | None:
 @pytest.mark.parametrize("sampler", ["serial", "async"])
 def test_learns_cartpole_without_velocities(sampler, tmp_path):
     """The cartpole preset to a mean of 475 over 20 episodes within its 100k steps (positions only: the velocities
-    must be inferred from what the LSTM remembers; with --no-lstm the preset stays at 45, benchmarks/learning/ppo_lstm_vs_recurrentppo.py)."""
+    must be inferred from what the LSTM remembers; with --no-lstm the preset stays at 45,
+    benchmarks/learning/ppo_lstm_vs_recurrentppo.py)."""
     out = run(
         "ppo_lstm.py",
         *CARTPOLE,
@@ -227,8 +228,8 @@ def test_learns_cartpole_without_velocities(sampler, tmp_path):
 def test_learns_pendulum_without_angular_velocity(tmp_path):
     """The pendulum preset to a mean of -400 over 10 episodes within its 200k steps (cos and sin of the angle
     only; random actions get about -1200, the preset with --no-lstm -1084 over the last tenth of its 200k steps,
-    seeds 1 and 2, benchmarks/learning/ppo_lstm_vs_recurrentppo.py), and the deterministic policy with the frozen observation statistics far
-    above that."""
+    seeds 1 and 2, benchmarks/learning/ppo_lstm_vs_recurrentppo.py), and the deterministic policy with the frozen
+    observation statistics far above that."""
     out = run(
         "ppo_lstm.py",
         *PENDULUM[:-2],
