@@ -81,9 +81,11 @@ def updates(part: int | None) -> dict[str, torch.Tensor]:
         bootstrap_discount=np.full(N, 0.99**3),
         is_weights=rng.uniform(0.5, 1.0, N),
     )
-    sample = SimpleNamespace(**{k: _half(v, part) for k, v in vars(sample).items()})
+    sample = {k: _half(v, part) for k, v in vars(sample).items()}  # the fields dqn_update uploads (HOST_ONLY aside)
     buffer = SimpleNamespace(
-        sample=lambda batch_size, beta: (sample, None), update_priorities=lambda *a: None, sample_ahead=lambda *a: None
+        sample=lambda batch_size, beta, skip: (sample, None),
+        update_priorities=lambda *a: None,
+        sample_ahead=lambda *a, **k: None,
     )
     args = dqn_atari.Args(max_grad_norm=1e9, double_dqn=True, prioritized=False)
     dqn_atari.dqn_update(q_net, target, _sgd(q_net), buffer, args, 0.4, torch.device("cpu"))
@@ -102,7 +104,7 @@ def updates(part: int | None) -> dict[str, torch.Tensor]:
         terminated_n=(rng.random(N) < 0.2).astype(np.float32),
         bootstrap_discount=np.full(N, 0.99),
     )
-    batch = SimpleNamespace(**{k: _half(v, part) for k, v in vars(batch).items()})
+    batch = {k: _half(v, part) for k, v in vars(batch).items()}  # the fields to_tensors uploads (HOST_ONLY aside)
     args = ddpg_mujoco.Args(bf16=False, tau=0.5)
     b = ddpg_mujoco.to_tensors(batch, ObsNorm(OBS, enabled=False), torch.device("cpu"))
     ddpg_mujoco.ddpg_update(actor, target_actor, critic, target_critic, (_sgd(actor), _sgd(critic)), b, args)
