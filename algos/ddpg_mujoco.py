@@ -17,8 +17,8 @@ losses in ddpg_critic_loss and ddpg_actor_loss, whose statistics ddpg_update ret
 column); the evaluation and --export action in Policy; a new stored quantity (per step, in the replay) is an entry in
 ROW, written in EnvStepper.step and read by the loss (every batch field but HOST_ONLY is uploaded); the schedule in
 main. An @graphed step (one CUDA graph under --compile) sees a setting changed between calls (an Args field) at its
-next call; pass a value that changes every call as a tensor, and return what the step computes: a write elsewhere (a
-counter, an append) is refused.
+next call, each value one graph, 8 at most: pass a schedule as a tensor, and return what the step computes (a write to
+a setting or to a list or dict argument is refused).
 """
 
 import copy

@@ -18,8 +18,8 @@ them ignores; make_network refuses --noisy and --dueling for a network that cann
 (its dict: the row's logged statistics, a new key a new progress.csv column); a new stored quantity (per step, in the
 replay) is an entry in ROW, written in EnvStepper.step and read by the loss (every batch field but HOST_ONLY is
 uploaded); the schedule (replay ratio, target updates) in main. An @graphed step (one CUDA graph under --compile) sees
-a setting changed between calls (an Args field) at its next call; pass a value that changes every call as a tensor, and
-return what the step computes: a write elsewhere (a counter, an append) is refused.
+a setting changed between calls (an Args field) at its next call, each value one graph, 8 at most: pass a schedule as a
+tensor, and return what the step computes (a write to a setting or to a list or dict argument is refused).
 """
 
 import copy

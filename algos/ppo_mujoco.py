@@ -24,9 +24,9 @@ Where to change what: the env in make_env (a wrapper there reaches every samplin
 and values [N], with `obs_norm` (the observation statistics) and `log_std` beside; the loss in ppo_loss, whose stats
 dict is logged (a new key is a new progress.csv column); a new per-step quantity (stored in the rollout) is a field in
 rollout_example, written in collect, put in learn_from's rows and read by the loss; the schedule in main. An @graphed
-step (one CUDA graph under --compile) sees a setting changed between calls (an Args field) at its next call; pass a
-value that changes every call as a tensor, and return what the step computes: a write elsewhere (a counter, an append)
-is refused.
+step (one CUDA graph under --compile) sees a setting changed between calls (an Args field) at its next call, each value
+one graph, 8 at most: pass a schedule as a tensor, and return what the step computes (a write to a setting or to a list
+or dict argument is refused).
 """
 
 import importlib.util

@@ -22,9 +22,9 @@ prev_reward, state, episode_start, start_rows=None) the three in turn (evaluatio
 initial_state(B, device) the zero state; the loss in r2d1_loss; the target in n_step_target; the acting policy of
 evaluation and --export in Policy; a new stored quantity (per step, in the replay) is an entry in ROW, written in
 EnvStepper.step and read by the loss (every batch field but HOST_ONLY is uploaded); the schedule in main. An @graphed
-step (one CUDA graph under --compile) sees a setting changed between calls (an Args field) at its next call; pass a
-value that changes every call as a tensor, and return what the step computes: a write elsewhere (a counter, an append)
-is refused.
+step (one CUDA graph under --compile) sees a setting changed between calls (an Args field) at its next call, each value
+one graph, 8 at most: pass a schedule as a tensor, and return what the step computes (a write to a setting or to a list
+or dict argument is refused).
 """
 
 import copy

@@ -12,14 +12,14 @@ inside the agent and the replay and scaled to the env's bounds when stepping; --
 observation statistics, frozen in evaluation and in --export.
 
 Where to change what: the env in make_env (a wrapper there reaches every sampling mode); the networks in make_networks:
-Actor (gaussian(obs) -> the pre-tanh Gaussian's mean and log std, [N, A] each, which evaluation and --export read;
-forward(obs) -> a sampled action in [-1, 1] [N, A] and its log-probability [N]) and Critics (forward(obs, action) ->
-Q-values [K, N]); the losses in sac_critic_loss, sac_actor_loss and sac_alpha_loss, whose statistics sac_update returns
-(a new key is a new progress.csv column); the evaluation and --export action in Policy; a new stored quantity (per
-step, in the replay) is an entry in ROW, written in EnvStepper.step and read by the loss (every batch field but
+Actor (mean_and_log_std(obs) -> the pre-tanh Gaussian's mean and log std, [N, A] each, which evaluation and --export
+read; forward(obs) -> a sampled action in [-1, 1] [N, A] and its log-probability [N]) and Critics (forward(obs, action)
+-> Q-values [K, N]); the losses in sac_critic_loss, sac_actor_loss and sac_alpha_loss, whose statistics sac_update
+returns (a new key is a new progress.csv column); the evaluation and --export action in Policy; a new stored quantity
+(per step, in the replay) is an entry in ROW, written in EnvStepper.step and read by the loss (every batch field but
 HOST_ONLY is uploaded); the schedule in main. An @graphed step (one CUDA graph under --compile) sees a setting changed
-between calls (an Args field) at its next call; pass a value that changes every call as a tensor, and return what the
-step computes: a write elsewhere (a counter, an append) is refused.
+between calls (an Args field) at its next call, each value one graph, 8 at most: pass a schedule as a tensor, and
+return what the step computes (a write to a setting or to a list or dict argument is refused).
 """
 
 import copy
@@ -158,12 +158,12 @@ class Actor(nn.Module):
             nn.Linear(obs_dim, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(), nn.Linear(hidden, 2 * act_dim)
         )
 
-    def gaussian(self, obs: torch.Tensor) -> tuple:
+    def mean_and_log_std(self, obs: torch.Tensor) -> tuple:
         mean, log_std = self.net(obs).chunk(2, dim=-1)
         return mean, log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)  # [N, A] each
 
     def forward(self, obs: torch.Tensor) -> tuple:
-        mean, log_std = self.gaussian(obs)
+        mean, log_std = self.mean_and_log_std(obs)
         return squashed_gaussian(mean, log_std, torch.randn_like(mean))  # a in [-1, 1] [N, A], log pi [N]
 
 
@@ -212,7 +212,7 @@ class Policy(nn.Module):
         self.register_buffer("high", torch.as_tensor(space.high, dtype=torch.float32))
 
     def forward(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        mean, _ = self.actor.gaussian(self.obs_norm.normalize(obs.float()))
+        mean, _ = self.actor.mean_and_log_std(self.obs_norm.normalize(obs.float()))
         return scale_action(torch.tanh(mean), self.low, self.high), mean
 
 

@@ -18,24 +18,24 @@ written (eager: the reference) until ``enable(device)`` is called, which ``Run.s
   kernels with everything else.
 
 ``@graphed`` (from ``enable`` on, in this process): one call is one CUDA graph replay
-- The call's tensor arguments (inside dicts, lists, tuples and namedarraytuples too) are its data: each call
-  copies them into the graph's static inputs, which were allocated at its first call, one copy per tensor, and
-  none for a tensor that is the one copied last time and unchanged since (same object, same version: the PPO
-  family's rollout, copied once for all its minibatches). A tensor that requires grad (a parameter, SAC's log
-  alpha) is state, as are modules, optimisers and every other argument: used in place, never copied. Python
-  values (bools, ints, floats, strings; TD3's ``update_actor``), the identity of every other argument and the
-  attributes of a settings object (a dataclass such as ``Args``, or any object with plain attributes that is not
-  a module or an optimiser; read at every call) pick the graph: another value is another graph (TD3's delayed
-  actor update has its own; ``args.ent_coef = schedule(it)`` between calls is used by the next). More than
-  ``MAX_GRAPHS`` graphs for one function is an error naming what changed (a value that changes every call must
-  be a tensor). A call that writes a setting's attribute or changes a list or dict among its arguments (a
-  counter, an append) is refused when it runs the body (every call on the CPU, the first two on CUDA): a replay
-  never would. Writes to anything else outside the outputs (globals, a module's attributes) are not seen. A data
-  tensor's shape, strides, dtype and device pick the graph too, read again only for a tensor that is not the
-  object passed in its place at the previous call (changing them in place, by ``resize_``, ``set_`` or
-  ``requires_grad_``, between two calls is not seen).
-  Copying data in costs the host, per call: one copy where the data tensors are views of one storage at the
-  graph's offsets (one ``shared.device.upload``), else one per tensor not seen before.
+- The call's tensor arguments (inside dicts, lists, tuples and namedarraytuples too) are its data: each call copies
+  them into the graph's static inputs, which were allocated at its first call, one copy per tensor, and none for a
+  tensor that is the one copied last time and unchanged since (same object, same version: the PPO family's rollout,
+  copied once for all its minibatches). A tensor that requires grad (a parameter, SAC's log alpha) is state, as are
+  modules, optimisers and every other argument: used in place, never copied. Python values (bools, ints, floats,
+  strings; TD3's ``update_actor``), the identity of every other argument and the attributes of a settings object (a
+  dataclass such as ``Args``, or any object with plain attributes that is not a module or an optimiser; read at
+  every call) pick the graph: another value is another graph (TD3's delayed actor update has its own;
+  ``args.ent_coef = 0.005`` between calls is used by the next). More than ``MAX_GRAPHS`` graphs for one function
+  over the run is an error naming what changed, read by the function or not: a value that takes more than a few
+  values (a schedule) must be a tensor. A call that writes a setting's attribute or changes a list or dict among
+  its arguments (a counter, an append) is refused when it runs the body (every call on the CPU, the first two on
+  CUDA): a replay never would. Writes to anything else outside the outputs (globals, a module's attributes) are not
+  seen. A data tensor's shape, strides, dtype and device pick the graph too, read again only for a tensor that is
+  not the object passed in its place at the previous call (changing them in place, by ``resize_``, ``set_`` or
+  ``requires_grad_``, between two calls is not seen). Copying data in costs the host, per call: one copy where the
+  data tensors are views of one storage at the graph's offsets (one ``shared.device.upload``), else one per tensor
+  not seen before.
 - On CUDA, each graph is captured at the third call with its key, after two calls run as written on a side
   stream (they are the run's real first updates: optimiser state, cuDNN's choices and compiling happen there,
   no update is repeated), and every later call replays it: forward, loss, backward, clipping, optimiser steps
@@ -85,6 +85,7 @@ _state: dict[str, Any] = {"device": None, "graphs": 0, "seconds": 0.0, "cuda_gra
 _graphed_entries: list[dict] = []  # each @graphed function's graphs: dropped by enable and disable
 _VALUES = {bool, int, float, str, type(None)}  # Python values that pick a graph by their value
 _NOT_SETTINGS = (type, types.FunctionType, types.MethodType, types.ModuleType, functools.partial)
+_PLAIN = {bool, int, float, str, bytes, type(None), tuple, frozenset}  # values a settings key holds as they are
 _settings_types: dict[type, bool] = {}  # whether a type's objects are settings (_is_settings), by type
 
 
@@ -203,12 +204,9 @@ def graphed(fn: F) -> F:
             settings = _settings_types[kind] = _is_settings(x)
         if not settings:
             return id(x)
-        items = tuple(x.__dict__.items())
-        try:
-            hash(items)  # the common case: every attribute hashable (Args)
-        except TypeError:
-            items = _frozen(x.__dict__)
-        return id(x), items
+        d = x.__dict__
+        # the common case (Args): plain values only, the key is the attributes as they are; else _frozen's walk
+        return id(x), (tuple(d.items()) if set(map(type, d.values())) <= _PLAIN else _frozen(d))
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
@@ -363,8 +361,11 @@ class _Graph:
             )
         # a replay never runs the body: a write it makes to a setting or a container would happen twice, then never
         written = [_what_changed(before, _frozen(args[i].__dict__), args[i], settings=True) for i, before in settings.items()]
-        if flatten_structure((a, k), []) != self.spec:
-            written.append("a list, tuple or dict among its arguments")
+        after: list = []
+        if flatten_structure((a, k), after) != self.spec or any(
+            y is not x and not isinstance(y, torch.Tensor) for y, x in zip(after, args)
+        ):  # a tensor put in a dict (PPO's normalised advantages) is harmless: the caller's dict is not the body's
+            written.append("a list, tuple or dict among its arguments (an append, a counter)")
         if any(written):
             raise RuntimeError(
                 f"@graphed {self.fn.__qualname__} writes {'; '.join(filter(None, written))} outside its outputs, which "
@@ -440,21 +441,24 @@ def _is_settings(x: Any) -> bool:
 
 
 def _frozen(d: dict) -> Any:
-    """A settings object's attributes as a hashable key part: the values themselves, lists and dicts as tuples, and
-    anything unhashable by its identity."""
-    items = tuple(d.items())
-    try:
-        hash(items)
-        return items
-    except TypeError:
-        return tuple((name, _hashable(v)) for name, v in items)
+    """A settings object's attributes as a hashable key part: plain values as they are, lists and dicts as tuples, a
+    nested settings object by its own attributes, a tensor (state) and anything else unhashable by its identity."""
+    return tuple((name, _hashable(v)) for name, v in d.items())
 
 
 def _hashable(v: Any) -> Any:
+    import torch
+
+    if type(v) in _PLAIN and not isinstance(v, tuple):
+        return v
     if isinstance(v, (list, tuple)):
         return (type(v), tuple(_hashable(x) for x in v))
     if isinstance(v, dict):
         return (dict, tuple((k, _hashable(x)) for k, x in v.items()))
+    if isinstance(v, torch.Tensor):
+        return ("id", id(v))
+    if _is_settings(v):
+        return (type(v), _frozen(v.__dict__))
     try:
         hash(v)
         return v
@@ -467,11 +471,13 @@ def _names(fn: Callable, args: tuple, kwargs: dict) -> list[str]:
     import inspect
 
     try:
-        bound = inspect.signature(fn).bind(*args, **kwargs).arguments
+        params = list(inspect.signature(fn).parameters)
     except (TypeError, ValueError):
-        bound = {f"{i}": a for i, a in enumerate(args)} | kwargs
+        params = []
     names: list[str] = []
-    for name, value in bound.items():
+    for i, value in enumerate(args):  # the leaves' order: positional arguments, then keywords as passed
+        names += [params[i] if i < len(params) else f"#{i}"] * _count_leaves(value)
+    for name, value in kwargs.items():
         names += [name] * _count_leaves(value)
     return names
 
@@ -487,7 +493,8 @@ def _what_changed(before: Any, after: Any, leaves: Any, names: Any = None, setti
     settings object (``settings``: ``leaves`` is that object), in words naming the field: "" when nothing does."""
     if settings:
         old, new = dict(before), dict(after)
-        names = [n for n in {**old, **new} if old.get(n, "(none)") != new.get(n, "(none)")]
+        differ = lambda a, b: not (a is b or a == b)  # the same object is unchanged (a NaN too)
+        names = [n for n in {**old, **new} if differ(old.get(n, "(none)"), new.get(n, "(none)"))]
         kind = type(leaves).__name__
         return ", ".join(f"{kind}.{n} ({old.get(n, '(none)')!r}, then {new.get(n, '(none)')!r})" for n in names)
     if before[:3] != after[:3]:

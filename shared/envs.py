@@ -44,7 +44,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from shared import signals
+from shared import distributed, signals
 from shared.atari import is_atari, make_atari_env, make_atari_vector_env
 
 __all__ = [
@@ -90,11 +90,13 @@ def replay_frame_stack(args: Any, make_env: Callable[..., Callable[[], gym.Env]]
     if standard_atari(args, make_env):
         return obs_space.shape[0]
     whole = args.buffer_size * int(np.prod(obs_space.shape)) * np.dtype(obs_space.dtype).itemsize
-    print(
-        f"make_env changes the Atari env of shared/atari.py: the replay stores whole observations {list(obs_space.shape)}, "
-        f"not frames: {whole / 1e9:.2f} GB for --buffer-size {args.buffer_size}",
-        flush=True,
-    )
+    if distributed.rank() == 0:
+        print(
+            f"make_env changes the Atari env of shared/atari.py: the replay stores whole observations "
+            f"{list(obs_space.shape)}, not frames: {whole / 1e9:.2f} GB for --buffer-size {args.buffer_size} (frames: "
+            f"{whole / obs_space.shape[0] / 1e9:.2f} GB), on each rank",
+            flush=True,
+        )
     return 1
 
 

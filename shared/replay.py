@@ -430,6 +430,8 @@ class _Base:
         ``skip``: every field but those. The batch ``sample_ahead`` drew is returned instead if it has this size and
         these fields (see the module docstring)."""
         if skip:
+            if fields is not None:
+                raise ValueError("sample takes fields or skip, not both")
             fields = self._fields_without(skip)
         drawn, self._ahead = self._ahead, None
         if drawn is not None and drawn[0] == (batch_size, fields):

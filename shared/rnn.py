@@ -66,9 +66,9 @@ def lstm_stretches(lstm: Any, x: Any, h: Any, c: Any, keep: Any, start_rows: Any
     import numpy as np
     import torch
 
+    if _traced(x):  # static: row by row (a given start_rows would be baked into the graph)
+        return lstm_rows(lstm, x, h, c, keep)
     if start_rows is None:
-        if _traced(x):  # static: row by row
-            return lstm_rows(lstm, x, h, c, keep)
         # eager: read from keep where the caller did not give them (a wait on a GPU: the learners give them); one row
         # is one stretch
         start_rows = (keep[:, :, 0] == 0).any(1).cpu().numpy() if x.shape[0] > 1 else np.zeros(1, bool)

@@ -351,6 +351,20 @@ def test_lstm_rows_compiles_whole(strict_aot_eager):
     assert compiling.report()["compiled_graphs"] == 1 and lstm.weight_hh_l0.grad is not None
 
 
+def test_lstm_stretches_traced_steps_row_by_row_whatever_start_rows_it_is_given(strict_aot_eager):
+    """Where Dynamo traces, the stretches of a given ``start_rows`` are never baked into the graph: the rows are
+    stepped one by one (a fused LSTM there breaks the full graph, which --compile refuses)."""
+    import numpy as np
+
+    from shared.rnn import lstm_stretches
+
+    lstm = torch.nn.LSTM(3, 4)
+    start_rows = np.array([False, False, True, False, False])
+    step = compiling.compiled(lambda x, h, c, keep: lstm_stretches(lstm, x, h, c, keep, start_rows)[0].sum())
+    step(torch.randn(5, 2, 3), torch.zeros(1, 2, 4), torch.zeros(1, 2, 4), torch.ones(5, 2, 1)).backward()
+    assert compiling.report()["compiled_graphs"] == 1 and lstm.weight_hh_l0.grad is not None
+
+
 def test_rows_of_weight_zero_change_neither_the_ppo_loss_nor_its_gradients():
     """ppo_atari's one minibatch path (eager and --compile alike): a minibatch's final rows, weighted 0, against the
     rows of weight 1 alone: the same loss, statistics and gradients; and the advantages' weighted mean and standard

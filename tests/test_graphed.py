@@ -248,6 +248,24 @@ def test_a_setting_changed_at_every_call_is_an_error_naming_the_field(enabled):
         f(x, args)
 
 
+@dataclass
+class Outer:
+    inner: Settings = field(default_factory=Settings)
+    w: torch.Tensor = field(default_factory=lambda: torch.ones(3))  # state: used in place, keyed by identity
+    bad: float = float("nan")  # the same object at every call: unchanged
+
+
+@pytest.mark.unit
+def test_a_nested_setting_a_tensor_attribute_and_a_nan_are_read_as_settings(enabled, monkeypatch):
+    monkeypatch.setenv("RL_COMPILE_GRAPHS", "dry")
+    f = compiling.graphed(lambda x, args: x * args.inner.coef * args.w)
+    x, args = torch.ones(3), Outer()
+    for _ in range(4):
+        assert torch.equal(f(x, args), x * 2)
+    args.inner.coef = 5.0  # one level down: still a new graph
+    assert torch.equal(f(x, args), x * 5)
+
+
 @pytest.mark.unit
 def test_a_write_outside_the_outputs_is_refused(enabled):
     """A counter in a setting, or an append to a list argument: a replay would never make it."""
@@ -258,8 +276,15 @@ def test_a_write_outside_the_outputs_is_refused(enabled):
 
     with pytest.raises(RuntimeError, match=r"writes Settings.coef \(2.0, then 3.0\) outside its outputs"):
         compiling.graphed(count)(torch.ones(2), Settings())
-    with pytest.raises(RuntimeError, match="writes a list, tuple or dict among its arguments outside its outputs"):
+    with pytest.raises(RuntimeError, match="writes a list, tuple or dict among its arguments"):
         compiling.graphed(lambda x, stats: stats.append(x.sum()) or x)(torch.ones(2), [])
+
+    def counter(x, d):
+        d["n"] += 1
+        return x
+
+    with pytest.raises(RuntimeError, match=r"writes a list, tuple or dict among its arguments \(an append, a counter\)"):
+        compiling.graphed(counter)(torch.ones(2), {"n": 0})
 
 
 @pytest.mark.unit

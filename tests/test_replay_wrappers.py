@@ -11,7 +11,6 @@ from 84 steps' last image rows), and the stamps disagree: the run fails (it did 
 from __future__ import annotations
 
 import shutil
-import sys
 import tempfile
 from pathlib import Path
 
@@ -134,13 +133,15 @@ def test_a_wrapped_atari_env_is_stored_as_the_wrapper_gave_it(name, wrapper, sam
         shutil.rmtree(folder)
 
 
-def test_the_standard_atari_env_is_stored_frame_wise(tmp_path):
+def test_the_standard_atari_env_is_stored_frame_wise(monkeypatch, capsys):
     """The unchanged env keeps frame-wise storage (4x less memory), with no line about it."""
-    sys.path.insert(0, str(ROOT / "algos"))
+    monkeypatch.syspath_prepend(str(ROOT / "algos"))
     import dqn_atari
 
     from shared.envs import replay_frame_stack
 
     args = dqn_atari.Args(env_id="BreakoutNoFrameskip-v4")
     space = dqn_atari.make_env(args)().observation_space
+    capsys.readouterr()
     assert replay_frame_stack(args, dqn_atari.make_env, space) == 4
+    assert capsys.readouterr().out == ""

@@ -37,12 +37,12 @@ class OtherActor(nn.Module):
         self.other_body = nn.Sequential(nn.Linear(obs_dim, 48), nn.Tanh())
         self.mu, self.log_sigma = nn.Linear(48, act_dim), nn.Linear(48, act_dim)
 
-    def gaussian(self, obs):
+    def mean_and_log_std(self, obs):
         h = self.other_body(obs)
         return self.mu(h), self.log_sigma(h).clamp(LOG_STD_MIN, LOG_STD_MAX)
 
     def forward(self, obs):
-        mean, log_std = self.gaussian(obs)
+        mean, log_std = self.mean_and_log_std(obs)
         return squashed_gaussian(mean, log_std, torch.randn_like(mean))
 
 
