@@ -390,7 +390,9 @@ def test_sigterm_to_torchrun_checkpoints_and_ends_every_rank_and_torchrun_report
         )
     )
     wait_for(lambda: (tmp_path / "r" / "progress.csv").exists() and len(progress(tmp_path / "r")) >= 2, 120, "progress rows")
-    for pid in [proc.pid] if who == "torchrun" else [proc.pid, *mentioning(str(tmp_path))]:
+    # every process once, as SLURM signals them: torchrun's command line mentions tmp_path too, and a second SIGTERM
+    # inside its handler raced its death-signal line with a traceback of its own
+    for pid in [proc.pid] if who == "torchrun" else {proc.pid, *mentioning(str(tmp_path))}:
         os.kill(pid, signal.SIGTERM)
     rc, out, err = wait(proc, 90, str(tmp_path))
     assert rc == 1, err[-3000:]
