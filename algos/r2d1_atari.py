@@ -312,7 +312,7 @@ def n_step_target(ret, not_done, discount, q_boot, args: Args) -> torch.Tensor:
 ROW = dict(action=np.int64(0), reward=np.float32(0), terminated=False, truncated=False)
 ROW.update(prev_action=np.int64(0), prev_reward=np.float32(0))  # the previous step's, an input of the network
 Row = namedarraytuple("Row", ["observation", *ROW, "rnn_state"])
-HOST_ONLY = ("reward", "terminated", "truncated", "truncated_n", "init_rnn_state")
+HOST_ONLY = ("reward", "terminated", "truncated", "truncated_n")
 
 
 def epsilons(num_envs: int) -> np.ndarray:
@@ -505,11 +505,9 @@ def r2d1_loss(net: R2D1Net, target_net: R2D1Net, b: dict, args: Args) -> tuple:
 def to_tensors(batch, device: torch.device) -> dict:
     """A replay batch on the device in one upload. Atari frames travel once each (frames [U, H, W] and frame_index
     [W, B, C]) and are stacked on the device into observation [W, B, C, H, W]."""
-    state = {"h": batch.init_rnn_state.h, "c": batch.init_rnn_state.c}
-    out = upload({**{k: v for k, v in batch.items() if k not in HOST_ONLY}, **state}, device)
+    out = upload({k: v for k, v in batch.items() if k not in HOST_ONLY}, device)  # init_rnn_state: an RnnState
     if "frames" in out:
         out["observation"] = out.pop("frames")[out.pop("frame_index")]
-    out["init_rnn_state"] = RnnState(out.pop("h"), out.pop("c"))
     if not enabled():  # eager: where the fused LSTM's stretches end, [W] on the host
         out["start_rows"] = np.asarray(batch.episode_start).any(1)
     return out
