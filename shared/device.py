@@ -38,6 +38,7 @@ __all__ = ["Uploader", "to_host", "upload"]
 # The CUDA host path on the CPU (module docstring); "dry": also without the bytes a GPU's DMA engine would copy.
 CUDA_PATH = os.environ.get("RL_HOST_PATH") in ("cuda", "dry")
 DRY = os.environ.get("RL_HOST_PATH") == "dry"
+_CACHED = 64  # signatures (names, shapes, dtypes) whose layout a copy keeps; more, and it starts again
 _NUMPY = {}  # torch dtype -> numpy dtype, and back: found once (a lookup through an empty array costs microseconds)
 
 
@@ -72,16 +73,23 @@ def one_copy(tensors: tuple) -> list[np.ndarray]:
     """The tensors' bytes joined on their device, copied to the host at once, and split back into arrays."""
     import torch
 
-    flat = [t.contiguous().view(-1) for t in tensors]  # a strided view (x[:, 0]) too: contiguous() costs nothing else
-    flat = torch.cat([t.view(torch.uint8) for t in flat]) if len(flat) > 1 else flat[0]
-    flat = flat.cpu().numpy().view(np.uint8)
+    signature = tuple([(t.dtype, t.shape) for t in tensors])
+    split = _splits.get(signature)
+    if split is None:  # (numpy dtype, bytes, shape) per tensor, found once per signature (a loop reads the same every step)
+        if len(_splits) >= _CACHED:
+            _splits.clear()
+        split = _splits[signature] = [(numpy_dtype(t.dtype), t.numel() * t.element_size(), tuple(t.shape)) for t in tensors]
+    # reshape: a strided view (x[:, 0]) is made contiguous, which costs nothing else
+    flat = [t.reshape(-1).view(torch.uint8) for t in tensors]
+    flat = (torch.cat(flat) if len(flat) > 1 else flat[0]).cpu().numpy()
     out, at = [], 0
-    for t in tensors:
-        dtype = numpy_dtype(t.dtype)
-        n = t.numel() * dtype.itemsize
-        out.append(flat[at : at + n].view(dtype).reshape(tuple(t.shape)))
+    for dtype, n, shape in split:
+        out.append(flat[at : at + n].view(dtype).reshape(shape))
         at += n
     return out
+
+
+_splits: dict = {}  # one_copy's signature -> its split
 
 
 class Uploader:
@@ -94,7 +102,8 @@ class Uploader:
         self.device, self.depth = device, depth
         self.pack = (device.type == "cuda" or CUDA_PATH) if pack is None else pack
         self.buffers: list = [None] * depth
-        self.hosts: list = [None] * depth  # the buffers' bytes as numpy arrays
+        self.hosts: list = [{} for _ in range(depth)]  # per buffer: numpy views of its bytes by signature
+        self.layouts: dict = {}  # signature (names, shapes, dtypes) -> (the fields' layout, bytes)
         self.events: list = [None] * depth
         self.copies = 0  # packed copies made
         self.dry: dict[int, Any] = {}  # RL_HOST_PATH=dry: a block by size
@@ -105,20 +114,35 @@ class Uploader:
         if not self.pack:  # shares the arrays' memory; a read-only one (shared.envs.action_mask's) is copied: torch warns
             arrays = {k: np.asarray(a) for k, a in arrays.items()}
             return {k: torch.as_tensor(a if a.flags.writeable else a.copy(), device=self.device) for k, a in arrays.items()}
-        arrays = {k: np.asarray(a, order="C") for k, a in arrays.items()}  # the array itself where it is one
-        offsets, end = {}, 0
-        for k, a in arrays.items():
-            offsets[k] = -(-end // self.ALIGN) * self.ALIGN
-            end = offsets[k] + a.nbytes
+        arrays = {k: a if type(a) is np.ndarray else np.asarray(a) for k, a in arrays.items()}
+        signature = tuple([(k, a.shape, a.dtype) for k, a in arrays.items()])
+        layout = self.layouts.get(signature)
+        if layout is None:  # each field's (offset, bytes, torch dtype, shape): worked out once per signature
+            layout, end = {}, 0
+            for k, a in arrays.items():
+                offset = -(-end // self.ALIGN) * self.ALIGN
+                layout[k] = (offset, a.nbytes, torch_dtype(a.dtype), a.shape)
+                end = offset + a.nbytes
+            if len(self.layouts) >= _CACHED:  # shapes that keep changing (an evaluation's last envs) never pile up
+                self.layouts.clear()
+                self.hosts = [{} for _ in range(self.depth)]
+            self.layouts[signature] = layout, end
+        else:
+            layout, end = layout
         slot = self.copies % self.depth
         if self.events[slot] is not None:
             self.events[slot].synchronize()  # its last copy is done (long since, as a rule)
         if self.buffers[slot] is None or self.buffers[slot].numel() < end:
             self.buffers[slot] = torch.empty(end, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
-            self.hosts[slot] = self.buffers[slot].numpy()
-        host = self.hosts[slot]
+            self.hosts[slot] = {}
+        hosts = self.hosts[slot].get(signature)
+        if hosts is None:  # numpy views of the staging buffer shaped as the fields, made once per buffer and signature
+            host = self.buffers[slot].numpy()
+            fields = zip(arrays.items(), layout.values())
+            hosts = {k: host[o : o + n].view(a.dtype).reshape(a.shape) for (k, a), (o, n, _, _) in fields}
+            self.hosts[slot][signature] = hosts
         for k, a in arrays.items():
-            host[offsets[k] : offsets[k] + a.nbytes] = a.reshape(-1).view(np.uint8)
+            hosts[k][...] = a  # any layout: numpy copies a strided array as it goes
         block = self.buffers[slot][:end]
         if self.device.type == "cuda":
             block = block.to(self.device, non_blocking=True)
@@ -131,8 +155,7 @@ class Uploader:
         else:
             block = block.clone()
         self.copies += 1
-        views = {k: block[offsets[k] : offsets[k] + a.nbytes] for k, a in arrays.items()}
-        return {k: views[k].view(torch_dtype(a.dtype)).view(a.shape) for k, a in arrays.items()}
+        return {k: block[o : o + n].view(dtype).view(shape) for k, (o, n, dtype, shape) in layout.items()}
 
 
 _uploaders: dict = {}

@@ -449,3 +449,21 @@ def test_an_upload_keeps_its_structure_whether_it_walks_or_not():
     assert type(up) is Batch and type(up.state) is State and up.state.c is None and list(up.obs) == ["image", "vec"]
     assert up.obs["image"].dtype == torch.uint8 and up.obs["image"].shape == (2, 3) and up.obs["vec"] is held
     assert isinstance(up.extra, torch.Tensor) and up.extra.tolist() == [1, 2]  # the list as one array
+
+
+def test_a_packed_upload_stays_exact_across_changing_shapes_a_grown_staging_buffer_and_an_emptied_layout_cache():
+    """The layouts and staging views kept per signature: shapes that change (an evaluation's last envs), a signature
+    seen again after its staging buffer grew, and more signatures than the cache keeps (``_CACHED``) all upload the
+    values given, never a view of an older buffer."""
+    from shared import device as device_mod
+
+    up = device_mod.Uploader(torch.device("cpu"), depth=2, pack=True)
+    rng = np.random.default_rng(0)
+    sizes = [3, 1, 3, 200, 3, *range(1, device_mod._CACHED + 5), 3, 200]
+    for n in sizes:
+        arrays = {"obs": rng.integers(0, 255, (n, 4), dtype=np.uint8), "mask": rng.random((n, 2)) < 0.5}
+        out = up(arrays)
+        for k, a in arrays.items():
+            np.testing.assert_array_equal(out[k].numpy(), a)
+    assert len(up.layouts) <= device_mod._CACHED
+    assert len(device_mod._splits) <= device_mod._CACHED
