@@ -446,7 +446,8 @@ def embed_sequences(net: R2D1Net, target_net: R2D1Net, b: dict, args: Args) -> t
     """Both networks' core inputs for the sequences b [W, B, ...] (``R2D1Net.embed``: no recurrence, compiled): the
     online net's over the burn-in rows (None without any) and over the rows after them, the target net's over all W."""
     burn = args.burn_in_steps
-    inputs = (b["observation"], b["prev_action"], b["prev_reward"], b["episode_start"])
+    obs = b["frames"][b["frame_index"]] if "frames" in b else b["observation"]  # Atari: stacked here, [W, B, C, H, W]
+    inputs = (obs, b["prev_action"], b["prev_reward"], b["episode_start"])
     with torch.no_grad():  # the burn-in rows only advance the online state: no gradient through them
         x_burn = net.embed(*(x[:burn] for x in inputs)) if burn else None
         x_target = target_net.embed(*inputs)
@@ -504,10 +505,8 @@ def r2d1_loss(net: R2D1Net, target_net: R2D1Net, b: dict, args: Args) -> tuple:
 
 def to_tensors(batch, device: torch.device) -> dict:
     """A replay batch on the device in one upload. Atari frames travel once each (frames [U, H, W] and frame_index
-    [W, B, C]) and are stacked on the device into observation [W, B, C, H, W]."""
+    [W, B, C]), stacked into the observations where the update reads them (inside its graph: no copy of them)."""
     out = upload({k: v for k, v in batch.items() if k not in HOST_ONLY}, device)  # init_rnn_state: an RnnState
-    if "frames" in out:
-        out["observation"] = out.pop("frames")[out.pop("frame_index")]
     if not enabled():  # eager: where the fused LSTM's stretches end, [W] on the host
         out["start_rows"] = np.asarray(batch.episode_start).any(1)
     return out

@@ -249,10 +249,12 @@ class _Storage:
         return obs
 
     def unique_frames(self, rows: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Frame-wise storage: ``(frames, index)`` with ``frames[index] == observation(rows, b)``: ``frames``
-        ``[U + 1, H, W]`` holds each frame the observations use once (after an all-zero frame 0, which stands for
-        the frames that predate an episode), ``index`` ``[..., C]`` (int64) where each observation's frames are.
-        A sequence of L rows needs L + C - 1 frames where its stacked observations hold L * C."""
+        """Frame-wise storage: ``(frames, index)`` with ``frames[index] == observation(rows, b)`` for ``rows`` [L, N]: N
+        sequences of L consecutive rows (``b`` [1, N] or [L, N]). ``frames`` holds each frame the observations use once
+        after an all-zero frame 0, which stands for the frames that predate an episode, and is padded with zero frames
+        to the most N sequences can use, ``1 + N (L + C - 1)``: one shape for a batch size (a captured update's
+        input), and L + C - 1 frames a sequence where its stacked observations hold L * C. ``index`` [L, N, C] (int64)
+        is where each observation's frames are."""
         C = self.C
         rows, b = np.broadcast_arrays(rows, b)
         r = (rows[..., None] + np.arange(-(C - 1), 1)) % self.T  # [..., C], oldest frame first
@@ -260,11 +262,18 @@ class _Storage:
         start = self.episode_start[r, bb]
         before_start = np.cumsum(start[..., :0:-1], axis=-1)[..., ::-1] > 0  # as in observation()
         zero = np.concatenate([before_start, np.zeros_like(before_start[..., :1])], axis=-1)
-        keys, index = np.unique(r * self.B + bb, return_inverse=True)
-        frames = np.empty((len(keys) + 1, *self.frames.shape[2:]), self.frames.dtype)
+        real = ~zero
+        keys, inverse = np.unique((r * self.B + bb)[real], return_inverse=True)  # the frames used, each once
+        index = np.zeros(r.shape, np.int64)
+        index[real] = inverse.reshape(-1) + 1
+        size = 1 + rows.shape[-1] * (rows.shape[0] + C - 1)
+        if len(keys) + 1 > size:
+            raise ValueError(f"rows {list(rows.shape)} are not sequences of consecutive rows: {len(keys)} frames")
+        frames = np.empty((size, *self.frames.shape[2:]), self.frames.dtype)
         frames[0] = 0
-        frames[1:] = self.frames[keys // self.B, keys % self.B]
-        return frames, np.where(zero, 0, index.reshape(r.shape) + 1)
+        frames[1 : len(keys) + 1] = self.frames[keys // self.B, keys % self.B]
+        frames[len(keys) + 1 :] = 0
+        return frames, index
 
     def gather(
         self, rows: np.ndarray, b: np.ndarray, unique_frames: bool = False, fields: Any = None

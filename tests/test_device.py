@@ -243,7 +243,8 @@ def test_a_replay_update_uploads_one_packed_block_with_each_frame_once(monkeypat
         assert uploader.copies == (3 if pack else 0)
     assert all(torch.equal(a, b) for a, b in zip(*results))
     batch, _ = buf.sample(4)
-    assert batch.frames.shape[0] <= 1 + 4 * (8 + 4 - 1)  # 10 rows of 4 stacked frames: 11 frames, not 40
+    # sequences of 8 + 2 rows of 4 stacked frames: 13 frames each, not 40, padded to that bound (one shape)
+    assert batch.frames.shape[0] == 1 + 4 * (8 + 2 + 4 - 1)
 
     sys.path.insert(0, str(ROOT / "algos"))
     import dqn_atari

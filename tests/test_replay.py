@@ -418,7 +418,10 @@ def test_unique_frames_stack_into_the_observations_and_carry_each_frame_once(I, 
         np.testing.assert_array_equal(b.frames[b.frame_index], a.observation)
         assert not b.frames[0].any()  # frame 0 stands for the frames before an episode's start
         sequences = {(int(r), int(e)) for r, e in zip(ib.abs_row, ib.b)}
-        assert len(b.frames) <= 1 + len(sequences) * (L + n + C - 1)  # each frame once, not L + n times C
+        used = np.unique(b.frame_index)
+        assert len(used) <= 1 + len(sequences) * (L + n + C - 1)  # each frame once, not L + n times C
+        assert len(b.frames) == 1 + len(ib.b) * (L + n + C - 1)  # one shape for a batch size: padded
+        assert not b.frames[used.max() + 1 :].any()  # with zero frames
         np.testing.assert_array_equal(b.action, a.action)
 
 

@@ -63,9 +63,12 @@ _script_loss = LOSS
 
 def LOSS(*args, **kwargs):
     batch = args[2]
-    for key in ("observation", "next_observation"):
-        if key in batch:
-            _check_stamps(batch[key])
+    stacks = [batch[key] for key in ("observation", "next_observation") if key in batch]
+    if "frames" in batch:  # R2D1's frame-wise batch: stacked where its update reads it
+        stacks.append(batch["frames"][batch["frame_index"]])
+    assert stacks, f"no observations among the batch's {sorted(batch)}"
+    for obs in stacks:
+        _check_stamps(obs)
     return _script_loss(*args, **kwargs)
 '''
 

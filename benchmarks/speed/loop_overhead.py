@@ -100,7 +100,7 @@ BUDGETS: dict[str, dict[str, float]] = {
     },
     "dqn_atari": {"python_calls": 424, "torch_calls": 139, "syncs": 1.0, "bytes_up": 1_919_904, "bytes_down": 32},
     "catdqn_atari": {"python_calls": 424, "torch_calls": 139, "syncs": 1.0, "bytes_up": 1_919_904, "bytes_down": 32},
-    "r2d1_atari": {"python_calls": 260, "torch_calls": 127, "syncs": 1.04, "bytes_up": 1_181_951, "bytes_down": 41_616},
+    "r2d1_atari": {"python_calls": 260, "torch_calls": 124, "syncs": 1.04, "bytes_up": 634_868, "bytes_down": 65_872},
     "sac_mujoco": dict(_CONTINUOUS),
     "td3_mujoco": dict(_CONTINUOUS),
     "ddpg_mujoco": dict(_CONTINUOUS),
@@ -325,9 +325,9 @@ def value_based(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
         learn = S.dqn_update if name == "dqn_atari" else S.c51_update
         update = lambda: learn(q_net, target_net, optimizer, buffer, args, args.beta, cpu, noise)
     updates = args.replay_ratio * args.num_envs / per_update  # per vector step
-    steps = 64
     every = max(round(1 / updates), 1) if updates < 1 else 1
     per_step = max(round(updates), 1) if updates >= 1 else 1
+    steps = every * max(64 // every, 1)  # whole update periods: R2D1 updates every 320 vector steps, not every 64
 
     def loop() -> None:
         for t in range(steps):
