@@ -60,7 +60,7 @@ from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayPacer
 from shared.precision import autocast, channels_last
 from shared.procs import SamplerProcess
-from shared.replay import ReplayBuffer, prefetch_on
+from shared.replay import ReplayBuffer, prefetch_on, stacked
 from shared.run import Run
 
 
@@ -489,7 +489,7 @@ def c51_loss(q_net, target_net, batch: dict, args: Args, noise=None) -> tuple:
 def c51_step(q_net, target_net, optimizer, batch: dict, args: Args, noise=None) -> tuple:
     """One gradient step on ``batch`` [N, ...] (one CUDA graph under --compile on a GPU): the cross-entropies [N] and
     the statistics."""
-    loss, cross_entropy, stats = c51_loss(q_net, target_net, batch, args, noise)
+    loss, cross_entropy, stats = c51_loss(q_net, target_net, stacked(batch), args, noise)  # Atari: frames stacked here
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     distributed.average_gradients(q_net)
@@ -556,6 +556,7 @@ def make_replay(args: Args, run: Run) -> ReplayBuffer:
         shared=args.sampler == "async",
         seed=distributed.rank_seed(args.seed),
         prefetch=prefetch_on(run.device, args.sampler),
+        unique_frames=True,  # frame-wise: each frame sent once, stacked on the device
     )
 
 

@@ -55,7 +55,7 @@ from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayPacer
 from shared.precision import autocast, channels_last
 from shared.procs import SamplerProcess
-from shared.replay import ReplayBuffer, prefetch_on
+from shared.replay import ReplayBuffer, prefetch_on, stacked
 from shared.run import Run
 
 
@@ -412,7 +412,7 @@ def dqn_loss(q_net, target_net, batch: dict, args: Args, noise=None) -> tuple:
 def dqn_step(q_net, target_net, optimizer, batch: dict, args: Args, noise=None) -> tuple:
     """One gradient step on ``batch`` [N, ...] (one CUDA graph under --compile on a GPU): the TD errors [N] and the
     statistics."""
-    loss, td, stats = dqn_loss(q_net, target_net, batch, args, noise)
+    loss, td, stats = dqn_loss(q_net, target_net, stacked(batch), args, noise)  # Atari: frames stacked here, in the graph
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     distributed.average_gradients(q_net)
@@ -477,6 +477,7 @@ def make_replay(args: Args, run: Run) -> ReplayBuffer:
         shared=args.sampler == "async",
         seed=distributed.rank_seed(args.seed),
         prefetch=prefetch_on(run.device, args.sampler),
+        unique_frames=True,  # frame-wise: each frame sent once, stacked on the device
     )
 
 

@@ -60,7 +60,7 @@ from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayPacer
 from shared.precision import channels_last
 from shared.procs import SamplerProcess
-from shared.replay import SequenceReplayBuffer, prefetch_on
+from shared.replay import SequenceReplayBuffer, prefetch_on, stacked
 from shared.rnn import lstm_stretches
 from shared.run import Run
 
@@ -446,7 +446,7 @@ def embed_sequences(net: R2D1Net, target_net: R2D1Net, b: dict, args: Args) -> t
     """Both networks' core inputs for the sequences b [W, B, ...] (``R2D1Net.embed``: no recurrence, compiled): the
     online net's over the burn-in rows (None without any) and over the rows after them, the target net's over all W."""
     burn = args.burn_in_steps
-    obs = b["frames"][b["frame_index"]] if "frames" in b else b["observation"]  # Atari: stacked here, [W, B, C, H, W]
+    obs = stacked(b)["observation"]  # Atari: the frames stacked here, [W, B, C, H, W]
     inputs = (obs, b["prev_action"], b["prev_reward"], b["episode_start"])
     with torch.no_grad():  # the burn-in rows only advance the online state: no gradient through them
         x_burn = net.embed(*(x[:burn] for x in inputs)) if burn else None

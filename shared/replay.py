@@ -60,7 +60,7 @@ from shared.sync import locked
 if TYPE_CHECKING:
     from shared.sum_tree import SumTree
 
-__all__ = ["ReplayBuffer", "SequenceReplayBuffer", "SampleIndex", "prefetch_on"]
+__all__ = ["ReplayBuffer", "SequenceReplayBuffer", "SampleIndex", "prefetch_on", "stacked"]
 
 SampleIndex = namedarraytuple("SampleIndex", ["abs_row", "b"])
 _REQUIRED = ("observation", "action", "reward", "terminated")
@@ -248,13 +248,13 @@ class _Storage:
         obs[np.concatenate([before_start, np.zeros_like(before_start[..., :1])], axis=-1)] = 0
         return obs
 
-    def unique_frames(self, rows: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Frame-wise storage: ``(frames, index)`` with ``frames[index] == observation(rows, b)`` for ``rows`` [L, N]: N
-        sequences of L consecutive rows (``b`` [1, N] or [L, N]). ``frames`` holds each frame the observations use once
-        after an all-zero frame 0, which stands for the frames that predate an episode, and is padded with zero frames
-        to the most N sequences can use, ``1 + N (L + C - 1)``: one shape for a batch size (a captured update's
-        input), and L + C - 1 frames a sequence where its stacked observations hold L * C. ``index`` [L, N, C] (int64)
-        is where each observation's frames are."""
+    def unique_frames(self, rows: np.ndarray, b: np.ndarray, span: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Frame-wise storage: ``(frames, index)`` with ``frames[index] == observation(rows, b)`` for ``rows`` [L, N]
+        (``b`` [1, N] or [L, N]) whose N columns each lie within ``span`` consecutive rows (default L: sequences).
+        ``frames`` holds each frame the observations use once after an all-zero frame 0, which stands for the frames
+        that predate an episode, and is padded with zero frames to the most N columns can use, ``1 + N (span + C -
+        1)``: one shape for a batch size (a captured update's input), and L + C - 1 frames a sequence where its
+        stacked observations hold L * C. ``index`` [L, N, C] (int64) is where each observation's frames are."""
         C = self.C
         rows, b = np.broadcast_arrays(rows, b)
         r = (rows[..., None] + np.arange(-(C - 1), 1)) % self.T  # [..., C], oldest frame first
@@ -266,12 +266,13 @@ class _Storage:
         keys, inverse = np.unique((r * self.B + bb)[real], return_inverse=True)  # the frames used, each once
         index = np.zeros(r.shape, np.int64)
         index[real] = inverse.reshape(-1) + 1
-        size = 1 + rows.shape[-1] * (rows.shape[0] + C - 1)
+        size = 1 + rows.shape[-1] * ((span or rows.shape[0]) + C - 1)
         if len(keys) + 1 > size:
-            raise ValueError(f"rows {list(rows.shape)} are not sequences of consecutive rows: {len(keys)} frames")
+            raise ValueError(f"rows {list(rows.shape)} span more than {span or rows.shape[0]} rows: {len(keys)} frames")
         frames = np.empty((size, *self.frames.shape[2:]), self.frames.dtype)
         frames[0] = 0
-        frames[1 : len(keys) + 1] = self.frames[keys // self.B, keys % self.B]
+        # one take along the flat [T * B] frames, straight into place (mode "clip": numpy buffers "raise"; keys are valid)
+        self.frames.reshape(-1, *self.frames.shape[2:]).take(keys, axis=0, out=frames[1 : len(keys) + 1], mode="clip")
         frames[len(keys) + 1 :] = 0
         return frames, index
 
@@ -294,6 +295,20 @@ class _Storage:
         for f in _DERIVED:
             out[f] = self.take(getattr(self, f), rows, b) if wanted(f) else None
         return out
+
+
+def stacked(batch: dict) -> dict:
+    """A ``unique_frames`` batch (a dict or namedarraytuple, numpy or tensors) as a dict with its observations stacked
+    from the frames: ``observation`` and ``next_observation`` (a transition batch) or ``observation`` (sequences); any
+    other batch as it is."""
+    if "frames" not in batch:
+        return batch
+    b = dict(batch.items())  # a dict, or a namedarraytuple (which indexes by position)
+    out = {k: v for k, v in b.items() if k not in ("frames", "frame_index", "next_frame_index")}
+    out["observation"] = b["frames"][b["frame_index"]]
+    if b.get("next_frame_index") is not None:
+        out["next_observation"] = b["frames"][b["next_frame_index"]]
+    return out
 
 
 def _signature(samples: Any) -> tuple | None:
@@ -599,7 +614,10 @@ class ReplayBuffer(_Base):
     ``size`` transitions are stored as ``T = ceil(size / B)`` rows of ``B`` envs; each ``append`` takes a
     ``[Tc, B]`` chunk. ``sample`` returns ``(batch, index)``: ``batch`` holds every example field at the
     sampled rows, ``next_observation``, the n-step fields, ``final_row``/``episode_start`` and ``is_weights``
-    (ones when uniform), each ``[batch_size, ...]``; ``index`` goes back to ``update_priorities``.
+    (ones when uniform), each ``[batch_size, ...]``; ``index`` goes back to ``update_priorities``. With
+    ``unique_frames`` (frame-wise storage) a batch carries ``frames``, ``frame_index`` and ``next_frame_index`` in
+    place of the two observations (``stacked(batch)`` gives them back): each frame once, at most ``C + n`` frames a
+    sample where the two stacks hold ``2 C``, stacked where the update runs.
     """
 
     def __init__(
@@ -619,6 +637,7 @@ class ReplayBuffer(_Base):
         mp_context: str = "spawn",
         seed: int | None = None,
         prefetch: bool = False,
+        unique_frames: bool = False,
     ):
         _check_common(size, B, discount, n_step_return, frame_stack, alpha, beta, priority_eps)
         T = math.ceil(size / B)
@@ -629,8 +648,11 @@ class ReplayBuffer(_Base):
         self.T, self.B, self.n_step_return = T, B, n_step_return
         self.tree = _sum_tree(T, B, shared) if prioritized else None
         self._setup(shared, mp_context, prioritized, alpha, beta, default_priority, priority_eps, seed, prefetch)
-        fields = list(self.storage.example._fields) + ["next_observation", *_DERIVED, "bootstrap_discount", "is_weights"]
-        self._batch_cls = namedarraytuple("ReplayBatch", fields)
+        self.unique_frames = unique_frames and frame_stack > 1
+        fields = list(self.storage.example._fields) + ["next_observation"]
+        if self.unique_frames:
+            fields = [f for f in fields if "observation" not in f] + ["frames", "frame_index", "next_frame_index"]
+        self._batch_cls = namedarraytuple("ReplayBatch", [*fields, *_DERIVED, "bootstrap_discount", "is_weights"])
 
     def valid_window(self, cursor: int) -> tuple[int, int]:
         """Absolute rows that may start a transition once ``cursor`` rows are written."""
@@ -658,9 +680,19 @@ class ReplayBuffer(_Base):
 
     def _extract(self, abs_row: np.ndarray, b: np.ndarray, fields: Any = None) -> dict:
         rows = abs_row % self.T
-        out = self.storage.gather(rows, b, fields=fields)
-        wanted = fields is None or "next_observation" in fields
-        out["next_observation"] = self.storage.observation((rows + out["n_taken"]) % self.T, b) if wanted else None
+        if not self.unique_frames:
+            out = self.storage.gather(rows, b, fields=fields)
+            wanted = fields is None or "next_observation" in fields
+            out["next_observation"] = self.storage.observation((rows + out["n_taken"]) % self.T, b) if wanted else None
+            return out
+        out = self.storage.gather(rows, b, fields=[f for f in fields or self._batch_cls._fields if f != "frames"])
+        del out["observation"]  # not asked for: None
+        out["frames"] = out["frame_index"] = out["next_frame_index"] = None
+        if fields is None or "frames" in fields:  # both stacks from one gather: C + n frames a sample at most, not 2C
+            both = np.stack([rows, (rows + out["n_taken"]) % self.T])  # [2, N]
+            out["frames"], (out["frame_index"], out["next_frame_index"]) = self.storage.unique_frames(
+                both, b[None], span=self.n_step_return + 1
+            )
         return out
 
     def _uniform(self, n: int) -> tuple[np.ndarray, np.ndarray]:

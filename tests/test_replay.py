@@ -164,6 +164,51 @@ def test_nstep_buffer_matches_reference_across_wraparound(T, B, n, C, prioritize
                 assert batch.terminated_n[i] == e["terminated_n"] and batch.truncated_n[i] == e["truncated_n"]
 
 
+@settings(max_examples=40, deadline=None)
+@given(
+    T=st.integers(9, 20),
+    B=st.integers(1, 3),
+    n=st.integers(1, 4),
+    prioritized=st.booleans(),
+    seed=st.integers(0, 2**31),
+    data=st.data(),
+)
+def test_transition_unique_frames_stack_into_both_observations_and_carry_each_frame_once(T, B, n, prioritized, seed, data):
+    """A transition buffer with unique_frames samples what the stacking one samples (same seed, same appends):
+    ``stacked(batch)`` gives its observation and next_observation (zeroed frames before episode starts included), each
+    frame travels once, at most C + n a sample, in a frames array of one shape for the batch size."""
+    from shared.replay import stacked
+
+    C = 4
+    stream = Stream(B, C, np.random.default_rng(seed))
+    kw = dict(discount=0.9, n_step_return=n, frame_stack=C, prioritized=prioritized, seed=seed)
+    plain = ReplayBuffer(_example(C), T * B, B, **kw)
+    unique = ReplayBuffer(_example(C), T * B, B, unique_frames=True, **kw)
+    for _ in range(data.draw(st.integers(1, 6))):
+        chunk = stream.chunk(data.draw(st.integers(1, T)))
+        plain.append(chunk)
+        unique.append(chunk)
+        if len(plain) == 0 or plain.storage.final_row.all():
+            continue
+        N = min(8, len(plain))
+        try:
+            (a, ia), (b, ib) = plain.sample(N), unique.sample(N)
+        except ValueError as e:  # only when (almost) every valid row is a final-observation row
+            assert "final observation" in str(e)
+            continue
+        np.testing.assert_array_equal(ia.abs_row, ib.abs_row)
+        assert "observation" not in b and "next_observation" not in b
+        both = stacked(b)
+        np.testing.assert_array_equal(both["observation"], a.observation)
+        np.testing.assert_array_equal(both["next_observation"], a.next_observation)
+        np.testing.assert_array_equal(b.action, a.action)
+        used = np.unique(np.concatenate([b.frame_index.ravel(), b.next_frame_index.ravel()]))
+        assert len(b.frames) == 1 + N * (C + n)  # one shape for a batch size: padded
+        samples = {(int(r), int(e)) for r, e in zip(ib.abs_row, ib.b)}
+        assert len(used) <= 1 + len(samples) * (C + n)  # each frame once: at most C + n a sample, not 2 C
+        assert not b.frames[0].any() and not b.frames[used.max() + 1 :].any()
+
+
 def test_timeout_flag_survives_the_wraparound():
     # T=5 rows, n=3: the window of abs row 8 (storage row 3) runs through rows 4, 0 (wrapped); the timeout
     # sits on the wrapped row. rlpyt's time-limit buffer dropped exactly this flag.
