@@ -225,10 +225,11 @@ class _Storage:
         self.truncated_n[rows] = truncated_n
         self.n_taken[rows] = k
 
-    def take(self, x: Any, rows: np.ndarray, b: np.ndarray) -> Any:
+    def take(self, x: Any, rows: np.ndarray, b: np.ndarray, flat: np.ndarray | None = None) -> Any:
         """``x[rows, b]`` of a ``[T, B, ...]`` field (any structure of arrays): one take along the flattened
-        ``[T * B]`` rows, a fraction of the cost of indexing with two arrays."""
-        flat = rows * self.B + b
+        ``[T * B]`` rows (``flat``, ``rows * B + b``, where the caller has it), a fraction of the cost of indexing
+        with two arrays."""
+        flat = rows * self.B + b if flat is None else flat
         if type(x) is np.ndarray:  # the common case, without the structure walk
             return x.reshape(-1, *x.shape[2:]).take(flat, axis=0)
         return map_structure(lambda a: a.reshape(-1, *a.shape[2:]).take(flat, axis=0), x)
@@ -283,17 +284,21 @@ class _Storage:
         ``n_taken``, which the bootstrap needs; the others None); with ``unique_frames`` (frame-wise storage)
         ``frames`` and ``frame_index`` (see ``unique_frames``) in place of ``observation``."""
         wanted = (lambda name: True) if fields is None else {*fields, "n_taken"}.__contains__
+        flat = rows * self.B + b  # one index for every field
+        take = partial(self.take, rows=rows, b=b, flat=flat)
         out = {
-            name: (self.take(x, rows, b) if x is not None and wanted(name) else None)
+            name: (take(x) if x is not None and wanted(name) else None)
             for name, x in self.data.items()
             if name != "observation"
         }
         if unique_frames and self.frames is not None:
             out["frames"], out["frame_index"] = self.unique_frames(rows, b) if wanted("frames") else (None, None)
+        elif not wanted("observation"):
+            out["observation"] = None
         else:  # one gather (or a frame reassembly), not two
-            out["observation"] = self.observation(rows, b) if wanted("observation") else None
+            out["observation"] = take(self.data.observation) if self.frames is None else self.observation(rows, b)
         for f in _DERIVED:
-            out[f] = self.take(getattr(self, f), rows, b) if wanted(f) else None
+            out[f] = take(getattr(self, f)) if wanted(f) else None
         return out
 
 
