@@ -182,3 +182,32 @@ def test_the_cuda_host_path_trains_exactly_as_the_cpu_path(tmp_path, script):
     csv = (tmp_path / "cpu" / "r" / "progress.csv").read_text()
     assert len(rows[""]) >= 2, csv
     assert rows["cuda"] == rows[""]
+
+
+@pytest.mark.unit
+def test_segments_time_each_named_call_and_leave_the_rest_to_the_caller():
+    """``--segments``: a call among the named ones is timed around itself (here an upload and a stub env step), the
+    remainder is ``rest``, they add up to the whole, and every patched method is put back."""
+    import time
+
+    from shared import device
+
+    envs = loop_overhead.StubVectorEnv(loop_overhead.CHEETAH_OBS, loop_overhead.CHEETAH_ACT, 2, cost_us=2000.0)
+    uploader = device.Uploader(torch.device("cpu"), pack=True)
+    before = (device.Uploader.__call__, device.one_copy, loop_overhead.StubVectorEnv.step)
+
+    def step() -> None:
+        uploader({"x": np.zeros(3)})
+        envs.step(np.zeros((2, 6)))
+        end = time.perf_counter() + 0.001  # the caller's own millisecond
+        while time.perf_counter() < end:
+            pass
+
+    t0 = time.perf_counter()
+    step()
+    whole = 1e6 * (time.perf_counter() - t0)
+    seg = loop_overhead.segments(step, 1)
+    assert seg["seg_env"] >= 2000 and seg["seg_rest"] >= 1000 and seg["seg_upload"] > 0
+    assert seg["seg_sample"] == seg["seg_append"] == seg["seg_graph"] == 0
+    assert sum(seg.values()) == pytest.approx(whole, rel=0.5)
+    assert (device.Uploader.__call__, device.one_copy, loop_overhead.StubVectorEnv.step) == before

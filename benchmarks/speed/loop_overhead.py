@@ -20,6 +20,7 @@ host work to a loop fails there.
     python benchmarks/speed/loop_overhead.py                          # every script
     python benchmarks/speed/loop_overhead.py ppo_atari td3_mujoco     # some
     python benchmarks/speed/loop_overhead.py --json out.json          # also the figures as JSON
+    python benchmarks/speed/loop_overhead.py --segments ppo_atari     # also where each step's host time goes
 """
 
 from __future__ import annotations
@@ -227,6 +228,49 @@ def count(fn: Callable[[], Any], per: int) -> dict[str, float]:
     }
 
 
+def segments(fn: Callable[[], Any], per: int, runs: int = 3) -> dict[str, float]:
+    """Where ``fn()``'s host time goes, in µs per ``per``: each call in ``SEGMENTS`` timed around itself (the quickest
+    of ``runs``), ``rest`` the remainder (the script's own Python and numpy, and ``@graphed``'s key)."""
+    from shared import replay
+
+    calls = {
+        "upload": [(device.Uploader, "__call__")],
+        "to_host": [(device, "one_copy")],
+        "graph": [(compiling._Graph, "__call__")],  # copy-in, replay (dry: nothing) and copy-out
+        "sample": [(replay._Base, "sample")],
+        "append": [(replay.ReplayBuffer, "append"), (replay.SequenceReplayBuffer, "append")],
+        "env": [(StubVectorEnv, "step")],
+    }
+    spent: Counter = Counter()
+
+    def timed(label: str, f: Callable) -> Callable:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return f(*args, **kwargs)
+            finally:
+                spent[label] += time.perf_counter() - t0
+
+        return call
+
+    saved = [(owner, attr, owner.__dict__[attr], label) for label, places in calls.items() for owner, attr in places]
+    best: dict[str, float] = {}
+    try:
+        for owner, attr, f, label in saved:
+            setattr(owner, attr, timed(label, f))
+        for _ in range(runs):
+            spent.clear()
+            t0 = time.perf_counter()
+            fn()
+            spent["rest"] = time.perf_counter() - t0 - sum(spent.values())
+            for label in [*calls, "rest"]:
+                best[label] = min(best.get(label, float("inf")), 1e6 * spent[label] / per)
+    finally:
+        for owner, attr, f, _ in saved:
+            setattr(owner, attr, f)
+    return {f"seg_{k}": v for k, v in best.items()}
+
+
 def best_us(fn: Callable[[], Any], per: int, chunks: int) -> float:
     """The quickest of ``chunks`` runs of ``fn()``, in µs per ``per`` (nan for none: counts only)."""
     if not chunks:
@@ -295,6 +339,7 @@ def on_policy(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
         "bare_us": best_us(bare_loop(envs, T, torch.int64 if atari else torch.float32), T, chunks),
         "rollout_ms": best_us(learn, 1000, chunks),
         **count(collect, T),
+        **(segments(collect, T) if SEGMENTED else {}),
         **{f"rollout_{k}": v for k, v in count(learn, 1).items()},
     }
 
@@ -345,6 +390,7 @@ def value_based(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
         "bare_us": best_us(bare_loop(envs, steps, torch.int64), steps, chunks),
         "updates_per_step": per_step / every,
         **count(loop, steps),
+        **(segments(loop, steps) if SEGMENTED else {}),
     }
 
 
@@ -376,6 +422,7 @@ def off_policy_continuous(name: str, env_cost_us: float, chunks: int) -> dict[st
         "host_us": best_us(loop, steps, chunks),
         "bare_us": best_us(bare_loop(envs, steps, torch.float32), steps, chunks),
         **count(loop, steps),
+        **(segments(loop, steps) if SEGMENTED else {}),
     }
 
 
@@ -412,6 +459,7 @@ def _continuous_update(S: Any, name: str, args: Any, learner: tuple, buffer: Any
     return update
 
 
+SEGMENTED = False  # --segments: each measure also times where a step's host time goes (``segments``)
 SCRIPTS: dict[str, Callable[[str, float, int], dict[str, Any]]] = {
     "ppo_atari": on_policy,
     "a2c_atari": on_policy,
@@ -451,7 +499,10 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=7, help="timed runs of each loop; the quickest counts")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument("--counts", action="store_true", help="the counts only, no timing (the tests' budgets)")
+    parser.add_argument("--segments", action="store_true", help="also where a step's host time goes, call by call (µs)")
     a = parser.parse_args()
+    global SEGMENTED
+    SEGMENTED = a.segments
     if a.counts:
         a.chunks = 0
     unknown = [name for name in a.scripts if name not in SCRIPTS]
@@ -469,6 +520,12 @@ def main() -> None:
         if "rollout_ms" in r:
             line += f"{r['rollout_ms']:>12.3g}{r['rollout_syncs']:>9.0f}{r['rollout_torch_calls']:>9.0f}"
         print(line, flush=True)
+    if a.segments:
+        names = [k for k in results[a.scripts[0]] if k.startswith("seg_")]
+        print("\nper vector step, µs, by the call that spends it (rest: the script's own Python and numpy, @graphed's key)")
+        print(f"{'script':<13}" + "".join(f"{k[4:]:>10}" for k in names))
+        for name, r in results.items():
+            print(f"{name:<13}" + "".join(f"{r[k]:>10.1f}" for k in names))
     if a.json:
         a.json.write_text(json.dumps(results, indent=1))
 
