@@ -79,8 +79,8 @@ def one_copy(tensors: tuple) -> list[np.ndarray]:
         if len(_splits) >= _CACHED:
             _splits.clear()
         split = _splits[signature] = [(numpy_dtype(t.dtype), t.numel() * t.element_size(), tuple(t.shape)) for t in tensors]
-    # reshape: a strided view (x[:, 0]) is made contiguous, which costs nothing else
-    flat = [t.reshape(-1).view(torch.uint8) for t in tensors]
+    # contiguous(): a strided or expanded view (x[:, 0]) as bytes; a contiguous tensor is itself, at no cost
+    flat = [t.contiguous().view(-1).view(torch.uint8) for t in tensors]
     flat = (torch.cat(flat) if len(flat) > 1 else flat[0]).cpu().numpy()
     out, at = [], 0
     for dtype, n, shape in split:

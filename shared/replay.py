@@ -462,6 +462,8 @@ class _Base:
             if fields is not None:
                 raise ValueError("sample takes fields or skip, not both")
             fields = self._fields_without(skip)
+        elif fields is not None:
+            self._check_fields(fields)
         drawn, self._ahead = self._ahead, None
         if drawn is not None and drawn[0] == (batch_size, fields):
             return drawn[1]
@@ -489,6 +491,17 @@ class _Base:
             if skip:
                 fields = self._fields_without(skip)
             self._ahead = ((batch_size, fields), self.sample(batch_size, beta, fields))
+
+    def _check_fields(self, fields: Any) -> None:
+        """``ValueError`` naming a field the batch does not have (a unique-frames batch has ``frames``, not
+        ``observation``): asking for it would give nothing, silently. Each tuple of fields is checked once."""
+        checked = self.__dict__.setdefault("_checked", set())
+        key = tuple(fields)
+        if key not in checked:
+            unknown = [f for f in key if f not in self._batch_cls._fields]
+            if unknown:
+                raise ValueError(f"the batch has no field {unknown[0]!r}; its fields: {', '.join(self._batch_cls._fields)}")
+            checked.add(key)
 
     def _fields_without(self, skip: Any) -> tuple:
         """The batch's field names but those in ``skip``, found once for each ``skip`` (asked at every update)."""
@@ -656,7 +669,8 @@ class ReplayBuffer(_Base):
         self.unique_frames = unique_frames and frame_stack > 1
         fields = list(self.storage.example._fields) + ["next_observation"]
         if self.unique_frames:
-            fields = [f for f in fields if "observation" not in f] + ["frames", "frame_index", "next_frame_index"]
+            fields = [f for f in fields if f not in ("observation", "next_observation")]
+            fields += ["frames", "frame_index", "next_frame_index"]
         self._batch_cls = namedarraytuple("ReplayBatch", [*fields, *_DERIVED, "bootstrap_discount", "is_weights"])
 
     def valid_window(self, cursor: int) -> tuple[int, int]:
@@ -690,7 +704,8 @@ class ReplayBuffer(_Base):
             wanted = fields is None or "next_observation" in fields
             out["next_observation"] = self.storage.observation((rows + out["n_taken"]) % self.T, b) if wanted else None
             return out
-        out = self.storage.gather(rows, b, fields=[f for f in fields or self._batch_cls._fields if f != "frames"])
+        asked = self._batch_cls._fields if fields is None else fields
+        out = self.storage.gather(rows, b, fields=[f for f in asked if f != "frames"])
         del out["observation"]  # not asked for: None
         out["frames"] = out["frame_index"] = out["next_frame_index"] = None
         if fields is None or "frames" in fields:  # both stacks from one gather: C + n frames a sample at most, not 2C

@@ -209,6 +209,25 @@ def test_transition_unique_frames_stack_into_both_observations_and_carry_each_fr
         assert not b.frames[0].any() and not b.frames[used.max() + 1 :].any()
 
 
+@pytest.mark.unit
+def test_a_unique_frames_batch_keeps_a_new_field_named_like_observation_and_refuses_an_unknown_field():
+    """A stored field whose name contains "observation" stays in a unique-frames batch (only the two stacks give way
+    to the frames), and asking for a field the batch does not have (its ``observation``) is an error, not nothing."""
+    from shared.namedarraytuple import namedarraytuple
+
+    Row = namedarraytuple("Row", ["observation", "action", "reward", "terminated", "observation_count"])
+    ex = Row(np.zeros((4, 3, 3), np.uint8), np.int64(0), np.float32(0), False, np.int64(0))
+    buf = ReplayBuffer(ex, 40, 1, frame_stack=4, unique_frames=True, seed=0)
+    rng = np.random.default_rng(0)
+    frames = rng.integers(0, 9, (10, 1, 4, 3, 3), dtype=np.uint8)
+    ones = np.ones((10, 1), np.int64)
+    buf.append(Row(frames, ones, ones.astype(np.float32), np.zeros((10, 1), bool), np.arange(10)[:, None]))
+    batch, _ = buf.sample(4)
+    assert "observation_count" in batch._fields and "observation" not in batch._fields
+    with pytest.raises(ValueError, match="no field 'observation'"):
+        buf.sample(4, fields=("observation", "action"))
+
+
 def test_timeout_flag_survives_the_wraparound():
     # T=5 rows, n=3: the window of abs row 8 (storage row 3) runs through rows 4, 0 (wrapped); the timeout
     # sits on the wrapped row. rlpyt's time-limit buffer dropped exactly this flag.

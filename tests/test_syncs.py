@@ -178,6 +178,9 @@ def test_one_copy_brings_back_every_dtype_and_shape_exactly():
         torch.tensor([True, False]),
         torch.tensor(2.5, dtype=torch.float64),
         torch.arange(6, dtype=torch.uint8).view(2, 3),
+        torch.arange(12.0).view(6, 2)[:, 0],  # strided: a column
+        torch.arange(10)[::2],
+        torch.tensor(3.0).expand(5),  # expanded: stride 0
     )
     for got, t in zip(one_copy(tensors), tensors):
         assert got.dtype == t.numpy().dtype and got.shape == tuple(t.shape) and np.array_equal(got, t.numpy())

@@ -229,7 +229,7 @@ def count(fn: Callable[[], Any], per: int) -> dict[str, float]:
 
 
 def segments(fn: Callable[[], Any], per: int, runs: int = 3) -> dict[str, float]:
-    """Where ``fn()``'s host time goes, in µs per ``per``: each call in ``SEGMENTS`` timed around itself (the quickest
+    """Where ``fn()``'s host time goes, in µs per ``per``: each call named in ``calls`` timed around itself (the quickest
     of ``runs``), ``rest`` the remainder (the script's own Python and numpy, and ``@graphed``'s key)."""
     from shared import replay
 
