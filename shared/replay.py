@@ -251,30 +251,29 @@ class _Storage:
 
     def unique_frames(self, rows: np.ndarray, b: np.ndarray, span: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Frame-wise storage: ``(frames, index)`` with ``frames[index] == observation(rows, b)`` for ``rows`` [L, N]
-        (``b`` [1, N] or [L, N]) whose N columns each lie within ``span`` consecutive rows (default L: sequences).
-        ``frames`` holds each frame the observations use once after an all-zero frame 0, which stands for the frames
-        that predate an episode, and is padded with zero frames to the most N columns can use, ``1 + N (span + C -
-        1)``: one shape for a batch size (a captured update's input), and L + C - 1 frames a sequence where its
-        stacked observations hold L * C. ``index`` [L, N, C] (int64) is where each observation's frames are."""
+        (``b`` [1, N] or [L, N], one env a column) whose column ``i`` lies within the ``span`` rows from ``rows[0, i]``
+        (default L: sequences of consecutive rows). Each column's window of ``span + C - 1`` frames travels once, in
+        order, after an all-zero frame 0 that stands for the frames predating an episode: ``frames`` is ``[1 + N (span
+        + C - 1), ...]``, one shape for a batch size (a captured update's input), L + C - 1 frames a sequence where
+        its stacked observations hold L * C. ``index`` [L, N, C] (int64) is where each observation's frames are."""
         C = self.C
         rows, b = np.broadcast_arrays(rows, b)
-        r = (rows[..., None] + np.arange(-(C - 1), 1)) % self.T  # [..., C], oldest frame first
-        bb = np.broadcast_to(b[..., None], r.shape)
-        start = self.episode_start[r, bb]
-        before_start = np.cumsum(start[..., :0:-1], axis=-1)[..., ::-1] > 0  # as in observation()
-        zero = np.concatenate([before_start, np.zeros_like(before_start[..., :1])], axis=-1)
-        real = ~zero
-        keys, inverse = np.unique((r * self.B + bb)[real], return_inverse=True)  # the frames used, each once
-        index = np.zeros(r.shape, np.int64)
-        index[real] = inverse.reshape(-1) + 1
-        size = 1 + rows.shape[-1] * ((span or rows.shape[0]) + C - 1)
-        if len(keys) + 1 > size:
-            raise ValueError(f"rows {list(rows.shape)} span more than {span or rows.shape[0]} rows: {len(keys)} frames")
-        frames = np.empty((size, *self.frames.shape[2:]), self.frames.dtype)
+        L, N = rows.shape
+        W = (span or L) + C - 1
+        offset = (rows - rows[0]) % self.T  # [L, N]: each row's place after its column's first
+        if offset.max() >= W - C + 1:
+            raise ValueError(f"rows {list(rows.shape)} span more than {W - C + 1} rows")
+        window = (rows[0][:, None] + np.arange(-(C - 1), W - C + 1)) % self.T * self.B + b[0][:, None]  # [N, W], flat
+        starts = np.cumsum(self.episode_start.reshape(-1).take(window), axis=1)  # [N, W]: episode starts up to each
+        pos = offset[..., None] + np.arange(C)  # [L, N, C]: each observation's frames in its column's window
+        col = np.arange(N)[:, None]
+        # frame c predates the episode when a later frame of its stack starts one (as in observation())
+        zero = starts[col, pos[..., -1:]] - starts[col, pos] > 0
+        index = np.where(zero, 0, 1 + col * W + pos)
+        frames = np.empty((1 + N * W, *self.frames.shape[2:]), self.frames.dtype)
         frames[0] = 0
-        # one take along the flat [T * B] frames, straight into place (mode "clip": numpy buffers "raise"; keys are valid)
-        self.frames.reshape(-1, *self.frames.shape[2:]).take(keys, axis=0, out=frames[1 : len(keys) + 1], mode="clip")
-        frames[len(keys) + 1 :] = 0
+        # one take along the flat [T * B] frames, straight into place (mode "clip": numpy buffers "raise"; all valid)
+        self.frames.reshape(-1, *self.frames.shape[2:]).take(window.reshape(-1), axis=0, out=frames[1:], mode="clip")
         return frames, index
 
     def gather(
