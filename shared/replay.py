@@ -225,11 +225,14 @@ class _Storage:
         self.truncated_n[rows] = truncated_n
         self.n_taken[rows] = k
 
-    def take(self, x: Any, rows: np.ndarray, b: np.ndarray, flat: np.ndarray | None = None) -> Any:
+    def take(self, x: Any, rows: np.ndarray, b: np.ndarray) -> Any:
         """``x[rows, b]`` of a ``[T, B, ...]`` field (any structure of arrays): one take along the flattened
-        ``[T * B]`` rows (``flat``, ``rows * B + b``, where the caller has it), a fraction of the cost of indexing
-        with two arrays."""
-        flat = rows * self.B + b if flat is None else flat
+        ``[T * B]`` rows, a fraction of the cost of indexing with two arrays."""
+        return self.take_flat(x, rows * self.B + b)
+
+    @staticmethod
+    def take_flat(x: Any, flat: np.ndarray) -> Any:
+        """``take`` at ``flat = rows * B + b``, for a caller that gathers several fields at one index."""
         if type(x) is np.ndarray:  # the common case, without the structure walk
             return x.reshape(-1, *x.shape[2:]).take(flat, axis=0)
         return map_structure(lambda a: a.reshape(-1, *a.shape[2:]).take(flat, axis=0), x)
@@ -283,8 +286,7 @@ class _Storage:
         ``n_taken``, which the bootstrap needs; the others None); with ``unique_frames`` (frame-wise storage)
         ``frames`` and ``frame_index`` (see ``unique_frames``) in place of ``observation``."""
         wanted = (lambda name: True) if fields is None else {*fields, "n_taken"}.__contains__
-        flat = rows * self.B + b  # one index for every field
-        take = partial(self.take, rows=rows, b=b, flat=flat)
+        take = partial(self.take_flat, flat=rows * self.B + b)  # one index for every field
         out = {
             name: (take(x) if x is not None and wanted(name) else None)
             for name, x in self.data.items()
