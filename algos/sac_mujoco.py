@@ -51,6 +51,7 @@ from shared.argtypes import Fraction, NonNegInt, PositiveFloat, PositiveInt, Ran
 from shared.cli import RunArgs, check_replay_sizes, parse_args
 from shared.compiling import compiled, graphed
 from shared.device import to_host, upload
+from shared.device_replay import DeviceReplay, mirror_on
 from shared.envs import EpisodeTally, make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import ObsNorm, upload_batch
@@ -219,8 +220,9 @@ class Policy(nn.Module):
 # ----------------------------------------------------------------------------------------- sampling
 
 # A replay row by field, with its example (the observation's and action's sizes from the env). A new stored quantity is
-# an entry here, written in EnvStepper.step and read by the loss as b[name]: the update uploads every field of the batch
-# but HOST_ONLY, the replay's bookkeeping (the loss reads the n-step fields made from them; uniform sampling's weights).
+# an entry here, written in EnvStepper.step and read by the loss as b[name]: the update gets every field of the batch
+# (uploaded, or from the replay's mirror on a CUDA learner) but HOST_ONLY, the replay's bookkeeping (the loss reads the
+# n-step fields made from them; uniform sampling's weights).
 ROW = dict(reward=np.float32(0), terminated=False, truncated=False)
 Step = namedarraytuple("Step", ["observation", "action", *ROW])
 HOST_ONLY = ("reward", "terminated", "truncated", "truncated_n", "n_taken", "final_row", "episode_start", "is_weights")
@@ -275,6 +277,17 @@ def to_tensors(batch, obs_norm: ObsNorm, device: torch.device) -> dict:
     return upload_batch({k: v for k, v in batch.items() if k not in HOST_ONLY}, obs_norm, device)
 
 
+def next_batch(
+    buffer: ReplayBuffer, mirror: DeviceReplay | None, obs_norm: ObsNorm, args: Args, device
+) -> dict | DeviceReplay:
+    """The update's batch: sampled on the host and copied up in one block; or, on a CUDA learner, the replay's mirror
+    on the device, brought up to date, which the update samples from inside its graph (shared.device_replay)."""
+    if mirror is None:
+        return to_tensors(buffer.sample(args.batch_size, skip=HOST_ONLY)[0], obs_norm, device)  # [N, ...]
+    mirror.sync()  # the rows appended since the last update
+    return mirror
+
+
 def critic_target(batch: dict, actor: Actor, target_critics: Critics, alpha: torch.Tensor) -> torch.Tensor:
     """n-step soft targets [N]: R + (1 - terminated_n) gamma^k (min_j Q'_j(s', a') - alpha log pi(a'|s')), a' ~ pi(.|s').
     A truncation inside the window bootstraps from the episode's final observation s'."""
@@ -315,8 +328,9 @@ def sac_alpha_loss(log_alpha: torch.Tensor, log_pi: torch.Tensor, target_entropy
 
 @graphed
 def sac_update(actor, critics, target_critics, log_alpha, optimizers, b: dict, args: Args) -> dict:
-    """One SAC update from the batch ``b`` (tensors [N, ...]): critics, actor, temperature, then soft targets (one CUDA
-    graph under --compile on a GPU)."""
+    """One SAC update from the batch ``b`` (tensors [N, ...], or the replay's mirror, sampled here): critics, actor,
+    temperature, then soft targets (one CUDA graph under --compile on a GPU)."""
+    b = b.sample(args.batch_size) if isinstance(b, DeviceReplay) else b  # a CUDA learner's batch: drawn in this graph
     actor_opt, critic_opt = optimizers["actor_optimizer"], optimizers["critic_optimizer"]
     target_entropy = -float(b["action"].shape[1])  # -|A|
     alpha = log_alpha.exp().detach()
@@ -392,6 +406,7 @@ def main() -> int:
     with run.allocating("buffer_size", "hidden"):  # sizes this machine cannot hold: exit 2
         actor, critics, target_critics, log_alpha, optimizers, obs_norm = make_learner(args, run)
         buffer = None if args.eval_only or args.export else make_replay(args, run)  # evaluating or exporting: no replay
+        mirror = mirror_on(buffer, obs_norm, HOST_ONLY, run.device)  # a CUDA learner samples on the device
     policy = Policy(actor, obs_norm, run.act_space).to(run.device)
     saved = dict(actor=actor, critics=critics, target_critics=target_critics, log_alpha=log_alpha, **optimizers)
     start = run.begin(partial(act, policy, run.device), buffer, **saved, obs_norm=obs_norm)
@@ -417,8 +432,7 @@ def main() -> int:
             else:  # the rows the sampler appended meanwhile; actor is published to it when due
                 global_step, waits = sampler.exchange(run, actor, updates)
             for _ in range(pacer.due(global_step, updates)):  # replay_ratio samples per env step
-                batch, _ = buffer.sample(args.batch_size, skip=HOST_ONLY)  # [N, ...]
-                b = to_tensors(batch, obs_norm, run.device)
+                b = next_batch(buffer, mirror, obs_norm, args, run.device)
                 stats = sac_update(actor, critics, target_critics, log_alpha, optimizers, b, args)
                 updates += 1
             if run.periodic(global_step, **stats, updates=updates, **waits):

@@ -50,6 +50,7 @@ from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveFloat, Pos
 from shared.cli import RunArgs, check_replay_sizes, parse_args
 from shared.compiling import compiled, graphed
 from shared.device import to_host, upload
+from shared.device_replay import DeviceReplay, mirror_on
 from shared.envs import EpisodeTally, make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import ObsNorm, upload_batch
@@ -206,8 +207,9 @@ class Policy(nn.Module):
 # ----------------------------------------------------------------------------------------- sampling
 
 # A replay row by field, with its example (the observation's and action's sizes from the env). A new stored quantity is
-# an entry here, written in EnvStepper.step and read by the loss as b[name]: the update uploads every field of the batch
-# but HOST_ONLY, the replay's bookkeeping (the loss reads the n-step fields made from them; uniform sampling's weights).
+# an entry here, written in EnvStepper.step and read by the loss as b[name]: the update gets every field of the batch
+# (uploaded, or from the replay's mirror on a CUDA learner) but HOST_ONLY, the replay's bookkeeping (the loss reads the
+# n-step fields made from them; uniform sampling's weights).
 ROW = dict(reward=np.float32(0), terminated=False, truncated=False)
 Step = namedarraytuple("Step", ["observation", "action", *ROW])
 HOST_ONLY = ("reward", "terminated", "truncated", "truncated_n", "n_taken", "final_row", "episode_start", "is_weights")
@@ -265,6 +267,17 @@ def to_tensors(batch, obs_norm: ObsNorm, device: torch.device) -> dict:
     return upload_batch({k: v for k, v in batch.items() if k not in HOST_ONLY}, obs_norm, device)
 
 
+def next_batch(
+    buffer: ReplayBuffer, mirror: DeviceReplay | None, obs_norm: ObsNorm, args: Args, device
+) -> dict | DeviceReplay:
+    """The update's batch: sampled on the host and copied up in one block; or, on a CUDA learner, the replay's mirror
+    on the device, brought up to date, which the update samples from inside its graph (shared.device_replay)."""
+    if mirror is None:
+        return to_tensors(buffer.sample(args.batch_size, skip=HOST_ONLY)[0], obs_norm, device)  # [N, ...]
+    mirror.sync()  # the rows appended since the last update
+    return mirror
+
+
 def critic_target(batch: dict, target_actor: Actor, target_critics: Critics, args: Args) -> torch.Tensor:
     """n-step targets [N]: R + (1 - terminated_n) gamma^k min_j Q'_j(s', clip(mu'(s') + clip(noise), -1, 1)).
     A truncation inside the window bootstraps from the episode's final observation s'."""
@@ -295,8 +308,9 @@ def td3_actor_loss(actor: Actor, critics: Critics, obs: torch.Tensor, bf16: bool
 
 @graphed
 def td3_update(actor, target_actor, critics, target_critics, optimizers, b: dict, args: Args, update_actor: bool) -> dict:
-    """One TD3 critic update from the batch ``b`` (tensors [N, ...]); with update_actor also the actor and the soft
-    target updates (under --compile on a GPU one CUDA graph each way)."""
+    """One TD3 critic update from the batch ``b`` (tensors [N, ...], or the replay's mirror, sampled here); with
+    update_actor also the actor and the soft target updates (under --compile on a GPU one CUDA graph each way)."""
+    b = b.sample(args.batch_size) if isinstance(b, DeviceReplay) else b  # a CUDA learner's batch: drawn in this graph
     actor_opt, critic_opt = optimizers["actor_optimizer"], optimizers["critic_optimizer"]
 
     critic_loss, critic_stats = td3_critic_loss(target_actor, critics, target_critics, b, args)
@@ -364,6 +378,7 @@ def main() -> int:
     with run.allocating("buffer_size", "hidden"):  # sizes this machine cannot hold: exit 2
         actor, target_actor, critics, target_critics, optimizers, obs_norm = make_learner(args, run)
         buffer = None if args.eval_only or args.export else make_replay(args, run)  # evaluating or exporting: no replay
+        mirror = mirror_on(buffer, obs_norm, HOST_ONLY, run.device)  # a CUDA learner samples on the device
     policy = Policy(actor, obs_norm, run.act_space).to(run.device)
     saved = dict(actor=actor, target_actor=target_actor, critics=critics, target_critics=target_critics, **optimizers)
     start = run.begin(partial(act, policy, run.device), buffer, **saved, obs_norm=obs_norm)
@@ -389,10 +404,9 @@ def main() -> int:
             else:  # the rows the sampler appended meanwhile; actor is published to it when due
                 global_step, waits = sampler.exchange(run, actor, updates)
             for _ in range(pacer.due(global_step, updates)):  # replay_ratio samples per env step
-                batch, _ = buffer.sample(args.batch_size, skip=HOST_ONLY)  # [N, ...]
+                b = next_batch(buffer, mirror, obs_norm, args, run.device)
                 updates += 1
                 update_actor = updates % args.policy_delay == 0
-                b = to_tensors(batch, obs_norm, run.device)
                 stats |= td3_update(actor, target_actor, critics, target_critics, optimizers, b, args, update_actor)
             if run.periodic(global_step, **stats, updates=updates, **waits):
                 break  # --stop-at-return reached, or a signal: finish ends as Ctrl-C does

@@ -41,18 +41,24 @@ PENDULUM = ["--preset", "pendulum", "--log-every", "1000", "--eval-episodes", "0
 
 
 # SAC serially in CI; DDPG, TD3 and SAC's parallel and async runs (60-90 s each) with the slow tests, for CI's
-# 30 minutes (every one of them passes there; benchmarks/learning/continuous_curves.py plots them all).
+# 30 minutes (every one of them passes there; benchmarks/learning/continuous_curves.py plots them all). host_path
+# "cuda": CUDA's host path on this CPU, where the update samples its batches from the replay's mirror on the
+# "device" (shared.device_replay) with torch's generator: other batches than the host replay's, the same learning.
 @pytest.mark.parametrize(
-    "script, sampler, num_envs",
+    "script, sampler, num_envs, host_path",
     [
-        pytest.param("ddpg_mujoco.py", "serial", 1, marks=pytest.mark.slow),
-        pytest.param("td3_mujoco.py", "serial", 1, marks=pytest.mark.slow),
-        ("sac_mujoco.py", "serial", 1),
-        pytest.param("sac_mujoco.py", "parallel", 2, marks=pytest.mark.slow),
-        pytest.param("sac_mujoco.py", "async", 1, marks=pytest.mark.slow),
+        pytest.param("ddpg_mujoco.py", "serial", 1, "", marks=pytest.mark.slow),
+        pytest.param("td3_mujoco.py", "serial", 1, "", marks=pytest.mark.slow),
+        ("sac_mujoco.py", "serial", 1, ""),
+        pytest.param("sac_mujoco.py", "parallel", 2, "", marks=pytest.mark.slow),
+        pytest.param("sac_mujoco.py", "async", 1, "", marks=pytest.mark.slow),
+        ("sac_mujoco.py", "serial", 1, "cuda"),
+        pytest.param("td3_mujoco.py", "serial", 1, "cuda", marks=pytest.mark.slow),
+        pytest.param("ddpg_mujoco.py", "serial", 1, "cuda", marks=pytest.mark.slow),
+        pytest.param("sac_mujoco.py", "async", 1, "cuda", marks=pytest.mark.slow),
     ],
 )
-def test_learns_pendulum_within_20k_steps(script, sampler, num_envs, tmp_path):
+def test_learns_pendulum_within_20k_steps(script, sampler, num_envs, host_path, tmp_path):
     # SAC in CI with 64-unit layers, for CI's 30 minutes: the same algorithm at about half the cost of an update
     # (-250 at step 7,235 with seed 1 and 6,431 with seed 2; the preset's 256 units reach it at 5,024 in 94 s here).
     small = ["--hidden", "64"] if (script, sampler) == ("sac_mujoco.py", "serial") else []
@@ -73,6 +79,7 @@ def test_learns_pendulum_within_20k_steps(script, sampler, num_envs, tmp_path):
         "--run-name",
         "r",
         timeout=600,
+        env={"RL_HOST_PATH": host_path},
     )
     assert out.returncode == 0, out.stderr[-3000:]
     m = re.search(r"mean return of the last 10 episodes (-?[\d.]+) >= -250.0 at step (\d+)", out.stdout)

@@ -211,3 +211,33 @@ def test_segments_time_each_named_call_and_leave_the_rest_to_the_caller():
     assert seg["seg_sample"] == seg["seg_append"] == seg["seg_graph"] == 0
     assert sum(seg.values()) == pytest.approx(whole, rel=0.5)
     assert (device.Uploader.__call__, device.one_copy, loop_overhead.StubVectorEnv.step) == before
+
+
+@pytest.mark.unit
+def test_a_named_call_inside_another_is_counted_once_as_its_own(monkeypatch):
+    """``--segments``: a mirror's sync that steps the env inside (as a sync runs an upload) is timed without the env's
+    2 ms, which go to ``env`` alone: the segments still add up to the whole."""
+    import time
+
+    from shared.device_replay import DeviceReplay
+
+    envs = loop_overhead.StubVectorEnv(loop_overhead.CHEETAH_OBS, loop_overhead.CHEETAH_ACT, 2, cost_us=2000.0)
+
+    def busy(seconds: float) -> None:
+        end = time.perf_counter() + seconds
+        while time.perf_counter() < end:
+            pass
+
+    def sync(self) -> None:  # 1 ms of its own around a named call of 2 ms
+        busy(0.0005)
+        envs.step(np.zeros((2, 6)))
+        busy(0.0005)
+
+    monkeypatch.setattr(DeviceReplay, "sync", sync)
+    step = lambda: DeviceReplay.sync(None)  # through the class: what segments wraps
+    t0 = time.perf_counter()
+    step()
+    whole = 1e6 * (time.perf_counter() - t0)
+    seg = loop_overhead.segments(step, 1)
+    assert seg["seg_env"] >= 2000 and 1000 <= seg["seg_append"] < 1500
+    assert sum(seg.values()) == pytest.approx(whole, rel=0.2)

@@ -52,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "algos"))
 
 from shared import compiling, device
+from shared.device_replay import DeviceReplay
 from tests.count_syncs import reads_device
 
 ATARI_OBS = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
@@ -61,7 +62,7 @@ CHEETAH_ACT = gym.spaces.Box(-1.0, 1.0, (6,), np.float32)
 # Per vector step (per rollout for the ``rollout_`` counts) at most: the counts tests/test_loop_overhead.py holds. Set
 # from a run of --counts (torch 2.13, numpy 2.4) with about 5% over the calls; syncs and bytes as they are.
 _ON_POLICY = {"syncs": 1.0, "bytes_up": 225_824, "rollout_syncs": 2.0}
-_CONTINUOUS = {"python_calls": 369, "torch_calls": 125, "syncs": 1.0, "bytes_up": 44_100, "bytes_down": 24}
+_CONTINUOUS = {"python_calls": 236, "torch_calls": 52, "syncs": 1.0, "bytes_up": 320, "bytes_down": 24}
 BUDGETS: dict[str, dict[str, float]] = {
     "ppo_atari": {
         **_ON_POLICY,
@@ -230,7 +231,8 @@ def count(fn: Callable[[], Any], per: int) -> dict[str, float]:
 
 def segments(fn: Callable[[], Any], per: int, runs: int = 3) -> dict[str, float]:
     """Where ``fn()``'s host time goes, in µs per ``per``: each call named in ``calls`` timed around itself (the quickest
-    of ``runs``), ``rest`` the remainder (the script's own Python and numpy, and ``@graphed``'s key)."""
+    of ``runs``) less the named calls inside it (a mirror's sync less its upload), ``rest`` the remainder (the
+    script's own Python and numpy, and ``@graphed``'s key)."""
     from shared import replay
 
     calls = {
@@ -238,18 +240,22 @@ def segments(fn: Callable[[], Any], per: int, runs: int = 3) -> dict[str, float]
         "to_host": [(device, "one_copy")],
         "graph": [(compiling._Graph, "__call__")],  # copy-in, replay (dry: nothing) and copy-out
         "sample": [(replay._Base, "sample")],
-        "append": [(replay.ReplayBuffer, "append"), (replay.SequenceReplayBuffer, "append")],
+        "append": [(replay.ReplayBuffer, "append"), (replay.SequenceReplayBuffer, "append"), (DeviceReplay, "sync")],
         "env": [(StubVectorEnv, "step")],
     }
     spent: Counter = Counter()
+    inner = [0.0]  # the time of the named calls inside the one running (a sync's upload): counted once, as their own
 
     def timed(label: str, f: Callable) -> Callable:
         def call(*args: Any, **kwargs: Any) -> Any:
+            outer, inner[0] = inner[0], 0.0
             t0 = time.perf_counter()
             try:
                 return f(*args, **kwargs)
             finally:
-                spent[label] += time.perf_counter() - t0
+                took = time.perf_counter() - t0
+                spent[label] += took - inner[0]
+                inner[0] = outer + took
 
         return call
 
@@ -446,10 +452,10 @@ def _continuous_update(S: Any, name: str, args: Any, learner: tuple, buffer: Any
     """One sample and one update, as the script's main loop makes them (the learner's first five are the update's
     first arguments in every one of the three; TD3 updates its actor every policy_delay-th update)."""
     updates = [0]
+    mirror = S.mirror_on(buffer, obs_norm, S.HOST_ONLY, cpu)  # RL_HOST_PATH: the replay's mirror on the "device"
 
     def update() -> None:
-        batch, _ = buffer.sample(args.batch_size, skip=S.HOST_ONLY)
-        b = S.to_tensors(batch, obs_norm, cpu)
+        b = S.next_batch(buffer, mirror, obs_norm, args, cpu)
         updates[0] += 1
         if name == "td3_mujoco":
             S.td3_update(*learner[:5], b, args, updates[0] % args.policy_delay == 0)

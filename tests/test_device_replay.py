@@ -1,0 +1,203 @@
+"""shared.device_replay: the replay's mirror on the learner's device gives the host path's batch at the rows it draws,
+draws only what the host replay would sample, uniformly, and follows the buffer through wrap-around, n-step windows,
+appends between syncs of more rows than it holds, a saved and loaded buffer and a shared one."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shared import device_replay
+from shared.device_replay import DeviceReplay
+from shared.namedarraytuple import namedarraytuple
+from shared.normalize import ObsNorm, upload_batch
+from shared.replay import ReplayBuffer
+
+pytestmark = pytest.mark.unit
+
+Step = namedarraytuple("Step", ["observation", "action", "reward", "terminated", "truncated", "bonus"])
+HOST_ONLY = ("reward", "terminated", "truncated", "truncated_n", "n_taken", "final_row", "episode_start", "is_weights")
+OBS, ACT = 3, 2
+CPU = torch.device("cpu")
+
+
+def make(size: int, B: int, n: int, shared: bool = False, **kw) -> ReplayBuffer:
+    example = Step(np.zeros(OBS, np.float32), np.zeros(ACT, np.float32), np.float32(0), False, False, np.float32(0))
+    return ReplayBuffer(example, size, B, discount=0.9, n_step_return=n, shared=shared, seed=0, **kw)
+
+
+def rows(rng: np.random.Generator, T: int, B: int, end: float, start: int) -> Step:
+    """``T`` rows of ``B`` envs: values that say where they come from, episodes ending (terminated or truncated)."""
+    t = start + np.arange(T)[:, None, None] + np.zeros((1, B, 1))
+    ends = rng.random((T, B)) < end
+    term = ends & (rng.random((T, B)) < 0.5)
+    return Step(
+        observation=(t + np.arange(B)[None, :, None] / 10 + np.arange(OBS) / 100).astype(np.float32),
+        action=rng.uniform(-1, 1, (T, B, ACT)).astype(np.float32),
+        reward=rng.normal(size=(T, B)).astype(np.float32),
+        terminated=term,
+        truncated=ends & ~term,
+        bonus=rng.normal(size=(T, B)).astype(np.float32),
+    )
+
+
+def host_batch(buffer: ReplayBuffer, flat: np.ndarray, obs_norm: ObsNorm) -> dict:
+    """What the host path uploads for the transitions at storage ``flat = row * B + env``: the buffer's own gather,
+    ``upload_batch`` of every field but HOST_ONLY."""
+    s, B = buffer.storage, buffer.B
+    r, b = flat // B, flat % B
+    batch = s.gather(r, b)
+    batch["next_observation"] = s.observation((r + batch["n_taken"]) % buffer.T, b)
+    batch["bootstrap_discount"] = s.discounts[batch["n_taken"]]
+    return upload_batch({k: v for k, v in batch.items() if k not in HOST_ONLY}, obs_norm, CPU)
+
+
+def check_sample(buffer: ReplayBuffer, mirror: DeviceReplay, obs_norm: ObsNorm, n: int = 64) -> np.ndarray:
+    """A sample of the mirror: its rows are ones the host would sample, its values the host path's at those rows."""
+    out = mirror.sample(n)
+    flat = mirror.last_index.numpy()
+    lo, hi = buffer.valid_window(buffer.cursor)
+    r, b = flat // buffer.B, flat % buffer.B
+    abs_row = lo + (r - lo) % buffer.T  # each storage row's absolute row inside the window
+    assert ((abs_row >= lo) & (abs_row < hi)).all()
+    assert not buffer.storage.final_row[r, b].any()
+    want = host_batch(buffer, flat, obs_norm)
+    assert set(out) == set(want)
+    for k in want:
+        assert out[k].dtype == torch.float32 and torch.equal(out[k], want[k]), k
+    return flat
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    B=st.integers(1, 3),
+    T=st.integers(6, 12),
+    n=st.integers(1, 3),
+    chunks=st.lists(st.tuples(st.integers(1, 30), st.booleans()), min_size=2, max_size=8),
+    end=st.sampled_from([0.05, 0.3]),
+    norm=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_the_mirror_samples_the_host_paths_batch_at_rows_the_host_would_draw(B, T, n, chunks, end, norm, seed):
+    """Any chunking of appends between syncs (more rows than the buffer holds among them), wrap-around, n-step windows
+    across episode ends and truncations, observation statistics: the mirror's batch equals the host path's at the
+    rows it drew, and those are in the valid window and never a final-observation row."""
+    rng = np.random.default_rng(seed)
+    buffer = make(T * B, B, n)
+    obs_norm = ObsNorm(OBS, enabled=norm)
+    mirror = DeviceReplay(buffer, obs_norm, HOST_ONLY, CPU)
+    torch.manual_seed(seed)
+    at = 0
+    for size, sync in chunks + [(1, True)]:
+        chunk = rows(rng, min(size, T), B, end, at)
+        buffer.append(chunk)
+        obs_norm.update(chunk.observation.reshape(-1, OBS))
+        at += len(chunk.observation)
+        lo, hi = buffer.valid_window(buffer.cursor)
+        if sync:
+            mirror.sync()
+            if hi > lo and not buffer.storage.final_row[np.arange(lo, hi) % T].all():  # something to sample
+                check_sample(buffer, mirror, obs_norm)
+    assert int(mirror.misses) == 0
+
+
+def test_each_valid_transition_is_drawn_equally_often_and_a_final_row_never():
+    """Uniform over the valid transitions: a window with final rows, 200k draws, every count within 5 standard
+    deviations of its expectation; the final rows never."""
+    rng = np.random.default_rng(1)
+    buffer = make(80, 2, 2)
+    buffer.append(rows(rng, 30, 2, 0.2, 0))
+    mirror = DeviceReplay(buffer, ObsNorm(OBS, enabled=False), HOST_ONLY, CPU)
+    mirror.sync()
+    torch.manual_seed(0)
+    counts = np.zeros(buffer.T * buffer.B, np.int64)
+    for _ in range(50):
+        mirror.sample(4000)
+        counts += np.bincount(mirror.last_index.numpy(), minlength=len(counts))
+    lo, hi = buffer.valid_window(buffer.cursor)
+    flat = (np.arange(lo, hi)[:, None] * buffer.B + np.arange(buffer.B)).reshape(-1)
+    final = buffer.storage.final_row.reshape(-1)[flat]
+    assert final.any() and counts[flat[final]].sum() == 0
+    valid = flat[~final]
+    expected = counts.sum() / len(valid)
+    assert counts.sum() == counts[valid].sum() == 200_000
+    assert np.abs(counts[valid] - expected).max() < 5 * np.sqrt(expected)
+
+
+def test_a_draw_with_no_valid_candidate_is_counted(monkeypatch):
+    """With one candidate a draw, the draws that land on a final row are exactly the ``misses`` counted (the check
+    would otherwise never see one: 32 candidates make it a 1e-32 event)."""
+    monkeypatch.setattr(device_replay, "CANDIDATES", 1)
+    rng = np.random.default_rng(2)
+    buffer = make(80, 2, 1)
+    buffer.append(rows(rng, 30, 2, 0.3, 0))
+    mirror = DeviceReplay(buffer, ObsNorm(OBS, enabled=False), HOST_ONLY, CPU)
+    mirror.sync()
+    landed = 0
+    for _ in range(20):
+        mirror.sample(256)
+        flat = mirror.last_index.numpy()
+        landed += int(buffer.storage.final_row.reshape(-1)[flat].sum())
+    assert landed > 0 and int(mirror.misses) == landed
+
+
+def test_a_loaded_and_a_shared_buffer_are_mirrored_as_they_are(tmp_path):
+    """A buffer restored from ``save`` (the mirror made after: a resumed run) and one in shared memory (an async
+    sampler's) give the host path's batches."""
+    rng = np.random.default_rng(3)
+    saved = make(60, 2, 3)
+    saved.append(rows(rng, 25, 2, 0.1, 0))
+    saved.append(rows(rng, 25, 2, 0.1, 25))  # around the end
+    saved.save(tmp_path / "replay.npz")
+    loaded = make(60, 2, 3, shared=True)
+    loaded.load(tmp_path / "replay.npz")
+    obs_norm = ObsNorm(OBS)
+    mirror = DeviceReplay(loaded, obs_norm, HOST_ONLY, CPU)
+    mirror.sync()
+    check_sample(loaded, mirror, obs_norm)
+    loaded.append(rows(rng, 7, 2, 0.1, 50))
+    mirror.sync()
+    check_sample(loaded, mirror, obs_norm)
+
+
+def test_a_buffer_it_cannot_mirror_is_refused_at_once():
+    """Prioritized, frame-wise and nested replays: a ValueError when the mirror is made, not a wrong batch later."""
+    norm = ObsNorm(OBS, enabled=False)
+    with pytest.raises(ValueError, match="uniform ReplayBuffer"):
+        DeviceReplay(make(40, 2, 1, prioritized=True), norm, HOST_ONLY, CPU)
+    Frames = namedarraytuple("Frames", ["observation", "action", "reward", "terminated"])
+    framewise = ReplayBuffer(Frames(np.zeros((2, 4, 4), np.uint8), np.int64(0), np.float32(0), False), 40, 2, frame_stack=2)
+    with pytest.raises(ValueError, match="uniform ReplayBuffer"):
+        DeviceReplay(framewise, norm, HOST_ONLY, CPU)
+    Inner = namedarraytuple("Inner", ["a"])
+    Nested = namedarraytuple("Nested", ["observation", "action", "reward", "terminated", "extra"])
+    nested = ReplayBuffer(Nested(np.zeros(3, np.float32), np.float32(0), np.float32(0), False, Inner(np.float32(0))), 40, 2)
+    with pytest.raises(ValueError, match="'extra' is nested"):
+        DeviceReplay(nested, norm, HOST_ONLY, CPU)
+
+
+def test_a_sync_sends_each_storage_row_at_most_once(monkeypatch):
+    """After more appends than the buffer holds, a sync sends each storage row once, in runs of at most ``CHUNK`` rows
+    split at the wrap-around; a sync with nothing new sends nothing; one new row sends it and the n - 1 before it."""
+    monkeypatch.setattr(device_replay, "CHUNK", 7)
+    sent = []
+    real = device_replay.upload
+    monkeypatch.setattr(device_replay, "upload", lambda arrays, dev: sent.append(arrays) or real(arrays, dev))
+    rng = np.random.default_rng(4)
+    buffer = make(40, 2, 3)  # 20 rows
+    mirror = DeviceReplay(buffer, ObsNorm(OBS, enabled=False), HOST_ONLY, CPU)
+    for at in range(0, 55, 11):
+        buffer.append(rows(rng, 11, 2, 0.1, at))
+    mirror.sync()
+    blocks = [a["block"] if isinstance(a, dict) else a for a in sent]
+    assert [len(b) for b in blocks] == [5 * 2, 7 * 2, 7 * 2, 1 * 2]  # rows 15-19, then 0-14 after the wrap-around
+    check_sample(buffer, mirror, ObsNorm(OBS, enabled=False))
+    sent.clear()
+    mirror.sync()
+    assert sent == []
+    buffer.append(rows(rng, 1, 2, 0.1, 55))
+    mirror.sync()
+    assert len(sent) == 1 and len(sent[0]["block"]) == 3 * 2  # the new row and the n - 1 = 2 before it
