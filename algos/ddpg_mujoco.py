@@ -363,7 +363,7 @@ def main() -> int:
     with run.allocating("buffer_size", "hidden"):  # sizes this machine cannot hold: exit 2
         actor, target_actor, critic, target_critic, optimizers, obs_norm = make_learner(args, run)
         buffer = None if args.eval_only or args.export else make_replay(args, run)  # evaluating or exporting: no replay
-        mirror = mirror_on(buffer, obs_norm, HOST_ONLY, run.device)  # a CUDA learner samples on the device
+        mirror = mirror_on(buffer, HOST_ONLY, run.device, obs_norm)  # a CUDA learner samples on the device
     policy = Policy(actor, obs_norm, run.act_space).to(run.device)
     named_optimizers = {"actor_optimizer": optimizers[0], "critic_optimizer": optimizers[1]}  # the checkpoint's names
     saved = dict(actor=actor, target_actor=target_actor, critic=critic, target_critic=target_critic, **named_optimizers)

@@ -406,7 +406,7 @@ def main() -> int:
     with run.allocating("buffer_size", "hidden"):  # sizes this machine cannot hold: exit 2
         actor, critics, target_critics, log_alpha, optimizers, obs_norm = make_learner(args, run)
         buffer = None if args.eval_only or args.export else make_replay(args, run)  # evaluating or exporting: no replay
-        mirror = mirror_on(buffer, obs_norm, HOST_ONLY, run.device)  # a CUDA learner samples on the device
+        mirror = mirror_on(buffer, HOST_ONLY, run.device, obs_norm)  # a CUDA learner samples on the device
     policy = Policy(actor, obs_norm, run.act_space).to(run.device)
     saved = dict(actor=actor, critics=critics, target_critics=target_critics, log_alpha=log_alpha, **optimizers)
     start = run.begin(partial(act, policy, run.device), buffer, **saved, obs_norm=obs_norm)

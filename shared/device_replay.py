@@ -1,21 +1,28 @@
 """A transition replay mirrored on the learner's device and sampled there: a CUDA learner's batch is neither gathered
-on the host nor copied up at each update (SAC, TD3 and DDPG, whose update is one CUDA graph that draws it).
+on the host nor copied up at each update (SAC, TD3, DDPG, and DQN and C51 with a uniform replay, whose update is one
+CUDA graph that draws it).
 
 Guarantees
-- ``DeviceReplay(buffer, obs_norm, skip, device)`` mirrors a uniform ``shared.replay.ReplayBuffer`` of flat fields
-  without frame stacking: every field of its batch but those in ``skip`` (a script's ``HOST_ONLY``), as the host path
-  ``shared.normalize.upload_batch(batch minus skip)`` gives it: float32 tensors ``[N, ...]``, ``observation`` and
-  ``next_observation`` normalised by ``obs_norm``, ``bootstrap_discount`` = ``discount ** n_taken``. A field added to
-  the replay's rows reaches the update this way with no other change. A buffer it cannot mirror (prioritized,
-  frame-wise, sequences, a nested field) is a ``ValueError`` at construction.
-- ``mirror_on(buffer, obs_norm, skip, device)``: a ``DeviceReplay`` for a CUDA learner (and on the CPU under
+- ``DeviceReplay(buffer, skip, device, obs_norm=None)`` mirrors a uniform ``shared.replay.ReplayBuffer`` of flat
+  fields: every field of its batch but those in ``skip`` (a script's ``HOST_ONLY``), ``[N, ...]``, as the host path
+  uploads it. With ``obs_norm`` (SAC, TD3, DDPG: ``shared.normalize.upload_batch``) every field is float32 and
+  ``observation`` and ``next_observation`` are normalised; without it (DQN, C51: ``shared.device.upload``) each field
+  keeps its stored dtype. A frame-wise replay (Atari's frames stored once) gives the stacked ``observation`` and
+  ``next_observation`` ``[N, C, ...]`` in place of a unique-frames batch's ``frames`` and indices (what
+  ``shared.replay.stacked`` makes of them), a frame from before its episode's start zero as the host's.
+  ``bootstrap_discount`` is ``discount ** n_taken``; ``is_weights`` (uniform) ones. A field added to the replay's rows
+  reaches the update this way with no other change; the mirror holds the fields as float64 (every float32 and every
+  integer below 2 ** 53 exact) and the frames as they are. A prioritized or nested replay is a ``ValueError`` at
+  construction.
+- ``mirror_on(buffer, skip, device, obs_norm=None)``: a ``DeviceReplay`` for a CUDA learner (and on the CPU under
   ``RL_HOST_PATH=cuda``, as the tests and ``benchmarks/speed/loop_overhead.py`` run CUDA's host path), else ``None``:
-  a CPU learner samples on the host as before, draw for draw.
+  a CPU learner samples on the host as before, draw for draw, and so does a prioritized replay (its sum tree) or a
+  sequence replay (R2D1).
 - ``sync()`` brings the mirror up to the buffer: the rows written since the last sync and the ``n - 1`` before them
   (whose n-step fields the new rows completed; every row where more than the buffer holds was written), the valid
-  window and the observation statistics, read under the buffer's lock (an async sampler appends to a shared one
-  meanwhile) and sent in packed copies (``shared.device.upload``) of at most ``CHUNK`` rows, each storage row once:
-  one copy a sync as the loop runs. Nothing is read back.
+  window, the new frames and the observation statistics, read under the buffer's lock (an async sampler appends to
+  a shared one meanwhile) and sent in packed copies (``shared.device.upload``) of at most ``CHUNK`` rows, each
+  storage row once: one copy a sync as the loop runs. Nothing is read back.
 - ``sample(N)`` (called inside the update, so that the draw is in its CUDA graph) draws ``N`` transitions with
   replacement, uniformly among those the host replay would sample: a row of its valid window
   (``ReplayBuffer.valid_window``) and an env, never a final-observation row. Each draw takes the first of
@@ -45,42 +52,55 @@ CANDIDATES = 32  # draws per sample, the first valid one kept (module docstring)
 CHUNK = 4096  # rows (of B envs) per copy up in a sync: a restored full replay does not stage 100 MB at once
 
 
-def mirror_on(buffer: ReplayBuffer | None, obs_norm: Any, skip: tuple, device: Any) -> DeviceReplay | None:
-    """The replay's mirror on a CUDA learner (see the module docstring); ``None`` on the CPU or without a replay."""
+def mirror_on(buffer: Any, skip: tuple, device: Any, obs_norm: Any = None) -> DeviceReplay | None:
+    """The replay's mirror on a CUDA learner (see the module docstring); ``None`` on the CPU, without a replay, or for a
+    replay whose draws need the host (prioritized: its sum tree; sequences)."""
     if buffer is None or (device.type != "cuda" and not shared.device.CUDA_PATH):
         return None
-    return DeviceReplay(buffer, obs_norm, skip, device)
+    if not isinstance(buffer, ReplayBuffer) or buffer.tree is not None:
+        return None
+    return DeviceReplay(buffer, skip, device, obs_norm)
 
 
 class DeviceReplay(torch.nn.Module):
     """The device's copy of ``buffer``'s rows, sampled on the device (see the module docstring). A module: a
     ``@graphed`` update takes it as state (used in place, never copied in)."""
 
-    def __init__(self, buffer: ReplayBuffer, obs_norm: Any, skip: tuple, device: Any):
+    def __init__(self, buffer: ReplayBuffer, skip: tuple, device: Any, obs_norm: Any = None):
         super().__init__()
-        if not isinstance(buffer, ReplayBuffer) or buffer.tree is not None or buffer.storage.C > 1:
-            raise ValueError("the device replay mirrors a uniform ReplayBuffer without frame stacking")
-        if buffer.storage.T >= 2**24:
-            raise ValueError(f"the device replay holds at most {2**24 - 1} rows of envs")
+        if not isinstance(buffer, ReplayBuffer) or buffer.tree is not None:
+            raise ValueError("the device replay mirrors a uniform ReplayBuffer (a prioritized one samples on the host)")
         s = buffer.storage
-        derived = ("next_observation", "bootstrap_discount", "is_weights")  # made at sampling, not stored
-        self.fields = [f for f in buffer._batch_cls._fields if f not in skip and f not in derived]
-        self.fields += [f for f in ("n_taken", "final_row") if f not in self.fields]  # the draw and the bootstrap read
-        self.outputs = [f for f in buffer._batch_cls._fields if f not in skip]
-        self.columns: dict[str, tuple[int, int, tuple]] = {}  # field -> (first column, width, shape of one row)
+        if s.T >= 2**24:
+            raise ValueError(f"the device replay holds at most {2**24 - 1} rows of envs")
+        made = ("next_observation", "bootstrap_discount", "is_weights")  # made at sampling, not stored
+        frames = ("frames", "frame_index", "next_frame_index")  # a unique-frames batch's: stacked here instead
+        names = [f for f in buffer._batch_cls._fields if f not in skip]
+        if any(f in names for f in frames):
+            names = [f for f in names if f not in frames] + ["observation", "next_observation"]
+        self.outputs = names  # the batch's fields, as the host path's upload gives them
+        stored = [f for f in names if f not in made and not (f == "observation" and s.C > 1)]
+        needed = ["n_taken", "final_row"] + (["episode_start"] if s.C > 1 else [])  # the draw, bootstrap and stacks read
+        self.columns: dict[str, tuple[int, int, tuple, Any]] = {}  # field -> (first column, width, row shape, dtype)
         width = 0
-        for f in self.fields:
+        for f in stored + [f for f in needed if f not in stored]:
             x = self._source(s, f)
             if not isinstance(x, np.ndarray):
                 raise ValueError(f"the device replay mirrors flat fields; {f!r} is nested (add it to HOST_ONLY)")
-            shape = x.shape[2:]
-            self.columns[f] = (width, int(np.prod(shape, dtype=np.int64)), shape)
+            dtype = torch.float32 if obs_norm is not None else torch.from_numpy(x[:0, :0]).dtype
+            self.columns[f] = (width, int(np.prod(x.shape[2:], dtype=np.int64)), x.shape[2:], dtype)
             width += self.columns[f][1]
         self.buffer, self.obs_norm = buffer, obs_norm
-        self.T, self.B = s.T, s.B
+        self.T, self.B, self.C = s.T, s.B, s.C
         self.synced = 0  # abs rows whose every field the mirror holds
-        self.register_buffer("data", torch.zeros(s.T * s.B, width, device=device))  # [T * B, F] float32
-        self.register_buffer("meta", torch.zeros(2 + len(obs_norm.moments()), device=device))  # sync's (window, stats)
+        moments = obs_norm.moments() if obs_norm is not None else np.zeros(0, np.float32)
+        # float64: every stored float32 and every integer below 2 ** 53 exact, whatever the field
+        self.register_buffer("data", torch.zeros(s.T * s.B, width, dtype=torch.float64, device=device))  # [T * B, F]
+        frame = s.frames if s.C > 1 else np.zeros((0, 0), np.uint8)
+        self.register_buffer(
+            "frames", torch.zeros(s.T * s.B if s.C > 1 else 0, *frame.shape[2:], dtype=torch.uint8, device=device)
+        )
+        self.register_buffer("meta", torch.zeros(2 + len(moments), dtype=torch.float64, device=device))  # window, stats
         self.register_buffer("discounts", torch.as_tensor(s.discounts, device=device))  # by n_taken
         self.register_buffer("misses", torch.zeros((), dtype=torch.int64, device=device))
         self.register_buffer("last_index", torch.zeros(0, dtype=torch.int64, device=device))
@@ -99,26 +119,43 @@ class DeviceReplay(torch.nn.Module):
             if cursor == self.synced:
                 return
             lo, hi = self.buffer.valid_window(cursor)
-            # the window as (first storage row, rows): float32 holds them exactly (T < 2 ** 24), the statistics after
-            meta = np.concatenate([[lo % T, hi - lo], self.obs_norm.moments()], dtype=np.float32)
+            moments = self.obs_norm.moments() if self.obs_norm is not None else []
+            meta = np.concatenate([[lo % T, hi - lo], moments], dtype=np.float64)  # the window, the statistics after
             pieces, start = [], max(self.synced - (s.n - 1), cursor - T, 0)  # the n - 1 before: n-step fields changed
             while start < cursor:  # runs of storage rows, split where they wrap around
                 m = min(CHUNK, cursor - start, T - start % T)
                 flat = slice(start % T * B, (start % T + m) * B)
-                columns = [self._source(s, f).reshape(T * B, -1)[flat] for f in self.fields]
-                pieces.append((flat, np.concatenate(columns, axis=1, dtype=np.float32)))
+                columns = [self._source(s, f).reshape(T * B, -1)[flat] for f in self.columns]
+                piece = {"block": np.concatenate(columns, axis=1, dtype=np.float64)}
+                if self.C > 1:
+                    piece["frames"] = s.frames.reshape(T * B, *s.frames.shape[2:])[flat]
+                pieces.append((flat, piece))
                 start += m
-        for flat, block in pieces[:-1]:
-            self.data[flat] = upload(block, self.data.device)  # one copy each
-        up = upload({"block": pieces[-1][1], "meta": meta}, self.data.device)  # one copy
-        self.data[pieces[-1][0]] = up["block"]
+        pieces[-1][1]["meta"] = meta
+        for flat, piece in pieces:
+            up = upload(piece, self.data.device)  # one copy
+            self.data[flat] = up["block"]
+            if self.C > 1:
+                self.frames[flat] = up["frames"]
         self.meta.copy_(up["meta"])
         self.synced = cursor
 
     def column(self, rows: torch.Tensor, field: str) -> torch.Tensor:
-        """``field`` at the mirror's flat ``rows`` [N], shaped ``[N, ...]`` as the replay stores it (float32)."""
-        first, width, shape = self.columns[field]
-        return self.data[rows, first : first + width].view(len(rows), *shape)
+        """``field`` at the mirror's flat ``rows`` [N], shaped ``[N, ...]`` and typed as the batch carries it."""
+        first, width, shape, dtype = self.columns[field]
+        return self.data[rows, first : first + width].view(len(rows), *shape).to(dtype)
+
+    def stack(self, rows: torch.Tensor) -> torch.Tensor:
+        """Frame-wise storage: the observations [N, C, ...] at flat ``rows`` [N], oldest frame first, a frame from
+        before its episode's start zero (the host replay's rule: a later frame of the stack starts an episode)."""
+        n, C = len(rows), self.C
+        history = (rows // self.B)[:, None] + torch.arange(-(C - 1), 1, device=rows.device)  # [N, C] storage rows
+        flat = history % self.T * self.B + (rows % self.B)[:, None]  # [N, C]
+        starts = self.column(flat.reshape(-1), "episode_start").view(n, C)
+        before = starts[:, 1:].flip(1).cumsum(1).flip(1) > 0  # [N, C - 1]: a later frame starts an episode
+        keep = torch.cat([~before, torch.ones_like(before[:, :1])], 1)  # [N, C]
+        frames = self.frames[flat]  # [N, C, ...]
+        return frames * keep.view(n, C, *[1] * (frames.dim() - 2)).to(frames.dtype)
 
     def sample(self, n: int) -> dict[str, torch.Tensor]:
         """``n`` transitions drawn on the device: the update's batch (see the module docstring)."""
@@ -132,15 +169,17 @@ class DeviceReplay(torch.nn.Module):
         self.last_index = rows
         n_taken = self.column(rows, "n_taken").long()
         next_rows = (rows // self.B + n_taken) % self.T * self.B + rows % self.B  # the bootstrap row, same env
-        stats = self.meta[2:]
+        stats = self.meta[2:].float()
         out = {}
         for f in self.outputs:
-            if f == "next_observation":
-                out[f] = self.obs_norm.normalize(self.column(next_rows, "observation"), stats)
+            if f in ("observation", "next_observation"):
+                at = rows if f == "observation" else next_rows
+                obs = self.stack(at) if self.C > 1 else self.column(at, "observation")
+                out[f] = obs if self.obs_norm is None else self.obs_norm.normalize(obs, stats)
             elif f == "bootstrap_discount":
                 out[f] = self.discounts[n_taken]
-            elif f == "observation":
-                out[f] = self.obs_norm.normalize(self.column(rows, f), stats)
+            elif f == "is_weights":  # uniform: every sample weighs 1
+                out[f] = torch.ones(n, device=rows.device)
             else:
                 out[f] = self.column(rows, f)
         return out

@@ -70,9 +70,12 @@ def test_terminal_target_puts_all_mass_at_the_return():
 
 # With the slow tests, for CI's 30 minutes (C51 CartPole is re-measured by benchmarks/checks/recheck_learning.py: 500.0
 # over 3 seeds); the distributional loss and projection are checked against a reference in CI.
+# host_path "cuda": CUDA's host path on this CPU, the batches drawn from the replay's mirror on the "device".
 @pytest.mark.slow
-@pytest.mark.parametrize("noisy", [[], ["--noisy"]], ids=["epsilon-greedy", "noisy"])
-def test_c51_learns_cartpole_serial(noisy, tmp_path):
+@pytest.mark.parametrize(
+    "noisy, host_path", [([], ""), (["--noisy"], ""), ([], "cuda")], ids=["epsilon-greedy", "noisy", "device-mirror"]
+)
+def test_c51_learns_cartpole_serial(noisy, host_path, tmp_path):
     out = run(
         "catdqn_atari.py",
         *CARTPOLE,
@@ -86,6 +89,7 @@ def test_c51_learns_cartpole_serial(noisy, tmp_path):
         "--run-name",
         "r",
         timeout=500,
+        env={"RL_HOST_PATH": host_path},
     )
     assert out.returncode == 0, out.stderr[-3000:]
     m = re.search(r"mean return of the last 20 episodes ([\d.]+) >= 475.0 at step (\d+)", out.stdout)

@@ -88,7 +88,7 @@ def test_the_mirror_samples_the_host_paths_batch_at_rows_the_host_would_draw(B, 
     rng = np.random.default_rng(seed)
     buffer = make(T * B, B, n)
     obs_norm = ObsNorm(OBS, enabled=norm)
-    mirror = DeviceReplay(buffer, obs_norm, HOST_ONLY, CPU)
+    mirror = DeviceReplay(buffer, HOST_ONLY, CPU, obs_norm)
     torch.manual_seed(seed)
     at = 0
     for size, sync in chunks + [(1, True)]:
@@ -105,16 +105,16 @@ def test_the_mirror_samples_the_host_paths_batch_at_rows_the_host_would_draw(B, 
 
 
 def test_each_valid_transition_is_drawn_equally_often_and_a_final_row_never():
-    """Uniform over the valid transitions: a window with final rows, 200k draws, every count within 5 standard
+    """Uniform over the valid transitions: a window with final rows, 100k draws, every count within 5 standard
     deviations of its expectation; the final rows never."""
     rng = np.random.default_rng(1)
     buffer = make(80, 2, 2)
     buffer.append(rows(rng, 30, 2, 0.2, 0))
-    mirror = DeviceReplay(buffer, ObsNorm(OBS, enabled=False), HOST_ONLY, CPU)
+    mirror = DeviceReplay(buffer, HOST_ONLY, CPU, ObsNorm(OBS, enabled=False))
     mirror.sync()
     torch.manual_seed(0)
     counts = np.zeros(buffer.T * buffer.B, np.int64)
-    for _ in range(50):
+    for _ in range(25):
         mirror.sample(4000)
         counts += np.bincount(mirror.last_index.numpy(), minlength=len(counts))
     lo, hi = buffer.valid_window(buffer.cursor)
@@ -123,7 +123,7 @@ def test_each_valid_transition_is_drawn_equally_often_and_a_final_row_never():
     assert final.any() and counts[flat[final]].sum() == 0
     valid = flat[~final]
     expected = counts.sum() / len(valid)
-    assert counts.sum() == counts[valid].sum() == 200_000
+    assert counts.sum() == counts[valid].sum() == 100_000
     assert np.abs(counts[valid] - expected).max() < 5 * np.sqrt(expected)
 
 
@@ -134,7 +134,7 @@ def test_a_draw_with_no_valid_candidate_is_counted(monkeypatch):
     rng = np.random.default_rng(2)
     buffer = make(80, 2, 1)
     buffer.append(rows(rng, 30, 2, 0.3, 0))
-    mirror = DeviceReplay(buffer, ObsNorm(OBS, enabled=False), HOST_ONLY, CPU)
+    mirror = DeviceReplay(buffer, HOST_ONLY, CPU, ObsNorm(OBS, enabled=False))
     mirror.sync()
     landed = 0
     for _ in range(20):
@@ -155,7 +155,7 @@ def test_a_loaded_and_a_shared_buffer_are_mirrored_as_they_are(tmp_path):
     loaded = make(60, 2, 3, shared=True)
     loaded.load(tmp_path / "replay.npz")
     obs_norm = ObsNorm(OBS)
-    mirror = DeviceReplay(loaded, obs_norm, HOST_ONLY, CPU)
+    mirror = DeviceReplay(loaded, HOST_ONLY, CPU, obs_norm)
     mirror.sync()
     check_sample(loaded, mirror, obs_norm)
     loaded.append(rows(rng, 7, 2, 0.1, 50))
@@ -164,19 +164,69 @@ def test_a_loaded_and_a_shared_buffer_are_mirrored_as_they_are(tmp_path):
 
 
 def test_a_buffer_it_cannot_mirror_is_refused_at_once():
-    """Prioritized, frame-wise and nested replays: a ValueError when the mirror is made, not a wrong batch later."""
+    """Prioritized and nested replays: a ValueError when the mirror is made, not a wrong batch later; ``mirror_on``
+    leaves a prioritized one on the host."""
     norm = ObsNorm(OBS, enabled=False)
     with pytest.raises(ValueError, match="uniform ReplayBuffer"):
-        DeviceReplay(make(40, 2, 1, prioritized=True), norm, HOST_ONLY, CPU)
-    Frames = namedarraytuple("Frames", ["observation", "action", "reward", "terminated"])
-    framewise = ReplayBuffer(Frames(np.zeros((2, 4, 4), np.uint8), np.int64(0), np.float32(0), False), 40, 2, frame_stack=2)
-    with pytest.raises(ValueError, match="uniform ReplayBuffer"):
-        DeviceReplay(framewise, norm, HOST_ONLY, CPU)
+        DeviceReplay(make(40, 2, 1, prioritized=True), HOST_ONLY, CPU, norm)
+    assert device_replay.mirror_on(make(40, 2, 1, prioritized=True), HOST_ONLY, torch.device("cuda")) is None
     Inner = namedarraytuple("Inner", ["a"])
     Nested = namedarraytuple("Nested", ["observation", "action", "reward", "terminated", "extra"])
     nested = ReplayBuffer(Nested(np.zeros(3, np.float32), np.float32(0), np.float32(0), False, Inner(np.float32(0))), 40, 2)
     with pytest.raises(ValueError, match="'extra' is nested"):
-        DeviceReplay(nested, norm, HOST_ONLY, CPU)
+        DeviceReplay(nested, HOST_ONLY, CPU, norm)
+
+
+Frame = namedarraytuple("Frame", ["observation", "action", "reward", "terminated", "truncated", "episode_end"])
+FRAME_HOST_ONLY = ("reward", "terminated", "truncated", "episode_end", "truncated_n", "n_taken", "final_row", "episode_start")
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    B=st.integers(1, 3),
+    T=st.integers(8, 14),
+    n=st.integers(1, 3),
+    C=st.integers(2, 4),
+    chunks=st.lists(st.tuples(st.integers(1, 30), st.booleans()), min_size=2, max_size=6),
+    end=st.sampled_from([0.05, 0.3]),
+    unique=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_a_framewise_mirror_stacks_the_host_replays_observations_in_their_dtypes(B, T, n, C, chunks, end, unique, seed):
+    """DQN's replay (frames stored once, lost lives ending windows but not episodes, integer actions): without
+    observation statistics each field keeps its stored dtype, as ``shared.device.upload`` sends it, and the stacks
+    (zero frames before an episode's start) equal the host replay's, for a unique-frames batch or not."""
+    rng = np.random.default_rng(seed)
+    example = Frame(np.zeros((C, 2, 2), np.uint8), np.int64(0), np.float32(0), False, False, False)
+    buffer = ReplayBuffer(example, T * B, B, 0.9, n, frame_stack=C, seed=0, unique_frames=unique)
+    mirror = DeviceReplay(buffer, FRAME_HOST_ONLY, CPU)
+    torch.manual_seed(seed)
+    for size, sync in chunks + [(1, True)]:
+        m = min(size, T)
+        ends = rng.random((m, B)) < end
+        term = rng.random((m, B)) < end / 2  # a lost life: terminal for learning, the episode goes on
+        obs = rng.integers(0, 255, (m, B, C, 2, 2), dtype=np.uint8)
+        buffer.append(Frame(obs, rng.integers(0, 2**40, (m, B)), rng.normal(size=(m, B)), term | ends, ends & ~term, ends))
+        lo, hi = buffer.valid_window(buffer.cursor)
+        if not sync:
+            continue
+        mirror.sync()
+        if hi <= lo or buffer.storage.final_row[np.arange(lo, hi) % T].all():
+            continue
+        out = mirror.sample(32)
+        flat = mirror.last_index.numpy()
+        r, b = flat // B, flat % B
+        assert not buffer.storage.final_row[r, b].any()
+        s = buffer.storage
+        want = {k: v for k, v in s.gather(r, b).items() if k not in FRAME_HOST_ONLY}
+        want["observation"] = s.observation(r, b)
+        want["next_observation"] = s.observation((r + s.n_taken[r, b]) % T, b)
+        want["bootstrap_discount"] = s.discounts[s.n_taken[r, b]]
+        want["is_weights"] = np.ones(32, np.float32)
+        assert set(out) == set(want)
+        for k, v in want.items():
+            assert out[k].dtype == torch.from_numpy(np.asarray(v)).dtype and np.array_equal(out[k].numpy(), v), k
+    assert int(mirror.misses) == 0
 
 
 def test_a_sync_sends_each_storage_row_at_most_once(monkeypatch):
@@ -188,7 +238,7 @@ def test_a_sync_sends_each_storage_row_at_most_once(monkeypatch):
     monkeypatch.setattr(device_replay, "upload", lambda arrays, dev: sent.append(arrays) or real(arrays, dev))
     rng = np.random.default_rng(4)
     buffer = make(40, 2, 3)  # 20 rows
-    mirror = DeviceReplay(buffer, ObsNorm(OBS, enabled=False), HOST_ONLY, CPU)
+    mirror = DeviceReplay(buffer, HOST_ONLY, CPU, ObsNorm(OBS, enabled=False))
     for at in range(0, 55, 11):
         buffer.append(rows(rng, 11, 2, 0.1, at))
     mirror.sync()

@@ -27,9 +27,12 @@ from shared.replay import ReplayBuffer
 CARTPOLE = ["--preset", "cartpole", "--eval-episodes", "0"]  # the learning test below is the preset's test
 
 
-def test_dqn_learns_to_balance_cartpole_for_200_steps_within_50k(tmp_path):
+@pytest.mark.parametrize("host_path", ["", "cuda"])
+def test_dqn_learns_to_balance_cartpole_for_200_steps_within_50k(host_path, tmp_path):
     """CI's learning check (the preset's whole test, 475 within 100k, is the slow one below): a uniform policy
-    averages about 22; seed 1 gets the last 20 episodes to 200 at step 24,036, seed 2 at 16,124 (36 s and 24 s)."""
+    averages about 22; seed 1 gets the last 20 episodes to 200 at step 24,036, seed 2 at 16,124 (36 s and 24 s).
+    host_path "cuda": CUDA's host path on this CPU, the batches drawn from the replay's mirror on the "device"
+    (shared.device_replay), other batches than the host replay's, the same learning."""
     out = run(
         "dqn_atari.py",
         *CARTPOLE,
@@ -42,6 +45,7 @@ def test_dqn_learns_to_balance_cartpole_for_200_steps_within_50k(tmp_path):
         "--run-name",
         "r",
         timeout=400,
+        env={"RL_HOST_PATH": host_path},
     )
     assert out.returncode == 0, out.stderr[-3000:]
     m = re.search(r"mean return of the last 20 episodes ([\d.]+) >= 200.0 at step (\d+)", out.stdout)
@@ -156,6 +160,21 @@ def test_dueling_head_scales_the_torso_gradient():
     adv2 = net.q(h2)
     (net.v(h2) + adv2 - adv2.mean(1, keepdim=True)).sum().backward()
     assert torch.allclose(g_scaled, h2.grad * 2**-0.5, atol=1e-6)
+
+
+def test_atari_frames_through_the_device_mirror_train_and_resume(tmp_path):
+    """CUDA's host path on this CPU with a uniform replay: Atari's frames stacked by the replay's mirror on the
+    "device" (4 frames, 3-step windows across lost lives), a checkpoint with the replay, and a resume that mirrors the
+    loaded replay."""
+    common = ["--num-envs", "4", "--buffer-size", "2000", "--min-steps-learn", "200", "--log-every", "200"]
+    common += ["--eval-episodes", "0", "--n-step-return", "3", "--save-replay"]
+    env = {"RL_HOST_PATH": "cuda"}
+    out = run("dqn_atari.py", *common, "--total-timesteps", "400", "--out-dir", str(tmp_path), "--run-name", "a", env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert int(progress(tmp_path / "a")[-1]["updates"]) > 0
+    out = run("dqn_atari.py", *common, "--total-timesteps", "600", "--resume", str(tmp_path / "a"), env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert [int(r["global_step"]) for r in progress(tmp_path / "a")] == [200, 400, 600]
 
 
 # Atari parallel sampling (ale-py's vector env) is tested frame for frame in test_atari.py and here with the slow

@@ -374,7 +374,8 @@ def value_based(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
         per_update = args.batch_size
         step = lambda: buffer.append(stepper.step(q_net, eps, cpu)[0])
         learn = S.dqn_update if name == "dqn_atari" else S.c51_update
-        update = lambda: learn(q_net, target_net, optimizer, buffer, args, args.beta, cpu, noise)
+        mirror = S.mirror_on(buffer, S.HOST_ONLY, cpu)  # RL_HOST_PATH: the uniform replay's mirror on the "device"
+        update = lambda: learn(q_net, target_net, optimizer, buffer, args, args.beta, cpu, noise, mirror)
     updates = args.replay_ratio * args.num_envs / per_update  # per vector step
     every = max(round(1 / updates), 1) if updates < 1 else 1
     per_step = max(round(updates), 1) if updates >= 1 else 1
@@ -452,7 +453,7 @@ def _continuous_update(S: Any, name: str, args: Any, learner: tuple, buffer: Any
     """One sample and one update, as the script's main loop makes them (the learner's first five are the update's
     first arguments in every one of the three; TD3 updates its actor every policy_delay-th update)."""
     updates = [0]
-    mirror = S.mirror_on(buffer, obs_norm, S.HOST_ONLY, cpu)  # RL_HOST_PATH: the replay's mirror on the "device"
+    mirror = S.mirror_on(buffer, S.HOST_ONLY, cpu, obs_norm)  # RL_HOST_PATH: the replay's mirror on the "device"
 
     def update() -> None:
         b = S.next_batch(buffer, mirror, obs_norm, args, cpu)
