@@ -487,7 +487,7 @@ def c51_loss(q_net, target_net, batch: dict, args: Args, noise=None) -> tuple:
 
 
 @graphed
-def c51_step(q_net, target_net, optimizer, batch: dict, args: Args, noise=None) -> tuple:
+def c51_step(q_net, target_net, optimizer, batch: dict | DeviceReplay, args: Args, noise=None) -> tuple:
     """One gradient step on ``batch`` [N, ...] (one CUDA graph under --compile on a GPU): the cross-entropies [N] and
     the statistics."""
     batch = batch.sample(args.batch_size) if isinstance(batch, DeviceReplay) else stacked(batch)  # on the device, in the graph
@@ -504,7 +504,7 @@ def c51_update(
     q_net, target_net, optimizer, buffer: ReplayBuffer, args: Args, beta: float, device, noise=None, mirror=None
 ) -> dict:
     if mirror is not None:  # a CUDA learner's uniform replay: the batch is drawn on the device, in c51_step's graph
-        mirror.sync()  # the rows appended since the last update
+        mirror.sync(args.batch_size)  # the rows appended since the last update
         return c51_step(q_net, target_net, optimizer, mirror, args, noise)[1]
     sample, index = buffer.sample(args.batch_size, beta=beta, skip=HOST_ONLY)
     batch = upload({k: v for k, v in sample.items() if k not in HOST_ONLY}, device)  # one copy to a GPU

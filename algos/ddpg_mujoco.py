@@ -265,7 +265,7 @@ def next_batch(
     on the device, brought up to date, which the update samples from inside its graph (shared.device_replay)."""
     if mirror is None:
         return to_tensors(buffer.sample(args.batch_size, skip=HOST_ONLY)[0], obs_norm, device)  # [N, ...]
-    mirror.sync()  # the rows appended since the last update
+    mirror.sync(args.batch_size)  # the rows appended since the last update
     return mirror
 
 
@@ -296,7 +296,7 @@ def ddpg_actor_loss(actor: Actor, critic: Critics, obs: torch.Tensor, bf16: bool
 
 
 @graphed
-def ddpg_update(actor, target_actor, critic, target_critic, optimizers, b: dict, args: Args) -> dict:
+def ddpg_update(actor, target_actor, critic, target_critic, optimizers, b: dict | DeviceReplay, args: Args) -> dict:
     """One DDPG update from the batch ``b`` (tensors [N, ...], or the replay's mirror, sampled here): critic, actor,
     then the soft target updates (one CUDA graph under --compile on a GPU)."""
     b = b.sample(args.batch_size) if isinstance(b, DeviceReplay) else b  # a CUDA learner's batch: drawn in this graph

@@ -284,7 +284,7 @@ def next_batch(
     on the device, brought up to date, which the update samples from inside its graph (shared.device_replay)."""
     if mirror is None:
         return to_tensors(buffer.sample(args.batch_size, skip=HOST_ONLY)[0], obs_norm, device)  # [N, ...]
-    mirror.sync()  # the rows appended since the last update
+    mirror.sync(args.batch_size)  # the rows appended since the last update
     return mirror
 
 
@@ -327,7 +327,7 @@ def sac_alpha_loss(log_alpha: torch.Tensor, log_pi: torch.Tensor, target_entropy
 
 
 @graphed
-def sac_update(actor, critics, target_critics, log_alpha, optimizers, b: dict, args: Args) -> dict:
+def sac_update(actor, critics, target_critics, log_alpha, optimizers, b: dict | DeviceReplay, args: Args) -> dict:
     """One SAC update from the batch ``b`` (tensors [N, ...], or the replay's mirror, sampled here): critics, actor,
     temperature, then soft targets (one CUDA graph under --compile on a GPU)."""
     b = b.sample(args.batch_size) if isinstance(b, DeviceReplay) else b  # a CUDA learner's batch: drawn in this graph

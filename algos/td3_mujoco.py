@@ -274,7 +274,7 @@ def next_batch(
     on the device, brought up to date, which the update samples from inside its graph (shared.device_replay)."""
     if mirror is None:
         return to_tensors(buffer.sample(args.batch_size, skip=HOST_ONLY)[0], obs_norm, device)  # [N, ...]
-    mirror.sync()  # the rows appended since the last update
+    mirror.sync(args.batch_size)  # the rows appended since the last update
     return mirror
 
 
@@ -307,7 +307,9 @@ def td3_actor_loss(actor: Actor, critics: Critics, obs: torch.Tensor, bf16: bool
 
 
 @graphed
-def td3_update(actor, target_actor, critics, target_critics, optimizers, b: dict, args: Args, update_actor: bool) -> dict:
+def td3_update(
+    actor, target_actor, critics, target_critics, optimizers, b: dict | DeviceReplay, args: Args, update_actor: bool
+) -> dict:
     """One TD3 critic update from the batch ``b`` (tensors [N, ...], or the replay's mirror, sampled here); with
     update_actor also the actor and the soft target updates (under --compile on a GPU one CUDA graph each way)."""
     b = b.sample(args.batch_size) if isinstance(b, DeviceReplay) else b  # a CUDA learner's batch: drawn in this graph

@@ -18,11 +18,13 @@ Guarantees
   ``RL_HOST_PATH=cuda``, as the tests and ``benchmarks/speed/loop_overhead.py`` run CUDA's host path), else ``None``:
   a CPU learner samples on the host as before, draw for draw, and so does a prioritized replay (its sum tree) or a
   sequence replay (R2D1).
-- ``sync()`` brings the mirror up to the buffer: the rows written since the last sync and the ``n - 1`` before them
-  (whose n-step fields the new rows completed; every row where more than the buffer holds was written), the valid
-  window, the new frames and the observation statistics, read under the buffer's lock (an async sampler appends to
-  a shared one meanwhile) and sent in packed copies (``shared.device.upload``) of at most ``CHUNK`` rows, each
-  storage row once: one copy a sync as the loop runs. Nothing is read back.
+- ``sync(batch_size)`` brings the mirror up to the buffer: the rows written since the last sync and the ``n - 1``
+  before them (whose n-step fields the new rows completed; all the buffer holds when more rows than that were
+  written, or when rows were changed in place since: ``load``, ``end_episodes``), the valid window, the new frames and
+  the observation statistics, read under the buffer's lock (an async sampler appends to a shared one meanwhile) and
+  sent in packed copies (``shared.device.upload``) of at most ``CHUNK`` rows, each storage row once: one copy a sync
+  as the loop runs (two where the rows wrap around). Nothing is read back. A ``batch_size`` larger than the valid
+  samples is the host replay's ``ValueError`` (a draw inside a graph cannot refuse).
 - ``sample(N)`` (called inside the update, so that the draw is in its CUDA graph) draws ``N`` transitions with
   replacement, uniformly among those the host replay would sample: a row of its valid window
   (``ReplayBuffer.valid_window``) and an env, never a final-observation row. Each draw takes the first of
@@ -31,7 +33,8 @@ Guarantees
   following a row of its episode; 1e-32 at f = 0.1); such a draw keeps its first candidate and ``misses`` (a device
   tensor, never read by the loop) counts it. The draws come from torch's generator on the device, not the buffer's:
   the same distribution as the host path, not the same batches. ``last_index`` holds the flat ``row * B + env``
-  indices of the last sample (tests compare them with the host replay's rows).
+  indices of the last eager sample (the tests compare them with the host replay's rows; under a captured graph it
+  is the capture's).
 Imports ``shared.device`` and ``shared.replay``; neither imports it.
 """
 
@@ -75,7 +78,7 @@ class DeviceReplay(torch.nn.Module):
             raise ValueError(f"the device replay holds at most {2**24 - 1} rows of envs")
         made = ("next_observation", "bootstrap_discount", "is_weights")  # made at sampling, not stored
         frames = ("frames", "frame_index", "next_frame_index")  # a unique-frames batch's: stacked here instead
-        names = [f for f in buffer._batch_cls._fields if f not in skip]
+        names = [f for f in buffer.batch_fields if f not in skip]
         if any(f in names for f in frames):
             names = [f for f in names if f not in frames] + ["observation", "next_observation"]
         self.outputs = names  # the batch's fields, as the host path's upload gives them
@@ -93,6 +96,8 @@ class DeviceReplay(torch.nn.Module):
         self.buffer, self.obs_norm = buffer, obs_norm
         self.T, self.B, self.C = s.T, s.B, s.C
         self.synced = 0  # abs rows whose every field the mirror holds
+        self.rewrites = buffer.rewrites  # the buffer's in-place changes the mirror has seen
+        self.valid = 0  # (row, env) pairs in the valid window at the last sync
         moments = obs_norm.moments() if obs_norm is not None else np.zeros(0, np.float32)
         # float64: every stored float32 and every integer below 2 ** 53 exact, whatever the field
         self.register_buffer("data", torch.zeros(s.T * s.B, width, dtype=torch.float64, device=device))  # [T * B, F]
@@ -111,14 +116,17 @@ class DeviceReplay(torch.nn.Module):
         return getattr(storage.data if field in storage.data._fields else storage, field)
 
     @torch.no_grad()
-    def sync(self) -> None:
-        """Bring the mirror up to the buffer (see the module docstring)."""
+    def sync(self, batch_size: int) -> None:
+        """Bring the mirror up to the buffer for an update that draws ``batch_size`` (see the module docstring)."""
         s, T, B = self.buffer.storage, self.T, self.B
-        with self.buffer._locked():
+        with self.buffer.locked():
             cursor = s.cursor
+            if self.buffer.rewrites != self.rewrites:  # rows changed in place (load, end_episodes): all again
+                self.synced, self.rewrites, self.valid = 0, self.buffer.rewrites, 0
             if cursor == self.synced:
-                return
+                return self._check(batch_size)
             lo, hi = self.buffer.valid_window(cursor)
+            self.valid = (hi - lo) * B
             moments = self.obs_norm.moments() if self.obs_norm is not None else []
             meta = np.concatenate([[lo % T, hi - lo], moments], dtype=np.float64)  # the window, the statistics after
             pieces, start = [], max(self.synced - (s.n - 1), cursor - T, 0)  # the n - 1 before: n-step fields changed
@@ -139,6 +147,12 @@ class DeviceReplay(torch.nn.Module):
                 self.frames[flat] = up["frames"]
         self.meta.copy_(up["meta"])
         self.synced = cursor
+        self._check(batch_size)
+
+    def _check(self, batch_size: int) -> None:
+        """The host replay's refusal, which a draw inside a graph cannot make."""
+        if batch_size > self.valid:
+            raise ValueError(f"batch_size={batch_size} is larger than the {self.valid} valid samples")
 
     def column(self, rows: torch.Tensor, field: str) -> torch.Tensor:
         """``field`` at the mirror's flat ``rows`` [N], shaped ``[N, ...]`` and typed as the batch carries it."""

@@ -400,6 +400,7 @@ class _Base:
         self.default_priority = default_priority
         self._lock = mp.get_context(mp_context).Lock() if shared else contextlib.nullcontext()
         self._window = (shared_zeros if shared else np.zeros)(2, np.int64)  # valid indices [lo, hi), absolute
+        self._rewrites = (shared_zeros if shared else np.zeros)(1, np.int64)  # load and end_episodes, counted
         self._check = None
         self.rng = np.random.default_rng(seed)
         # Each array was checked before it was made; all of them together, untouched yet, must fit too.
@@ -412,6 +413,22 @@ class _Base:
 
     def _locked(self):
         return locked(self._lock, self._check) if self.shared else contextlib.nullcontext()
+
+    def locked(self):
+        """A context holding the buffer's lock (shared: against the other process's appends; else nothing), for a
+        reader that must see one state of it (``shared.device_replay``'s sync)."""
+        return self._locked()
+
+    @property
+    def rewrites(self) -> int:
+        """How many times rows already written were changed in place (``load``, ``end_episodes``): a copy of the rows
+        (``shared.device_replay``) made before a change must be made again."""
+        return int(self._rewrites[0])
+
+    @property
+    def batch_fields(self) -> tuple[str, ...]:
+        """The fields of a batch ``sample`` returns."""
+        return self._batch_cls._fields
 
     def _to_tree(self, priorities: Any) -> np.ndarray:
         p = np.abs(np.asarray(priorities, dtype=np.float64))
@@ -578,6 +595,7 @@ class _Base:
             st.final_row[last, cut] = True
             st.last_flags[0, cut], st.last_flags[1, cut] = False, True
             st._compute_returns(max(c - 1 - self.n_step_return, 0), max(c - self.n_step_return + 1, 0))
+            self._rewrites[0] += 1
             if self.tree is not None and isinstance(self, ReplayBuffer):  # a final row has priority 0
                 p = np.array(self.tree.pending_row(c - 1))
                 p[cut] = 0.0
@@ -612,6 +630,7 @@ class _Base:
                     )
                 dst[...] = src
             self.rng.bit_generator.state = json.loads(str(saved["rng_state"]))
+            self._rewrites[0] += 1
 
     def __getstate__(self):
         d = self.__dict__.copy()

@@ -98,7 +98,7 @@ def test_the_mirror_samples_the_host_paths_batch_at_rows_the_host_would_draw(B, 
         at += len(chunk.observation)
         lo, hi = buffer.valid_window(buffer.cursor)
         if sync:
-            mirror.sync()
+            mirror.sync(0)
             if hi > lo and not buffer.storage.final_row[np.arange(lo, hi) % T].all():  # something to sample
                 check_sample(buffer, mirror, obs_norm)
     assert int(mirror.misses) == 0
@@ -111,7 +111,7 @@ def test_each_valid_transition_is_drawn_equally_often_and_a_final_row_never():
     buffer = make(80, 2, 2)
     buffer.append(rows(rng, 30, 2, 0.2, 0))
     mirror = DeviceReplay(buffer, HOST_ONLY, CPU, ObsNorm(OBS, enabled=False))
-    mirror.sync()
+    mirror.sync(0)
     torch.manual_seed(0)
     counts = np.zeros(buffer.T * buffer.B, np.int64)
     for _ in range(25):
@@ -135,7 +135,7 @@ def test_a_draw_with_no_valid_candidate_is_counted(monkeypatch):
     buffer = make(80, 2, 1)
     buffer.append(rows(rng, 30, 2, 0.3, 0))
     mirror = DeviceReplay(buffer, HOST_ONLY, CPU, ObsNorm(OBS, enabled=False))
-    mirror.sync()
+    mirror.sync(0)
     landed = 0
     for _ in range(20):
         mirror.sample(256)
@@ -156,10 +156,10 @@ def test_a_loaded_and_a_shared_buffer_are_mirrored_as_they_are(tmp_path):
     loaded.load(tmp_path / "replay.npz")
     obs_norm = ObsNorm(OBS)
     mirror = DeviceReplay(loaded, HOST_ONLY, CPU, obs_norm)
-    mirror.sync()
+    mirror.sync(0)
     check_sample(loaded, mirror, obs_norm)
     loaded.append(rows(rng, 7, 2, 0.1, 50))
-    mirror.sync()
+    mirror.sync(0)
     check_sample(loaded, mirror, obs_norm)
 
 
@@ -210,7 +210,7 @@ def test_a_framewise_mirror_stacks_the_host_replays_observations_in_their_dtypes
         lo, hi = buffer.valid_window(buffer.cursor)
         if not sync:
             continue
-        mirror.sync()
+        mirror.sync(0)
         if hi <= lo or buffer.storage.final_row[np.arange(lo, hi) % T].all():
             continue
         out = mirror.sample(32)
@@ -241,13 +241,38 @@ def test_a_sync_sends_each_storage_row_at_most_once(monkeypatch):
     mirror = DeviceReplay(buffer, HOST_ONLY, CPU, ObsNorm(OBS, enabled=False))
     for at in range(0, 55, 11):
         buffer.append(rows(rng, 11, 2, 0.1, at))
-    mirror.sync()
+    mirror.sync(0)
     blocks = [a["block"] if isinstance(a, dict) else a for a in sent]
     assert [len(b) for b in blocks] == [5 * 2, 7 * 2, 7 * 2, 1 * 2]  # rows 15-19, then 0-14 after the wrap-around
     check_sample(buffer, mirror, ObsNorm(OBS, enabled=False))
     sent.clear()
-    mirror.sync()
+    mirror.sync(0)
     assert sent == []
     buffer.append(rows(rng, 1, 2, 0.1, 55))
-    mirror.sync()
+    mirror.sync(0)
     assert len(sent) == 1 and len(sent[0]["block"]) == 3 * 2  # the new row and the n - 1 = 2 before it
+
+
+def test_rows_changed_in_place_are_sent_again_and_an_empty_window_is_refused(tmp_path):
+    """``end_episodes`` (a resumed run) and ``load`` change rows without moving the cursor, or move it back: the next
+    sync sends every row again, so the batches stay the host path's. A batch larger than the valid samples is the
+    host replay's ValueError, not a draw from an empty window."""
+    rng = np.random.default_rng(5)
+    norm = ObsNorm(OBS, enabled=False)
+    buffer = make(60, 2, 3)
+    mirror = DeviceReplay(buffer, HOST_ONLY, CPU, norm)
+    with pytest.raises(ValueError, match="batch_size=4 is larger than the 0 valid samples"):
+        mirror.sync(4)
+    buffer.append(rows(rng, 20, 2, 0.0, 0))  # no episode ends: end_episodes cuts every env
+    buffer.save(tmp_path / "early.npz")
+    buffer.append(rows(rng, 5, 2, 0.0, 20))
+    mirror.sync(32)
+    buffer.end_episodes()
+    buffer.append(rows(rng, 1, 2, 0.0, 25))
+    mirror.sync(32)
+    torch.manual_seed(0)
+    for _ in range(20):  # the rows end_episodes made final (flat 46, 47) are never drawn; the cut windows match
+        check_sample(buffer, mirror, norm, 256)
+    buffer.load(tmp_path / "early.npz")  # back to 20 rows
+    mirror.sync(32)
+    check_sample(buffer, mirror, norm, 256)

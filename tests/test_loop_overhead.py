@@ -239,5 +239,5 @@ def test_a_named_call_inside_another_is_counted_once_as_its_own(monkeypatch):
     step()
     whole = 1e6 * (time.perf_counter() - t0)
     seg = loop_overhead.segments(step, 1)
-    assert seg["seg_env"] >= 2000 and 1000 <= seg["seg_append"] < 1500
-    assert sum(seg.values()) == pytest.approx(whole, rel=0.2)
+    assert seg["seg_env"] >= 2000 and 1000 <= seg["seg_append"] < 2500  # counted twice, it would be 3000 or more
+    assert sum(seg.values()) == pytest.approx(whole, rel=0.35)  # twice: 5 ms where the whole is 3
