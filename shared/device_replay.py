@@ -11,26 +11,29 @@ Guarantees
   ``next_observation`` ``[N, C, ...]`` in place of a unique-frames batch's ``frames`` and indices (what
   ``shared.replay.stacked`` makes of them), a frame from before its episode's start zero as the host's.
   ``bootstrap_discount`` is ``discount ** n_taken``; ``is_weights`` (uniform) ones. A field added to the replay's rows
-  reaches the update this way with no other change; the mirror holds the fields as float64 (every float32 and every
-  integer below 2 ** 53 exact) and the frames as they are. A prioritized or nested replay is a ``ValueError`` at
-  construction.
+  reaches the update this way with no other change. The mirror holds the fields in one ``[T * B, width]`` tensor per
+  dtype it gives them (an int64 action exact, an image in its bytes) and the frames in theirs: about the host
+  replay's memory. A prioritized or nested replay is a ``ValueError`` at construction.
 - ``mirror_on(buffer, skip, device, obs_norm=None)``: a ``DeviceReplay`` for a CUDA learner (and on the CPU under
-  ``RL_HOST_PATH=cuda``, as the tests and ``benchmarks/speed/loop_overhead.py`` run CUDA's host path), else ``None``:
-  a CPU learner samples on the host as before, draw for draw, and so does a prioritized replay (its sum tree) or a
-  sequence replay (R2D1).
+  ``RL_HOST_PATH=cuda``, as the tests and ``benchmarks/speed/loop_overhead.py`` run CUDA's host path), announced in
+  one line with its size (rank 0), else ``None``: a CPU learner samples on the host as before, draw for draw, and so
+  does a prioritized replay (its sum tree), a sequence replay (R2D1), or a replay whose mirror does not fit the GPU
+  (one line says so).
 - ``sync(batch_size)`` brings the mirror up to the buffer: the rows written since the last sync and the ``n - 1``
   before them (whose n-step fields the new rows completed; all the buffer holds when more rows than that were
-  written, or when rows were changed in place since: ``load``, ``end_episodes``), the valid window, the new frames and
-  the observation statistics, read under the buffer's lock (an async sampler appends to a shared one meanwhile) and
-  sent in packed copies (``shared.device.upload``) of at most ``CHUNK`` rows, each storage row once: one copy a sync
-  as the loop runs (two where the rows wrap around). Nothing is read back. A ``batch_size`` larger than the valid
-  samples is the host replay's ``ValueError`` (a draw inside a graph cannot refuse).
+  written, or when rows were changed in place since: ``load``, ``end_episodes``), the new rows' frames (a frame never
+  changes), the valid window and the observation statistics, read under the buffer's lock (an async sampler appends
+  to a shared one meanwhile) and sent in packed copies (``shared.device.upload``) of at most ``CHUNK`` rows, each
+  storage row once: one copy a sync as the loop runs (two where the rows wrap around). Nothing is read back. A
+  ``batch_size`` larger than the valid samples is the host replay's ``ValueError`` (a draw inside a graph cannot
+  refuse).
 - ``sample(N)`` (called inside the update, so that the draw is in its CUDA graph) draws ``N`` transitions with
   replacement, uniformly among those the host replay would sample: a row of its valid window
   (``ReplayBuffer.valid_window``) and an env, never a final-observation row. Each draw takes the first of
   ``CANDIDATES`` uniform candidates that is not a final row: exactly uniform over the valid transitions unless all of
-  them are final rows, which has probability ``f ** 32`` for a share ``f`` of final rows (at most 1/2, each
-  following a row of its episode; 1e-32 at f = 0.1); such a draw keeps its first candidate and ``misses`` (a device
+  them are final rows, which has probability ``f ** 32`` for a share ``f`` of final rows in the window (about 1 / the
+  episodes' length; at most about 1/2 where, as in a gymnasium env's rows, a final row only resets the env and so
+  follows a row of its episode; 1e-32 at f = 0.1); such a draw keeps its first candidate and ``misses`` (a device
   tensor, never read by the loop) counts it. The draws come from torch's generator on the device, not the buffer's:
   the same distribution as the host path, not the same batches. ``last_index`` holds the flat ``row * B + env``
   indices of the last eager sample (the tests compare them with the host replay's rows; under a captured graph it
@@ -40,6 +43,7 @@ Imports ``shared.device`` and ``shared.replay``; neither imports it.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import numpy as np
@@ -56,13 +60,23 @@ CHUNK = 4096  # rows (of B envs) per copy up in a sync: a restored full replay d
 
 
 def mirror_on(buffer: Any, skip: tuple, device: Any, obs_norm: Any = None) -> DeviceReplay | None:
-    """The replay's mirror on a CUDA learner (see the module docstring); ``None`` on the CPU, without a replay, or for a
-    replay whose draws need the host (prioritized: its sum tree; sequences)."""
+    """The replay's mirror on a CUDA learner, announced in one line (see the module docstring); ``None`` on the CPU,
+    without a replay, for a replay whose draws need the host (prioritized: its sum tree; sequences), or where the
+    mirror does not fit the GPU (said in one line: the host replay, which fits, samples)."""
     if buffer is None or (device.type != "cuda" and not shared.device.CUDA_PATH):
         return None
     if not isinstance(buffer, ReplayBuffer) or buffer.tree is not None:
         return None
-    return DeviceReplay(buffer, skip, device, obs_norm)
+    main = os.environ.get("RANK", "0") == "0"
+    try:
+        mirror = DeviceReplay(buffer, skip, device, obs_norm)
+    except torch.OutOfMemoryError:
+        if main:
+            print(f"replay: its mirror does not fit on {device}: batches are sampled on the host", flush=True)
+        return None
+    if main:
+        print(f"replay: batches drawn on {device}, from a mirror of {mirror.nbytes / 2**30:.2f} GiB there", flush=True)
+    return mirror
 
 
 class DeviceReplay(torch.nn.Module):
@@ -74,8 +88,6 @@ class DeviceReplay(torch.nn.Module):
         if not isinstance(buffer, ReplayBuffer) or buffer.tree is not None:
             raise ValueError("the device replay mirrors a uniform ReplayBuffer (a prioritized one samples on the host)")
         s = buffer.storage
-        if s.T >= 2**24:
-            raise ValueError(f"the device replay holds at most {2**24 - 1} rows of envs")
         made = ("next_observation", "bootstrap_discount", "is_weights")  # made at sampling, not stored
         frames = ("frames", "frame_index", "next_frame_index")  # a unique-frames batch's: stacked here instead
         names = [f for f in buffer.batch_fields if f not in skip]
@@ -84,31 +96,43 @@ class DeviceReplay(torch.nn.Module):
         self.outputs = names  # the batch's fields, as the host path's upload gives them
         stored = [f for f in names if f not in made and not (f == "observation" and s.C > 1)]
         needed = ["n_taken", "final_row"] + (["episode_start"] if s.C > 1 else [])  # the draw, bootstrap and stacks read
-        self.columns: dict[str, tuple[int, int, tuple, Any]] = {}  # field -> (first column, width, row shape, dtype)
-        width = 0
+        # One [T * B, width] tensor per group: all float32 with statistics (upload_batch's); without, a float field in
+        # its dtype, a wide integer one (an image) in its own, integer and boolean scalars int64 (an action exact, the
+        # flags in the same copy). field -> (its group, first column, width, row shape, the batch's dtype)
+        self.columns: dict[str, tuple[str, int, int, tuple, Any]] = {}
+        self.sources: dict[str, list] = {}  # group -> its fields' [T * B, width] views of the replay's arrays
         for f in stored + [f for f in needed if f not in stored]:
             x = self._source(s, f)
             if not isinstance(x, np.ndarray):
                 raise ValueError(f"the device replay mirrors flat fields; {f!r} is nested (add it to HOST_ONLY)")
+            width = int(np.prod(x.shape[2:], dtype=np.int64))
+            wide = np.issubdtype(x.dtype, np.floating) or width > 1
+            group = "float32" if obs_norm is not None else str(x.dtype) if wide else "int64"
             dtype = torch.float32 if obs_norm is not None else torch.from_numpy(x[:0, :0]).dtype
-            self.columns[f] = (width, int(np.prod(x.shape[2:], dtype=np.int64)), x.shape[2:], dtype)
-            width += self.columns[f][1]
+            first = sum(v.shape[1] for v in self.sources.get(group, []))
+            self.columns[f] = (group, first, width, x.shape[2:], dtype)
+            self.sources.setdefault(group, []).append(x.reshape(s.T * s.B, width))  # a view: load writes in place
         self.buffer, self.obs_norm = buffer, obs_norm
         self.T, self.B, self.C = s.T, s.B, s.C
         self.synced = 0  # abs rows whose every field the mirror holds
         self.rewrites = buffer.rewrites  # the buffer's in-place changes the mirror has seen
         self.valid = 0  # (row, env) pairs in the valid window at the last sync
+        for group, views in self.sources.items():
+            width, dtype = sum(v.shape[1] for v in views), torch.from_numpy(np.zeros(0, group)).dtype
+            self.register_buffer(f"group_{group}", torch.zeros(s.T * s.B, width, dtype=dtype, device=device))
+        frame = s.frames if s.C > 1 else np.zeros((0, 0), np.uint8)  # frame-wise: [T * B, ...] as the replay's
+        frame_dtype = torch.from_numpy(frame[:0, :0]).dtype
+        self.register_buffer("frames", torch.zeros(len(frame) * s.B, *frame.shape[2:], dtype=frame_dtype, device=device))
         moments = obs_norm.moments() if obs_norm is not None else np.zeros(0, np.float32)
-        # float64: every stored float32 and every integer below 2 ** 53 exact, whatever the field
-        self.register_buffer("data", torch.zeros(s.T * s.B, width, dtype=torch.float64, device=device))  # [T * B, F]
-        frame = s.frames if s.C > 1 else np.zeros((0, 0), np.uint8)
-        self.register_buffer(
-            "frames", torch.zeros(s.T * s.B if s.C > 1 else 0, *frame.shape[2:], dtype=torch.uint8, device=device)
-        )
         self.register_buffer("meta", torch.zeros(2 + len(moments), dtype=torch.float64, device=device))  # window, stats
         self.register_buffer("discounts", torch.as_tensor(s.discounts, device=device))  # by n_taken
         self.register_buffer("misses", torch.zeros((), dtype=torch.int64, device=device))
         self.register_buffer("last_index", torch.zeros(0, dtype=torch.int64, device=device))
+
+    @property
+    def nbytes(self) -> int:
+        """The device memory the mirror holds."""
+        return sum(b.numel() * b.element_size() for b in self.buffers())
 
     @staticmethod
     def _source(storage: Any, field: str) -> Any:
@@ -129,25 +153,31 @@ class DeviceReplay(torch.nn.Module):
             self.valid = (hi - lo) * B
             moments = self.obs_norm.moments() if self.obs_norm is not None else []
             meta = np.concatenate([[lo % T, hi - lo], moments], dtype=np.float64)  # the window, the statistics after
+            new = max(self.synced, cursor - T, 0)  # rows never sent: their frames too (a frame never changes)
             pieces, start = [], max(self.synced - (s.n - 1), cursor - T, 0)  # the n - 1 before: n-step fields changed
             while start < cursor:  # runs of storage rows, split where they wrap around
                 m = min(CHUNK, cursor - start, T - start % T)
-                flat = slice(start % T * B, (start % T + m) * B)
-                columns = [self._source(s, f).reshape(T * B, -1)[flat] for f in self.columns]
-                piece = {"block": np.concatenate(columns, axis=1, dtype=np.float64)}
-                if self.C > 1:
-                    piece["frames"] = s.frames.reshape(T * B, *s.frames.shape[2:])[flat]
-                pieces.append((flat, piece))
+                rows = self._rows(start, m)
+                piece = {g: np.concatenate([v[rows] for v in views], axis=1, dtype=g) for g, views in self.sources.items()}
+                first = max(start, new)  # the run's rows whose frames are new
+                if self.C > 1 and first < start + m:
+                    piece["frames"] = s.frames.reshape(T * B, *s.frames.shape[2:])[self._rows(first, start + m - first)]
+                pieces.append((start, m, first, piece))
                 start += m
-        pieces[-1][1]["meta"] = meta
-        for flat, piece in pieces:
-            up = upload(piece, self.data.device)  # one copy
-            self.data[flat] = up["block"]
-            if self.C > 1:
-                self.frames[flat] = up["frames"]
+            pieces[-1][3]["meta"] = meta
+        for start, m, first, piece in pieces:
+            up = upload(piece, self.meta.device)  # one copy
+            for group in self.sources:
+                getattr(self, f"group_{group}")[self._rows(start, m)] = up[group]
+            if "frames" in piece:
+                self.frames[self._rows(first, start + m - first)] = up["frames"]
         self.meta.copy_(up["meta"])
         self.synced = cursor
         self._check(batch_size)
+
+    def _rows(self, start: int, m: int) -> slice:
+        """The flat ``[T * B]`` rows of absolute rows ``start .. start + m`` (within one pass of the ring)."""
+        return slice(start % self.T * self.B, (start % self.T + m) * self.B)
 
     def _check(self, batch_size: int) -> None:
         """The host replay's refusal, which a draw inside a graph cannot make."""
@@ -156,8 +186,8 @@ class DeviceReplay(torch.nn.Module):
 
     def column(self, rows: torch.Tensor, field: str) -> torch.Tensor:
         """``field`` at the mirror's flat ``rows`` [N], shaped ``[N, ...]`` and typed as the batch carries it."""
-        first, width, shape, dtype = self.columns[field]
-        return self.data[rows, first : first + width].view(len(rows), *shape).to(dtype)
+        group, first, width, shape, dtype = self.columns[field]
+        return getattr(self, f"group_{group}")[rows, first : first + width].view(len(rows), *shape).to(dtype)
 
     def stack(self, rows: torch.Tensor) -> torch.Tensor:
         """Frame-wise storage: the observations [N, C, ...] at flat ``rows`` [N], oldest frame first, a frame from
@@ -174,9 +204,9 @@ class DeviceReplay(torch.nn.Module):
     def sample(self, n: int) -> dict[str, torch.Tensor]:
         """``n`` transitions drawn on the device: the update's batch (see the module docstring)."""
         first_row, count = self.meta[0].long(), (self.meta[1].long() * self.B).clamp(min=1)  # valid (row, env) pairs
-        draw = torch.randint(0, 2**62, (n, CANDIDATES), device=self.data.device) % count  # [N, K]
+        draw = torch.randint(0, 2**62, (n, CANDIDATES), device=self.meta.device) % count  # [N, K]
         flat = (first_row + draw // self.B) % self.T * self.B + draw % self.B  # [N, K]: storage row * B + env
-        valid = self.data[flat, self.columns["final_row"][0]] == 0  # [N, K]: not a final-observation row
+        valid = self.column(flat.reshape(-1), "final_row").view(n, CANDIDATES) == 0  # [N, K]: not a final row
         pick = valid.to(torch.uint8).argmax(1, keepdim=True)  # the first valid candidate (the first one if none)
         self.misses += (~valid.any(1)).sum()
         rows = flat.gather(1, pick).squeeze(1)  # [N]

@@ -29,10 +29,21 @@ def make(size: int, B: int, n: int, shared: bool = False, **kw) -> ReplayBuffer:
     return ReplayBuffer(example, size, B, discount=0.9, n_step_return=n, shared=shared, seed=0, **kw)
 
 
-def rows(rng: np.random.Generator, T: int, B: int, end: float, start: int) -> Step:
+def ends_after(rng: np.random.Generator, T: int, B: int, end: float, after: np.ndarray | None) -> np.ndarray:
+    """Episode ends [T, B] as an env's rows have them: never in the row after an end (``after``: the ends of the row
+    before the first), which only resets the env (gymnasium's next-step autoreset)."""
+    ends = rng.random((T, B)) < end
+    prev = np.zeros(B, bool) if after is None else np.asarray(after, bool)
+    for t in range(T):
+        ends[t] &= ~prev
+        prev = ends[t]
+    return ends
+
+
+def rows(rng: np.random.Generator, T: int, B: int, end: float, start: int, after: np.ndarray | None = None) -> Step:
     """``T`` rows of ``B`` envs: values that say where they come from, episodes ending (terminated or truncated)."""
     t = start + np.arange(T)[:, None, None] + np.zeros((1, B, 1))
-    ends = rng.random((T, B)) < end
+    ends = ends_after(rng, T, B, end, after)
     term = ends & (rng.random((T, B)) < 0.5)
     return Step(
         observation=(t + np.arange(B)[None, :, None] / 10 + np.arange(OBS) / 100).astype(np.float32),
@@ -92,7 +103,7 @@ def test_the_mirror_samples_the_host_paths_batch_at_rows_the_host_would_draw(B, 
     torch.manual_seed(seed)
     at = 0
     for size, sync in chunks + [(1, True)]:
-        chunk = rows(rng, min(size, T), B, end, at)
+        chunk = rows(rng, min(size, T), B, end, at, after=buffer.storage.last_flags[0])
         buffer.append(chunk)
         obs_norm.update(chunk.observation.reshape(-1, OBS))
         at += len(chunk.observation)
@@ -164,12 +175,10 @@ def test_a_loaded_and_a_shared_buffer_are_mirrored_as_they_are(tmp_path):
 
 
 def test_a_buffer_it_cannot_mirror_is_refused_at_once():
-    """Prioritized and nested replays: a ValueError when the mirror is made, not a wrong batch later; ``mirror_on``
-    leaves a prioritized one on the host."""
+    """Prioritized and nested replays: a ValueError when the mirror is made, not a wrong batch later."""
     norm = ObsNorm(OBS, enabled=False)
     with pytest.raises(ValueError, match="uniform ReplayBuffer"):
         DeviceReplay(make(40, 2, 1, prioritized=True), HOST_ONLY, CPU, norm)
-    assert device_replay.mirror_on(make(40, 2, 1, prioritized=True), HOST_ONLY, torch.device("cuda")) is None
     Inner = namedarraytuple("Inner", ["a"])
     Nested = namedarraytuple("Nested", ["observation", "action", "reward", "terminated", "extra"])
     nested = ReplayBuffer(Nested(np.zeros(3, np.float32), np.float32(0), np.float32(0), False, Inner(np.float32(0))), 40, 2)
@@ -190,22 +199,23 @@ FRAME_HOST_ONLY = ("reward", "terminated", "truncated", "episode_end", "truncate
     chunks=st.lists(st.tuples(st.integers(1, 30), st.booleans()), min_size=2, max_size=6),
     end=st.sampled_from([0.05, 0.3]),
     unique=st.booleans(),
+    dtype=st.sampled_from([np.uint8, np.float32]),
     seed=st.integers(0, 2**16),
 )
-def test_a_framewise_mirror_stacks_the_host_replays_observations_in_their_dtypes(B, T, n, C, chunks, end, unique, seed):
+def test_a_framewise_mirror_stacks_the_host_replays_observations_in_their_dtypes(B, T, n, C, chunks, end, unique, dtype, seed):
     """DQN's replay (frames stored once, lost lives ending windows but not episodes, integer actions): without
     observation statistics each field keeps its stored dtype, as ``shared.device.upload`` sends it, and the stacks
     (zero frames before an episode's start) equal the host replay's, for a unique-frames batch or not."""
     rng = np.random.default_rng(seed)
-    example = Frame(np.zeros((C, 2, 2), np.uint8), np.int64(0), np.float32(0), False, False, False)
+    example = Frame(np.zeros((C, 2, 2), dtype), np.int64(0), np.float32(0), False, False, False)
     buffer = ReplayBuffer(example, T * B, B, 0.9, n, frame_stack=C, seed=0, unique_frames=unique)
     mirror = DeviceReplay(buffer, FRAME_HOST_ONLY, CPU)
     torch.manual_seed(seed)
     for size, sync in chunks + [(1, True)]:
         m = min(size, T)
-        ends = rng.random((m, B)) < end
+        ends = ends_after(rng, m, B, end, buffer.storage.last_flags[0])
         term = rng.random((m, B)) < end / 2  # a lost life: terminal for learning, the episode goes on
-        obs = rng.integers(0, 255, (m, B, C, 2, 2), dtype=np.uint8)
+        obs = (rng.integers(0, 255, (m, B, C, 2, 2)) / (1 if dtype == np.uint8 else 7)).astype(dtype)
         buffer.append(Frame(obs, rng.integers(0, 2**40, (m, B)), rng.normal(size=(m, B)), term | ends, ends & ~term, ends))
         lo, hi = buffer.valid_window(buffer.cursor)
         if not sync:
@@ -216,6 +226,8 @@ def test_a_framewise_mirror_stacks_the_host_replays_observations_in_their_dtypes
         out = mirror.sample(32)
         flat = mirror.last_index.numpy()
         r, b = flat // B, flat % B
+        abs_row = lo + (r - lo) % T
+        assert ((abs_row >= lo) & (abs_row < hi)).all()  # the window: a row whose frame history is overwritten, never
         assert not buffer.storage.final_row[r, b].any()
         s = buffer.storage
         want = {k: v for k, v in s.gather(r, b).items() if k not in FRAME_HOST_ONLY}
@@ -242,7 +254,7 @@ def test_a_sync_sends_each_storage_row_at_most_once(monkeypatch):
     for at in range(0, 55, 11):
         buffer.append(rows(rng, 11, 2, 0.1, at))
     mirror.sync(0)
-    blocks = [a["block"] if isinstance(a, dict) else a for a in sent]
+    blocks = [a["float32"] for a in sent]  # with statistics, one float32 block of every field
     assert [len(b) for b in blocks] == [5 * 2, 7 * 2, 7 * 2, 1 * 2]  # rows 15-19, then 0-14 after the wrap-around
     check_sample(buffer, mirror, ObsNorm(OBS, enabled=False))
     sent.clear()
@@ -250,7 +262,7 @@ def test_a_sync_sends_each_storage_row_at_most_once(monkeypatch):
     assert sent == []
     buffer.append(rows(rng, 1, 2, 0.1, 55))
     mirror.sync(0)
-    assert len(sent) == 1 and len(sent[0]["block"]) == 3 * 2  # the new row and the n - 1 = 2 before it
+    assert len(sent) == 1 and len(sent[0]["float32"]) == 3 * 2  # the new row and the n - 1 = 2 before it
 
 
 def test_rows_changed_in_place_are_sent_again_and_an_empty_window_is_refused(tmp_path):
@@ -276,3 +288,47 @@ def test_rows_changed_in_place_are_sent_again_and_an_empty_window_is_refused(tmp
     buffer.load(tmp_path / "early.npz")  # back to 20 rows
     mirror.sync(32)
     check_sample(buffer, mirror, norm, 256)
+
+
+def test_frames_go_up_once_and_an_image_observation_keeps_its_bytes(monkeypatch):
+    """A frame never changes once written: a sync sends the new rows' frames only, where it sends the n - 1 rows
+    before them again for their n-step fields. An image stored whole (no frame stacking) is held in its own dtype,
+    not widened: the mirror takes about the host replay's memory."""
+    sent = []
+    real = device_replay.upload
+    monkeypatch.setattr(device_replay, "upload", lambda arrays, dev: sent.append(arrays) or real(arrays, dev))
+    rng = np.random.default_rng(6)
+    example = Frame(np.zeros((4, 2, 2), np.uint8), np.int64(0), np.float32(0), False, False, False)
+    buffer = ReplayBuffer(example, 40, 2, 0.9, 3, frame_stack=4, unique_frames=True)
+    mirror = DeviceReplay(buffer, FRAME_HOST_ONLY, CPU)
+    chunk = lambda m: Frame(
+        rng.integers(0, 255, (m, 2, 4, 2, 2), dtype=np.uint8),
+        np.zeros((m, 2), np.int64),
+        np.zeros((m, 2)),
+        np.zeros((m, 2), bool),
+        np.zeros((m, 2), bool),
+        np.zeros((m, 2), bool),
+    )
+    buffer.append(chunk(10))
+    mirror.sync(0)
+    sent.clear()
+    buffer.append(chunk(1))
+    mirror.sync(0)
+    assert len(sent) == 1 and len(sent[0]["frames"]) == 2 and len(sent[0]["int64"]) == 3 * 2
+    image = example._replace(observation=np.zeros((4, 16, 16), np.uint8))  # 1 KB, stored whole (frame_stack 1)
+    whole = ReplayBuffer(image, 400, 2, 0.9, 3)
+    assert DeviceReplay(whole, FRAME_HOST_ONLY, CPU).nbytes < 1.1 * whole.nbytes  # float64 would be 8x
+
+
+def test_the_mirror_is_announced_and_a_prioritized_replay_stays_on_the_host(capsys, monkeypatch):
+    """``mirror_on`` (CUDA's host path) says where the batches are drawn and how much the mirror takes there; a
+    prioritized replay gets none (its sum tree is on the host), and a CPU learner without the CUDA path none."""
+    import shared.device
+
+    monkeypatch.setattr(shared.device, "CUDA_PATH", False)
+    assert device_replay.mirror_on(make(40, 2, 1), HOST_ONLY, CPU, ObsNorm(OBS)) is None
+    monkeypatch.setattr(shared.device, "CUDA_PATH", True)
+    assert device_replay.mirror_on(make(40, 2, 1, prioritized=True), HOST_ONLY, CPU, ObsNorm(OBS)) is None
+    mirror = device_replay.mirror_on(make(40, 2, 1), HOST_ONLY, CPU, ObsNorm(OBS))
+    assert isinstance(mirror, DeviceReplay)
+    assert capsys.readouterr().out == f"replay: batches drawn on cpu, from a mirror of {mirror.nbytes / 2**30:.2f} GiB there\n"

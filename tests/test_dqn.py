@@ -164,13 +164,14 @@ def test_dueling_head_scales_the_torso_gradient():
 
 def test_atari_frames_through_the_device_mirror_train_and_resume(tmp_path):
     """CUDA's host path on this CPU with a uniform replay: Atari's frames stacked by the replay's mirror on the
-    "device" (4 frames, 3-step windows across lost lives), a checkpoint with the replay, and a resume that mirrors the
-    loaded replay."""
+    "device" (4 frames, 3-step windows across lost lives) inside the update's graph protocol (--compile), a checkpoint
+    with the replay, and a resume that mirrors the loaded replay."""
     common = ["--num-envs", "4", "--buffer-size", "2000", "--min-steps-learn", "200", "--log-every", "200"]
-    common += ["--eval-episodes", "0", "--n-step-return", "3", "--save-replay"]
-    env = {"RL_HOST_PATH": "cuda"}
+    common += ["--eval-episodes", "0", "--n-step-return", "3", "--save-replay", "--compile"]
+    env = {"RL_HOST_PATH": "cuda", "RL_COMPILE_BACKEND": "eager"}
     out = run("dqn_atari.py", *common, "--total-timesteps", "400", "--out-dir", str(tmp_path), "--run-name", "a", env=env)
     assert out.returncode == 0, out.stderr[-3000:]
+    assert "replay: batches drawn on cpu, from a mirror of" in out.stdout  # the mirror, not the host replay
     assert int(progress(tmp_path / "a")[-1]["updates"]) > 0
     out = run("dqn_atari.py", *common, "--total-timesteps", "600", "--resume", str(tmp_path / "a"), env=env)
     assert out.returncode == 0, out.stderr[-3000:]
