@@ -370,8 +370,9 @@ class Policy(nn.Module):
 # ----------------------------------------------------------------------------------------- sampling
 
 # A replay row by field, with its example (shape and dtype; the observation's from the env). A new stored quantity is an
-# entry here, written in EnvStepper.step and read by the loss as batch[name]: the update uploads every field of the batch
-# but HOST_ONLY, the replay's bookkeeping (the loss reads the n-step fields made from them).
+# entry here, written in EnvStepper.step and read by the loss as batch[name]: the update gets every field of the batch
+# (uploaded, or from the replay's mirror on a CUDA learner) but HOST_ONLY, the replay's bookkeeping (the loss reads the
+# n-step fields made from them).
 ROW = dict(action=np.int64(0), reward=np.float32(0), terminated=False, truncated=False, episode_end=False)
 Step = namedarraytuple("Step", ["observation", *ROW])
 HOST_ONLY = ("reward", "terminated", "truncated", "episode_end", "truncated_n", "n_taken", "final_row", "episode_start")
