@@ -190,6 +190,7 @@ def graphed(fn: F) -> F:
     entries: dict[Any, _Graph] = {}
     _graphed_entries.append(entries)
     last: list = [[], []]  # the last call's leaves and their parts of the key
+    previous: list = [None]  # the last call's graph key: what a refused new graph is compared with
 
     def key(x: Any) -> Any:
         """A leaf's part of the graph key: a data tensor's layout, a Python value, a settings object's identity and
@@ -222,8 +223,8 @@ def graphed(fn: F) -> F:
         graph_key = (spec, torch.is_grad_enabled(), torch.is_inference_mode_enabled(), *keys)
         entry = entries.get(graph_key)
         if entry is None:
-            if len(entries) >= MAX_GRAPHS:
-                what = _what_changed(next(reversed(entries)), graph_key, leaves, _names(fn, args, kwargs))
+            if len(entries) >= MAX_GRAPHS:  # what changed since the call before this one (not the last graph made)
+                what = _what_changed(previous[0], graph_key, leaves, _names(fn, args, kwargs))
                 raise RuntimeError(
                     f"@graphed {fn.__qualname__}: a {MAX_GRAPHS + 1}th graph, because {what} changed between calls "
                     "(pass a value that changes between calls as a tensor)"
@@ -232,6 +233,7 @@ def graphed(fn: F) -> F:
             capture = "dry" if mode == "dry" else "cuda" if device.type == "cuda" and mode != "0" else ""
             data = [isinstance(x, torch.Tensor) and not x.requires_grad for x in leaves]
             entry = entries[graph_key] = _Graph(fn, leaves, data, spec, capture)
+        previous[0] = graph_key
         return entry(leaves)
 
     return call  # type: ignore[return-value]

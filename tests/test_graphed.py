@@ -194,6 +194,9 @@ def test_a_python_value_picks_the_graph_and_too_many_graphs_is_an_error(enabled)
         f(x, float(i))
     with pytest.raises(RuntimeError, match=r"9th graph, because the argument flag \(5.0, then 99.0\) changed.*as a tensor"):
         f(x, 99.0)
+    f(x, True)  # an existing graph: the error compares with the call before, not with the last graph made
+    with pytest.raises(RuntimeError, match=r"9th graph, because the argument flag \(True, then 98.0\) changed"):
+        f(x, 98.0)
 
 
 @dataclass
