@@ -186,7 +186,7 @@ def test_burn_in_rows_do_not_enter_the_loss_or_the_gradient():
     assert r2d1.r2d1_loss(net, target, b3, args)[0].item() != pytest.approx(loss.item(), rel=1e-6)
 
 
-def test_the_loss_without_the_hosts_start_rows_runs_the_lstm_row_by_row():
+def test_the_loss_without_the_hosts_start_rows_still_zeroes_the_state_where_an_episode_starts():
     """A batch without ``start_rows`` (what --compile's update gets, and any other caller) zeroes the state where an
     episode starts, as the fused stretches do with them: not straight through (the fallback the review of issue 61
     found lost)."""
