@@ -53,9 +53,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from shared import sync
 from shared.buffer import buffer_from_example, check_fits, shared_zeros, zeros
 from shared.namedarraytuple import dotted, is_namedarraytuple, map_structure, namedarraytuple, walk_structure
-from shared.sync import locked
 
 if TYPE_CHECKING:
     from shared.sum_tree import SumTree
@@ -411,13 +411,10 @@ class _Base:
         other process was killed while holding the lock, ``check`` raises instead of this process hanging."""
         self._check = check
 
-    def _locked(self):
-        return locked(self._lock, self._check) if self.shared else contextlib.nullcontext()
-
     def locked(self):
         """A context holding the buffer's lock (shared: against the other process's appends; else nothing), for a
-        reader that must see one state of it (``shared.device_replay``'s sync)."""
-        return self._locked()
+        reader that must see one state of it (this buffer's sampling, ``shared.device_replay``'s sync)."""
+        return sync.locked(self._lock, self._check) if self.shared else contextlib.nullcontext()
 
     @property
     def rewrites(self) -> int:
@@ -488,7 +485,7 @@ class _Base:
         beta = self._beta(beta)
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
-        with self._locked():  # the indices and the copies taken from them belong to one state of the buffer
+        with self.locked():  # the indices and the copies taken from them belong to one state of the buffer
             if batch_size > len(self):
                 raise ValueError(f"batch_size={batch_size} is larger than the {len(self)} valid {self._unit}")
             if self.tree is not None:
@@ -545,7 +542,7 @@ class _Base:
         p = np.asarray(priorities, dtype=np.float64).ravel()
         if p.shape != np.shape(index.abs_row):
             raise ValueError(f"priorities must have shape {np.shape(index.abs_row)}, got {np.shape(priorities)}")
-        with self._locked():
+        with self.locked():
             return self.tree.update(index.abs_row, index.b, self._to_tree(p))
 
     def arrays(self) -> dict[str, np.ndarray]:
@@ -576,7 +573,7 @@ class _Base:
         ``episode_end``), the newest becomes the episode's final observation (never sampled, but the bootstrap
         of the windows that now end at the truncation), and those windows' n-step quantities are recomputed."""
         st = self.storage
-        with self._locked():
+        with self.locked():
             c = st.cursor
             if c < 2:
                 return
@@ -606,7 +603,7 @@ class _Base:
         random state included, under the lock. Not atomic by itself: write to a temporary name and rename."""
         import json
 
-        with self._locked():
+        with self.locked():
             arrays = {k: np.asarray(v) for k, v in self.arrays().items()}
             rng = np.array(json.dumps(self.rng.bit_generator.state))
             with open(path, "wb") as f:  # a file object: numpy adds no ".npz" to the name
@@ -618,7 +615,7 @@ class _Base:
         import json
 
         self._ahead = None  # drawn from the state being replaced
-        with np.load(path, allow_pickle=False) as saved, self._locked():
+        with np.load(path, allow_pickle=False) as saved, self.locked():
             for name, dst in self.arrays().items():
                 if name not in saved.files:
                     raise ValueError(f"the saved replay has no {name!r}: it was written by another buffer")
@@ -706,7 +703,7 @@ class ReplayBuffer(_Base):
             raise ValueError("priorities given to a buffer that is not prioritized")
         if priorities is not None and np.shape(priorities) != (Tc, self.B):
             raise ValueError(f"priorities must have shape [{Tc}, {self.B}], got {np.shape(priorities)}")
-        with self._locked():
+        with self.locked():
             s, end = self.storage.append(samples, Tc)
             lo, hi = self.valid_window(end)
             if self.tree is not None:
@@ -830,7 +827,7 @@ class SequenceReplayBuffer(_Base):
         """Append a ``[Tc, B]`` chunk; optional ``priorities`` ``[S, B]`` for the ``S`` slots it starts."""
         Tc = self.storage.check(samples)
         I = self.interval
-        with self._locked():
+        with self.locked():
             s = self.storage.cursor
             first_slot = -(-s // I)
             new_slots = np.arange(first_slot, -(-(s + Tc) // I))  # abs slots whose row is in [s, s + Tc)
