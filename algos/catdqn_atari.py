@@ -624,12 +624,12 @@ def sampler_main(args: Args, buffer: ReplayBuffer, link: AsyncReplay, proc: Samp
     with closing(make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial", proc.n_threads)) as envs:
         step = link.start_step
         seed = distributed.env_seed(args.seed + step, args.num_envs)
-        stepper = EnvStepper(envs, args, seed, torch.Generator().manual_seed(seed) if args.noisy else None)
-        q_net = make_network(args, envs.single_observation_space, envs.single_action_space)
+        stepper = EnvStepper(envs, args, seed, torch.Generator(proc.device).manual_seed(seed) if args.noisy else None)
+        q_net = make_network(args, envs.single_observation_space, envs.single_action_space).to(proc.device)
         while step < args.total_timesteps:
             if not link.ready(proc, step, q_net, args.max_lag_steps):  # too far ahead of the learner
                 continue
-            row, episodes = stepper.step(q_net, epsilons(args, step), torch.device("cpu"))
+            row, episodes = stepper.step(q_net, epsilons(args, step), proc.device)
             buffer.append(row)
             step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
             link.report(episodes, step)

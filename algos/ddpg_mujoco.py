@@ -409,11 +409,11 @@ def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: Asyn
     with closing(make_envs(args, make_env, "serial")) as envs:
         step = link.start_step
         stepper = EnvStepper(envs, args, obs_norm, distributed.env_seed(args.seed + step, args.num_envs))
-        actor, _ = make_networks(args, envs.single_observation_space, envs.single_action_space)
+        actor = make_networks(args, envs.single_observation_space, envs.single_action_space)[0].to(proc.device)
         while step < args.total_timesteps:
             if not link.ready(proc, step, actor, args.max_lag_steps):  # too far ahead of the learner
                 continue
-            row, episodes = stepper.step(actor, link.pacer.warming_up(step), torch.device("cpu"))
+            row, episodes = stepper.step(actor, link.pacer.warming_up(step), proc.device)
             buffer.append(row)
             step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
             link.report(episodes, step)

@@ -281,7 +281,8 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
     for t in range(args.num_steps):
         up = upload({"obs": state.obs, "mask": state.mask}, device)  # one copy
         action, logprob, value = policy_step(agent, up["obs"], up["mask"], args.bf16)
-        buf.obs[t], buf.mask[t] = up["obs"], up["mask"]  # serial/parallel: into the rollout on the learner's device
+        # serial/parallel: this step's copy into the rollout on the learner's device; async: the host's into shared memory
+        buf.obs[t], buf.mask[t] = (up["obs"], up["mask"]) if torch.is_tensor(buf.obs) else (state.obs, state.mask)
         buf.final_row[t] = state.final_row
         buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, logprob, value)  # one copy
         next_obs, reward, term, trunc, info = envs.step(buf.action[t])
@@ -525,11 +526,11 @@ def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, las
     when it released rollout k - 2 (update k - 1): exactly one update behind the learner."""
     with closing(make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial", proc.n_threads)) as envs:
         state = EnvState(envs, distributed.env_seed(args.seed + first, args.num_envs))  # as serial mode: fresh on resume
-        agent = make_agent(args, envs.single_observation_space, envs.single_action_space)
+        agent = make_agent(args, envs.single_observation_space, envs.single_action_space).to(proc.device)
         torch.manual_seed(distributed.rank_seed(args.seed + 1))
         for k in range(first, last):
             buf = buffers.writer_acquire(k, proc.check, module=agent)
-            collect(envs, agent, state, buf, boots[k % 2], args, torch.device("cpu"))
+            collect(envs, agent, state, buf, boots[k % 2], args, proc.device)
             buffers.writer_release(k)
 
 

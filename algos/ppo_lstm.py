@@ -422,7 +422,8 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
     for t in range(args.num_steps):
         buf.final_row[t], buf.episode_start[t] = state.final_row, state.episode_start
         up = upload({"obs": state.obs, "start": state.episode_start[None], "mask": state.mask}, device)  # one copy
-        buf.obs[t], buf.mask[t] = up["obs"], up["mask"]  # serial/parallel: into the rollout on the learner's device
+        # serial/parallel: this step's copy into the rollout on the learner's device; async: the host's into shared memory
+        buf.obs[t], buf.mask[t] = (up["obs"], up["mask"]) if torch.is_tensor(buf.obs) else (state.obs, state.mask)
         action, logprob, value, state.rnn = policy_step(agent, up["obs"], state.rnn, up["start"], up["mask"], args.bf16)
         buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, logprob, value)  # one copy
         env_action = buf.action[t]
@@ -730,13 +731,12 @@ def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, las
     included) the learner left in that slot when it released rollout k - 2 (update k - 1): exactly one update behind the
     learner. The LSTM states carry over from rollout to rollout here."""
     with closing(make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial", proc.n_threads)) as envs:
-        agent = make_agent(args, envs.single_observation_space, envs.single_action_space)
-        device = torch.device("cpu")
-        state = EnvState(envs, distributed.env_seed(args.seed + first, args.num_envs), agent, device)
+        agent = make_agent(args, envs.single_observation_space, envs.single_action_space).to(proc.device)
+        state = EnvState(envs, distributed.env_seed(args.seed + first, args.num_envs), agent, proc.device)
         torch.manual_seed(distributed.rank_seed(args.seed + 1))  # the policy's sampling: a stream of each rank's own
         for k in range(first, last):
             buf = buffers.writer_acquire(k, proc.check, module=agent)
-            collect(envs, agent, state, buf, boots[k % 2], args, device)
+            collect(envs, agent, state, buf, boots[k % 2], args, proc.device)
             buffers.writer_release(k)
 
 

@@ -683,13 +683,13 @@ def sampler_main(args: Args, buffer: SequenceReplayBuffer, link: AsyncReplay, pr
     """Async sampler process: steps the envs and appends chunks to the shared replay with the newest parameters the
     learner published; waits while it is more than max_lag_steps ahead of the learner's updates."""
     with closing(make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial", proc.n_threads)) as envs:
-        net = make_network(args, envs.single_observation_space, envs.single_action_space)
+        net = make_network(args, envs.single_observation_space, envs.single_action_space).to(proc.device)
         step = link.start_step
         stepper = EnvStepper(envs, args, net, distributed.env_seed(args.seed + step, args.num_envs))
         while step < args.total_timesteps:
             if not link.ready(proc, step, net, args.max_lag_steps, chunk_steps=args.num_envs * args.rnn_state_interval):
                 continue  # too far ahead of the learner
-            chunk, priorities, episodes = stepper.step(net, torch.device("cpu"))
+            chunk, priorities, episodes = stepper.step(net, proc.device)
             if chunk is not None:
                 buffer.append(chunk, priorities)
             step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's

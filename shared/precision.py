@@ -7,9 +7,9 @@ Guarantees
   ``.float()`` by the caller. ``shared.cli.resolve_device`` warns when the device has no native bfloat16.
 - ``channels_last(module, device, bf16)``: the one rule for channels-last (NHWC) weights: on a CPU, and with
   ``bf16`` on a GPU; a module without 4-d weights is unchanged either way.
-- ``sampler_bf16(bf16)``, in a sampler process (which acts on the CPU whatever the learner's device): ``bf16``
-  where this CPU computes bfloat16 natively (AVX512-BF16, AMX), else False with one warning line, since emulated
-  bfloat16 would make sampling about 10x slower (a CUDA learner's ``--bf16`` is meant for the GPU).
+- ``sampler_bf16(bf16)``, for a sampler process that acts on the CPU (a CPU learner's; a GPU learner's sampler acts
+  on that GPU, ``shared.run.sampler_device``): ``bf16`` where this CPU computes bfloat16 natively (AVX512-BF16,
+  AMX), else False with one warning line, since emulated bfloat16 would make sampling about 10x slower.
 Imports nothing from the project.
 """
 

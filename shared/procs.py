@@ -3,7 +3,8 @@
 Guarantees
 - ``Worker`` starts ``target(*args, stop)`` in a ``spawn`` child; ``sampler_entry`` is the target that
   ``Run.start_sampler`` gives it: the child pins itself to the sampler's cores, then runs the script's
-  ``sampler_main(*args, proc)`` with a ``SamplerProcess`` (its thread count and its liveness check). The child
+  ``sampler_main(*args, proc)`` with a ``SamplerProcess`` (its thread count, the device it acts on and its liveness
+  check). The child
   ignores SIGINT (the parent decides how to stop), dies with its parent (``PR_SET_PDEATHSIG`` on Linux, and a parent
   check in every wait), and sends its traceback to the parent if it raises (``parent_alive_check``'s SystemExit(0) is a
   clean exit, exit code 0). The parent's waits call ``check()``,
@@ -171,16 +172,26 @@ def parent_alive_check(stop: Any, parent_pid: int) -> Callable[[], None]:
 @dataclass(frozen=True)
 class SamplerProcess:
     """What a sampler process gets from what started it: it is already pinned to its cores, may use
-    ``n_threads`` of them, and ``check()`` raises SystemExit once it is asked to stop or the learner is gone."""
+    ``n_threads`` of them, may act on ``device`` (the learner's GPU, or the CPU: ``Run.start_sampler``), and
+    ``check()`` raises SystemExit once it is asked to stop or the learner is gone."""
 
     n_threads: int
     check: Callable[[], None]
+    device: Any
 
 
-def sampler_entry(target: Callable[..., None], args: tuple, affinity: Any, parent_pid: int, stop: Any) -> None:
-    """A sampler process's first frame: pin to the sampler's cores, then ``target(*args, SamplerProcess)``."""
+def sampler_entry(
+    target: Callable[..., None], args: tuple, affinity: Any, parent_pid: int, device: Any, compile: bool, stop: Any
+) -> None:
+    """A sampler process's first frame: pin to the sampler's cores, with ``compile`` the script's ``@compiled`` and
+    ``@graphed`` functions enabled for ``device`` in this process (``shared.compiling``), then ``target(*args,
+    SamplerProcess)``."""
     affinity.apply_worker(0)
-    target(*args, SamplerProcess(len(affinity.worker_cpus[0]), parent_alive_check(stop, parent_pid)))
+    if compile:
+        from shared import compiling
+
+        compiling.enable(device)
+    target(*args, SamplerProcess(len(affinity.worker_cpus[0]), parent_alive_check(stop, parent_pid), device))
 
 
 class DoubleBuffer:

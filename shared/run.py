@@ -112,6 +112,14 @@ EXIT_INTERRUPTED = 130
 SAMPLER_FAILURES = (WorkerError, EOFError, BrokenPipeError, ConnectionResetError)
 
 
+def sampler_device(learner: Any) -> Any:
+    """Where an async sampler process acts: on the learner's GPU where it has one (as serial mode acts), else on the
+    CPU."""
+    import torch
+
+    return learner if learner.type == "cuda" else torch.device("cpu")
+
+
 def _versions() -> dict[str, str]:
     out = {"python": platform.python_version()}
     for name in ("torch", "numpy", "gymnasium", "ale_py"):
@@ -529,10 +537,15 @@ class Run:
 
     def start_sampler(self, sampler_main: Callable[..., None], args: Any, *rest: Any) -> Worker:
         """Start ``sampler_main(args, *rest, proc)`` in a sampler process held by this run: pinned to the
-        sampler's cores, ``args`` with --bf16 as the sampler's CPU can honour it, ``proc`` a
-        ``procs.SamplerProcess`` (its thread count, and the check that ends it with the run)."""
-        args = dataclasses.replace(args, bf16=sampler_bf16(args.bf16))
-        entry = (sampler_main, (args, *rest), self.affinity, os.getpid())
+        sampler's cores, ``proc`` a ``procs.SamplerProcess`` (its thread count, the device it may act on, and the
+        check that ends it with the run). ``proc.device`` is the learner's GPU where the learner is on one (a
+        network acts there as in serial mode, sharing the GPU with the learner; with --compile its acting step is
+        one CUDA graph of the sampler's), else the CPU (eager), where ``args`` has --bf16 only as that CPU can
+        honour it."""
+        device = sampler_device(self.device)
+        gpu = device.type == "cuda"
+        args = dataclasses.replace(args, bf16=args.bf16 if gpu else sampler_bf16(args.bf16))
+        entry = (sampler_main, (args, *rest), self.affinity, os.getpid(), device, gpu and getattr(args, "compile", False))
         return self.hold(Worker(sampler_entry, entry, name="sampler"))
 
     def __enter__(self) -> Run:

@@ -133,7 +133,8 @@ def test_an_env_with_action_masks_compiles_once(script, tmp_path):
     ],
 )
 def test_async_compiles_the_learner_and_samples_eagerly(script, flags, tmp_path):
-    """The sampler process acts eagerly (it never calls enable): the learner's loss is the one graph."""
+    """A CPU learner's sampler process acts eagerly on the CPU (it never calls enable): the learner's loss is the one
+    graph."""
     out = run_script(script, tmp_path, "r", "--compile", *flags, env=STRICT)
     assert out.returncode == 0, out.stderr[-3000:]
     assert int(rows(tmp_path / "r")[-1]["compiled_graphs"]) == 1

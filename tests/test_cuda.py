@@ -97,7 +97,7 @@ def test_every_script_compiles_to_cuda_graphs_without_a_recompile(name, tmp_path
 @pytest.mark.parametrize("name", ["ppo_atari", "dqn_atari"])
 def test_async_learners_compile_to_cuda_graphs_without_a_recompile(name, tmp_path):
     """--sampler async --compile: the learner's update one CUDA graph, no recompile (issue 61 found async compiled
-    slower than eager); the sampler process acts eagerly on the CPU."""
+    slower than eager); the sampler process acts on the same GPU, its acting step graphed in its own process."""
     out = run(
         f"{name}.py",
         *RUNS[name],

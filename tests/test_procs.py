@@ -242,25 +242,29 @@ class _Buffer:
 
 
 def _report_sampler(q, proc):
-    q.put((sorted(os.sched_getaffinity(0)), proc.n_threads))
+    from shared import compiling
+
+    q.put((sorted(os.sched_getaffinity(0)), proc.n_threads, proc.device, compiling.enabled()))
     while True:  # until the parent stops it: check() ends the process
         proc.check()
         time.sleep(0.01)
 
 
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="needs os.sched_getaffinity")
-def test_sampler_entry_pins_the_process_then_hands_it_its_threads_and_its_stop_check():
+@pytest.mark.parametrize("compile", [False, True])
+def test_sampler_entry_pins_the_process_then_hands_it_its_threads_and_its_stop_check(compile):
     from shared.affinity import make_affinity
     from shared.procs import CTX, sampler_entry
 
     cpus = tuple(sorted(os.sched_getaffinity(0)))
     affinity = make_affinity("async", cpus=cpus, pin=True)
     q = CTX.Queue()
-    worker = Worker(sampler_entry, (_report_sampler, (q,), affinity, os.getpid()), name="sampler")
+    worker = Worker(sampler_entry, (_report_sampler, (q,), affinity, os.getpid(), "cpu", compile), name="sampler")
     try:
-        pinned, n_threads = q.get(timeout=60)
+        pinned, n_threads, device, compiling = q.get(timeout=60)
         assert pinned == list(affinity.worker_cpus[0])  # pinned before the script's code ran
-        assert n_threads == len(affinity.worker_cpus[0])
+        assert n_threads == len(affinity.worker_cpus[0]) and device == "cpu"
+        assert compiling is compile  # --compile on a GPU: the sampler's acting step graphed in its own process
     finally:
         t0 = time.monotonic()
         worker.stop(timeout=10)

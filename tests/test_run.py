@@ -527,6 +527,7 @@ def test_a_ctrl_c_swallowed_by_a_finalizer_still_stops_the_loop_at_the_next_peri
 @dataclass
 class Bf16Args(FakeArgs):
     bf16: bool = True
+    compile: bool = True
 
 
 def test_start_sampler_hands_the_sampler_args_with_bf16_as_its_cpu_can_honour_it(tmp_path, monkeypatch):
@@ -541,11 +542,36 @@ def test_start_sampler_hands_the_sampler_args_with_bf16_as_its_cpu_can_honour_it
             monkeypatch.setattr(precision, "cpu_has_bf16", lambda h=has_bf16: h)
             args = Bf16Args()
             assert run.start_sampler(print, args, "buffer") == "sampler"  # held by the run, returned
-            target, (main, sampler_args, affinity, _pid), name = started[-1]
+            target, (main, sampler_args, affinity, _pid, device, compile), name = started[-1]
             assert (target, main, name, affinity) == (run_module.sampler_entry, print, "sampler", run.affinity)
             assert sampler_args[1:] == ("buffer",) and sampler_args[0].bf16 is has_bf16
+            assert device == torch.device("cpu") and compile is False  # a CPU sampler acts eagerly
             assert args.bf16 is True  # the learner's own args unchanged
     finally:
+        run._held.clear()
+        run.__exit__(None, None, None)
+
+
+def test_start_sampler_on_a_gpu_learner_hands_the_sampler_its_gpu_bf16_and_compile(tmp_path, monkeypatch):
+    """A learner on a GPU: the sampler acts on that GPU (``proc.device``), in bf16 as the learner does whatever the
+    sampler's CPU has, and under --compile its acting step is graphed there (its process enables compiling)."""
+    import shared.run as run_module
+    from shared import precision
+
+    started = []
+    monkeypatch.setattr(run_module, "Worker", lambda target, args, name: started.append((target, args, name)) or name)
+    monkeypatch.setattr(precision, "cpu_has_bf16", lambda: False)
+    run, _ = new_run(tmp_path)
+    learner = run.device
+    try:
+        run.device = torch.device("cuda", 1)  # the device is only read here: no GPU needed
+        for compile in (False, True):
+            run.start_sampler(print, Bf16Args(compile=compile), "buffer")
+            _, (_, sampler_args, _, _, device, compiled), _ = started[-1]
+            assert device == torch.device("cuda", 1) and compiled is compile
+            assert sampler_args[0].bf16 is True
+    finally:
+        run.device = learner
         run._held.clear()
         run.__exit__(None, None, None)
 
