@@ -274,10 +274,9 @@ def policy_step(agent: Agent, obs, mask: torch.Tensor, bf16: bool) -> tuple:
 def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device) -> None:
     """Step the envs num_steps times, writing buf [T, B] and the bootstrap observation boot [B]."""
     for t in range(args.num_steps):
-        up = upload({"obs": state.obs, "mask": state.mask}, device)  # one copy
+        # one copy, which lands in the rollout's step t (serial/parallel: on the learner's device; async: shared memory)
+        up = upload({"obs": state.obs, "mask": state.mask}, device, into={"obs": buf.obs[t], "mask": buf.mask[t]})
         action, logprob, value = policy_step(agent, up["obs"], up["mask"], args.bf16)
-        # serial/parallel: this step's copy into the rollout on the learner's device; async: the host's into shared memory
-        buf.obs[t], buf.mask[t] = (up["obs"], up["mask"]) if torch.is_tensor(buf.obs) else (state.obs, state.mask)
         buf.final_row[t] = state.final_row
         buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, logprob, value)  # one copy
         next_obs, reward, term, trunc, info = envs.step(buf.action[t])

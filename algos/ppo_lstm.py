@@ -421,9 +421,8 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
     boot.h0[:], boot.c0[:] = to_host(state.rnn.h, state.rnn.c)  # the state each env's first row continues from
     for t in range(args.num_steps):
         buf.final_row[t], buf.episode_start[t] = state.final_row, state.episode_start
-        up = upload({"obs": state.obs, "start": state.episode_start[None], "mask": state.mask}, device)  # one copy
-        # serial/parallel: this step's copy into the rollout on the learner's device; async: the host's into shared memory
-        buf.obs[t], buf.mask[t] = (up["obs"], up["mask"]) if torch.is_tensor(buf.obs) else (state.obs, state.mask)
+        into = {"obs": buf.obs[t], "mask": buf.mask[t]}  # the rollout's step t (serial/parallel: on the learner's device)
+        up = upload({"obs": state.obs, "start": state.episode_start[None], "mask": state.mask}, device, into=into)  # one copy
         action, logprob, value, state.rnn = policy_step(agent, up["obs"], state.rnn, up["start"], up["mask"], args.bf16)
         buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, logprob, value)  # one copy
         env_action = buf.action[t]

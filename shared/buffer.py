@@ -16,7 +16,10 @@ Guarantees
   the kernel's overcommit rule refuses, and shared memory is never refused at all (its pages are taken when
   written, hours later, by which time the kernel's out-of-memory killer ends the run). ``check_fits`` checks a
   sum of arrays made this way, whose pages are not touched yet.
-- ``on_device(structure, fields, device)``: the same structure with those fields as zeroed tensors on ``device``.
+- ``on_device(structure, fields, device)``: the same structure with those fields as zeroed tensors on ``device``,
+  all views of one block laid out step by step: the leaves' ``[B, ...]`` slices of step ``t`` lie side by side,
+  in the order of the fields and at ``shared.device.upload``'s offsets, so that a step's one copy up of the same
+  fields lands in the rollout as it is (``upload(..., into=...)``).
 """
 
 from __future__ import annotations
@@ -206,17 +209,30 @@ def buffer_from_example(example: Any, leading_dims: Sequence[int] | int, shared:
 
 
 def on_device(structure: Any, fields: Sequence[str], device: Any) -> Any:
-    """``structure`` (a namedarraytuple of arrays) with ``fields`` replaced by zeroed tensors on ``device`` of each
-    leaf's shape and dtype: where a sampler in the learner's process writes what the update reads on the device (a
-    rollout's observations), so that each step's copy up is also its copy into the rollout, on the device."""
+    """``structure`` (a namedarraytuple of arrays ``[T, ...]``) with ``fields`` replaced by zeroed tensors on ``device``
+    of each leaf's shape and dtype: where a sampler in the learner's process writes what the update reads on the
+    device (a rollout's observations). They are views of one block whose step ``t`` holds every leaf's ``[t]`` at the
+    offsets ``shared.device.upload`` packs them at (module docstring): a step's copy up lands there in one copy."""
     import torch
 
-    from shared.device import torch_dtype
+    from shared.device import Uploader, torch_dtype
+    from shared.namedarraytuple import replace_leaves, walk_structure
 
-    def alloc(x: np.ndarray) -> Any:
-        return torch.zeros(x.shape, dtype=torch_dtype(x.dtype), device=device)
-
-    return structure._replace(**{f: map_structure(alloc, getattr(structure, f)) for f in fields})
+    leaves = walk_structure({f: getattr(structure, f) for f in fields}, sequences=False)
+    leaves = [(path, x) for path, x in leaves if x is not None]
+    layout, end = Uploader.layout([x[0] for _, x in leaves])  # a step's slice of each leaf, as a step uploads it
+    row = -(-end // Uploader.ALIGN) * Uploader.ALIGN
+    steps = leaves[0][1].shape[0]
+    block = torch.zeros(steps * row, dtype=torch.uint8, device=device)
+    tensors = {}
+    for (path, x), offset in zip(leaves, layout):
+        size = np.dtype(x.dtype).itemsize
+        strides = (row // size, *(int(np.prod(x.shape[i + 1 :])) for i in range(1, x.ndim)))  # a step's slice contiguous
+        tensors[path] = torch.empty(0, dtype=torch_dtype(x.dtype), device=device).set_(
+            block.untyped_storage(), offset // size, x.shape, strides
+        )
+    packed = replace_leaves({f: getattr(structure, f) for f in fields}, tensors, sequences=False)
+    return structure._replace(**packed)
 
 
 def _as_numpy(x: Any) -> np.ndarray:

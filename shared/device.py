@@ -17,6 +17,12 @@ Guarantees
   take turns, and one is refilled only after the event recorded behind its last copy has passed, so the host
   never overwrites bytes still in flight: it runs at most two uploads ahead of the device (loops that upload
   several times between reads, such as PPO's epochs, may wait there; nothing else does).
+- ``upload(arrays, device, into=...)``: ``into`` has the structure of ``arrays`` and says where a rollout keeps this
+  step; every leaf lands there too. Where ``into``'s tensors are one step of ``shared.buffer.on_device``'s rollout on
+  ``device``, laid out as this copy packs the same flat dict, the one copy goes straight there and ``into`` itself
+  is returned (on a GPU: no copy from a staging block into the rollout, and a ``@graphed`` call sees one block);
+  elsewhere (the CPU, a numpy destination in shared memory, a Dict observation) each destination gets its copy apart:
+  a numpy one the host's array, a tensor the uploaded one.
 - ``RL_HOST_PATH=cuda`` (benchmarks and tests only): on the CPU, the host work of the CUDA path runs as it would on
   a GPU (uploads packed into staging and copied as one block, ``to_host`` through one joined copy), so that the
   tests run it and ``benchmarks/speed/loop_overhead.py`` can count and time it on a machine without one; ``dry`` also
@@ -39,6 +45,7 @@ __all__ = ["Uploader", "to_host", "upload"]
 CUDA_PATH = os.environ.get("RL_HOST_PATH") in ("cuda", "dry")
 DRY = os.environ.get("RL_HOST_PATH") == "dry"
 _CACHED = 64  # signatures (names, shapes, dtypes) whose layout a copy keeps; more, and it starts again
+_ROWS = 4096  # destinations (a rollout's steps) whose bytes a copy keeps
 _NUMPY = {}  # torch dtype -> numpy dtype, and back: found once (a lookup through an empty array costs microseconds)
 
 
@@ -46,8 +53,8 @@ def to_host(*tensors: Any) -> Any:
     """The values of ``tensors`` on the host, as one numpy array or a list of them (see the module docstring)."""
     import torch
 
-    tensors = tuple(t.detach().float() if t.dtype == torch.bfloat16 else t.detach() for t in tensors)
-    out = [t.numpy() for t in tensors] if tensors[0].device.type == "cpu" and not CUDA_PATH else one_copy(tensors)
+    tensors = tuple(t.float() if t.dtype == torch.bfloat16 else t for t in tensors)
+    out = [t.detach().numpy() for t in tensors] if tensors[0].device.type == "cpu" and not CUDA_PATH else one_copy(tensors)
     return out[0] if len(out) == 1 else out
 
 
@@ -79,9 +86,10 @@ def one_copy(tensors: tuple) -> list[np.ndarray]:
         if len(_splits) >= _CACHED:
             _splits.clear()
         split = _splits[signature] = [(numpy_dtype(t.dtype), t.numel() * t.element_size(), tuple(t.shape)) for t in tensors]
-    # contiguous(): a strided or expanded view (x[:, 0]) as bytes; a contiguous tensor is itself, at no cost
-    flat = [t.contiguous().view(-1).view(torch.uint8) for t in tensors]
-    flat = (torch.cat(flat) if len(flat) > 1 else flat[0]).cpu().numpy()
+    # One view a tensor of one dimension with its elements side by side (a graph's copied-out actions, values); else
+    # contiguous() (a strided or expanded view x[:, 0]; a contiguous tensor is itself) and a flat view.
+    flat = [_bytes_of(t) if len(s[2]) == 1 else t.contiguous().view(-1).view(torch.uint8) for t, s in zip(tensors, split)]
+    flat = (torch.cat(flat) if len(flat) > 1 else flat[0]).detach().cpu().numpy()  # detached once, not each
     out, at = [], 0
     for dtype, n, shape in split:
         out.append(flat[at : at + n].view(dtype).reshape(shape))
@@ -90,6 +98,16 @@ def one_copy(tensors: tuple) -> list[np.ndarray]:
 
 
 _splits: dict = {}  # one_copy's signature -> its split
+
+
+def _bytes_of(t: Any) -> Any:
+    """A 1-d tensor's bytes as uint8: a view where its elements are side by side, else those of a contiguous copy."""
+    import torch
+
+    try:
+        return t.view(torch.uint8)
+    except RuntimeError:  # a stride other than 1: not viewable as bytes
+        return t.contiguous().view(torch.uint8)
 
 
 class Uploader:
@@ -107,8 +125,21 @@ class Uploader:
         self.events: list = [None] * depth
         self.copies = 0  # packed copies made
         self.dry: dict[int, Any] = {}  # RL_HOST_PATH=dry: a block by size
+        self.rows: dict[tuple, bool] = {}  # (signature, destinations' addresses) -> whether they are one packed row
 
-    def __call__(self, arrays: dict[Any, Any]) -> dict[Any, Any]:
+    @classmethod
+    def layout(cls, arrays: list) -> tuple[list[int], int]:
+        """Where a copy packs ``arrays`` (numpy, in order): each one's byte offset, and the bytes in all."""
+        offsets, end = [], 0
+        for a in arrays:
+            offsets.append(-(-end // cls.ALIGN) * cls.ALIGN)
+            end = offsets[-1] + a.nbytes
+        return offsets, end
+
+    def __call__(self, arrays: dict[Any, Any], into: Any = None) -> dict[Any, Any]:
+        """``arrays`` (a flat dict) as tensors on the device, in one copy; ``into`` itself when it is a dict of the
+        same keys whose tensors are one step of ``shared.buffer.on_device`` on this device at this copy's offsets:
+        the copy lands there (``upload``)."""
         import torch
 
         if not self.pack:  # shares the arrays' memory; a read-only one (shared.envs.action_mask's) is copied: torch warns
@@ -118,11 +149,8 @@ class Uploader:
         signature = tuple([(k, a.shape, a.dtype) for k, a in arrays.items()])
         layout = self.layouts.get(signature)
         if layout is None:  # each field's (offset, bytes, torch dtype, shape): worked out once per signature
-            layout, end = {}, 0
-            for k, a in arrays.items():
-                offset = -(-end // self.ALIGN) * self.ALIGN
-                layout[k] = (offset, a.nbytes, torch_dtype(a.dtype), a.shape)
-                end = offset + a.nbytes
+            offsets, end = self.layout(list(arrays.values()))
+            layout = {k: (o, a.nbytes, torch_dtype(a.dtype), a.shape) for (k, a), o in zip(arrays.items(), offsets)}
             if len(self.layouts) >= _CACHED:  # shapes that keep changing (an evaluation's last envs) never pile up
                 self.layouts.clear()
                 self.hosts = [{} for _ in range(self.depth)]
@@ -144,6 +172,15 @@ class Uploader:
         for k, a in arrays.items():
             hosts[k][...] = a  # any layout: numpy copies a strided array as it goes
         block = self.buffers[slot][:end]
+        row = None if into is None else self._row(into, signature, layout, end)
+        if row is not None:  # straight into the rollout's step (a GPU's DMA: no bytes for the host in the dry run)
+            if not DRY:
+                row.copy_(block, non_blocking=True)
+            if self.device.type == "cuda":
+                self.events[slot] = self.events[slot] or torch.cuda.Event()
+                self.events[slot].record()
+            self.copies += 1
+            return into
         if self.device.type == "cuda":
             block = block.to(self.device, non_blocking=True)
             self.events[slot] = self.events[slot] or torch.cuda.Event()
@@ -157,20 +194,72 @@ class Uploader:
         self.copies += 1
         return {k: block[o : o + n].view(dtype).view(shape) for k, (o, n, dtype, shape) in layout.items()}
 
+    def _row(self, into: Any, signature: tuple, layout: dict, end: int) -> Any:
+        """``into``'s bytes as one uint8 tensor when its tensors are laid out as this copy packs (``__call__``), else
+        None; found once per signature and place (a rollout's steps), then known by the tensors' addresses."""
+        import torch
+
+        if type(into) is not dict or len(into) != len(layout):
+            return None
+        dests = list(into.values())
+        if not all(type(d) is torch.Tensor for d in dests):
+            return None
+        key = (signature, *[d.data_ptr() for d in dests])
+        packed = self.rows.get(key)
+        if packed is None:
+            packed = self.rows[key] = _packed_row(dests, list(layout.values()), end, self.device)
+            if len(self.rows) > _ROWS:  # a long run through many places never piles them up
+                self.rows = {key: packed}
+        if not packed:
+            return None
+        first = dests[0] if dests[0].dtype == torch.uint8 else dests[0].view(torch.uint8)
+        return torch.as_strided(first, (end,), (1,))  # its storage's bounds checked: never a write past them
+
+
+def _packed_row(dests: list, layout: list, end: int, device: Any) -> bool:
+    """Whether ``dests`` lie in one storage on ``device`` exactly as ``layout`` packs them (offsets, dtypes, shapes;
+    contiguous), with ``end`` bytes from the first within the storage."""
+    first, storage = dests[0], dests[0].untyped_storage()
+    for d, (offset, _, dtype, shape) in zip(dests, layout):
+        if d.device != device or d.dtype != dtype or tuple(d.shape) != tuple(shape) or not d.is_contiguous():
+            return False
+        if d.untyped_storage().data_ptr() != storage.data_ptr() or d.data_ptr() - first.data_ptr() != offset:
+            return False
+    return first.data_ptr() - storage.data_ptr() + end <= storage.nbytes()
+
+
+def _land(into: Any, arrays: Any, up: Any) -> None:
+    """Each destination in ``into`` gets its value: a numpy one the host's array, a tensor the copy on the device (dict
+    keys and namedarraytuple fields matched by name; a None destination is left out)."""
+    import torch
+
+    if isinstance(into, np.ndarray):
+        into[...] = arrays
+    elif isinstance(into, torch.Tensor):
+        into.copy_(up, non_blocking=True)
+    elif into is not None:
+        by_key = isinstance(arrays, dict)  # else a namedarraytuple, as the upload of one is
+        for key, dst in into.items() if isinstance(into, dict) else zip(into._fields, into):
+            _land(dst, arrays[key] if by_key else getattr(arrays, key), up[key] if by_key else getattr(up, key))
+
 
 _uploaders: dict = {}
 
 
-def upload(arrays: Any, device: Any) -> Any:
+def upload(arrays: Any, device: Any, into: Any = None) -> Any:
     """``arrays`` (numpy; a dict or namedarraytuple of them, nested) as tensors on ``device`` in one copy, in the
-    same structure (see the module docstring)."""
+    same structure; with ``into`` (the same structure: where a rollout keeps this step), written there too (see the
+    module docstring)."""
     if device not in _uploaders:
         _uploaders[device] = Uploader(device)
     # The two shapes a loop uploads every step take no walk: one array, and a flat dict of arrays.
     if type(arrays) is np.ndarray:
         return _uploaders[device]({"": arrays})[""]
     if type(arrays) is dict and all(type(a) is np.ndarray for a in arrays.values()):
-        return _uploaders[device](arrays)
+        up = _uploaders[device](arrays, into)
+        if into is not None and up is not into:
+            _land(into, arrays, up)
+        return up
     # Anything nested (a Dict observation in a rollout, namedarraytuples, tensors among the arrays): by path. A plain
     # tuple or list is one array, as np.asarray makes it, not a node.
     import torch
@@ -183,4 +272,7 @@ def upload(arrays: Any, device: Any) -> Any:
             packing[path] = x
     if packing:
         done.update(_uploaders[device](packing))
-    return replace_leaves(arrays, done, sequences=False)  # None fields stay None
+    up = replace_leaves(arrays, done, sequences=False)  # None fields stay None
+    if into is not None:
+        _land(into, arrays, up)
+    return up

@@ -1,10 +1,11 @@
 """Device logic without a GPU: ``resolve_device`` and the torchrun device mapping against a mocked CUDA (device
 count, capability), the bf16 warnings, the NCCL environment set before the process group starts, and the ranks'
-parameter checksum, the packed replay uploads."""
+parameter checksum, the packed replay uploads, and uploads that land in a rollout's step (``into``)."""
 
 from __future__ import annotations
 
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -468,3 +469,133 @@ def test_a_packed_upload_stays_exact_across_changing_shapes_a_grown_staging_buff
             np.testing.assert_array_equal(out[k].numpy(), a)
     assert len(up.layouts) <= device_mod._CACHED
     assert len(device_mod._splits) <= device_mod._CACHED
+
+
+def _rollout(steps: int, envs: int, dict_obs: bool = False) -> Any:
+    """A rollout [T, B] as the PPO family's samplers keep it: observations and masks on the device (on_device)."""
+    from shared.buffer import buffer_from_example, on_device
+    from shared.namedarraytuple import namedarraytuple
+
+    Rollout = namedarraytuple("Rollout", ["obs", "mask", "reward"])
+    obs = np.zeros((4, 6), np.uint8)
+    if dict_obs:  # as shared.dict_obs.obs_example allocates a Dict space's
+        obs = namedarraytuple("Obs", ["image", "vec"])(np.zeros((3, 5), np.uint8), np.zeros(2, np.float32))
+    example = Rollout(obs, np.zeros(3, bool), np.float32(0))
+    return on_device(buffer_from_example(example, (steps, envs)), ("obs", "mask"), torch.device("cpu"))
+
+
+@pytest.mark.parametrize("pack", [True, False])
+def test_an_upload_into_a_rollouts_step_lands_there_in_its_one_copy_and_nowhere_else(monkeypatch, pack):
+    """upload(arrays, device, into=rollout step t): on the packing path (CUDA's) the one copy lands in the rollout's
+    step (on_device lays every step out as the copy packs it) and the tensors returned are the rollout's own; without
+    packing (the CPU), the rollout gets the values all the same. No other step is touched."""
+    from shared import device as device_mod
+
+    cpu = torch.device("cpu")
+    uploader = device_mod.Uploader(cpu, pack=pack)
+    monkeypatch.setitem(device_mod._uploaders, cpu, uploader)
+    buf, rng = _rollout(5, 2), np.random.default_rng(0)
+    assert buf.obs.untyped_storage().data_ptr() == buf.mask.untyped_storage().data_ptr()  # one block
+    sent = []
+    for t in (0, 3, 1):
+        arrays = {"obs": rng.integers(0, 255, (2, 4, 6), dtype=np.uint8), "mask": rng.random((2, 3)) < 0.5}
+        into = {"obs": buf.obs[t], "mask": buf.mask[t]}
+        up = device_mod.upload(arrays, cpu, into=into)
+        sent.append((t, arrays))
+        if pack:
+            assert up is into  # the rollout's own tensors: nothing more to copy, on the device or into a graph's input
+        np.testing.assert_array_equal(up["obs"].numpy(), arrays["obs"])
+        np.testing.assert_array_equal(up["mask"].numpy(), arrays["mask"])
+    assert uploader.copies == (3 if pack else 0)
+    for t, arrays in sent:
+        np.testing.assert_array_equal(buf.obs[t].numpy(), arrays["obs"])
+        np.testing.assert_array_equal(buf.mask[t].numpy(), arrays["mask"])
+    for t in (2, 4):
+        assert not buf.obs[t].any() and not buf.mask[t].any()
+
+
+def test_an_upload_into_places_that_are_not_one_packed_step_still_lands_in_each():
+    """Destinations that are not a step of on_device as the copy packs it (steps mixed, separate tensors, the host's
+    shared memory of an async sampler acting on a GPU, a Dict observation's namedarraytuple) each get their values
+    apart; the copy up is the usual one."""
+    from shared import device as device_mod
+
+    cpu = torch.device("cpu")
+    uploader = device_mod.Uploader(cpu, pack=True)
+    rng = np.random.default_rng(1)
+
+    def arrays() -> dict:
+        return {"obs": rng.integers(0, 255, (2, 4, 6), dtype=np.uint8), "mask": rng.random((2, 3)) < 0.5}
+
+    buf = _rollout(4, 2)
+    host = {"obs": np.zeros((2, 4, 6), np.uint8), "mask": np.zeros((2, 3), bool)}
+    places = [
+        {"obs": buf.obs[1], "mask": buf.mask[2]},  # two steps' halves: the packed copy would write the wrong mask
+        {"obs": torch.zeros(2, 4, 6, dtype=torch.uint8), "mask": torch.zeros(2, 3, dtype=torch.bool)},
+        host,
+    ]
+    original = device_mod._uploaders.get(cpu)
+    device_mod._uploaders[cpu] = uploader
+    try:
+        for into in places:
+            a = arrays()
+            up = device_mod.upload(a, cpu, into=into)
+            assert up is not into
+            for k in a:
+                np.testing.assert_array_equal(np.asarray(into[k]), a[k])
+                np.testing.assert_array_equal(up[k].numpy(), a[k])
+        assert not buf.mask[1].any() and not buf.obs[2].any()
+        dict_buf = _rollout(3, 2, dict_obs=True)
+        a = {"obs": {"image": rng.integers(0, 9, (2, 3, 5), dtype=np.uint8), "vec": rng.random((2, 2), dtype=np.float32)}}
+        a["mask"] = rng.random((2, 3)) < 0.5
+        device_mod.upload(a, cpu, into={"obs": dict_buf.obs[2], "mask": dict_buf.mask[2]})
+        np.testing.assert_array_equal(dict_buf.obs.image[2].numpy(), a["obs"]["image"])
+        np.testing.assert_array_equal(dict_buf.obs.vec[2].numpy(), a["obs"]["vec"])
+        np.testing.assert_array_equal(dict_buf.mask[2].numpy(), a["mask"])
+    finally:
+        if original is None:
+            device_mod._uploaders.pop(cpu)
+        else:
+            device_mod._uploaders[cpu] = original
+
+
+@pytest.mark.parametrize("script", ["ppo_atari", "a2c_atari", "ppo_lstm"])
+def test_a_rollout_collected_through_packed_uploads_is_the_one_collected_without(monkeypatch, script):
+    """The PPO family's serial sampler with CUDA's packing uploads (each step's copy landing in the rollout's step,
+    laid out by on_device) and with the CPU's: the same rollout, field by field, on a stub of Breakout's spaces whose
+    observations change every step (a copy landing in another step, or not at all, would differ)."""
+    import importlib
+
+    from benchmarks.speed.loop_overhead import ATARI_OBS, StubVectorEnv, _RunStub
+    from shared import device as device_mod
+
+    sys.path.insert(0, str(ROOT / "algos"))
+    S = importlib.import_module(script)
+    cpu, act_space = torch.device("cpu"), __import__("gymnasium").spaces.Discrete(4)
+    rollouts = []
+    for pack in (False, True):
+        uploader = device_mod.Uploader(cpu, pack=pack)
+        monkeypatch.setitem(device_mod._uploaders, cpu, uploader)
+        envs = StubVectorEnv(ATARI_OBS, act_space, 2, lives=True)
+        rng = np.random.default_rng(0)
+        real_step = envs.step
+
+        def step(action, real_step=real_step, envs=envs, rng=rng):
+            out = real_step(action)
+            out[0][...] = rng.integers(0, 255, out[0].shape, dtype=np.uint8)  # new observations every step
+            return out
+
+        envs.step = step
+        monkeypatch.setattr(S, "make_envs", lambda *a, envs=envs, **k: envs)
+        args = S.Args(num_envs=2, num_steps=6, sampler="serial")
+        run = _RunStub(ATARI_OBS, act_space)
+        torch.manual_seed(0)
+        agent = S.make_learner(args, run)[0]
+        sampler = S.Sampler(args, run, agent, 0, 10)
+        torch.manual_seed(1)
+        buf, _ = sampler.rollout(0, agent, 0)
+        assert uploader.copies == (args.num_steps if pack else 0)
+        rollouts.append({k: (v.numpy() if torch.is_tensor(v) else v).copy() for k, v in buf.items()})
+    for k in rollouts[0]:
+        np.testing.assert_array_equal(rollouts[0][k], rollouts[1][k], err_msg=k)
+    assert rollouts[0]["obs"][1:].any() and not np.array_equal(rollouts[0]["obs"][2], rollouts[0]["obs"][3])
