@@ -34,7 +34,7 @@ def counts(tmp_path_factory) -> dict:
     """Every script's counts, in one run of the benchmark (its own process: the switches are read at import)."""
     out = tmp_path_factory.mktemp("overhead") / "counts.json"
     proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "speed" / "loop_overhead.py"), "--counts", "--json", str(out)],
+        [sys.executable, str(ROOT / "benchmarks" / "speed" / "loop_overhead.py"), "--counts", "--async", "--json", str(out)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -50,6 +50,16 @@ def test_each_loop_keeps_to_its_budget_of_host_work(counts, script):
     # {count: (now, budget)}; the call counts are those of the pinned torch and numpy (requirements.txt)
     assert loop_overhead.over_budget(script, counts[script]) == {}
     assert counts[script]["syncs"] <= 1.05  # the one declared copy a step makes (R2D1: a chunk's state, 1 in 32)
+
+
+@pytest.mark.parametrize("script", ["ppo_atari", "a2c_atari", "ppo_lstm", "ppo_mujoco"])
+def test_the_async_samplers_step_is_as_cheap_as_parallels(counts, script):
+    """Issue 67, item 4: the async sampler process acts on the learner's device as the parallel sampler does, so its
+    step costs the host what parallel's does (a few calls more: the host's arrays written into shared memory), one
+    sync a step; on its CPU it ran the network itself."""
+    c = counts[script]
+    assert c["async_syncs"] <= 1.02 and c["async_bytes_up"] == c["bytes_up"]
+    assert c["async_torch_calls"] <= c["torch_calls"] + 2 and c["async_python_calls"] <= c["python_calls"] + 6
 
 
 @pytest.mark.unit

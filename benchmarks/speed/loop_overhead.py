@@ -21,6 +21,7 @@ host work to a loop fails there.
     python benchmarks/speed/loop_overhead.py ppo_atari td3_mujoco     # some
     python benchmarks/speed/loop_overhead.py --json out.json          # also the figures as JSON
     python benchmarks/speed/loop_overhead.py --segments ppo_atari     # also where each step's host time goes
+    python benchmarks/speed/loop_overhead.py --async ppo_atari        # also async's steady state against parallel's
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ if __name__ == "__main__":  # before shared/ is imported: CUDA's host path on th
 
 import argparse
 import contextlib
+import dataclasses
 import importlib
 import json
 import sys
@@ -53,6 +55,7 @@ sys.path.insert(0, str(ROOT / "algos"))
 
 from shared import compiling, device
 from shared.device_replay import DeviceReplay
+from shared.namedarraytuple import map_structure
 from tests.count_syncs import reads_device
 
 ATARI_OBS = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
@@ -340,7 +343,7 @@ def on_policy(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
         collect()
         learn()
     T = args.num_steps
-    return {
+    out = {
         "host_us": best_us(collect, T, chunks),
         "bare_us": best_us(bare_loop(envs, T, torch.int64 if atari else torch.float32), T, chunks),
         "rollout_ms": best_us(learn, 1000, chunks),
@@ -348,6 +351,21 @@ def on_policy(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
         **(segments(collect, T) if SEGMENTED else {}),
         **{f"rollout_{k}": v for k, v in count(learn, 1).items()},
     }
+    if ASYNC:  # the sampler process's loop (acting on the learner's device, into a slot of shared memory) and the learner's
+        host = map_structure(
+            lambda x: np.zeros(tuple(x.shape), device.numpy_dtype(x.dtype) if torch.is_tensor(x) else x.dtype), sampler.buf
+        )
+        boot = map_structure(np.copy, sampler.boot)
+        sample = lambda: S.collect(envs, agent, sampler.state, host, boot, args, run.device)
+        as_async = dataclasses.replace(args, sampler="async")  # what the learner does with a rollout it did not act for
+        learn_host = lambda: S.learn_from(agent, *extra, optimizer, host, boot, as_async, run.device, *tail)
+        for _ in range(3):
+            sample()
+            learn_host()
+        learner = count(learn_host, 1)  # its time is mostly eager device work (the critic over the rollout): counted
+        out.update({f"async_{k}": v for k, v in count(sample, T).items()})
+        out.update(async_us=best_us(sample, T, chunks), async_learner_torch_calls=learner["torch_calls"], steps=T)
+    return out
 
 
 def value_based(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
@@ -467,6 +485,7 @@ def _continuous_update(S: Any, name: str, args: Any, learner: tuple, buffer: Any
 
 
 SEGMENTED = False  # --segments: each measure also times where a step's host time goes (``segments``)
+ASYNC = False  # --async: the PPO family's also times its async sampler's loop and learner (``on_policy``)
 SCRIPTS: dict[str, Callable[[str, float, int], dict[str, Any]]] = {
     "ppo_atari": on_policy,
     "a2c_atari": on_policy,
@@ -507,9 +526,10 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument("--counts", action="store_true", help="the counts only, no timing (the tests' budgets)")
     parser.add_argument("--segments", action="store_true", help="also where a step's host time goes, call by call (µs)")
+    parser.add_argument("--async", dest="async_", action="store_true", help="also the PPO family's async steady state")
     a = parser.parse_args()
-    global SEGMENTED
-    SEGMENTED = a.segments
+    global SEGMENTED, ASYNC
+    SEGMENTED, ASYNC = a.segments, a.async_
     if a.counts:
         a.chunks = 0
     unknown = [name for name in a.scripts if name not in SCRIPTS]
@@ -533,6 +553,18 @@ def main() -> None:
         print(f"{'script':<13}" + "".join(f"{k[4:]:>10}" for k in names))
         for name, r in results.items():
             print(f"{name:<13}" + "".join(f"{r[k]:>10.1f}" for k in names))
+    if a.async_:
+        print("\nhost µs per vector step of sampling: parallel's, which its update then follows in the same process, and")
+        print("async's sampler process (acting on the learner's device, into shared memory), which the learner's update")
+        print("does not hold up; ratio >= 1: async's steady state at least parallel's while the learner keeps up. The")
+        print("learner's host work is counted (torch calls a rollout), not timed: the dry protocol runs its eager device")
+        print("work (the critic over the rollout, parallel's bootstrap) on this CPU.")
+        print(f"{'script':<13}{'parallel':>10}{'async':>10}{'ratio':>8}{'learner_torch':>15}")
+        for name, r in results.items():
+            if "async_us" in r:
+                ratio = r["host_us"] / r["async_us"]
+                learner = r["async_learner_torch_calls"]
+                print(f"{name:<13}{r['host_us']:>10.1f}{r['async_us']:>10.1f}{ratio:>8.2f}{learner:>15.0f}")
     if a.json:
         a.json.write_text(json.dumps(results, indent=1))
 
