@@ -183,10 +183,14 @@ class SamplerProcess:
 def sampler_entry(
     target: Callable[..., None], args: tuple, affinity: Any, parent_pid: int, device: Any, compile: bool, stop: Any
 ) -> None:
-    """A sampler process's first frame: pin to the sampler's cores, with ``compile`` the script's ``@compiled`` and
-    ``@graphed`` functions enabled for ``device`` in this process (``shared.compiling``), then ``target(*args,
-    SamplerProcess)``."""
+    """A sampler process's first frame: pin to the sampler's cores, make a GPU ``device`` the current one (as the
+    learner's ``--device`` does), with ``compile`` enable the script's ``@compiled`` and ``@graphed`` functions for
+    ``device`` in this process (``shared.compiling``), then ``target(*args, SamplerProcess)``."""
     affinity.apply_worker(0)
+    if getattr(device, "type", None) == "cuda":  # what names no device (events, streams, pinned memory) means this GPU
+        import torch
+
+        torch.cuda.set_device(device)
     if compile:
         from shared import compiling
 
