@@ -422,7 +422,8 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
     for t in range(args.num_steps):
         buf.final_row[t], buf.episode_start[t] = state.final_row, state.episode_start
         into = {"obs": buf.obs[t], "mask": buf.mask[t]}  # the rollout's step t (serial/parallel: on the learner's device)
-        up = upload({"obs": state.obs, "start": state.episode_start[None], "mask": state.mask}, device, into=into)  # one copy
+        # one copy up; obs and mask then copied into the rollout (start is not kept there: the step lands apart)
+        up = upload({"obs": state.obs, "start": state.episode_start[None], "mask": state.mask}, device, into=into)
         action, logprob, value, state.rnn = policy_step(agent, up["obs"], state.rnn, up["start"], up["mask"], args.bf16)
         buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, logprob, value)  # one copy
         env_action = buf.action[t]
@@ -731,6 +732,7 @@ def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, las
     learner. The LSTM states carry over from rollout to rollout here."""
     with closing(make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial", proc.n_threads)) as envs:
         agent = make_agent(args, envs.single_observation_space, envs.single_action_space).to(proc.device)
+        agent = channels_last(agent, proc.device, args.bf16)  # the learner's rule for its device
         state = EnvState(envs, distributed.env_seed(args.seed + first, args.num_envs), agent, proc.device)
         torch.manual_seed(distributed.rank_seed(args.seed + 1))  # the policy's sampling: a stream of each rank's own
         for k in range(first, last):

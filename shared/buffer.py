@@ -19,7 +19,8 @@ Guarantees
 - ``on_device(structure, fields, device)``: the same structure with those fields as zeroed tensors on ``device``,
   all views of one block laid out step by step: the leaves' ``[B, ...]`` slices of step ``t`` lie side by side,
   in the order of the fields and at ``shared.device.upload``'s offsets, so that a step's one copy up of the same
-  fields lands in the rollout as it is (``upload(..., into=...)``).
+  fields lands in the rollout as it is (``upload(..., into=...)``); they are views of that block, so a write through
+  any of them changes the version every one of them reports (what ``@graphed`` reads to skip an unchanged input).
 """
 
 from __future__ import annotations
@@ -228,9 +229,9 @@ def on_device(structure: Any, fields: Sequence[str], device: Any) -> Any:
     for (path, x), offset in zip(leaves, layout):
         size = np.dtype(x.dtype).itemsize
         strides = (row // size, *(int(np.prod(x.shape[i + 1 :])) for i in range(1, x.ndim)))  # a step's slice contiguous
-        tensors[path] = torch.empty(0, dtype=torch_dtype(x.dtype), device=device).set_(
-            block.untyped_storage(), offset // size, x.shape, strides
-        )
+        # a view of the block, not a tensor set_ on its storage: every leaf shares the block's version counter, so a
+        # step's copy through one of them is seen by @graphed as a change of all (the masks copied in with the obs)
+        tensors[path] = block.view(torch_dtype(x.dtype)).as_strided(x.shape, strides, offset // size)
     packed = replace_leaves({f: getattr(structure, f) for f in fields}, tensors, sequences=False)
     return structure._replace(**packed)
 

@@ -58,8 +58,9 @@ written (eager: the reference) until ``enable(device)`` is called, which ``Run.s
   the capture itself. ``report()`` adds ``cuda_graphs``, the graphs captured so far. ``RL_COMPILE_GRAPHS=dry``
   (benchmarks only; wrong results) times a replay's host work on any device: from the third call of a key the
   function is not called and its third call's outputs are copied out again (``benchmarks/speed/loop_overhead.py``).
-- An async sampler process never calls ``enable``: it acts eagerly, on the CPU. What stays outside every graph:
-  the env step, host-device copies, the replay's gather and the host's GAE.
+- An async sampler process acting on a GPU (``shared.procs.sampler_entry``) enables this module in its own process
+  under ``--compile``: its acting step is one CUDA graph of its own; on the CPU it acts eagerly. What stays outside
+  every graph: the env step, host-device copies, the replay's gather and the host's GAE.
 Imports only ``shared.namedarraytuple`` (its structure walk), and torch where it is used: ``shared.run`` imports
 this module without it.
 """

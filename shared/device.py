@@ -33,6 +33,7 @@ Imports nothing from the project but ``shared.namedarraytuple``'s walk (which im
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any
 
 import numpy as np
@@ -125,7 +126,7 @@ class Uploader:
         self.events: list = [None] * depth
         self.copies = 0  # packed copies made
         self.dry: dict[int, Any] = {}  # RL_HOST_PATH=dry: a block by size
-        self.rows: dict[tuple, bool] = {}  # (signature, destinations' addresses) -> whether they are one packed row
+        self.rows: dict[tuple, Any] = {}  # (signature, destinations' addresses) -> their storage (weakly), or False
 
     @classmethod
     def layout(cls, arrays: list) -> tuple[list[int], int]:
@@ -178,13 +179,13 @@ class Uploader:
                 row.copy_(block, non_blocking=True)
             if self.device.type == "cuda":
                 self.events[slot] = self.events[slot] or torch.cuda.Event()
-                self.events[slot].record()
+                self.events[slot].record(torch.cuda.current_stream(self.device))
             self.copies += 1
             return into
         if self.device.type == "cuda":
             block = block.to(self.device, non_blocking=True)
             self.events[slot] = self.events[slot] or torch.cuda.Event()
-            self.events[slot].record()
+            self.events[slot].record(torch.cuda.current_stream(self.device))  # the stream the copy ran on
         elif DRY:  # a copy up costs the host its launch only: the first copy of this size, again (stale values)
             if end not in self.dry:
                 self.dry[end] = block.clone()
@@ -195,31 +196,34 @@ class Uploader:
         return {k: block[o : o + n].view(dtype).view(shape) for k, (o, n, dtype, shape) in layout.items()}
 
     def _row(self, into: Any, signature: tuple, layout: dict, end: int) -> Any:
-        """``into``'s bytes as one uint8 tensor when its tensors are laid out as this copy packs (``__call__``), else
-        None; found once per signature and place (a rollout's steps), then known by the tensors' addresses."""
+        """``into``'s bytes as one uint8 tensor when its tensors lie in one storage as this copy packs (``__call__``;
+        the views of ``shared.buffer.on_device``'s block, which share one version counter), else None; found once per
+        signature and place (a rollout's steps), then known by the tensors' addresses and their storage, held weakly
+        (another storage at the same addresses, after the first is freed, is checked again)."""
         import torch
 
-        if type(into) is not dict or len(into) != len(layout):
+        if type(into) is not dict or tuple(into) != tuple(layout):
             return None
         dests = list(into.values())
         if not all(type(d) is torch.Tensor for d in dests):
             return None
-        key = (signature, *[d.data_ptr() for d in dests])
-        packed = self.rows.get(key)
-        if packed is None:
-            packed = self.rows[key] = _packed_row(dests, list(layout.values()), end, self.device)
+        key, storage = (signature, *[d.data_ptr() for d in dests]), dests[0].untyped_storage()
+        known = self.rows.get(key)
+        if known is None or (known is not False and known() is not storage):
+            packed = _packed_row(dests, storage, list(layout.values()), end, self.device)
+            known = self.rows[key] = weakref.ref(storage) if packed else False
             if len(self.rows) > _ROWS:  # a long run through many places never piles them up
-                self.rows = {key: packed}
-        if not packed:
+                self.rows = {key: known}
+        if known is False:
             return None
         first = dests[0] if dests[0].dtype == torch.uint8 else dests[0].view(torch.uint8)
         return torch.as_strided(first, (end,), (1,))  # its storage's bounds checked: never a write past them
 
 
-def _packed_row(dests: list, layout: list, end: int, device: Any) -> bool:
-    """Whether ``dests`` lie in one storage on ``device`` exactly as ``layout`` packs them (offsets, dtypes, shapes;
-    contiguous), with ``end`` bytes from the first within the storage."""
-    first, storage = dests[0], dests[0].untyped_storage()
+def _packed_row(dests: list, storage: Any, layout: list, end: int, device: Any) -> bool:
+    """Whether ``dests`` lie in ``storage`` on ``device`` exactly as ``layout`` packs them (offsets, dtypes, shapes;
+    contiguous), with ``end`` bytes from the first within it."""
+    first = dests[0]
     for d, (offset, _, dtype, shape) in zip(dests, layout):
         if d.device != device or d.dtype != dtype or tuple(d.shape) != tuple(shape) or not d.is_contiguous():
             return False

@@ -7,6 +7,7 @@ Guarantees
   ``.float()`` by the caller. ``shared.cli.resolve_device`` warns when the device has no native bfloat16.
 - ``channels_last(module, device, bf16)``: the one rule for channels-last (NHWC) weights: on a CPU, and with
   ``bf16`` on a GPU; a module without 4-d weights is unchanged either way.
+- ``gpu_defaults()``: TF32 and cuDNN's benchmark, set by every process of a run that computes on a GPU.
 - ``sampler_bf16(bf16)``, for a sampler process that acts on the CPU (a CPU learner's; a GPU learner's sampler acts
   on that GPU, ``shared.run.sampler_device``): ``bf16`` where this CPU computes bfloat16 natively (AVX512-BF16,
   AMX), else False with one warning line, since emulated bfloat16 would make sampling about 10x slower.
@@ -45,6 +46,17 @@ def cpu_has_bf16() -> bool:
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def gpu_defaults() -> None:
+    """What every process of a run that computes on a GPU sets (the learner, an async sampler acting there). TF32 for
+    float32 matmuls and convolutions, chosen, not inherited: torch's defaults let convolutions use it but not matmuls,
+    so an "fp32" run would be half TF32 (tensor cores on Ampere and later; config.json records it). cuDNN's benchmark:
+    every script's steps and updates keep their shapes, so the fastest convolutions are picked once."""
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+    torch.backends.cudnn.benchmark = True
 
 
 def sampler_bf16(bf16: bool) -> bool:

@@ -2,9 +2,10 @@
 
 Guarantees
 - ``Worker`` starts ``target(*args, stop)`` in a ``spawn`` child; ``sampler_entry`` is the target that
-  ``Run.start_sampler`` gives it: the child pins itself to the sampler's cores, then runs the script's
-  ``sampler_main(*args, proc)`` with a ``SamplerProcess`` (its thread count, the device it acts on and its liveness
-  check). The child
+  ``Run.start_sampler`` gives it: the child pins itself to the sampler's cores; acting on a GPU, it makes that GPU
+  current, sets what the learner sets there (``shared.precision.gpu_defaults``) and, under ``--compile``, enables
+  ``shared.compiling`` in its own process; then it runs the script's ``sampler_main(*args, proc)`` with a
+  ``SamplerProcess`` (its thread count, the device it acts on and its liveness check). The child
   ignores SIGINT (the parent decides how to stop), dies with its parent (``PR_SET_PDEATHSIG`` on Linux, and a parent
   check in every wait), and sends its traceback to the parent if it raises (``parent_alive_check``'s SystemExit(0) is a
   clean exit, exit code 0). The parent's waits call ``check()``,
@@ -190,7 +191,10 @@ def sampler_entry(
     if getattr(device, "type", None) == "cuda":  # what names no device (events, streams, pinned memory) means this GPU
         import torch
 
+        from shared.precision import gpu_defaults
+
         torch.cuda.set_device(device)
+        gpu_defaults()  # TF32 and cuDNN's benchmark, as the learner acts in serial mode
     if compile:
         from shared import compiling
 
@@ -278,6 +282,8 @@ class SharedParameters:
         tensors = self._tensors(module)
         if [t.numel() for t in tensors] != self._sizes:  # another network than the learner's: never a partial copy
             raise ValueError(f"the module's tensors ({len(tensors)}) do not match the published ones ({len(self._sizes)})")
+        # a module on a GPU (a sampler acting there): one copy up, not one per tensor
+        flat = flat.to(tensors[0].device) if tensors else flat
         with torch.no_grad():
             for t, chunk in zip(tensors, torch.split(flat, self._sizes), strict=True):
                 t.copy_(chunk.view_as(t))

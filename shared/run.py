@@ -27,7 +27,8 @@ Guarantees
   memory left. It creates nothing on disk and changes no global state. With ``RL_CHECK_ONLY`` set in the
   environment, ``begin`` exits 0 before it starts anything, every earlier check made (these, the script's own in
   building its networks, ``allocating``'s sizes): how ``experiments/`` checks the flags it will pass.
-- ``run.setup()`` is the one call that changes this process's global state: TF32 on a GPU, SIGINT/SIGTERM
+- ``run.setup()`` is the one call that changes this process's global state: TF32 and cuDNN's benchmark on a GPU
+  (``shared.precision.gpu_defaults``, which an async sampler acting there sets too), SIGINT/SIGTERM
   raise ``KeyboardInterrupt``, the torchrun job joined (``shared.distributed``), this process pinned to its
   cores (``shared.affinity``: ``run.affinity`` has the sampler's), numpy and torch seeded with ``--seed``.
   ``allocating`` and ``begin`` refuse to run before it.
@@ -100,7 +101,7 @@ from shared.envs import close_envs
 from shared.evaluation import check_act, evaluate_run
 from shared.export import ExportError, export_run
 from shared.files import WriteError, write_text
-from shared.precision import sampler_bf16
+from shared.precision import gpu_defaults, sampler_bf16
 from shared.procs import Worker, WorkerError, sampler_entry
 from shared.progress import ProgressLog, scalars
 from shared.run_checks import allocation_refusal, check_run
@@ -236,14 +237,12 @@ class Run:
     # ------------------------------------------------------------------------------------------ start
 
     def setup(self) -> Run:
-        """This process's global state, set here and nowhere else: TF32 on a GPU, SIGINT/SIGTERM raise
-        ``KeyboardInterrupt``, the torchrun job joined, this process pinned to its cores, numpy and torch seeded."""
+        """This process's global state, set here and nowhere else: TF32 and cuDNN's benchmark on a GPU, SIGINT/SIGTERM
+        raise ``KeyboardInterrupt``, the torchrun job joined, this process pinned to its cores, numpy and torch seeded."""
         import torch
 
         if self.device.type == "cuda":
-            # Chosen, not inherited: torch's defaults let convolutions use TF32 but not matmuls, so an "fp32" run
-            # would be half TF32. Both may (tensor cores on Ampere and later); config.json records it.
-            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
+            gpu_defaults()  # TF32 and cuDNN's benchmark, as the sampler process acting on this GPU sets them
         signals.clear()  # a flag left by an earlier run in this process is not this run's signal
         signals.raise_on_signals()
         distributed.start(self.device)  # under torchrun: join the other ranks (a no-op in one process)
@@ -309,10 +308,6 @@ class Run:
                 self.tracker = tracking.start(args, self.path, self.script)
             except RuntimeError as e:
                 bad_args(str(e))
-        if self.device.type == "cuda":
-            # Every script's steps and updates keep their shapes (the PPO family's minibatches are all of one size):
-            # cuDNN may pick the fastest convolutions once.
-            torch.backends.cudnn.benchmark = True
         start = Start()
         if self.resumed is not None:
             checkpoint.restore(self.resumed, objects, args, self.script)

@@ -599,3 +599,32 @@ def test_a_rollout_collected_through_packed_uploads_is_the_one_collected_without
     for k in rollouts[0]:
         np.testing.assert_array_equal(rollouts[0][k], rollouts[1][k], err_msg=k)
     assert rollouts[0]["obs"][1:].any() and not np.array_equal(rollouts[0]["obs"][2], rollouts[0]["obs"][3])
+
+
+def test_a_copy_landing_in_a_rollouts_step_is_seen_by_graphed_in_every_field(monkeypatch):
+    """The rollout's fields are views of one block: the packed copy written through the observations' view changes the
+    version of the masks too, so a @graphed update passed the same rollout tensors again copies the new masks in (a
+    tensor of its own on the block's storage kept its version: the update read the first rollout's masks forever)."""
+    from shared import compiling
+    from shared import device as device_mod
+
+    cpu = torch.device("cpu")
+    monkeypatch.setitem(device_mod._uploaders, cpu, device_mod.Uploader(cpu, pack=True))
+    buf, rng = _rollout(3, 2), np.random.default_rng(2)
+
+    @compiling.graphed
+    def sums(obs: torch.Tensor, mask: torch.Tensor) -> tuple:
+        return obs.sum().float(), mask.sum().float()
+
+    compiling.enable(cpu)
+    try:
+        for rollout in range(4):
+            before = buf.mask._version
+            for t in range(3):
+                arrays = {"obs": np.full((2, 4, 6), rollout, np.uint8), "mask": rng.random((2, 3)) < 0.5}
+                device_mod.upload(arrays, cpu, into={"obs": buf.obs[t], "mask": buf.mask[t]})
+            assert buf.mask._version > before
+            obs, mask = sums(buf.obs, buf.mask)  # the same tensor objects every rollout, as learn_from passes them
+            assert (float(obs), float(mask)) == (float(buf.obs.sum()), float(buf.mask.sum()))
+    finally:
+        compiling.disable()

@@ -431,15 +431,18 @@ def test_closing_a_parallel_env_interrupted_mid_step_says_nothing_and_ends_its_w
 
 def test_a_sampler_acting_on_a_gpu_makes_it_its_current_device(monkeypatch):
     """A sampler process handed the learner's GPU makes it current before the script runs: events, streams and pinned
-    memory that name no device then mean that GPU (under torchrun, rank r's GPU r, not GPU 0)."""
+    memory that name no device then mean that GPU (under torchrun, rank r's GPU r, not GPU 0); and it sets what the
+    learner sets there (TF32, cuDNN's benchmark: shared.precision.gpu_defaults)."""
+    from shared import precision
     from shared.procs import sampler_entry
 
     made_current, seen = [], []
     monkeypatch.setattr(torch.cuda, "set_device", made_current.append)
+    monkeypatch.setattr(precision, "gpu_defaults", lambda: made_current.append("defaults"))
     affinity = type("Affinity", (), {"apply_worker": lambda self, i: None, "worker_cpus": ((0,),)})()
     gpu = torch.device("cuda", 3)
     sampler_entry(lambda proc: seen.append((list(made_current), proc.device)), (), affinity, os.getpid(), gpu, False, None)
-    assert seen == [([gpu], gpu)]
+    assert seen == [([gpu, "defaults"], gpu)]
     made_current.clear()
     sampler_entry(lambda proc: seen.append(proc.device), (), affinity, os.getpid(), torch.device("cpu"), False, None)
     assert made_current == [] and seen[-1] == torch.device("cpu")
