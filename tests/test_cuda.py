@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -116,6 +117,9 @@ def test_async_learners_compile_to_cuda_graphs_without_a_recompile(name, tmp_pat
     assert out.returncode == 0, out.stderr[-3000:]
     config = json.loads((tmp_path / "r" / "config.json").read_text())
     assert config["compile"]["cuda_graphs"] >= 1, config["compile"]
+    # the learner never acts here (evaluation acts through Policy, eagerly): the line is the sampler process's own
+    acting = {"ppo_atari": "policy_step", "dqn_atari": "greedy_actions"}[name]
+    assert re.search(rf"compiling {acting} \(\w+, on cuda:\d\)", out.stdout), out.stdout[-3000:]
 
 
 def test_a_gpu_checkpoint_loads_with_plain_torch_load_on_a_machine_without_one(tmp_path):
