@@ -126,7 +126,7 @@ class Uploader:
         self.events: list = [None] * depth
         self.copies = 0  # packed copies made
         self.dry: dict[int, Any] = {}  # RL_HOST_PATH=dry: a block by size
-        self.rows: dict[tuple, Any] = {}  # (signature, destinations' addresses) -> their storage (weakly), or False
+        self.rows: dict[tuple, tuple] = {}  # (signature, destinations' addresses) -> (their storage, weakly; packed?)
 
     @classmethod
     def layout(cls, arrays: list) -> tuple[list[int], int]:
@@ -207,14 +207,16 @@ class Uploader:
         dests = list(into.values())
         if not all(type(d) is torch.Tensor for d in dests):
             return None
+        if dests[0].dtype != torch.uint8 and torch.is_inference_mode_enabled():
+            return None  # a byte view made in inference mode shares no version counter: the write would go unseen
         key, storage = (signature, *[d.data_ptr() for d in dests]), dests[0].untyped_storage()
         known = self.rows.get(key)
-        if known is None or (known is not False and known() is not storage):
+        if known is None or known[0]() is not storage:
             packed = _packed_row(dests, storage, list(layout.values()), end, self.device)
-            known = self.rows[key] = weakref.ref(storage) if packed else False
+            known = self.rows[key] = (weakref.ref(storage), packed)
             if len(self.rows) > _ROWS:  # a long run through many places never piles them up
                 self.rows = {key: known}
-        if known is False:
+        if not known[1]:
             return None
         first = dests[0] if dests[0].dtype == torch.uint8 else dests[0].view(torch.uint8)
         return torch.as_strided(first, (end,), (1,))  # its storage's bounds checked: never a write past them

@@ -119,7 +119,7 @@ def test_async_learners_compile_to_cuda_graphs_without_a_recompile(name, tmp_pat
     assert config["compile"]["cuda_graphs"] >= 1, config["compile"]
     # the learner never acts here (evaluation acts through Policy, eagerly): the line is the sampler process's own
     acting = {"ppo_atari": "policy_step", "dqn_atari": "greedy_actions"}[name]
-    assert re.search(rf"compiling {acting} \(\w+, on cuda:\d\)", out.stdout), out.stdout[-3000:]
+    assert re.search(rf"compiling {acting} \(\w+, on cuda:\d+\)", out.stdout), out.stdout[-3000:]
 
 
 def test_a_gpu_checkpoint_loads_with_plain_torch_load_on_a_machine_without_one(tmp_path):
