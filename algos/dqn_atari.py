@@ -546,8 +546,7 @@ def sampler_main(args: Args, buffer: ReplayBuffer, link: AsyncReplay, proc: Samp
         step = link.start_step
         seed = distributed.env_seed(args.seed + step, args.num_envs)
         stepper = EnvStepper(envs, args, seed, torch.Generator(proc.device).manual_seed(seed) if args.noisy else None)
-        q_net = make_network(args, envs.single_observation_space, envs.single_action_space).to(proc.device)
-        q_net = channels_last(q_net, proc.device, args.bf16)  # the learner's rule for its device
+        q_net = proc.place(make_network(args, envs.single_observation_space, envs.single_action_space), args.bf16)
         while step < args.total_timesteps:
             if not link.ready(proc, step, q_net, args.max_lag_steps):  # too far ahead of the learner
                 continue

@@ -525,8 +525,7 @@ def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, las
     when it released rollout k - 2 (update k - 1): exactly one update behind the learner."""
     with closing(make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial", proc.n_threads)) as envs:
         state = EnvState(envs, distributed.env_seed(args.seed + first, args.num_envs))  # as serial mode: fresh on resume
-        agent = make_agent(args, envs.single_observation_space, envs.single_action_space).to(proc.device)
-        agent = channels_last(agent, proc.device, args.bf16)  # the learner's rule for its device
+        agent = proc.place(make_agent(args, envs.single_observation_space, envs.single_action_space), args.bf16)
         torch.manual_seed(distributed.rank_seed(args.seed + 1))
         for k in range(first, last):
             buf = buffers.writer_acquire(k, proc.check, module=agent)

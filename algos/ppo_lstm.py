@@ -421,8 +421,7 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
     boot.h0[:], boot.c0[:] = to_host(state.rnn.h, state.rnn.c)  # the state each env's first row continues from
     for t in range(args.num_steps):
         buf.final_row[t], buf.episode_start[t] = state.final_row, state.episode_start
-        into = {"obs": buf.obs[t], "mask": buf.mask[t]}  # the rollout's step t (serial/parallel: on the learner's device)
-        # one copy up; obs and mask then copied into the rollout (start is not kept there: the step lands apart)
+        into = {"obs": buf.obs[t], "mask": buf.mask[t]}  # step t of the rollout, copied there (start is not kept in it)
         up = upload({"obs": state.obs, "start": state.episode_start[None], "mask": state.mask}, device, into=into)
         action, logprob, value, state.rnn = policy_step(agent, up["obs"], state.rnn, up["start"], up["mask"], args.bf16)
         buf.action[t], buf.logprob[t], buf.value[t] = to_host(action, logprob, value)  # one copy
@@ -731,8 +730,7 @@ def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, las
     included) the learner left in that slot when it released rollout k - 2 (update k - 1): exactly one update behind the
     learner. The LSTM states carry over from rollout to rollout here."""
     with closing(make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial", proc.n_threads)) as envs:
-        agent = make_agent(args, envs.single_observation_space, envs.single_action_space).to(proc.device)
-        agent = channels_last(agent, proc.device, args.bf16)  # the learner's rule for its device
+        agent = proc.place(make_agent(args, envs.single_observation_space, envs.single_action_space), args.bf16)
         state = EnvState(envs, distributed.env_seed(args.seed + first, args.num_envs), agent, proc.device)
         torch.manual_seed(distributed.rank_seed(args.seed + 1))  # the policy's sampling: a stream of each rank's own
         for k in range(first, last):

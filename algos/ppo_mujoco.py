@@ -520,7 +520,7 @@ def sampler_main(args: Args, buffers: DoubleBuffer, boots: list, first: int, las
     the learner left in that slot when it released rollout k - 2 (update k - 1): exactly one update behind the learner."""
     with closing(make_envs(args, make_env, "serial")) as envs:
         state = EnvState(envs, distributed.env_seed(args.seed + first, args.num_envs))
-        agent = make_agent(args, envs.single_observation_space, envs.single_action_space).to(proc.device)
+        agent = proc.place(make_agent(args, envs.single_observation_space, envs.single_action_space), args.bf16)
         torch.manual_seed(distributed.rank_seed(args.seed + 1))  # the policy's noise: a stream of each rank's own
         for k in range(first, last):
             buf = buffers.writer_acquire(k, proc.check, module=agent)

@@ -683,8 +683,7 @@ def sampler_main(args: Args, buffer: SequenceReplayBuffer, link: AsyncReplay, pr
     """Async sampler process: steps the envs and appends chunks to the shared replay with the newest parameters the
     learner published; waits while it is more than max_lag_steps ahead of the learner's updates."""
     with closing(make_envs(args, make_env, "parallel" if is_atari(args.env_id) else "serial", proc.n_threads)) as envs:
-        net = make_network(args, envs.single_observation_space, envs.single_action_space).to(proc.device)
-        net = channels_last(net, proc.device, args.bf16)  # the learner's rule for its device
+        net = proc.place(make_network(args, envs.single_observation_space, envs.single_action_space), args.bf16)
         step = link.start_step
         stepper = EnvStepper(envs, args, net, distributed.env_seed(args.seed + step, args.num_envs))
         while step < args.total_timesteps:

@@ -451,7 +451,7 @@ def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: Asyn
     with closing(make_envs(args, make_env, "serial")) as envs:
         step = link.start_step
         stepper = EnvStepper(envs, args, obs_norm, distributed.env_seed(args.seed + step, args.num_envs))
-        actor = make_networks(args, envs.single_observation_space, envs.single_action_space)[0].to(proc.device)
+        actor = proc.place(make_networks(args, envs.single_observation_space, envs.single_action_space)[0], args.bf16)
         torch.manual_seed(distributed.rank_seed(args.seed + 1))  # the policy's noise: a stream of each rank's own
         while step < args.total_timesteps:
             if not link.ready(proc, step, actor, args.max_lag_steps):  # too far ahead of the learner

@@ -219,8 +219,8 @@ def on_device(structure: Any, fields: Sequence[str], device: Any) -> Any:
     from shared.device import Uploader, torch_dtype
     from shared.namedarraytuple import replace_leaves, walk_structure
 
-    leaves = walk_structure({f: getattr(structure, f) for f in fields}, sequences=False)
-    leaves = [(path, x) for path, x in leaves if x is not None]
+    on = {f: getattr(structure, f) for f in fields}
+    leaves = [(path, x) for path, x in walk_structure(on, sequences=False) if x is not None]
     layout, end = Uploader.layout([x[0] for _, x in leaves])  # a step's slice of each leaf, as a step uploads it
     row = -(-end // Uploader.ALIGN) * Uploader.ALIGN
     steps = leaves[0][1].shape[0]
@@ -232,8 +232,7 @@ def on_device(structure: Any, fields: Sequence[str], device: Any) -> Any:
         # a view of the block, not a tensor set_ on its storage: every leaf shares the block's version counter, so a
         # step's copy through one of them is seen by @graphed as a change of all (the masks copied in with the obs)
         tensors[path] = block.view(torch_dtype(x.dtype)).as_strided(x.shape, strides, offset // size)
-    packed = replace_leaves({f: getattr(structure, f) for f in fields}, tensors, sequences=False)
-    return structure._replace(**packed)
+    return structure._replace(**replace_leaves(on, tensors, sequences=False))
 
 
 def _as_numpy(x: Any) -> np.ndarray:

@@ -177,22 +177,20 @@ class Uploader:
         if row is not None:  # straight into the rollout's step (a GPU's DMA: no bytes for the host in the dry run)
             if not DRY:
                 row.copy_(block, non_blocking=True)
-            if self.device.type == "cuda":
-                self.events[slot] = self.events[slot] or torch.cuda.Event()
-                self.events[slot].record(torch.cuda.current_stream(self.device))
-            self.copies += 1
-            return into
-        if self.device.type == "cuda":
+        elif self.device.type == "cuda":
             block = block.to(self.device, non_blocking=True)
-            self.events[slot] = self.events[slot] or torch.cuda.Event()
-            self.events[slot].record(torch.cuda.current_stream(self.device))  # the stream the copy ran on
         elif DRY:  # a copy up costs the host its launch only: the first copy of this size, again (stale values)
             if end not in self.dry:
                 self.dry[end] = block.clone()
             block = self.dry[end]
         else:
             block = block.clone()
+        if self.device.type == "cuda":  # behind the copy, on the stream it ran on: this staging buffer's refill waits
+            self.events[slot] = self.events[slot] or torch.cuda.Event()
+            self.events[slot].record(torch.cuda.current_stream(self.device))
         self.copies += 1
+        if row is not None:
+            return into
         return {k: block[o : o + n].view(dtype).view(shape) for k, (o, n, dtype, shape) in layout.items()}
 
     def _row(self, into: Any, signature: tuple, layout: dict, end: int) -> Any:

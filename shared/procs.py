@@ -180,6 +180,13 @@ class SamplerProcess:
     check: Callable[[], None]
     device: Any
 
+    def place(self, module: Any, bf16: bool) -> Any:
+        """``module`` (the sampler's copy of the learner's network) on ``device``, with the learner's channels-last
+        rule there (``shared.precision.channels_last``); the learner's parameters reach it through ``pull``."""
+        from shared.precision import channels_last
+
+        return channels_last(module.to(self.device), self.device, bf16)
+
 
 def sampler_entry(
     target: Callable[..., None], args: tuple, affinity: Any, parent_pid: int, device: Any, compile: bool, stop: Any

@@ -282,14 +282,7 @@ def segments(fn: Callable[[], Any], per: int, runs: int = 3) -> dict[str, float]
 
 def best_us(fn: Callable[[], Any], per: int, chunks: int) -> float:
     """The quickest of ``chunks`` runs of ``fn()``, in µs per ``per`` (nan for none: counts only)."""
-    if not chunks:
-        return float("nan")
-    best = float("inf")
-    for _ in range(chunks):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return 1e6 * best / per
+    return best_us_in_turns([fn], per, chunks)[0]
 
 
 def best_us_in_turns(fns: list[Callable[[], Any]], per: int, chunks: int) -> list[float]:
