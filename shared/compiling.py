@@ -31,11 +31,12 @@ written (eager: the reference) until ``enable(device)`` is called, which ``Run.s
   values (a schedule) must be a tensor. A call that writes a setting's attribute or changes a list or dict among
   its arguments (a counter, an append) is refused when it runs the body (every call on the CPU, the first two on
   CUDA): a replay never would. Writes to anything else outside the outputs (globals, a module's attributes) are not
-  seen. A data tensor's shape, strides, dtype and device pick the graph too, read again only for a tensor that is
-  not the object passed in its place at the previous call (changing them in place, by ``resize_``, ``set_`` or
-  ``requires_grad_``, between two calls is not seen). Copying data in costs the host, per call: one copy where the
-  data tensors are views of one storage at the graph's offsets (one ``shared.device.upload``), else one per tensor
-  not seen before.
+  seen. A data tensor's shape, strides, dtype and device pick the graph too. An argument's part of the key is read
+  again only where it is not the object passed in its place at the previous call, or is a settings object (a
+  tensor's shape changed in place, by ``resize_``, ``set_`` or ``requires_grad_``, between two calls is not seen).
+  A call whose arguments are all positional, none a dict, list or tuple, takes no walk over them. Copying data in
+  costs the host, per call: one copy where the data tensors are views of one storage at the graph's offsets (one
+  ``shared.device.upload``), else one per tensor not seen before.
 - On CUDA, each graph is captured at the third call with its key, after two calls run as written on a side
   stream (they are the run's real first updates: optimiser state, cuDNN's choices and compiling happen there,
   no update is repeated), and every later call replays it: forward, loss, backward, clipping, optimiser steps
@@ -57,7 +58,8 @@ written (eager: the reference) until ``enable(device)`` is called, which ``Run.s
   inputs copied in, the function called on them, outputs copied out; so the CPU tests exercise everything but
   the capture itself. ``report()`` adds ``cuda_graphs``, the graphs captured so far. ``RL_COMPILE_GRAPHS=dry``
   (benchmarks only; wrong results) times a replay's host work on any device: from the third call of a key the
-  function is not called and its third call's outputs are copied out again (``benchmarks/speed/loop_overhead.py``).
+  function is not called, each copy in is one ``copy_`` of one byte between two tensors of the graph's own (a
+  launch's host work, no bytes) and its third call's outputs are copied out again (``benchmarks/speed/loop_overhead.py``).
 - An async sampler process acting on a GPU (``shared.procs.sampler_entry``) enables this module in its own process
   under ``--compile``: its acting step is one CUDA graph of its own; on the CPU it acts eagerly. What stays outside
   every graph: the env step, host-device copies, the replay's gather and the host's GAE.
@@ -88,6 +90,13 @@ _VALUES = {bool, int, float, str, type(None)}  # Python values that pick a graph
 _NOT_SETTINGS = (type, types.FunctionType, types.MethodType, types.ModuleType, functools.partial)
 _PLAIN = {bool, int, float, str, bytes, type(None), tuple, frozenset}  # values a settings key holds as they are
 _settings_types: dict[type, bool] = {}  # whether a type's objects are settings (_is_settings), by type
+_NODES = (dict, tuple, list)  # what flatten_structure walks into
+_flat_specs: dict[int, Any] = {}  # flatten_structure's spec of (args, {}) for n positional leaves
+
+
+def _flat_spec(n: int) -> Any:
+    _flat_specs[n] = flatten_structure((tuple(range(n)), {}), [])
+    return _flat_specs[n]
 
 
 def enable(device: Any) -> None:
@@ -190,7 +199,7 @@ def graphed(fn: F) -> F:
 
     entries: dict[Any, _Graph] = {}
     _graphed_entries.append(entries)
-    last: list = [[], []]  # the last call's leaves and their parts of the key
+    last: list = [[], [], []]  # the last call's leaves, their parts of the key, and which of them are settings
     previous: list = [None]  # the last call's graph key: what a refused new graph is compared with
 
     def key(x: Any) -> Any:
@@ -215,12 +224,16 @@ def graphed(fn: F) -> F:
         device = _state["device"]
         if device is None:
             return fn(*args, **kwargs)
-        leaves: list = []
-        spec = flatten_structure((args, kwargs), leaves)
-        # A tensor passed again (the same object: PPO's rollout, a module's state) keeps the part of the key it had.
-        keys = [k if x is p and isinstance(x, torch.Tensor) else key(x) for x, p, k in zip(leaves, *last)]
+        if not kwargs and not any(isinstance(x, _NODES) for x in args):  # the usual call: no walk (flatten_structure's)
+            leaves, spec = list(args), _flat_specs.get(len(args)) or _flat_spec(len(args))
+        else:
+            leaves = []
+            spec = flatten_structure((args, kwargs), leaves)
+        # An object passed again (PPO's rollout, a module, a bool) keeps the part of the key it had; a settings object's
+        # attributes are read again at every call.
+        keys = [k if x is p and not s else key(x) for x, p, k, s in zip(leaves, *last)]
         keys += map(key, leaves[len(keys) :])
-        last[:] = leaves, keys
+        last[:] = leaves, keys, [_settings_types.get(type(x), False) for x in leaves]
         graph_key = (spec, torch.is_grad_enabled(), torch.is_inference_mode_enabled(), *keys)
         entry = entries.get(graph_key)
         if entry is None:
@@ -250,10 +263,12 @@ class _Graph:
         # the state objects are held (their ids stay theirs while this graph lives); the first call's data is not
         self.leaves = [None if d else x for x, d in zip(leaves, data)]
         self.block = _span([x for x, d in zip(leaves, data) if d])  # (start, bytes, offsets) of one upload, or None
+        self.head = None if self.block is None else [at for at, *_ in self.block[2]].index(0)  # the tensor at its start
         with torch.inference_mode(False):  # normal tensors, also for a call in inference mode: copied into every call
             self._allocate(leaves, data)
         self.last: dict[int, tuple[Any, int]] = {}  # position -> (tensor, version) copied there last
         self.calls, self.graphs, self.between, self.out = 0, [], [], None
+        self.launch = [torch.zeros(1, dtype=torch.uint8) for _ in range(2)] if capture == "dry" else []  # _copy's
         self.optimizers = [x for x in leaves if isinstance(x, torch.optim.Optimizer)]
         self.settings = [i for i, x in enumerate(self.leaves) if x is not None and _is_settings(x)]
         if capture == "cuda":
@@ -293,10 +308,9 @@ class _Graph:
     def _copy_in(self, leaves: list) -> list:
         args = list(self.leaves)
         if self.block is not None and not all(_seen(self.last.get(i), leaves[i]) for i in self.static):
-            block = self._same_block([leaves[i] for i in self.static])
-            if block is not None:  # the same layout in one storage: one copy
-                x = leaves[next(iter(self.static))]
-                _device_copy(self.block_static, _bytes(x, block[0], block[1]), self._dry_replay())
+            source = self._source([leaves[i] for i in self.static])
+            if source is not None:  # the same layout in one storage: one copy
+                self._copy(self.block_static, source)
                 self.last = {i: (leaves[i], _version(leaves[i])) for i in self.static}
                 for i, static in self.static.items():
                     args[i] = static
@@ -304,27 +318,41 @@ class _Graph:
         for i, static in self.static.items():
             x = leaves[i]
             if not _seen(self.last.get(i), x):
-                _device_copy(static, x, self._dry_replay())
+                self._copy(static, x)
                 self.last[i] = (x, _version(x))  # held: its id cannot pass to another tensor meanwhile
             args[i] = static
         return args
 
-    def _dry_replay(self) -> bool:
-        """``RL_COMPILE_GRAPHS=dry`` after the "capture": a copy in costs its launch alone."""
-        return self.capture == "dry" and bool(self.graphs)
+    def _copy(self, static: Any, x: Any) -> None:
+        """``x`` into ``static`` (on a GPU, a copy the device makes). ``RL_COMPILE_GRAPHS=dry`` after the "capture": a
+        copy of one byte between two tensors of this graph's own, the host's part of a launch alone (no bytes, and no
+        tensor made for it)."""
+        if self.capture == "dry" and self.graphs:
+            self.launch[0].copy_(self.launch[1])
+        else:
+            static.copy_(x, non_blocking=True)
 
-    def _same_block(self, data: list) -> Any:
-        """The block of ``data`` when they are views of one storage at this graph's offsets (one upload, as a rule), else
-        None: the key already holds their shapes, strides and dtypes, so only the storage and the offsets are left to
-        compare with ``_span``'s block of the first call (no overlap, as it checked then)."""
+    def _source(self, data: list) -> Any:
+        """The bytes of ``data``'s block as one uint8 tensor, when they are views of one storage at this graph's offsets
+        (one upload, as a rule), else None: the key already holds their shapes, strides and dtypes, so only the storage
+        and the offsets are left to compare with ``_span``'s block of the first call (no overlap, as it checked then).
+        The tensor is a view of the one at the block's start, as bytes (one tensor made; its storage's bounds checked)."""
+        import torch
+
         storage = data[0].untyped_storage().data_ptr()
         if any(x.untyped_storage().data_ptr() != storage for x in data[1:]):
             return None
-        starts = [x.data_ptr() - storage for x in data]
-        first = min(starts)
+        starts = [x.data_ptr() for x in data]
+        first = starts[self.head]
         if any(b - first != layout[0] for b, layout in zip(starts, self.block[2])):
             return None
-        return first, self.block[1], self.block[2]
+        x = data[self.head]
+        if x.dtype != torch.uint8:
+            try:
+                x = x.view(torch.uint8)
+            except RuntimeError:  # not viewable as bytes (0-d, or its last stride not 1)
+                return _bytes(x, first - storage, self.block[1])
+        return torch.as_strided(x, (self.block[1],), (1,))
 
     def __call__(self, leaves: list) -> Any:
         import torch
@@ -512,14 +540,6 @@ def _what_changed(before: Any, after: Any, leaves: Any, names: Any = None, setti
             return f"the argument {names[i]} ({a[1]!r}, then {b[1]!r})"
         return f"the argument {names[i]} ({type(x).__name__}: its shape, dtype, device or identity)"
     return "an argument"
-
-
-def _device_copy(static: Any, x: Any, dry: bool) -> None:
-    """``x`` into ``static`` (on a GPU, a copy the device makes); ``dry``, a copy of one element: its launch alone."""
-    if not dry:
-        static.copy_(x, non_blocking=True)
-    elif static.is_contiguous() and x.numel():
-        static.view(-1)[:1].copy_(x.reshape(-1)[:1])
 
 
 def _seen(last: Any, x: Any) -> bool:

@@ -126,6 +126,7 @@ class Uploader:
         self.events: list = [None] * depth
         self.copies = 0  # packed copies made
         self.dry: dict[int, Any] = {}  # RL_HOST_PATH=dry: a block by size
+        self.dry_pair: list = []  # RL_HOST_PATH=dry: the two bytes _launch copies between
         self.rows: dict[tuple, tuple] = {}  # (signature, destinations' addresses) -> (their storage, weakly; packed?)
 
     @classmethod
@@ -175,7 +176,9 @@ class Uploader:
         block = self.buffers[slot][:end]
         row = None if into is None else self._row(into, signature, layout, end)
         if row is not None:  # straight into the rollout's step (a GPU's DMA: no bytes for the host in the dry run)
-            if not DRY:
+            if DRY:
+                self._launch()
+            else:
                 row.copy_(block, non_blocking=True)
         elif self.device.type == "cuda":
             block = block.to(self.device, non_blocking=True)
@@ -183,6 +186,7 @@ class Uploader:
             if end not in self.dry:
                 self.dry[end] = block.clone()
             block = self.dry[end]
+            self._launch()
         else:
             block = block.clone()
         if self.device.type == "cuda":  # behind the copy, on the stream it ran on: this staging buffer's refill waits
@@ -192,6 +196,14 @@ class Uploader:
         if row is not None:
             return into
         return {k: block[o : o + n].view(dtype).view(shape) for k, (o, n, dtype, shape) in layout.items()}
+
+    def _launch(self) -> None:
+        """``RL_HOST_PATH=dry``: a copy's launch alone, the host's part of it (one ``copy_`` of one byte)."""
+        import torch
+
+        if not self.dry_pair:
+            self.dry_pair = [torch.zeros(1, dtype=torch.uint8) for _ in range(2)]
+        self.dry_pair[0].copy_(self.dry_pair[1])
 
     def _row(self, into: Any, signature: tuple, layout: dict, end: int) -> Any:
         """``into``'s bytes as one uint8 tensor when its tensors lie in one storage as this copy packs (``__call__``;

@@ -175,6 +175,26 @@ def test_a_batch_uploaded_as_one_block_is_copied_in_one_copy(enabled):
 
 
 @pytest.mark.unit
+def test_a_block_whose_first_tensor_is_not_viewable_as_bytes_is_still_one_copy(enabled):
+    """The block's bytes are read through the tensor at its start, as bytes; where that one cannot be viewed as bytes
+    (its last stride not 1), through its storage: still one copy, and the values of this call, not the last."""
+    f = compiling.graphed(lambda a, b: (a * 2, b + 1))
+    blocks = [torch.arange(24.0).view(4, 6) + 100 * i for i in range(4)]
+    calls = [(blk[:2].t(), blk[3]) for blk in blocks]  # [6, 2] of strides (1, 6) first, then [6]
+    for a, b in calls[:3]:
+        f(a, b)
+    copies = []
+    real_copy = torch.Tensor.copy_
+    try:
+        torch.Tensor.copy_ = lambda self, src, non_blocking=False: copies.append(1) or real_copy(self, src)
+        a, b = calls[3]
+        out = f(a, b)
+    finally:
+        torch.Tensor.copy_ = real_copy
+    assert copies == [1] and torch.equal(out[0], a * 2) and torch.equal(out[1], b + 1)
+
+
+@pytest.mark.unit
 def test_overlapping_data_tensors_get_static_inputs_of_their_own(enabled):
     """Two views of one storage that overlap: mirrored static inputs would overlap too, and copying the next call's
     separate tensors into them would clash."""

@@ -65,47 +65,47 @@ CHEETAH_ACT = gym.spaces.Box(-1.0, 1.0, (6,), np.float32)
 # Per vector step (per rollout for the ``rollout_`` counts) at most: the counts tests/test_loop_overhead.py holds. Set
 # from a run of --counts (torch 2.13, numpy 2.4) with about 5% over the calls; syncs and bytes as they are.
 _ON_POLICY = {"syncs": 1.0, "bytes_up": 225_824, "rollout_syncs": 2.0}
-_CONTINUOUS = {"python_calls": 239, "torch_calls": 52, "syncs": 1.0, "bytes_up": 464, "bytes_down": 24}
+_CONTINUOUS = {"python_calls": 227, "torch_calls": 47, "syncs": 1.0, "bytes_up": 464, "bytes_down": 24}
 BUDGETS: dict[str, dict[str, float]] = {
     "ppo_atari": {
         **_ON_POLICY,
-        "python_calls": 152,
-        "torch_calls": 66,
+        "python_calls": 139,
+        "torch_calls": 60,
         "bytes_down": 128,
-        "rollout_torch_calls": 975,
+        "rollout_torch_calls": 840,
         "rollout_bytes_up": 287_232,  # the rollout's observations stay on the device: not 29 MB again
     },
     "a2c_atari": {
         **_ON_POLICY,
-        "python_calls": 155,
-        "torch_calls": 66,
+        "python_calls": 142,
+        "torch_calls": 61,
         "bytes_down": 128,
-        "rollout_torch_calls": 192,
+        "rollout_torch_calls": 150,
         "rollout_bytes_up": 226_752,
     },
     "ppo_lstm": {
         **_ON_POLICY,
-        "python_calls": 222,
-        "torch_calls": 119,
+        "python_calls": 192,
+        "torch_calls": 88,
         "syncs": 1.02,
         "bytes_up": 225_832,
         "bytes_down": 256,
-        "rollout_torch_calls": 1259,
+        "rollout_torch_calls": 1100,
         "rollout_bytes_up": 276_228,
     },
     "ppo_mujoco": {
-        "python_calls": 113,
-        "torch_calls": 49,
+        "python_calls": 100,
+        "torch_calls": 43,
         "syncs": 1.0,
         "bytes_up": 68,
         "bytes_down": 32,
-        "rollout_torch_calls": 15815,
+        "rollout_torch_calls": 13700,
         "rollout_syncs": 2.0,
         "rollout_bytes_up": 409_660,
     },
-    "dqn_atari": {"python_calls": 265, "torch_calls": 59, "syncs": 1.0, "bytes_up": 141_312, "bytes_down": 32},
-    "catdqn_atari": {"python_calls": 265, "torch_calls": 59, "syncs": 1.0, "bytes_up": 141_312, "bytes_down": 32},
-    "r2d1_atari": {"python_calls": 260, "torch_calls": 124, "syncs": 1.04, "bytes_up": 634_868, "bytes_down": 65_872},
+    "dqn_atari": {"python_calls": 243, "torch_calls": 54, "syncs": 1.0, "bytes_up": 141_312, "bytes_down": 32},
+    "catdqn_atari": {"python_calls": 243, "torch_calls": 54, "syncs": 1.0, "bytes_up": 141_312, "bytes_down": 32},
+    "r2d1_atari": {"python_calls": 221, "torch_calls": 88, "syncs": 1.04, "bytes_up": 634_868, "bytes_down": 65_872},
     "sac_mujoco": dict(_CONTINUOUS),
     "td3_mujoco": dict(_CONTINUOUS),
     "ddpg_mujoco": dict(_CONTINUOUS),
