@@ -81,6 +81,8 @@ def one_copy(tensors: tuple) -> list[np.ndarray]:
     """The tensors' bytes joined on their device, copied to the host at once, and split back into arrays."""
     import torch
 
+    if len(tensors) == 1:  # nothing to join (DQN's, SAC's actions)
+        return [tensors[0].detach().cpu().numpy()]
     signature = tuple([(t.dtype, t.shape) for t in tensors])
     split = _splits.get(signature)
     if split is None:  # (numpy dtype, bytes, shape) per tensor, found once per signature (a loop reads the same every step)
@@ -90,7 +92,8 @@ def one_copy(tensors: tuple) -> list[np.ndarray]:
     # One view a tensor of one dimension with its elements side by side (a graph's copied-out actions, values); else
     # contiguous() (a strided or expanded view x[:, 0]; a contiguous tensor is itself) and a flat view.
     flat = [_bytes_of(t) if len(s[2]) == 1 else t.contiguous().view(-1).view(torch.uint8) for t, s in zip(tensors, split)]
-    flat = (torch.cat(flat) if len(flat) > 1 else flat[0]).detach().cpu().numpy()  # detached once, not each
+    flat = torch.cat(flat)
+    flat = (flat.detach() if flat.requires_grad else flat).cpu().numpy()  # detached once, not each
     out, at = [], 0
     for dtype, n, shape in split:
         out.append(flat[at : at + n].view(dtype).reshape(shape))
@@ -122,7 +125,7 @@ class Uploader:
         self.pack = (device.type == "cuda" or CUDA_PATH) if pack is None else pack
         self.buffers: list = [None] * depth
         self.hosts: list = [{} for _ in range(depth)]  # per buffer: numpy views of its bytes by signature
-        self.layouts: dict = {}  # signature (names, shapes, dtypes) -> (the fields' layout, bytes)
+        self.layouts: dict = {}  # signature (names, shapes, dtypes) -> (the fields' layout, bytes, their views)
         self.events: list = [None] * depth
         self.copies = 0  # packed copies made
         self.dry: dict[int, Any] = {}  # RL_HOST_PATH=dry: a block by size
@@ -153,17 +156,20 @@ class Uploader:
         if layout is None:  # each field's (offset, bytes, torch dtype, shape): worked out once per signature
             offsets, end = self.layout(list(arrays.values()))
             layout = {k: (o, a.nbytes, torch_dtype(a.dtype), a.shape) for (k, a), o in zip(arrays.items(), offsets)}
+            # each field as a view of the block: (key, dtype, shape, strides, offset in elements of its dtype)
+            views = [(k, d, s, _strides(s), o // a.itemsize) for (k, (o, _, d, s)), a in zip(layout.items(), arrays.values())]
             if len(self.layouts) >= _CACHED:  # shapes that keep changing (an evaluation's last envs) never pile up
                 self.layouts.clear()
                 self.hosts = [{} for _ in range(self.depth)]
-            self.layouts[signature] = layout, end
+            self.layouts[signature] = layout, end, views
         else:
-            layout, end = layout
+            layout, end, views = layout
+        padded = -(-end // self.ALIGN) * self.ALIGN  # the block copied: viewable as any dtype at once
         slot = self.copies % self.depth
         if self.events[slot] is not None:
             self.events[slot].synchronize()  # its last copy is done (long since, as a rule)
-        if self.buffers[slot] is None or self.buffers[slot].numel() < end:
-            self.buffers[slot] = torch.empty(end, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
+        if self.buffers[slot] is None or self.buffers[slot].numel() < padded:
+            self.buffers[slot] = torch.empty(padded, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
             self.hosts[slot] = {}
         hosts = self.hosts[slot].get(signature)
         if hosts is None:  # numpy views of the staging buffer shaped as the fields, made once per buffer and signature
@@ -173,29 +179,35 @@ class Uploader:
             self.hosts[slot][signature] = hosts
         for k, a in arrays.items():
             hosts[k][...] = a  # any layout: numpy copies a strided array as it goes
-        block = self.buffers[slot][:end]
         row = None if into is None else self._row(into, signature, layout, end)
         if row is not None:  # straight into the rollout's step (a GPU's DMA: no bytes for the host in the dry run)
             if DRY:
                 self._launch()
             else:
-                row.copy_(block, non_blocking=True)
+                row.copy_(self.buffers[slot][:end], non_blocking=True)
         elif self.device.type == "cuda":
-            block = block.to(self.device, non_blocking=True)
+            block = self.buffers[slot][:padded].to(self.device, non_blocking=True)
         elif DRY:  # a copy up costs the host its launch only: the first copy of this size, again (stale values)
-            if end not in self.dry:
-                self.dry[end] = block.clone()
-            block = self.dry[end]
+            if padded not in self.dry:
+                self.dry[padded] = self.buffers[slot][:padded].clone()
+            block = self.dry[padded]
             self._launch()
         else:
-            block = block.clone()
+            block = self.buffers[slot][:padded].clone()
         if self.device.type == "cuda":  # behind the copy, on the stream it ran on: this staging buffer's refill waits
             self.events[slot] = self.events[slot] or torch.cuda.Event()
             self.events[slot].record(torch.cuda.current_stream(self.device))
         self.copies += 1
         if row is not None:
             return into
-        return {k: block[o : o + n].view(dtype).view(shape) for k, (o, n, dtype, shape) in layout.items()}
+        # the fields as views of the block (which starts its storage): one view of it per dtype, one tensor per field
+        typed, out = {}, {}
+        for k, dtype, shape, strides, at in views:
+            whole = typed.get(dtype)
+            if whole is None:
+                whole = typed[dtype] = block if dtype == torch.uint8 else block.view(dtype)
+            out[k] = torch.as_strided(whole, shape, strides, at)
+        return out
 
     def _launch(self) -> None:
         """``RL_HOST_PATH=dry``: a copy's launch alone, the host's part of it (one ``copy_`` of one byte)."""
@@ -230,6 +242,11 @@ class Uploader:
             return None
         first = dests[0] if dests[0].dtype == torch.uint8 else dests[0].view(torch.uint8)
         return torch.as_strided(first, (end,), (1,))  # its storage's bounds checked: never a write past them
+
+
+def _strides(shape: tuple) -> tuple:
+    """A contiguous tensor's strides (in elements) for ``shape``."""
+    return tuple(int(np.prod(shape[i + 1 :], dtype=np.int64)) for i in range(len(shape)))
 
 
 def _packed_row(dests: list, storage: Any, layout: list, end: int, device: Any) -> bool:

@@ -298,6 +298,8 @@ def test_a_packed_upload_brings_every_dtype_and_shape_and_never_refills_a_buffer
         for k, a in arrays.items():
             assert out[k].numpy().dtype == np.asarray(a).dtype and out[k].shape == np.shape(a), k
             np.testing.assert_array_equal(out[k].numpy(), a)
+        assert len({x.untyped_storage().data_ptr() for x in out.values()}) == 1  # views of one block
+        assert all(x.is_contiguous() for x in out.values())
         seen.append((arrays, out))
     for arrays, out in seen:  # earlier batches are untouched by later refills of the staging buffers
         for k, a in arrays.items():

@@ -65,37 +65,37 @@ CHEETAH_ACT = gym.spaces.Box(-1.0, 1.0, (6,), np.float32)
 # Per vector step (per rollout for the ``rollout_`` counts) at most: the counts tests/test_loop_overhead.py holds. Set
 # from a run of --counts (torch 2.13, numpy 2.4) with about 5% over the calls; syncs and bytes as they are.
 _ON_POLICY = {"syncs": 1.0, "bytes_up": 225_824, "rollout_syncs": 2.0}
-_CONTINUOUS = {"python_calls": 227, "torch_calls": 47, "syncs": 1.0, "bytes_up": 464, "bytes_down": 24}
+_CONTINUOUS = {"python_calls": 212, "torch_calls": 37, "syncs": 1.0, "bytes_up": 464, "bytes_down": 24}
 BUDGETS: dict[str, dict[str, float]] = {
     "ppo_atari": {
         **_ON_POLICY,
-        "python_calls": 139,
-        "torch_calls": 60,
+        "python_calls": 138,
+        "torch_calls": 59,
         "bytes_down": 128,
-        "rollout_torch_calls": 840,
+        "rollout_torch_calls": 815,
         "rollout_bytes_up": 287_232,  # the rollout's observations stay on the device: not 29 MB again
     },
     "a2c_atari": {
         **_ON_POLICY,
-        "python_calls": 142,
-        "torch_calls": 61,
+        "python_calls": 141,
+        "torch_calls": 60,
         "bytes_down": 128,
-        "rollout_torch_calls": 150,
+        "rollout_torch_calls": 135,
         "rollout_bytes_up": 226_752,
     },
     "ppo_lstm": {
         **_ON_POLICY,
-        "python_calls": 192,
-        "torch_calls": 88,
+        "python_calls": 185,
+        "torch_calls": 82,
         "syncs": 1.02,
         "bytes_up": 225_832,
         "bytes_down": 256,
-        "rollout_torch_calls": 1100,
+        "rollout_torch_calls": 1040,
         "rollout_bytes_up": 276_228,
     },
     "ppo_mujoco": {
-        "python_calls": 100,
-        "torch_calls": 43,
+        "python_calls": 97,
+        "torch_calls": 41,
         "syncs": 1.0,
         "bytes_up": 68,
         "bytes_down": 32,
@@ -103,9 +103,9 @@ BUDGETS: dict[str, dict[str, float]] = {
         "rollout_syncs": 2.0,
         "rollout_bytes_up": 409_660,
     },
-    "dqn_atari": {"python_calls": 243, "torch_calls": 54, "syncs": 1.0, "bytes_up": 141_312, "bytes_down": 32},
-    "catdqn_atari": {"python_calls": 243, "torch_calls": 54, "syncs": 1.0, "bytes_up": 141_312, "bytes_down": 32},
-    "r2d1_atari": {"python_calls": 221, "torch_calls": 88, "syncs": 1.04, "bytes_up": 634_868, "bytes_down": 65_872},
+    "dqn_atari": {"python_calls": 226, "torch_calls": 42, "syncs": 1.0, "bytes_up": 141_312, "bytes_down": 32},
+    "catdqn_atari": {"python_calls": 226, "torch_calls": 42, "syncs": 1.0, "bytes_up": 141_312, "bytes_down": 32},
+    "r2d1_atari": {"python_calls": 207, "torch_calls": 76, "syncs": 1.04, "bytes_up": 634_868, "bytes_down": 65_872},
     "sac_mujoco": dict(_CONTINUOUS),
     "td3_mujoco": dict(_CONTINUOUS),
     "ddpg_mujoco": dict(_CONTINUOUS),
