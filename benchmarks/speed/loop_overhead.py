@@ -4,10 +4,11 @@ Each script's own loop functions (imported, not copied) run against a stub vecto
 spaces and info keys, returns preallocated arrays and costs nothing (or ``--env-cost-us`` of busy waiting), with:
 
 - ``RL_HOST_PATH=dry`` (``shared.device``): uploads packed into staging as on CUDA, ``to_host`` through one joined
-  copy, the bytes a GPU's DMA engine would move left out of the host's time;
+  copy, the bytes a GPU's DMA engine would move left out of the host's time (a copy up costs its launch: a ``copy_``
+  of one byte);
 - ``RL_COMPILE_GRAPHS=dry`` with ``RL_COMPILE_BACKEND=eager`` (``shared.compiling``): every ``@graphed`` call runs its
-  key, copy-in and copy-out, but from the third call of a key the function itself is not called (a replay costs the
-  host only its launch), and no time goes to inductor.
+  key, copy-in (each copy one launch, as above) and copy-out, but from the third call of a key the function itself is
+  not called (a replay costs the host only its launch), and no time goes to inductor.
 
 It prints, per vector step (the per-rollout work of the PPO family, per rollout), the host time (µs; the minimum over
 chunks, so a busy neighbour only adds noise upward), the ratio to a bare loop on the same stub (copy the observations
