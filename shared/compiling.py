@@ -33,7 +33,8 @@ written (eager: the reference) until ``enable(device)`` is called, which ``Run.s
   CUDA): a replay never would. Writes to anything else outside the outputs (globals, a module's attributes) are not
   seen. A data tensor's shape, strides, dtype and device pick the graph too. An argument's part of the key is read
   again only where it is not the object passed in its place at the previous call, or is a settings object (a
-  tensor's shape changed in place, by ``resize_``, ``set_`` or ``requires_grad_``, between two calls is not seen).
+  tensor changed in place between two calls is not seen there: its shape by ``resize_`` or ``set_``, or whether it
+  is data by ``requires_grad_``).
   A call whose arguments are all positional, none a dict, list or tuple, takes no walk over them. Copying data in
   costs the host, per call: one copy where the data tensors are views of one storage at the graph's offsets (one
   ``shared.device.upload``), else one per tensor not seen before.
@@ -336,7 +337,9 @@ class _Graph:
         """The bytes of ``data``'s block as one uint8 tensor, when they are views of one storage at this graph's offsets
         (one upload, as a rule), else None: the key already holds their shapes, strides and dtypes, so only the storage
         and the offsets are left to compare with ``_span``'s block of the first call (no overlap, as it checked then).
-        The tensor is a view of the one at the block's start, as bytes (one tensor made; its storage's bounds checked)."""
+        The bytes are read through the tensor at the block's start, wherever in its storage that lies: its view as
+        bytes (a tensor made where it is not uint8) and one ``as_strided`` of it, which checks the storage's bounds;
+        where it cannot be viewed as bytes, through its storage from the block's offset in it (``_bytes``)."""
         import torch
 
         storage = data[0].untyped_storage().data_ptr()
@@ -572,9 +575,12 @@ def _span(tensors: list) -> Any:
 
 
 def _bytes(x: Any, start: int, size: int) -> Any:
-    """Bytes ``start .. start + size`` of ``x``'s storage, as a uint8 tensor."""
+    """Bytes ``start .. start + size`` of ``x``'s storage, as a uint8 tensor; None where they run past its end
+    (``set_`` would grow the storage to hold them, silently)."""
     import torch
 
+    if start < 0 or start + size > x.untyped_storage().nbytes():
+        return None
     return torch.empty(0, dtype=torch.uint8, device=x.device).set_(x.untyped_storage(), start, (size,))
 
 

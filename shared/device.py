@@ -78,11 +78,13 @@ def torch_dtype(dtype: np.dtype) -> Any:
 
 
 def one_copy(tensors: tuple) -> list[np.ndarray]:
-    """The tensors' bytes joined on their device, copied to the host at once, and split back into arrays."""
+    """The tensors' values on the host in one copy, each an array of its own memory: one tensor copied as it is (its
+    strides kept where it is dense, else made contiguous), several joined as bytes on their device, copied at once and
+    split back into arrays."""
     import torch
 
-    if len(tensors) == 1:  # nothing to join (DQN's, SAC's actions)
-        return [tensors[0].detach().cpu().numpy()]
+    if len(tensors) == 1:  # nothing to join (DQN's, SAC's actions); a copy on the CPU too, never the tensor's memory
+        return [tensors[0].detach().to("cpu", copy=True).numpy()]
     signature = tuple([(t.dtype, t.shape) for t in tensors])
     split = _splits.get(signature)
     if split is None:  # (numpy dtype, bytes, shape) per tensor, found once per signature (a loop reads the same every step)

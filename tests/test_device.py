@@ -293,6 +293,7 @@ def test_a_packed_upload_brings_every_dtype_and_shape_and_never_refills_a_buffer
             "s": np.float64(2.5),
             "strided": rng.random((4, 6))[:, ::2],
             "empty": np.zeros((0, 3)),
+            "tail": rng.integers(0, 255, 3, dtype=np.uint8),  # the block ends at 515 bytes: padded to view as float64
         }
         out = up(arrays)
         for k, a in arrays.items():
@@ -305,6 +306,24 @@ def test_a_packed_upload_brings_every_dtype_and_shape_and_never_refills_a_buffer
         for k, a in arrays.items():
             np.testing.assert_array_equal(out[k].numpy(), a)
     assert up.copies == 4
+
+
+@pytest.mark.parametrize(
+    "make", [lambda: torch.arange(6.0), lambda: torch.arange(6.0).view(2, 3).t(), lambda: torch.ones(1).expand(4)]
+)
+def test_the_host_copy_of_one_tensor_is_its_own_memory(make):
+    """``one_copy`` of one tensor (what ``to_host`` takes on CUDA, and under ``RL_HOST_PATH=cuda`` on the CPU) is a copy
+    of its values, transposed or expanded: writing either one afterwards leaves the other as it was."""
+    from shared.device import one_copy
+
+    t = make()
+    before = t.clone()
+    (a,) = one_copy((t,))
+    np.testing.assert_array_equal(a, before.numpy())
+    t.untyped_storage().fill_(0)  # every byte of the tensor's memory, whatever its strides
+    np.testing.assert_array_equal(a, before.numpy())
+    a[...] = -1
+    assert not torch.equal(t, torch.full_like(t, -1))
 
 
 def test_an_off_policy_batch_and_its_normaliser_statistics_go_up_in_one_copy(monkeypatch):

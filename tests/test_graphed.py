@@ -195,6 +195,37 @@ def test_a_block_whose_first_tensor_is_not_viewable_as_bytes_is_still_one_copy(e
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("bytes_view", [True, False], ids=["viewable", "through-storage"])
+def test_a_block_deep_in_its_storage_is_copied_from_where_it_lies(enabled, bytes_view):
+    """A rollout's step t is a block that starts t steps into the rollout's storage (PPO's ``buf.obs[t]``): the one
+    copy reads this call's step, from its offset, whether the tensor at its start views as bytes or not."""
+    f = compiling.graphed(lambda a, b: (a * 2, b + 1))
+    rollout = torch.arange(5 * 24.0).view(5, 4, 6)  # [T, ...] in one storage
+    step = lambda t: (rollout[t, :2] if bytes_view else rollout[t, :2].t(), rollout[t, 3])
+    for t in range(3):
+        f(*step(t))
+    copies = []
+    real_copy = torch.Tensor.copy_
+    try:
+        torch.Tensor.copy_ = lambda self, src, non_blocking=False: copies.append(1) or real_copy(self, src)
+        for t in (4, 3):
+            a, b = step(t)
+            out = f(a, b)
+            assert torch.equal(out[0], a * 2) and torch.equal(out[1], b + 1), t
+    finally:
+        torch.Tensor.copy_ = real_copy
+    assert copies == [1, 1]
+
+
+@pytest.mark.unit
+def test_a_block_past_its_storages_end_is_never_read_by_growing_the_storage():
+    """``_bytes`` refuses bytes past the storage's end (``set_`` would silently grow it to hold them)."""
+    x = torch.zeros(8)
+    assert compiling._bytes(x, 28, 4) is not None and compiling._bytes(x, 28, 8) is None
+    assert x.untyped_storage().nbytes() == 32
+
+
+@pytest.mark.unit
 def test_overlapping_data_tensors_get_static_inputs_of_their_own(enabled):
     """Two views of one storage that overlap: mirrored static inputs would overlap too, and copying the next call's
     separate tensors into them would clash."""
