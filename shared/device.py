@@ -84,7 +84,9 @@ def one_copy(tensors: tuple) -> list[np.ndarray]:
     import torch
 
     if len(tensors) == 1:  # nothing to join (DQN's, SAC's actions); a copy on the CPU too, never the tensor's memory
-        return [tensors[0].detach().to("cpu", copy=True).numpy()]
+        x = tensors[0].detach()
+        host = x.cpu()  # the copy from a GPU; on the CPU (RL_HOST_PATH) x itself, so cloned
+        return [(host.clone() if host is x else host).numpy()]
     signature = tuple([(t.dtype, t.shape) for t in tensors])
     split = _splits.get(signature)
     if split is None:  # (numpy dtype, bytes, shape) per tensor, found once per signature (a loop reads the same every step)

@@ -49,7 +49,9 @@ def test_each_loop_keeps_to_its_budget_of_host_work(counts, script):
     assert script in loop_overhead.BUDGETS, f"{script} has no budget in benchmarks/speed/loop_overhead.py"
     # {count: (now, budget)}; the call counts are those of the pinned torch and numpy (requirements.txt)
     assert loop_overhead.over_budget(script, counts[script]) == {}
-    assert counts[script]["syncs"] <= 1.05  # the one declared copy a step makes (R2D1: a chunk's state, 1 in 32)
+    # the one declared copy a step makes (R2D1: a chunk's state, 1 in 32); every loop reads its actions back, so a
+    # step counted with none is a read the counter missed (a copy to the host made some other way than .cpu())
+    assert 1 <= counts[script]["syncs"] <= 1.05
 
 
 @pytest.mark.parametrize("script", ["ppo_atari", "a2c_atari", "ppo_lstm", "ppo_mujoco"])
@@ -58,7 +60,7 @@ def test_the_async_samplers_step_is_as_cheap_as_parallels(counts, script):
     step costs the host what parallel's does (a few calls more: the host's arrays written into shared memory), one
     sync a step; on its CPU it ran the network itself."""
     c = counts[script]
-    assert c["async_syncs"] <= 1.02 and c["async_bytes_up"] == c["bytes_up"]
+    assert 1 <= c["async_syncs"] <= 1.02 and c["async_bytes_up"] == c["bytes_up"]
     assert c["async_torch_calls"] <= c["torch_calls"] + 2 and c["async_python_calls"] <= c["python_calls"] + 6
 
 
