@@ -52,7 +52,9 @@ PENDULUM = ["--preset", "pendulum", "--log-every", "1000", "--eval-episodes", "0
         ("sac_mujoco.py", "serial", 1, ""),
         pytest.param("sac_mujoco.py", "parallel", 2, "", marks=pytest.mark.slow),
         pytest.param("sac_mujoco.py", "async", 1, "", marks=pytest.mark.slow),
-        ("sac_mujoco.py", "serial", 1, "cuda"),
+        # the device replay's path: its batches are the host's (tests/test_device_replay.py), and DQN learns through
+        # it in the default tier (tests/test_dqn.py); SAC's own learning run through it is here
+        pytest.param("sac_mujoco.py", "serial", 1, "cuda", marks=pytest.mark.slow),
         pytest.param("td3_mujoco.py", "serial", 1, "cuda", marks=pytest.mark.slow),
         pytest.param("ddpg_mujoco.py", "serial", 1, "cuda", marks=pytest.mark.slow),
         pytest.param("sac_mujoco.py", "async", 1, "cuda", marks=pytest.mark.slow),
