@@ -107,7 +107,7 @@ def check_in_process(module, argv: list[str], monkeypatch) -> int:
 def test_hostile_flags_are_accepted_or_refused_in_one_line(name, monkeypatch):
     module = __import__(name)
 
-    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(argv=command_lines(module))
     def check(argv):
         check_in_process(module, argv, monkeypatch)
