@@ -37,12 +37,14 @@ from __future__ import annotations
 
 import functools
 import multiprocessing as mp
+import pickle
 import warnings
 from collections.abc import Callable
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.vector.async_vector_env import AsyncState
 
 from shared import distributed, signals
 from shared.atari import is_atari, make_atari_env, make_atari_vector_env
@@ -137,11 +139,17 @@ def vector_env(thunks: list[Callable[[], gym.Env]], mode: str) -> gym.vector.Vec
 def close_envs(envs: Any, timeout: float = 5.0) -> None:
     """Close a gymnasium vector env. An ``AsyncVectorEnv`` interrupted inside ``step`` (Ctrl-C) may have read
     some workers' replies already; its ``close`` would then wait forever for the rest, so it gets ``timeout``
-    seconds before its worker processes are terminated."""
+    seconds before its worker processes are terminated. A reply the signal cut in half (its header read, its body
+    not) or a worker that died leaves a pipe that no longer parses: the workers are then terminated and joined, and
+    the error that brought the run here is the one the user sees, not the pipe's."""
     if isinstance(envs, gym.vector.AsyncVectorEnv):
         with warnings.catch_warnings():  # after a Ctrl-C mid-step it warns of exactly that: the expected case
             warnings.filterwarnings("ignore", message=".*Calling `close` while waiting for a pending call")
-            envs.close(timeout=timeout)
+            try:
+                envs.close(timeout=timeout)
+            except (EOFError, OSError, pickle.UnpicklingError):  # OSError: a dead worker's pipe (reset, broken)
+                envs._state = AsyncState.DEFAULT  # no reply is awaited any more: close without reading one
+                envs.close(terminate=True)
     else:
         envs.close()
 

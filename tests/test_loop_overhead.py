@@ -205,8 +205,28 @@ def test_the_cuda_host_path_trains_exactly_as_the_cpu_path(tmp_path, script):
     assert rows["cuda"] == rows[""]
 
 
+@pytest.fixture
+def clock(monkeypatch) -> None:
+    """A clock that moves 1 µs each time it is read, so time passes only where code reads it (the stub env's and the
+    tests' busy waits, the segments' own reads): a segment's figure is then exact on a loaded machine. CI's 2 cores
+    once timed a 1 ms segment at 3.8 ms with the real clock."""
+    import itertools
+    import time
+
+    ticks = itertools.count()
+    monkeypatch.setattr(time, "perf_counter", lambda: 1e-6 * next(ticks))
+
+
+def busy(us: int) -> None:
+    import time
+
+    end = time.perf_counter() + 1e-6 * us
+    while time.perf_counter() < end:
+        pass
+
+
 @pytest.mark.unit
-def test_segments_time_each_named_call_and_leave_the_rest_to_the_caller():
+def test_segments_time_each_named_call_and_leave_the_rest_to_the_caller(clock):
     """``--segments``: a call among the named ones is timed around itself (here an upload and a stub env step), the
     remainder is ``rest``, they add up to the whole, and every patched method is put back."""
     import time
@@ -220,22 +240,20 @@ def test_segments_time_each_named_call_and_leave_the_rest_to_the_caller():
     def step() -> None:
         uploader({"x": np.zeros(3)})
         envs.step(np.zeros((2, 6)))
-        end = time.perf_counter() + 0.001  # the caller's own millisecond
-        while time.perf_counter() < end:
-            pass
+        busy(1000)  # the caller's own millisecond
 
     t0 = time.perf_counter()
     step()
     whole = 1e6 * (time.perf_counter() - t0)
     seg = loop_overhead.segments(step, 1)
-    assert seg["seg_env"] >= 2000 and seg["seg_rest"] >= 1000 and seg["seg_upload"] > 0
+    assert 2000 <= seg["seg_env"] < 2010 and 1000 <= seg["seg_rest"] < 1010 and seg["seg_upload"] > 0
     assert seg["seg_sample"] == seg["seg_append"] == seg["seg_graph"] == 0
-    assert sum(seg.values()) == pytest.approx(whole, rel=0.5)
+    assert sum(seg.values()) == pytest.approx(whole, abs=10)
     assert (device.Uploader.__call__, device.one_copy, loop_overhead.StubVectorEnv.step) == before
 
 
 @pytest.mark.unit
-def test_a_named_call_inside_another_is_counted_once_as_its_own(monkeypatch):
+def test_a_named_call_inside_another_is_counted_once_as_its_own(monkeypatch, clock):
     """``--segments``: a mirror's sync that steps the env inside (as a sync runs an upload) is timed without the env's
     2 ms, which go to ``env`` alone: the segments still add up to the whole."""
     import time
@@ -244,15 +262,10 @@ def test_a_named_call_inside_another_is_counted_once_as_its_own(monkeypatch):
 
     envs = loop_overhead.StubVectorEnv(loop_overhead.CHEETAH_OBS, loop_overhead.CHEETAH_ACT, 2, cost_us=2000.0)
 
-    def busy(seconds: float) -> None:
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            pass
-
     def sync(self) -> None:  # 1 ms of its own around a named call of 2 ms
-        busy(0.0005)
+        busy(500)
         envs.step(np.zeros((2, 6)))
-        busy(0.0005)
+        busy(500)
 
     monkeypatch.setattr(DeviceReplay, "sync", sync)
     step = lambda: DeviceReplay.sync(None)  # through the class: what segments wraps
@@ -260,5 +273,5 @@ def test_a_named_call_inside_another_is_counted_once_as_its_own(monkeypatch):
     step()
     whole = 1e6 * (time.perf_counter() - t0)
     seg = loop_overhead.segments(step, 1)
-    assert seg["seg_env"] >= 2000 and 1000 <= seg["seg_append"] < 2500  # counted twice, it would be 3000 or more
-    assert sum(seg.values()) == pytest.approx(whole, rel=0.35)  # twice: 5 ms where the whole is 3
+    assert 2000 <= seg["seg_env"] < 2010 and 1000 <= seg["seg_append"] < 1010  # counted twice, it would be 3000 or more
+    assert sum(seg.values()) == pytest.approx(whole, abs=10)  # twice: 5 ms where the whole is 3

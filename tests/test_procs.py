@@ -446,3 +446,27 @@ def test_a_sampler_acting_on_a_gpu_makes_it_its_current_device(monkeypatch):
     made_current.clear()
     sampler_entry(lambda proc: seen.append(proc.device), (), affinity, os.getpid(), torch.device("cpu"), False, None)
     assert made_current == [] and seen[-1] == torch.device("cpu")
+
+
+@pytest.mark.parametrize("cut", ["a worker killed", "a reply read in half"])
+def test_closing_a_parallel_env_whose_pipe_no_longer_parses_ends_its_workers_without_raising(cut):
+    """Ctrl-C can land inside the read of a worker's reply (its 4-byte header read, its body not: CI saw it in
+    td3_mujoco), and a worker can die mid-step. Closing must still end every worker and raise nothing of its own, so
+    the run exits with the KeyboardInterrupt's 130, not the pipe's EOFError."""
+    import functools
+
+    import gymnasium as gym
+    import numpy as np
+
+    from shared.envs import close_envs, vector_env
+
+    envs = vector_env([functools.partial(gym.make, "CartPole-v1")] * 2, "parallel")
+    envs.reset(seed=0)
+    envs.step_async(np.zeros(2, np.int64))
+    if cut == "a worker killed":
+        os.kill(envs.processes[0].pid, signal.SIGKILL)
+        envs.processes[0].join()
+    else:
+        envs.parent_pipes[0]._recv(4)  # the header of worker 0's reply, as the interrupted recv left it
+    close_envs(envs, timeout=2)
+    assert envs.closed and not any(p.is_alive() for p in envs.processes)
