@@ -264,8 +264,10 @@ class Marked(gym.ObservationWrapper):
 '''
 
 
-# serial steps make_env's own envs (the edit reaching them is tests/test_three_edits.py's serial case): slow here
-@pytest.mark.parametrize("sampler", [pytest.param("serial", marks=pytest.mark.slow), "parallel", "async"])
+# serial steps make_env's own envs (the edit reaching them is tests/test_three_edits.py's serial case): slow here;
+# parallel too, for CI's 40 minutes: async's sampler process steps the same worker processes' envs, and
+# test_a_wrapper_added_to_make_env_reaches_parallel_sampling above checks parallel's
+@pytest.mark.parametrize("sampler", [pytest.param(s, marks=pytest.mark.slow) for s in ("serial", "parallel")] + ["async"])
 def test_a_wrapper_added_to_ppo_atari_make_env_reaches_every_sampling_mode(sampler, tmp_path):
     """The researcher's edit (c) of issue 52 (first issue 41's): a wrapper in ppo_atari.py's make_env, one line changed
     there, reaches training in every sampling mode and the evaluation's envs. Under parallel and async Atari sampling it

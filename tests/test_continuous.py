@@ -52,8 +52,8 @@ PENDULUM = ["--preset", "pendulum", "--log-every", "1000", "--eval-episodes", "0
         ("sac_mujoco.py", "serial", 1, ""),
         pytest.param("sac_mujoco.py", "parallel", 2, "", marks=pytest.mark.slow),
         pytest.param("sac_mujoco.py", "async", 1, "", marks=pytest.mark.slow),
-        # the device replay's path: its batches are the host's (tests/test_device_replay.py), and DQN learns through
-        # it in the default tier (tests/test_dqn.py); SAC's own learning run through it is here
+        # the device replay's path: its batches are the host's (tests/test_device_replay.py), and DQN trains Atari
+        # frames through it in the default tier (tests/test_dqn.py); the learning runs through it are slow tests
         pytest.param("sac_mujoco.py", "serial", 1, "cuda", marks=pytest.mark.slow),
         pytest.param("td3_mujoco.py", "serial", 1, "cuda", marks=pytest.mark.slow),
         pytest.param("ddpg_mujoco.py", "serial", 1, "cuda", marks=pytest.mark.slow),

@@ -120,11 +120,10 @@ def _run(cmd: list[str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
-# CI runs ppo_atari's (the families' others and the seven wrapped factories are slow: CI's 40 minutes)
-@pytest.mark.parametrize(
-    "name",
-    ["ppo_atari", *(pytest.param(name, marks=pytest.mark.slow) for name in ["dqn_atari", "sac_mujoco", *sorted(MARKED)])],
-)
+# Slow, for CI's 40 minutes: tests/test_three_edits.py's ppo_atari cases run this copy (outside the repository, the new
+# network, async, evaluation, --export and the copy's name) in the default tier, with two more edits.
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["ppo_atari", "dqn_atari", "sac_mujoco", *sorted(MARKED)])
 def test_a_copy_outside_the_repository_trains_a_new_network_in_every_part(name: str, tmp_path: Path):
     """The copy lives outside the repository (tmp), runs with the async sampler (a sampler process building its own
     network from the factory: a different one would not take the learner's parameters), evaluates, then exports the

@@ -27,7 +27,10 @@ from shared.replay import ReplayBuffer
 CARTPOLE = ["--preset", "cartpole", "--eval-episodes", "0"]  # the learning test below is the preset's test
 
 
-@pytest.mark.parametrize("host_path", ["", "cuda"])
+# host_path "cuda" (69 s here) with the slow tests, for CI's 40 minutes: the default tier trains Atari frames through the
+# mirror (test_atari_frames_through_the_device_mirror_train_and_resume below) and tests/test_device_replay.py checks its
+# batches against the host replay's
+@pytest.mark.parametrize("host_path", ["", pytest.param("cuda", marks=pytest.mark.slow)])
 def test_dqn_learns_to_balance_cartpole_for_200_steps_within_50k(host_path, tmp_path):
     """CI's learning check (the preset's whole test, 475 within 100k, is the slow one below): a uniform policy
     averages about 22; seed 1 gets the last 20 episodes to 200 at step 24,036, seed 2 at 16,124 (36 s and 24 s).
@@ -178,11 +181,11 @@ def test_atari_frames_through_the_device_mirror_train_and_resume(tmp_path):
     assert [int(r["global_step"]) for r in progress(tmp_path / "a")] == [200, 400, 600]
 
 
-# Atari parallel sampling (ale-py's vector env) is tested frame for frame in test_atari.py and here with the slow
-# tests, for CI's 30 minutes.
-@pytest.mark.parametrize(
-    "sampler", ["serial", pytest.param("parallel", marks=pytest.mark.slow), pytest.param("async", marks=pytest.mark.slow)]
-)
+# Atari parallel sampling (ale-py's vector env) is tested frame for frame in test_atari.py; every mode here is with the
+# slow tests, for CI's 40 minutes: the default tier checkpoints and resumes DQN on Atari frames through the mirror
+# (above), and Rainbow's prioritized Atari replay in test_catdqn.py's atari100k smoke.
+@pytest.mark.slow
+@pytest.mark.parametrize("sampler", ["serial", "parallel", "async"])
 def test_atari_smoke_small_buffer_checkpoint_and_resume(sampler, tmp_path):
     common = [
         "--num-envs",

@@ -183,6 +183,7 @@ def test_a_new_network_quantity_and_wrapper_reach_every_part(name: str, sampler:
     assert wrapped - learner or sampler == "serial"  # the wrapper ran where the envs step: other processes
     assert learner <= wrapped or sampler != "serial"
     run = tmp_path / "runs" / "r"
+    assert json.loads((run / "config.json").read_text())["script"] == f"my_{name}"  # runs labelled with the copy's name
     assert len(json.loads((run / "eval.json").read_text())["returns"]) == 2
     saved = torch.load(run / "checkpoint.pt", weights_only=False)[part]
     assert tuple(saved[key].shape) == shape, sorted(saved)
