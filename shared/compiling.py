@@ -71,6 +71,7 @@ this module without it.
 from __future__ import annotations
 
 import functools
+import operator
 import os
 import time
 import types
@@ -86,7 +87,7 @@ MAX_GRAPHS = 8  # graphs one @graphed function may capture; more means a changin
 WARMUP_CALLS = 2  # calls of a key run as written before its capture (optimiser state, cuDNN, compiling)
 
 _state: dict[str, Any] = {"device": None, "graphs": 0, "seconds": 0.0, "cuda_graphs": 0, "capture": None}
-_graphed_entries: list[dict] = []  # each @graphed function's graphs: dropped by enable and disable
+_graphed_entries: list[tuple[dict, list]] = []  # each @graphed function's graphs and last call: dropped by enable, disable
 _VALUES = {bool, int, float, str, type(None)}  # Python values that pick a graph by their value
 _NOT_SETTINGS = (type, types.FunctionType, types.MethodType, types.ModuleType, functools.partial)
 _PLAIN = {bool, int, float, str, bytes, type(None), tuple, frozenset}  # values a settings key holds as they are
@@ -127,8 +128,14 @@ def disable() -> None:
 
 
 def _drop_graphs() -> None:
-    for entries in _graphed_entries:
+    for entries, last in _graphed_entries:
         entries.clear()
+        last[:] = _no_call()
+
+
+def _no_call() -> list:
+    """A ``@graphed`` function's record of its last call, before any (``graphed``'s ``last``)."""
+    return [[], [], [], None, None, None]
 
 
 def backend() -> str:
@@ -199,8 +206,9 @@ def graphed(fn: F) -> F:
     import torch
 
     entries: dict[Any, _Graph] = {}
-    _graphed_entries.append(entries)
-    last: list = [[], [], []]  # the last call's leaves, their parts of the key, and which of them are settings
+    # the last call's leaves, their parts of the key, which of them are settings, its structure, grad modes and graph
+    last: list = _no_call()
+    _graphed_entries.append((entries, last))
     previous: list = [None]  # the last call's graph key: what a refused new graph is compared with
 
     def key(x: Any) -> Any:
@@ -226,16 +234,20 @@ def graphed(fn: F) -> F:
         if device is None:
             return fn(*args, **kwargs)
         if not kwargs and not any(isinstance(x, _NODES) for x in args):  # the usual call: no walk (flatten_structure's)
-            leaves, spec = list(args), _flat_specs.get(len(args)) or _flat_spec(len(args))
+            leaves, spec = args, _flat_specs.get(len(args)) or _flat_spec(len(args))
         else:
             leaves = []
             spec = flatten_structure((args, kwargs), leaves)
         # An object passed again (PPO's rollout, a module, a bool) keeps the part of the key it had; a settings object's
         # attributes are read again at every call.
-        keys = [k if x is p and not s else key(x) for x, p, k, s in zip(leaves, *last)]
+        keys = [k if x is p and not s else key(x) for x, p, k, s in zip(leaves, *last[:3])]
         keys += map(key, leaves[len(keys) :])
-        last[:] = leaves, keys, [_settings_types.get(type(x), False) for x in leaves]
-        graph_key = (spec, torch.is_grad_enabled(), torch.is_inference_mode_enabled(), *keys)
+        modes = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+        if spec == last[3] and modes == last[4] and keys == last[1]:  # the previous call's graph (no key to hash)
+            last[0] = leaves
+            return last[5](leaves)
+        last[:] = leaves, keys, [_settings_types.get(type(x), False) for x in leaves], spec, modes, None
+        graph_key = (spec, *modes, *keys)
         entry = entries.get(graph_key)
         if entry is None:
             if len(entries) >= MAX_GRAPHS:  # what changed since the call before this one (not the last graph made)
@@ -247,8 +259,9 @@ def graphed(fn: F) -> F:
             mode = os.environ.get("RL_COMPILE_GRAPHS", "1")
             capture = "dry" if mode == "dry" else "cuda" if device.type == "cuda" and mode != "0" else ""
             data = [isinstance(x, torch.Tensor) and not x.requires_grad for x in leaves]
-            entry = entries[graph_key] = _Graph(fn, leaves, data, spec, capture)
+            entry = entries[graph_key] = _Graph(fn, list(leaves), data, spec, capture)
         previous[0] = graph_key
+        last[5] = entry
         return entry(leaves)
 
     return call  # type: ignore[return-value]
@@ -267,7 +280,12 @@ class _Graph:
         self.head = None if self.block is None else [at for at, *_ in self.block[2]].index(0)  # the tensor at its start
         with torch.inference_mode(False):  # normal tensors, also for a call in inference mode: copied into every call
             self._allocate(leaves, data)
-        self.last: dict[int, tuple[Any, int]] = {}  # position -> (tensor, version) copied there last
+        self.args = [self.static.get(i, x) for i, x in enumerate(self.leaves)]  # what the body gets: static data, state
+        self.statics = list(self.static.values())
+        # the data tensors copied in last and their versions (None: copied at every call): held, so that their ids
+        # cannot pass to other tensors meanwhile
+        self.last_data: list = [None] * len(self.statics)
+        self.last_versions: list | None = None
         self.calls, self.graphs, self.between, self.out = 0, [], [], None
         self.launch = [torch.zeros(1, dtype=torch.uint8) for _ in range(2)] if capture == "dry" else []  # _copy's
         self.optimizers = [x for x in leaves if isinstance(x, torch.optim.Optimizer)]
@@ -307,22 +325,26 @@ class _Graph:
                         opt.state[p]["step"] = step.to(device)
 
     def _copy_in(self, leaves: list) -> list:
-        args = list(self.leaves)
-        if self.block is not None and not all(_seen(self.last.get(i), leaves[i]) for i in self.static):
-            source = self._source([leaves[i] for i in self.static])
-            if source is not None:  # the same layout in one storage: one copy
-                self._copy(self.block_static, source)
-                self.last = {i: (leaves[i], _version(leaves[i])) for i in self.static}
-                for i, static in self.static.items():
-                    args[i] = static
-                return args
-        for i, static in self.static.items():
-            x = leaves[i]
-            if not _seen(self.last.get(i), x):
-                self._copy(static, x)
-                self.last[i] = (x, _version(x))  # held: its id cannot pass to another tensor meanwhile
-            args[i] = static
-        return args
+        """The call's data copied into the static inputs, but for a tensor that is the one copied there last and
+        unchanged since (same object, same version; an inference tensor has no version: always copied); the body's
+        arguments."""
+        data = [leaves[i] for i in self.static]
+        try:
+            versions = [x._version for x in data]
+        except RuntimeError:  # an inference tensor among them
+            versions = [_version(x) for x in data]
+        last, seen = self.last_versions, self.last_data
+        if versions == last and None not in versions and all(map(operator.is_, data, seen)):
+            return self.args
+        source = None if self.block is None else self._source(data)
+        if source is not None:  # the same layout in one storage: one copy
+            self._copy(self.block_static, source)
+        else:
+            for j, (static, x) in enumerate(zip(self.statics, data)):
+                if last is None or x is not seen[j] or versions[j] is None or versions[j] != last[j]:
+                    self._copy(static, x)
+        self.last_data, self.last_versions = data, versions
+        return self.args
 
     def _copy(self, static: Any, x: Any) -> None:
         """``x`` into ``static`` (on a GPU, a copy the device makes). ``RL_COMPILE_GRAPHS=dry`` after the "capture": a
@@ -360,8 +382,8 @@ class _Graph:
     def __call__(self, leaves: list) -> Any:
         import torch
 
-        lrs = [group["lr"] for opt in self.optimizers for group in opt.param_groups] if self.capture == "cuda" else []
-        if any(a is not b for a, b in zip(lrs, self.lrs)):
+        lrs = [group["lr"] for opt in self.optimizers for group in opt.param_groups] if self.capture == "cuda" else ()
+        if lrs and any(map(operator.is_not, lrs, self.lrs)):
             raise RuntimeError(
                 f"@graphed {self.fn.__qualname__}: an optimiser's learning rate was replaced; "
                 "anneal it with shared.compiling.set_lr (the graph reads the tensor it captured)"
@@ -371,10 +393,10 @@ class _Graph:
         if self.capture and self.calls > WARMUP_CALLS:
             if not self.graphs:
                 self._capture(args)
-            for i, graph in enumerate(self.graphs):
+            self.graphs[0].replay()
+            for op, graph in zip(self.between, self.graphs[1:]):  # a collective between two graphs (collective())
+                op()
                 graph.replay()
-                if i < len(self.between):
-                    self.between[i]()
             return self.copy_out()
         a, k = unflatten_structure(self.spec, iter(args))
         versions = {i: s._version for i, s in self.static.items()}
@@ -545,11 +567,6 @@ def _what_changed(before: Any, after: Any, leaves: Any, names: Any = None, setti
     return "an argument"
 
 
-def _seen(last: Any, x: Any) -> bool:
-    """Whether ``x`` is the tensor copied last (``last``: (tensor, version)) and unchanged since."""
-    return last is not None and last[0] is x and last[1] is not None and last[1] == _version(x)
-
-
 def _version(x: Any) -> Any:
     """``x``'s version counter; None for an inference tensor, which has none (so it is copied at every call)."""
     return None if x.is_inference() else x._version
@@ -611,6 +628,8 @@ def _copier(out: Any) -> Callable[[], Any]:
     others = [i for i, x in enumerate(leaves) if isinstance(x, torch.Tensor) and not scalar[i]]
     if spec is None and len(others) == 1:  # one tensor
         return leaves[0].clone
+    if not scalars and len(others) == len(leaves) and spec == (tuple, None, (None,) * len(leaves)):  # a tuple of tensors
+        return lambda: tuple([x.clone() for x in leaves])
 
     def copy() -> Any:
         copies = list(leaves)

@@ -146,6 +146,41 @@ def test_data_is_copied_into_static_inputs_once_per_change_and_state_is_used_in_
 
 
 @pytest.mark.unit
+def test_an_inference_tensor_is_copied_in_at_every_call(enabled):
+    """An inference-mode tensor has no version counter, so nothing says it is unchanged: it is copied every call."""
+    f = compiling.graphed(lambda x: x + 1)
+    with torch.inference_mode():
+        x = torch.ones(3)
+        f(x)
+    copies = []
+    real_copy = torch.Tensor.copy_
+    try:
+        torch.Tensor.copy_ = lambda self, src, non_blocking=False: copies.append(1) or real_copy(self, src)
+        with torch.inference_mode():
+            x.add_(1)  # in place, unseen by any version counter
+            out = f(x)
+        assert copies == [1] and torch.equal(out, torch.full((3,), 3.0))
+    finally:
+        torch.Tensor.copy_ = real_copy
+
+
+@pytest.mark.unit
+def test_a_graph_dropped_by_enable_is_never_replayed(enabled, monkeypatch):
+    """enable() and disable() drop every graph, also the one the last call used (a call like it takes it again
+    without looking it up): the next call makes a new graph, whose first calls run the body (dry: replays do not)."""
+    monkeypatch.setenv("RL_COMPILE_GRAPHS", "dry")
+    runs = []
+    f = compiling.graphed(lambda x: runs.append(1) or x * 2)
+    x = torch.ones(2)
+    for _ in range(compiling.WARMUP_CALLS + 2):
+        f(x)
+    assert len(runs) == compiling.WARMUP_CALLS + 1  # the warm-up calls and the "capture"; then replays only
+    compiling.enable("cpu")
+    f(x)
+    assert len(runs) == compiling.WARMUP_CALLS + 2
+
+
+@pytest.mark.unit
 def test_a_batch_uploaded_as_one_block_is_copied_in_one_copy(enabled):
     """shared.device.upload's tensors are views of one block: the graph's static inputs mirror its layout, and a
     call copies the whole batch at once (a different layout falls back to a copy per tensor)."""
