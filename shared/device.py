@@ -52,10 +52,12 @@ _NUMPY = {}  # torch dtype -> numpy dtype, and back: found once (a lookup throug
 
 def to_host(*tensors: Any) -> Any:
     """The values of ``tensors`` on the host, as one numpy array or a list of them (see the module docstring)."""
-    import torch
+    if CUDA_PATH or tensors[0].device.type != "cpu":
+        out = one_copy(tensors)
+    else:
+        import torch
 
-    tensors = tuple(t.float() if t.dtype == torch.bfloat16 else t for t in tensors)
-    out = [t.detach().numpy() for t in tensors] if tensors[0].device.type == "cpu" and not CUDA_PATH else one_copy(tensors)
+        out = [(t.float() if t.dtype == torch.bfloat16 else t).detach().numpy() for t in tensors]
     return out[0] if len(out) == 1 else out
 
 
@@ -78,44 +80,62 @@ def torch_dtype(dtype: np.dtype) -> Any:
 
 
 def one_copy(tensors: tuple) -> list[np.ndarray]:
-    """The tensors' values on the host in one copy, each an array of its own memory: one tensor copied as it is (its
-    strides kept where it is dense, else made contiguous), several joined as bytes on their device, copied at once and
-    split back into arrays."""
+    """The tensors' values on the host in one copy, each an array of its own memory (bfloat16 as float32): one tensor
+    copied as it is (its strides kept where it is dense, else made contiguous), several joined as bytes on their
+    device, copied at once and split back into arrays."""
     import torch
 
     if len(tensors) == 1:  # nothing to join (DQN's, SAC's actions); a copy on the CPU too, never the tensor's memory
         x = tensors[0].detach()
+        x = x.float() if x.dtype == torch.bfloat16 else x
         host = x.cpu()  # the copy from a GPU; on the CPU (RL_HOST_PATH) x itself, so cloned
         return [(host.clone() if host is x else host).numpy()]
     signature = tuple([(t.dtype, t.shape) for t in tensors])
     split = _splits.get(signature)
-    if split is None:  # (numpy dtype, bytes, shape) per tensor, found once per signature (a loop reads the same every step)
+    if split is None:  # how each tensor is joined and split again, found once per signature (a loop reads the same)
         if len(_splits) >= _CACHED:
             _splits.clear()
-        split = _splits[signature] = [(numpy_dtype(t.dtype), t.numel() * t.element_size(), tuple(t.shape)) for t in tensors]
+        split = _splits[signature] = _split(tensors)
+    bf16, vectors, pieces = split
+    if bf16:
+        tensors = [t.float() if t.dtype == torch.bfloat16 else t for t in tensors]
     # One view a tensor of one dimension with its elements side by side (a graph's copied-out actions, values); else
     # contiguous() (a strided or expanded view x[:, 0]; a contiguous tensor is itself) and a flat view.
-    flat = [_bytes_of(t) if len(s[2]) == 1 else t.contiguous().view(-1).view(torch.uint8) for t, s in zip(tensors, split)]
+    try:
+        flat = [t.view(torch.uint8) for t in tensors] if vectors else None
+    except RuntimeError:  # a vector with a stride other than 1: not viewable as bytes
+        flat = None
+    if flat is None:
+        flat = [t.contiguous().view(-1).view(torch.uint8) for t in tensors]
     flat = torch.cat(flat)
     flat = (flat.detach() if flat.requires_grad else flat).cpu().numpy()  # detached once, not each
-    out, at = [], 0
-    for dtype, n, shape in split:
-        out.append(flat[at : at + n].view(dtype).reshape(shape))
-        at += n
+    out = [flat[at:end] for at, end, _, _ in pieces]
+    for i, (_, _, dtype, shape) in enumerate(pieces):
+        if dtype is not None:
+            out[i] = out[i].view(dtype)
+        if shape is not None:
+            out[i] = out[i].reshape(shape)
     return out
 
 
-_splits: dict = {}  # one_copy's signature -> its split
-
-
-def _bytes_of(t: Any) -> Any:
-    """A 1-d tensor's bytes as uint8: a view where its elements are side by side, else those of a contiguous copy."""
+def _split(tensors: tuple) -> tuple:
+    """How ``one_copy`` joins ``tensors`` and splits their bytes: whether any is bfloat16 (sent as float32), whether all
+    are vectors (viewed as bytes at once), and per tensor its bytes' start and end, its numpy dtype (None: uint8) and
+    its shape (None: a vector)."""
     import torch
 
-    try:
-        return t.view(torch.uint8)
-    except RuntimeError:  # a stride other than 1: not viewable as bytes
-        return t.contiguous().view(torch.uint8)
+    pieces, at = [], 0
+    for t in tensors:
+        dtype = torch.float32 if t.dtype == torch.bfloat16 else t.dtype
+        n = t.numel() * torch.empty(0, dtype=dtype).element_size()
+        np_dtype = numpy_dtype(dtype)
+        pieces.append((at, at + n, None if np_dtype == np.uint8 else np_dtype, None if t.dim() == 1 else tuple(t.shape)))
+        at += n
+    bf16 = any(t.dtype == torch.bfloat16 for t in tensors)
+    return bf16, all(t.dim() == 1 for t in tensors), pieces
+
+
+_splits: dict = {}  # one_copy's signature -> its split
 
 
 class Uploader:
@@ -128,13 +148,12 @@ class Uploader:
         self.device, self.depth = device, depth
         self.pack = (device.type == "cuda" or CUDA_PATH) if pack is None else pack
         self.buffers: list = [None] * depth
-        self.hosts: list = [{} for _ in range(depth)]  # per buffer: numpy views of its bytes by signature
-        self.layouts: dict = {}  # signature (names, shapes, dtypes) -> (the fields' layout, bytes, their views)
+        self.layouts: dict = {}  # signature (names, shapes, dtypes) -> how its copy goes (_plan)
         self.events: list = [None] * depth
         self.copies = 0  # packed copies made
         self.dry: dict[int, Any] = {}  # RL_HOST_PATH=dry: a block by size
         self.dry_pair: list = []  # RL_HOST_PATH=dry: the two bytes _launch copies between
-        self.rows: dict[tuple, tuple] = {}  # (signature, destinations' addresses) -> (their storage, weakly; packed?)
+        self.rows: dict[tuple, tuple] = {}  # (plan, destinations' addresses) -> (their storage, weakly; packed?)
 
     @classmethod
     def layout(cls, arrays: list) -> tuple[list[int], int]:
@@ -154,50 +173,45 @@ class Uploader:
         if not self.pack:  # shares the arrays' memory; a read-only one (shared.envs.action_mask's) is copied: torch warns
             arrays = {k: np.asarray(a) for k, a in arrays.items()}
             return {k: torch.as_tensor(a if a.flags.writeable else a.copy(), device=self.device) for k, a in arrays.items()}
-        arrays = {k: a if type(a) is np.ndarray else np.asarray(a) for k, a in arrays.items()}
+        return self.packed({k: a if type(a) is np.ndarray else np.asarray(a) for k, a in arrays.items()}, into)
+
+    def packed(self, arrays: dict[Any, np.ndarray], into: Any = None) -> dict[Any, Any]:
+        """``__call__``'s packed copy, of a flat dict of numpy arrays."""
+        import torch
+
         signature = tuple([(k, a.shape, a.dtype) for k, a in arrays.items()])
-        layout = self.layouts.get(signature)
-        if layout is None:  # each field's (offset, bytes, torch dtype, shape): worked out once per signature
-            offsets, end = self.layout(list(arrays.values()))
-            layout = {k: (o, a.nbytes, torch_dtype(a.dtype), a.shape) for (k, a), o in zip(arrays.items(), offsets)}
-            # each field as a view of the block: (key, dtype, shape, strides, offset in elements of its dtype)
-            views = [(k, d, s, _strides(s), o // a.itemsize) for (k, (o, _, d, s)), a in zip(layout.items(), arrays.values())]
-            if len(self.layouts) >= _CACHED:  # shapes that keep changing (an evaluation's last envs) never pile up
-                self.layouts.clear()
-                self.hosts = [{} for _ in range(self.depth)]
-            self.layouts[signature] = layout, end, views
-        else:
-            layout, end, views = layout
-        padded = -(-end // self.ALIGN) * self.ALIGN  # the block copied: viewable as any dtype at once
+        plan = self.layouts.get(signature)
+        if plan is None:
+            plan = self._plan(arrays, signature)
+        layout, end, padded, views, hosts = plan
         slot = self.copies % self.depth
         if self.events[slot] is not None:
             self.events[slot].synchronize()  # its last copy is done (long since, as a rule)
-        if self.buffers[slot] is None or self.buffers[slot].numel() < padded:
-            self.buffers[slot] = torch.empty(padded, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
-            self.hosts[slot] = {}
-        hosts = self.hosts[slot].get(signature)
-        if hosts is None:  # numpy views of the staging buffer shaped as the fields, made once per buffer and signature
-            host = self.buffers[slot].numpy()
-            fields = zip(arrays.items(), layout.values())
-            hosts = {k: host[o : o + n].view(a.dtype).reshape(a.shape) for (k, a), (o, n, _, _) in fields}
-            self.hosts[slot][signature] = hosts
-        for k, a in arrays.items():
-            hosts[k][...] = a  # any layout: numpy copies a strided array as it goes
-        row = None if into is None else self._row(into, signature, layout, end)
+        buffer = self.buffers[slot]
+        if buffer is None or buffer.numel() < padded:
+            buffer = self.buffers[slot] = torch.empty(padded, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
+        held = hosts[slot]
+        if held is None or held[0] is not buffer:  # numpy views of this staging buffer shaped as the fields, made once
+            host = buffer.numpy()
+            fields = zip(arrays.values(), layout.values())
+            held = hosts[slot] = buffer, [host[o : o + n].view(a.dtype).reshape(a.shape) for a, (o, n, _, _) in fields]
+        for dst, a in zip(held[1], arrays.values()):
+            dst[...] = a  # any layout: numpy copies a strided array as it goes
+        row = None if into is None else self._row(into, arrays, plan, end)
         if row is not None:  # straight into the rollout's step (a GPU's DMA: no bytes for the host in the dry run)
             if DRY:
                 self._launch()
             else:
-                row.copy_(self.buffers[slot][:end], non_blocking=True)
+                row.copy_(buffer[:end], non_blocking=True)
         elif self.device.type == "cuda":
-            block = self.buffers[slot][:padded].to(self.device, non_blocking=True)
+            block = buffer[:padded].to(self.device, non_blocking=True)
         elif DRY:  # a copy up costs the host its launch only: the first copy of this size, again (stale values)
             if padded not in self.dry:
-                self.dry[padded] = self.buffers[slot][:padded].clone()
+                self.dry[padded] = buffer[:padded].clone()
             block = self.dry[padded]
             self._launch()
         else:
-            block = self.buffers[slot][:padded].clone()
+            block = buffer[:padded].clone()
         if self.device.type == "cuda":  # behind the copy, on the stream it ran on: this staging buffer's refill waits
             self.events[slot] = self.events[slot] or torch.cuda.Event()
             self.events[slot].record(torch.cuda.current_stream(self.device))
@@ -213,6 +227,20 @@ class Uploader:
             out[k] = torch.as_strided(whole, shape, strides, at)
         return out
 
+    def _plan(self, arrays: dict[Any, np.ndarray], signature: tuple) -> list:
+        """How a copy of ``arrays``' signature goes, worked out once: each field's (offset, bytes, torch dtype, shape),
+        the bytes in all and padded, each field as a view of the block (key, dtype, shape, strides, offset in elements
+        of its dtype), and per staging buffer the numpy views of it that the fields are written into."""
+        offsets, end = self.layout(list(arrays.values()))
+        layout = {k: (o, a.nbytes, torch_dtype(a.dtype), a.shape) for (k, a), o in zip(arrays.items(), offsets)}
+        views = [(k, d, s, _strides(s), o // a.itemsize) for (k, (o, _, d, s)), a in zip(layout.items(), arrays.values())]
+        if len(self.layouts) >= _CACHED:  # shapes that keep changing (an evaluation's last envs) never pile up
+            self.layouts.clear()
+            self.rows.clear()  # keyed by their plans
+        padded = -(-end // self.ALIGN) * self.ALIGN  # the block copied: viewable as any dtype at once
+        plan = self.layouts[signature] = [layout, end, padded, views, [None] * self.depth]
+        return plan
+
     def _launch(self) -> None:
         """``RL_HOST_PATH=dry``: a copy's launch alone, the host's part of it (one ``copy_`` of one byte)."""
         import torch
@@ -221,24 +249,27 @@ class Uploader:
             self.dry_pair = [torch.zeros(1, dtype=torch.uint8) for _ in range(2)]
         self.dry_pair[0].copy_(self.dry_pair[1])
 
-    def _row(self, into: Any, signature: tuple, layout: dict, end: int) -> Any:
-        """``into``'s bytes as one uint8 tensor when its tensors lie in one storage as this copy packs (``__call__``;
+    def _row(self, into: Any, arrays: dict, plan: list, end: int) -> Any:
+        """``into``'s bytes as one uint8 tensor when its tensors lie in one storage as this copy packs them (``packed``;
         the views of ``shared.buffer.on_device``'s block, which share one version counter), else None; found once per
-        signature and place (a rollout's steps), then known by the tensors' addresses and their storage, held weakly
+        plan and place (a rollout's steps), then known by the tensors' addresses and their storage, held weakly
         (another storage at the same addresses, after the first is freed, is checked again)."""
         import torch
 
-        if type(into) is not dict or tuple(into) != tuple(layout):
+        if type(into) is not dict or len(into) != len(arrays):
             return None
-        dests = list(into.values())
-        if not all(type(d) is torch.Tensor for d in dests):
+        try:
+            dests = [into[k] for k in arrays]  # in the copy's order
+            key = (id(plan), *[d.data_ptr() for d in dests])  # a plan lives as long as its rows (_plan)
+        except (KeyError, AttributeError, TypeError):  # another key, a numpy destination
             return None
         if dests[0].dtype != torch.uint8 and torch.is_inference_mode_enabled():
             return None  # a byte view made in inference mode shares no version counter: the write would go unseen
-        key, storage = (signature, *[d.data_ptr() for d in dests]), dests[0].untyped_storage()
+        storage = dests[0].untyped_storage()
         known = self.rows.get(key)
         if known is None or known[0]() is not storage:
-            packed = _packed_row(dests, storage, list(layout.values()), end, self.device)
+            tensors = all(type(d) is torch.Tensor for d in dests)
+            packed = tensors and _packed_row(dests, storage, list(plan[0].values()), end, self.device)
             known = self.rows[key] = (weakref.ref(storage), packed)
             if len(self.rows) > _ROWS:  # a long run through many places never piles them up
                 self.rows = {key: known}
@@ -287,13 +318,14 @@ def upload(arrays: Any, device: Any, into: Any = None) -> Any:
     """``arrays`` (numpy; a dict or namedarraytuple of them, nested) as tensors on ``device`` in one copy, in the
     same structure; with ``into`` (the same structure: where a rollout keeps this step), written there too (see the
     module docstring)."""
-    if device not in _uploaders:
-        _uploaders[device] = Uploader(device)
+    uploader = _uploaders.get(device)
+    if uploader is None:
+        uploader = _uploaders[device] = Uploader(device)
     # The two shapes a loop uploads every step take no walk: one array, and a flat dict of arrays.
     if type(arrays) is np.ndarray:
-        return _uploaders[device]({"": arrays})[""]
+        return uploader({"": arrays})[""]
     if type(arrays) is dict and all(type(a) is np.ndarray for a in arrays.values()):
-        up = _uploaders[device](arrays, into)
+        up = uploader.packed(arrays, into) if uploader.pack else uploader(arrays, into)
         if into is not None and up is not into:
             _land(into, arrays, up)
         return up
@@ -308,7 +340,7 @@ def upload(arrays: Any, device: Any, into: Any = None) -> Any:
         elif x is not None:
             packing[path] = x
     if packing:
-        done.update(_uploaders[device](packing))
+        done.update(uploader(packing))
     up = replace_leaves(arrays, done, sequences=False)  # None fields stay None
     if into is not None:
         _land(into, arrays, up)

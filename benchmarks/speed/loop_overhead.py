@@ -66,47 +66,47 @@ CHEETAH_ACT = gym.spaces.Box(-1.0, 1.0, (6,), np.float32)
 # Per vector step (per rollout for the ``rollout_`` counts) at most: the counts tests/test_loop_overhead.py holds. Set
 # from a run of --counts (torch 2.13, numpy 2.4) with about 5% over the calls; syncs and bytes as they are.
 _ON_POLICY = {"syncs": 1.0, "bytes_up": 225_824, "rollout_syncs": 2.0}
-_CONTINUOUS = {"python_calls": 212, "torch_calls": 37, "syncs": 1.0, "bytes_up": 464, "bytes_down": 24}
+_CONTINUOUS = {"python_calls": 200, "torch_calls": 36, "syncs": 1.0, "bytes_up": 464, "bytes_down": 24}
 BUDGETS: dict[str, dict[str, float]] = {
     "ppo_atari": {
         **_ON_POLICY,
-        "python_calls": 138,
-        "torch_calls": 59,
+        "python_calls": 108,
+        "torch_calls": 54,
         "bytes_down": 128,
-        "rollout_torch_calls": 815,
+        "rollout_torch_calls": 665,
         "rollout_bytes_up": 287_232,  # the rollout's observations stay on the device: not 29 MB again
     },
     "a2c_atari": {
         **_ON_POLICY,
-        "python_calls": 141,
-        "torch_calls": 60,
+        "python_calls": 111,
+        "torch_calls": 54,
         "bytes_down": 128,
-        "rollout_torch_calls": 135,
+        "rollout_torch_calls": 125,
         "rollout_bytes_up": 226_752,
     },
     "ppo_lstm": {
         **_ON_POLICY,
-        "python_calls": 185,
-        "torch_calls": 82,
+        "python_calls": 154,
+        "torch_calls": 73,
         "syncs": 1.02,
         "bytes_up": 225_832,
         "bytes_down": 256,
-        "rollout_torch_calls": 1040,
+        "rollout_torch_calls": 837,
         "rollout_bytes_up": 276_228,
     },
     "ppo_mujoco": {
-        "python_calls": 97,
+        "python_calls": 91,
         "torch_calls": 41,
         "syncs": 1.0,
         "bytes_up": 68,
         "bytes_down": 32,
-        "rollout_torch_calls": 13700,
+        "rollout_torch_calls": 11030,
         "rollout_syncs": 2.0,
         "rollout_bytes_up": 409_660,
     },
-    "dqn_atari": {"python_calls": 226, "torch_calls": 42, "syncs": 1.0, "bytes_up": 141_312, "bytes_down": 32},
-    "catdqn_atari": {"python_calls": 226, "torch_calls": 42, "syncs": 1.0, "bytes_up": 141_312, "bytes_down": 32},
-    "r2d1_atari": {"python_calls": 207, "torch_calls": 76, "syncs": 1.04, "bytes_up": 634_868, "bytes_down": 65_872},
+    "dqn_atari": {"python_calls": 210, "torch_calls": 41, "syncs": 1.0, "bytes_up": 141_312, "bytes_down": 32},
+    "catdqn_atari": {"python_calls": 210, "torch_calls": 41, "syncs": 1.0, "bytes_up": 141_312, "bytes_down": 32},
+    "r2d1_atari": {"python_calls": 180, "torch_calls": 70, "syncs": 1.04, "bytes_up": 634_868, "bytes_down": 65_872},
     "sac_mujoco": dict(_CONTINUOUS),
     "td3_mujoco": dict(_CONTINUOUS),
     "ddpg_mujoco": dict(_CONTINUOUS),
@@ -183,28 +183,35 @@ class DeviceReads(TorchDispatchMode):
 
 
 class Bytes:
-    """Bytes through ``upload`` (up) and ``to_host`` (down), counted by wrapping the two copies."""
+    """Bytes through ``upload`` (up) and ``to_host`` (down), counted by wrapping the copies: an uploader's packed copy
+    (``Uploader.packed``, which its ``__call__`` also goes through) or, where it does not pack, its ``__call__``."""
 
     def __init__(self) -> None:
         self.up = self.down = 0
-        self._call, self._one_copy = device.Uploader.__call__, device.one_copy
+        self._saved = device.Uploader.__call__, device.Uploader.packed, device.one_copy
 
     def __enter__(self) -> Bytes:
         counter = self
+        call_, packed_, one_copy_ = self._saved
 
         def call(uploader, arrays, into=None):
+            if not uploader.pack:
+                counter.up += sum(np.asarray(a).nbytes for a in arrays.values())
+            return call_(uploader, arrays, into)
+
+        def packed(uploader, arrays, into=None):
             counter.up += sum(np.asarray(a).nbytes for a in arrays.values())
-            return counter._call(uploader, arrays, into)
+            return packed_(uploader, arrays, into)
 
         def one_copy(tensors):
             counter.down += sum(t.numel() * t.element_size() for t in tensors)
-            return counter._one_copy(tensors)
+            return one_copy_(tensors)
 
-        device.Uploader.__call__, device.one_copy = call, one_copy
+        device.Uploader.__call__, device.Uploader.packed, device.one_copy = call, packed, one_copy
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        device.Uploader.__call__, device.one_copy = self._call, self._one_copy
+        device.Uploader.__call__, device.Uploader.packed, device.one_copy = self._saved
 
 
 def count(fn: Callable[[], Any], per: int) -> dict[str, float]:
@@ -240,7 +247,7 @@ def segments(fn: Callable[[], Any], per: int, runs: int = 3) -> dict[str, float]
     from shared import replay
 
     calls = {
-        "upload": [(device.Uploader, "__call__")],
+        "upload": [(device.Uploader, "packed")],
         "to_host": [(device, "one_copy")],
         "graph": [(compiling._Graph, "__call__")],  # copy-in, replay (dry: nothing) and copy-out
         "sample": [(replay._Base, "sample")],
