@@ -35,6 +35,7 @@ written (eager: the reference) until ``enable(device)`` is called, which ``Run.s
   again only where it is not the object passed in its place at the previous call, or is a settings object (a
   tensor changed in place between two calls is not seen there: its shape by ``resize_`` or ``set_``, or whether it
   is data by ``requires_grad_``).
+  A call whose key equals the previous call's takes that call's graph without looking it up.
   A call whose arguments are all positional, none a dict, list or tuple, takes no walk over them. Copying data in
   costs the host, per call: one copy where the data tensors are views of one storage at the graph's offsets (one
   ``shared.device.upload``), else one per tensor not seen before.
