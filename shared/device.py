@@ -126,9 +126,8 @@ def _split(tensors: tuple) -> tuple:
 
     pieces, at = [], 0
     for t in tensors:
-        dtype = torch.float32 if t.dtype == torch.bfloat16 else t.dtype
-        n = t.numel() * torch.empty(0, dtype=dtype).element_size()
-        np_dtype = numpy_dtype(dtype)
+        np_dtype = numpy_dtype(torch.float32 if t.dtype == torch.bfloat16 else t.dtype)
+        n = t.numel() * np_dtype.itemsize
         pieces.append((at, at + n, None if np_dtype == np.uint8 else np_dtype, None if t.dim() == 1 else tuple(t.shape)))
         at += n
     bf16 = any(t.dtype == torch.bfloat16 for t in tensors)
