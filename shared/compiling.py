@@ -72,6 +72,7 @@ this module without it.
 from __future__ import annotations
 
 import functools
+import itertools
 import operator
 import os
 import time
@@ -94,6 +95,9 @@ _NOT_SETTINGS = (type, types.FunctionType, types.MethodType, types.ModuleType, f
 _PLAIN = {bool, int, float, str, bytes, type(None), tuple, frozenset}  # values a settings key holds as they are
 _settings_types: dict[type, bool] = {}  # whether a type's objects are settings (_is_settings), by type
 _NODES = (dict, tuple, list)  # what flatten_structure walks into
+_EVERY_NODES = itertools.repeat(_NODES)  # isinstance's second argument for every leaf, in a map (no Python frame)
+_VERSION = operator.attrgetter("_version")
+_DATA_PTR = operator.methodcaller("data_ptr")
 _flat_specs: dict[int, Any] = {}  # flatten_structure's spec of (args, {}) for n positional leaves
 
 
@@ -234,7 +238,7 @@ def graphed(fn: F) -> F:
         device = _state["device"]
         if device is None:
             return fn(*args, **kwargs)
-        if not kwargs and not any(isinstance(x, _NODES) for x in args):  # the usual call: no walk (flatten_structure's)
+        if not kwargs and not any(map(isinstance, args, _EVERY_NODES)):  # the usual call: no walk (flatten_structure's)
             leaves, spec = args, _flat_specs.get(len(args)) or _flat_spec(len(args))
         else:
             leaves = []
@@ -329,9 +333,9 @@ class _Graph:
         """The call's data copied into the static inputs, but for a tensor that is the one copied there last and
         unchanged since (same object, same version; an inference tensor has no version: always copied); the body's
         arguments."""
-        data = [leaves[i] for i in self.static]
+        data = list(map(leaves.__getitem__, self.static))
         try:
-            versions = [x._version for x in data]
+            versions = list(map(_VERSION, data))
         except RuntimeError:  # an inference tensor among them
             versions = [_version(x) for x in data]
         last, seen = self.last_versions, self.last_data
@@ -366,12 +370,14 @@ class _Graph:
         import torch
 
         storage = data[0].untyped_storage().data_ptr()
-        if any(x.untyped_storage().data_ptr() != storage for x in data[1:]):
-            return None
-        starts = [x.data_ptr() for x in data]
+        for x in data[1:]:
+            if x.untyped_storage().data_ptr() != storage:
+                return None
+        starts = list(map(_DATA_PTR, data))
         first = starts[self.head]
-        if any(b - first != layout[0] for b, layout in zip(starts, self.block[2])):
-            return None
+        for start, (offset, *_) in zip(starts, self.block[2]):
+            if start - first != offset:
+                return None
         x = data[self.head]
         if x.dtype != torch.uint8:
             try:

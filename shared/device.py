@@ -32,6 +32,7 @@ Imports nothing from the project but ``shared.namedarraytuple``'s walk (which im
 
 from __future__ import annotations
 
+import operator
 import os
 import weakref
 from typing import Any
@@ -258,8 +259,8 @@ class Uploader:
         if type(into) is not dict or len(into) != len(arrays):
             return None
         try:
-            dests = [into[k] for k in arrays]  # in the copy's order
-            key = (id(plan), *[d.data_ptr() for d in dests])  # a plan lives as long as its rows (_plan)
+            dests = list(map(into.__getitem__, arrays))  # in the copy's order
+            key = (id(plan), *map(_DATA_PTR, dests))  # a plan lives as long as its rows (_plan)
         except (KeyError, AttributeError, TypeError):  # another key, a numpy destination
             return None
         if dests[0].dtype != torch.uint8 and torch.is_inference_mode_enabled():
@@ -311,6 +312,8 @@ def _land(into: Any, arrays: Any, up: Any) -> None:
 
 
 _uploaders: dict = {}
+_ARRAYS = {np.ndarray}  # the types of a flat dict of arrays
+_DATA_PTR = operator.methodcaller("data_ptr")
 
 
 def upload(arrays: Any, device: Any, into: Any = None) -> Any:
@@ -323,7 +326,7 @@ def upload(arrays: Any, device: Any, into: Any = None) -> Any:
     # The two shapes a loop uploads every step take no walk: one array, and a flat dict of arrays.
     if type(arrays) is np.ndarray:
         return uploader({"": arrays})[""]
-    if type(arrays) is dict and all(type(a) is np.ndarray for a in arrays.values()):
+    if type(arrays) is dict and set(map(type, arrays.values())) == _ARRAYS:
         up = uploader.packed(arrays, into) if uploader.pack else uploader(arrays, into)
         if into is not None and up is not into:
             _land(into, arrays, up)

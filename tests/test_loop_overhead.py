@@ -253,6 +253,46 @@ def test_segments_time_each_named_call_and_leave_the_rest_to_the_caller(clock):
 
 
 @pytest.mark.unit
+def test_ablations_save_what_each_part_costs_and_put_everything_back(monkeypatch, clock):
+    """``--ablate``: in a step whose launches cost 100 µs, ``to_host``'s copy 300 and a graph's copy-out 700, leaving
+    each out saves that much (the rest of the step, 1 ms, stays), and every patched method and attribute is put back."""
+    from shared import compiling, device
+
+    monkeypatch.setenv("RL_COMPILE_GRAPHS", "dry")
+    monkeypatch.setattr(compiling, "WARMUP_CALLS", 0)
+    monkeypatch.setattr(device.Uploader, "_launch", lambda self: busy(100))
+    one_copy = device.one_copy
+    monkeypatch.setattr(device, "one_copy", lambda tensors: busy(300) or one_copy(tensors))
+
+    @compiling.graphed
+    def double(x):
+        return x * 2, x + 1
+
+    compiling.enable("cpu")
+    try:
+        x = torch.ones(3)
+        double(x)  # the dry "capture"
+        (graph,) = [g for entries, _ in compiling._graphed_entries for g in entries.values() if g.graphs]
+        copy_out = graph.copy_out
+        graph.copy_out = lambda: busy(700) or copy_out()
+
+        def step() -> None:
+            device.Uploader._launch(None)
+            device.to_host(*double(x)) if device.CUDA_PATH else device.one_copy(double(x))
+            busy(1000)
+
+        before = (device.Uploader._launch, compiling._Graph._copy, device.one_copy, graph.copy_out)
+        saved = loop_overhead.ablations(step, 1, 3)
+        after = (device.Uploader._launch, compiling._Graph._copy, device.one_copy, graph.copy_out)
+    finally:
+        compiling.disable()
+    assert 100 <= saved["abl_launches"] < 105
+    assert 300 <= saved["abl_to_host"] < 305
+    assert 700 <= saved["abl_copy_out"] < 705
+    assert after == before
+
+
+@pytest.mark.unit
 def test_a_named_call_inside_another_is_counted_once_as_its_own(monkeypatch, clock):
     """``--segments``: a mirror's sync that steps the env inside (as a sync runs an upload) is timed without the env's
     2 ms, which go to ``env`` alone: the segments still add up to the whole."""

@@ -22,6 +22,7 @@ host work to a loop fails there.
     python benchmarks/speed/loop_overhead.py ppo_atari td3_mujoco     # some
     python benchmarks/speed/loop_overhead.py --json out.json          # also the figures as JSON
     python benchmarks/speed/loop_overhead.py --segments ppo_atari     # also where each step's host time goes
+    python benchmarks/speed/loop_overhead.py --ablate ppo_atari       # also what three parts cost inside the loop
     python benchmarks/speed/loop_overhead.py --async ppo_atari        # also async's steady state against parallel's
 """
 
@@ -66,11 +67,11 @@ CHEETAH_ACT = gym.spaces.Box(-1.0, 1.0, (6,), np.float32)
 # Per vector step (per rollout for the ``rollout_`` counts) at most: the counts tests/test_loop_overhead.py holds. Set
 # from a run of --counts (torch 2.13, numpy 2.4) with about 5% over the calls; syncs and bytes as they are.
 _ON_POLICY = {"syncs": 1.0, "bytes_up": 225_824, "rollout_syncs": 2.0}
-_CONTINUOUS = {"python_calls": 200, "torch_calls": 36, "syncs": 1.0, "bytes_up": 464, "bytes_down": 24}
+_CONTINUOUS = {"python_calls": 188, "torch_calls": 36, "syncs": 1.0, "bytes_up": 464, "bytes_down": 24}
 BUDGETS: dict[str, dict[str, float]] = {
     "ppo_atari": {
         **_ON_POLICY,
-        "python_calls": 108,
+        "python_calls": 93,
         "torch_calls": 54,
         "bytes_down": 128,
         "rollout_torch_calls": 665,
@@ -78,7 +79,7 @@ BUDGETS: dict[str, dict[str, float]] = {
     },
     "a2c_atari": {
         **_ON_POLICY,
-        "python_calls": 111,
+        "python_calls": 96,
         "torch_calls": 54,
         "bytes_down": 128,
         "rollout_torch_calls": 125,
@@ -86,7 +87,7 @@ BUDGETS: dict[str, dict[str, float]] = {
     },
     "ppo_lstm": {
         **_ON_POLICY,
-        "python_calls": 154,
+        "python_calls": 149,
         "torch_calls": 73,
         "syncs": 1.02,
         "bytes_up": 225_832,
@@ -95,7 +96,7 @@ BUDGETS: dict[str, dict[str, float]] = {
         "rollout_bytes_up": 276_228,
     },
     "ppo_mujoco": {
-        "python_calls": 91,
+        "python_calls": 85,
         "torch_calls": 41,
         "syncs": 1.0,
         "bytes_up": 68,
@@ -104,9 +105,9 @@ BUDGETS: dict[str, dict[str, float]] = {
         "rollout_syncs": 2.0,
         "rollout_bytes_up": 409_660,
     },
-    "dqn_atari": {"python_calls": 210, "torch_calls": 41, "syncs": 1.0, "bytes_up": 141_312, "bytes_down": 32},
-    "catdqn_atari": {"python_calls": 210, "torch_calls": 41, "syncs": 1.0, "bytes_up": 141_312, "bytes_down": 32},
-    "r2d1_atari": {"python_calls": 180, "torch_calls": 70, "syncs": 1.04, "bytes_up": 634_868, "bytes_down": 65_872},
+    "dqn_atari": {"python_calls": 197, "torch_calls": 41, "syncs": 1.0, "bytes_up": 141_312, "bytes_down": 32},
+    "catdqn_atari": {"python_calls": 197, "torch_calls": 41, "syncs": 1.0, "bytes_up": 141_312, "bytes_down": 32},
+    "r2d1_atari": {"python_calls": 176, "torch_calls": 70, "syncs": 1.04, "bytes_up": 634_868, "bytes_down": 65_872},
     "sac_mujoco": dict(_CONTINUOUS),
     "td3_mujoco": dict(_CONTINUOUS),
     "ddpg_mujoco": dict(_CONTINUOUS),
@@ -288,6 +289,46 @@ def segments(fn: Callable[[], Any], per: int, runs: int = 3) -> dict[str, float]
     return {f"seg_{k}": v for k, v in best.items()}
 
 
+def ablations(fn: Callable[[], Any], per: int, chunks: int) -> dict[str, float]:
+    """What three parts of a step cost inside the loop, in µs per ``per``: ``fn()`` timed in turns as it is and with
+    one part left out (the quickest of ``chunks`` runs each; the saving, as it is less the run without): ``launches``,
+    the dry protocol's stand-ins for a launch (the copy of one byte an upload and a graph's copy-in make);
+    ``to_host``, its first answer per signature returned again instead of the copy; ``copy_out``, each graph's
+    outputs returned as they are instead of copied. Inside the loop a part costs more than ``--segments`` times it
+    alone: the caches and branch predictors are shared with everything else a step does. The values are wrong while
+    a part is left out; every patched method and attribute is put back."""
+    graphs = [g for entries, _ in compiling._graphed_entries for g in entries.values() if g.graphs]
+    one_copy, answers = device.one_copy, {}
+
+    def answered(tensors: tuple) -> list:
+        signature = tuple((t.dtype, t.shape) for t in tensors)
+        if signature not in answers:
+            answers[signature] = one_copy(tensors)
+        return answers[signature]
+
+    parts = {
+        "launches": [(device.Uploader, "_launch", lambda self: None), (compiling._Graph, "_copy", lambda self, s, x: None)],
+        "to_host": [(device, "one_copy", answered)],
+        "copy_out": [(g, "copy_out", lambda g=g: g.out) for g in graphs],
+    }
+    runs = [[]] + [[part] for part in parts]
+    best = [float("inf")] * len(runs)
+    for _ in range(chunks):
+        for i, left_out in enumerate(runs):
+            saved = [(owner, attr, owner.__dict__[attr]) for part in left_out for owner, attr, _ in parts[part]]
+            try:
+                for part in left_out:
+                    for owner, attr, stand_in in parts[part]:
+                        setattr(owner, attr, stand_in)
+                t0 = time.perf_counter()
+                fn()
+                best[i] = min(best[i], time.perf_counter() - t0)
+            finally:
+                for owner, attr, f in saved:
+                    setattr(owner, attr, f)
+    return {f"abl_{part}": 1e6 * (best[0] - b) / per for part, b in zip(parts, best[1:])}
+
+
 def best_us(fn: Callable[[], Any], per: int, chunks: int) -> float:
     """The quickest of ``chunks`` runs of ``fn()``, in µs per ``per`` (nan for none: counts only)."""
     return best_us_in_turns([fn], per, chunks)[0]
@@ -361,6 +402,7 @@ def on_policy(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
         "rollout_ms": best_us(learn, 1000, chunks),
         **count(collect, T),
         **(segments(collect, T) if SEGMENTED else {}),
+        **(ablations(collect, T, max(chunks, 15)) if ABLATE else {}),
         **{f"rollout_{k}": v for k, v in count(learn, 1).items()},
     }
     if ASYNC:  # the sampler process's loop (acting on the learner's device, into a slot of shared memory) and the learner's
@@ -430,6 +472,7 @@ def value_based(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
         "updates_per_step": per_step / every,
         **count(loop, steps),
         **(segments(loop, steps) if SEGMENTED else {}),
+        **(ablations(loop, steps, max(chunks, 15)) if ABLATE else {}),
     }
 
 
@@ -462,6 +505,7 @@ def off_policy_continuous(name: str, env_cost_us: float, chunks: int) -> dict[st
         "bare_us": best_us(bare_loop(envs, steps, torch.float32), steps, chunks),
         **count(loop, steps),
         **(segments(loop, steps) if SEGMENTED else {}),
+        **(ablations(loop, steps, max(chunks, 15)) if ABLATE else {}),
     }
 
 
@@ -499,6 +543,7 @@ def _continuous_update(S: Any, name: str, args: Any, learner: tuple, buffer: Any
 
 
 SEGMENTED = False  # --segments: each measure also times where a step's host time goes (``segments``)
+ABLATE = False  # --ablate: each measure also times what three parts cost inside the loop (``ablations``)
 ASYNC = False  # --async: the PPO family's also times its async sampler's loop and learner (``on_policy``)
 SCRIPTS: dict[str, Callable[[str, float, int], dict[str, Any]]] = {
     "ppo_atari": on_policy,
@@ -540,10 +585,11 @@ def main() -> None:
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument("--counts", action="store_true", help="the counts only, no timing (the tests' budgets)")
     parser.add_argument("--segments", action="store_true", help="also where a step's host time goes, call by call (µs)")
+    parser.add_argument("--ablate", action="store_true", help="also what three parts cost inside the loop (µs saved)")
     parser.add_argument("--async", dest="async_", action="store_true", help="also the PPO family's async steady state")
     a = parser.parse_args()
-    global SEGMENTED, ASYNC
-    SEGMENTED, ASYNC = a.segments, a.async_
+    global SEGMENTED, ASYNC, ABLATE
+    SEGMENTED, ASYNC, ABLATE = a.segments, a.async_, a.ablate
     if a.counts:
         a.chunks = 0
     unknown = [name for name in a.scripts if name not in SCRIPTS]
@@ -567,6 +613,12 @@ def main() -> None:
     if a.segments:
         names = [k for k in results[a.scripts[0]] if k.startswith("seg_")]
         print("\nper vector step, µs, by the call that spends it (rest: the script's own Python and numpy, @graphed's key)")
+        print(f"{'script':<13}" + "".join(f"{k[4:]:>10}" for k in names))
+        for name, r in results.items():
+            print(f"{name:<13}" + "".join(f"{r[k]:>10.1f}" for k in names))
+    if a.ablate:
+        names = [k for k in results[a.scripts[0]] if k.startswith("abl_")]
+        print("\nper vector step, µs saved inside the loop by leaving one part out (timed in turns; values wrong meanwhile)")
         print(f"{'script':<13}" + "".join(f"{k[4:]:>10}" for k in names))
         for name, r in results.items():
             print(f"{name:<13}" + "".join(f"{r[k]:>10.1f}" for k in names))
