@@ -211,7 +211,7 @@ HOST_ONLY = ("reward", "terminated", "truncated", "truncated_n", "n_taken", "fin
 def policy_step(actor: Actor, obs: torch.Tensor, bf16: bool) -> torch.Tensor:
     """The acting step: the actor's actions [B, A] in [-1, 1] at observations [B, S], before the exploration noise
     (drawn on the host, from the stepper's generator)."""
-    with autocast(obs.device, bf16):
+    with torch.no_grad(), autocast(obs.device, bf16):  # here, not around the caller: a replay runs none of it
         return actor(obs).float()
 
 
@@ -230,7 +230,6 @@ class EnvStepper:
         self.rng = np.random.default_rng(seed)
         self.space = envs.single_action_space
 
-    @torch.no_grad()
     def step(self, actor: Actor, random: bool, device: torch.device) -> tuple:
         """One step of every env; returns the replay row [1, B] and the episodes that ended [(return, length)]."""
         self.obs_norm.update(self.obs, ~self.final_row)

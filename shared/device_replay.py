@@ -44,6 +44,7 @@ Imports ``shared.device`` and ``shared.replay``; neither imports it.
 from __future__ import annotations
 
 import os
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -114,9 +115,11 @@ class DeviceReplay(torch.nn.Module):
             self.sources.setdefault(group, []).append(x.reshape(s.T * s.B, width))  # a view: load writes in place
         self.buffer, self.obs_norm = buffer, obs_norm
         self.T, self.B, self.C = s.T, s.B, s.C
-        self.synced = 0  # abs rows whose every field the mirror holds
-        self.rewrites = buffer.rewrites  # the buffer's in-place changes the mirror has seen
-        self.valid = 0  # (row, env) pairs in the valid window at the last sync
+        # What the mirror has seen, in a plain namespace: a write to a Module's attribute goes through its __setattr__
+        # (microseconds each: it looks for a parameter, a buffer, a module), three writes a sync, one sync an update.
+        # synced: abs rows whose every field the mirror holds; rewrites: the buffer's in-place changes seen; valid:
+        # (row, env) pairs in the valid window at the last sync.
+        self.seen = SimpleNamespace(synced=0, rewrites=buffer.rewrites, valid=0)
         for group, views in self.sources.items():
             width, dtype = sum(v.shape[1] for v in views), torch.from_numpy(np.zeros(0, group)).dtype
             self.register_buffer(f"group_{group}", torch.zeros(s.T * s.B, width, dtype=dtype, device=device))
@@ -139,22 +142,22 @@ class DeviceReplay(torch.nn.Module):
         """The ``[T, B, ...]`` array that holds ``field``: a stored field, or one the buffer derives on append."""
         return getattr(storage.data if field in storage.data._fields else storage, field)
 
-    @torch.no_grad()
     def sync(self, batch_size: int) -> None:
-        """Bring the mirror up to the buffer for an update that draws ``batch_size`` (see the module docstring)."""
-        s, T, B = self.buffer.storage, self.T, self.B
+        """Bring the mirror up to the buffer for an update that draws ``batch_size`` (see the module docstring). No
+        tensor here requires grad: its writes record nothing without ``torch.no_grad`` (which costs a sync microseconds)."""
+        s, T, B, seen = self.buffer.storage, self.T, self.B, self.seen
         with self.buffer.locked():
             cursor = s.cursor
-            if self.buffer.rewrites != self.rewrites:  # rows changed in place (load, end_episodes): all again
-                self.synced, self.rewrites, self.valid = 0, self.buffer.rewrites, 0
-            if cursor == self.synced:
+            if self.buffer.rewrites != seen.rewrites:  # rows changed in place (load, end_episodes): all again
+                seen.synced, seen.rewrites, seen.valid = 0, self.buffer.rewrites, 0
+            if cursor == seen.synced:
                 return self._check(batch_size)
             lo, hi = self.buffer.valid_window(cursor)
-            self.valid = (hi - lo) * B
+            seen.valid = (hi - lo) * B
             moments = self.obs_norm.moments() if self.obs_norm is not None else []
             meta = np.concatenate([[lo % T, hi - lo], moments], dtype=np.float64)  # the window, the statistics after
-            new = max(self.synced, cursor - T, 0)  # rows never sent: their frames too (a frame never changes)
-            pieces, start = [], max(self.synced - (s.n - 1), cursor - T, 0)  # the n - 1 before: n-step fields changed
+            new = max(seen.synced, cursor - T, 0)  # rows never sent: their frames too (a frame never changes)
+            pieces, start = [], max(seen.synced - (s.n - 1), cursor - T, 0)  # the n - 1 before: n-step fields changed
             while start < cursor:  # runs of storage rows, split where they wrap around
                 m = min(CHUNK, cursor - start, T - start % T)
                 rows = self._rows(start, m)
@@ -172,7 +175,7 @@ class DeviceReplay(torch.nn.Module):
             if "frames" in piece:
                 self.frames[self._rows(first, start + m - first)] = up["frames"]
         self.meta.copy_(up["meta"])
-        self.synced = cursor
+        seen.synced = cursor
         self._check(batch_size)
 
     def _rows(self, start: int, m: int) -> slice:
@@ -181,8 +184,8 @@ class DeviceReplay(torch.nn.Module):
 
     def _check(self, batch_size: int) -> None:
         """The host replay's refusal, which a draw inside a graph cannot make."""
-        if batch_size > self.valid:
-            raise ValueError(f"batch_size={batch_size} is larger than the {self.valid} valid samples")
+        if batch_size > self.seen.valid:
+            raise ValueError(f"batch_size={batch_size} is larger than the {self.seen.valid} valid samples")
 
     def column(self, rows: torch.Tensor, field: str) -> torch.Tensor:
         """``field`` at the mirror's flat ``rows`` [N], shaped ``[N, ...]`` and typed as the batch carries it."""
