@@ -3,9 +3,10 @@
 Guarantees
 - ``to_host(*tensors)`` returns the tensors' values as numpy arrays (each of its own dtype and shape; bfloat16
   as float32) in one device-to-host copy: the one wait on a GPU that a sampling step or an update makes, for
-  what the host needs at once (the actions the envs step with, a prioritized replay's new priorities). On the
-  CPU it copies nothing. Everything else a loop reports (losses, statistics) stays on the device as detached
-  tensors until a progress row reads it (``shared.progress``).
+  what the host needs at once (the actions the envs step with, a prioritized replay's new priorities). Several
+  tensors are joined as bytes on the device and land in host bytes kept for their signature (pinned, from a GPU);
+  each array handed back is a copy of its own. On the CPU it copies nothing. Everything else a loop reports
+  (losses, statistics) stays on the device as detached tensors until a progress row reads it (``shared.progress``).
 - ``upload(arrays, device)`` brings a batch to the learner's device: ``arrays`` is a numpy array, or a dict or
   namedarraytuple of them, nested to any depth (a Dict observation inside a rollout), and comes back in the same
   structure with tensors in place of the arrays (a namedarraytuple of the same class, ``None`` fields kept); a
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import operator
 import os
+import threading
 import weakref
 from typing import Any
 
@@ -109,14 +111,12 @@ def one_copy(tensors: tuple) -> list[np.ndarray]:
     if flat is None:
         flat = [t.contiguous().view(-1).view(torch.uint8) for t in tensors]
     flat = torch.cat(flat)
-    flat = (flat.detach() if flat.requires_grad else flat).cpu().numpy()  # detached once, not each
-    out = [flat[at:end] for at, end, _, _ in pieces]
-    for i, (_, _, dtype, shape) in enumerate(pieces):
-        if dtype is not None:
-            out[i] = out[i].view(dtype)
-        if shape is not None:
-            out[i] = out[i].reshape(shape)
-    return out
+    key = (signature, threading.get_ident())  # a thread of its own never writes another's host bytes
+    held = _held.get(key)
+    if held is None:
+        held = _hold(key, pieces, flat.device)
+    held[0].copy_(flat.detach() if flat.requires_grad else flat)  # the one copy (from a GPU: into pinned memory)
+    return [a.copy() for a in held[1]]  # each of its own memory: the host bytes are written again by the next call
 
 
 def _split(tensors: tuple) -> tuple:
@@ -136,6 +136,24 @@ def _split(tensors: tuple) -> tuple:
 
 
 _splits: dict = {}  # one_copy's signature -> its split
+_held: dict = {}  # (one_copy's signature, thread) -> the host bytes its copy lands in and their arrays (_hold)
+
+
+def _hold(key: tuple, pieces: list, device: Any) -> tuple:
+    """The host bytes a ``one_copy`` of ``key``'s signature lands in (pinned where the tensors are on a GPU, which the
+    copy down is quicker from) and, per tensor, the numpy array of them it reads back: made once, not per copy."""
+    import torch
+
+    if len(_held) >= _CACHED:
+        _held.clear()
+    host = torch.empty(pieces[-1][1], dtype=torch.uint8, pin_memory=device.type == "cuda")
+    arrays = []
+    for at, end, dtype, shape in pieces:
+        a = host.numpy()[at:end]
+        a = a if dtype is None else a.view(dtype)
+        arrays.append(a if shape is None else a.reshape(shape))
+    _held[key] = host, arrays
+    return _held[key]
 
 
 class Uploader:

@@ -128,6 +128,7 @@ class DeviceReplay(torch.nn.Module):
         self.register_buffer("frames", torch.zeros(len(frame) * s.B, *frame.shape[2:], dtype=frame_dtype, device=device))
         moments = obs_norm.moments() if obs_norm is not None else np.zeros(0, np.float32)
         self.register_buffer("meta", torch.zeros(2 + len(moments), dtype=torch.float64, device=device))  # window, stats
+        self.host_meta = np.zeros(2 + len(moments), np.float64)  # what a sync sends to meta, written in place
         self.register_buffer("discounts", torch.as_tensor(s.discounts, device=device))  # by n_taken
         self.register_buffer("misses", torch.zeros((), dtype=torch.int64, device=device))
         self.register_buffer("last_index", torch.zeros(0, dtype=torch.int64, device=device))
@@ -155,7 +156,8 @@ class DeviceReplay(torch.nn.Module):
             lo, hi = self.buffer.valid_window(cursor)
             seen.valid = (hi - lo) * B
             moments = self.obs_norm.moments() if self.obs_norm is not None else []
-            meta = np.concatenate([[lo % T, hi - lo], moments], dtype=np.float64)  # the window, the statistics after
+            meta = self.host_meta  # the window, the statistics after (sent below, before a next sync writes it)
+            meta[0], meta[1], meta[2:] = lo % T, hi - lo, moments
             new = max(seen.synced, cursor - T, 0)  # rows never sent: their frames too (a frame never changes)
             pieces, start = [], max(seen.synced - (s.n - 1), cursor - T, 0)  # the n - 1 before: n-step fields changed
             while start < cursor:  # runs of storage rows, split where they wrap around

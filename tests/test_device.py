@@ -326,6 +326,18 @@ def test_the_host_copy_of_one_tensor_is_its_own_memory(make):
     assert not torch.equal(t, torch.full_like(t, -1))
 
 
+def test_the_host_copies_of_several_tensors_are_each_their_own_memory():
+    """``one_copy`` of several tensors lands in host bytes it keeps for their signature, and hands back copies of
+    them: the next copy of the same signature, or a write to one array, changes no array handed back before."""
+    from shared.device import one_copy
+
+    first = one_copy((torch.tensor([1, 2]), torch.tensor([0.5, 1.5]), torch.tensor([True, False])))
+    second = one_copy((torch.tensor([7, 8]), torch.tensor([2.5, 3.5]), torch.tensor([False, True])))
+    first[0][0] = -1
+    assert [a.tolist() for a in first] == [[-1, 2], [0.5, 1.5], [True, False]]
+    assert [a.tolist() for a in second] == [[7, 8], [2.5, 3.5], [False, True]]
+
+
 def test_an_off_policy_batch_and_its_normaliser_statistics_go_up_in_one_copy(monkeypatch):
 
     from shared import device as device_mod

@@ -155,7 +155,8 @@ class StubVectorEnv:
 
 
 class TorchCalls(TorchFunctionMode):
-    """Counts torch calls, and the copies to the host among them (``.cpu()``, ``.tolist()``: a sync on a GPU)."""
+    """Counts torch calls, and the copies to the host among them (``.cpu()``, ``.tolist()``: a sync on a GPU) but for
+    those inside ``one_copy``, whose one copy ``Bytes`` counts (into host bytes it keeps, with no ``.cpu()``)."""
 
     SYNCS = {"cpu", "tolist"}
 
@@ -165,7 +166,7 @@ class TorchCalls(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         self.calls += 1
-        if getattr(func, "__name__", "") in self.SYNCS:
+        if getattr(func, "__name__", "") in self.SYNCS and not Bytes.inside:
             self.syncs += 1
         return func(*args, **(kwargs or {}))
 
@@ -185,10 +186,13 @@ class DeviceReads(TorchDispatchMode):
 
 class Bytes:
     """Bytes through ``upload`` (up) and ``to_host`` (down), counted by wrapping the copies: an uploader's packed copy
-    (``Uploader.packed``, which its ``__call__`` also goes through) or, where it does not pack, its ``__call__``."""
+    (``Uploader.packed``, which its ``__call__`` also goes through) or, where it does not pack, its ``__call__``; and
+    one sync for each ``one_copy`` (``to_host``'s copy down)."""
+
+    inside = 0  # one_copy calls running: TorchCalls leaves their copies to this count
 
     def __init__(self) -> None:
-        self.up = self.down = 0
+        self.up = self.down = self.syncs = 0
         self._saved = device.Uploader.__call__, device.Uploader.packed, device.one_copy
 
     def __enter__(self) -> Bytes:
@@ -206,7 +210,12 @@ class Bytes:
 
         def one_copy(tensors):
             counter.down += sum(t.numel() * t.element_size() for t in tensors)
-            return one_copy_(tensors)
+            counter.syncs += 1
+            Bytes.inside += 1
+            try:
+                return one_copy_(tensors)
+            finally:
+                Bytes.inside -= 1
 
         device.Uploader.__call__, device.Uploader.packed, device.one_copy = call, packed, one_copy
         return self
@@ -235,7 +244,7 @@ def count(fn: Callable[[], Any], per: int) -> dict[str, float]:
         "python_calls": calls["call"] / per,
         "c_calls": calls["c_call"] / per,
         "torch_calls": torch_calls.calls / per,
-        "syncs": (torch_calls.syncs + reads.syncs) / per,
+        "syncs": (torch_calls.syncs + nbytes.syncs + reads.syncs) / per,
         "bytes_up": nbytes.up / per,
         "bytes_down": nbytes.down / per,
     }
