@@ -84,15 +84,20 @@ def torch_dtype(dtype: np.dtype) -> Any:
 
 def one_copy(tensors: tuple) -> list[np.ndarray]:
     """The tensors' values on the host in one copy, each an array of its own memory (bfloat16 as float32): one tensor
-    copied as it is (its strides kept where it is dense, else made contiguous), several joined as bytes on their
-    device, copied at once and split back into arrays."""
+    copied into host memory kept for its dtype and shape (contiguous), several joined as bytes on their device, copied
+    at once into host bytes kept for their signature and split back into arrays; either way copies of those are
+    handed back."""
     import torch
 
     if len(tensors) == 1:  # nothing to join (DQN's, SAC's actions); a copy on the CPU too, never the tensor's memory
         x = tensors[0].detach()
         x = x.float() if x.dtype == torch.bfloat16 else x
-        host = x.cpu()  # the copy from a GPU; on the CPU (RL_HOST_PATH) x itself, so cloned
-        return [(host.clone() if host is x else host).numpy()]
+        key = (x.dtype, x.shape, threading.get_ident())
+        held = _held.get(key)
+        if held is None:
+            held = _hold(key, torch.empty(x.shape, dtype=x.dtype, pin_memory=x.device.type == "cuda"))
+        held[0].copy_(x)  # the copy from a GPU, its strides made contiguous
+        return [held[1].copy()]
     signature = tuple([(t.dtype, t.shape) for t in tensors])
     split = _splits.get(signature)
     if split is None:  # how each tensor is joined and split again, found once per signature (a loop reads the same)
@@ -114,7 +119,7 @@ def one_copy(tensors: tuple) -> list[np.ndarray]:
     key = (signature, threading.get_ident())  # a thread of its own never writes another's host bytes
     held = _held.get(key)
     if held is None:
-        held = _hold(key, pieces, flat.device)
+        held = _hold(key, torch.empty(pieces[-1][1], dtype=torch.uint8, pin_memory=flat.device.type == "cuda"), pieces)
     held[0].copy_(flat.detach() if flat.requires_grad else flat)  # the one copy (from a GPU: into pinned memory)
     return [a.copy() for a in held[1]]  # each of its own memory: the host bytes are written again by the next call
 
@@ -139,14 +144,15 @@ _splits: dict = {}  # one_copy's signature -> its split
 _held: dict = {}  # (one_copy's signature, thread) -> the host bytes its copy lands in and their arrays (_hold)
 
 
-def _hold(key: tuple, pieces: list, device: Any) -> tuple:
-    """The host bytes a ``one_copy`` of ``key``'s signature lands in (pinned where the tensors are on a GPU, which the
-    copy down is quicker from) and, per tensor, the numpy array of them it reads back: made once, not per copy."""
-    import torch
-
+def _hold(key: tuple, host: Any, pieces: list | None = None) -> tuple:
+    """``host``, the tensor a ``one_copy`` of ``key``'s signature lands in (pinned where the tensors are on a GPU, which
+    the copy down is quicker from), kept with what it reads back: its numpy array (one tensor), or one array for each
+    tensor its bytes hold (``pieces``: ``_split``'s). Made once, not per copy."""
     if len(_held) >= _CACHED:
         _held.clear()
-    host = torch.empty(pieces[-1][1], dtype=torch.uint8, pin_memory=device.type == "cuda")
+    if pieces is None:
+        _held[key] = host, host.numpy()
+        return _held[key]
     arrays = []
     for at, end, dtype, shape in pieces:
         a = host.numpy()[at:end]

@@ -322,8 +322,10 @@ def test_the_host_copy_of_one_tensor_is_its_own_memory(make):
     np.testing.assert_array_equal(a, before.numpy())
     t.untyped_storage().fill_(0)  # every byte of the tensor's memory, whatever its strides
     np.testing.assert_array_equal(a, before.numpy())
+    (b,) = one_copy((torch.full_like(t, 7),))  # the next copy of the same dtype and shape
+    np.testing.assert_array_equal(a, before.numpy())
     a[...] = -1
-    assert not torch.equal(t, torch.full_like(t, -1))
+    assert not torch.equal(t, torch.full_like(t, -1)) and (b == 7).all()
 
 
 def test_the_host_copies_of_several_tensors_are_each_their_own_memory():
