@@ -269,8 +269,9 @@ class Uploader:
         """``RL_HOST_PATH=dry``: a copy's launch alone, the host's part of it (one ``copy_`` of one byte)."""
         import torch
 
-        if not self.dry_pair:
-            self.dry_pair = [torch.zeros(1, dtype=torch.uint8) for _ in range(2)]
+        if not self.dry_pair:  # normal tensors, also when made in inference mode: a copy in it and out of it
+            with torch.inference_mode(False):
+                self.dry_pair = [torch.zeros(1, dtype=torch.uint8) for _ in range(2)]
         self.dry_pair[0].copy_(self.dry_pair[1])
 
     def _row(self, into: Any, arrays: dict, plan: list, end: int) -> Any:

@@ -328,6 +328,17 @@ def test_the_host_copy_of_one_tensor_is_its_own_memory(make):
     assert not torch.equal(t, torch.full_like(t, -1)) and (b == 7).all()
 
 
+def test_a_dry_launch_made_in_inference_mode_runs_outside_it():
+    """``RL_HOST_PATH=dry``'s stand-in for a launch, made first inside a loop in inference mode (ppo_mujoco's
+    collect), runs again outside it (its update): ``loop_overhead.py ppo_mujoco`` on its own failed there."""
+    from shared.device import Uploader
+
+    uploader = Uploader(torch.device("cpu"), pack=True)
+    with torch.inference_mode():
+        uploader._launch()
+    uploader._launch()
+
+
 def test_the_host_copies_of_several_tensors_are_each_their_own_memory():
     """``one_copy`` of several tensors lands in host bytes it keeps for their signature, and hands back copies of
     them: the next copy of the same signature, or a write to one array, changes no array handed back before."""
