@@ -48,6 +48,7 @@ __all__ = ["Uploader", "to_host", "upload"]
 # The CUDA host path on the CPU (module docstring); "dry": also without the bytes a GPU's DMA engine would copy.
 CUDA_PATH = os.environ.get("RL_HOST_PATH") in ("cuda", "dry")
 DRY = os.environ.get("RL_HOST_PATH") == "dry"
+_KEEP_BYTES = 16384  # to_host reads at most this many bytes into host memory it keeps (then copies them out)
 _CACHED = 64  # signatures (names, shapes, dtypes) whose layout a copy keeps; more, and it starts again
 _ROWS = 4096  # destinations (a rollout's steps) whose bytes a copy keeps
 _NUMPY = {}  # torch dtype -> numpy dtype, and back: found once (a lookup through an empty array costs microseconds)
@@ -92,10 +93,14 @@ def one_copy(tensors: tuple) -> list[np.ndarray]:
     if len(tensors) == 1:  # nothing to join (DQN's, SAC's actions); a copy on the CPU too, never the tensor's memory
         x = tensors[0].detach()
         x = x.float() if x.dtype == torch.bfloat16 else x
+        if x.numel() * x.element_size() > _KEEP_BYTES:  # a large read: into new memory, with no second copy
+            host = x.cpu()  # the copy from a GPU; on the CPU (RL_HOST_PATH) x itself, so cloned
+            return [(host.clone() if host is x else host).numpy()]
         key = (x.dtype, x.shape, threading.get_ident())
         held = _held.get(key)
         if held is None:
-            held = _hold(key, torch.empty(x.shape, dtype=x.dtype, pin_memory=x.device.type == "cuda"))
+            host = torch.empty(x.shape, dtype=x.dtype, pin_memory=x.device.type == "cuda")
+            held = _hold(key, host, host.numpy())
         held[0].copy_(x)  # the copy from a GPU, its strides made contiguous
         return [held[1].copy()]
     signature = tuple([(t.dtype, t.shape) for t in tensors])
@@ -116,11 +121,15 @@ def one_copy(tensors: tuple) -> list[np.ndarray]:
     if flat is None:
         flat = [t.contiguous().view(-1).view(torch.uint8) for t in tensors]
     flat = torch.cat(flat)
+    flat = flat.detach() if flat.requires_grad else flat  # detached once, not each
+    if pieces[-1][1] > _KEEP_BYTES:  # a large read (R2D1's recurrent states): into new memory, with no second copy
+        return _arrays(flat.cpu().numpy(), pieces)
     key = (signature, threading.get_ident())  # a thread of its own never writes another's host bytes
     held = _held.get(key)
     if held is None:
-        held = _hold(key, torch.empty(pieces[-1][1], dtype=torch.uint8, pin_memory=flat.device.type == "cuda"), pieces)
-    held[0].copy_(flat.detach() if flat.requires_grad else flat)  # the one copy (from a GPU: into pinned memory)
+        host = torch.empty(pieces[-1][1], dtype=torch.uint8, pin_memory=flat.device.type == "cuda")
+        held = _hold(key, host, _arrays(host.numpy(), pieces))
+    held[0].copy_(flat)  # the one copy (from a GPU: into pinned memory)
     return [a.copy() for a in held[1]]  # each of its own memory: the host bytes are written again by the next call
 
 
@@ -144,22 +153,22 @@ _splits: dict = {}  # one_copy's signature -> its split
 _held: dict = {}  # (one_copy's signature, thread) -> the host bytes its copy lands in and their arrays (_hold)
 
 
-def _hold(key: tuple, host: Any, pieces: list | None = None) -> tuple:
+def _hold(key: tuple, host: Any, arrays: Any) -> tuple:
     """``host``, the tensor a ``one_copy`` of ``key``'s signature lands in (pinned where the tensors are on a GPU, which
-    the copy down is quicker from), kept with what it reads back: its numpy array (one tensor), or one array for each
-    tensor its bytes hold (``pieces``: ``_split``'s). Made once, not per copy."""
+    the copy down is quicker from), kept with the arrays it is read back through: made once, not per copy."""
     if len(_held) >= _CACHED:
         _held.clear()
-    if pieces is None:
-        _held[key] = host, host.numpy()
-        return _held[key]
-    arrays = []
-    for at, end, dtype, shape in pieces:
-        a = host.numpy()[at:end]
-        a = a if dtype is None else a.view(dtype)
-        arrays.append(a if shape is None else a.reshape(shape))
     _held[key] = host, arrays
     return _held[key]
+
+
+def _arrays(host: np.ndarray, pieces: list) -> list[np.ndarray]:
+    """The bytes ``host`` as one array per tensor of ``_split``'s ``pieces``: views, no copy."""
+    out = []
+    for at, end, dtype, shape in pieces:
+        a = host[at:end] if dtype is None else host[at:end].view(dtype)
+        out.append(a if shape is None else a.reshape(shape))
+    return out
 
 
 class Uploader:

@@ -349,6 +349,10 @@ def test_the_host_copies_of_several_tensors_are_each_their_own_memory():
     first[0][0] = -1
     assert [a.tolist() for a in first] == [[-1, 2], [0.5, 1.5], [True, False]]
     assert [a.tolist() for a in second] == [[7, 8], [2.5, 3.5], [False, True]]
+    big = (torch.arange(3000.0), torch.arange(3000))  # more than the bytes kept: a new array each read
+    first, second = one_copy(big), one_copy((big[0] + 1, big[1] + 1))
+    assert first[0].tolist() == big[0].tolist() and first[1].tolist() == big[1].tolist()
+    assert (second[0] == first[0] + 1).all() and (second[1] == first[1] + 1).all()
 
 
 def test_an_off_policy_batch_and_its_normaliser_statistics_go_up_in_one_copy(monkeypatch):
