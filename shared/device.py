@@ -93,12 +93,12 @@ def one_copy(tensors: tuple) -> list[np.ndarray]:
     if len(tensors) == 1:  # nothing to join (DQN's, SAC's actions); a copy on the CPU too, never the tensor's memory
         x = tensors[0].detach()
         x = x.float() if x.dtype == torch.bfloat16 else x
-        if x.numel() * x.element_size() > _KEEP_BYTES:  # a large read: into new memory, with no second copy
-            host = x.cpu()  # the copy from a GPU; on the CPU (RL_HOST_PATH) x itself, so cloned
-            return [(host.clone() if host is x else host).numpy()]
         key = (x.dtype, x.shape, threading.get_ident())
         held = _held.get(key)
         if held is None:
+            if x.numel() * x.element_size() > _KEEP_BYTES:  # a large read: into new memory, with no second copy
+                host = x.cpu()  # the copy from a GPU; on the CPU (RL_HOST_PATH) x itself, so cloned
+                return [(host.clone() if host is x else host).numpy()]
             host = torch.empty(x.shape, dtype=x.dtype, pin_memory=x.device.type == "cuda")
             held = _hold(key, host, host.numpy())
         held[0].copy_(x)  # the copy from a GPU, its strides made contiguous

@@ -309,7 +309,13 @@ def test_a_packed_upload_brings_every_dtype_and_shape_and_never_refills_a_buffer
 
 
 @pytest.mark.parametrize(
-    "make", [lambda: torch.arange(6.0), lambda: torch.arange(6.0).view(2, 3).t(), lambda: torch.ones(1).expand(4)]
+    "make",
+    [
+        lambda: torch.arange(6.0),
+        lambda: torch.arange(6.0).view(2, 3).t(),
+        lambda: torch.ones(1).expand(4),
+        lambda: torch.arange(5000.0),  # more than the bytes kept: a new array each read
+    ],
 )
 def test_the_host_copy_of_one_tensor_is_its_own_memory(make):
     """``one_copy`` of one tensor (what ``to_host`` takes on CUDA, and under ``RL_HOST_PATH=cuda`` on the CPU) is a copy
