@@ -35,7 +35,8 @@ written (eager: the reference) until ``enable(device)`` is called, which ``Run.s
   again only where it is not the object passed in its place at the previous call, or is a settings object (a
   tensor changed in place between two calls is not seen there: its shape by ``resize_`` or ``set_``, or whether it
   is data by ``requires_grad_``).
-  A call whose key equals the previous call's takes that call's graph without looking it up.
+  A call whose key equals the previous call's, or the one's before it (two graphs in turns: TD3's delayed actor
+  update), takes that call's graph without looking it up.
   A call whose arguments are all positional, none a dict, list or tuple, takes no walk over them. Copying data in
   costs the host, per call: one copy where the data tensors are views of one storage at the graph's offsets (one
   ``shared.device.upload``), else one per tensor not seen before.
@@ -89,7 +90,7 @@ MAX_GRAPHS = 8  # graphs one @graphed function may capture; more means a changin
 WARMUP_CALLS = 2  # calls of a key run as written before its capture (optimiser state, cuDNN, compiling)
 
 _state: dict[str, Any] = {"device": None, "graphs": 0, "seconds": 0.0, "cuda_graphs": 0, "capture": None}
-_graphed_entries: list[tuple[dict, list]] = []  # each @graphed function's graphs and last call: dropped by enable, disable
+_graphed_entries: list[tuple[dict, list]] = []  # each @graphed function's graphs and last calls: dropped by enable, disable
 _VALUES = {bool, int, float, str, type(None)}  # Python values that pick a graph by their value
 _NOT_SETTINGS = (type, types.FunctionType, types.MethodType, types.ModuleType, functools.partial)
 _PLAIN = {bool, int, float, str, bytes, type(None), tuple, frozenset}  # values a settings key holds as they are
@@ -133,14 +134,14 @@ def disable() -> None:
 
 
 def _drop_graphs() -> None:
-    for entries, last in _graphed_entries:
+    for entries, recent in _graphed_entries:
         entries.clear()
-        last[:] = _no_call()
+        recent[:] = [_no_call(), _no_call()]
 
 
 def _no_call() -> list:
-    """A ``@graphed`` function's record of its last call, before any (``graphed``'s ``last``)."""
-    return [[], [], [], None, None, None]
+    """A ``@graphed`` function's record of a call, before any (``graphed``'s ``recent``)."""
+    return [[], [], [], None, None, None, None]
 
 
 def backend() -> str:
@@ -211,10 +212,11 @@ def graphed(fn: F) -> F:
     import torch
 
     entries: dict[Any, _Graph] = {}
-    # the last call's leaves, their parts of the key, which of them are settings, its structure, grad modes and graph
-    last: list = _no_call()
-    _graphed_entries.append((entries, last))
-    previous: list = [None]  # the last call's graph key: what a refused new graph is compared with
+    # The last call's and the one's before it: each call's leaves, their parts of the key, which of them are settings,
+    # its structure, grad modes, graph and graph key (the one a refused new graph is compared with). Two, so that two
+    # graphs in turns (TD3's delayed actor update) are found without a lookup too.
+    recent: list = [_no_call(), _no_call()]
+    _graphed_entries.append((entries, recent))
 
     def key(x: Any) -> Any:
         """A leaf's part of the graph key: a data tensor's layout, a Python value, a settings object's identity and
@@ -245,18 +247,22 @@ def graphed(fn: F) -> F:
             spec = flatten_structure((args, kwargs), leaves)
         # An object passed again (PPO's rollout, a module, a bool) keeps the part of the key it had; a settings object's
         # attributes are read again at every call.
+        last, before = recent
         keys = [k if x is p and not s else key(x) for x, p, k, s in zip(leaves, *last[:3])]
         keys += map(key, leaves[len(keys) :])
         modes = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
         if spec == last[3] and modes == last[4] and keys == last[1]:  # the previous call's graph (no key to hash)
             last[0] = leaves
             return last[5](leaves)
-        last[:] = leaves, keys, [_settings_types.get(type(x), False) for x in leaves], spec, modes, None
+        if spec == before[3] and modes == before[4] and keys == before[1]:  # the one's before: two graphs in turns
+            recent.reverse()
+            before[0] = leaves
+            return before[5](leaves)
         graph_key = (spec, *modes, *keys)
         entry = entries.get(graph_key)
         if entry is None:
             if len(entries) >= MAX_GRAPHS:  # what changed since the call before this one (not the last graph made)
-                what = _what_changed(previous[0], graph_key, leaves, _names(fn, args, kwargs))
+                what = _what_changed(last[6], graph_key, leaves, _names(fn, args, kwargs))
                 raise RuntimeError(
                     f"@graphed {fn.__qualname__}: a {MAX_GRAPHS + 1}th graph, because {what} changed between calls "
                     "(pass a value that changes between calls as a tensor)"
@@ -265,8 +271,8 @@ def graphed(fn: F) -> F:
             capture = "dry" if mode == "dry" else "cuda" if device.type == "cuda" and mode != "0" else ""
             data = [isinstance(x, torch.Tensor) and not x.requires_grad for x in leaves]
             entry = entries[graph_key] = _Graph(fn, list(leaves), data, spec, capture)
-        previous[0] = graph_key
-        last[5] = entry
+        recent.reverse()  # the last call's record becomes the one before; the older one is written over
+        before[:] = leaves, keys, [_settings_types.get(type(x), False) for x in leaves], spec, modes, entry, graph_key
         return entry(leaves)
 
     return call  # type: ignore[return-value]

@@ -181,6 +181,26 @@ def test_a_graph_dropped_by_enable_is_never_replayed(enabled, monkeypatch):
 
 
 @pytest.mark.unit
+def test_two_graphs_called_in_turns_each_run_their_own(enabled, monkeypatch):
+    """A flag that alternates between calls (TD3's delayed actor update) picks its graph each call, also where the
+    call takes it from the record of the call before the last one without a lookup; after enable() (which drops the
+    graphs) neither record is replayed."""
+    monkeypatch.setenv("RL_COMPILE_GRAPHS", "dry")
+    runs = []
+    f = compiling.graphed(lambda x, flag: runs.append(flag) or (x * 2 if flag else x * 3))
+    x = torch.ones(2)
+    for i in range(2 * (compiling.WARMUP_CALLS + 3)):
+        flag = i % 2 == 0
+        assert f(x, flag).tolist() == ([2.0, 2.0] if flag else [3.0, 3.0])
+    # the warm-up calls and the "capture" of each graph ran the body; then replays only
+    assert runs.count(True) == runs.count(False) == compiling.WARMUP_CALLS + 1
+    compiling.enable("cpu")
+    f(x, True)
+    f(x, False)
+    assert runs.count(True) == runs.count(False) == compiling.WARMUP_CALLS + 2
+
+
+@pytest.mark.unit
 def test_a_batch_uploaded_as_one_block_is_copied_in_one_copy(enabled):
     """shared.device.upload's tensors are views of one block: the graph's static inputs mirror its layout, and a
     call copies the whole batch at once (a different layout falls back to a copy per tensor)."""
