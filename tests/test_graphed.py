@@ -355,6 +355,8 @@ def test_a_setting_changed_at_every_call_is_an_error_naming_the_field(enabled):
     args.coef = 0.5
     with pytest.raises(RuntimeError, match=r"because Settings.coef \(7.0, then 0.5\) changed between calls.*as a tensor"):
         f(x, args)
+    with pytest.raises(RuntimeError, match=r"a 9th graph"):  # the same call again: refused again, no graphless record
+        f(x, args)
 
 
 @dataclass
