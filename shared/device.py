@@ -93,16 +93,11 @@ def one_copy(tensors: tuple) -> list[np.ndarray]:
     if len(tensors) == 1:  # nothing to join (DQN's, SAC's actions); a copy on the CPU too, never the tensor's memory
         x = tensors[0].detach()
         x = x.float() if x.dtype == torch.bfloat16 else x
-        key = (x.dtype, x.shape, threading.get_ident())
-        held = _held.get(key)
-        if held is None:
-            if x.numel() * x.element_size() > _KEEP_BYTES:  # a large read: into new memory, with no second copy
-                host = x.cpu()  # the copy from a GPU; on the CPU (RL_HOST_PATH) x itself, so cloned
-                return [(host.clone() if host is x else host).numpy()]
-            host = torch.empty(x.shape, dtype=x.dtype, pin_memory=x.device.type == "cuda")
-            held = _hold(key, host, host.numpy())
-        held[0].copy_(x)  # the copy from a GPU, its strides made contiguous
-        return [held[1].copy()]
+        out = _kept_copy((x.dtype, x.shape), x)  # its strides made contiguous
+        if out is None:  # a large read: into new memory, with no second copy
+            host = x.cpu()  # the copy from a GPU; on the CPU (RL_HOST_PATH) x itself, so cloned
+            out = [(host.clone() if host is x else host).numpy()]
+        return out
     signature = tuple([(t.dtype, t.shape) for t in tensors])
     split = _splits.get(signature)
     if split is None:  # how each tensor is joined and split again, found once per signature (a loop reads the same)
@@ -122,15 +117,9 @@ def one_copy(tensors: tuple) -> list[np.ndarray]:
         flat = [t.contiguous().view(-1).view(torch.uint8) for t in tensors]
     flat = torch.cat(flat)
     flat = flat.detach() if flat.requires_grad else flat  # detached once, not each
-    if pieces[-1][1] > _KEEP_BYTES:  # a large read (R2D1's recurrent states): into new memory, with no second copy
-        return _arrays(flat.cpu().numpy(), pieces)
-    key = (signature, threading.get_ident())  # a thread of its own never writes another's host bytes
-    held = _held.get(key)
-    if held is None:
-        host = torch.empty(pieces[-1][1], dtype=torch.uint8, pin_memory=flat.device.type == "cuda")
-        held = _hold(key, host, _arrays(host.numpy(), pieces))
-    held[0].copy_(flat)  # the one copy (from a GPU: into pinned memory)
-    return [a.copy() for a in held[1]]  # each of its own memory: the host bytes are written again by the next call
+    out = _kept_copy(signature, flat, pieces)
+    # a large read (R2D1's recurrent states): into new memory, with no second copy
+    return out if out is not None else _arrays(flat.cpu().numpy(), pieces)
 
 
 def _split(tensors: tuple) -> tuple:
@@ -150,16 +139,27 @@ def _split(tensors: tuple) -> tuple:
 
 
 _splits: dict = {}  # one_copy's signature -> its split
-_held: dict = {}  # (one_copy's signature, thread) -> the host bytes its copy lands in and their arrays (_hold)
+_held: dict = {}  # (one_copy's signature, thread) -> the host tensor its copy lands in and its arrays (_kept_copy)
 
 
-def _hold(key: tuple, host: Any, arrays: Any) -> tuple:
-    """``host``, the tensor a ``one_copy`` of ``key``'s signature lands in (pinned where the tensors are on a GPU, which
-    the copy down is quicker from), kept with the arrays it is read back through: made once, not per copy."""
-    if len(_held) >= _CACHED:
-        _held.clear()
-    _held[key] = host, arrays
-    return _held[key]
+def _kept_copy(signature: tuple, x: Any, pieces: list | None = None) -> list[np.ndarray] | None:
+    """``x`` copied into a host tensor kept for ``signature`` and this thread (pinned where ``x`` is on a GPU, which the
+    copy down is quicker from; made at the first copy), read back as one array (``pieces`` None) or as the arrays of
+    ``_split``'s ``pieces``, each handed back as a copy: the next copy writes the kept one again. None where ``x`` is
+    more than ``_KEEP_BYTES``, which a second copy would make dear (nothing is kept for it)."""
+    import torch
+
+    key = (signature, threading.get_ident())  # a thread of its own never writes another's host bytes
+    held = _held.get(key)
+    if held is None:
+        if x.numel() * x.element_size() > _KEEP_BYTES:
+            return None
+        if len(_held) >= _CACHED:
+            _held.clear()
+        host = torch.empty(x.shape, dtype=x.dtype, pin_memory=x.device.type == "cuda")
+        held = _held[key] = host, [host.numpy()] if pieces is None else _arrays(host.numpy(), pieces)
+    held[0].copy_(x)  # the one copy (from a GPU: into pinned memory)
+    return [a.copy() for a in held[1]]
 
 
 def _arrays(host: np.ndarray, pieces: list) -> list[np.ndarray]:
