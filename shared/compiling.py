@@ -643,8 +643,8 @@ def _copier(out: Any) -> Callable[[], Any]:
         return leaves[0].clone
     if not scalars and len(others) == len(leaves) and spec == (tuple, None, (None,) * len(leaves)):  # a tuple of tensors
         return lambda: tuple([x.clone() for x in leaves])
-    if scalars and len(scalars) == len(leaves) and spec == (dict, spec[1], (None,) * len(leaves)):  # statistics
-        return lambda: dict(zip(spec[1], torch.stack(leaves).unbind()))
+    if scalars and len(scalars) == len(leaves) and spec is not None and spec[0] is dict and spec[2] == (None,) * len(leaves):
+        return lambda: dict(zip(spec[1], torch.stack(leaves).unbind()))  # a dict of statistics: one stack
 
     def copy() -> Any:
         copies = list(leaves)

@@ -181,6 +181,19 @@ def test_a_graph_dropped_by_enable_is_never_replayed(enabled, monkeypatch):
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize("out", [lambda x: (x * 2).sum(), lambda x: {}, lambda x: {"s": x.sum(), "m": x.mean()}])
+def test_a_lone_scalar_or_an_empty_dict_is_copied_out_as_it_is(enabled, monkeypatch, out):
+    """A step that returns one 0-d float tensor (a loss), no statistics, or a dict of them: its outputs come back
+    with their values, in the warm-up calls and the replays alike (dry)."""
+    monkeypatch.setenv("RL_COMPILE_GRAPHS", "dry")
+    f = compiling.graphed(out)
+    x = torch.arange(4.0)
+    for _ in range(compiling.WARMUP_CALLS + 3):
+        got, want = f(x), out(x)
+        assert type(got) is type(want) and str(got) == str(want)
+
+
+@pytest.mark.unit
 def test_two_graphs_called_in_turns_each_run_their_own(enabled, monkeypatch):
     """A flag that alternates between calls (TD3's delayed actor update) picks its graph each call, also where the
     call takes it from the record of the call before the last one without a lookup; after enable() (which drops the
