@@ -338,6 +338,12 @@ def ablations(fn: Callable[[], Any], per: int, chunks: int) -> dict[str, float]:
     return {f"abl_{part}": 1e6 * (best[0] - b) / per for part, b in zip(parts, best[1:])}
 
 
+def optional_parts(fn: Callable[[], Any], per: int, chunks: int) -> dict[str, float]:
+    """``segments`` under --segments and ``ablations`` (at least 15 chunks: its differences are small) under --ablate."""
+    out = segments(fn, per) if SEGMENTED else {}
+    return {**out, **ablations(fn, per, max(chunks, 15))} if ABLATE else out
+
+
 def best_us(fn: Callable[[], Any], per: int, chunks: int) -> float:
     """The quickest of ``chunks`` runs of ``fn()``, in µs per ``per`` (nan for none: counts only)."""
     return best_us_in_turns([fn], per, chunks)[0]
@@ -410,8 +416,7 @@ def on_policy(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
         "bare_us": best_us(bare_loop(envs, T, torch.int64 if atari else torch.float32), T, chunks),
         "rollout_ms": best_us(learn, 1000, chunks),
         **count(collect, T),
-        **(segments(collect, T) if SEGMENTED else {}),
-        **(ablations(collect, T, max(chunks, 15)) if ABLATE else {}),
+        **optional_parts(collect, T, chunks),
         **{f"rollout_{k}": v for k, v in count(learn, 1).items()},
     }
     if ASYNC:  # the sampler process's loop (acting on the learner's device, into a slot of shared memory) and the learner's
@@ -480,8 +485,7 @@ def value_based(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
         "bare_us": best_us(bare_loop(envs, steps, torch.int64), steps, chunks),
         "updates_per_step": per_step / every,
         **count(loop, steps),
-        **(segments(loop, steps) if SEGMENTED else {}),
-        **(ablations(loop, steps, max(chunks, 15)) if ABLATE else {}),
+        **optional_parts(loop, steps, chunks),
     }
 
 
@@ -513,8 +517,7 @@ def off_policy_continuous(name: str, env_cost_us: float, chunks: int) -> dict[st
         "host_us": best_us(loop, steps, chunks),
         "bare_us": best_us(bare_loop(envs, steps, torch.float32), steps, chunks),
         **count(loop, steps),
-        **(segments(loop, steps) if SEGMENTED else {}),
-        **(ablations(loop, steps, max(chunks, 15)) if ABLATE else {}),
+        **optional_parts(loop, steps, chunks),
     }
 
 
@@ -586,6 +589,15 @@ def measure(name: str, env_cost_us: float = 0.0, chunks: int = 5) -> dict[str, A
     return out
 
 
+def print_parts(results: dict[str, dict[str, Any]], prefix: str, title: str) -> None:
+    """A table of every script's figures named ``prefix...`` (--segments', --ablate's), under ``title``."""
+    names = [k for k in next(iter(results.values())) if k.startswith(prefix)]
+    print(f"\n{title}")
+    print(f"{'script':<13}" + "".join(f"{k[len(prefix) :]:>10}" for k in names))
+    for name, r in results.items():
+        print(f"{name:<13}" + "".join(f"{r[k]:>10.1f}" for k in names))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("scripts", nargs="*", metavar="SCRIPT", help=f"any of {', '.join(SCRIPTS)} (default: all)")
@@ -620,17 +632,10 @@ def main() -> None:
             line += f"{r['rollout_ms']:>12.3g}{r['rollout_syncs']:>9.0f}{r['rollout_torch_calls']:>9.0f}"
         print(line, flush=True)
     if a.segments:
-        names = [k for k in results[a.scripts[0]] if k.startswith("seg_")]
-        print("\nper vector step, µs, by the call that spends it (rest: the script's own Python and numpy, @graphed's key)")
-        print(f"{'script':<13}" + "".join(f"{k[4:]:>10}" for k in names))
-        for name, r in results.items():
-            print(f"{name:<13}" + "".join(f"{r[k]:>10.1f}" for k in names))
+        title = "per vector step, µs, by the call that spends it (rest: the script's own Python and numpy, @graphed's key)"
+        print_parts(results, "seg_", title)
     if a.ablate:
-        names = [k for k in results[a.scripts[0]] if k.startswith("abl_")]
-        print("\nper vector step, µs saved inside the loop by leaving one part out (timed in turns; values wrong meanwhile)")
-        print(f"{'script':<13}" + "".join(f"{k[4:]:>10}" for k in names))
-        for name, r in results.items():
-            print(f"{name:<13}" + "".join(f"{r[k]:>10.1f}" for k in names))
+        print_parts(results, "abl_", "per vector step, µs saved inside the loop by leaving one part out (timed in turns)")
     if a.async_:
         print("\nhost µs per vector step of sampling: parallel's, which its update then follows in the same process, and")
         print("async's sampler process (acting on the learner's device, into shared memory), which the learner's update")
