@@ -208,11 +208,12 @@ HOST_ONLY = ("reward", "terminated", "truncated", "truncated_n", "n_taken", "fin
 
 @graphed
 @compiled
-def policy_step(actor: Actor, obs: torch.Tensor, bf16: bool) -> torch.Tensor:
-    """The acting step: the actor's actions [B, A] in [-1, 1] at observations [B, S], before the exploration noise
-    (drawn on the host, from the stepper's generator)."""
+def policy_step(actor: Actor, obs: torch.Tensor, noise: float, bf16: bool) -> torch.Tensor:
+    """The acting step: the actor's actions [B, A] at observations [B, S] plus Gaussian exploration noise of std
+    ``noise``, clipped to [-1, 1]; the noise is drawn here, on the device (in the graph, with the forward pass)."""
     with torch.no_grad(), autocast(obs.device, bf16):  # here, not around the caller: a replay runs none of it
-        return actor(obs).float()
+        action = actor(obs).float()
+        return (action + noise * torch.randn_like(action)).clamp(-1.0, 1.0)
 
 
 class EnvStepper:
@@ -237,9 +238,7 @@ class EnvStepper:
             action = self.rng.uniform(-1.0, 1.0, (self.args.num_envs,) + self.space.shape).astype(np.float32)
         else:  # one copy each way per step
             obs = upload_batch({"observation": self.obs}, self.obs_norm, device)["observation"]  # [B, S]
-            action = to_host(policy_step(actor, obs, self.args.bf16))
-            noise = self.rng.normal(0.0, self.args.exploration_noise, action.shape)
-            action = np.clip(action + noise, -1.0, 1.0).astype(np.float32)
+            action = to_host(policy_step(actor, obs, self.args.exploration_noise, self.args.bf16))
         next_obs, reward, term, trunc, _ = self.envs.step(scale_action(action, self.space.low, self.space.high))
         reward = np.where(self.final_row, 0.0, reward)
         row = Step(observation=self.obs, action=action, reward=reward, terminated=term, truncated=trunc)  # stored as float32
@@ -409,6 +408,7 @@ def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: Asyn
         step = link.start_step
         stepper = EnvStepper(envs, args, obs_norm, distributed.env_seed(args.seed + step, args.num_envs))
         actor = proc.place(make_networks(args, envs.single_observation_space, envs.single_action_space)[0], args.bf16)
+        torch.manual_seed(distributed.rank_seed(args.seed + 1))  # the exploration noise: a stream of each rank's own
         while step < args.total_timesteps:
             if not link.ready(proc, step, actor, args.max_lag_steps):  # too far ahead of the learner
                 continue
