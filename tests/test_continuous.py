@@ -1,5 +1,5 @@
 """algos/ddpg_mujoco.py, td3_mujoco.py, sac_mujoco.py: learning on Pendulum, the squashed-Gaussian
-log-probability against a numerical density, n-step targets across termination and timeout by hand, HalfCheetah
+log-probability against a numerical density, TD3's and DDPG's exploration noise, n-step targets across termination and timeout by hand, HalfCheetah
 smoke runs in every mode, checkpoint and resume, determinism, bad arguments, interruption, a killed sampler."""
 
 from __future__ import annotations
@@ -215,6 +215,25 @@ def test_ddpg_targets_with_termination_and_timeout_inside_the_window():
     obs, y = sampled_targets(lambda b: ddpg_mujoco.critic_target(b, StubActor(), StubCritics(1)))
     expected = expected_targets(lambda s: 10.0 * s)
     assert y == pytest.approx([expected[t] for t in obs])
+
+
+@pytest.mark.parametrize("module", [td3_mujoco, ddpg_mujoco])
+def test_the_acting_step_adds_gaussian_exploration_noise_and_clips_to_the_bounds(module):
+    """TD3's and DDPG's acting step draws the noise itself (on the device, in its graph): the actor's action plus
+    N(0, noise^2) per action, clipped to [-1, 1]; no noise is the actor's action as it is."""
+
+    class StubActor(torch.nn.Module):
+        def forward(self, obs):  # [N, 2]: 0.3 and 0.95 (near the bound: about a third of the draws clipped)
+            return torch.tensor([0.3, 0.95]).expand(len(obs), 2)
+
+    torch.manual_seed(0)
+    obs = torch.zeros(20_000, 3)
+    assert torch.equal(module.policy_step(StubActor(), obs, 0.0, False), StubActor()(obs))
+    a = module.policy_step(StubActor(), obs, 0.1, False)  # [N, 2]
+    assert a.dtype == torch.float32 and a.min() >= -1.0 and a.max() <= 1.0
+    assert a[:, 0].mean().item() == pytest.approx(0.3, abs=0.005) and a[:, 0].std().item() == pytest.approx(0.1, rel=0.03)
+    assert (a[:, 1] == 1.0).float().mean().item() == pytest.approx(0.31, abs=0.02)  # P(N(0.95, 0.1) > 1) = 0.31
+    assert (a[:, 1] < 0.95).float().mean().item() == pytest.approx(0.5, abs=0.02)  # centred on the actor's action
 
 
 def test_batched_critics_equal_independent_mlps():
