@@ -1,6 +1,7 @@
 """algos/ddpg_mujoco.py, td3_mujoco.py, sac_mujoco.py: learning on Pendulum, the squashed-Gaussian
-log-probability against a numerical density, TD3's and DDPG's exploration noise, n-step targets across termination and timeout by hand, HalfCheetah
-smoke runs in every mode, checkpoint and resume, determinism, bad arguments, interruption, a killed sampler."""
+log-probability against a numerical density, TD3's and DDPG's exploration noise, n-step targets across termination
+and timeout by hand, HalfCheetah smoke runs in every mode, checkpoint and resume, determinism, bad arguments,
+interruption, a killed sampler."""
 
 from __future__ import annotations
 
