@@ -331,7 +331,7 @@ def epsilons(args: Args, global_step: int) -> np.ndarray:
 @compiled
 def greedy_actions(q_net: nn.Module, obs: torch.Tensor, noise, bf16: bool) -> torch.Tensor:
     """The acting step's greedy actions [B] in the Q-values of ``obs`` [B, ...] (noisy ones given a generator)."""
-    with autocast(obs.device, bf16):
+    with torch.no_grad(), autocast(obs.device, bf16):  # here, not around the caller: a replay runs none of it
         return q_net(obs, noise).float().argmax(dim=1)
 
 
@@ -357,7 +357,6 @@ class EnvStepper:
         self.episodes = EpisodeTally(args.num_envs)  # each env's return and length so far
         self.rng = np.random.default_rng(seed)
 
-    @torch.no_grad()
     def step(self, q_net: nn.Module, eps: np.ndarray, device: torch.device) -> tuple:
         """One step of every env: the replay row [1, B] and the episodes that ended [(return, length)]."""
         obs = upload({"obs": self.obs}, device)["obs"]
@@ -412,8 +411,8 @@ def dqn_loss(q_net, target_net, batch: dict, args: Args, noise=None) -> tuple:
 
 @graphed
 def dqn_step(q_net, target_net, optimizer, batch: dict | DeviceReplay, args: Args, noise=None) -> tuple:
-    """One gradient step on ``batch`` [N, ...] (one CUDA graph under --compile on a GPU): the TD errors [N] and the
-    statistics."""
+    """One gradient step on ``batch`` [N, ...] (one CUDA graph under --compile on a GPU): the TD errors [N] (the new
+    priorities; None with a uniform replay) and the statistics."""
     batch = batch.sample(args.batch_size) if isinstance(batch, DeviceReplay) else stacked(batch)  # on the device, in the graph
     loss, td, stats = dqn_loss(q_net, target_net, batch, args, noise)  # Atari: frames stacked above, on the device
     optimizer.zero_grad(set_to_none=True)
@@ -421,7 +420,7 @@ def dqn_step(q_net, target_net, optimizer, batch: dict | DeviceReplay, args: Arg
     distributed.average_gradients(q_net)
     nn.utils.clip_grad_norm_(q_net.parameters(), args.max_grad_norm)
     optimizer.step()
-    return td, stats
+    return (td if args.prioritized else None), stats  # uniform: nothing more to copy out
 
 
 def dqn_update(
