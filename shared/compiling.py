@@ -340,10 +340,13 @@ class _Graph:
         unchanged since (same object, same version; an inference tensor has no version: always copied); the body's
         arguments."""
         data = list(map(leaves.__getitem__, self.static))
-        try:
-            versions = list(map(_VERSION, data))
-        except RuntimeError:  # an inference tensor among them
-            versions = [_version(x) for x in data]
+        if data and data[0].is_inference():  # made in inference mode (ppo_mujoco's collect): no version counters, and
+            versions = list(map(_version, data))  # reading one raises a C++ error, about 10 µs a call
+        else:
+            try:
+                versions = list(map(_VERSION, data))
+            except RuntimeError:  # an inference tensor among them
+                versions = list(map(_version, data))
         last, seen = self.last_versions, self.last_data
         if versions == last and None not in versions and all(map(operator.is_, data, seen)):
             return self.args
