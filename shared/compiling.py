@@ -297,6 +297,7 @@ class _Graph:
         # cannot pass to other tensors meanwhile
         self.last_data: list = [None] * len(self.statics)
         self.last_versions: list | None = None
+        self.inference = False  # whether a call's data had an inference tensor (_copy_in)
         self.calls, self.graphs, self.between, self.out = 0, [], [], None
         self.launch = [torch.zeros(1, dtype=torch.uint8) for _ in range(2)] if capture == "dry" else []  # _copy's
         self.optimizers = [x for x in leaves if isinstance(x, torch.optim.Optimizer)]
@@ -340,12 +341,13 @@ class _Graph:
         unchanged since (same object, same version; an inference tensor has no version: always copied); the body's
         arguments."""
         data = list(map(leaves.__getitem__, self.static))
-        if data and data[0].is_inference():  # made in inference mode (ppo_mujoco's collect): no version counters, and
-            versions = list(map(_version, data))  # reading one raises a C++ error, about 10 µs a call
+        if self.inference:  # this graph has had data made in inference mode (ppo_mujoco's collect): asked one by one
+            versions = list(map(_version, data))
         else:
             try:
                 versions = list(map(_VERSION, data))
-            except RuntimeError:  # an inference tensor among them
+            except RuntimeError:  # an inference tensor has no version: reading it raises a C++ error (~10 µs), once
+                self.inference = True
                 versions = list(map(_version, data))
         last, seen = self.last_versions, self.last_data
         if versions == last and None not in versions and all(map(operator.is_, data, seen)):
