@@ -67,7 +67,7 @@ CHEETAH_ACT = gym.spaces.Box(-1.0, 1.0, (6,), np.float32)
 # Per vector step (per rollout for the ``rollout_`` counts) at most: the counts tests/test_loop_overhead.py holds. Set
 # from a run of --counts (torch 2.13, numpy 2.4) with about 5% over the calls; syncs and bytes as they are.
 _ON_POLICY = {"syncs": 1.0, "bytes_up": 225_824, "rollout_syncs": 2.0}
-_CONTINUOUS = {"python_calls": 152, "torch_calls": 32, "syncs": 1.0, "bytes_up": 464, "bytes_down": 24}
+_CONTINUOUS = {"python_calls": 149, "torch_calls": 32, "syncs": 1.0, "bytes_up": 464, "bytes_down": 24}
 BUDGETS: dict[str, dict[str, float]] = {
     "ppo_atari": {
         **_ON_POLICY,
@@ -96,8 +96,8 @@ BUDGETS: dict[str, dict[str, float]] = {
         "rollout_bytes_up": 276_228,
     },
     "ppo_mujoco": {
-        "python_calls": 84,
-        "torch_calls": 41,
+        "python_calls": 83,
+        "torch_calls": 40,
         "syncs": 1.0,
         "bytes_up": 68,
         "bytes_down": 32,
@@ -105,8 +105,8 @@ BUDGETS: dict[str, dict[str, float]] = {
         "rollout_syncs": 2.0,
         "rollout_bytes_up": 409_660,
     },
-    "dqn_atari": {"python_calls": 178, "torch_calls": 39, "syncs": 1.0, "bytes_up": 141_312, "bytes_down": 32},
-    "catdqn_atari": {"python_calls": 177, "torch_calls": 39, "syncs": 1.0, "bytes_up": 141_312, "bytes_down": 32},
+    "dqn_atari": {"python_calls": 167, "torch_calls": 36, "syncs": 1.0, "bytes_up": 141_312, "bytes_down": 32},
+    "catdqn_atari": {"python_calls": 167, "torch_calls": 36, "syncs": 1.0, "bytes_up": 141_312, "bytes_down": 32},
     "r2d1_atari": {"python_calls": 176, "torch_calls": 70, "syncs": 1.04, "bytes_up": 634_868, "bytes_down": 65_872},
     "sac_mujoco": dict(_CONTINUOUS),
     "td3_mujoco": dict(_CONTINUOUS),
