@@ -24,6 +24,10 @@ Guarantees
   is returned (on a GPU: no copy from a staging block into the rollout, and a ``@graphed`` call sees one block);
   elsewhere (the CPU, a numpy destination in shared memory, a Dict observation) each destination gets its copy apart:
   a numpy one the host's array, a tensor the uploaded one.
+- ``upload_each(arrays, dests, device)``: each array of a flat dict copied into its tensor of ``dests`` (in order; on
+  ``device``, of its dtype and shape, else a ``ValueError``, as is another number of them), on CUDA each straight
+  from the staging buffer (one copy a field, no block in between, the staging buffers' turns as above): a replay
+  mirror's rows, scattered in its tensors, written without a copy on the device.
 - ``RL_HOST_PATH=cuda`` (benchmarks and tests only): on the CPU, the host work of the CUDA path runs as it would on
   a GPU (uploads packed into staging and copied as one block, ``to_host`` through one joined copy), so that the
   tests run it and ``benchmarks/speed/loop_overhead.py`` can count and time it on a machine without one; ``dry`` also
@@ -43,7 +47,7 @@ import numpy as np
 
 from shared.namedarraytuple import replace_leaves, walk_structure
 
-__all__ = ["Uploader", "to_host", "upload"]
+__all__ = ["Uploader", "to_host", "upload", "upload_each"]
 
 # The CUDA host path on the CPU (module docstring); "dry": also without the bytes a GPU's DMA engine would copy.
 CUDA_PATH = os.environ.get("RL_HOST_PATH") in ("cuda", "dry")
@@ -183,7 +187,7 @@ class Uploader:
         self.buffers: list = [None] * depth
         self.layouts: dict = {}  # signature (names, shapes, dtypes) -> how its copy goes (_plan)
         self.events: list = [None] * depth
-        self.copies = 0  # packed copies made
+        self.copies = 0  # staging buffers filled: packed copies, and each's copies
         self.dry: dict[int, Any] = {}  # RL_HOST_PATH=dry: a block by size
         self.dry_pair: list = []  # RL_HOST_PATH=dry: the two bytes _launch copies between
         self.rows: dict[tuple, tuple] = {}  # (plan, destinations' addresses) -> (their storage, weakly; packed?)
@@ -208,15 +212,15 @@ class Uploader:
             return {k: torch.as_tensor(a if a.flags.writeable else a.copy(), device=self.device) for k, a in arrays.items()}
         return self.packed({k: a if type(a) is np.ndarray else np.asarray(a) for k, a in arrays.items()}, into)
 
-    def packed(self, arrays: dict[Any, np.ndarray], into: Any = None) -> dict[Any, Any]:
-        """``__call__``'s packed copy, of a flat dict of numpy arrays."""
+    def _stage(self, arrays: dict[Any, np.ndarray]) -> tuple:
+        """``arrays`` written into the next staging buffer, once its last copy is done: (their plan, its slot, it)."""
         import torch
 
         signature = tuple([(k, a.shape, a.dtype) for k, a in arrays.items()])
         plan = self.layouts.get(signature)
         if plan is None:
             plan = self._plan(arrays, signature)
-        layout, end, padded, views, hosts = plan
+        layout, hosts, padded = plan[0], plan[4], plan[2]
         slot = self.copies % self.depth
         if self.events[slot] is not None:
             self.events[slot].synchronize()  # its last copy is done (long since, as a rule)
@@ -230,6 +234,45 @@ class Uploader:
             held = hosts[slot] = buffer, [host[o : o + n].view(a.dtype).reshape(a.shape) for a, (o, n, _, _) in fields]
         for dst, a in zip(held[1], arrays.values()):
             dst[...] = a  # any layout: numpy copies a strided array as it goes
+        return plan, slot, buffer
+
+    def _sent(self, slot: int) -> None:
+        """A copy out of staging buffer ``slot`` launched: on a GPU, its refill waits for the event recorded behind it,
+        on the stream it ran on."""
+        if self.device.type == "cuda":
+            import torch
+
+            self.events[slot] = self.events[slot] or torch.cuda.Event()
+            self.events[slot].record(torch.cuda.current_stream(self.device))
+        self.copies += 1
+
+    def each(self, arrays: dict[Any, np.ndarray], dests: list) -> None:
+        """Each of ``arrays`` (a flat dict of numpy arrays) copied straight from the staging buffer into its tensor in
+        ``dests`` (in order; on this device, of its dtype and shape): one copy a field, no block between (``upload``'s
+        ``into``, for a replay mirror's rows)."""
+        import torch
+
+        plan, slot, buffer = self._stage(arrays)
+        staged = plan[5]
+        held = staged[slot]
+        if held is None or held[0] is not buffer:  # torch views of this staging buffer shaped as the fields, made once
+            fields = plan[0].values()
+            held = staged[slot] = buffer, [buffer[o : o + n].view(d).view(s) for o, n, d, s in fields]
+        for dst, src, (_, _, dtype, shape) in zip(dests, held[1], plan[0].values()):
+            if type(dst) is not torch.Tensor or dst.dtype != dtype or dst.shape != shape:  # copy_ would convert, broadcast
+                raise ValueError(f"upload: a destination {tuple(dst.shape)} {dst.dtype} for {shape} {dtype}")
+            if DRY:  # a copy up costs the host its launch only
+                self._launch()
+            else:
+                dst.copy_(src, non_blocking=True)
+        self._sent(slot)
+
+    def packed(self, arrays: dict[Any, np.ndarray], into: Any = None) -> dict[Any, Any]:
+        """``__call__``'s packed copy, of a flat dict of numpy arrays."""
+        import torch
+
+        plan, slot, buffer = self._stage(arrays)
+        end, padded, views = plan[1], plan[2], plan[3]
         row = None if into is None else self._row(into, arrays, plan, end)
         if row is not None:  # straight into the rollout's step (a GPU's DMA: no bytes for the host in the dry run)
             if DRY:
@@ -245,10 +288,7 @@ class Uploader:
             self._launch()
         else:
             block = buffer[:padded].clone()
-        if self.device.type == "cuda":  # behind the copy, on the stream it ran on: this staging buffer's refill waits
-            self.events[slot] = self.events[slot] or torch.cuda.Event()
-            self.events[slot].record(torch.cuda.current_stream(self.device))
-        self.copies += 1
+        self._sent(slot)
         if row is not None:
             return into
         # the fields as views of the block (which starts its storage): one view of it per dtype, one tensor per field
@@ -263,7 +303,8 @@ class Uploader:
     def _plan(self, arrays: dict[Any, np.ndarray], signature: tuple) -> list:
         """How a copy of ``arrays``' signature goes, worked out once: each field's (offset, bytes, torch dtype, shape),
         the bytes in all and padded, each field as a view of the block (key, dtype, shape, strides, offset in elements
-        of its dtype), and per staging buffer the numpy views of it that the fields are written into."""
+        of its dtype), and per staging buffer the numpy views of it that the fields are written into and its torch views
+        that ``each`` copies them from."""
         offsets, end = self.layout(list(arrays.values()))
         layout = {k: (o, a.nbytes, torch_dtype(a.dtype), a.shape) for (k, a), o in zip(arrays.items(), offsets)}
         views = [(k, d, s, _strides(s), o // a.itemsize) for (k, (o, _, d, s)), a in zip(layout.items(), arrays.values())]
@@ -271,7 +312,7 @@ class Uploader:
             self.layouts.clear()
             self.rows.clear()  # keyed by their plans
         padded = -(-end // self.ALIGN) * self.ALIGN  # the block copied: viewable as any dtype at once
-        plan = self.layouts[signature] = [layout, end, padded, views, [None] * self.depth]
+        plan = self.layouts[signature] = [layout, end, padded, views, [None] * self.depth, [None] * self.depth]
         return plan
 
     def _launch(self) -> None:
@@ -348,6 +389,25 @@ def _land(into: Any, arrays: Any, up: Any) -> None:
 _uploaders: dict = {}
 _ARRAYS = {np.ndarray}  # the types of a flat dict of arrays
 _DATA_PTR = operator.methodcaller("data_ptr")
+
+
+def upload_each(arrays: dict[Any, np.ndarray], dests: list, device: Any) -> None:
+    """Each array of the flat dict ``arrays`` copied into its tensor of ``dests`` (in order) on ``device``, of its
+    dtype and shape (else a ValueError): on a GPU, each straight from the pinned staging buffer (module docstring)."""
+    uploader = _uploaders.get(device)
+    if uploader is None:
+        uploader = _uploaders[device] = Uploader(device)
+    if len(dests) != len(arrays):
+        raise ValueError(f"upload: {len(dests)} destinations for {len(arrays)} arrays")
+    if uploader.pack:
+        return uploader.each(arrays, dests)
+    import torch
+
+    for dst, a in zip(dests, arrays.values()):
+        src = torch.from_numpy(np.ascontiguousarray(a))
+        if dst.dtype != src.dtype or dst.shape != src.shape:
+            raise ValueError(f"upload: a destination {tuple(dst.shape)} {dst.dtype} for {tuple(src.shape)} {src.dtype}")
+        dst.copy_(src)
 
 
 def upload(arrays: Any, device: Any, into: Any = None) -> Any:

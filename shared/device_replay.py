@@ -23,8 +23,9 @@ Guarantees
   before them (whose n-step fields the new rows completed; all the buffer holds when more rows than that were
   written, or when rows were changed in place since: ``load``, ``end_episodes``), the new rows' frames (a frame never
   changes), the valid window and the observation statistics, read under the buffer's lock (an async sampler appends
-  to a shared one meanwhile) and sent in packed copies (``shared.device.upload``) of at most ``CHUNK`` rows, each
-  storage row once: one copy a sync as the loop runs (two where the rows wrap around). Nothing is read back. A
+  to a shared one meanwhile) and sent in runs of at most ``CHUNK`` rows, each storage row once, each field of a run
+  from the staging buffer straight into its rows of the mirror (``shared.device.upload_each``: one copy a group, the
+  new frames and the window a sync as the loop runs; twice that where the rows wrap around). Nothing is read back. A
   ``batch_size`` larger than the valid samples is the host replay's ``ValueError`` (a draw inside a graph cannot
   refuse).
 - ``sample(N)`` (called inside the update, so that the draw is in its CUDA graph) draws ``N`` transitions with
@@ -51,7 +52,7 @@ import numpy as np
 import torch
 
 import shared.device
-from shared.device import upload
+from shared.device import upload_each
 from shared.replay import ReplayBuffer
 
 __all__ = ["DeviceReplay", "mirror_on"]
@@ -170,13 +171,14 @@ class DeviceReplay(torch.nn.Module):
                 pieces.append((start, m, first, piece))
                 start += m
             pieces[-1][3]["meta"] = meta
-        for start, m, first, piece in pieces:
-            up = upload(piece, self.meta.device)  # one copy
-            for group in self.sources:
-                getattr(self, f"group_{group}")[self._rows(start, m)] = up[group]
+        for start, m, first, piece in pieces:  # each field straight into its rows of the mirror
+            rows = self._rows(start, m)
+            into = [getattr(self, f"group_{group}")[rows] for group in self.sources]
             if "frames" in piece:
-                self.frames[self._rows(first, start + m - first)] = up["frames"]
-        self.meta.copy_(up["meta"])
+                into.append(self.frames[self._rows(first, start + m - first)])
+            if "meta" in piece:
+                into.append(self.meta)
+            upload_each(piece, into, self.meta.device)
         seen.synced = cursor
         self._check(batch_size)
 

@@ -81,7 +81,7 @@ def where() -> str:
         if path.parent == ROOT / "shared":
             if name == "to_host":
                 return "to_host"
-            if path.name == "device.py" and name in ("upload", "__call__", "packed"):
+            if path.name == "device.py" and name in ("upload", "upload_each", "__call__", "packed", "each", "_stage"):
                 return "upload"
             row = ROW_TIME.get(path.name, ())
             if row is None or name in row:

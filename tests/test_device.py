@@ -308,6 +308,40 @@ def test_a_packed_upload_brings_every_dtype_and_shape_and_never_refills_a_buffer
     assert up.copies == 4
 
 
+@pytest.mark.parametrize("pack", [True, False])
+def test_upload_each_lands_every_field_in_its_own_destination_and_refuses_one_that_does_not_fit(monkeypatch, pack):
+    """A replay mirror's sync: each array straight into its rows of the mirror's tensors (packed: from its own place
+    in the staging buffer, which takes turns), nothing else written; a destination of another dtype or shape (which
+    copy_ would convert or broadcast), or another number of them, is a ValueError."""
+    from shared import device as device_mod
+
+    cpu = torch.device("cpu")
+    uploader = device_mod.Uploader(cpu, depth=2, pack=pack)
+    monkeypatch.setitem(device_mod._uploaders, cpu, uploader)
+    group, frames, meta = torch.zeros(12, 3), torch.zeros(12, 4, 5, dtype=torch.uint8), torch.zeros(5, dtype=torch.float64)
+    rng = np.random.default_rng(0)
+    sent = []
+    for i in range(5):
+        rows = slice(2 * i, 2 * i + 2)
+        arrays = {
+            "group": rng.random((2, 3), dtype=np.float32),
+            "frames": rng.integers(1, 255, (2, 4, 5), dtype=np.uint8),
+            "meta": rng.random(5),
+        }
+        device_mod.upload_each(arrays, [group[rows], frames[rows], meta], cpu)
+        sent.append((rows, arrays))
+        np.testing.assert_array_equal(meta.numpy(), arrays["meta"])
+    for rows, arrays in sent:  # every run in its rows, none overwritten by a later refill of the staging buffers
+        np.testing.assert_array_equal(group[rows].numpy(), arrays["group"])
+        np.testing.assert_array_equal(frames[rows].numpy(), arrays["frames"])
+    assert not group[10:].any() and not frames[10:].any()
+    assert uploader.copies == (5 if pack else 0)
+    a = {"group": np.ones((2, 3), np.float32)}
+    for wrong in ([torch.zeros(2, 3, dtype=torch.float64)], [torch.zeros(4, 3)], [torch.zeros(1, 3)], []):
+        with pytest.raises(ValueError, match="upload: "):
+            device_mod.upload_each(a, wrong, cpu)
+
+
 @pytest.mark.parametrize(
     "make",
     [

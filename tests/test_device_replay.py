@@ -246,8 +246,8 @@ def test_a_sync_sends_each_storage_row_at_most_once(monkeypatch):
     split at the wrap-around; a sync with nothing new sends nothing; one new row sends it and the n - 1 before it."""
     monkeypatch.setattr(device_replay, "CHUNK", 7)
     sent = []
-    real = device_replay.upload
-    monkeypatch.setattr(device_replay, "upload", lambda arrays, dev: sent.append(arrays) or real(arrays, dev))
+    real = device_replay.upload_each
+    monkeypatch.setattr(device_replay, "upload_each", lambda arrays, into, dev: sent.append(arrays) or real(arrays, into, dev))
     rng = np.random.default_rng(4)
     buffer = make(40, 2, 3)  # 20 rows
     mirror = DeviceReplay(buffer, HOST_ONLY, CPU, ObsNorm(OBS, enabled=False))
@@ -295,8 +295,8 @@ def test_frames_go_up_once_and_an_image_observation_keeps_its_bytes(monkeypatch)
     before them again for their n-step fields. An image stored whole (no frame stacking) is held in its own dtype,
     not widened: the mirror takes about the host replay's memory."""
     sent = []
-    real = device_replay.upload
-    monkeypatch.setattr(device_replay, "upload", lambda arrays, dev: sent.append(arrays) or real(arrays, dev))
+    real = device_replay.upload_each
+    monkeypatch.setattr(device_replay, "upload_each", lambda arrays, into, dev: sent.append(arrays) or real(arrays, into, dev))
     rng = np.random.default_rng(6)
     example = Frame(np.zeros((4, 2, 2), np.uint8), np.int64(0), np.float32(0), False, False, False)
     buffer = ReplayBuffer(example, 40, 2, 0.9, 3, frame_stack=4, unique_frames=True)

@@ -67,7 +67,7 @@ CHEETAH_ACT = gym.spaces.Box(-1.0, 1.0, (6,), np.float32)
 # Per vector step (per rollout for the ``rollout_`` counts) at most: the counts tests/test_loop_overhead.py holds. Set
 # from a run of --counts (torch 2.13, numpy 2.4) with about 5% over the calls; syncs and bytes as they are.
 _ON_POLICY = {"syncs": 1.0, "bytes_up": 225_824, "rollout_syncs": 2.0}
-_CONTINUOUS = {"python_calls": 149, "torch_calls": 32, "syncs": 1.0, "bytes_up": 464, "bytes_down": 24}
+_CONTINUOUS = {"python_calls": 154, "torch_calls": 32, "syncs": 1.0, "bytes_up": 464, "bytes_down": 24}
 BUDGETS: dict[str, dict[str, float]] = {
     "ppo_atari": {
         **_ON_POLICY,
@@ -105,8 +105,8 @@ BUDGETS: dict[str, dict[str, float]] = {
         "rollout_syncs": 2.0,
         "rollout_bytes_up": 409_660,
     },
-    "dqn_atari": {"python_calls": 167, "torch_calls": 36, "syncs": 1.0, "bytes_up": 141_312, "bytes_down": 32},
-    "catdqn_atari": {"python_calls": 167, "torch_calls": 36, "syncs": 1.0, "bytes_up": 141_312, "bytes_down": 32},
+    "dqn_atari": {"python_calls": 178, "torch_calls": 39, "syncs": 1.0, "bytes_up": 141_312, "bytes_down": 32},
+    "catdqn_atari": {"python_calls": 178, "torch_calls": 39, "syncs": 1.0, "bytes_up": 141_312, "bytes_down": 32},
     "r2d1_atari": {"python_calls": 176, "torch_calls": 70, "syncs": 1.04, "bytes_up": 634_868, "bytes_down": 65_872},
     "sac_mujoco": dict(_CONTINUOUS),
     "td3_mujoco": dict(_CONTINUOUS),
@@ -185,28 +185,28 @@ class DeviceReads(TorchDispatchMode):
 
 
 class Bytes:
-    """Bytes through ``upload`` (up) and ``to_host`` (down), counted by wrapping the copies: an uploader's packed copy
-    (``Uploader.packed``, which its ``__call__`` also goes through) or, where it does not pack, its ``__call__``; and
-    one sync for each ``one_copy`` (``to_host``'s copy down)."""
+    """Bytes through ``upload`` and ``upload_each`` (up) and ``to_host`` (down), counted by wrapping the copies: what an
+    uploader stages (``Uploader._stage``, which its packed copy and ``each`` go through) or, where it does not pack, its
+    ``__call__``; and one sync for each ``one_copy`` (``to_host``'s copy down)."""
 
     inside = 0  # one_copy calls running: TorchCalls leaves their copies to this count
 
     def __init__(self) -> None:
         self.up = self.down = self.syncs = 0
-        self._saved = device.Uploader.__call__, device.Uploader.packed, device.one_copy
+        self._saved = device.Uploader.__call__, device.Uploader._stage, device.one_copy
 
     def __enter__(self) -> Bytes:
         counter = self
-        call_, packed_, one_copy_ = self._saved
+        call_, stage_, one_copy_ = self._saved
 
         def call(uploader, arrays, into=None):
             if not uploader.pack:
                 counter.up += sum(np.asarray(a).nbytes for a in arrays.values())
             return call_(uploader, arrays, into)
 
-        def packed(uploader, arrays, into=None):
+        def stage(uploader, arrays):
             counter.up += sum(np.asarray(a).nbytes for a in arrays.values())
-            return packed_(uploader, arrays, into)
+            return stage_(uploader, arrays)
 
         def one_copy(tensors):
             counter.down += sum(t.numel() * t.element_size() for t in tensors)
@@ -217,11 +217,11 @@ class Bytes:
             finally:
                 Bytes.inside -= 1
 
-        device.Uploader.__call__, device.Uploader.packed, device.one_copy = call, packed, one_copy
+        device.Uploader.__call__, device.Uploader._stage, device.one_copy = call, stage, one_copy
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        device.Uploader.__call__, device.Uploader.packed, device.one_copy = self._saved
+        device.Uploader.__call__, device.Uploader._stage, device.one_copy = self._saved
 
 
 def count(fn: Callable[[], Any], per: int) -> dict[str, float]:
@@ -257,7 +257,7 @@ def segments(fn: Callable[[], Any], per: int, runs: int = 3) -> dict[str, float]
     from shared import replay
 
     calls = {
-        "upload": [(device.Uploader, "packed")],
+        "upload": [(device.Uploader, "packed"), (device.Uploader, "each")],
         "to_host": [(device, "one_copy")],
         "graph": [(compiling._Graph, "__call__")],  # copy-in, replay (dry: nothing) and copy-out
         "sample": [(replay._Base, "sample")],
