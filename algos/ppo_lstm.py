@@ -415,6 +415,14 @@ def policy_step(agent: Agent, obs, state: RnnState, start: torch.Tensor, mask: t
     return action, logprob, value, state
 
 
+@graphed
+def bootstrap_value(agent: Agent, obs, state: RnnState, start: torch.Tensor, bf16: bool) -> torch.Tensor:
+    """The values [B] of the observations after a rollout's last row [B, ...], from ``state`` (zeroed where ``start``
+    [1, B]): one step on, one CUDA graph under --compile on a GPU (not a forward pass of its own kernels)."""
+    with torch.no_grad(), autocast(start.device, bf16):
+        return agent(obs, state, start)[1]
+
+
 @torch.no_grad()
 def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: torch.device) -> None:
     """Step the envs num_steps times, writing buf [T, B] and the rollout's edges boot [B]."""
@@ -562,14 +570,14 @@ def learn_from(agent: Agent, return_norm: RunningNorm, optimizer, buf, boot, arg
     }
     up = upload(rollout, device)  # one copy to a GPU (serial/parallel: observations and masks are there already)
     edge = up.pop("boot")
-    with torch.no_grad(), autocast(device, args.bf16):
-        if args.sampler == "async":  # sampled with the previous parameters: the values and the last state again
+    if args.sampler == "async":  # sampled with the previous parameters: the values and the last state again
+        with torch.no_grad(), autocast(device, args.bf16):
             i = torch.arange(T * B, device=device)
             _, value, last = agent(up["obs"][i // B, i % B], RnnState(edge.h0, edge.c0), up["episode_start"], start_rows)
             up["value"] = value.view(T, B)
-        else:  # sampled with the current parameters: the rollout's values are the critic's, the state it ended in too
-            last = RnnState(edge.h, edge.c)
-        _, next_value, _ = agent(edge.obs, last, edge.episode_start[None])  # the bootstrap: one step on
+    else:  # sampled with the current parameters: the rollout's values are the critic's, the state it ended in too
+        last = RnnState(edge.h, edge.c)
+    next_value = bootstrap_value(agent, edge.obs, last, edge.episode_start[None], args.bf16)  # one step on
     return_norm.update(up.pop("discounted")[:, None])  # the std of every discounted return so far (every rank's)
     value, next_value, return_var = to_host(up["value"], next_value, return_norm.var)  # GAE runs on the host
     f32 = lambda x: np.asarray(x, np.float32)

@@ -157,6 +157,31 @@ def test_the_learner_replays_the_sampler_exactly_across_episode_starts(kind, mon
     assert sum(int(w.sum()) for w in replayed[:2]) == (~buf.final_row).sum()  # an epoch: every row that is not final
 
 
+def test_the_graphed_bootstrap_is_the_critic_one_step_on_from_each_envs_state():
+    """learn_from's bootstrap, one graph under --compile (here the graphs' protocol on the CPU: data copied into the
+    static inputs at every call): the values of the observations after the rollout, each env one step on from its
+    state, a zero state where an episode starts; a second call's data (the next rollout's edge) are its own."""
+    from shared import compiling
+
+    args, envs, agent = short_episodes("discrete")
+    dim = envs.single_observation_space.shape[0]
+    envs.close()
+    start = torch.tensor([[True, False, False, True]])  # [1, B]
+    compiling.enable(torch.device("cpu"))
+    try:
+        for seed in range(2):
+            g = torch.Generator().manual_seed(seed)
+            obs, h, c = torch.randn(4, dim, generator=g), torch.randn(4, 16, generator=g), torch.randn(4, 16, generator=g)
+            got = ppo_lstm.bootstrap_value(agent, obs, ppo_lstm.RnnState(h, c), start, False)  # [B]
+            with torch.no_grad():
+                for b in range(4):
+                    state = agent.initial_state(1) if start[0, b] else ppo_lstm.RnnState(h[b : b + 1], c[b : b + 1])
+                    _, want, _ = agent(obs[b : b + 1], state, torch.zeros(1, 1, dtype=torch.bool))
+                    assert got[b].item() == pytest.approx(want.item(), abs=1e-6)
+    finally:
+        compiling.disable()
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_gae_matches_definition_with_truncation_and_reset_rows(seed):
     rng = np.random.default_rng(seed)
