@@ -115,6 +115,35 @@ def test_the_mirror_samples_the_host_paths_batch_at_rows_the_host_would_draw(B, 
     assert int(mirror.misses) == 0
 
 
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("norm", [False, True])
+def test_on_a_gpu_the_mirror_written_from_pinned_staging_gives_the_host_paths_batch(norm):
+    """On CUDA a sync's fields go from pinned staging buffers straight into the mirror, in copies that do not block,
+    the two buffers taking turns behind events (``shared.device.upload_each``): after syncs of one row, and of more
+    rows than the buffer holds, the batch at the drawn rows is the host path's, bit for bit."""
+    cuda = torch.device("cuda")
+    rng = np.random.default_rng(9)
+    B, T = 2, 40
+    buffer = make(T * B, B, 3)
+    obs_norm = ObsNorm(OBS, enabled=norm)
+    mirror = DeviceReplay(buffer, HOST_ONLY, cuda, obs_norm)
+    at = 0
+    for size in [1] * 30 + [55] + [1] * 20 + [7] * 10:  # a sync after each append: the staging buffers turn each time
+        chunk = rows(rng, min(size, T), B, 0.1, at, after=buffer.storage.last_flags[0])
+        buffer.append(chunk)
+        obs_norm.update(chunk.observation.reshape(-1, OBS))
+        at += len(chunk.observation)
+        mirror.sync(0)
+    out = mirror.sample(512)
+    flat = mirror.last_index.cpu().numpy()
+    want = host_batch(buffer, flat, obs_norm)
+    assert set(out) == set(want)
+    for k in want:
+        assert torch.equal(out[k].cpu(), want[k]), k
+    assert int(mirror.misses) == 0
+
+
 def test_each_valid_transition_is_drawn_equally_often_and_a_final_row_never():
     """Uniform over the valid transitions: a window with final rows, 100k draws, every count within 5 standard
     deviations of its expectation; the final rows never."""
