@@ -418,7 +418,7 @@ def policy_step(agent: Agent, obs, state: RnnState, start: torch.Tensor, mask: t
 @graphed
 def bootstrap_value(agent: Agent, obs, state: RnnState, start: torch.Tensor, bf16: bool) -> torch.Tensor:
     """The values [B] of the observations after a rollout's last row [B, ...], from ``state`` (zeroed where ``start``
-    [1, B]): one step on, one CUDA graph under --compile on a GPU (not a forward pass of its own kernels)."""
+    [1, B]): one step on; under --compile on a GPU one CUDA graph replay, not a launch for each of its kernels."""
     with torch.no_grad(), autocast(start.device, bf16):
         return agent(obs, state, start)[1]
 

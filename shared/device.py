@@ -25,13 +25,14 @@ Guarantees
   elsewhere (the CPU, a numpy destination in shared memory, a Dict observation) each destination gets its copy apart:
   a numpy one the host's array, a tensor the uploaded one.
 - ``upload_each(arrays, dests, device)``: each array of a flat dict copied into its tensor of ``dests`` (in order; on
-  ``device``, of its dtype and shape, else a ``ValueError``, as is another number of them), on CUDA each straight
-  from the staging buffer (one copy a field, no block in between, the staging buffers' turns as above): a replay
-  mirror's rows, scattered in its tensors, written without a copy on the device.
+  ``device``, of its dtype and shape, else a ``ValueError`` before anything is copied, as is another number of them),
+  on CUDA each straight from the staging buffer (one copy a field, no block in between, the staging buffers' turns as
+  above): a replay mirror's rows, scattered in its tensors, written without a copy on the device.
 - ``RL_HOST_PATH=cuda`` (benchmarks and tests only): on the CPU, the host work of the CUDA path runs as it would on
-  a GPU (uploads packed into staging and copied as one block, ``to_host`` through one joined copy), so that the
-  tests run it and ``benchmarks/speed/loop_overhead.py`` can count and time it on a machine without one; ``dry`` also
-  leaves out the bytes of the copy up, which a GPU's DMA engine moves (the values are then wrong).
+  a GPU (uploads packed into staging and copied as one block, or field by field by ``upload_each``; ``to_host``
+  through one joined copy), so that the tests run it and ``benchmarks/speed/loop_overhead.py`` can count and time it
+  on a machine without one; ``dry`` also leaves out the bytes of the copy up, which a GPU's DMA engine moves (the
+  values are then wrong).
 Imports nothing from the project but ``shared.namedarraytuple``'s walk (which imports nothing from it either).
 """
 
@@ -176,8 +177,8 @@ def _arrays(host: np.ndarray, pieces: list) -> list[np.ndarray]:
 
 
 class Uploader:
-    """One copy per batch to ``device`` through ``depth`` staging buffers in turn (see the module docstring);
-    ``pack`` (default: on CUDA) packs on any device, which is how the CPU tests count the copies."""
+    """One copy per batch to ``device`` (``each``: one a field) through ``depth`` staging buffers in turn (see the module
+    docstring); ``pack`` (default: on CUDA) packs on any device, which is how the CPU tests count the copies."""
 
     ALIGN = 64  # every field starts at a multiple: a view of any dtype is aligned
 
@@ -212,14 +213,17 @@ class Uploader:
             return {k: torch.as_tensor(a if a.flags.writeable else a.copy(), device=self.device) for k, a in arrays.items()}
         return self.packed({k: a if type(a) is np.ndarray else np.asarray(a) for k, a in arrays.items()}, into)
 
-    def _stage(self, arrays: dict[Any, np.ndarray]) -> tuple:
-        """``arrays`` written into the next staging buffer, once its last copy is done: (their plan, its slot, it)."""
+    def _stage(self, arrays: dict[Any, np.ndarray], dests: list | None = None) -> tuple:
+        """``arrays`` written into the next staging buffer, once its last copy is done: (their plan, its slot, it);
+        ``each``'s ``dests`` checked against the plan first (``_check_dests``), before anything is staged."""
         import torch
 
         signature = tuple([(k, a.shape, a.dtype) for k, a in arrays.items()])
         plan = self.layouts.get(signature)
         if plan is None:
             plan = self._plan(arrays, signature)
+        if dests is not None:
+            _check_dests(plan[0].values(), dests, self.device)
         layout, hosts, padded = plan[0], plan[4], plan[2]
         slot = self.copies % self.depth
         if self.events[slot] is not None:
@@ -248,19 +252,15 @@ class Uploader:
 
     def each(self, arrays: dict[Any, np.ndarray], dests: list) -> None:
         """Each of ``arrays`` (a flat dict of numpy arrays) copied straight from the staging buffer into its tensor in
-        ``dests`` (in order; on this device, of its dtype and shape): one copy a field, no block between (``upload``'s
-        ``into``, for a replay mirror's rows)."""
-        import torch
-
-        plan, slot, buffer = self._stage(arrays)
+        ``dests`` (in order), all of which are checked first (``_check_dests``): one copy a field, no block between
+        (``upload_each``, for a replay mirror's rows)."""
+        plan, slot, buffer = self._stage(arrays, dests)
         staged = plan[5]
         held = staged[slot]
         if held is None or held[0] is not buffer:  # torch views of this staging buffer shaped as the fields, made once
             fields = plan[0].values()
             held = staged[slot] = buffer, [buffer[o : o + n].view(d).view(s) for o, n, d, s in fields]
-        for dst, src, (_, _, dtype, shape) in zip(dests, held[1], plan[0].values()):
-            if type(dst) is not torch.Tensor or dst.dtype != dtype or dst.shape != shape:  # copy_ would convert, broadcast
-                raise ValueError(f"upload: a destination {tuple(dst.shape)} {dst.dtype} for {shape} {dtype}")
+        for dst, src in zip(dests, held[1]):
             if DRY:  # a copy up costs the host its launch only
                 self._launch()
             else:
@@ -393,21 +393,36 @@ _DATA_PTR = operator.methodcaller("data_ptr")
 
 def upload_each(arrays: dict[Any, np.ndarray], dests: list, device: Any) -> None:
     """Each array of the flat dict ``arrays`` copied into its tensor of ``dests`` (in order) on ``device``, of its
-    dtype and shape (else a ValueError): on a GPU, each straight from the pinned staging buffer (module docstring)."""
+    dtype and shape (else a ValueError, before anything is copied): on a GPU, each straight from the pinned staging
+    buffer (module docstring)."""
     uploader = _uploaders.get(device)
     if uploader is None:
         uploader = _uploaders[device] = Uploader(device)
-    if len(dests) != len(arrays):
-        raise ValueError(f"upload: {len(dests)} destinations for {len(arrays)} arrays")
     if uploader.pack:
         return uploader.each(arrays, dests)
     import torch
 
+    _check_dests([(0, 0, torch_dtype(a.dtype), a.shape) for a in arrays.values()], dests, device)
     for dst, a in zip(dests, arrays.values()):
-        src = torch.from_numpy(np.ascontiguousarray(a))
-        if dst.dtype != src.dtype or dst.shape != src.shape:
-            raise ValueError(f"upload: a destination {tuple(dst.shape)} {dst.dtype} for {tuple(src.shape)} {src.dtype}")
-        dst.copy_(src)
+        dst.copy_(torch.from_numpy(np.ascontiguousarray(a)))
+
+
+def _check_dests(fields: Any, dests: list, device: Any) -> None:
+    """``upload_each``'s destinations, before anything is staged or copied: one a field (``fields``: a plan's
+    ``(offset, bytes, dtype, shape)``), each a tensor on ``device`` (which may leave out its index) of its field's dtype
+    and shape; else a ValueError. ``copy_`` would convert another dtype, broadcast another shape, and copy to another
+    GPU on that GPU's stream, which the staging buffer's event does not follow."""
+    import torch
+
+    fields = list(fields)
+    if len(dests) != len(fields):
+        raise ValueError(f"upload: {len(dests)} destinations for {len(fields)} arrays")
+    for dst, (_, _, dtype, shape) in zip(dests, fields):
+        if type(dst) is not torch.Tensor or dst.dtype != dtype or dst.shape != shape:
+            raise ValueError(f"upload: a destination {getattr(dst, 'shape', dst)} for an array {dtype}, {shape}")
+        place = dst.device
+        if place.type != device.type or (device.index is not None and place.index != device.index):
+            raise ValueError(f"upload: a destination on {place} for an upload to {device}")
 
 
 def upload(arrays: Any, device: Any, into: Any = None) -> Any:

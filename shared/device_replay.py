@@ -25,7 +25,8 @@ Guarantees
   changes), the valid window and the observation statistics, read under the buffer's lock (an async sampler appends
   to a shared one meanwhile) and sent in runs of at most ``CHUNK`` rows, each storage row once, each field of a run
   from the staging buffer straight into its rows of the mirror (``shared.device.upload_each``: one copy a group, the
-  new frames and the window a sync as the loop runs; twice that where the rows wrap around). Nothing is read back. A
+  new frames and the window a sync as the loop runs; the groups and frames twice where the rows wrap around, the
+  window with the last run). Nothing is read back. A
   ``batch_size`` larger than the valid samples is the host replay's ``ValueError`` (a draw inside a graph cannot
   refuse).
 - ``sample(N)`` (called inside the update, so that the draw is in its CUDA graph) draws ``N`` transitions with

@@ -311,8 +311,9 @@ def test_a_packed_upload_brings_every_dtype_and_shape_and_never_refills_a_buffer
 @pytest.mark.parametrize("pack", [True, False])
 def test_upload_each_lands_every_field_in_its_own_destination_and_refuses_one_that_does_not_fit(monkeypatch, pack):
     """A replay mirror's sync: each array straight into its rows of the mirror's tensors (packed: from its own place
-    in the staging buffer, which takes turns), nothing else written; a destination of another dtype or shape (which
-    copy_ would convert or broadcast), or another number of them, is a ValueError."""
+    in the staging buffer, which takes turns), nothing else written; a destination of another dtype, shape or device
+    (which copy_ would convert, broadcast, or copy on another stream), or another number of them, is a ValueError
+    before anything is staged or copied."""
     from shared import device as device_mod
 
     cpu = torch.device("cpu")
@@ -336,10 +337,22 @@ def test_upload_each_lands_every_field_in_its_own_destination_and_refuses_one_th
         np.testing.assert_array_equal(frames[rows].numpy(), arrays["frames"])
     assert not group[10:].any() and not frames[10:].any()
     assert uploader.copies == (5 if pack else 0)
-    a = {"group": np.ones((2, 3), np.float32)}
-    for wrong in ([torch.zeros(2, 3, dtype=torch.float64)], [torch.zeros(4, 3)], [torch.zeros(1, 3)], []):
-        with pytest.raises(ValueError, match="upload: "):
-            device_mod.upload_each(a, wrong, cpu)
+    a = {"group": np.ones((2, 3), np.float32), "other": np.ones((2, 3), np.float32)}
+    wrong = [
+        torch.zeros(2, 3, dtype=torch.float64),  # copy_ would convert
+        torch.zeros(4, 3),  # copy_ would broadcast
+        torch.zeros(1, 3),
+        torch.zeros(2, 3, device="meta"),  # another device: copied on its stream, which no event follows
+        np.zeros((2, 3), np.float32),
+    ]
+    first = torch.zeros(2, 3)
+    for bad in wrong:
+        with pytest.raises(ValueError, match="upload: a destination"):
+            device_mod.upload_each(a, [first, bad], cpu)  # the second one is wrong: nothing is copied, the first either
+    for dests in ([first], [first, torch.zeros(2, 3), torch.zeros(2, 3)]):
+        with pytest.raises(ValueError, match="upload: .* destinations for 2 arrays"):
+            device_mod.upload_each(a, dests, cpu)
+    assert not first.any() and uploader.copies == (5 if pack else 0)
 
 
 @pytest.mark.parametrize(

@@ -118,10 +118,13 @@ def test_the_mirror_samples_the_host_paths_batch_at_rows_the_host_would_draw(B, 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("norm", [False, True])
-def test_on_a_gpu_the_mirror_written_from_pinned_staging_gives_the_host_paths_batch(norm):
+def test_on_a_gpu_the_mirror_written_from_pinned_staging_gives_the_host_paths_batch(norm, monkeypatch):
     """On CUDA a sync's fields go from pinned staging buffers straight into the mirror, in copies that do not block,
     the two buffers taking turns behind events (``shared.device.upload_each``): after syncs of one row, and of more
-    rows than the buffer holds, the batch at the drawn rows is the host path's, bit for bit."""
+    rows than the buffer holds, the batch at the drawn rows is the host path's, bit for bit. The stream is held
+    busy before each sync, whose runs of 3 rows take more than two staging buffers: a buffer refilled before its copy
+    has run would put another run's rows in the mirror."""
+    monkeypatch.setattr(device_replay, "CHUNK", 3)
     cuda = torch.device("cuda")
     rng = np.random.default_rng(9)
     B, T = 2, 40
@@ -134,6 +137,7 @@ def test_on_a_gpu_the_mirror_written_from_pinned_staging_gives_the_host_paths_ba
         buffer.append(chunk)
         obs_norm.update(chunk.observation.reshape(-1, OBS))
         at += len(chunk.observation)
+        torch.cuda._sleep(10**7)  # the copies queue behind it: the host runs ahead of them
         mirror.sync(0)
     out = mirror.sample(512)
     flat = mirror.last_index.cpu().numpy()
