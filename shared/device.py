@@ -214,8 +214,9 @@ class Uploader:
         return self.packed({k: a if type(a) is np.ndarray else np.asarray(a) for k, a in arrays.items()}, into)
 
     def _stage(self, arrays: dict[Any, np.ndarray], dests: list | None = None) -> tuple:
-        """``arrays`` written into the next staging buffer, once its last copy is done: (their plan, its slot, it);
-        ``each``'s ``dests`` checked against the plan first (``_check_dests``), before anything is staged."""
+        """``arrays`` written into the next staging buffer, once its last copy is done: (their plan, its slot, and the
+        buffer with its fields as numpy arrays and as tensors); ``each``'s ``dests`` checked against the plan first
+        (``_check_dests``), before anything is staged."""
         import torch
 
         signature = tuple([(k, a.shape, a.dtype) for k, a in arrays.items()])
@@ -224,21 +225,20 @@ class Uploader:
             plan = self._plan(arrays, signature)
         if dests is not None:
             _check_dests(plan[0].values(), dests, self.device)
-        layout, hosts, padded = plan[0], plan[4], plan[2]
+        layout, padded, staged = plan[0], plan[2], plan[4]
         slot = self.copies % self.depth
         if self.events[slot] is not None:
             self.events[slot].synchronize()  # its last copy is done (long since, as a rule)
         buffer = self.buffers[slot]
         if buffer is None or buffer.numel() < padded:
             buffer = self.buffers[slot] = torch.empty(padded, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
-        held = hosts[slot]
-        if held is None or held[0] is not buffer:  # numpy views of this staging buffer shaped as the fields, made once
-            host = buffer.numpy()
-            fields = zip(arrays.values(), layout.values())
-            held = hosts[slot] = buffer, [host[o : o + n].view(a.dtype).reshape(a.shape) for a, (o, n, _, _) in fields]
+        held = staged[slot]
+        if held is None or held[0] is not buffer:  # this staging buffer's fields, shaped as the arrays: made once
+            fields = [buffer[o : o + n].view(d).view(s) for o, n, d, s in layout.values()]
+            held = staged[slot] = buffer, [f.numpy() for f in fields], fields
         for dst, a in zip(held[1], arrays.values()):
             dst[...] = a  # any layout: numpy copies a strided array as it goes
-        return plan, slot, buffer
+        return plan, slot, held
 
     def _sent(self, slot: int) -> None:
         """A copy out of staging buffer ``slot`` launched: on a GPU, its refill waits for the event recorded behind it,
@@ -254,13 +254,8 @@ class Uploader:
         """Each of ``arrays`` (a flat dict of numpy arrays) copied straight from the staging buffer into its tensor in
         ``dests`` (in order), all of which are checked first (``_check_dests``): one copy a field, no block between
         (``upload_each``, for a replay mirror's rows)."""
-        plan, slot, buffer = self._stage(arrays, dests)
-        staged = plan[5]
-        held = staged[slot]
-        if held is None or held[0] is not buffer:  # torch views of this staging buffer shaped as the fields, made once
-            fields = plan[0].values()
-            held = staged[slot] = buffer, [buffer[o : o + n].view(d).view(s) for o, n, d, s in fields]
-        for dst, src in zip(dests, held[1]):
+        _, slot, held = self._stage(arrays, dests)
+        for dst, src in zip(dests, held[2]):
             if DRY:  # a copy up costs the host its launch only
                 self._launch()
             else:
@@ -271,7 +266,7 @@ class Uploader:
         """``__call__``'s packed copy, of a flat dict of numpy arrays."""
         import torch
 
-        plan, slot, buffer = self._stage(arrays)
+        plan, slot, (buffer, _, _) = self._stage(arrays)
         end, padded, views = plan[1], plan[2], plan[3]
         row = None if into is None else self._row(into, arrays, plan, end)
         if row is not None:  # straight into the rollout's step (a GPU's DMA: no bytes for the host in the dry run)
@@ -303,8 +298,8 @@ class Uploader:
     def _plan(self, arrays: dict[Any, np.ndarray], signature: tuple) -> list:
         """How a copy of ``arrays``' signature goes, worked out once: each field's (offset, bytes, torch dtype, shape),
         the bytes in all and padded, each field as a view of the block (key, dtype, shape, strides, offset in elements
-        of its dtype), and per staging buffer the numpy views of it that the fields are written into and its torch views
-        that ``each`` copies them from."""
+        of its dtype), and per staging buffer its fields (made by ``_stage``: the numpy arrays they are written into,
+        and the tensors ``each`` copies them from)."""
         offsets, end = self.layout(list(arrays.values()))
         layout = {k: (o, a.nbytes, torch_dtype(a.dtype), a.shape) for (k, a), o in zip(arrays.items(), offsets)}
         views = [(k, d, s, _strides(s), o // a.itemsize) for (k, (o, _, d, s)), a in zip(layout.items(), arrays.values())]
@@ -312,7 +307,7 @@ class Uploader:
             self.layouts.clear()
             self.rows.clear()  # keyed by their plans
         padded = -(-end // self.ALIGN) * self.ALIGN  # the block copied: viewable as any dtype at once
-        plan = self.layouts[signature] = [layout, end, padded, views, [None] * self.depth, [None] * self.depth]
+        plan = self.layouts[signature] = [layout, end, padded, views, [None] * self.depth]
         return plan
 
     def _launch(self) -> None:
@@ -391,13 +386,19 @@ _ARRAYS = {np.ndarray}  # the types of a flat dict of arrays
 _DATA_PTR = operator.methodcaller("data_ptr")
 
 
+def _uploader(device: Any) -> Uploader:
+    """The one ``Uploader`` of ``device`` in this process (its staging buffers take turns across every upload)."""
+    uploader = _uploaders.get(device)
+    if uploader is None:
+        uploader = _uploaders[device] = Uploader(device)
+    return uploader
+
+
 def upload_each(arrays: dict[Any, np.ndarray], dests: list, device: Any) -> None:
     """Each array of the flat dict ``arrays`` copied into its tensor of ``dests`` (in order) on ``device``, of its
     dtype and shape (else a ValueError, before anything is copied): on a GPU, each straight from the pinned staging
     buffer (module docstring)."""
-    uploader = _uploaders.get(device)
-    if uploader is None:
-        uploader = _uploaders[device] = Uploader(device)
+    uploader = _uploader(device)
     if uploader.pack:
         return uploader.each(arrays, dests)
     import torch
@@ -429,9 +430,7 @@ def upload(arrays: Any, device: Any, into: Any = None) -> Any:
     """``arrays`` (numpy; a dict or namedarraytuple of them, nested) as tensors on ``device`` in one copy, in the
     same structure; with ``into`` (the same structure: where a rollout keeps this step), written there too (see the
     module docstring)."""
-    uploader = _uploaders.get(device)
-    if uploader is None:
-        uploader = _uploaders[device] = Uploader(device)
+    uploader = _uploader(device)
     # The two shapes a loop uploads every step take no walk: one array, and a flat dict of arrays.
     if type(arrays) is np.ndarray:
         return uploader({"": arrays})[""]
