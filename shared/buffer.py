@@ -110,7 +110,11 @@ def zeros(shape: Sequence[int] | int, dtype: Any, shared: bool = False) -> np.nd
 
 
 class _Segment:
-    """One anonymous shared mapping and the descriptor that lets other processes map it."""
+    """One anonymous shared mapping and the descriptor that lets other processes map it; ``pinned`` where this
+    process page-locked it for a GPU's copies (``shared.device.pin_host``), which ``unpin`` undoes before it is freed."""
+
+    pinned = False
+    unpin: Any = None
 
     def __init__(self, nbytes: int, fd: int | None = None):
         self.nbytes = max(int(nbytes), 1)
@@ -131,6 +135,8 @@ class _Segment:
         return (_attach_segment, (reduction.DupFd(self.fd), self.nbytes))
 
     def __del__(self):
+        if self.unpin is not None:  # before the mapping goes: the driver must not keep pages that are reused
+            self.unpin()
         try:
             os.close(self.fd)
         except (OSError, AttributeError, TypeError):
@@ -154,6 +160,10 @@ class SharedArray(np.ndarray):
     _segment: _Segment | None
 
     def __array_finalize__(self, obj: Any) -> None:
+        base = self.base
+        if type(base) is SharedArray:  # a view (its base holds the memory), known at once: a sampler's every row write
+            self._segment = base._segment  # makes one, and the address check below costs 2 µs each
+            return
         seg = getattr(obj, "_segment", None)
         if seg is not None and not (seg.address <= _address(self) < seg.address + seg.nbytes or self.size == 0):
             seg = None  # a fresh allocation, not a view into the segment

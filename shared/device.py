@@ -22,8 +22,16 @@ Guarantees
   step; every leaf lands there too. Where ``into``'s tensors are one step of ``shared.buffer.on_device``'s rollout on
   ``device``, laid out as this copy packs the same flat dict, the one copy goes straight there and ``into`` itself
   is returned (on a GPU: no copy from a staging block into the rollout, and a ``@graphed`` call sees one block);
-  elsewhere (the CPU, a numpy destination in shared memory, a Dict observation) each destination gets its copy apart:
-  a numpy one the host's array, a tensor the uploaded one.
+  where they are numpy arrays in shared memory this process page-locked (``pin_host``: an async sampler's rollout on
+  a GPU), each array is written there and copied up from there, one copy a field and no staging buffer: the host
+  copies each step's bytes once, not twice (the copy reads the destination after the call returns: a loop writes
+  that row again only after reading something back that came after it, as a sampler's actions do at every step);
+  elsewhere (the CPU, another numpy destination, a Dict observation) each destination gets its copy apart: a numpy
+  one the host's array, a tensor the uploaded one.
+- ``pin_host(structure, device)``: the shared memory under ``structure``'s arrays (``shared.buffer.SharedArray``)
+  page-locked for ``device`` in this process (CUDA's ``cudaHostRegister``, undone when the memory is freed; a
+  refusal raises); on the CUDA host path (below) only marked, so that the tests and the benchmarks run the path
+  above; elsewhere nothing.
 - ``upload_each(arrays, dests, device)``: each array of a flat dict copied into its tensor of ``dests`` (in order; on
   ``device``, of its dtype and shape, else a ``ValueError`` before anything is copied, as is another number of them),
   on CUDA each straight from the staging buffer (one copy a field, no block in between, the staging buffers' turns as
@@ -38,6 +46,7 @@ Imports nothing from the project but ``shared.namedarraytuple``'s walk (which im
 
 from __future__ import annotations
 
+import bisect
 import operator
 import os
 import threading
@@ -48,7 +57,7 @@ import numpy as np
 
 from shared.namedarraytuple import replace_leaves, walk_structure
 
-__all__ = ["Uploader", "to_host", "upload", "upload_each"]
+__all__ = ["Uploader", "pin_host", "to_host", "upload", "upload_each"]
 
 # The CUDA host path on the CPU (module docstring); "dry": also without the bytes a GPU's DMA engine would copy.
 CUDA_PATH = os.environ.get("RL_HOST_PATH") in ("cuda", "dry")
@@ -295,6 +304,29 @@ class Uploader:
             out[k] = torch.as_strided(whole, shape, strides, at)
         return out
 
+    def through(self, arrays: dict[Any, np.ndarray], into: dict) -> dict[Any, Any]:
+        """``upload``'s copy through page-locked destinations: each of ``arrays`` written into its numpy array in
+        ``into`` (``pin_host``'s memory) and copied up from there, one copy a field; those ``into`` leaves out go
+        through staging (``packed``)."""
+        import torch
+
+        out, rest = {}, {}
+        for k, a in arrays.items():
+            dst = into.get(k)
+            if dst is None:
+                rest[k] = a
+                continue
+            dst[...] = a  # the one copy on the host
+            src = torch.from_numpy(dst)
+            if DRY:  # a copy up costs the host its launch only
+                self._launch()
+                out[k] = src
+            else:  # on the CPU path, a copy as the GPU's would be: the rollout's row is not the acting step's input
+                out[k] = src.to(self.device, non_blocking=True) if self.device.type == "cuda" else src.clone()
+        if rest:
+            out.update(self.packed(rest))
+        return out
+
     def _plan(self, arrays: dict[Any, np.ndarray], signature: tuple) -> list:
         """How a copy of ``arrays``' signature goes, worked out once: each field's (offset, bytes, torch dtype, shape),
         the bytes in all and padded, each field as a view of the block (key, dtype, shape, strides, offset in elements
@@ -394,6 +426,61 @@ def _uploader(device: Any) -> Uploader:
     return uploader
 
 
+_LOCKED: list[list[int]] = [[], []]  # pin_host's memory in this process, sorted: where each part starts, and ends
+
+
+def _pinned(into: dict) -> bool:
+    """Whether every destination in ``into`` is a numpy array in memory this process page-locked (``pin_host``): a
+    view of a SharedArray, or a plain view of one (what a sampler writes through: ``shared.procs.DoubleBuffer``)."""
+    starts, ends = _LOCKED
+    for dst in into.values():
+        if not isinstance(dst, np.ndarray):
+            return False
+        first = dst.__array_interface__["data"][0]
+        i = bisect.bisect_right(starts, first) - 1
+        if i < 0 or first + dst.nbytes > ends[i]:
+            return False
+    return True
+
+
+def pin_host(structure: Any, device: Any) -> None:
+    """The shared memory under ``structure``'s arrays page-locked for ``device``'s copies in this process (module
+    docstring); an array in private memory is left as it is. Its range is forgotten as the memory is freed (were it
+    not, a copy from other memory at that address would still be right: from pageable memory, a GPU's copy waits)."""
+    cuda = device.type == "cuda"
+    if not (cuda or CUDA_PATH):
+        return
+    for _, a in walk_structure(structure, sequences=False):
+        segment = getattr(a, "_segment", None)
+        if segment is None or segment.pinned:
+            continue
+        if cuda:
+            import torch
+
+            error = int(torch.cuda.cudart().cudaHostRegister(segment.address, segment.nbytes, 0))
+            if error:
+                raise RuntimeError(f"page-locking {segment.nbytes} bytes of shared memory for {device}: cudaError {error}")
+        i = bisect.bisect(_LOCKED[0], segment.address)
+        _LOCKED[0].insert(i, segment.address)
+        _LOCKED[1].insert(i, segment.address + segment.nbytes)
+        segment.unpin = lambda address=segment.address: _unpin(address, cuda)
+        segment.pinned = True
+
+
+def _unpin(address: int, cuda: bool) -> None:
+    """``pin_host``'s work undone as its memory is freed. At the interpreter's exit torch may be gone already, and
+    the driver lets go of everything anyway."""
+    i = _LOCKED[0].index(address)
+    del _LOCKED[0][i], _LOCKED[1][i]
+    if cuda:
+        try:
+            import torch
+
+            torch.cuda.cudart().cudaHostUnregister(address)
+        except Exception:
+            pass
+
+
 def upload_each(arrays: dict[Any, np.ndarray], dests: list, device: Any) -> None:
     """Each array of the flat dict ``arrays`` copied into its tensor of ``dests`` (in order) on ``device``, of its
     dtype and shape (else a ValueError, before anything is copied): on a GPU, each straight from the pinned staging
@@ -435,6 +522,8 @@ def upload(arrays: Any, device: Any, into: Any = None) -> Any:
     if type(arrays) is np.ndarray:
         return uploader({"": arrays})[""]
     if type(arrays) is dict and set(map(type, arrays.values())) == _ARRAYS:
+        if _LOCKED[0] and uploader.pack and type(into) is dict and _pinned(into):  # nothing locked: no call
+            return uploader.through(arrays, into)
         up = uploader.packed(arrays, into) if uploader.pack else uploader(arrays, into)
         if into is not None and up is not into:
             _land(into, arrays, up)

@@ -42,6 +42,7 @@ import numpy as np
 
 from shared import signals
 from shared.buffer import buffer_from_example, shared_zeros
+from shared.namedarraytuple import map_structure
 from shared.sync import locked, wait_for
 
 __all__ = [
@@ -193,7 +194,8 @@ def sampler_entry(
 ) -> None:
     """A sampler process's first frame: pin to the sampler's cores, make a GPU ``device`` the current one (as the
     learner's ``--device`` does), with ``compile`` enable the script's ``@compiled`` and ``@graphed`` functions for
-    ``device`` in this process (``shared.compiling``), then ``target(*args, SamplerProcess)``."""
+    ``device`` in this process (``shared.compiling``), page-lock for ``device`` the slots of any ``DoubleBuffer`` among
+    ``args`` (the rollouts it writes), then ``target(*args, SamplerProcess)``."""
     affinity.apply_worker(0)
     if getattr(device, "type", None) == "cuda":  # what names no device (events, streams, pinned memory) means this GPU
         import torch
@@ -206,6 +208,9 @@ def sampler_entry(
         from shared import compiling
 
         compiling.enable(device)
+    for buffers in args:  # the rollouts it writes: each step's copy up to a GPU goes from there (shared.device.upload)
+        if isinstance(buffers, DoubleBuffer) and device is not None:
+            buffers.pin(device)
     target(*args, SamplerProcess(len(affinity.worker_cpus[0]), parent_alive_check(stop, parent_pid), device))
 
 
@@ -228,21 +233,41 @@ class DoubleBuffer:
             for p in self.params:
                 p.publish(module, version=0)
 
+    def pin(self, device: Any) -> None:
+        """Both slots page-locked for ``device``'s copies in this process (``shared.device.pin_host``)."""
+        from shared.device import pin_host
+
+        for slot in self.slots:
+            pin_host(slot, device)
+
     def writer_acquire(self, k: int, check: Callable[[], None], module: Any = None) -> Any:
         """Wait until slot ``k % 2`` is free and return it for writing rollout ``k`` (loading its parameters
-        into ``module`` if given)."""
+        into ``module`` if given), as plain views (``_views``)."""
         wait_for(lambda t: self._free[k % 2].acquire(timeout=t), check)
         if module is not None:
             self.params[k % 2].pull(module)
-        return self.slots[k % 2]
+        return self._views(k)
+
+    def _views(self, k: int) -> Any:
+        """Slot ``k % 2`` as plain ndarray views of its shared arrays, made once in each process: each row a sampler
+        views or writes in a SharedArray costs a Python call (its ``__array_finalize__``), a dozen a step. Plain views
+        would pickle by value, a copy of their own: they never travel (``__getstate__``)."""
+        views = self.__dict__.setdefault("_plain", [None, None])
+        if views[k % 2] is None:
+            views[k % 2] = map_structure(lambda x: x.view(np.ndarray), self.slots[k % 2])
+        return views[k % 2]
+
+    def __getstate__(self) -> dict:
+        return {k: v for k, v in self.__dict__.items() if k != "_plain"}
 
     def writer_release(self, k: int) -> None:
         self._filled[k % 2].release()
 
     def reader_acquire(self, k: int, check: Callable[[], None]) -> Any:
-        """Wait until rollout ``k`` is in slot ``k % 2`` and return it (valid until ``reader_release(k)``)."""
+        """Wait until rollout ``k`` is in slot ``k % 2`` and return it (valid until ``reader_release(k)``), as plain
+        views (``_views``)."""
         wait_for(lambda t: self._filled[k % 2].acquire(timeout=t), check)
-        return self.slots[k % 2]
+        return self._views(k)
 
     def reader_release(self, k: int, module: Any = None, version: int = 0) -> None:
         """Hand slot ``k % 2`` back, with ``module``'s parameters (labelled ``version``) if given."""

@@ -4,6 +4,7 @@ parameter checksum, the packed replay uploads, and uploads that land in a rollou
 
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any
 
@@ -660,6 +661,132 @@ def test_an_upload_into_places_that_are_not_one_packed_step_still_lands_in_each(
             device_mod._uploaders.pop(cpu)
         else:
             device_mod._uploaders[cpu] = original
+
+
+def _shared_rollout(steps: int, envs: int) -> Any:
+    """A rollout [T, B] as an async sampler writes it: every field numpy in shared memory (a DoubleBuffer's slot)."""
+    from shared.buffer import buffer_from_example
+    from shared.namedarraytuple import namedarraytuple
+
+    Rollout = namedarraytuple("Rollout", ["obs", "mask", "reward"])
+    return buffer_from_example(Rollout(np.zeros((4, 6), np.uint8), np.zeros(3, bool), np.float32(0)), (steps, envs), True)
+
+
+@pytest.mark.parametrize("plain", [True, False], ids=["plain-views", "shared-arrays"])
+def test_an_upload_into_page_locked_shared_memory_is_written_there_once_and_copied_up_from_there(monkeypatch, plain):
+    """An async sampler's rollout in shared memory it page-locked (pin_host, marked on CUDA's host path here), written
+    through plain views as DoubleBuffer hands them out, or through the SharedArrays: each step's arrays land in the
+    rollout's row and go up from there, with no staging buffer; the tensors handed back are copies (a later write to
+    the row leaves them as they were, as a GPU's would); a key the rollout does not keep goes through staging; shared
+    memory not page-locked, or private memory, takes the usual path. No other row changes."""
+    from shared import device as device_mod
+    from shared.namedarraytuple import map_structure
+
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(device_mod, "CUDA_PATH", False)
+    shared, other = _shared_rollout(5, 2), _shared_rollout(5, 2)
+    device_mod.pin_host(shared, cpu)  # the CPU itself: nothing to lock
+    assert not shared.obs._segment.pinned
+    monkeypatch.setattr(device_mod, "CUDA_PATH", True)
+    device_mod.pin_host(shared, cpu)
+    assert shared.obs._segment.pinned and shared.mask[3]._segment.pinned and not other.obs._segment.pinned
+    buf = map_structure(lambda x: x.view(np.ndarray), shared) if plain else shared
+    uploader = device_mod.Uploader(cpu, pack=True)
+    monkeypatch.setitem(device_mod._uploaders, cpu, uploader)
+    rng = np.random.default_rng(0)
+    sent = {}
+    for t in (0, 3, 1):
+        arrays = {"obs": rng.integers(0, 255, (2, 4, 6), dtype=np.uint8), "mask": rng.random((2, 3)) < 0.5}
+        up = device_mod.upload(arrays, cpu, into={"obs": buf.obs[t], "mask": buf.mask[t]})
+        sent[t] = {k: a.copy() for k, a in arrays.items()}
+        assert uploader.copies == 0  # nothing staged
+        buf.obs[t] = 7  # the row written again: the copy up already went
+        for k, a in sent[t].items():
+            np.testing.assert_array_equal(up[k].numpy(), a)
+        buf.obs[t] = sent[t]["obs"]
+    for t, arrays in sent.items():
+        np.testing.assert_array_equal(buf.obs[t], arrays["obs"])
+        np.testing.assert_array_equal(buf.mask[t], arrays["mask"])
+    assert not buf.obs[[2, 4]].any() and not buf.mask[[2, 4]].any()
+    start = rng.random((1, 2)) < 0.5  # ppo_lstm's: uploaded with the step, not kept in the rollout
+    up = device_mod.upload({"obs": sent[0]["obs"], "start": start}, cpu, into={"obs": buf.obs[2]})
+    assert uploader.copies == 1
+    np.testing.assert_array_equal(up["start"].numpy(), start)
+    np.testing.assert_array_equal(buf.obs[2], sent[0]["obs"])
+    for into in ({"obs": other.obs[0]}, {"obs": np.zeros((2, 4, 6), np.uint8)}, {"obs": buf.obs[0], "mask": start}):
+        up = device_mod.upload({"obs": sent[1]["obs"], "mask": start}, cpu, into=into)
+        np.testing.assert_array_equal(into["obs"], sent[1]["obs"])
+        np.testing.assert_array_equal(up["obs"].numpy(), sent[1]["obs"])
+    assert uploader.copies == 4
+
+
+def test_page_locked_memory_is_forgotten_as_it_is_freed(monkeypatch):
+    """pin_host's ranges go with their memory: once the rollout is freed, nothing at those addresses counts as locked
+    (a new mapping there is not), and its views while it lives do."""
+    import gc
+
+    from shared import device as device_mod
+
+    monkeypatch.setattr(device_mod, "CUDA_PATH", True)
+    before = [list(x) for x in device_mod._LOCKED]
+    buf = _shared_rollout(3, 2)
+    device_mod.pin_host(buf, torch.device("cpu"))
+    row = buf.obs[1].view(np.ndarray)
+    assert device_mod._pinned({"obs": row}) and len(device_mod._LOCKED[0]) == len(before[0]) + 3
+    assert not device_mod._pinned({"obs": row.copy()})
+    del buf, row
+    gc.collect()
+    assert device_mod._LOCKED == before
+
+
+def test_shared_memory_is_unlocked_before_it_is_freed():
+    """A page-locked segment's ``unpin`` (the driver's unregistration, on a GPU) runs once as its last array goes, while
+    its memory is still mapped: the driver must not keep pages that a later mapping reuses."""
+    import gc
+
+    from shared.buffer import shared_zeros
+
+    a = shared_zeros((3, 5), np.float32)
+    segment, seen = a._segment, []
+    fd, mapping = segment.fd, segment.map
+    segment.unpin = lambda: seen.append((os.fstat(fd).st_size, mapping[0]))  # open and mapped yet
+    a[0, 0] = 1.0
+    del a, segment
+    gc.collect()
+    assert len(seen) == 1 and seen[0][0] == 60
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_a_gpu_a_sampler_step_goes_up_from_its_page_locked_rollout():
+    """On a GPU: pin_host registers the rollout's shared memory with the driver, each step's upload goes up from the
+    row (no staging) with the exact values, and the segments are unregistered as they are freed (registering the
+    same memory again then succeeds)."""
+    import gc
+
+    from shared import device as device_mod
+
+    gpu = torch.device("cuda")
+    buf = _shared_rollout(4, 3)
+    device_mod.pin_host(buf, gpu)
+    assert buf.obs._segment.unpin is not None
+    uploader = device_mod._uploader(gpu)
+    copies = uploader.copies
+    rng = np.random.default_rng(2)
+    for t in range(4):
+        arrays = {"obs": rng.integers(0, 255, (3, 4, 6), dtype=np.uint8), "mask": rng.random((3, 3)) < 0.5}
+        up = device_mod.upload(arrays, gpu, into={"obs": buf.obs[t], "mask": buf.mask[t]})
+        assert up["obs"].device.type == "cuda"
+        for k, a in arrays.items():
+            np.testing.assert_array_equal(up[k].cpu().numpy(), a)
+    assert uploader.copies == copies
+    address, nbytes = buf.obs._segment.address, buf.obs._segment.nbytes
+    mapping = buf.obs._segment.map  # held: the memory stays mapped after its segment goes
+    del buf
+    gc.collect()
+    assert not mapping.closed
+    assert int(torch.cuda.cudart().cudaHostRegister(address, nbytes, 0)) == 0
+    assert int(torch.cuda.cudart().cudaHostUnregister(address)) == 0
 
 
 @pytest.mark.parametrize("script", ["ppo_atari", "a2c_atari", "ppo_lstm"])

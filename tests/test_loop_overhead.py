@@ -182,14 +182,19 @@ def plus_one(x):
     return x + 1
 
 
-@pytest.mark.parametrize("script", ["ppo_atari", pytest.param("a2c_atari", marks=pytest.mark.slow)])
-def test_the_cuda_host_path_trains_exactly_as_the_cpu_path(tmp_path, script):
+@pytest.mark.parametrize(
+    "script, sampler",
+    [("ppo_atari", "serial"), ("ppo_atari", "async"), pytest.param("a2c_atari", "serial", marks=pytest.mark.slow)],
+)
+def test_the_cuda_host_path_trains_exactly_as_the_cpu_path(tmp_path, script, sampler):
     """The host work counted above is the work that gives the results: a seeded CartPole run through CUDA's host path
     (packed uploads, the rollout's observations on the "device", joined reads, --compile's graph protocol with its
-    one-copy inputs) writes the same statistics, to the last digit, as the plain CPU path."""
+    one-copy inputs; async: the sampler's steps written into its page-locked rollout and copied up from there) writes
+    the same statistics, to the last digit, as the plain CPU path."""
     from tests.helpers import progress, run
 
     flags = ["--preset", "cartpole", "--total-timesteps", "1024", "--eval-episodes", "0", "--compile", "--seed", "3"]
+    flags += ["--sampler", sampler]
     flags += ["--log-every", "4"] if script == "a2c_atari" else []  # its rollouts are 64 steps
     env = {"RL_COMPILE_BACKEND": "eager"}
     rows = {}

@@ -258,6 +258,38 @@ def test_derived_arrays_are_private_and_deepcopy_copies():
     assert pickle.loads(pickle.dumps(b)).tolist() == [1.0] * 5
 
 
+@pytest.mark.parametrize(
+    "derive",
+    [
+        lambda a: a[3],
+        lambda a: a[3][1],
+        lambda a: a[1:3, ::2],
+        lambda a: a.T,
+        lambda a: a.reshape(-1)[5:9],
+        lambda a: a[2].view(np.uint8),
+        lambda a: a[[0, 2]],
+        lambda a: a[:, [1, 0]],
+        lambda a: a[:, [1, 0]][0],
+        lambda a: a[a > 0],
+        lambda a: a + 1,
+        lambda a: (a + 1)[2],
+        lambda a: a.astype(np.float64)[1],
+        lambda a: np.ascontiguousarray(a.T)[0],
+    ],
+)
+def test_an_array_derived_from_shared_memory_is_shared_exactly_where_it_lies_there(derive):
+    """Views (rows, slices, transposes, reshapes, views of views) carry the segment, and pickle as handles to it;
+    fancy indexing, arithmetic and copies (and views of them) are private memory and carry none, so they pickle by
+    value: the segment goes with an array exactly where its memory lies in it."""
+    a = shared_zeros((4, 3, 5), np.float32)
+    a[...] = np.arange(a.size, dtype=np.float32).reshape(a.shape)
+    d = derive(a)
+    segment = getattr(d, "_segment", None)  # a plain ndarray has none
+    assert (segment is a._segment) == np.shares_memory(d, a)
+    assert segment is None or segment is a._segment
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(d)), d)
+
+
 SCRIPT = """
 import multiprocessing as mp, sys
 import numpy as np

@@ -38,11 +38,13 @@ def test_double_buffer_alternates_and_hands_each_rollout_the_previous_update():
     with torch.no_grad():
         module.weight.fill_(0.0)
     buffers = DoubleBuffer(Item(np.int64(0), np.float32(0)), (3,), module=module)
+    views = buffers._views(0), buffers._views(1)  # made before the writer starts: they must not travel (by value)
     n = 12
     worker = Worker(_writer, (buffers, n, os.getpid()), name="writer")
     try:
         for k in range(n):
             slot = buffers.reader_acquire(k, worker.check)
+            assert slot is views[k % 2] and type(slot.k) is np.ndarray  # plain views: rows cost no Python call
             assert (slot.k == k).all()  # in order, never a half-written or skipped slot
             # Rollouts 0 and 1 used the initial parameters; rollout k >= 2 those of update k - 1, left in the
             # slot when the reader released rollout k - 2.
@@ -446,6 +448,26 @@ def test_a_sampler_acting_on_a_gpu_makes_it_its_current_device(monkeypatch):
     made_current.clear()
     sampler_entry(lambda proc: seen.append(proc.device), (), affinity, os.getpid(), torch.device("cpu"), False, None)
     assert made_current == [] and seen[-1] == torch.device("cpu")
+
+
+def test_a_sampler_page_locks_the_rollouts_it_writes_for_its_device(monkeypatch):
+    """A sampler process page-locks both slots of the double buffer it is handed, for the device it acts on (on a
+    GPU each step's copy up then goes from the rollout's row: shared.device.upload), before the script runs; other
+    arguments are left alone."""
+    from shared import device as device_mod
+    from shared import precision
+    from shared.procs import DoubleBuffer, sampler_entry
+
+    locked = []
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
+    monkeypatch.setattr(precision, "gpu_defaults", lambda: None)
+    monkeypatch.setattr(device_mod, "pin_host", lambda structure, device: locked.append((structure, device)))
+    affinity = type("Affinity", (), {"apply_worker": lambda self, i: None, "worker_cpus": ((0,),)})()
+    buffers = DoubleBuffer({"obs": np.zeros(3, np.uint8)}, (4, 2))
+    gpu, seen = torch.device("cuda", 0), []
+    target = lambda *a: seen.append(list(locked))
+    sampler_entry(target, ("args", buffers, [np.zeros(2)]), affinity, os.getpid(), gpu, False, None)
+    assert seen == [[(buffers.slots[0], gpu), (buffers.slots[1], gpu)]]
 
 
 @pytest.mark.parametrize("cut", ["a worker killed", "a reply read in half"])

@@ -58,6 +58,7 @@ sys.path.insert(0, str(ROOT / "algos"))
 from shared import compiling, device
 from shared.device_replay import DeviceReplay
 from shared.namedarraytuple import map_structure
+from shared.procs import DoubleBuffer
 from tests.count_syncs import reads_device
 
 ATARI_OBS = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
@@ -186,18 +187,19 @@ class DeviceReads(TorchDispatchMode):
 
 class Bytes:
     """Bytes through ``upload`` and ``upload_each`` (up) and ``to_host`` (down), counted by wrapping the copies: what an
-    uploader stages (``Uploader._stage``, which its packed copy and ``each`` go through) or, where it does not pack, its
-    ``__call__``; and one sync for each ``one_copy`` (``to_host``'s copy down)."""
+    uploader stages (``Uploader._stage``, which its packed copy and ``each`` go through), copies up from a page-locked
+    rollout (``through``) or, where it does not pack, its ``__call__``; and one sync for each ``one_copy`` (``to_host``'s
+    copy down)."""
 
     inside = 0  # one_copy calls running: TorchCalls leaves their copies to this count
 
     def __init__(self) -> None:
         self.up = self.down = self.syncs = 0
-        self._saved = device.Uploader.__call__, device.Uploader._stage, device.one_copy
+        self._saved = device.Uploader.__call__, device.Uploader._stage, device.Uploader.through, device.one_copy
 
     def __enter__(self) -> Bytes:
         counter = self
-        call_, stage_, one_copy_ = self._saved
+        call_, stage_, through_, one_copy_ = self._saved
 
         def call(uploader, arrays, into=None):
             if not uploader.pack:
@@ -207,6 +209,10 @@ class Bytes:
         def stage(uploader, arrays, dests=None):
             counter.up += sum(np.asarray(a).nbytes for a in arrays.values())
             return stage_(uploader, arrays, dests)
+
+        def through(uploader, arrays, into):  # the arrays a page-locked rollout keeps (the rest: through _stage)
+            counter.up += sum(a.nbytes for k, a in arrays.items() if k in into)
+            return through_(uploader, arrays, into)
 
         def one_copy(tensors):
             counter.down += sum(t.numel() * t.element_size() for t in tensors)
@@ -218,10 +224,11 @@ class Bytes:
                 Bytes.inside -= 1
 
         device.Uploader.__call__, device.Uploader._stage, device.one_copy = call, stage, one_copy
+        device.Uploader.through = through
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        device.Uploader.__call__, device.Uploader._stage, device.one_copy = self._saved
+        device.Uploader.__call__, device.Uploader._stage, device.Uploader.through, device.one_copy = self._saved
 
 
 def count(fn: Callable[[], Any], per: int) -> dict[str, float]:
@@ -420,9 +427,11 @@ def on_policy(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
         **{f"rollout_{k}": v for k, v in count(learn, 1).items()},
     }
     if ASYNC:  # the sampler process's loop (acting on the learner's device, into a slot of shared memory) and the learner's
-        host = map_structure(
-            lambda x: np.zeros(tuple(x.shape), device.numpy_dtype(x.dtype) if torch.is_tensor(x) else x.dtype), sampler.buf
-        )
+        # a slot of the double buffer, page-locked as the sampler process does (procs.sampler_entry), as it writes it
+        step = lambda x: np.zeros(tuple(x.shape[2:]), device.numpy_dtype(x.dtype) if torch.is_tensor(x) else x.dtype)
+        buffers = DoubleBuffer(map_structure(step, sampler.buf), (T, args.num_envs))
+        buffers.pin(run.device)
+        host = buffers.writer_acquire(0, lambda: None)
         boot = map_structure(np.copy, sampler.boot)
         sample = lambda: S.collect(envs, agent, sampler.state, host, boot, args, run.device)
         as_async = dataclasses.replace(args, sampler="async")  # what the learner does with a rollout it did not act for
