@@ -61,3 +61,18 @@ def pytest_collection_modifyitems(config, items):
         ]  # pytest's own start nothing
         if not any(starts_a_script(f, seen) for f in [item.function, *fixtures]):
             item.add_marker(pytest.mark.unit)
+
+
+@pytest.fixture(autouse=True)
+def _an_assertion_inside_with_run_fails_the_test(monkeypatch):
+    """``Run.__exit__`` ends a run cleanly on any error (it reports it and sets exit code 1), which would swallow a
+    test's own failed ``assert`` inside ``with run:``: here that AssertionError goes on up and fails the test."""
+    from shared.run import Run
+
+    exit_ = Run.__exit__
+
+    def __exit__(self, kind, error, tb):
+        handled = exit_(self, kind, error, tb)
+        return handled and not (kind is not None and issubclass(kind, AssertionError))
+
+    monkeypatch.setattr(Run, "__exit__", __exit__)
