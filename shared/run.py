@@ -56,7 +56,9 @@ Guarantees
   one that is not finite there ends the run with ``FloatingPointError`` and no checkpoint is written over the
   last good one); ``updates``, when given, is also the count the checkpoint keeps. In a torchrun job
   every rank calls it every iteration: it is where the ranks agree to stop together, for a threshold or for a
-  signal any rank got, at the same iteration.
+  signal any rank got, at the same iteration: the first whose ``global_step`` is ``AGREE_EVERY_STEPS`` (256) or more
+  past the last agreement (every iteration of the PPO family, whose rollouts are longer; every 256 job env steps of
+  an off-policy loop, which iterates once per env step).
 - ``with run:`` ends the run cleanly however it ends: Ctrl-C or SIGTERM writes a last row and the checkpoint,
   exit code 130; a sampler process or env worker that failed or was killed writes the learner's checkpoint,
   then one ``error:`` line and exit code 1 (a sampler killed while holding the shared replay's lock, as a
@@ -109,6 +111,10 @@ from shared.run_checks import allocation_refusal, check_run
 __all__ = ["EXIT_INTERRUPTED", "Run"]
 
 EXIT_INTERRUPTED = 130
+# In a torchrun job the ranks agree on stopping (a threshold, a signal) once this many of the job's env steps have
+# passed since they last did, not at every iteration: an off-policy loop's iteration is one env step per env, and an
+# all-reduce at each one cost it 50-500 µs on gloo and held every rank to the slowest at every step.
+AGREE_EVERY_STEPS = 256
 # A failure of the sampling side the learner survives: its checkpoint is written before the run ends.
 SAMPLER_FAILURES = (WorkerError, EOFError, BrokenPipeError, ConnectionResetError)
 
@@ -333,6 +339,7 @@ class Run:
             "row": first_row,
             "eval": start.global_step + args.eval_every if args.eval_every else None,
             "checkpoint": start.global_step + t if t else None,
+            "agree": start.global_step,  # torchrun: where the ranks next agree on stopping (_should_stop)
         }
         self._last_checkpoint_t = time.time()
         compiled = f"  compiled ({compiling.backend()})" if compiling.enabled() else ""
@@ -402,6 +409,10 @@ class Run:
         _check_finite(self.progress.row(global_step, **values), values, global_step)
 
     def _should_stop(self, global_step: int) -> bool:
+        if distributed.in_lockstep():  # every rank has the same global_step at each iteration: the same ones agree
+            if global_step < self._next["agree"]:
+                return False
+            self._next["agree"] = global_step + AGREE_EVERY_STEPS
         threshold = getattr(self.args, "stop_at_return", None)
         mean = self.progress.recent_mean(self.stop_window) if threshold is not None else None
         # One agreement for both: the ranks leave the loop at the same iteration, for a threshold or a signal.
