@@ -51,7 +51,7 @@ import operator
 import os
 import threading
 import weakref
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -185,6 +185,16 @@ def _arrays(host: np.ndarray, pieces: list) -> list[np.ndarray]:
     return out
 
 
+class _Plan(NamedTuple):
+    """How a copy of one signature of arrays goes (``Uploader._plan``)."""
+
+    layout: dict  # key -> (byte offset, bytes, torch dtype, shape)
+    end: int  # the bytes in all
+    padded: int  # and padded: the block copied, viewable as any dtype at once
+    views: list  # each field as a view of the block: (key, dtype, shape, strides, offset in elements of its dtype)
+    staged: list  # per staging buffer its fields (_stage): (the buffer, the numpy arrays written, the tensors)
+
+
 class Uploader:
     """One copy per batch to ``device`` (``each``: one a field) through ``depth`` staging buffers in turn (see the module
     docstring); ``pack`` (default: on CUDA) packs on any device, which is how the CPU tests count the copies."""
@@ -233,8 +243,8 @@ class Uploader:
         if plan is None:
             plan = self._plan(arrays, signature)
         if dests is not None:
-            _check_dests(plan[0].values(), dests, self.device)
-        layout, padded, staged = plan[0], plan[2], plan[4]
+            _check_dests(plan.layout.values(), dests, self.device)
+        layout, padded, staged = plan.layout, plan.padded, plan.staged
         slot = self.copies % self.depth
         if self.events[slot] is not None:
             self.events[slot].synchronize()  # its last copy is done (long since, as a rule)
@@ -276,7 +286,7 @@ class Uploader:
         import torch
 
         plan, slot, (buffer, _, _) = self._stage(arrays)
-        end, padded, views = plan[1], plan[2], plan[3]
+        end, padded, views = plan.end, plan.padded, plan.views
         row = None if into is None else self._row(into, arrays, plan, end)
         if row is not None:  # straight into the rollout's step (a GPU's DMA: no bytes for the host in the dry run)
             if DRY:
@@ -327,7 +337,7 @@ class Uploader:
             out.update(self.packed(rest))
         return out
 
-    def _plan(self, arrays: dict[Any, np.ndarray], signature: tuple) -> list:
+    def _plan(self, arrays: dict[Any, np.ndarray], signature: tuple) -> _Plan:
         """How a copy of ``arrays``' signature goes, worked out once: each field's (offset, bytes, torch dtype, shape),
         the bytes in all and padded, each field as a view of the block (key, dtype, shape, strides, offset in elements
         of its dtype), and per staging buffer its fields (made by ``_stage``: the numpy arrays they are written into,
@@ -339,7 +349,7 @@ class Uploader:
             self.layouts.clear()
             self.rows.clear()  # keyed by their plans
         padded = -(-end // self.ALIGN) * self.ALIGN  # the block copied: viewable as any dtype at once
-        plan = self.layouts[signature] = [layout, end, padded, views, [None] * self.depth]
+        plan = self.layouts[signature] = _Plan(layout, end, padded, views, [None] * self.depth)
         return plan
 
     def _launch(self) -> None:
@@ -351,7 +361,7 @@ class Uploader:
                 self.dry_pair = [torch.zeros(1, dtype=torch.uint8) for _ in range(2)]
         self.dry_pair[0].copy_(self.dry_pair[1])
 
-    def _row(self, into: Any, arrays: dict, plan: list, end: int) -> Any:
+    def _row(self, into: Any, arrays: dict, plan: _Plan, end: int) -> Any:
         """``into``'s bytes as one uint8 tensor when its tensors lie in one storage as this copy packs them (``packed``;
         the views of ``shared.buffer.on_device``'s block, which share one version counter), else None; found once per
         plan and place (a rollout's steps), then known by the tensors' addresses and their storage, held weakly
@@ -371,7 +381,7 @@ class Uploader:
         known = self.rows.get(key)
         if known is None or known[0]() is not storage:
             tensors = all(type(d) is torch.Tensor for d in dests)
-            packed = tensors and _packed_row(dests, storage, list(plan[0].values()), end, self.device)
+            packed = tensors and _packed_row(dests, storage, list(plan.layout.values()), end, self.device)
             known = self.rows[key] = (weakref.ref(storage), packed)
             if len(self.rows) > _ROWS:  # a long run through many places never piles them up
                 self.rows = {key: known}
