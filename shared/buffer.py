@@ -135,12 +135,14 @@ class _Segment:
         return (_attach_segment, (reduction.DupFd(self.fd), self.nbytes))
 
     def __del__(self):
-        if self.unpin is not None:  # before the mapping goes: the driver must not keep pages that are reused
-            self.unpin()
         try:
-            os.close(self.fd)
-        except (OSError, AttributeError, TypeError):
-            pass
+            if self.unpin is not None:  # before the mapping goes: the driver must not keep pages that are reused
+                self.unpin()
+        finally:
+            try:
+                os.close(self.fd)
+            except (OSError, AttributeError, TypeError):
+                pass
 
 
 def _attach_segment(dup_fd: Any, nbytes: int) -> _Segment:

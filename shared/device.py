@@ -436,19 +436,25 @@ def _uploader(device: Any) -> Uploader:
     return uploader
 
 
-_LOCKED: list[list[int]] = [[], []]  # pin_host's memory in this process, sorted: where each part starts, and ends
+# pin_host's memory in this process, sorted: where each part starts, and where it ends
+_LOCKED_STARTS: list[int] = []
+_LOCKED_ENDS: list[int] = []
 
 
-def _pinned(into: dict) -> bool:
-    """Whether every destination in ``into`` is a numpy array in memory this process page-locked (``pin_host``): a
-    view of a SharedArray, or a plain view of one (what a sampler writes through: ``shared.procs.DoubleBuffer``)."""
-    starts, ends = _LOCKED
-    for dst in into.values():
-        if not isinstance(dst, np.ndarray):
+def _pinned(into: dict, arrays: dict) -> bool:
+    """Whether every destination in ``into`` is a C-contiguous numpy array in memory this process page-locked
+    (``pin_host``; a view of a SharedArray, or a plain view of one: what a sampler writes through,
+    ``shared.procs.DoubleBuffer``) of its array's dtype and shape: a write there converts and broadcasts nothing,
+    so what goes up is what any other path would send."""
+    for k, dst in into.items():
+        a = arrays.get(k)
+        if not isinstance(dst, np.ndarray) or a is None or dst.dtype != a.dtype or dst.shape != a.shape:
+            return False
+        if not dst.flags.c_contiguous:
             return False
         first = dst.__array_interface__["data"][0]
-        i = bisect.bisect_right(starts, first) - 1
-        if i < 0 or first + dst.nbytes > ends[i]:
+        i = bisect.bisect_right(_LOCKED_STARTS, first) - 1
+        if i < 0 or first + dst.nbytes > _LOCKED_ENDS[i]:
             return False
     return True
 
@@ -456,7 +462,9 @@ def _pinned(into: dict) -> bool:
 def pin_host(structure: Any, device: Any) -> None:
     """The shared memory under ``structure``'s arrays page-locked for ``device``'s copies in this process (module
     docstring); an array in private memory is left as it is. Its range is forgotten as the memory is freed (were it
-    not, a copy from other memory at that address would still be right: from pageable memory, a GPU's copy waits)."""
+    not, a copy from other memory at that address would still be right: from pageable memory, a GPU's copy waits).
+    A refusal raises at once, naming CUDA's error: it leaves that error set in CUDA, where the next kernel launch
+    would raise it under another name."""
     cuda = device.type == "cuda"
     if not (cuda or CUDA_PATH):
         return
@@ -467,28 +475,32 @@ def pin_host(structure: Any, device: Any) -> None:
         if cuda:
             import torch
 
-            error = int(torch.cuda.cudart().cudaHostRegister(segment.address, segment.nbytes, 0))
-            if error:
-                raise RuntimeError(f"page-locking {segment.nbytes} bytes of shared memory for {device}: cudaError {error}")
-        i = bisect.bisect(_LOCKED[0], segment.address)
-        _LOCKED[0].insert(i, segment.address)
-        _LOCKED[1].insert(i, segment.address + segment.nbytes)
+            cudart = torch.cuda.cudart()
+            error = cudart.cudaHostRegister(segment.address, segment.nbytes, 1)  # 1: portable, as torch's own does
+            if int(error):
+                raise RuntimeError(
+                    f"page-locking {segment.nbytes} bytes of shared memory for {device} (cudaHostRegister): "
+                    f"{cudart.cudaGetErrorString(error)}"
+                )
+        i = bisect.bisect(_LOCKED_STARTS, segment.address)
+        _LOCKED_STARTS.insert(i, segment.address)
+        _LOCKED_ENDS.insert(i, segment.address + segment.nbytes)
         segment.unpin = lambda address=segment.address: _unpin(address, cuda)
         segment.pinned = True
 
 
 def _unpin(address: int, cuda: bool) -> None:
-    """``pin_host``'s work undone as its memory is freed. At the interpreter's exit torch may be gone already, and
-    the driver lets go of everything anyway."""
-    i = _LOCKED[0].index(address)
-    del _LOCKED[0][i], _LOCKED[1][i]
-    if cuda:
-        try:
+    """``pin_host``'s work undone as its memory is freed (``_Segment.__del__``, which may run at the interpreter's
+    exit, when torch or these lists may be gone: the driver lets go of everything then anyway)."""
+    try:
+        i = _LOCKED_STARTS.index(address)
+        del _LOCKED_STARTS[i], _LOCKED_ENDS[i]
+        if cuda:
             import torch
 
             torch.cuda.cudart().cudaHostUnregister(address)
-        except Exception:
-            pass
+    except Exception:
+        pass
 
 
 def upload_each(arrays: dict[Any, np.ndarray], dests: list, device: Any) -> None:
@@ -532,7 +544,7 @@ def upload(arrays: Any, device: Any, into: Any = None) -> Any:
     if type(arrays) is np.ndarray:
         return uploader({"": arrays})[""]
     if type(arrays) is dict and set(map(type, arrays.values())) == _ARRAYS:
-        if _LOCKED[0] and uploader.pack and type(into) is dict and _pinned(into):  # nothing locked: no call
+        if _LOCKED_STARTS and uploader.pack and type(into) is dict and _pinned(into, arrays):  # none locked: no call
             return uploader.through(arrays, into)
         up = uploader.packed(arrays, into) if uploader.pack else uploader(arrays, into)
         if into is not None and up is not into:

@@ -15,7 +15,11 @@ Guarantees
 - ``DoubleBuffer`` holds two slots of one structure in shared memory. The writer fills slot ``k % 2`` only
   after the reader released it, the reader reads slot ``k % 2`` only after the writer filled it: the writer
   is never more than one slot ahead, and neither side ever sees a half-written slot. Slots can carry the
-  learner's parameters back to the writer, which makes the policy lag exactly one update.
+  learner's parameters back to the writer, which makes the policy lag exactly one update. Both sides get a slot
+  as plain ndarray views of its shared arrays (a row of a SharedArray costs a Python call): they are valid while
+  the DoubleBuffer lives, and they pickle by value, so a slot travels to another process as the DoubleBuffer does,
+  never as views. A sampler acting on a GPU page-locks both slots (``sampler_entry``), so that each step goes up
+  from the rollout's row (``shared.device.upload``), and its ``writer_release`` waits for those copies.
 - ``SharedParameters`` publishes a module's parameters and buffers into shared memory with a version number;
   a reader copies them out under the same lock, so it never sees a mix of two versions.
 - Replay pacing (``ReplayPacer``, ``AsyncReplay``) is in ``shared.pacing``; waits and locks in ``shared.sync``.
@@ -234,11 +238,13 @@ class DoubleBuffer:
                 p.publish(module, version=0)
 
     def pin(self, device: Any) -> None:
-        """Both slots page-locked for ``device``'s copies in this process (``shared.device.pin_host``)."""
-        from shared.device import pin_host
+        """Both slots page-locked for ``device``'s copies in this process (``shared.device.pin_host``); on a GPU,
+        ``writer_release`` then waits for the copies up from the slot to be done before the reader may take it."""
+        from shared.device import pin_host  # here, not at the top: most users of this module never pin
 
         for slot in self.slots:
             pin_host(slot, device)
+        self._pinned_on = device
 
     def writer_acquire(self, k: int, check: Callable[[], None], module: Any = None) -> Any:
         """Wait until slot ``k % 2`` is free and return it for writing rollout ``k`` (loading its parameters
@@ -261,6 +267,11 @@ class DoubleBuffer:
         return {k: v for k, v in self.__dict__.items() if k != "_plain"}
 
     def writer_release(self, k: int) -> None:
+        device = getattr(self, "_pinned_on", None)
+        if device is not None and device.type == "cuda":  # no copy up from the slot is still reading it (one wait
+            import torch  # a rollout; the sampler's reads of its actions at every step have waited for them already)
+
+            torch.cuda.current_stream(device).synchronize()
         self._filled[k % 2].release()
 
     def reader_acquire(self, k: int, check: Callable[[], None]) -> Any:

@@ -57,8 +57,9 @@ Guarantees
   last good one); ``updates``, when given, is also the count the checkpoint keeps. In a torchrun job
   every rank calls it every iteration: it is where the ranks agree to stop together, for a threshold or for a
   signal any rank got, at the same iteration: the first whose ``global_step`` is ``AGREE_EVERY_STEPS`` (256) or more
-  past the last agreement (every iteration of the PPO family, whose rollouts are longer; every 256 job env steps of
-  an off-policy loop, which iterates once per env step).
+  past the last agreement, or the ``AGREE_EVERY_ITERATIONS``-th (64) since (every iteration of the PPO family, whose
+  rollouts are longer; every 256 job env steps or 64 iterations of an off-policy loop, which iterates once per env
+  step, or waits for its async samplers).
 - ``with run:`` ends the run cleanly however it ends: Ctrl-C or SIGTERM writes a last row and the checkpoint,
   exit code 130; a sampler process or env worker that failed or was killed writes the learner's checkpoint,
   then one ``error:`` line and exit code 1 (a sampler killed while holding the shared replay's lock, as a
@@ -111,10 +112,12 @@ from shared.run_checks import allocation_refusal, check_run
 __all__ = ["EXIT_INTERRUPTED", "Run"]
 
 EXIT_INTERRUPTED = 130
-# In a torchrun job the ranks agree on stopping (a threshold, a signal) once this many of the job's env steps have
-# passed since they last did, not at every iteration: an off-policy loop's iteration is one env step per env, and an
-# all-reduce at each one cost it 50-500 µs on gloo and held every rank to the slowest at every step.
+# In a torchrun job the ranks agree on stopping (a threshold, a signal) once this many of the job's env steps, or
+# of iterations, have passed since they last did, not at every iteration: an off-policy loop's iteration is one env
+# step per env, and an all-reduce at each one cost it about 0.5 ms on gloo (2 cores) and held every rank to the
+# slowest at every step. The iterations bound the wait where steps stall (an async sampler still starting).
 AGREE_EVERY_STEPS = 256
+AGREE_EVERY_ITERATIONS = 64
 # A failure of the sampling side the learner survives: its checkpoint is written before the run ends.
 SAMPLER_FAILURES = (WorkerError, EOFError, BrokenPipeError, ConnectionResetError)
 
@@ -341,6 +344,7 @@ class Run:
             "checkpoint": start.global_step + t if t else None,
             "agree": start.global_step,  # torchrun: where the ranks next agree on stopping (_should_stop)
         }
+        self._since_agreed = 0  # iterations since they last did
         self._last_checkpoint_t = time.time()
         compiled = f"  compiled ({compiling.backend()})" if compiling.enabled() else ""
         where = f"run folder {self.path}  sampler {args.sampler}  device {self.device}{compiled}"
@@ -409,10 +413,11 @@ class Run:
         _check_finite(self.progress.row(global_step, **values), values, global_step)
 
     def _should_stop(self, global_step: int) -> bool:
-        if distributed.in_lockstep():  # every rank has the same global_step at each iteration: the same ones agree
-            if global_step < self._next["agree"]:
+        if distributed.in_lockstep():  # the ranks' global_step and iteration counts are the same: they agree together
+            self._since_agreed += 1
+            if global_step < self._next["agree"] and self._since_agreed < AGREE_EVERY_ITERATIONS:
                 return False
-            self._next["agree"] = global_step + AGREE_EVERY_STEPS
+            self._next["agree"], self._since_agreed = global_step + AGREE_EVERY_STEPS, 0
         threshold = getattr(self.args, "stop_at_return", None)
         mean = self.progress.recent_mean(self.stop_window) if threshold is not None else None
         # One agreement for both: the ranks leave the loop at the same iteration, for a threshold or a signal.

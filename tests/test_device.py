@@ -718,6 +718,13 @@ def test_an_upload_into_page_locked_shared_memory_is_written_there_once_and_copi
         np.testing.assert_array_equal(into["obs"], sent[1]["obs"])
         np.testing.assert_array_equal(up["obs"].numpy(), sent[1]["obs"])
     assert uploader.copies == 4
+    # Arrays the row would convert or broadcast (an env whose observations are not its space's) go up as they are,
+    # as on every other path: not as the row holds them.
+    wide, one = np.full((2, 4, 6), 300.7), np.full((4, 6), 9, np.uint8)
+    up = device_mod.upload({"obs": wide}, cpu, into={"obs": buf.obs[4]})
+    assert up["obs"].dtype == torch.float64 and float(up["obs"][0, 0, 0]) == 300.7
+    up = device_mod.upload({"obs": one}, cpu, into={"obs": buf.obs[4]})
+    assert tuple(up["obs"].shape) == (4, 6) and uploader.copies == 6
 
 
 def test_page_locked_memory_is_forgotten_as_it_is_freed(monkeypatch):
@@ -728,15 +735,16 @@ def test_page_locked_memory_is_forgotten_as_it_is_freed(monkeypatch):
     from shared import device as device_mod
 
     monkeypatch.setattr(device_mod, "CUDA_PATH", True)
-    before = [list(x) for x in device_mod._LOCKED]
+    before = list(device_mod._LOCKED_STARTS), list(device_mod._LOCKED_ENDS)
     buf = _shared_rollout(3, 2)
     device_mod.pin_host(buf, torch.device("cpu"))
     row = buf.obs[1].view(np.ndarray)
-    assert device_mod._pinned({"obs": row}) and len(device_mod._LOCKED[0]) == len(before[0]) + 3
-    assert not device_mod._pinned({"obs": row.copy()})
+    arrays = {"obs": np.ones((2, 4, 6), np.uint8)}
+    assert device_mod._pinned({"obs": row}, arrays) and len(device_mod._LOCKED_STARTS) == len(before[0]) + 3
+    assert not device_mod._pinned({"obs": row.copy()}, arrays)
     del buf, row
     gc.collect()
-    assert device_mod._LOCKED == before
+    assert (device_mod._LOCKED_STARTS, device_mod._LOCKED_ENDS) == before
 
 
 def test_shared_memory_is_unlocked_before_it_is_freed():

@@ -468,6 +468,15 @@ def test_a_sampler_page_locks_the_rollouts_it_writes_for_its_device(monkeypatch)
     target = lambda *a: seen.append(list(locked))
     sampler_entry(target, ("args", buffers, [np.zeros(2)]), affinity, os.getpid(), gpu, False, None)
     assert seen == [[(buffers.slots[0], gpu), (buffers.slots[1], gpu)]]
+    # a slot goes to the reader only once the copies up from it are done: one wait on the stream a rollout
+    waited = []
+    stream = type("Stream", (), {"synchronize": lambda self: waited.append("synchronize")})()
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: waited.append(device) or stream)
+    buffers.writer_release(0)
+    assert waited == [gpu, "synchronize"]
+    unpinned = DoubleBuffer({"obs": np.zeros(3, np.uint8)}, (4, 2))
+    unpinned.writer_release(0)
+    assert waited == [gpu, "synchronize"]
 
 
 @pytest.mark.parametrize("cut", ["a worker killed", "a reply read in half"])

@@ -188,13 +188,14 @@ def test_the_stop_rule_needs_n_episodes_at_or_above_the_threshold(tmp_path, caps
     assert "mean return of the last 2 episodes 11.5 >= 11.5 at step 42: stopping" in capsys.readouterr().out
 
 
-def test_in_a_torchrun_job_the_ranks_agree_on_stopping_every_256_steps_not_every_iteration(tmp_path, monkeypatch):
+def test_in_a_torchrun_job_the_ranks_agree_on_stopping_every_256_steps_or_64_iterations(tmp_path, monkeypatch):
     """An off-policy loop calls periodic at every env step: under torchrun, the agreement on stopping (one all-reduce)
-    comes at the first iteration 256 or more job steps past the last one, the same iteration on every rank (their
-    global_step is the same), and each iteration of a longer stride (a PPO rollout) agrees at once. A signal, or the
-    threshold, stops the loop at the next agreement. Single-process runs decide at every iteration (the test above)."""
+    comes at the first iteration 256 or more job steps past the last one, or the 64th iteration since (where steps
+    stall: async samplers still starting), the same iteration on every rank (their global_step and iteration counts
+    are the same); each iteration of a longer stride (a PPO rollout) agrees at once. A signal, or the threshold, stops
+    the loop at the next agreement. Single-process runs decide at every iteration (the test above)."""
     from shared import distributed, signals
-    from shared.run import AGREE_EVERY_STEPS
+    from shared.run import AGREE_EVERY_ITERATIONS, AGREE_EVERY_STEPS
 
     agreed = []
 
@@ -204,10 +205,10 @@ def test_in_a_torchrun_job_the_ranks_agree_on_stopping_every_256_steps_not_every
 
     monkeypatch.setattr(distributed, "any_rank", any_rank)
     run, _ = new_run(tmp_path, stop_at_return=5.0)
-    seen = {}  # asserted after the run: `with run` turns an error inside it into exit code 1
+    seen = {}  # checked after the run: inside ``with run``, any error but an assert's becomes exit code 1
     with run:
         monkeypatch.setattr(distributed, "in_lockstep", lambda: True)
-        for step in range(2, 1202, 2):  # 2 ranks x 1 env
+        for step in range(2, 1202, 2):  # 2 ranks x 1 env: 64 iterations come before 256 steps
             if step == 700:  # a Ctrl-C on some rank
                 monkeypatch.setattr(signals, "signalled", lambda: True)
             if run._should_stop(step):
@@ -216,9 +217,17 @@ def test_in_a_torchrun_job_the_ranks_agree_on_stopping_every_256_steps_not_every
         monkeypatch.setattr(signals, "signalled", lambda: False)
         run._interrupted = False
         agreed.clear()
+        for step in range(1000, 1000 + 6 * 100, 100):  # 100 steps an iteration: 256 steps come first
+            run._should_stop(step)
+        seen["strides"] = list(agreed)
+        agreed.clear()
         for step in range(2818, 2818 + 4 * 2048, 2048):  # rollouts of 2048 steps: each agrees
             run._should_stop(step)
         seen["rollouts"] = list(agreed)
+        agreed.clear()
+        for _ in range(70):  # steps stalled (async samplers starting): the iterations still bring an agreement
+            run._should_stop(step)
+        seen["stalled"] = len(agreed)
         agreed.clear()
         monkeypatch.setattr(distributed, "in_lockstep", lambda: False)  # (a job shares its episodes at rows)
         run.episodes([(9.0, 1)] * 20, 0)  # the threshold: reached at the next agreement
@@ -227,9 +236,11 @@ def test_in_a_torchrun_job_the_ranks_agree_on_stopping_every_256_steps_not_every
         seen["threshold"] += [run._should_stop(step := 9218), list(agreed)]
         monkeypatch.setattr(distributed, "in_lockstep", lambda: False)
         run.finish(9218)
-    assert run.exit_code == 0 and AGREE_EVERY_STEPS == 256
-    assert seen["signal"] == ([2, 258, 514, 770], 770)  # stopped there
+    assert run.exit_code == 0 and (AGREE_EVERY_STEPS, AGREE_EVERY_ITERATIONS) == (256, 64)
+    assert seen["signal"] == ([2, 130, 258, 386, 514, 642, 770], 770)  # stopped there
+    assert seen["strides"] == [1100, 1400]  # 1026 the next agreement after 770
     assert seen["rollouts"] == [2818, 4866, 6914, 8962]
+    assert seen["stalled"] == 1
     assert seen["threshold"] == [False, True, [9218]]
 
 
