@@ -111,10 +111,14 @@ def zeros(shape: Sequence[int] | int, dtype: Any, shared: bool = False) -> np.nd
 
 class _Segment:
     """One anonymous shared mapping and the descriptor that lets other processes map it; ``pinned`` where this
-    process page-locked it for a GPU's copies (``shared.device.pin_host``), which ``unpin`` undoes before it is freed."""
+    process page-locked it for a GPU's copies (``shared.device.pin_host`` set ``unpin``, which undoes that before the
+    mapping is freed)."""
 
-    pinned = False
     unpin: Any = None
+
+    @property
+    def pinned(self) -> bool:
+        return self.unpin is not None
 
     def __init__(self, nbytes: int, fd: int | None = None):
         self.nbytes = max(int(nbytes), 1)

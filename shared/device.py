@@ -486,7 +486,6 @@ def pin_host(structure: Any, device: Any) -> None:
         _LOCKED_STARTS.insert(i, segment.address)
         _LOCKED_ENDS.insert(i, segment.address + segment.nbytes)
         segment.unpin = lambda address=segment.address: _unpin(address, cuda)
-        segment.pinned = True
 
 
 def _unpin(address: int, cuda: bool) -> None:

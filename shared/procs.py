@@ -229,6 +229,8 @@ class DoubleBuffer:
 
     def __init__(self, example: Any, leading_dims: tuple[int, ...], module: Any = None):
         self.slots = [buffer_from_example(example, leading_dims, shared=True) for _ in range(2)]
+        self._plain: list = [None, None]  # the slots as plain views, made in each process (_views)
+        self._pinned_on: Any = None  # the device pin() page-locked the slots for, in this process
         self._filled = [CTX.Semaphore(0) for _ in range(2)]
         self._free = [CTX.Semaphore(1) for _ in range(2)]
         self.params = None
@@ -258,16 +260,15 @@ class DoubleBuffer:
         """Slot ``k % 2`` as plain ndarray views of its shared arrays, made once in each process: each row a sampler
         views or writes in a SharedArray costs a Python call (its ``__array_finalize__``), a dozen a step. Plain views
         would pickle by value, a copy of their own: they never travel (``__getstate__``)."""
-        views = self.__dict__.setdefault("_plain", [None, None])
-        if views[k % 2] is None:
-            views[k % 2] = map_structure(lambda x: x.view(np.ndarray), self.slots[k % 2])
-        return views[k % 2]
+        if self._plain[k % 2] is None:
+            self._plain[k % 2] = map_structure(lambda x: x.view(np.ndarray), self.slots[k % 2])
+        return self._plain[k % 2]
 
     def __getstate__(self) -> dict:
-        return {k: v for k, v in self.__dict__.items() if k != "_plain"}
+        return {**self.__dict__, "_plain": [None, None], "_pinned_on": None}  # neither holds in another process
 
     def writer_release(self, k: int) -> None:
-        device = getattr(self, "_pinned_on", None)
+        device = self._pinned_on
         if device is not None and device.type == "cuda":  # no copy up from the slot is still reading it (one wait
             import torch  # a rollout; the sampler's reads of its actions at every step have waited for them already)
 
