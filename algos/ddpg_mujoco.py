@@ -231,14 +231,16 @@ class EnvStepper:
         self.rng = np.random.default_rng(seed)
         self.space = envs.single_action_space
 
-    def step(self, actor: Actor, random: bool, device: torch.device) -> tuple:
-        """One step of every env; returns the replay row [1, B] and the episodes that ended [(return, length)]."""
+    def act(self, actor: Actor, random: bool, device: torch.device) -> np.ndarray:
+        """Every env's action [B, A] for this step (on a GPU, waiting for the updates launched before it)."""
         self.obs_norm.update(self.obs, ~self.final_row)
         if random:
-            action = self.rng.uniform(-1.0, 1.0, (self.args.num_envs,) + self.space.shape).astype(np.float32)
-        else:  # one copy each way per step
-            obs = upload_batch({"observation": self.obs}, self.obs_norm, device)["observation"]  # [B, S]
-            action = to_host(policy_step(actor, obs, self.args.exploration_noise, self.args.bf16))
+            return self.rng.uniform(-1.0, 1.0, (self.args.num_envs,) + self.space.shape).astype(np.float32)
+        obs = upload_batch({"observation": self.obs}, self.obs_norm, device)["observation"]  # [B, S]: one copy each way
+        return to_host(policy_step(actor, obs, self.args.exploration_noise, self.args.bf16))
+
+    def step(self, action: np.ndarray) -> tuple:
+        """One step of every env with ``action``: the replay row [1, B] and the episodes that ended [(return, length)]."""
         next_obs, reward, term, trunc, _ = self.envs.step(scale_action(action, self.space.low, self.space.high))
         reward = np.where(self.final_row, 0.0, reward)
         row = Step(observation=self.obs, action=action, reward=reward, terminated=term, truncated=trunc)  # stored as float32
@@ -380,17 +382,19 @@ def main() -> int:
         else:  # a sampler process fills the shared replay (the last section of this file)
             sampler = AsyncReplay.start(run, buffer, actor, pacer, global_step, sampler_main, (args, buffer, obs_norm))
         while global_step < args.total_timesteps:
-            if args.sampler != "async":  # one step of every env, into the replay
-                row, episodes = stepper.step(actor, pacer.warming_up(global_step), run.device)
-                buffer.append(row)
-                global_step += args.num_envs * run.world  # the job's env steps: every rank steps as many
-                run.episodes(episodes, global_step)
+            if args.sampler != "async":  # the actions first: on a GPU the envs then step while the updates below run
+                action = stepper.act(actor, pacer.warming_up(global_step), run.device)
             else:  # the rows the sampler appended meanwhile; actor is published to it when due
                 global_step, waits = sampler.exchange(run, actor, updates)
             for _ in range(pacer.due(global_step, updates)):  # replay_ratio samples per env step
                 b = next_batch(buffer, mirror, obs_norm, args, run.device)
                 stats = ddpg_update(actor, target_actor, critic, target_critic, optimizers, b, args)
                 updates += 1
+            if args.sampler != "async":  # one step of every env, into the replay
+                row, episodes = stepper.step(action)
+                buffer.append(row)
+                global_step += args.num_envs * run.world  # the job's env steps: every rank steps as many
+                run.episodes(episodes, global_step)
             if run.periodic(global_step, **stats, updates=updates, **waits):
                 break  # --stop-at-return reached, or a signal: finish ends as Ctrl-C does
         run.finish(global_step)  # the last row, checkpoint and evaluation
@@ -412,7 +416,7 @@ def sampler_main(args: Args, buffer: ReplayBuffer, obs_norm: ObsNorm, link: Asyn
         while step < args.total_timesteps:
             if not link.ready(proc, step, actor, args.max_lag_steps):  # too far ahead of the learner
                 continue
-            row, episodes = stepper.step(actor, link.pacer.warming_up(step), proc.device)
+            row, episodes = stepper.step(stepper.act(actor, link.pacer.warming_up(step), proc.device))
             buffer.append(row)
             step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
             link.report(episodes, step)

@@ -357,12 +357,15 @@ class EnvStepper:
         self.episodes = EpisodeTally(args.num_envs)  # each env's return and length so far
         self.rng = np.random.default_rng(seed)
 
-    def step(self, q_net: nn.Module, eps: np.ndarray, device: torch.device) -> tuple:
-        """One step of every env: the replay row [1, B] and the episodes that ended [(return, length)]."""
+    def act(self, q_net: nn.Module, eps: np.ndarray, device: torch.device) -> np.ndarray:
+        """Every env's action [B] for this step (on a GPU, waiting for the updates launched before it)."""
         obs = upload({"obs": self.obs}, device)["obs"]
         greedy = to_host(greedy_actions(q_net, obs, self.noise, self.args.bf16))  # the one copy a step makes
         explore = self.rng.random(len(greedy)) < eps
-        action = np.where(explore, self.rng.integers(0, self.envs.single_action_space.n, len(greedy)), greedy)
+        return np.where(explore, self.rng.integers(0, self.envs.single_action_space.n, len(greedy)), greedy)
+
+    def step(self, action: np.ndarray) -> tuple:
+        """One step of every env with ``action``: the replay row [1, B] and the episodes that ended [(return, length)]."""
         next_obs, reward, term, trunc, info = self.envs.step(action)
         lives = np.asarray(info.get("lives", self.lives), np.int64)
         life_lost = (lives < self.lives) & ~self.final_row
@@ -512,11 +515,8 @@ def main() -> int:
         else:  # a sampler process fills the shared replay (the last section of this file)
             sampler = AsyncReplay.start(run, buffer, q_net, pacer, global_step, sampler_main, (args, buffer))
         while global_step < args.total_timesteps:
-            if args.sampler != "async":  # one step of every env, into the replay
-                row, episodes = stepper.step(q_net, epsilons(args, global_step), run.device)
-                buffer.append(row)
-                global_step += args.num_envs * run.world  # the job's env steps: every rank steps as many
-                run.episodes(episodes, global_step)
+            if args.sampler != "async":  # the actions first: on a GPU the envs then step while the updates below run
+                action = stepper.act(q_net, epsilons(args, global_step), run.device)
             else:  # the rows the sampler appended meanwhile (and its episodes); q_net is published to it when due
                 global_step, waits = sampler.exchange(run, q_net, updates)
             for _ in range(pacer.due(global_step, updates)):  # replay_ratio samples per env step
@@ -528,6 +528,11 @@ def main() -> int:
                     for p, tp in zip(q_net.parameters(), target_net.parameters()):
                         tp.lerp_(p, args.tau)
                 next_target += args.target_update_interval
+            if args.sampler != "async":  # one step of every env, into the replay
+                row, episodes = stepper.step(action)
+                buffer.append(row)
+                global_step += args.num_envs * run.world  # the job's env steps: every rank steps as many
+                run.episodes(episodes, global_step)
             if run.periodic(global_step, epsilon=float(epsilons(args, global_step).mean()), **stats, updates=updates, **waits):
                 break  # --stop-at-return reached, or a signal: finish ends as Ctrl-C does
         run.finish(global_step)  # the last row, checkpoint and evaluation
@@ -549,7 +554,7 @@ def sampler_main(args: Args, buffer: ReplayBuffer, link: AsyncReplay, proc: Samp
         while step < args.total_timesteps:
             if not link.ready(proc, step, q_net, args.max_lag_steps):  # too far ahead of the learner
                 continue
-            row, episodes = stepper.step(q_net, epsilons(args, step), proc.device)
+            row, episodes = stepper.step(stepper.act(q_net, epsilons(args, step), proc.device))
             buffer.append(row)
             step += args.num_envs * distributed.world_size()  # counted as global steps, like the learner's
             link.report(episodes, step)

@@ -8,6 +8,7 @@ import importlib.util
 import math
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -337,9 +338,10 @@ def test_atari100k_preset_smoke(sampler, tmp_path):
         if sampler != "async"
         else (2 <= len(steps) <= 3 and steps == sorted(set(steps)) and steps[-1] == 300)
     ), steps
-    # One update per step from step 100 in this process; the async learner trails its sampler (up to
+    # One update per step from step 100 in this process, launched before the step's envs: the 200th would come with a
+    # 301st step (the run ends first; a resumed run makes it first). The async learner trails its sampler (up to
     # --max-lag-steps 1000 behind, more than this run is long).
-    assert float(rows[-1]["epsilon"]) == 0.0 and int(rows[-1]["updates"]) >= (200 if sampler != "async" else 1)
+    assert float(rows[-1]["epsilon"]) == 0.0 and int(rows[-1]["updates"]) >= (199 if sampler != "async" else 1)
     assert "noise" in torch.load(tmp_path / "a" / "checkpoint.pt", weights_only=True)
 
 
@@ -415,3 +417,17 @@ def test_flags_the_network_cannot_honour_are_refused_in_one_place(replaced_netwo
             replaced_network.make_network(replaced_network.Args(**{flag: True}), *spaces((4,), 2))
         assert e.value.code == 2
         assert capsys.readouterr().err.splitlines() == [f"error: {message}"]
+
+
+def test_the_envs_step_while_the_updates_run(tmp_path):
+    """main's loop acts, then launches the step's updates, then steps the envs: on a GPU the acting step's copy waits
+    for every update launched before it, so an update followed at once by the next acting step would leave the GPU
+    idle while the envs step (tests/loop_order.py records the order: A acting, U an update, E the envs' step)."""
+    flags = [*CARTPOLE, "--min-steps-learn", "64", "--batch-size", "16", "--total-timesteps", "200"]
+    flags += ["--out-dir", str(tmp_path)]
+    command = [sys.executable, str(ROOT / "tests" / "loop_order.py"), "catdqn_atari", "c51_update", *flags]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    events, code = out.stdout.split()
+    assert code == "0" and events.count("E") == events.count("A") == 50 and events.count("U") >= 100, events
+    assert re.fullmatch(r"(AE)+(AU+E)+", events), events  # never "UA": the envs step between an update and the next act

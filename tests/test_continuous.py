@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import subprocess
 import sys
 
 import numpy as np
@@ -453,3 +454,40 @@ def test_async_finishes_when_one_update_covers_more_than_the_lag_bound(tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = progress(tmp_path / "l")
     assert int(rows[-1]["global_step"]) == 2000 and int(rows[-1]["updates"]) >= 10
+
+
+# ---------------------------------------------------------------------------------------------- the loop's order
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_the_envs_step_while_the_updates_run(script, tmp_path):
+    """main's loop acts, then launches the step's updates, then steps the envs: on a GPU the acting step's copy waits
+    for every update launched before it, so an update followed at once by the next acting step would leave the GPU
+    idle while the envs step, and the envs idle while it updates (tests/loop_order.py records the order)."""
+    name = script.removesuffix(".py")
+    update = {"ddpg_mujoco": "ddpg_update", "td3_mujoco": "td3_update", "sac_mujoco": "sac_update"}[name]
+    flags = [
+        *PENDULUM,
+        "--hidden",
+        "16",
+        "--batch-size",
+        "16",
+        "--min-steps-learn",
+        "40",
+        "--total-timesteps",
+        "60",
+        "--out-dir",
+        str(tmp_path),
+    ]
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tests" / "loop_order.py"), name, update, *flags],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    events, code = out.stdout.split()
+    assert code == "0"
+    learning = events[events.index("U") - 1 :]  # from the first acting step of the policy that learns
+    assert events.count("E") == 60 and learning.count("U") >= 19, events
+    assert re.fullmatch(r"(AU+E)+", learning), events  # never "UA": the envs step between an update and the next act

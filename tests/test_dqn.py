@@ -7,6 +7,7 @@ import importlib.util
 import json
 import re
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -447,3 +448,17 @@ def test_flags_the_network_cannot_honour_are_refused_in_one_place(mlp_script, ca
             edited.make_network(edited.Args(**{flag: True}), *spaces((4,), 2))
         assert e.value.code == 2
         assert capsys.readouterr().err.splitlines() == [f"error: {message}"]
+
+
+def test_the_envs_step_while_the_updates_run(tmp_path):
+    """main's loop acts, then launches the step's updates, then steps the envs: on a GPU the acting step's copy waits
+    for every update launched before it, so an update followed at once by the next acting step would leave the GPU
+    idle while the envs step (tests/loop_order.py records the order: A acting, U an update, E the envs' step)."""
+    flags = [*CARTPOLE, "--min-steps-learn", "64", "--batch-size", "16", "--total-timesteps", "200"]
+    flags += ["--out-dir", str(tmp_path)]
+    command = [sys.executable, str(ROOT / "tests" / "loop_order.py"), "dqn_atari", "dqn_update", *flags]
+    out = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    events, code = out.stdout.split()
+    assert code == "0" and events.count("E") == events.count("A") == 50 and events.count("U") >= 100, events
+    assert re.fullmatch(r"(AE)+(AU+E)+", events), events  # never "UA": the envs step between an update and the next act

@@ -195,7 +195,8 @@ def test_a_resumed_run_goes_on_with_its_saved_replay(sampler, tmp_path):
         timeout=300,
     )
     assert kept.returncode == 0 and "restored the replay: 2996 samples" in kept.stdout, kept.stderr[-2000:]
-    assert _updates_at(tmp_path / "kept", 5000) == (5000 - 1000) // 8
+    # a row counts the updates due before its last vector step (4 envs): they run before that step's envs
+    assert _updates_at(tmp_path / "kept", 5000) == (5000 - 4 - 1000) // 8
     refilled = run(
         "dqn_atari.py",
         *DQN,
@@ -209,7 +210,7 @@ def test_a_resumed_run_goes_on_with_its_saved_replay(sampler, tmp_path):
         timeout=300,
     )  # the run recorded --save-replay: off here
     assert refilled.returncode == 0, refilled.stderr[-2000:]
-    assert _updates_at(tmp_path / "refilled", 5000) == _updates_at(tmp_path / "r", 3000) + (5000 - 3000 - 1000) // 8
+    assert _updates_at(tmp_path / "refilled", 5000) == _updates_at(tmp_path / "r", 3000) + (5000 - 4 - 3000 - 1000) // 8
 
 
 def test_a_missing_replay_warns_and_starts_empty(tmp_path):

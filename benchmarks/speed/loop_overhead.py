@@ -469,7 +469,7 @@ def value_based(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
         stepper = S.EnvStepper(envs, args, 0, noise)
         eps = np.full(args.num_envs, 0.01)
         per_update = args.batch_size
-        step = lambda: buffer.append(stepper.step(q_net, eps, cpu)[0])
+        step = lambda: buffer.append(stepper.step(stepper.act(q_net, eps, cpu))[0])
         learn = S.dqn_update if name == "dqn_atari" else S.c51_update
         mirror = S.mirror_on(buffer, S.HOST_ONLY, cpu)  # RL_HOST_PATH: the uniform replay's mirror on the "device"
         update = lambda: learn(q_net, target_net, optimizer, buffer, args, args.beta, cpu, noise, mirror)
@@ -499,7 +499,8 @@ def value_based(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
 
 
 def off_policy_continuous(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
-    """sac_mujoco, td3_mujoco, ddpg_mujoco: one env step, its append, one sample and one update, per step."""
+    """sac_mujoco, td3_mujoco, ddpg_mujoco: the actions, one sample and one update, one env step and its append, per
+    step."""
     S = load(name)
     args = S.Args(num_envs=1, buffer_size=100_000)
     envs = StubVectorEnv(CHEETAH_OBS, CHEETAH_ACT, 1, env_cost_us)
@@ -512,14 +513,15 @@ def off_policy_continuous(name: str, env_cost_us: float, chunks: int) -> dict[st
     update = _continuous_update(S, name, args, learner, buffer, obs_norm, cpu)
     steps = 200
 
-    def loop() -> None:
+    def loop() -> None:  # main's order: the actions, the update (on a GPU it runs while the envs step), the step
         for _ in range(steps):
-            row, _ = stepper.step(learner[0], False, cpu)
-            buffer.append(row)
+            action = stepper.act(learner[0], False, cpu)
             update()
+            row, _ = stepper.step(action)
+            buffer.append(row)
 
     for _ in range(1000):  # a replay of some rows
-        buffer.append(stepper.step(learner[0], True, cpu)[0])
+        buffer.append(stepper.step(stepper.act(learner[0], True, cpu))[0])
     for _ in range(2):  # the graphs' warm-up calls and "captures"
         loop()
     return {
