@@ -569,6 +569,8 @@ with open(out + '/progress.csv', 'w') as f:
     f.write('global_step,wall_time_s,sps\\n' + ''.join(f'{1000 * (i + 1)},{x},0\\n' for i, x in enumerate(t)))
 """
 FAKE_LEANRL = """import sys
+# with params.to_module(qnet):   (as in LeanRL's SAC and TD3: the race runs a copy with race.LEANRL_EDITS made)
+assert ('params.to_module(qnet)' + ':') not in open(__file__).read(), 'the kit file ran, not the edited copy'
 for k, v in enumerate([1000.0, 1000.0, 1000.0, 1000.0]):
     sys.stderr.write(f'\\rspeed: {v + k: 4.1f} sps, lr: 0.00:  50%|#####     | 2/4 [00:01<00:01, 2.0it/s]')
 sys.stderr.write('\\n')
@@ -626,6 +628,7 @@ def test_the_race_part_runs_each_side_reads_its_figure_and_says_what_it_skipped(
     assert (ours["median"], ours["mean"], ours["intervals"], ours["from"], ours["to"]) == (2000.0, 1904.8, 4, 2000, 6000)
     assert (lean["median"], lean["intervals"], lean["prints"], lean["from"], lean["to"]) == (1001.5, 4, 4, 2000, 6000)
     assert got["ppo-atari"]["state"] == "done" and lean["cmd"].endswith("fake_torchcompile.py")
+    assert len(lean["edits"]) == 1 and "params.to_module(qnet):" in (leanrl / "fake_torchcompile.py").read_text()
     assert got["td3"]["runs"]["LeanRL"]["state"].startswith("skipped: no missing_torchcompile.py in --leanrl")
     assert got["td3"]["state"] == "done"  # ours has its figure, LeanRL's side was skipped and says why
     check.r["status"] = "finished"
@@ -634,6 +637,7 @@ def test_the_race_part_runs_each_side_reads_its_figure_and_says_what_it_skipped(
     assert "    ours              2000.0 SPS  [mean 1904.8; 4 intervals, steps 2,000->6,000, 1667-2000;" in text, text
     assert "of the envs-only ceiling (3000 SPS): ours 0.67, LeanRL 0.33" in text, text
     assert "LeanRL's packages: no LeanRL wheels" in text
+    assert "1 edit(s): race.LEANRL_EDITS" in text, text
     assert gpu_summary.all_passed(check.r)
     # the budget spent: what is left says so, and is not a pass
     check.deadline = time.monotonic()
@@ -689,3 +693,14 @@ def test_our_scripts_accept_every_flag_of_the_gpu_race():
             env={**os.environ, "RL_CHECK_ONLY": "1"},
         )
         assert out.returncode == 0, (argv, out.stderr[-2000:])
+
+
+@pytest.mark.unit
+def test_leanrl_scripts_get_the_edit_that_lets_them_compile_on_torch_2_11():
+    """LeanRL's SAC and TD3 keep to_module's default in batched_qf, which dynamo cannot guard on torch 2.11 (their
+    first update raised NameError: SYNTHETIC_LOCAL on the node): the race runs them with the kit's edit (a) made there,
+    and nothing else changed."""
+    text = "def batched_qf(params, obs):\n    with params.to_module(qnet):\n        return qnet(obs)\n"
+    edited, made = race.leanrl_edited(text)
+    assert edited == text.replace("to_module(qnet):", "to_module(qnet, preserve_module_state=False):") and len(made) == 1
+    assert race.leanrl_edited(edited) == (edited, [])  # made once; a script without the line is run as it is

@@ -406,6 +406,10 @@ class Check:
             argv = R.leanrl_argv(run, leanrl)
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [site, str(leanrl / "stubs"), env.get("PYTHONPATH")]))
             cwd = Path(tempfile.mkdtemp(prefix=f"{slug}-"))  # whatever LeanRL writes lands there, not in the repo
+            text, r["edits"] = R.leanrl_edited(Path(argv[0]).read_text())
+            if r["edits"]:  # an edited copy (race.LEANRL_EDITS) beside the kit's stubs on the path; the kit's file as it is
+                argv[0] = str(cwd / Path(argv[0]).name)
+                Path(argv[0]).write_text(text)
         else:
             argv = run.argv
         r["cmd"] = "python " + " ".join(shlex.quote(a) for a in argv)

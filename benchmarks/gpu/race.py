@@ -237,6 +237,24 @@ def plan(name: str, dry: bool = False) -> Item:
     raise ValueError(f"unknown race item {name!r}; known: {ORDER}")
 
 
+# LeanRL's SAC and TD3 on torch 2.11 with tensordict 0.15 (the first race, 2026-12-04): their ``batched_qf`` keeps
+# ``to_module``'s default ``preserve_module_state=True``, which makes an ``nn.Parameter`` inside the compiled update;
+# dynamo then guards its type on a temporary it cannot name, and the first update raises ``NameError: name
+# 'SYNTHETIC_LOCAL' is not defined`` (also on the CPU, and without tensordict: ``nn.Parameter(x)`` then ``type(p) is
+# nn.Parameter`` under ``torch.compile``). The peer kit's edit (a), made at the one place it left; the race runs an
+# edited copy, never the kit's file, and the summary says so.
+LEANRL_EDITS = [("params.to_module(qnet):", "params.to_module(qnet, preserve_module_state=False):")]
+
+
+def leanrl_edited(text: str) -> tuple[str, list[str]]:
+    """``text``, a LeanRL script, with each of ``LEANRL_EDITS`` made where it occurs, and the edits it made."""
+    made = []
+    for old, new in LEANRL_EDITS:
+        if old in text:
+            text, made = text.replace(old, new), [*made, f"{old} -> {new}"]
+    return text, made
+
+
 def leanrl_argv(run: Run, leanrl: Path) -> list[str]:
     return [str(leanrl / a[len("LEANRL/") :]) if a.startswith("LEANRL/") else a for a in run.argv]
 
@@ -287,7 +305,9 @@ def run_line(label: str, r: dict) -> str:
     extra = f"; compile {r['compile_s']:.0f} s" if r.get("compile_s") is not None else ""
     short = f"; SHORT: under {r['min_steps']:,} steps" if r.get("short") else ""
     cut = f"; {r['state']}" if r.get("state", "done") != "done" else ""
+    edits = f"; {len(r['edits'])} edit(s): race.LEANRL_EDITS" if r.get("edits") else ""
     return (
         f"{label:<14} {r['median']:9.1f} SPS  [mean {r['mean']:.1f}; {r['intervals']} intervals, steps "
-        f"{r['from']:,}->{r['to']:,}, {r['min']:.0f}-{r['max']:.0f}{extra}{short}{cut}; wall {r.get('wall_s', 0):.0f} s]"
+        f"{r['from']:,}->{r['to']:,}, {r['min']:.0f}-{r['max']:.0f}{extra}{short}{cut}{edits}; "
+        f"wall {r.get('wall_s', 0):.0f} s]"
     )
