@@ -584,6 +584,7 @@ def test_the_race_part_runs_each_side_reads_its_figure_and_says_what_it_skipped(
     leanrl = tmp_path / "leanrl"
     (leanrl / "stubs").mkdir(parents=True)
     (leanrl / "fake_torchcompile.py").write_text(FAKE_LEANRL)
+    (leanrl / "plain_torchcompile.py").write_text(FAKE_LEANRL.replace("to_module(qnet):", "to_module(net):"))
 
     def plan(name, dry=False):
         runs = [
@@ -595,16 +596,16 @@ def test_the_race_part_runs_each_side_reads_its_figure_and_says_what_it_skipped(
                 2000,
                 3000,
                 schedule=race.Schedule("windows", 2000, 3000, 1000),
+                edited=True,
             ),
         ]
         if name == "envs":
             return race.Item(name, "the ceiling", [race.Run("envs only", "value", ["-c", "print('x'); print(3000.0)"])])
+        other = "LEANRL/missing_torchcompile.py" if name == "td3" else "LEANRL/plain_torchcompile.py"
         return race.Item(
             name,
             f"{name}, a stand-in",
-            runs
-            if name == "ppo-atari"
-            else runs[:1] + [race.Run("LeanRL", "leanrl", ["LEANRL/missing_torchcompile.py"], 2000)],
+            runs if name == "ppo-atari" else runs[:1] + [race.Run("LeanRL", "leanrl", [other], 2000, edited=True)],
         )
 
     monkeypatch.setattr(race, "plan", plan)
@@ -613,7 +614,7 @@ def test_the_race_part_runs_each_side_reads_its_figure_and_says_what_it_skipped(
         budget=120,
         redo=None,
         parts=["race"],
-        race=["envs", "ppo-atari", "td3"],
+        race=["envs", "ppo-atari", "td3", "sac"],
         leanrl=str(leanrl),
         race_run_s=60,
         dry=True,
@@ -627,8 +628,12 @@ def test_the_race_part_runs_each_side_reads_its_figure_and_says_what_it_skipped(
     ours, lean = got["ppo-atari"]["runs"]["ours"], got["ppo-atari"]["runs"]["LeanRL"]
     assert (ours["median"], ours["mean"], ours["intervals"], ours["from"], ours["to"]) == (2000.0, 1904.8, 4, 2000, 6000)
     assert (lean["median"], lean["intervals"], lean["prints"], lean["from"], lean["to"]) == (1001.5, 4, 4, 2000, 6000)
-    assert got["ppo-atari"]["state"] == "done" and lean["cmd"].endswith("fake_torchcompile.py")
+    assert got["ppo-atari"]["state"] == "done" and lean["cmd"].endswith("fake_torchcompile.py (an edited copy)")
     assert len(lean["edits"]) == 1 and "params.to_module(qnet):" in (leanrl / "fake_torchcompile.py").read_text()
+    # a script that must take the edit and does not match it is not run as it is
+    plain = got["sac"]["runs"]["LeanRL"]
+    assert plain["state"] == "not run: race.LEANRL_EDITS matched nothing in plain_torchcompile.py", plain
+    assert got["sac"]["state"] == "incomplete" and "cmd" not in plain
     assert got["td3"]["runs"]["LeanRL"]["state"].startswith("skipped: no missing_torchcompile.py in --leanrl")
     assert got["td3"]["state"] == "done"  # ours has its figure, LeanRL's side was skipped and says why
     check.r["status"] = "finished"
@@ -638,6 +643,9 @@ def test_the_race_part_runs_each_side_reads_its_figure_and_says_what_it_skipped(
     assert "of the envs-only ceiling (3000 SPS): ours 0.67, LeanRL 0.33" in text, text
     assert "LeanRL's packages: no LeanRL wheels" in text
     assert "1 edit(s): race.LEANRL_EDITS" in text, text
+    assert "LeanRL         not run: race.LEANRL_EDITS matched nothing in plain_torchcompile.py" in text, text
+    assert not gpu_summary.all_passed(check.r)  # sac's LeanRL side did not run
+    del check.r["race"]["sac"]
     assert gpu_summary.all_passed(check.r)
     # the budget spent: what is left says so, and is not a pass
     check.deadline = time.monotonic()

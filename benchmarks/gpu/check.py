@@ -404,15 +404,21 @@ class Check:
             argv = [*run.argv, "--out-dir", str(folder), "--run-name", slug]
         elif run.kind == "leanrl":
             argv = R.leanrl_argv(run, leanrl)
-            env["PYTHONPATH"] = os.pathsep.join(filter(None, [site, str(leanrl / "stubs"), env.get("PYTHONPATH")]))
+            paths = [site, str(leanrl / "stubs"), str(leanrl), env.get("PYTHONPATH")]  # the kit's folder: a copy runs
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
+            if run.edited:  # race.LEANRL_EDITS made in a copy; the kit's own file is never written nor run unedited
+                text, r["edits"] = R.leanrl_edited(Path(argv[0]).read_text())
+                if not r["edits"]:
+                    r["state"] = f"not run: race.LEANRL_EDITS matched nothing in {Path(argv[0]).name}"
+                    return
             cwd = Path(tempfile.mkdtemp(prefix=f"{slug}-"))  # whatever LeanRL writes lands there, not in the repo
-            text, r["edits"] = R.leanrl_edited(Path(argv[0]).read_text())
-            if r["edits"]:  # an edited copy (race.LEANRL_EDITS) beside the kit's stubs on the path; the kit's file as it is
+            r["cmd"] = "python " + " ".join(shlex.quote(a) for a in argv) + (" (an edited copy)" if run.edited else "")
+            if run.edited:
                 argv[0] = str(cwd / Path(argv[0]).name)
                 Path(argv[0]).write_text(text)
         else:
             argv = run.argv
-        r["cmd"] = "python " + " ".join(shlex.quote(a) for a in argv)
+        r.setdefault("cmd", "python " + " ".join(shlex.quote(a) for a in argv))
         try:
             rc, cut, wall = run_cmd([sys.executable, *argv], log, budget, env, cwd=cwd)
         finally:

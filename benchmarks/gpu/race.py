@@ -103,6 +103,7 @@ class Run:
     every: int = 0  # LeanRL's intervals regrouped to multiples of this (our rows' spacing)
     schedule: Schedule | None = None
     unit: str = "SPS"
+    edited: bool = False  # a LeanRL script that runs only with LEANRL_EDITS made (a copy; never the kit's file as it is)
 
 
 @dataclass
@@ -212,6 +213,7 @@ def plan(name: str, dry: bool = False) -> Item:
                     least,
                     every,
                     Schedule("cumulative", burn, burn, 100),
+                    edited=True,
                 )
             )
         return Item(name, f"{name.upper()} HalfCheetah-v5, learning from {learn:,}, steps {burn:,}-{total:,}", runs)

@@ -462,14 +462,16 @@ def value_based(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
         net, target_net, optimizer = learner
         stepper = S.EnvStepper(envs, args, net, 0)
         per_update = args.batch_size * args.sequence_length
-        step = lambda: (lambda c, p, _: c is not None and buffer.append(c, p))(*stepper.step(net, cpu))
+        act = lambda: None  # its sampler acts inside its step
+        step = lambda _: (lambda c, p, _: c is not None and buffer.append(c, p))(*stepper.step(net, cpu))
         update = lambda: S.r2d1_update(net, target_net, optimizer, buffer, args, args.beta, cpu)
     else:
         q_net, target_net, optimizer, noise = learner
         stepper = S.EnvStepper(envs, args, 0, noise)
         eps = np.full(args.num_envs, 0.01)
         per_update = args.batch_size
-        step = lambda: buffer.append(stepper.step(stepper.act(q_net, eps, cpu))[0])
+        act = lambda: stepper.act(q_net, eps, cpu)
+        step = lambda action: buffer.append(stepper.step(action)[0])
         learn = S.dqn_update if name == "dqn_atari" else S.c51_update
         mirror = S.mirror_on(buffer, S.HOST_ONLY, cpu)  # RL_HOST_PATH: the uniform replay's mirror on the "device"
         update = lambda: learn(q_net, target_net, optimizer, buffer, args, args.beta, cpu, noise, mirror)
@@ -478,15 +480,16 @@ def value_based(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
     per_step = max(round(updates), 1) if updates >= 1 else 1
     steps = every * max(64 // every, 1)  # whole update periods: R2D1 updates every 320 vector steps, not every 64
 
-    def loop() -> None:
+    def loop() -> None:  # main's order: the actions, the updates due (on a GPU they run while the envs step), the step
         for t in range(steps):
-            step()
+            action = act()
             if t % every == 0:
                 for _ in range(per_step):
                     update()
+            step(action)
 
     while len(buffer) < 4 * args.batch_size or buffer.cursor < 2_000 // args.num_envs:  # rows to sample from
-        step()
+        step(act())
     for _ in range(3):  # the graphs' warm-up calls and "captures"
         update()
     return {
