@@ -1,16 +1,17 @@
 """The order of a replay script's loop: which of acting, updating and stepping the envs comes first.
 
 Usage: ``python tests/loop_order.py SCRIPT UPDATE [FLAGS...]`` runs ``algos/SCRIPT.py``'s ``main()`` in this process
-and prints one line: a letter per event, in order: ``A`` an acting step's copy down (``to_host``, the call that waits
-for the GPU), ``U`` a call of the script's function ``UPDATE``, ``E`` a step of the envs. On a GPU an acting step's
-copy waits for every update launched before it, so an ``A`` right after a ``U`` means the envs' step cannot run
-while that update does.
+and prints one line (``record`` runs it so, for a test, and returns the letters): a letter per event, in order: ``A``
+an acting step's copy down (``to_host``, the call that waits for the GPU), ``U`` a call of the script's function
+``UPDATE``, ``E`` a step of the envs. On a GPU an acting step's copy waits for every update launched before it, so
+an ``A`` right after a ``U`` means the envs' step cannot run while that update does.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import subprocess
 import sys
 from pathlib import Path
 
@@ -24,6 +25,15 @@ def recorded(fn, letter: str):
         return fn(*args, **kwargs)
 
     return call
+
+
+def record(script: str, update: str, flags: list[str]) -> str:
+    """The letters of a run of ``algos/<script>.py`` with ``flags``, in a process of its own; it must exit 0."""
+    out = subprocess.run([sys.executable, __file__, script, update, *flags], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    events, code = out.stdout.split()
+    assert code == "0", out.stdout
+    return events
 
 
 def main() -> None:

@@ -8,7 +8,6 @@ import importlib.util
 import math
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -20,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from shared.evaluation import Draws
+from tests import loop_order
 from tests.helpers import ROOT, progress, refusal, run, spaces
 
 sys.path.insert(0, str(ROOT / "algos"))
@@ -426,9 +426,6 @@ def test_the_envs_step_while_the_updates_run(tmp_path):
     idle while the envs step (tests/loop_order.py records the order: A acting, U an update, E the envs' step)."""
     flags = [*CARTPOLE, "--min-steps-learn", "64", "--batch-size", "16", "--total-timesteps", "200"]
     flags += ["--out-dir", str(tmp_path)]
-    command = [sys.executable, str(ROOT / "tests" / "loop_order.py"), "catdqn_atari", "c51_update", *flags]
-    out = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-3000:]
-    events, code = out.stdout.split()
-    assert code == "0" and events.count("E") == events.count("A") == 50 and events.count("U") >= 100, events
+    events = loop_order.record("catdqn_atari", "c51_update", flags)
+    assert events.count("E") == events.count("A") == 50 and events.count("U") >= 100, events
     assert re.fullmatch(r"(AE)+(AU+E)+", events), events  # never "UA": the envs step between an update and the next act

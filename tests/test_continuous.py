@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import sys
 
 import numpy as np
@@ -33,6 +32,7 @@ import sac_mujoco
 import td3_mujoco
 
 from shared.replay import ReplayBuffer
+from tests import loop_order
 
 SCRIPTS = ["ddpg_mujoco.py", "td3_mujoco.py", "sac_mujoco.py"]
 MODULES = {"ddpg_mujoco.py": ddpg_mujoco, "td3_mujoco.py": td3_mujoco, "sac_mujoco.py": sac_mujoco}
@@ -479,15 +479,7 @@ def test_the_envs_step_while_the_updates_run(script, tmp_path):
         "--out-dir",
         str(tmp_path),
     ]
-    out = subprocess.run(
-        [sys.executable, str(ROOT / "tests" / "loop_order.py"), name, update, *flags],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert out.returncode == 0, out.stderr[-3000:]
-    events, code = out.stdout.split()
-    assert code == "0"
+    events = loop_order.record(name, update, flags)
     learning = events[events.index("U") - 1 :]  # from the first acting step of the policy that learns
     assert events.count("E") == 60 and learning.count("U") >= 19, events
     assert re.fullmatch(r"(AU+E)+", learning), events  # never "UA": the envs step between an update and the next act

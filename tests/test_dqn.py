@@ -7,7 +7,6 @@ import importlib.util
 import json
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -17,6 +16,7 @@ import onnxruntime
 import pytest
 import torch
 
+from tests import loop_order
 from tests.helpers import ROOT, assert_killed_sampler_ends_the_run, progress, refusal, run, spaces
 
 sys.path.insert(0, str(ROOT / "algos"))
@@ -456,9 +456,6 @@ def test_the_envs_step_while_the_updates_run(tmp_path):
     idle while the envs step (tests/loop_order.py records the order: A acting, U an update, E the envs' step)."""
     flags = [*CARTPOLE, "--min-steps-learn", "64", "--batch-size", "16", "--total-timesteps", "200"]
     flags += ["--out-dir", str(tmp_path)]
-    command = [sys.executable, str(ROOT / "tests" / "loop_order.py"), "dqn_atari", "dqn_update", *flags]
-    out = subprocess.run(command, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-3000:]
-    events, code = out.stdout.split()
-    assert code == "0" and events.count("E") == events.count("A") == 50 and events.count("U") >= 100, events
+    events = loop_order.record("dqn_atari", "dqn_update", flags)
+    assert events.count("E") == events.count("A") == 50 and events.count("U") >= 100, events
     assert re.fullmatch(r"(AE)+(AU+E)+", events), events  # never "UA": the envs step between an update and the next act
