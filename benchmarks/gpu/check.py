@@ -399,7 +399,7 @@ class Check:
         import tempfile
 
         slug = f"{name}-{re.sub(r'[^a-z0-9]+', '-', run.label.lower()).strip('-')}"
-        log, env, cwd = folder / f"{slug}.log", dict(self.env), None
+        log, env, cwd, edited = folder / f"{slug}.log", dict(self.env), None, ""
         if run.kind == "ours":
             argv = [*run.argv, "--out-dir", str(folder), "--run-name", slug]
         elif run.kind == "leanrl":
@@ -407,18 +407,17 @@ class Check:
             paths = [site, str(leanrl / "stubs"), str(leanrl), env.get("PYTHONPATH")]  # the kit's folder: a copy runs
             env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
             if run.edited:  # race.LEANRL_EDITS made in a copy; the kit's own file is never written nor run unedited
-                text, r["edits"] = R.leanrl_edited(Path(argv[0]).read_text())
+                edited, r["edits"] = R.leanrl_edited(Path(argv[0]).read_text())
                 if not r["edits"]:
                     r["state"] = f"not run: race.LEANRL_EDITS matched nothing in {Path(argv[0]).name}"
                     return
             cwd = Path(tempfile.mkdtemp(prefix=f"{slug}-"))  # whatever LeanRL writes lands there, not in the repo
-            r["cmd"] = "python " + " ".join(shlex.quote(a) for a in argv) + (" (an edited copy)" if run.edited else "")
-            if run.edited:
-                argv[0] = str(cwd / Path(argv[0]).name)
-                Path(argv[0]).write_text(text)
         else:
             argv = run.argv
-        r.setdefault("cmd", "python " + " ".join(shlex.quote(a) for a in argv))
+        r["cmd"] = "python " + " ".join(shlex.quote(a) for a in argv) + (" (an edited copy)" if edited else "")
+        if edited:  # the copy runs from cwd
+            argv = [str(cwd / Path(argv[0]).name), *argv[1:]]
+            Path(argv[0]).write_text(edited)
         try:
             rc, cut, wall = run_cmd([sys.executable, *argv], log, budget, env, cwd=cwd)
         finally:
