@@ -415,10 +415,10 @@ class Check:
         else:
             argv = run.argv
         r["cmd"] = "python " + " ".join(shlex.quote(a) for a in argv) + (" (an edited copy)" if edited else "")
-        if edited:  # the copy runs from cwd
-            argv = [str(cwd / Path(argv[0]).name), *argv[1:]]
-            Path(argv[0]).write_text(edited)
         try:
+            if edited:  # the copy runs from cwd, removed below whatever happens
+                argv = [str(cwd / Path(argv[0]).name), *argv[1:]]
+                Path(argv[0]).write_text(edited)
             rc, cut, wall = run_cmd([sys.executable, *argv], log, budget, env, cwd=cwd)
         finally:
             if cwd:
