@@ -549,6 +549,10 @@ def test_the_race_commands_take_the_same_window_on_both_sides():
     assert dqn.burn_in == 2000 + 5000 and int(flag(dqn, "--total-timesteps")) - dqn.burn_in == 10_000
     (envs,) = race.plan("envs").runs
     assert "envs_only('BreakoutNoFrameskip-v4', 8, 'parallel', 10.0)" in envs.argv[-1]
+    one, *threads = race.plan("envs-threads").runs
+    assert "envs_only('BreakoutNoFrameskip-v4', 1, 'serial', 5.0)" in one.argv[-1]
+    assert [r.label for r in threads] == ["8 on 1 thread", "8 on 2 threads", "8 on 4 threads", "8 on 8 threads"]
+    assert all(f"8, 'parallel', 5.0, threads={k})" in r.argv[-1] for r, k in zip(threads, race.THREADS))
     assert race.long_argv(Path("/x/runs/long"))[:6] == [
         "algos/ppo_atari.py",
         "--env-id",
@@ -601,6 +605,9 @@ def test_the_race_part_runs_each_side_reads_its_figure_and_says_what_it_skipped(
         ]
         if name == "envs":
             return race.Item(name, "the ceiling", [race.Run("envs only", "value", ["-c", "print('x'); print(3000.0)"])])
+        if name == "envs-threads":
+            figures = {"1 env, serial": 900.0, "8 on 1 thread": 1000.0, "8 on 2 threads": 1900.0}
+            return race.Item(name, "the scaling", [race.Run(k, "value", ["-c", f"print({v})"]) for k, v in figures.items()])
         other = "LEANRL/missing_torchcompile.py" if name == "td3" else "LEANRL/plain_torchcompile.py"
         return race.Item(
             name,
@@ -614,7 +621,7 @@ def test_the_race_part_runs_each_side_reads_its_figure_and_says_what_it_skipped(
         budget=120,
         redo=None,
         parts=["race"],
-        race=["envs", "ppo-atari", "td3", "sac"],
+        race=["envs", "envs-threads", "ppo-atari", "td3", "sac"],
         leanrl=str(leanrl),
         race_run_s=60,
         dry=True,
@@ -641,6 +648,8 @@ def test_the_race_part_runs_each_side_reads_its_figure_and_says_what_it_skipped(
     assert "    ours/LeanRL: ours 2.00 (window mean 1.90)" in text, text
     assert "    ours              2000.0 SPS  [mean 1904.8; 4 intervals, steps 2,000->6,000, 1667-2000;" in text, text
     assert "of the envs-only ceiling (3000 SPS): ours 0.67, LeanRL 0.33" in text, text
+    assert "    8 on 2 threads    1900.0 SPS" in text, text
+    assert "    over 1 thread: 1 thread 1.00x, 2 threads 1.90x" in text, text
     assert "LeanRL's packages: no LeanRL wheels" in text
     assert "1 edit(s): race.LEANRL_EDITS" in text, text
     assert "LeanRL         not run: race.LEANRL_EDITS matched nothing in plain_torchcompile.py" in text, text
@@ -712,3 +721,29 @@ def test_leanrl_scripts_get_the_edit_that_lets_them_compile_on_torch_2_11():
     edited, made = race.leanrl_edited(text)
     assert edited == text.replace("to_module(qnet):", "to_module(qnet, preserve_module_state=False):") and len(made) == 1
     assert race.leanrl_edited(edited) == (edited, [])  # made once; a script without the line is run as it is
+
+
+def test_the_node_line_says_what_the_cores_may_give(tmp_path):
+    """The cgroup's CPU quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``; the process's own cgroup first), the physical
+    cores and the model beside the cores counted: a quota below them caps the envs' threads."""
+    from benchmarks.gpu.probe import cpu_quota
+
+    v2 = tmp_path / "v2"
+    (v2 / "job").mkdir(parents=True)
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert cpu_quota(v2, "0::/\n") is None
+    (v2 / "job" / "cpu.max").write_text("400000 100000\n")
+    assert cpu_quota(v2, "0::/job\n") == 4.0  # its own cgroup's, not the root's
+    v1 = tmp_path / "v1"
+    (v1 / "cpu" / "slice").mkdir(parents=True)
+    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cpu_quota(v1, "4:memory:/x\n1:cpu,cpuacct:/\n") is None
+    (v1 / "cpu" / "slice" / "cpu.cfs_quota_us").write_text("250000\n")
+    (v1 / "cpu" / "slice" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cpu_quota(v1, "1:cpu,cpuacct:/slice\n") == 2.5
+    assert cpu_quota(tmp_path / "none", "") is None
+    v = {"torch": "2.11", "cores": 16, "physical_cores": 8, "cpu_quota": 4.0, "cpu_model": "Xeon"}
+    assert gpu_summary.versions_line(v).endswith("16 cores (8 physical, at most 4.0 by the cgroup's quota; Xeon)")
+    assert gpu_summary.versions_line({**v, "cpu_quota": None}).endswith("(8 physical, no cgroup quota; Xeon)")
+    assert gpu_summary.versions_line({"torch": "2.11", "cores": 16}).endswith("16 cores")  # an earlier results file

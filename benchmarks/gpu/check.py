@@ -558,7 +558,9 @@ def main() -> int:
     )
     p.add_argument("--wheels", default=str(ROOT / ".whl"), help="wheel folder to install from ('' for none)")
     p.add_argument(
-        "--race", nargs="*", help="race items, in order (default all: envs ppo-atari ppo-mujoco td3 sac dqn c51 ddpg r2d1)"
+        "--race",
+        nargs="*",
+        help="race items, in order (default all: envs envs-threads ppo-atari ppo-mujoco td3 sac dqn c51 ddpg r2d1)",
     )
     p.add_argument(
         "--leanrl",

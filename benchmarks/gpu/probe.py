@@ -35,6 +35,47 @@ ENVS = ["CartPole-v1", "Pendulum-v1", "InvertedPendulum-v5", "HalfCheetah-v5", "
 BREAKOUT = "BreakoutNoFrameskip-v4"
 
 
+def cpu_quota(root: Path = Path("/sys/fs/cgroup"), own: str | None = None) -> float | None:
+    """The cores this process's cgroup may use at most (its CPU quota over its period), or None where none is set
+    or none can be read: cgroup v2's ``cpu.max``, else v1's ``cpu/cpu.cfs_quota_us``, in the process's own cgroup
+    (``own``: /proc/self/cgroup's text) before the root's. A quota below the cores counted explains env steps that do
+    not scale with their threads."""
+    if own is None:
+        try:
+            own = Path("/proc/self/cgroup").read_text()
+        except OSError:
+            own = ""
+    paths = {
+        line.split(":", 2)[1]: line.split(":", 2)[2].strip().lstrip("/") for line in own.splitlines() if line.count(":") >= 2
+    }
+    v2 = [root / paths[""] / "cpu.max"] if paths.get("") else []
+    v1 = [root / "cpu" / paths[k] for k in paths if "cpu" in k.split(",") and paths[k]]
+    for f in [*v2, root / "cpu.max"]:
+        try:
+            quota, period = f.read_text().split()[:2]
+        except (OSError, ValueError):
+            continue
+        return None if quota == "max" else round(int(quota) / int(period), 2)
+    for d in [*v1, root / "cpu"]:
+        try:
+            quota, period = int((d / "cpu.cfs_quota_us").read_text()), int((d / "cpu.cfs_period_us").read_text())
+        except (OSError, ValueError):
+            continue
+        return None if quota < 0 else round(quota / period, 2)
+    return None
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo ("?" where unreadable)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "?"
+
+
 def probe(full: bool = True) -> None:
     """Print one JSON line per check: ``{"check", "ok", "detail"}``, then ``{"versions": {...}}``. Without
     ``full``, only torch's versions and the CUDA checks (a rerun that leaves out the imports and envs)."""
@@ -97,11 +138,16 @@ def probe(full: bool = True) -> None:
 
     import torch
 
+    from shared.affinity import physical_cores
+
     v = {
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "cuda_build": torch.version.cuda,
         "cores": len(os.sched_getaffinity(0)),
+        "physical_cores": len(physical_cores()),
+        "cpu_quota": cpu_quota(),
+        "cpu_model": cpu_model(),
         "cuda": torch.cuda.is_available(),
     }
     if v["cuda"]:

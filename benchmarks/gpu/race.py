@@ -17,7 +17,8 @@ seconds). LeanRL's: its tqdm line (``speed: 5000.0 sps, ...``, redrawn with ``\\
 the schedule its script prints on (PPO Atari: each value the SPS of its own 10 iterations; PPO continuous, SAC,
 TD3: the mean since the clock started, so consecutive values give each interval), then the same median and mean.
 The ratio ours/LeanRL is given for both. The env-only ceiling (8 Breakout envs, ale-py's threads, random actions)
-runs first, beside them.
+runs first, beside them; ``envs-threads`` times how it scales with the node's cores (1 env, then the 8 on 1, 2, 4
+and 8 threads), since a node whose cores do not give their count caps both sides alike.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 BREAKOUT = "BreakoutNoFrameskip-v4"
 CHEETAH = "HalfCheetah-v5"  # LeanRL's default is HalfCheetah-v4: both sides get v5
 LONG_STEPS = 2_500_000  # PPO Breakout, 10M frames (4 per agent step)
+THREADS = (1, 2, 4, 8)  # envs-threads: ale-py's threads for the 8 envs (the envs item: one per core)
 
 
 # --- LeanRL's speed, from its tqdm output ---------------------------------------------------------------------
@@ -114,7 +116,7 @@ class Item:
 
 
 # the default order: the pairs beside LeanRL first (issue 67's order), then ours alone
-ORDER = ["envs", "ppo-atari", "ppo-mujoco", "td3", "sac", "dqn", "c51", "ddpg", "r2d1"]
+ORDER = ["envs", "envs-threads", "ppo-atari", "ppo-mujoco", "td3", "sac", "dqn", "c51", "ddpg", "r2d1"]
 
 
 def _value_code(module: str, call: str) -> list[str]:
@@ -132,6 +134,19 @@ def plan(name: str, dry: bool = False) -> Item:
         call = f"envs_only('{BREAKOUT}', {n}, 'parallel', {secs})"
         what = f"ceiling: {n} Breakout envs, parallel (ale-py's threads), random actions, {secs:.0f} s"
         return Item(name, what, [Run("envs only", "value", _value_code("ppo_sampling", call))])
+    if name == "envs-threads":  # how the env steps scale with the node's cores: what caps the ceiling above
+        n, secs, threads = (2, 0.5, (1, 2)) if dry else (8, 5.0, THREADS)
+        one = Run("1 env, serial", "value", _value_code("ppo_sampling", f"envs_only('{BREAKOUT}', 1, 'serial', {secs})"))
+        runs = [
+            Run(
+                f"{n} on {k} thread{'s' if k > 1 else ''}",  # within the summary's label column
+                "value",
+                _value_code("ppo_sampling", f"envs_only('{BREAKOUT}', {n}, 'parallel', {secs}, threads={k})"),
+            )
+            for k in threads
+        ]
+        what = f"the ceiling's scaling: 1 Breakout env, then {n} on ale-py's threads, random actions, {secs:g} s each"
+        return Item(name, what, [one, *runs])
     if name == "ppo-atari":
         envs, steps, iters = (2, 16, 20) if dry else (8, 128, 40)
         batch, total = envs * steps, envs * steps * iters
@@ -294,6 +309,17 @@ def ceiling_line(item: dict, envs: dict | None) -> str:
     ceiling = ((envs or {}).get("runs", {}).get("envs only") or {}).get("value")
     parts = [f"{label} {r['median'] / ceiling:.2f}" for label, r in item.get("runs", {}).items() if r.get("median")]
     return f"of the envs-only ceiling ({ceiling:.0f} SPS): " + ", ".join(parts) if ceiling and parts else ""
+
+
+def scaling_line(item: dict) -> str:
+    """The ``envs-threads`` item's figures over its one-thread figure (a speed-up of k with k threads: no cap), and
+    the one env's steps a second beside them; empty without the one-thread figure."""
+    runs = {label: r.get("value") for label, r in item.get("runs", {}).items()}
+    base = next((v for label, v in runs.items() if label.endswith(" on 1 thread")), None)
+    if not base:
+        return ""
+    parts = [f"{label.split(' on ')[-1]} {v / base:.2f}x" for label, v in runs.items() if v and " on " in label]
+    return "over 1 thread: " + ", ".join(parts)
 
 
 def run_line(label: str, r: dict) -> str:

@@ -66,8 +66,18 @@ def versions_line(v: dict) -> str:
     )
     return (
         f"{gpu}torch {v['torch']}, CUDA {v.get('cuda_build')}, cuDNN {v.get('cudnn', '-')}, "
-        f"Python {v.get('python')}, {v.get('cores')} cores"
+        f"Python {v.get('python')}, {v.get('cores')} cores" + cpu_detail(v)
     )
+
+
+def cpu_detail(v: dict) -> str:
+    """`` (8 physical, at most 4.0 by the cgroup's quota; MODEL)``: what the cores counted may really give the envs;
+    empty for a results file written before the probe read these."""
+    parts = [f"{v['physical_cores']} physical"] if v.get("physical_cores") else []
+    if "cpu_quota" in v:
+        parts.append(f"at most {v['cpu_quota']} by the cgroup's quota" if v["cpu_quota"] else "no cgroup quota")
+    detail = ", ".join(parts) + (f"; {v['cpu_model']}" if v.get("cpu_model") else "")
+    return f" ({detail})" if detail else ""
 
 
 def counts_line(p: dict) -> str:
@@ -191,6 +201,8 @@ def race_lines(r: dict) -> list[str]:
                 lines.append("        " + run["error"].replace("\n", "\n        "))
         if R.ratio_line(item):
             lines.append("    " + R.ratio_line(item))
+        if name == "envs-threads" and R.scaling_line(item):
+            lines.append("    " + R.scaling_line(item))
         if name == "ppo-atari" and R.ceiling_line(item, r["race"].get("envs")):
             lines.append("    " + R.ceiling_line(item, r["race"].get("envs")))
     g = r.get("long")
