@@ -649,7 +649,7 @@ def test_the_race_part_runs_each_side_reads_its_figure_and_says_what_it_skipped(
     assert "    ours              2000.0 SPS  [mean 1904.8; 4 intervals, steps 2,000->6,000, 1667-2000;" in text, text
     assert "of the envs-only ceiling (3000 SPS): ours 0.67, LeanRL 0.33" in text, text
     assert "    8 on 2 threads    1900.0 SPS" in text, text
-    assert "    over 1 thread: 1 thread 1.00x, 2 threads 1.90x" in text, text
+    assert "    over 1 thread: 2 threads 1.90x" in text, text
     assert "LeanRL's packages: no LeanRL wheels" in text
     assert "1 edit(s): race.LEANRL_EDITS" in text, text
     assert "LeanRL         not run: race.LEANRL_EDITS matched nothing in plain_torchcompile.py" in text, text
@@ -724,26 +724,34 @@ def test_leanrl_scripts_get_the_edit_that_lets_them_compile_on_torch_2_11():
 
 
 def test_the_node_line_says_what_the_cores_may_give(tmp_path):
-    """The cgroup's CPU quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``; the process's own cgroup first), the physical
-    cores and the model beside the cores counted: a quota below them caps the envs' threads."""
+    """The cgroup's CPU quota (v2 ``cpu.max``, v1 ``cpu.cfs_quota_us``): the least over the process's own cgroup and
+    every parent up to the root, unlimited ("none") told apart from unread (None); the physical cores, the model and
+    ``os.cpu_count()`` beside the cores counted. A quota below them caps the envs' threads."""
     from benchmarks.gpu.probe import cpu_quota
 
     v2 = tmp_path / "v2"
-    (v2 / "job").mkdir(parents=True)
+    (v2 / "job" / "step").mkdir(parents=True)
     (v2 / "cpu.max").write_text("max 100000\n")
-    assert cpu_quota(v2, "0::/\n") is None
-    (v2 / "job" / "cpu.max").write_text("400000 100000\n")
-    assert cpu_quota(v2, "0::/job\n") == 4.0  # its own cgroup's, not the root's
+    assert cpu_quota(v2, "0::/\n") == "none"
+    (v2 / "job" / "step" / "cpu.max").write_text("800000 100000\n")
+    assert cpu_quota(v2, "0::/job/step\n") == 8.0  # its own cgroup's, not the root's
+    (v2 / "job" / "cpu.max").write_text("200000 100000\n")
+    assert cpu_quota(v2, "0::/job/step\n") == 2.0  # a parent's quota binds its children
+    (v2 / "job" / "step" / "cpu.max").write_text("max 100000\n")
+    assert cpu_quota(v2, "0::/job/step\n") == 2.0
+    (v2 / "job" / "cpu.max").write_text("abc 100000\n")
+    assert cpu_quota(v2, "0::/job/step\n") == "none"  # a level that is not two numbers is skipped, not raised
     v1 = tmp_path / "v1"
-    (v1 / "cpu" / "slice").mkdir(parents=True)
-    (v1 / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
-    (v1 / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
-    assert cpu_quota(v1, "4:memory:/x\n1:cpu,cpuacct:/\n") is None
-    (v1 / "cpu" / "slice" / "cpu.cfs_quota_us").write_text("250000\n")
-    (v1 / "cpu" / "slice" / "cpu.cfs_period_us").write_text("100000\n")
-    assert cpu_quota(v1, "1:cpu,cpuacct:/slice\n") == 2.5
+    for d, quota in (("cpu", "-1"), ("cpu/slice", "250000"), ("cpu/x", "100000")):
+        (v1 / d).mkdir(parents=True, exist_ok=True)
+        (v1 / d / "cpu.cfs_quota_us").write_text(quota + "\n")
+        (v1 / d / "cpu.cfs_period_us").write_text("100000\n")
+    assert cpu_quota(v1, "4:memory:/x\n1:cpu,cpuacct:/\n") == "none"  # the memory controller's path is not the cpu's
+    assert cpu_quota(v1, "4:memory:/x\n1:cpu,cpuacct:/slice\n") == 2.5
     assert cpu_quota(tmp_path / "none", "") is None
-    v = {"torch": "2.11", "cores": 16, "physical_cores": 8, "cpu_quota": 4.0, "cpu_model": "Xeon"}
+    v = {"torch": "2.11", "cores": 16, "cpu_count": 16, "physical_cores": 8, "cpu_quota": 4.0, "cpu_model": "Xeon"}
     assert gpu_summary.versions_line(v).endswith("16 cores (8 physical, at most 4.0 by the cgroup's quota; Xeon)")
-    assert gpu_summary.versions_line({**v, "cpu_quota": None}).endswith("(8 physical, no cgroup quota; Xeon)")
+    assert gpu_summary.versions_line({**v, "cpu_quota": "none"}).endswith("(8 physical, no cgroup quota; Xeon)")
+    unread = {**v, "cpu_quota": None, "physical_cores": None, "cpu_model": None, "cpu_count": 32}
+    assert gpu_summary.versions_line(unread).endswith("16 cores (cgroup quota unread, os.cpu_count() 32)")
     assert gpu_summary.versions_line({"torch": "2.11", "cores": 16}).endswith("16 cores")  # an earlier results file

@@ -560,7 +560,7 @@ def main() -> int:
     p.add_argument(
         "--race",
         nargs="*",
-        help="race items, in order (default all: envs envs-threads ppo-atari ppo-mujoco td3 sac dqn c51 ddpg r2d1)",
+        help="race items, in order (default all: envs ppo-atari ppo-mujoco td3 sac dqn c51 ddpg r2d1 envs-threads)",
     )
     p.add_argument(
         "--leanrl",

@@ -35,45 +35,69 @@ ENVS = ["CartPole-v1", "Pendulum-v1", "InvertedPendulum-v5", "HalfCheetah-v5", "
 BREAKOUT = "BreakoutNoFrameskip-v4"
 
 
-def cpu_quota(root: Path = Path("/sys/fs/cgroup"), own: str | None = None) -> float | None:
-    """The cores this process's cgroup may use at most (its CPU quota over its period), or None where none is set
-    or none can be read: cgroup v2's ``cpu.max``, else v1's ``cpu/cpu.cfs_quota_us``, in the process's own cgroup
-    (``own``: /proc/self/cgroup's text) before the root's. A quota below the cores counted explains env steps that do
-    not scale with their threads."""
+def cpu_quota(root: Path = Path("/sys/fs/cgroup"), own: str | None = None) -> float | str | None:
+    """The cores this process may use at most by its cgroup's CPU quota (quota over period), the least of every level
+    from its own cgroup (``own``: /proc/self/cgroup's text) up to the root, since a parent's quota binds its children
+    too: cgroup v2's ``cpu.max``, else v1's ``cpu.cfs_quota_us``. ``"none"`` where every level read says unlimited,
+    None where no level could be read. A quota below the cores counted explains env steps that do not scale with
+    their threads."""
     if own is None:
         try:
             own = Path("/proc/self/cgroup").read_text()
         except OSError:
             own = ""
-    paths = {
-        line.split(":", 2)[1]: line.split(":", 2)[2].strip().lstrip("/") for line in own.splitlines() if line.count(":") >= 2
-    }
-    v2 = [root / paths[""] / "cpu.max"] if paths.get("") else []
-    v1 = [root / "cpu" / paths[k] for k in paths if "cpu" in k.split(",") and paths[k]]
-    for f in [*v2, root / "cpu.max"]:
-        try:
-            quota, period = f.read_text().split()[:2]
-        except (OSError, ValueError):
-            continue
-        return None if quota == "max" else round(int(quota) / int(period), 2)
-    for d in [*v1, root / "cpu"]:
-        try:
-            quota, period = int((d / "cpu.cfs_quota_us").read_text()), int((d / "cpu.cfs_period_us").read_text())
-        except (OSError, ValueError):
-            continue
-        return None if quota < 0 else round(quota / period, 2)
+    paths = {}
+    for line in own.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            paths[parts[1]] = parts[2].strip().strip("/")
+    v1 = next((p for k, p in paths.items() if "cpu" in k.split(",")), "")
+
+    def levels(base: Path, rel: str) -> list[Path]:  # the own cgroup, its parents, the root
+        parts = [x for x in rel.split("/") if x]
+        return [base.joinpath(*parts[:n]) for n in range(len(parts), -1, -1)]
+
+    def ratio(quota: str, period: str) -> float | None:  # None: unlimited
+        return None if quota in ("max", "-1") or int(quota) < 0 else int(quota) / int(period)
+
+    for read in (
+        [lambda d=d: (d / "cpu.max").read_text().split()[:2] for d in levels(root, paths.get("", ""))],
+        [
+            lambda d=d: [(d / f).read_text().strip() for f in ("cpu.cfs_quota_us", "cpu.cfs_period_us")]
+            for d in levels(root / "cpu", v1)
+        ],
+    ):
+        found = []
+        for level in read:
+            try:
+                found.append(ratio(*level()))
+            except (OSError, ValueError, TypeError):  # not there, or not two numbers
+                continue
+        if found:
+            limits = [x for x in found if x is not None]
+            return round(min(limits), 2) if limits else "none"
     return None
 
 
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo ("?" where unreadable)."""
+def cpu_model() -> str | None:
+    """The CPU's model name from /proc/cpuinfo (None where it has none, as on some ARM machines, or is unreadable)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return "?"
+    return None
+
+
+def physical_core_count() -> int | None:
+    """Physical cores among this process's CPUs, from sysfs's topology; None where it is hidden (shared.affinity then
+    counts each CPU as a core of its own, which would read as a fact)."""
+    from shared.affinity import available_cpus, physical_cores
+
+    if not Path(f"/sys/devices/system/cpu/cpu{available_cpus()[0]}/topology/core_id").exists():
+        return None
+    return len(physical_cores())
 
 
 def probe(full: bool = True) -> None:
@@ -138,14 +162,13 @@ def probe(full: bool = True) -> None:
 
     import torch
 
-    from shared.affinity import physical_cores
-
     v = {
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "cuda_build": torch.version.cuda,
         "cores": len(os.sched_getaffinity(0)),
-        "physical_cores": len(physical_cores()),
+        "cpu_count": os.cpu_count(),  # how many threads ale-py gets in the race's envs item (envs_only)
+        "physical_cores": physical_core_count(),
         "cpu_quota": cpu_quota(),
         "cpu_model": cpu_model(),
         "cuda": torch.cuda.is_available(),

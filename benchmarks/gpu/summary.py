@@ -71,11 +71,17 @@ def versions_line(v: dict) -> str:
 
 
 def cpu_detail(v: dict) -> str:
-    """`` (8 physical, at most 4.0 by the cgroup's quota; MODEL)``: what the cores counted may really give the envs;
-    empty for a results file written before the probe read these."""
+    """`` (8 physical, at most 4.0 by the cgroup's quota, os.cpu_count() 32; MODEL)``: what the cores counted may
+    really give the envs (``os.cpu_count()``, shown where it differs: the threads of the race's envs item); empty for
+    a results file written before the probe read these."""
     parts = [f"{v['physical_cores']} physical"] if v.get("physical_cores") else []
     if "cpu_quota" in v:
-        parts.append(f"at most {v['cpu_quota']} by the cgroup's quota" if v["cpu_quota"] else "no cgroup quota")
+        q = v["cpu_quota"]
+        parts.append(
+            "no cgroup quota" if q == "none" else "cgroup quota unread" if q is None else f"at most {q} by the cgroup's quota"
+        )
+    if v.get("cpu_count") and v["cpu_count"] != v.get("cores"):
+        parts.append(f"os.cpu_count() {v['cpu_count']}")
     detail = ", ".join(parts) + (f"; {v['cpu_model']}" if v.get("cpu_model") else "")
     return f" ({detail})" if detail else ""
 
