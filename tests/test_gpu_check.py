@@ -24,7 +24,7 @@ import torch
 
 from benchmarks import script_speed
 from benchmarks.gpu import check as gpu_check
-from benchmarks.gpu import figures, probe, pytest_order, race, wheels
+from benchmarks.gpu import commands, figures, probe, pytest_order, race, wheels
 from benchmarks.gpu import summary as gpu_summary
 from shared.procs import descendants
 from tests.helpers import ROOT
@@ -329,6 +329,26 @@ def _tree_commands(pid: int) -> str:
         except OSError:
             continue
     return " ".join(cmds)
+
+
+def test_ending_a_commands_tree_leaves_this_processs_resource_tracker_alone(tmp_path):
+    """``run_cmd`` kills every descendant left when its command ends, but not the resource tracker of the process that
+    runs the check (a test process calls its parts): killed, the tracker would leave that process's shared memory
+    behind at its exit, and the next spawn there warns "resource_tracker: process died unexpectedly"."""
+    from multiprocessing import resource_tracker
+
+    resource_tracker.ensure_running()
+    tracker = resource_tracker._resource_tracker._pid
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # any other descendant still goes
+    try:
+        rc, cut, _ = commands.run_cmd([sys.executable, "-c", "pass"], tmp_path / "log", 30, grace=0.5)
+        assert (rc, cut) == (0, False)
+        assert other.wait(timeout=10) is not None and other.pid not in descendants(os.getpid())
+        with open(f"/proc/{tracker}/stat") as f:  # FileNotFoundError: killed and reaped
+            assert f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"), "the resource tracker was killed"
+        assert tracker in descendants(os.getpid())
+    finally:
+        other.kill()
 
 
 @pytest.mark.parametrize("state", ["cut", "not run: budget spent"], ids=["cut", "not-run"])
