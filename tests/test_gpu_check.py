@@ -624,7 +624,8 @@ def test_the_race_part_runs_each_side_reads_its_figure_and_says_what_it_skipped(
             ),
         ]
         if name == "envs":
-            return race.Item(name, "the ceiling", [race.Run("envs only", "value", ["-c", "print('x'); print(3000.0)"])])
+            burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.3: pass\nprint(3000.0)"
+            return race.Item(name, "the ceiling", [race.Run("envs only", "value", ["-c", burn])])
         if name == "envs-threads":
             figures = {"1 env, serial": 900.0, "8 on 1 thread": 1000.0, "8 on 2 threads": 1900.0}
             return race.Item(name, "the scaling", [race.Run(k, "value", ["-c", f"print({v})"]) for k, v in figures.items()])
@@ -652,6 +653,7 @@ def test_the_race_part_runs_each_side_reads_its_figure_and_says_what_it_skipped(
     check.race()
     got = check.r["race"]
     assert got["envs"]["runs"]["envs only"]["value"] == 3000.0
+    assert got["envs"]["runs"]["envs only"]["cpu_s"] >= 0.25  # the CPU time of the run's processes: 0.3 s burnt there
     ours, lean = got["ppo-atari"]["runs"]["ours"], got["ppo-atari"]["runs"]["LeanRL"]
     assert (ours["median"], ours["mean"], ours["intervals"], ours["from"], ours["to"]) == (2000.0, 1904.8, 4, 2000, 6000)
     assert (lean["median"], lean["intervals"], lean["prints"], lean["from"], lean["to"]) == (1001.5, 4, 4, 2000, 6000)
@@ -670,6 +672,8 @@ def test_the_race_part_runs_each_side_reads_its_figure_and_says_what_it_skipped(
     assert "of the envs-only ceiling (3000 SPS): ours 0.67, LeanRL 0.33" in text, text
     assert "    8 on 2 threads    1900.0 SPS" in text, text
     assert "    over 1 thread: 2 threads 1.90x" in text, text
+    assert re.search(r"envs only +3000\.0 SPS  \(wall \d+ s, \d+\.\d cores busy\)", text), text
+    assert race.busy({"cpu_s": 29.0, "wall_s": 10.0}) == ", 2.9 cores busy" and race.busy({"wall_s": 10.0}) == ""
     assert "LeanRL's packages: no LeanRL wheels" in text
     assert "1 edit(s): race.LEANRL_EDITS" in text, text
     assert "LeanRL         not run: race.LEANRL_EDITS matched nothing in plain_torchcompile.py" in text, text

@@ -45,6 +45,7 @@ import datetime
 import json
 import os
 import re
+import resource
 import shlex
 import shutil
 import signal
@@ -419,11 +420,15 @@ class Check:
             if edited:  # the copy runs from cwd, removed below whatever happens
                 argv = [str(cwd / Path(argv[0]).name), *argv[1:]]
                 Path(argv[0]).write_text(edited)
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             rc, cut, wall = run_cmd([sys.executable, *argv], log, budget, env, cwd=cwd)
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)  # the whole tree, reaped by run_cmd: threads too
         finally:
             if cwd:
                 shutil.rmtree(cwd, ignore_errors=True)
         r["wall_s"] = round(wall, 1)
+        # the CPU time the run's processes used over its wall time: cores busy, beside the node line's cores and quota
+        r["cpu_s"] = round(after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime, 1)
         text = log.read_bytes().decode(errors="replace")
         r["state"] = "done" if rc == 0 else f"cut after {budget:.0f} s" if cut else "failed"
         if rc not in (0, None):

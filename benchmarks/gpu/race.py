@@ -322,13 +322,19 @@ def scaling_line(item: dict) -> str:
     return "over 1 thread: " + ", ".join(parts) if parts else ""
 
 
+def busy(r: dict) -> str:
+    """``, 2.9 cores busy``: the run's CPU time (every process and thread of it) over its wall time, a mean over the
+    whole run, start-up and compiling included; empty where either is missing."""
+    return f", {r['cpu_s'] / r['wall_s']:.1f} cores busy" if r.get("cpu_s") is not None and r.get("wall_s") else ""
+
+
 def run_line(label: str, r: dict) -> str:
     """One run's figure for the summary: ``median [window mean; intervals; steps from->to; compile s]``."""
     if r.get("median") is None and r.get("value") is None:
         return f"{label:<14} {r.get('state', 'not run')}"  # its error, if any, on the summary's next line
     if r.get("value") is not None:
         return f"{label:<14} {r['value']:9.1f} {r.get('unit', 'SPS')}" + (
-            f"  (wall {r['wall_s']:.0f} s)" if "wall_s" in r else ""
+            f"  (wall {r['wall_s']:.0f} s{busy(r)})" if "wall_s" in r else ""
         )
     extra = f"; compile {r['compile_s']:.0f} s" if r.get("compile_s") is not None else ""
     short = f"; SHORT: under {r['min_steps']:,} steps" if r.get("short") else ""
@@ -337,5 +343,5 @@ def run_line(label: str, r: dict) -> str:
     return (
         f"{label:<14} {r['median']:9.1f} SPS  [mean {r['mean']:.1f}; {r['intervals']} intervals, steps "
         f"{r['from']:,}->{r['to']:,}, {r['min']:.0f}-{r['max']:.0f}{extra}{short}{cut}{edits}; "
-        f"wall {r.get('wall_s', 0):.0f} s]"
+        f"wall {r.get('wall_s', 0):.0f} s{busy(r)}]"
     )
