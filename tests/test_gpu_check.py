@@ -695,8 +695,8 @@ def test_the_dry_race_and_long_parts_run_our_scripts_on_the_cpu(tmp_path):
     leanrl = tmp_path / "leanrl"
     (leanrl / "stubs").mkdir(parents=True)
     lines = [_tqdm_line("", 0, 401)] + [_tqdm_line(f"{v: 4.4f} sps, ", 290, 401) for v in (0.0, 90.0, 95.0)]
-    (leanrl / "sac_continuous_action_torchcompile.py").write_text(
-        f"import sys; sys.stderr.write({''.join(lines)!r} + '\\n')\n"
+    (leanrl / "sac_continuous_action_torchcompile.py").write_text(  # with the line race.LEANRL_EDITS changes
+        f"import sys; sys.stderr.write({''.join(lines)!r} + '\\n')\nedited = 'params.to_module(qnet):'\n"
     )
     common = ["--dry", "--leanrl", str(leanrl), "--wheels", "", "--long-dir", str(tmp_path / "runs" / "long")]
     out = check_run(tmp_path / "a", "--parts", "race,long", "--race", "envs", "sac", "--long-steps", "64", *common)
@@ -707,7 +707,7 @@ def test_the_dry_race_and_long_parts_run_our_scripts_on_the_cpu(tmp_path):
     assert sac["ours"]["median"] > 0 and (sac["ours"]["from"], sac["ours"]["to"]) == (200, 400)
     # its means since the clock started: 90.0 at step 300, 95.0 at 400, so the steps 300-400 ran at 100.6 SPS
     assert sac["LeanRL"]["median"] == pytest.approx((90 + 100 / (200 / 95 - 100 / 90)) / 2, abs=0.1)
-    assert sac["LeanRL"]["intervals"] == 2
+    assert sac["LeanRL"]["intervals"] == 2 and sac["LeanRL"]["cmd"].endswith("(an edited copy)")
     assert results["long"]["reached"] == 64 and (tmp_path / "a" / "long-progress.csv").exists()
     assert not list((tmp_path / "a" / "race" / "sac-ours").glob("*.pt"))  # the checkpoint does not come back
     out = check_run(tmp_path / "b", "--parts", "long", "--long-steps", "128", *common)
