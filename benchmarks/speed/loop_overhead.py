@@ -367,6 +367,14 @@ def best_us_in_turns(fns: list[Callable[[], Any]], per: int, chunks: int) -> lis
     return [1e6 * b / per if chunks else float("nan") for b in best]
 
 
+def host_and_bare(loop: Callable[[], Any], bare: Callable[[], None], per: int, chunks: int) -> dict[str, float]:
+    """``host_us`` and ``bare_us``: the script's loop and the bare loop timed in turns, chunk by chunk, so that their
+    ratio does not take this machine's drift between two separate timings (timed apart, one script's ratio moved from
+    2.8 to 3.6 between runs minutes apart)."""
+    host_us, bare_us = best_us_in_turns([loop, bare], per, chunks)
+    return {"host_us": host_us, "bare_us": bare_us}
+
+
 def bare_loop(envs: StubVectorEnv, steps: int, act_dtype: Any) -> Callable[[], None]:
     """The least a loop does: observations into a static input, actions back, the step, the observations stored."""
     obs = envs.reset()[0]
@@ -419,8 +427,7 @@ def on_policy(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
         learn()
     T = args.num_steps
     out = {
-        "host_us": best_us(collect, T, chunks),
-        "bare_us": best_us(bare_loop(envs, T, torch.int64 if atari else torch.float32), T, chunks),
+        **host_and_bare(collect, bare_loop(envs, T, torch.int64 if atari else torch.float32), T, chunks),
         "rollout_ms": best_us(learn, 1000, chunks),
         **count(collect, T),
         **optional_parts(collect, T, chunks),
@@ -493,8 +500,7 @@ def value_based(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
     for _ in range(3):  # the graphs' warm-up calls and "captures"
         update()
     return {
-        "host_us": best_us(loop, steps, chunks),
-        "bare_us": best_us(bare_loop(envs, steps, torch.int64), steps, chunks),
+        **host_and_bare(loop, bare_loop(envs, steps, torch.int64), steps, chunks),
         "updates_per_step": per_step / every,
         **count(loop, steps),
         **optional_parts(loop, steps, chunks),
@@ -528,8 +534,7 @@ def off_policy_continuous(name: str, env_cost_us: float, chunks: int) -> dict[st
     for _ in range(2):  # the graphs' warm-up calls and "captures"
         loop()
     return {
-        "host_us": best_us(loop, steps, chunks),
-        "bare_us": best_us(bare_loop(envs, steps, torch.float32), steps, chunks),
+        **host_and_bare(loop, bare_loop(envs, steps, torch.float32), steps, chunks),
         **count(loop, steps),
         **optional_parts(loop, steps, chunks),
     }
