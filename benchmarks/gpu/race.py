@@ -115,7 +115,7 @@ class Item:
     runs: list[Run] = field(default_factory=list)
 
 
-# the default order: the pairs beside LeanRL first (issue 67's order), then ours alone
+# the default order: the pairs beside LeanRL first (issue 67's order), then ours alone, then the envs' scaling
 ORDER = ["envs", "ppo-atari", "ppo-mujoco", "td3", "sac", "dqn", "c51", "ddpg", "r2d1", "envs-threads"]
 
 

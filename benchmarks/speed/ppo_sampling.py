@@ -44,9 +44,9 @@ def emulator_sps(envs, seconds: float) -> float:
 
 
 def envs_only(env_id: str, num_envs: int, mode: str, seconds: float, threads: int | None = None) -> float:
-    """Random actions in ppo_atari.py's own envs (``serial``: in the process; ``parallel``: ale-py's threads, one per
-    core or ``threads``): the bound the env steps alone set on a training run's SPS (benchmarks/gpu/check.py's
-    figures)."""
+    """Random actions in ppo_atari.py's own envs (``serial``: in the process; ``parallel``: ale-py's threads,
+    ``threads`` of them or ``os.cpu_count()``): the bound the env steps alone set on a training run's SPS
+    (benchmarks/gpu/check.py's figures)."""
     args = P.Args(env_id=env_id, num_envs=num_envs)
     return emulator_sps(make_envs(args, P.make_env, mode, threads or os.cpu_count() or 1), seconds)
 
