@@ -41,18 +41,18 @@ def _own_tracker() -> int | None:
     return getattr(getattr(resource_tracker, "_resource_tracker", None), "_pid", None)
 
 
-def kill_tree(grace: float = 3.0) -> list[int]:
-    """SIGTERM every descendant, SIGKILL what is left after ``grace`` seconds, reap them; returns the pids found.
-    This process's own resource tracker is not one of them: no command started it, it ignores SIGTERM by design,
-    and killed it would leave this process's shared memory and semaphores unremoved at its exit (and a test process
-    that calls the check's parts warned that it "died unexpectedly")."""
+def kill_tree(grace: float = 3.0, spare: frozenset[int] = frozenset()) -> list[int]:
+    """SIGTERM every descendant but ``spare``, SIGKILL what is left after ``grace`` seconds, reap them; returns the
+    pids found. This process's own resource tracker is spared too: no command started it, it ignores SIGTERM by
+    design, and killed it would leave this process's shared memory and semaphores unremoved at its exit (and a test
+    process that calls the check's parts warned that it "died unexpectedly")."""
     found: set[int] = set()
     termed: set[int] = set()
     end = time.monotonic() + grace
     while True:
         _reap()
         tracker = _own_tracker()
-        live = [pid for pid in descendants(os.getpid()) if pid != tracker]
+        live = [pid for pid in descendants(os.getpid()) if pid != tracker and pid not in spare]
         if not live:
             return sorted(found)
         found.update(live)
@@ -82,7 +82,8 @@ def run_cmd(
 ) -> tuple[int | None, bool, float]:
     """Run ``cmd`` from the repository root (or ``cwd``) into ``log``; (exit code, cut by the timeout, seconds). A
     cut (or an interrupt of this check) kills the command's whole tree, SIGKILL ``grace`` seconds after SIGTERM; so
-    does a normal end, for whatever it left behind."""
+    does a normal end, for whatever it left behind. The processes this one had before the command are not its."""
+    before = frozenset(descendants(os.getpid()))
     t0 = time.monotonic()
     with open(log, "a") as f:
         f.write(f"$ {' '.join(cmd)}\n")
@@ -94,10 +95,10 @@ def run_cmd(
         except subprocess.TimeoutExpired:
             rc, cut = None, True
         except BaseException:
-            kill_tree()
+            kill_tree(spare=before)
             proc.wait()
             raise
-        left = kill_tree(grace)
+        left = kill_tree(grace, before)
         if cut:
             proc.wait()
             f.write(f"\n[gpu_check] cut after {timeout:.0f} s: killed {len(left)} process(es)\n")
