@@ -49,10 +49,10 @@ def kill_tree(grace: float = 3.0, spare: frozenset[int] = frozenset()) -> list[i
     found: set[int] = set()
     termed: set[int] = set()
     end = time.monotonic() + grace
+    spare = spare | {_own_tracker()}
     while True:
         _reap()
-        tracker = _own_tracker()
-        live = [pid for pid in descendants(os.getpid()) if pid != tracker and pid not in spare]
+        live = [pid for pid in descendants(os.getpid()) if pid not in spare]
         if not live:
             return sorted(found)
         found.update(live)

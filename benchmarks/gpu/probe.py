@@ -52,41 +52,20 @@ def cpu_quota(root: Path = Path("/sys/fs/cgroup"), own: str | None = None) -> fl
         if len(parts) == 3:
             paths[parts[1]] = parts[2].strip().strip("/")
     v1 = next((p for k, p in paths.items() if "cpu" in k.split(",")), "")
-
-    def levels(base: Path, rel: str) -> list[Path]:  # the own cgroup, its parents, the root
+    v2_read = lambda d: (d / "cpu.max").read_text().split()[:2]  # "max 100000" or "400000 100000"
+    v1_read = lambda d: [(d / f).read_text().strip() for f in ("cpu.cfs_quota_us", "cpu.cfs_period_us")]
+    for read, base, rel in ((v2_read, root, paths.get("", "")), (v1_read, root / "cpu", v1)):
         parts = [x for x in rel.split("/") if x]
-        return [base.joinpath(*parts[:n]) for n in range(len(parts), -1, -1)]
-
-    def ratio(quota: str, period: str) -> float | None:  # None: unlimited
-        return None if quota in ("max", "-1") or int(quota) < 0 else int(quota) / int(period)
-
-    for read in (
-        [lambda d=d: (d / "cpu.max").read_text().split()[:2] for d in levels(root, paths.get("", ""))],
-        [
-            lambda d=d: [(d / f).read_text().strip() for f in ("cpu.cfs_quota_us", "cpu.cfs_period_us")]
-            for d in levels(root / "cpu", v1)
-        ],
-    ):
         found = []
-        for level in read:
+        for d in (base.joinpath(*parts[:n]) for n in range(len(parts), -1, -1)):  # own cgroup, its parents, the root
             try:
-                found.append(ratio(*level()))
-            except (OSError, ValueError, TypeError):  # not there, or not two numbers
+                quota, period = read(d)
+                found.append(None if quota == "max" or int(quota) < 0 else int(quota) / int(period))  # None: unlimited
+            except (OSError, ValueError):  # not there, or not two numbers
                 continue
         if found:
             limits = [x for x in found if x is not None]
             return round(min(limits), 2) if limits else "none"
-    return None
-
-
-def cpu_model() -> str | None:
-    """The CPU's model name from /proc/cpuinfo (None where it has none, as on some ARM machines, or is unreadable)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
     return None
 
 
@@ -162,6 +141,8 @@ def probe(full: bool = True) -> None:
 
     import torch
 
+    from benchmarks.checks.recheck_learning import cpu
+
     v = {
         "python": sys.version.split()[0],
         "torch": torch.__version__,
@@ -170,7 +151,7 @@ def probe(full: bool = True) -> None:
         "cpu_count": os.cpu_count(),  # how many threads ale-py gets in the race's envs item (envs_only)
         "physical_cores": physical_core_count(),
         "cpu_quota": cpu_quota(),
-        "cpu_model": cpu_model(),
+        "cpu_model": cpu(),  # recheck_learning's reading of /proc/cpuinfo
         "cuda": torch.cuda.is_available(),
     }
     if v["cuda"]:
