@@ -361,14 +361,6 @@ def a2c_update(agent: Agent, optimizer, data: dict, args: Args) -> dict:
     return {**stats, "grad_norm": grad_norm, "rho_mean": rho_mean}
 
 
-@graphed
-def bootstrap_value(agent: Agent, obs, bf16: bool) -> torch.Tensor:
-    """The values [B] of the observations after a rollout's last row [B, ...]: under --compile on a GPU one CUDA graph
-    replay, not a launch for each of its kernels."""
-    with torch.no_grad(), autocast(next(agent.parameters()).device, bf16):
-        return agent(obs)[1]
-
-
 def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.device) -> dict:
     """Returns with the learner's current critic, then the A2C step over every row of the rollout; ``buf`` [T, B] and
     ``boot`` [B] are numpy (async: shared), but for the observations and masks of a rollout collected in this process,
@@ -377,12 +369,12 @@ def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.dev
     up = upload({"obs": buf.obs, "mask": buf.mask, "boot_obs": boot.obs}, device)  # one copy to a GPU
     i = torch.arange(T * B, device=device)
     obs = up["obs"][i // B, i % B]  # rows [T * B, ...] of [T, B, ...]
-    next_value = bootstrap_value(agent, up["boot_obs"], args.bf16)  # [B]
-    if args.sampler == "async":  # sampled with the previous parameters: the values are the current critic's
-        with torch.no_grad(), autocast(device, args.bf16):
+    with torch.no_grad(), autocast(device, args.bf16):
+        _, next_value = agent(up["boot_obs"])
+        if args.sampler == "async":  # sampled with the previous parameters: the values are the current critic's
             value, next_value = to_host(agent(obs)[1].view(T, B), next_value)
-    else:
-        value, next_value = np.asarray(buf.value, np.float32), to_host(next_value)
+        else:
+            value, next_value = np.asarray(buf.value, np.float32), to_host(next_value)
     f32 = lambda x: np.asarray(x, np.float32)
     flags = [f32(buf.terminated), f32(buf.episode_end), f32(buf.final_row)]  # [T, B] each
     adv, ret = compute_gae(f32(buf.reward), value, next_value, *flags, args.gamma, args.gae_lambda)

@@ -388,26 +388,18 @@ def ppo_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
     return stats
 
 
-@graphed
-def bootstrap_value(agent: Agent, obs, bf16: bool) -> torch.Tensor:
-    """The values [B] of the observations after a rollout's last row [B, ...]: under --compile on a GPU one CUDA graph
-    replay, not a launch for each of its kernels."""
-    with torch.no_grad(), autocast(next(agent.parameters()).device, bf16):
-        return agent(obs)[1]
-
-
 def learn_from(agent: Agent, optimizer, buf, boot, args: Args, device: torch.device, generator) -> dict:
     """GAE with the learner's current critic, then the PPO update; ``buf`` [T, B] and ``boot`` [B] are numpy (async:
     shared), but for the observations and masks of a rollout collected in this process, already on the device."""
     T, B = args.num_steps, args.num_envs
     up = upload({"obs": buf.obs, "mask": buf.mask, "boot_obs": boot.obs}, device)  # one copy to a GPU
-    next_value = bootstrap_value(agent, up["boot_obs"], args.bf16)  # [B]
-    if args.sampler == "async":  # sampled with the previous parameters: the values are the current critic's
-        i = torch.arange(T * B, device=device)
-        with torch.no_grad(), autocast(device, args.bf16):
+    with torch.no_grad(), autocast(device, args.bf16):
+        _, next_value = agent(up["boot_obs"])
+        if args.sampler == "async":  # sampled with the previous parameters: the values are the current critic's
+            i = torch.arange(T * B, device=device)
             value, next_value = to_host(agent(up["obs"][i // B, i % B])[1].view(T, B), next_value)
-    else:
-        value, next_value = np.asarray(buf.value, np.float32), to_host(next_value)
+        else:
+            value, next_value = np.asarray(buf.value, np.float32), to_host(next_value)
     f32 = lambda x: np.asarray(x, np.float32)
     flags = [f32(buf.terminated), f32(buf.episode_end), f32(buf.final_row)]  # [T, B] each
     adv, ret = compute_gae(f32(buf.reward), value, next_value, *flags, args.gamma, args.gae_lambda)

@@ -61,28 +61,6 @@ def test_gae_matches_definition_with_truncation_and_reset_rows(seed):
     np.testing.assert_allclose(ret, expected + v, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("script", ["ppo_atari", "a2c_atari"])
-def test_the_graphed_bootstrap_is_the_critic_at_the_observations_after_the_rollout(script):
-    """learn_from's bootstrap, one graph under --compile (here the graphs' protocol on the CPU: the data copied into
-    the static input at every call): the critic's values at the observations after the rollout, each call's its own."""
-    import a2c_atari
-
-    from shared import compiling
-
-    module = {"ppo_atari": ppo_atari, "a2c_atari": a2c_atari}[script]
-    agent = module.Agent((4, 84, 84), 4)
-    compiling.enable(torch.device("cpu"))
-    try:
-        for seed in range(3):
-            obs = torch.randint(0, 255, (8, 4, 84, 84), dtype=torch.uint8, generator=torch.Generator().manual_seed(seed))
-            got = module.bootstrap_value(agent, obs, False)  # [B]
-            with torch.no_grad():
-                want = agent(obs)[1]
-            assert got.shape == (8,) and torch.allclose(got, want, atol=1e-6), (seed, got, want)
-    finally:
-        compiling.disable()
-
-
 def test_truncation_bootstraps_from_the_final_observation_and_termination_does_not():
     # Row 0 is truncated: its successor (row 1, a reset row) holds the final observation's value 10.
     f = lambda x: np.array(x, np.float32)
