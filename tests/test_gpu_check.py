@@ -531,7 +531,7 @@ def test_leanrl_speeds_are_read_from_its_tqdm_line_by_its_schedule():
         )
 
 
-def test_the_race_commands_take_the_same_window_on_both_sides():
+def test_the_race_commands_take_the_same_window_on_both_sides(monkeypatch):
     """Each pair's commands: compiled with CUDA graphs on both sides, the same steps, a burn-in that ends where
     LeanRL's clock starts, windows of 30k+ (PPO) and 10k (replay) steps; the dry plan is the same on the CPU."""
     leanrl = Path("/peers/leanrl")
@@ -571,10 +571,14 @@ def test_the_race_commands_take_the_same_window_on_both_sides():
     assert dqn.burn_in == 2000 + 5000 and int(flag(dqn, "--total-timesteps")) - dqn.burn_in == 10_000
     (envs,) = race.plan("envs").runs
     assert "envs_only('BreakoutNoFrameskip-v4', 8, 'parallel', 10.0)" in envs.argv[-1]
+    monkeypatch.setattr(race.os, "cpu_count", lambda: 8)
     one, *threads = race.plan("envs-threads").runs
     assert "envs_only('BreakoutNoFrameskip-v4', 1, 'serial', 5.0)" in one.argv[-1]
     assert [r.label for r in threads] == ["8 on 1 thread", "8 on 2 threads", "8 on 4 threads", "8 on 8 threads"]
     assert all(f"8, 'parallel', 5.0, threads={k})" in r.argv[-1] for r, k in zip(threads, race.THREADS))
+    monkeypatch.setattr(race.os, "cpu_count", lambda: 16)  # a node of 16: the ceiling item's 16 threads as well
+    *_, sixteen = race.plan("envs-threads").runs
+    assert sixteen.label == "8 on 16 threads" and "threads=16)" in sixteen.argv[-1]
     assert race.long_argv(Path("/x/runs/long"))[:6] == [
         "algos/ppo_atari.py",
         "--env-id",

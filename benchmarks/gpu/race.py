@@ -18,11 +18,13 @@ the schedule its script prints on (PPO Atari: each value the SPS of its own 10 i
 TD3: the mean since the clock started, so consecutive values give each interval), then the same median and mean.
 The ratio ours/LeanRL is given for both. The env-only ceiling (8 Breakout envs, ale-py's threads, random actions)
 runs first, beside them; ``envs-threads`` times how it scales with the node's cores (1 env, then the 8 on 1, 2, 4
-and 8 threads), since a node whose cores do not give their count caps both sides alike.
+and 8 threads, and on ``os.cpu_count()`` of them as the ceiling item runs), since a node whose cores do not give
+their count caps both sides alike.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,6 +138,8 @@ def plan(name: str, dry: bool = False) -> Item:
         return Item(name, what, [Run("envs only", "value", _value_code("ppo_sampling", call))])
     if name == "envs-threads":  # how the env steps scale with the node's cores: what caps the ceiling above
         n, secs, threads = (2, 0.5, (1, 2)) if dry else (8, 5.0, THREADS)
+        if not dry and (os.cpu_count() or 1) > max(threads):  # the ceiling item's own count: the two told apart
+            threads = (*threads, os.cpu_count())
         one = Run("1 env, serial", "value", _value_code("ppo_sampling", f"envs_only('{BREAKOUT}', 1, 'serial', {secs})"))
         runs = [
             Run(
