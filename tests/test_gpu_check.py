@@ -531,6 +531,14 @@ def test_leanrl_speeds_are_read_from_its_tqdm_line_by_its_schedule():
         )
 
 
+def test_the_long_line_puts_the_runs_last_return_beside_cleanrls_published_one():
+    long = {"steps": 2_500_000, "state": "cut after 400 s", "reached": 1_200_000, "rows": 90, "return_mean": 187.3}
+    (line,) = gpu_summary.race_lines({"long": long})
+    assert "step 1,200,000 (90 rows), last return_mean 187.3 (CleanRL's published, 10M frames: 414.66 +- 28.09)" in line
+    (unrun,) = gpu_summary.race_lines({"long": {"steps": 2_500_000, "state": "not run: budget spent"}})
+    assert "CleanRL" not in unrun  # no run, nothing to put beside it
+
+
 def test_the_race_commands_take_the_same_window_on_both_sides(monkeypatch):
     """Each pair's commands: compiled with CUDA graphs on both sides, the same steps, a burn-in that ends where
     LeanRL's clock starts, windows of 30k+ (PPO) and 10k (replay) steps; the dry plan is the same on the CPU."""

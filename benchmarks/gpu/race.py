@@ -32,6 +32,10 @@ from pathlib import Path
 BREAKOUT = "BreakoutNoFrameskip-v4"
 CHEETAH = "HalfCheetah-v5"  # LeanRL's default is HalfCheetah-v4: both sides get v5
 LONG_STEPS = 2_500_000  # PPO Breakout, 10M frames (4 per agent step)
+# The long part's yardstick: CleanRL's published average episodic return of its ppo_atari.py on Breakout after 10M
+# frames, mean +- std over its seeds (CleanRL's docs/rl-algorithms/ppo.md at 7a96de2; openai/baselines' PPO there:
+# 406.57 +- 31.55). Its curves live in a Weights & Biases project this repository cannot reach.
+CLEANRL_BREAKOUT_10M = (414.66, 28.09)
 THREADS = (1, 2, 4, 8)  # envs-threads: ale-py's threads for the 8 envs (the envs item: os.cpu_count() of them)
 
 

@@ -211,7 +211,7 @@ def race_lines(r: dict) -> list[str]:
             lines.append("    " + R.scaling_line(item))
         if name == "ppo-atari" and R.ceiling_line(item, r["race"].get("envs")):
             lines.append("    " + R.ceiling_line(item, r["race"].get("envs")))
-    g = r.get("long")
+    g, cleanrl = r.get("long"), R.CLEANRL_BREAKOUT_10M
     if g:
         lines.append(
             f"long: PPO Breakout {g['steps']:,} agent steps ({4 * g['steps']:,} frames), seed 1: {g['state']}"
@@ -219,6 +219,7 @@ def race_lines(r: dict) -> list[str]:
             + (f"; step {g['reached']:,} ({g['rows']} rows)" if "reached" in g else "")
             + (f", median {g['sps']:.1f} SPS" if g.get("sps") else "")
             + (f", last return_mean {g['return_mean']:.1f}" if g.get("return_mean") is not None else "")
+            + (" (CleanRL's published, 10M frames: {:.2f} +- {:.2f})".format(*cleanrl) if "reached" in g else "")
             + ("; long-progress.csv" if "reached" in g else "")
         )
         if g.get("error"):
