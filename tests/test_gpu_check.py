@@ -534,14 +534,17 @@ def test_leanrl_speeds_are_read_from_its_tqdm_line_by_its_schedule():
 def test_the_long_line_puts_the_runs_last_return_beside_cleanrls_published_one():
     long = {"steps": 2_500_000, "state": "cut after 400 s", "reached": 1_200_000, "rows": 90, "return_mean": 187.3}
     (line,) = gpu_summary.race_lines({"long": long})
-    assert "step 1,200,000 (90 rows), last return_mean 187.3 (CleanRL's published, 10M frames: 414.66 +- 28.09)" in line
+    assert "last return_mean 187.3 (CleanRL's published after 40M frames, 4x this run's: 414.66 +- 28.09)" in line
     (unrun,) = gpu_summary.race_lines({"long": {"steps": 2_500_000, "state": "not run: budget spent"}})
     assert "CleanRL" not in unrun  # no run, nothing to put beside it
+    (no_episode,) = gpu_summary.race_lines({"long": {**long, "return_mean": None, "sps": 3000.0}})
+    assert "CleanRL" not in no_episode  # not beside the SPS, as if it were CleanRL's
 
 
 def test_the_race_commands_take_the_same_window_on_both_sides(monkeypatch):
     """Each pair's commands: compiled with CUDA graphs on both sides, the same steps, a burn-in that ends where
-    LeanRL's clock starts, windows of 30k+ (PPO) and 10k (replay) steps; the dry plan is the same on the CPU."""
+    LeanRL's clock starts, windows of 30k+ (PPO) and 10k (replay) steps; the dry plan is the same on the CPU. The
+    envs' scaling adds a row on the node's own thread count where it has more than 8 (the ceiling item's)."""
     leanrl = Path("/peers/leanrl")
     for name in race.ORDER:
         for dry in (False, True):
@@ -579,14 +582,17 @@ def test_the_race_commands_take_the_same_window_on_both_sides(monkeypatch):
     assert dqn.burn_in == 2000 + 5000 and int(flag(dqn, "--total-timesteps")) - dqn.burn_in == 10_000
     (envs,) = race.plan("envs").runs
     assert "envs_only('BreakoutNoFrameskip-v4', 8, 'parallel', 10.0)" in envs.argv[-1]
-    monkeypatch.setattr(race.os, "cpu_count", lambda: 8)
-    one, *threads = race.plan("envs-threads").runs
+    monkeypatch.setattr(race.os, "cpu_count", lambda: 8)  # a node of 8: the ceiling item's count is among them
+    one, four, *threads = race.plan("envs-threads").runs
     assert "envs_only('BreakoutNoFrameskip-v4', 1, 'serial', 5.0)" in one.argv[-1]
+    assert "envs_only('BreakoutNoFrameskip-v4', 4, 'serial', 5.0)" in four.argv[-1]  # DQN's and C51's ceiling
     assert [r.label for r in threads] == ["8 on 1 thread", "8 on 2 threads", "8 on 4 threads", "8 on 8 threads"]
     assert all(f"8, 'parallel', 5.0, threads={k})" in r.argv[-1] for r, k in zip(threads, race.THREADS))
     monkeypatch.setattr(race.os, "cpu_count", lambda: 16)  # a node of 16: the ceiling item's 16 threads as well
     *_, sixteen = race.plan("envs-threads").runs
     assert sixteen.label == "8 on 16 threads" and "threads=16)" in sixteen.argv[-1]
+    assert [r.label for r in race.plan("envs-threads", dry=True).runs][2:] == ["2 on 1 thread", "2 on 2 threads"]
+    assert race.run_line(sixteen.label, {"value": 1.0}).index("1.0") == race.run_line("ours", {"value": 1.0}).index("1.0")
     assert race.long_argv(Path("/x/runs/long"))[:6] == [
         "algos/ppo_atari.py",
         "--env-id",
@@ -682,15 +688,15 @@ def test_the_race_part_runs_each_side_reads_its_figure_and_says_what_it_skipped(
     check.r["status"] = "finished"
     text = gpu_summary.summary(check.r, tmp_path)
     assert "    ours/LeanRL: ours 2.00 (window mean 1.90)" in text, text
-    assert "    ours              2000.0 SPS  [mean 1904.8; 4 intervals, steps 2,000->6,000, 1667-2000;" in text, text
+    assert "    ours               2000.0 SPS  [mean 1904.8; 4 intervals, steps 2,000->6,000, 1667-2000;" in text, text
     assert "of the envs-only ceiling (3000 SPS): ours 0.67, LeanRL 0.33" in text, text
-    assert "    8 on 2 threads    1900.0 SPS" in text, text
+    assert "    8 on 2 threads     1900.0 SPS" in text, text
     assert "    over 1 thread: 2 threads 1.90x" in text, text
     assert re.search(r"envs only +3000\.0 SPS  \(wall \d+ s, \d+\.\d cores busy\)", text), text
     assert race.busy({"cpu_s": 29.0, "wall_s": 10.0}) == ", 2.9 cores busy" and race.busy({"wall_s": 10.0}) == ""
     assert "LeanRL's packages: no LeanRL wheels" in text
     assert "1 edit(s): race.LEANRL_EDITS" in text, text
-    assert "LeanRL         not run: race.LEANRL_EDITS matched nothing in plain_torchcompile.py" in text, text
+    assert "LeanRL          not run: race.LEANRL_EDITS matched nothing in plain_torchcompile.py" in text, text
     assert not gpu_summary.all_passed(check.r)  # sac's LeanRL side did not run
     del check.r["race"]["sac"]
     assert gpu_summary.all_passed(check.r)

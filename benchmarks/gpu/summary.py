@@ -211,15 +211,17 @@ def race_lines(r: dict) -> list[str]:
             lines.append("    " + R.scaling_line(item))
         if name == "ppo-atari" and R.ceiling_line(item, r["race"].get("envs")):
             lines.append("    " + R.ceiling_line(item, r["race"].get("envs")))
-    g, cleanrl = r.get("long"), R.CLEANRL_BREAKOUT_10M
+    g = r.get("long")
     if g:
+        last = g.get("return_mean") is not None  # an episode ended: its return goes beside CleanRL's
+        cleanrl = R.CLEANRL_BREAKOUT_40M_FRAMES
         lines.append(
             f"long: PPO Breakout {g['steps']:,} agent steps ({4 * g['steps']:,} frames), seed 1: {g['state']}"
             + (", resumed" if g.get("resumed") else "")
             + (f"; step {g['reached']:,} ({g['rows']} rows)" if "reached" in g else "")
             + (f", median {g['sps']:.1f} SPS" if g.get("sps") else "")
-            + (f", last return_mean {g['return_mean']:.1f}" if g.get("return_mean") is not None else "")
-            + (" (CleanRL's published, 10M frames: {:.2f} +- {:.2f})".format(*cleanrl) if "reached" in g else "")
+            + (f", last return_mean {g['return_mean']:.1f}" if last else "")
+            + (f" (CleanRL's published after 40M frames, 4x this run's: {cleanrl[0]:.2f} +- {cleanrl[1]:.2f})" if last else "")
             + ("; long-progress.csv" if "reached" in g else "")
         )
         if g.get("error"):
