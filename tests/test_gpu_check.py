@@ -14,6 +14,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 import zipfile
@@ -529,6 +530,26 @@ def test_leanrl_speeds_are_read_from_its_tqdm_line_by_its_schedule():
         script_speed.window_sps(
             race.leanrl_intervals(race.tqdm_speeds(_leanrl_output([(10_000, " 0.0000 sps, ")], 20_001)), sac.schedule), 10_000
         )
+
+
+def test_the_contexts_item_times_an_act_beside_a_learner_and_leaves_neither_thread_nor_process():
+    """``contexts``: the three runs' calls and their line; on the CPU each mode gives a time, an unknown one is refused,
+    and the busy learner (a thread, or a child process) is gone when the figure is."""
+    from benchmarks.speed import contexts
+
+    assert race.CONTEXTS == contexts.MODES
+    alone, process, thread = race.plan("contexts").runs
+    assert "acting_us('process', 'cuda', 5.0)" in process.argv[-1] and process.unit == "µs an act"
+    assert [r.label for r in (alone, process, thread)] == ["alone", "beside process", "beside thread"]
+    item = {"runs": {"alone": {"value": 200.0}, "beside process": {"value": 500.0}, "beside thread": {"value": 250.0}}}
+    assert race.contexts_line(item) == "over alone: beside process 2.50x, beside thread 1.25x"
+    assert race.contexts_line({"runs": {"beside thread": {"value": 250.0}}}) == ""  # nothing to divide by
+    with pytest.raises(ValueError, match="mode must be one of"):
+        contexts.acting_us("elsewhere", "cpu", 0.1)
+    threads, children = threading.active_count(), set(descendants(os.getpid()))  # a resource tracker, say
+    for mode in contexts.MODES:
+        assert contexts.acting_us(mode, "cpu", 0.2) > 0
+        assert threading.active_count() == threads and set(descendants(os.getpid())) == children
 
 
 def test_the_long_line_puts_the_runs_last_return_beside_cleanrls_published_one():

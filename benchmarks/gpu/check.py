@@ -565,7 +565,7 @@ def main() -> int:
     p.add_argument(
         "--race",
         nargs="*",
-        help="race items, in order (default all: envs ppo-atari ppo-mujoco td3 sac dqn c51 ddpg r2d1 envs-threads)",
+        help="race items, in order (default all: envs ppo-atari ppo-mujoco td3 sac dqn c51 ddpg r2d1 envs-threads contexts)",
     )
     p.add_argument(
         "--leanrl",

@@ -19,7 +19,9 @@ TD3: the mean since the clock started, so consecutive values give each interval)
 The ratio ours/LeanRL is given for both. The env-only ceiling (8 Breakout envs, ale-py's threads, random actions)
 runs first, beside them; ``envs-threads`` times how it scales with the node's cores (1 env, then the 8 on 1, 2, 4
 and 8 threads, and on ``os.cpu_count()`` of them as the ceiling item runs), since a node whose cores do not give
-their count caps both sides alike.
+their count caps both sides alike. ``contexts`` times a small acting step alone and beside a busy learner in another
+process or in a thread of its own (``benchmarks/speed/contexts.py``): whether two CUDA contexts taking turns slow an
+async sampler's every step.
 """
 
 from __future__ import annotations
@@ -123,7 +125,8 @@ class Item:
 
 
 # the default order: the pairs beside LeanRL first (issue 67's order), then ours alone, then the envs' scaling
-ORDER = ["envs", "ppo-atari", "ppo-mujoco", "td3", "sac", "dqn", "c51", "ddpg", "r2d1", "envs-threads"]
+ORDER = ["envs", "ppo-atari", "ppo-mujoco", "td3", "sac", "dqn", "c51", "ddpg", "r2d1", "envs-threads", "contexts"]
+CONTEXTS = ("alone", "process", "thread")  # contexts.MODES: where the busy learner runs beside the acting step
 
 
 def _value_code(module: str, call: str) -> list[str]:
@@ -266,6 +269,19 @@ def plan(name: str, dry: bool = False) -> Item:
         mode = "--compile (torso and heads compiled, the LSTM eager inside the graph)" if compile else "eager"
         what = f"R2D1's learner alone, {mode} ({repeats} timed updates of 64 sequences after the untimed ones, random frames)"
         return Item(name, what, [Run("ours", "value", _value_code("r2d1_atari", call), unit="sequences/s")])
+    if name == "contexts":
+        device, secs = ("cpu", 0.5) if dry else ("cuda", 5.0)
+        runs = [
+            Run(
+                f"beside {mode}" if mode != "alone" else mode,
+                "value",
+                _value_code("contexts", f"acting_us({mode!r}, {device!r}, {secs})"),
+                unit="µs an act",
+            )
+            for mode in CONTEXTS
+        ]
+        what = f"an acting step (ppo_atari's network, 8 observations) alone, then beside a busy learner, median of {secs:g} s"
+        return Item(name, what, runs)
     raise ValueError(f"unknown race item {name!r}; known: {ORDER}")
 
 
@@ -324,6 +340,17 @@ def ceiling_line(item: dict, envs: dict | None) -> str:
     ceiling = ((envs or {}).get("runs", {}).get("envs only") or {}).get("value")
     parts = [f"{label} {r['median'] / ceiling:.2f}" for label, r in item.get("runs", {}).items() if r.get("median")]
     return f"of the envs-only ceiling ({ceiling:.0f} SPS): " + ", ".join(parts) if ceiling and parts else ""
+
+
+def contexts_line(item: dict) -> str:
+    """The ``contexts`` item's acting step beside a learner over its time alone (a context of its own taking turns on
+    the GPU: the process's well above the thread's); empty without the figure alone."""
+    runs = {label: r.get("value") for label, r in item.get("runs", {}).items()}
+    alone = runs.pop("alone", None)
+    if not alone:
+        return ""
+    parts = [f"{label} {v / alone:.2f}x" for label, v in runs.items() if v]
+    return "over alone: " + ", ".join(parts) if parts else ""
 
 
 def scaling_line(item: dict) -> str:

@@ -209,6 +209,8 @@ def race_lines(r: dict) -> list[str]:
             lines.append("    " + R.ratio_line(item))
         if name == "envs-threads" and R.scaling_line(item):
             lines.append("    " + R.scaling_line(item))
+        if name == "contexts" and R.contexts_line(item):
+            lines.append("    " + R.contexts_line(item))
         if name == "ppo-atari" and R.ceiling_line(item, r["race"].get("envs")):
             lines.append("    " + R.ceiling_line(item, r["race"].get("envs")))
     g = r.get("long")
