@@ -533,23 +533,44 @@ def test_leanrl_speeds_are_read_from_its_tqdm_line_by_its_schedule():
 
 
 def test_the_contexts_item_times_an_act_beside_a_learner_and_leaves_neither_thread_nor_process():
-    """``contexts``: the three runs' calls and their line; on the CPU each mode gives a time, an unknown one is refused,
-    and the busy learner (a thread, or a child process) is gone when the figure is."""
+    """``contexts``: the runs' calls and their line; on the CPU each mode gives a time, an unknown one is refused, and
+    the learner (a thread, or a child process) is gone when the figure is."""
     from benchmarks.speed import contexts
 
     assert race.CONTEXTS == contexts.MODES
-    alone, process, thread = race.plan("contexts").runs
-    assert "acting_us('process', 'cuda', 5.0)" in process.argv[-1] and process.unit == "µs an act"
-    assert [r.label for r in (alone, process, thread)] == ["alone", "beside process", "beside thread"]
+    alone, process, thread, duty = race.plan("contexts").runs
+    assert "acting_us('process', 'cuda', 5.0)" in process.argv[-1] and process.unit == "us an act"
+    assert [r.label for r in (alone, process, thread, duty)] == ["alone", "beside process", "beside thread", "beside duty"]
     item = {"runs": {"alone": {"value": 200.0}, "beside process": {"value": 500.0}, "beside thread": {"value": 250.0}}}
-    assert race.contexts_line(item) == "over alone: beside process 2.50x, beside thread 1.25x"
+    assert race.contexts_line(item) == "over alone: beside process 2.50x, beside thread 1.25x; process over thread 2.00x"
     assert race.contexts_line({"runs": {"beside thread": {"value": 250.0}}}) == ""  # nothing to divide by
     with pytest.raises(ValueError, match="mode must be one of"):
         contexts.acting_us("elsewhere", "cpu", 0.1)
-    threads, children = threading.active_count(), set(descendants(os.getpid()))  # a resource tracker, say
     for mode in contexts.MODES:
-        assert contexts.acting_us(mode, "cpu", 0.2) > 0
-        assert threading.active_count() == threads and set(descendants(os.getpid())) == children
+        assert contexts.acting_us(mode, "cpu", 0.2, batch=8) > 0
+        assert "contexts-learner" not in [t.name for t in threading.enumerate()]
+        assert "contexts as c" not in _tree_commands(os.getpid())
+
+
+def test_a_contexts_learner_that_fails_is_an_error_not_a_figure_alone(monkeypatch):
+    """A learner thread that raises, before its first update or after it, ends the figure with its error at once:
+    neither a wait for a learner that will never be ready nor the step alone's time under another name."""
+    from benchmarks.speed import contexts
+
+    def broken(*args, ready=None, **kwargs):
+        raise OSError("no device")
+
+    def dies_later(*args, ready=None, **kwargs):
+        ready.set()
+        time.sleep(0.05)
+        raise OSError("lost the device")
+
+    for learn, said in ((broken, "no device"), (dies_later, "lost the device")):
+        monkeypatch.setattr(contexts, "learn", lambda dev, duty, batch, stop, ready, f=learn: f(ready=ready))
+        t = time.monotonic()
+        with pytest.raises(RuntimeError, match=said):
+            contexts.acting_us("thread", "cpu", 0.5, batch=8)
+        assert time.monotonic() - t < 10
 
 
 def test_the_long_line_puts_the_runs_last_return_beside_cleanrls_published_one():

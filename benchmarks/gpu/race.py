@@ -126,7 +126,7 @@ class Item:
 
 # the default order: the pairs beside LeanRL first (issue 67's order), then ours alone, then the envs' scaling
 ORDER = ["envs", "ppo-atari", "ppo-mujoco", "td3", "sac", "dqn", "c51", "ddpg", "r2d1", "envs-threads", "contexts"]
-CONTEXTS = ("alone", "process", "thread")  # contexts.MODES: where the busy learner runs beside the acting step
+CONTEXTS = ("alone", "process", "thread", "duty")  # contexts.MODES: where and how the learner runs beside the act
 
 
 def _value_code(module: str, call: str) -> list[str]:
@@ -276,11 +276,14 @@ def plan(name: str, dry: bool = False) -> Item:
                 f"beside {mode}" if mode != "alone" else mode,
                 "value",
                 _value_code("contexts", f"acting_us({mode!r}, {device!r}, {secs})"),
-                unit="µs an act",
+                unit="us an act",
             )
             for mode in CONTEXTS
         ]
-        what = f"an acting step (ppo_atari's network, 8 observations) alone, then beside a busy learner, median of {secs:g} s"
+        what = (
+            "an acting step (ppo_atari's network, 8 observations) alone, then beside a busy learner (another process, a "
+            f"thread) and a learner at its duty (another process), mean of {secs:g} s"
+        )
         return Item(name, what, runs)
     raise ValueError(f"unknown race item {name!r}; known: {ORDER}")
 
@@ -343,14 +346,16 @@ def ceiling_line(item: dict, envs: dict | None) -> str:
 
 
 def contexts_line(item: dict) -> str:
-    """The ``contexts`` item's acting step beside a learner over its time alone (a context of its own taking turns on
-    the GPU: the process's well above the thread's); empty without the figure alone."""
+    """The ``contexts`` item's acting step beside a learner over its time alone, and beside a busy process over beside
+    a busy thread (two contexts taking turns on the GPU: well above 1); empty without the figure alone."""
     runs = {label: r.get("value") for label, r in item.get("runs", {}).items()}
     alone = runs.pop("alone", None)
     if not alone:
         return ""
     parts = [f"{label} {v / alone:.2f}x" for label, v in runs.items() if v]
-    return "over alone: " + ", ".join(parts) if parts else ""
+    process, thread = runs.get("beside process"), runs.get("beside thread")
+    both = f"; process over thread {process / thread:.2f}x" if process and thread else ""
+    return "over alone: " + ", ".join(parts) + both if parts else ""
 
 
 def scaling_line(item: dict) -> str:

@@ -1,20 +1,29 @@
-"""Whether a learner busy on the same GPU slows a small acting step, and whether it matters that the learner is
-another process (a CUDA context of its own, as the async sampler's learner is) or a thread of the acting process
-(one context, another stream).
+"""Whether a learner on the same GPU slows a small acting step, and whether it matters that the learner is another
+process (a CUDA context of its own, as the async sampler's learner is) or a thread of the acting process (one
+context, another stream, and the GIL shared).
 
 The acting step is ppo_atari's: a Nature-CNN forward pass over 8 Breakout observations ``[8, 4, 84, 84]`` (uint8,
 copied up from pinned memory), the greedy actions copied back and waited for; on CUDA its device part is one CUDA
-graph. The busy learner is the same network's forward, backward and Adam step over a batch of 256, over and over, each
-waited for (one update in flight, as a learner that reads nothing back between its updates keeps about one queued).
-Each figure is the median of the acting steps' wall times over ``seconds``, in microseconds:
+graph. The learner is the same network's forward, backward and Adam step over a batch of 256 (ppo_atari's
+minibatch), in one of two duties:
+
+- busy: update after update, each launched while the one before runs (the GPU never idle: the worst case);
+- ``duty``: 16 updates queued back to back (ppo_atari's 4 epochs of 4 minibatches), waited for, then idle for
+  ``REST_S`` (a rollout of 1,024 steps at the first race's async 2,381 SPS): the async learner's own rhythm.
+
+Each figure is the **mean** of the acting steps' wall times over ``seconds``, in microseconds (a throughput is what
+the race compares; a line before it gives the median, 90th and 99th percentiles, the steps and the learner's
+updates a second):
 
 - ``alone``: nothing else on the device;
-- ``process``: the learner in a child process;
-- ``thread``: the learner in a thread of this process, on a stream of its own.
+- ``process``: the busy learner in a child process;
+- ``thread``: the busy learner in a thread of this process, on a stream of its own;
+- ``duty``: the learner at its duty in a child process.
 
-Where ``process`` is well above ``thread``, the two contexts take turns on the GPU (time slices; no MPS) and an async
-sampler acting in a process of its own pays that at every step: one reading of the first race's async at 0.77x
-parallel (docs/gpu.md). A figure of this file, not a training run's.
+Reading them (docs/gpu.md): ``process`` well above ``thread`` says that two contexts take turns on the GPU (time
+slices; no MPS), at full load an upper bound on what that costs a step; ``duty`` less ``alone``, times a rollout's
+128 acting steps (8 envs), is what it costs an async rollout, to set beside the 99 ms a rollout that async lost to
+parallel in the first race (8 / 2,381.4 - 8 / 3,093.7 s a step). A figure of this file, not a training run's.
 
     python benchmarks/speed/contexts.py --device cuda [--seconds 5]
 """
@@ -34,8 +43,10 @@ import torch
 from torch import nn
 
 ROOT = Path(__file__).resolve().parents[2]
-MODES = ("alone", "process", "thread")
-LEARNER_BATCH = 256  # the busy learner's minibatch: ppo_atari's (8 envs x 128 steps / 4 minibatches)
+MODES = ("alone", "process", "thread", "duty")
+LEARNER_BATCH = 256  # the learner's minibatch: ppo_atari's (8 envs x 128 steps / 4 minibatches)
+DUTY_UPDATES = 16  # ppo_atari's updates a rollout: 4 epochs of 4 minibatches
+REST_S = 0.43  # a rollout of 8 x 128 steps at the first race's async 2,381 SPS
 
 
 def network(device: torch.device) -> nn.Module:
@@ -54,35 +65,61 @@ def network(device: torch.device) -> nn.Module:
     ).to(device)
 
 
-def learn(device: torch.device, stop: threading.Event | None = None, seconds: float = 3600.0, ready=None) -> int:
-    """The busy learner: updates until ``stop`` is set or ``seconds`` pass, each waited for; returns how many ran.
-    ``ready`` (an Event, or None for a child process, which prints a line) is set once the first update is done."""
+def learn(device: torch.device, duty: bool = False, batch: int = LEARNER_BATCH, stop=None, ready=None, said=None) -> int:
+    """The learner: updates until ``stop`` is set (a child process: until it is ended), busy or at its ``duty``;
+    returns how many ran. ``ready`` (an Event) is set once the first update is launched; ``said`` (a child process's
+    stdout) gets ``ready``, then about four times a second the updates so far and the seconds since the first."""
     torch.manual_seed(1)
     net = network(device)
     optimizer = torch.optim.Adam(net.parameters(), lr=2.5e-4)
-    x = torch.rand(LEARNER_BATCH, 4, 84, 84, device=device)
-    stream = torch.cuda.Stream(device) if device.type == "cuda" else None
-    updates, end = 0, time.monotonic() + seconds
-    while time.monotonic() < end and not (stop is not None and stop.is_set()):
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+    x = torch.rand(batch, 4, 84, 84, device=device)
+    cuda = device.type == "cuda"
+    stream = torch.cuda.Stream(device) if cuda else None
+    if cuda:
+        stream.wait_stream(torch.cuda.current_stream(device))  # x, made on the default stream, before its first read
+    updates, last, first, told = 0, None, 0.0, time.monotonic()
+
+    def update() -> None:
+        with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
             loss = net(x).square().mean()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-        if stream is not None:
-            stream.synchronize()
-        updates += 1
-        if updates == 1:
+
+    while stop is None or not stop.is_set():
+        if duty:  # a rollout's updates queued back to back, waited for, then the rollout's time idle
+            for _ in range(DUTY_UPDATES):
+                update()
+            if cuda:
+                stream.synchronize()
+            updates += DUTY_UPDATES
+        else:  # busy: the next update launched while this one runs, so that the GPU never waits for the host
+            update()
+            event = torch.cuda.Event() if cuda else None
+            if cuda:
+                event.record(stream)
+            if last is not None:
+                last.synchronize()
+            last = event
+            updates += 1
+        if updates <= (DUTY_UPDATES if duty else 1):
+            first = told = time.monotonic()
             if ready is not None:
                 ready.set()
-            else:
-                print("ready", flush=True)
+            if said is not None:
+                print("ready", file=said, flush=True)
+        if said is not None and time.monotonic() - told > 0.25:
+            told = time.monotonic()
+            print(f"updates {updates} {told - first:.3f}", file=said, flush=True)  # since the first update
+        if duty:
+            time.sleep(REST_S)
     return updates
 
 
-def acting_us(mode: str, device: str = "cuda", seconds: float = 5.0) -> float:
-    """The median wall time of one acting step, µs, over ``seconds``, with the learner ``mode`` (module docstring)
-    busy on the same device meanwhile."""
+def acting_us(mode: str, device: str = "cuda", seconds: float = 5.0, batch: int = LEARNER_BATCH) -> float:
+    """The mean wall time of one acting step, µs, over ``seconds``, with the learner of ``mode`` (module docstring) on
+    the same device meanwhile; a line of the steps' percentiles and the learner's updates a second goes to stderr
+    first. A learner that ends before the figure is done is an error, not a figure."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     dev = torch.device(device)
@@ -116,18 +153,39 @@ def acting_us(mode: str, device: str = "cuda", seconds: float = 5.0) -> float:
         else:
             host_actions.copy_(forward())
 
-    helper, stop, ready = None, threading.Event(), threading.Event()
-    if mode == "process":
-        code = f"from benchmarks.speed import contexts as c; import torch; c.learn(torch.device({device!r}))"
-        helper = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
-        if helper.stdout.readline().strip() != "ready":
-            raise RuntimeError(f"the learner process ended before its first update (exit code {helper.wait()})")
-    elif mode == "thread":
-        helper = threading.Thread(target=learn, args=(dev, stop, 3600.0, ready), daemon=True)
-        helper.start()
-        if not ready.wait(600):
-            raise RuntimeError("the learner thread made no update within 600 s")
+    child, thread, stop, ready, failed, done = None, None, threading.Event(), threading.Event(), [], []
+
+    def learner_thread() -> None:
+        try:
+            done.append(learn(dev, False, batch, stop, ready))
+        except BaseException as e:  # said by the acting thread, which then refuses its figure
+            failed.append(e)
+            ready.set()
+
+    def learner_gone() -> str:
+        if child is not None and child.poll() is not None:
+            return f"the learner process ended (exit code {child.returncode})"
+        if thread is not None and (failed or not thread.is_alive()):
+            return f"the learner thread ended: {failed[0]!r}" if failed else "the learner thread ended"
+        return ""
+
+    learning_from = time.monotonic()
     try:
+        if mode in ("process", "duty"):
+            call = f"learn(torch.device({device!r}), {mode == 'duty'}, {batch}, said=sys.stdout)"
+            code = f"import sys, torch; from benchmarks.speed import contexts as c; c.{call}"
+            child = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+            if child.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"the learner process made no update: {learner_gone() or 'it said something else'}")
+        elif mode == "thread":
+            thread = threading.Thread(target=learner_thread, name="contexts-learner", daemon=True)
+            thread.start()
+            while not ready.wait(1.0):
+                if learner_gone():
+                    break
+            if learner_gone():
+                raise RuntimeError(learner_gone())
+        learning_from = time.monotonic()
         for _ in range(20):  # warm: the first steps beside a fresh learner
             act()
         times, end = [], time.monotonic() + seconds
@@ -135,14 +193,34 @@ def acting_us(mode: str, device: str = "cuda", seconds: float = 5.0) -> float:
             t = time.perf_counter()
             act()
             times.append(time.perf_counter() - t)
+        if learner_gone():  # the figure would be the step alone's, under another name
+            raise RuntimeError(learner_gone() + " before the figure was done")
     finally:
         stop.set()
-        if isinstance(helper, subprocess.Popen):
-            helper.terminate()
-            helper.wait(30)
-        elif helper is not None:
-            helper.join(60)
-    return statistics.median(times) * 1e6
+        said = ""
+        if child is not None:
+            child.terminate()
+            try:
+                said = child.communicate(timeout=30)[0]
+            except subprocess.TimeoutExpired:
+                child.kill()
+                said = child.communicate()[0]
+        if thread is not None:
+            thread.join(120)
+    if child is not None:  # its last count, a quarter of a second or less before the end
+        counts = [line.split()[1:] for line in said.splitlines() if line.startswith("updates ")]
+        rate = int(counts[-1][0]) / float(counts[-1][1]) if counts and float(counts[-1][1]) > 0 else float("nan")
+    else:
+        rate = done[0] / (time.monotonic() - learning_from) if done else None
+    q = statistics.quantiles([t * 1e6 for t in times], n=100)
+    mean = statistics.fmean(times) * 1e6
+    print(
+        f"{mode}: {len(times)} steps, median {q[49]:.1f} us, p90 {q[89]:.1f}, p99 {q[98]:.1f}, mean {mean:.1f}; "
+        f"learner {'none' if rate is None else f'{rate:.1f} updates/s'}",
+        file=sys.stderr,
+        flush=True,
+    )
+    return mean
 
 
 def main() -> None:
@@ -150,7 +228,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seconds", type=float, default=5.0, help="acting steps timed in each mode (default 5)")
     a = p.parse_args()
-    print(f"acting step, ppo_atari's network over 8 observations, on {a.device}: median µs")
+    print(f"acting step, ppo_atari's network over 8 observations, on {a.device}: mean us")
     for mode in MODES:
         print(f"{mode:<8} {acting_us(mode, a.device, a.seconds):9.1f}", flush=True)
 
