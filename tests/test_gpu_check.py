@@ -537,8 +537,8 @@ def test_the_contexts_item_times_an_act_beside_a_learner_and_leaves_neither_thre
     the learner (a thread, or a child process) is gone when the figure is."""
     from benchmarks.speed import contexts
 
-    assert race.CONTEXTS == contexts.MODES
-    alone, process, thread, duty = race.plan("contexts").runs
+    alone, process, thread, duty = race.plan("contexts").runs  # one run for each of contexts.MODES, in order
+    assert [f"acting_us({m!r}," in r.argv[-1] for m, r in zip(contexts.MODES, (alone, process, thread, duty))] == [True] * 4
     assert "acting_us('process', 'cuda', 5.0)" in process.argv[-1] and process.unit == "us an act"
     assert [r.label for r in (alone, process, thread, duty)] == ["alone", "beside process", "beside thread", "beside duty"]
     item = {"runs": {"alone": {"value": 200.0}, "beside process": {"value": 500.0}, "beside thread": {"value": 250.0}}}

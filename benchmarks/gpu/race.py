@@ -31,6 +31,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from benchmarks.speed.contexts import MODES  # where and how the contexts item's learner runs beside the act
+
 BREAKOUT = "BreakoutNoFrameskip-v4"
 CHEETAH = "HalfCheetah-v5"  # LeanRL's default is HalfCheetah-v4: both sides get v5
 LONG_STEPS = 2_500_000  # PPO Breakout, 10M frames (4 per agent step)
@@ -126,7 +128,6 @@ class Item:
 
 # the default order: the pairs beside LeanRL first (issue 67's order), then ours alone, then the envs' scaling
 ORDER = ["envs", "ppo-atari", "ppo-mujoco", "td3", "sac", "dqn", "c51", "ddpg", "r2d1", "envs-threads", "contexts"]
-CONTEXTS = ("alone", "process", "thread", "duty")  # contexts.MODES: where and how the learner runs beside the act
 
 
 def _value_code(module: str, call: str) -> list[str]:
@@ -278,7 +279,7 @@ def plan(name: str, dry: bool = False) -> Item:
                 _value_code("contexts", f"acting_us({mode!r}, {device!r}, {secs})"),
                 unit="us an act",
             )
-            for mode in CONTEXTS
+            for mode in MODES
         ]
         what = (
             "an acting step (ppo_atari's network, 8 observations) alone, then beside a busy learner (another process, a "

@@ -2,9 +2,9 @@
 process (a CUDA context of its own, as the async sampler's learner is) or a thread of the acting process (one
 context, another stream, and the GIL shared).
 
-The acting step is ppo_atari's: a Nature-CNN forward pass over 8 Breakout observations ``[8, 4, 84, 84]`` (uint8,
-copied up from pinned memory), the greedy actions copied back and waited for; on CUDA its device part is one CUDA
-graph. The learner is the same network's forward, backward and Adam step over a batch of 256 (ppo_atari's
+The acting step is ppo_atari's network (its own ``Agent``, imported) over 8 Breakout observations ``[8, 4, 84, 84]``
+(uint8, copied up from pinned memory), the greedy actions copied back and waited for; on CUDA its device part is one
+CUDA graph. The learner is the same network's forward, backward and Adam step over a batch of 256 (ppo_atari's
 minibatch), in one of two duties:
 
 - busy: update after update, each launched while the one before runs (the GPU never idle: the worst case);
@@ -38,9 +38,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-
-import torch
-from torch import nn
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 MODES = ("alone", "process", "thread", "duty")
@@ -49,30 +47,26 @@ DUTY_UPDATES = 16  # ppo_atari's updates a rollout: 4 epochs of 4 minibatches
 REST_S = 0.43  # a rollout of 8 x 128 steps at the first race's async 2,381 SPS
 
 
-def network(device: torch.device) -> nn.Module:
-    """ppo_atari's Nature CNN torso with 4 logits: what one acting step runs."""
-    return nn.Sequential(
-        nn.Conv2d(4, 32, 8, stride=4),
-        nn.ReLU(),
-        nn.Conv2d(32, 64, 4, stride=2),
-        nn.ReLU(),
-        nn.Conv2d(64, 64, 3, stride=1),
-        nn.ReLU(),
-        nn.Flatten(),
-        nn.Linear(3136, 512),
-        nn.ReLU(),
-        nn.Linear(512, 4),
-    ).to(device)
+def network(device) -> Any:
+    """ppo_atari's own Agent for Breakout's stacked frames and 4 actions (torch and the script imported here, so that
+    the race's planner reads ``MODES`` without them)."""
+    if str(ROOT / "algos") not in sys.path:
+        sys.path.insert(0, str(ROOT / "algos"))
+    import ppo_atari
+
+    return ppo_atari.Agent((4, 84, 84), 4).to(device)
 
 
-def learn(device: torch.device, duty: bool = False, batch: int = LEARNER_BATCH, stop=None, ready=None, said=None) -> int:
+def learn(device, duty: bool = False, batch: int = LEARNER_BATCH, stop=None, ready=None, said=None) -> int:
     """The learner: updates until ``stop`` is set (a child process: until it is ended), busy or at its ``duty``;
     returns how many ran. ``ready`` (an Event) is set once the first update is launched; ``said`` (a child process's
     stdout) gets ``ready``, then about four times a second the updates so far and the seconds since the first."""
+    import torch
+
     torch.manual_seed(1)
     net = network(device)
-    optimizer = torch.optim.Adam(net.parameters(), lr=2.5e-4)
-    x = torch.rand(batch, 4, 84, 84, device=device)
+    optimizer = torch.optim.Adam(net.parameters(), lr=2.5e-4, eps=1e-5)
+    x = torch.randint(0, 255, (batch, 4, 84, 84), dtype=torch.uint8, device=device)
     cuda = device.type == "cuda"
     stream = torch.cuda.Stream(device) if cuda else None
     if cuda:
@@ -81,7 +75,8 @@ def learn(device: torch.device, duty: bool = False, batch: int = LEARNER_BATCH, 
 
     def update() -> None:
         with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
-            loss = net(x).square().mean()
+            logits, value = net(x)
+            loss = logits.square().mean() + value.square().mean()
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -122,6 +117,8 @@ def acting_us(mode: str, device: str = "cuda", seconds: float = 5.0, batch: int 
     first. A learner that ends before the figure is done is an error, not a figure."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+    import torch
+
     dev = torch.device(device)
     cuda = dev.type == "cuda"
     torch.manual_seed(0)
@@ -132,7 +129,7 @@ def acting_us(mode: str, device: str = "cuda", seconds: float = 5.0, batch: int 
 
     def forward() -> torch.Tensor:
         with torch.no_grad():
-            return net(static.float() / 255.0).argmax(1)
+            return net(static)[0].argmax(1)  # the logits' greedy actions (the net scales the uint8 frames)
 
     if cuda:  # the device part as one graph, as --compile's acting step
         side = torch.cuda.Stream(dev)
@@ -224,6 +221,8 @@ def acting_us(mode: str, device: str = "cuda", seconds: float = 5.0, batch: int 
 
 
 def main() -> None:
+    import torch
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seconds", type=float, default=5.0, help="acting steps timed in each mode (default 5)")
