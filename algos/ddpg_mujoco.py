@@ -50,7 +50,7 @@ from shared.argtypes import Fraction, NonNegFloat, NonNegInt, PositiveFloat, Pos
 from shared.cli import RunArgs, check_replay_sizes, parse_args
 from shared.compiling import compiled, graphed
 from shared.device import to_host, upload
-from shared.device_replay import DeviceReplay, mirror_on
+from shared.device_replay import DeviceReplay, ReplayBatches
 from shared.envs import EpisodeTally, make_envs
 from shared.namedarraytuple import namedarraytuple
 from shared.normalize import ObsNorm, upload_batch
@@ -253,22 +253,6 @@ class EnvStepper:
 # ---------------------------------------------------------------------------------- loss and update
 
 
-def to_tensors(batch, obs_norm: ObsNorm, device: torch.device) -> dict:
-    """Replay batch (numpy, [N, ...]) -> the update's float tensors in one copy to the device, observations normalised."""
-    return upload_batch({k: v for k, v in batch.items() if k not in HOST_ONLY}, obs_norm, device)
-
-
-def next_batch(
-    buffer: ReplayBuffer, mirror: DeviceReplay | None, obs_norm: ObsNorm, args: Args, device
-) -> dict | DeviceReplay:
-    """The update's batch: sampled on the host and copied up in one block; or, on a CUDA learner, the replay's mirror
-    on the device, brought up to date, which the update samples from inside its graph (shared.device_replay)."""
-    if mirror is None:
-        return to_tensors(buffer.sample(args.batch_size, skip=HOST_ONLY)[0], obs_norm, device)  # [N, ...]
-    mirror.sync(args.batch_size)  # the rows appended since the last update
-    return mirror
-
-
 def critic_target(batch: dict, target_actor: Actor, target_critic: Critics) -> torch.Tensor:
     """n-step targets [N]: R + (1 - terminated_n) gamma^k Q'(s', mu'(s')).
     A truncation inside the window bootstraps from the episode's final observation s'."""
@@ -363,7 +347,7 @@ def main() -> int:
     with run.allocating("buffer_size", "hidden"):  # sizes this machine cannot hold: exit 2
         actor, target_actor, critic, target_critic, optimizers, obs_norm = make_learner(args, run)
         buffer = None if args.eval_only or args.export else make_replay(args, run)  # evaluating or exporting: no replay
-        mirror = mirror_on(buffer, HOST_ONLY, run.device, obs_norm)  # a CUDA learner samples on the device
+        batches = ReplayBatches(buffer, HOST_ONLY, run.device, obs_norm)  # a CUDA learner samples on the device
     policy = Policy(actor, obs_norm, run.act_space).to(run.device)
     named_optimizers = {"actor_optimizer": optimizers[0], "critic_optimizer": optimizers[1]}  # the checkpoint's names
     saved = dict(actor=actor, target_actor=target_actor, critic=critic, target_critic=target_critic, **named_optimizers)
@@ -387,7 +371,7 @@ def main() -> int:
             else:  # the rows the sampler appended meanwhile; actor is published to it when due
                 global_step, waits = sampler.exchange(run, actor, updates)
             for _ in range(pacer.due(global_step, updates)):  # replay_ratio samples per env step
-                b = next_batch(buffer, mirror, obs_norm, args, run.device)
+                b, _ = batches.next(args.batch_size)  # [N, ...] on the device, or the mirror it is drawn from
                 stats = ddpg_update(actor, target_actor, critic, target_critic, optimizers, b, args)
                 updates += 1
             if args.sampler != "async":  # one step of every env, into the replay

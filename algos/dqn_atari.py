@@ -50,7 +50,7 @@ from shared.atari import is_atari, make_atari_env
 from shared.cli import RunArgs, bad_args, check_replay_sizes, parse_args
 from shared.compiling import compiled, graphed
 from shared.device import to_host, upload
-from shared.device_replay import DeviceReplay, mirror_on
+from shared.device_replay import DeviceReplay, ReplayBatches
 from shared.envs import EpisodeTally, image_shape, make_envs, replay_frame_stack
 from shared.namedarraytuple import namedarraytuple
 from shared.pacing import AsyncReplay, ReplayPacer
@@ -426,18 +426,12 @@ def dqn_step(q_net, target_net, optimizer, batch: dict | DeviceReplay, args: Arg
     return (td if args.prioritized else None), stats  # uniform: nothing more to copy out
 
 
-def dqn_update(
-    q_net, target_net, optimizer, buffer: ReplayBuffer, args: Args, beta: float, device, noise=None, mirror=None
-) -> dict:
-    if mirror is not None:  # a CUDA learner's uniform replay: the batch is drawn on the device, in dqn_step's graph
-        mirror.sync(args.batch_size)  # the rows appended since the last update
-        return dqn_step(q_net, target_net, optimizer, mirror, args, noise)[1]
-    sample, index = buffer.sample(args.batch_size, beta=beta, skip=HOST_ONLY)
-    batch = upload({k: v for k, v in sample.items() if k not in HOST_ONLY}, device)  # one copy to a GPU
+def dqn_update(q_net, target_net, optimizer, batches: ReplayBatches, args: Args, beta: float, noise=None) -> dict:
+    batch, index = batches.next(args.batch_size, beta)  # a CUDA learner's uniform replay: its mirror, drawn in dqn_step
     td, stats = dqn_step(q_net, target_net, optimizer, batch, args, noise)
-    buffer.sample_ahead(args.batch_size, beta, skip=HOST_ONLY)  # async on a GPU: the next batch gathered while this trains
+    batches.ahead(args.batch_size, beta)  # async on a GPU: the next batch gathered while this trains
     if args.prioritized:  # the one copy an update makes: the sum tree lives on the host
-        buffer.update_priorities(index, to_host(td.abs()))
+        batches.buffer.update_priorities(index, to_host(td.abs()))
     return stats
 
 
@@ -498,7 +492,7 @@ def main() -> int:
     with run.allocating("buffer_size"):  # sizes this machine cannot hold: exit 2
         q_net, target_net, optimizer, noise = make_learner(args, run)
         buffer = None if args.eval_only or args.export else make_replay(args, run)
-        mirror = mirror_on(buffer, HOST_ONLY, run.device)  # a CUDA learner's uniform replay samples on the device
+        batches = ReplayBatches(buffer, HOST_ONLY, run.device)  # a CUDA learner's uniform replay samples on the device
     policy = partial(act, Policy(q_net), run.device, args.eval_epsilon)
     start = run.begin(policy, buffer, model=q_net, target_model=target_net, optimizer=optimizer, noise=noise)
     if args.eval_only or args.export:  # with --resume: evaluate the checkpoint's policy or export it, train nothing
@@ -521,7 +515,7 @@ def main() -> int:
                 global_step, waits = sampler.exchange(run, q_net, updates)
             for _ in range(pacer.due(global_step, updates)):  # replay_ratio samples per env step
                 beta = args.beta + (1.0 - args.beta) * min(global_step / args.total_timesteps, 1.0)
-                stats = dqn_update(q_net, target_net, optimizer, buffer, args, beta, run.device, noise, mirror)
+                stats = dqn_update(q_net, target_net, optimizer, batches, args, beta, noise)
                 updates += 1
             if global_step >= next_target:  # tau 1 copies the online network, below 1 moves the target a fraction tau
                 with torch.no_grad():

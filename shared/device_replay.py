@@ -19,6 +19,13 @@ Guarantees
   one line with its size (rank 0), else ``None``: a CPU learner samples on the host as before, draw for draw, and so
   does a prioritized replay (its sum tree), a sequence replay (R2D1), or a replay whose mirror does not fit the GPU
   (one line says so).
+- ``ReplayBatches(buffer, skip, device, obs_norm=None)``: where an update's batch comes from, the two paths above
+  behind one call. ``next(N, beta=None)`` is ``(batch, index)``: on a CUDA learner with a mirror (``mirror_on``), the
+  mirror brought up to date (``sync``) and no index, which the update draws from inside its graph (``sample``);
+  otherwise the buffer's ``sample(N, beta, skip=skip)`` and its index, every field but ``skip`` in one copy to
+  ``device`` (``shared.normalize.upload_batch`` with ``obs_norm``: float32, observations normalised; else
+  ``shared.device.upload``, each field its stored dtype). ``ahead(N, beta=None)``: the host path's next batch gathered
+  now (the buffer's ``sample_ahead``, with ``prefetch``), while the update just launched runs; nothing with a mirror.
 - ``sync(batch_size)`` brings the mirror up to the buffer: the rows written since the last sync and the ``n - 1``
   before them (whose n-step fields the new rows completed; all the buffer holds when more rows than that were
   written, or when rows were changed in place since: ``load``, ``end_episodes``), the new rows' frames (a frame never
@@ -40,7 +47,7 @@ Guarantees
   the same distribution as the host path, not the same batches. ``last_index`` holds the flat ``row * B + env``
   indices of the last eager sample (the tests compare them with the host replay's rows; under a captured graph it
   is the capture's).
-Imports ``shared.device`` and ``shared.replay``; neither imports it.
+Imports ``shared.device``, ``shared.normalize`` and ``shared.replay``; none of them imports it.
 """
 
 from __future__ import annotations
@@ -53,10 +60,11 @@ import numpy as np
 import torch
 
 import shared.device
-from shared.device import upload_each
+from shared.device import upload, upload_each
+from shared.normalize import upload_batch
 from shared.replay import ReplayBuffer
 
-__all__ = ["DeviceReplay", "mirror_on"]
+__all__ = ["DeviceReplay", "ReplayBatches", "mirror_on"]
 
 CANDIDATES = 32  # draws per sample, the first valid one kept (module docstring)
 CHUNK = 4096  # rows (of B envs) per copy up in a sync: a restored full replay does not stage 100 MB at once
@@ -80,6 +88,31 @@ def mirror_on(buffer: Any, skip: tuple, device: Any, obs_norm: Any = None) -> De
     if main:
         print(f"replay: batches drawn on {device}, from a mirror of {mirror.nbytes / 2**30:.2f} GiB there", flush=True)
     return mirror
+
+
+class ReplayBatches:
+    """An update's batches: sampled on the host and copied up, or drawn on the device from the replay's mirror (see the
+    module docstring)."""
+
+    def __init__(self, buffer: Any, skip: tuple, device: Any, obs_norm: Any = None):
+        self.buffer, self.skip, self.device, self.obs_norm = buffer, skip, device, obs_norm
+        self.mirror = mirror_on(buffer, skip, device, obs_norm)
+
+    def next(self, n: int, beta: float | None = None) -> tuple[Any, Any]:
+        """``(batch, index)``: the mirror, up to date, and None; or a host batch of ``n`` on the device and its index."""
+        if self.mirror is not None:
+            self.mirror.sync(n)  # the rows appended since the last update
+            return self.mirror, None
+        sample, index = self.buffer.sample(n, beta=beta, skip=self.skip)
+        fields = {k: v for k, v in sample.items() if k not in self.skip}
+        if self.obs_norm is None:
+            return upload(fields, self.device), index  # one copy to a GPU
+        return upload_batch(fields, self.obs_norm, self.device), index
+
+    def ahead(self, n: int, beta: float | None = None) -> None:
+        """The host path's next batch gathered now (with the buffer's ``prefetch``); nothing with a mirror."""
+        if self.mirror is None:
+            self.buffer.sample_ahead(n, beta, skip=self.skip)
 
 
 class DeviceReplay(torch.nn.Module):

@@ -26,7 +26,8 @@ import dqn_atari
 import ppo_atari
 
 from shared import distributed
-from shared.normalize import ObsNorm
+from shared.device_replay import ReplayBatches
+from shared.normalize import ObsNorm, upload_batch
 
 N, OBS, ACT, N_ACTIONS = 64, 4, 2, 3
 
@@ -88,7 +89,8 @@ def updates(part: int | None) -> dict[str, torch.Tensor]:
         sample_ahead=lambda *a, **k: None,
     )
     args = dqn_atari.Args(max_grad_norm=1e9, double_dqn=True, prioritized=False)
-    dqn_atari.dqn_update(q_net, target, _sgd(q_net), buffer, args, 0.4, torch.device("cpu"))
+    batches = ReplayBatches(buffer, dqn_atari.HOST_ONLY, torch.device("cpu"))
+    dqn_atari.dqn_update(q_net, target, _sgd(q_net), batches, args, 0.4)
     out.update({f"dqn.{k}": v.clone() for k, v in q_net.state_dict().items()})
 
     # actor-critic: DDPG's critic then actor step (deterministic: no sampling noise to split between ranks)
@@ -104,9 +106,9 @@ def updates(part: int | None) -> dict[str, torch.Tensor]:
         terminated_n=(rng.random(N) < 0.2).astype(np.float32),
         bootstrap_discount=np.full(N, 0.99),
     )
-    batch = {k: _half(v, part) for k, v in vars(batch).items()}  # the fields to_tensors uploads (HOST_ONLY aside)
+    batch = {k: _half(v, part) for k, v in vars(batch).items()}  # the fields ReplayBatches uploads (HOST_ONLY aside)
     args = ddpg_mujoco.Args(bf16=False, tau=0.5)
-    b = ddpg_mujoco.to_tensors(batch, ObsNorm(OBS, enabled=False), torch.device("cpu"))
+    b = upload_batch(batch, ObsNorm(OBS, enabled=False), torch.device("cpu"))
     ddpg_mujoco.ddpg_update(actor, target_actor, critic, target_critic, (_sgd(actor), _sgd(critic)), b, args)
     for name, m in (("actor", actor), ("critic", critic), ("target_actor", target_actor), ("target_critic", target_critic)):
         out.update({f"ddpg.{name}.{k}": v.clone() for k, v in m.state_dict().items()})

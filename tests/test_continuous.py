@@ -31,6 +31,7 @@ import ddpg_mujoco
 import sac_mujoco
 import td3_mujoco
 
+from shared.normalize import upload_batch
 from shared.replay import ReplayBuffer
 from tests import loop_order
 
@@ -179,7 +180,8 @@ def sampled_targets(target_fn):
     for _ in range(50):  # every valid row many times over
         batch, _ = buf.sample(len(buf))
         obs += batch.observation[:, 0].astype(int).tolist()
-        y += target_fn(sac_mujoco.to_tensors(batch, sac_mujoco.ObsNorm(1, enabled=False), torch.device("cpu"))).tolist()
+        fields = {k: v for k, v in batch.items() if k not in sac_mujoco.HOST_ONLY}  # what the update gets
+        y += target_fn(upload_batch(fields, sac_mujoco.ObsNorm(1, enabled=False), torch.device("cpu"))).tolist()
     assert sorted(set(obs)) == [0, 1, 2, 3, 5, 6]  # the final-observation row 4 is never a transition
     return obs, y
 

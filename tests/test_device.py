@@ -251,6 +251,7 @@ def test_a_replay_update_uploads_one_packed_block_with_each_frame_once(monkeypat
     sys.path.insert(0, str(ROOT / "algos"))
     import dqn_atari
 
+    from shared.device_replay import ReplayBatches
     from shared.replay import ReplayBuffer
 
     for pack in (False, True):
@@ -273,7 +274,8 @@ def test_a_replay_update_uploads_one_packed_block_with_each_frame_once(monkeypat
         q, tq = dqn_atari.QNetwork((4,), 2, True), dqn_atari.QNetwork((4,), 2, True)
         opt = torch.optim.Adam(q.parameters(), lr=1e-3)
         for _ in range(3):
-            dqn_atari.dqn_update(q, tq, opt, buf, dqn_atari.Args(batch_size=8, prioritized=True), 0.5, cpu)
+            batches = ReplayBatches(buf, dqn_atari.HOST_ONLY, cpu)
+            dqn_atari.dqn_update(q, tq, opt, batches, dqn_atari.Args(batch_size=8, prioritized=True), 0.5)
         assert uploader.copies == (3 if pack else 0)
         results.append([p.detach().clone() for p in q.parameters()])
     assert all(torch.equal(a, b) for a, b in zip(results[2], results[3]))
@@ -412,16 +414,12 @@ def test_the_host_copies_of_several_tensors_are_each_their_own_memory():
 def test_an_off_policy_batch_and_its_normaliser_statistics_go_up_in_one_copy(monkeypatch):
 
     from shared import device as device_mod
-
-    sys.path.insert(0, str(ROOT / "algos"))
-    import td3_mujoco
-
-    from shared.normalize import ObsNorm
+    from shared.normalize import ObsNorm, upload_batch
 
     rng = np.random.default_rng(0)
     norm = ObsNorm(3)
     norm.update(rng.normal(2.0, 3.0, (50, 3)))
-    batch = dict(  # a replay batch's uploaded fields (to_tensors leaves HOST_ONLY out)
+    batch = dict(  # a replay batch's uploaded fields (ReplayBatches leaves HOST_ONLY out)
         observation=rng.normal(size=(8, 3)),
         next_observation=rng.normal(size=(8, 3)),
         action=rng.uniform(-1, 1, (8, 2)),
@@ -434,7 +432,7 @@ def test_an_off_policy_batch_and_its_normaliser_statistics_go_up_in_one_copy(mon
     for pack in (False, True):
         uploader = device_mod.Uploader(cpu, pack=pack)
         monkeypatch.setitem(device_mod._uploaders, cpu, uploader)
-        outs.append(td3_mujoco.to_tensors(batch, norm, cpu))
+        outs.append(upload_batch(batch, norm, cpu))
         assert uploader.copies == int(pack)
     for k in outs[0]:
         assert torch.equal(outs[0][k], outs[1][k]), k
@@ -487,6 +485,8 @@ class _Spy:
 
 def _three_updates(script: str, prefetch: bool) -> list:
     """The draws and writes of three updates of ``script`` on a prioritized replay built with ``prefetch``."""
+    from shared.device_replay import ReplayBatches
+
     sys.path.insert(0, str(ROOT / "algos"))
     module, cpu = __import__(script), torch.device("cpu")
     if script == "r2d1_atari":
@@ -498,11 +498,10 @@ def _three_updates(script: str, prefetch: bool) -> list:
         return spy.events
     buf, net, target, opt, args = _dqn_setup(module, prefetch)
     spy = _Spy(buf)
+    batches = ReplayBatches(buf, module.HOST_ONLY, cpu)
+    update = module.dqn_update if script == "dqn_atari" else module.c51_update
     for _ in range(3):
-        if script == "dqn_atari":
-            module.dqn_update(net, target, opt, buf, args, 0.5, cpu)
-        else:
-            module.c51_update(net, target, opt, buf, args, 0.5, cpu, None)
+        update(net, target, opt, batches, args, 0.5)
     return spy.events
 
 

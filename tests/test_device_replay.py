@@ -365,3 +365,39 @@ def test_the_mirror_is_announced_and_a_prioritized_replay_stays_on_the_host(caps
     mirror = device_replay.mirror_on(make(40, 2, 1), HOST_ONLY, CPU, ObsNorm(OBS))
     assert isinstance(mirror, DeviceReplay)
     assert capsys.readouterr().out == f"replay: batches drawn on cpu, from a mirror of {mirror.nbytes / 2**30:.2f} GiB there\n"
+
+
+def test_replay_batches_give_the_host_sample_uploaded_or_the_mirror_brought_up_to_date(monkeypatch):
+    """``ReplayBatches.next``: on a CPU learner the buffer's own draw (its index too), every field but HOST_ONLY
+    uploaded (float32 and normalised with an ObsNorm, stored dtypes without); on CUDA's host path the mirror, synced
+    with the rows appended since (no index), and ``ahead`` gathers nothing on the host there."""
+    import shared.device
+
+    rng = np.random.default_rng(3)
+    norm = ObsNorm(OBS)
+    norm.update(rng.normal(2.0, 3.0, (50, OBS)))
+    monkeypatch.setattr(shared.device, "CUDA_PATH", False)
+    for obs_norm in (norm, None):
+        buffer, twin = make(80, 2, 3), make(80, 2, 3)  # the same seed: the same draws
+        for b in (buffer, twin):
+            b.append(rows(np.random.default_rng(4), 30, 2, 0.1, 0))
+        batches = device_replay.ReplayBatches(buffer, HOST_ONLY, CPU, obs_norm)
+        assert batches.mirror is None
+        batch, index = batches.next(16, beta=None)
+        want, want_index = twin.sample(16, skip=HOST_ONLY)
+        np.testing.assert_array_equal(index.abs_row, want_index.abs_row)
+        fields = {k: v for k, v in want.items() if k not in HOST_ONLY}
+        assert set(batch) == set(fields)
+        up = upload_batch(fields, obs_norm, CPU) if obs_norm else {k: torch.as_tensor(v) for k, v in fields.items()}
+        for k in fields:
+            assert batch[k].dtype == up[k].dtype and torch.equal(batch[k], up[k]), k
+    monkeypatch.setattr(shared.device, "CUDA_PATH", True)
+    buffer = make(40, 2, 1)
+    buffer.append(rows(rng, 10, 2, 0.1, 0))
+    batches = device_replay.ReplayBatches(buffer, HOST_ONLY, CPU, norm)
+    buffer.sample_ahead = lambda *a, **k: pytest.fail("a host batch gathered beside the mirror")
+    batches.ahead(8)
+    buffer.append(rows(rng, 20, 2, 0.1, 10, after=buffer.storage.final_row[9]))
+    mirror, index = batches.next(8)
+    assert mirror is batches.mirror and index is None
+    check_sample(buffer, mirror, norm)  # the rows appended after it was made are drawn too, with the host's values

@@ -45,6 +45,7 @@ def sac_updates_per_second(device: str, mode: str, hidden: int = 256, batch_size
     import torch
 
     from shared import compiling
+    from shared.normalize import upload_batch
 
     dev = torch.device(device)
     if mode not in MODES:
@@ -68,7 +69,7 @@ def sac_updates_per_second(device: str, mode: str, hidden: int = 256, batch_size
     )
 
     def update():
-        b = sac.to_tensors(batch, obs_norm, dev)
+        b = upload_batch(batch, obs_norm, dev)
         return sac.sac_update(actor, critics, target_critics, log_alpha, optimizers, b, args)
 
     env = {"compile-no-graph": ("RL_COMPILE_GRAPHS", "0"), "graph-eager": ("RL_COMPILE_BACKEND", "eager")}.get(mode)
