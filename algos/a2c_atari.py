@@ -291,8 +291,7 @@ def collect(envs, agent: Agent, state: EnvState, buf, boot, args: Args, device: 
         buf.ep_return[t], buf.ep_length[t] = state.ep_return, state.ep_length
         state.ep_return[buf.episode_end[t]] = 0.0
         state.ep_length[buf.episode_end[t]] = 0
-        state.obs = next_obs
-        state.final_row = term | trunc
+        state.obs, state.final_row = next_obs, term | trunc
         state.lives = lives
         state.mask = action_mask(info, state.final_row, state.mask.shape[-1])  # for next_obs
     boot.obs[:], boot.final_row[:] = state.obs, state.final_row

@@ -371,14 +371,11 @@ class EnvStepper:
         life_lost = (lives < self.lives) & ~self.final_row
         raw = np.where(self.final_row, 0.0, reward)
         train_r = (np.sign(raw) if self.args.clip_rewards and is_atari(self.args.env_id) else raw).astype(np.float32)
-        terminated = term | (life_lost & self.args.life_loss_terminal)
+        terminal = term | (life_lost & self.args.life_loss_terminal)  # for learning: a lost life too, with the flag
         end = term | trunc
-        row = Step(
-            observation=self.obs, action=action, reward=train_r, terminated=terminated, truncated=trunc, episode_end=end
-        )
+        row = Step(observation=self.obs, action=action, reward=train_r, terminated=terminal, truncated=trunc, episode_end=end)
         episodes = self.episodes.step(raw, ~self.final_row, end)  # [(return, length)] of those that ended
-        self.obs = next_obs
-        self.final_row = end
+        self.obs, self.final_row = next_obs, end
         self.lives = lives
         return row[None], episodes  # [1, B]
 

@@ -372,16 +372,13 @@ def ppo_update(agent: Agent, optimizer, data: dict, args: Args, device: torch.de
     return {**stats, "action_std": agent.log_std.detach().exp().mean()}
 
 
-def learn_from(
-    agent: Agent, return_norm: RunningNorm, optimizer, buf, boot, args: Args, device: torch.device, generator
-) -> dict:
+def learn_from(agent: Agent, return_norm: RunningNorm, optimizer, buf, boot, args: Args, device: torch.device, generator):
     """Rewards scaled, GAE with the learner's current critic, the PPO update, then the observation statistics take the
     rollout; ``buf`` [T, B] and ``boot`` [B] are numpy (possibly shared)."""
     T, B = args.num_steps, args.num_envs
+    final_row = buf.final_row  # [T, B]: the rows that only reset their env
     # One copy to a GPU: raw observations [T, B, S], values [T, B], and the discounted returns of the rows that count.
-    up = upload(
-        {"obs": buf.obs, "boot_obs": boot.obs, "value": buf.value, "discounted": buf.discounted[~buf.final_row]}, device
-    )
+    up = upload({"obs": buf.obs, "boot_obs": boot.obs, "value": buf.value, "discounted": buf.discounted[~final_row]}, device)
     return_norm.update(up["discounted"][:, None])  # the rewards' scale: every discounted return so far, every rank's
     with torch.no_grad(), autocast(device, args.bf16):
         _, _, next_value = agent(up["boot_obs"])
@@ -393,17 +390,9 @@ def learn_from(
     if return_norm.enabled:
         scale = np.sqrt(float(return_var[0]) + 1e-8)
         reward = np.clip(reward / scale, -return_norm.clip, return_norm.clip).astype(np.float32)
-    adv, ret = compute_gae(
-        reward, value, next_value, f32(buf.terminated), f32(buf.episode_end), f32(buf.final_row), args.gamma, args.gae_lambda
-    )
-    rows = {
-        "action": buf.action,
-        "logprob": buf.logprob,
-        "value": value,
-        "adv": adv,
-        "ret": ret,
-        "weight": f32(~buf.final_row),
-    }
+    flags = [f32(buf.terminated), f32(buf.episode_end), f32(final_row)]  # [T, B] each
+    adv, ret = compute_gae(reward, value, next_value, *flags, args.gamma, args.gae_lambda)
+    rows = {"action": buf.action, "logprob": buf.logprob, "value": value, "adv": adv, "ret": ret, "weight": f32(~final_row)}
     data = {"obs": up["obs"], **upload(rows, device)}  # [T, B, ...] each
     stats = ppo_update(agent, optimizer, data, args, device, generator)
     agent.obs_norm.update(up["obs"].flatten(0, 1))  # every observation once (the bootstrap one is next rollout's first)

@@ -234,9 +234,8 @@ class EnvStepper:
         self.args = args
         self.obs_norm = obs_norm
         self.obs, _ = envs.reset(seed=seed)
-        n = args.num_envs
-        self.final_row = np.zeros(n, bool)  # this step only resets the env (next-step autoreset)
-        self.episodes = EpisodeTally(n)  # each env's return and length so far
+        self.final_row = np.zeros(args.num_envs, bool)  # this step only resets the env (next-step autoreset)
+        self.episodes = EpisodeTally(args.num_envs)  # each env's return and length so far
         self.rng = np.random.default_rng(seed)
         self.space = envs.single_action_space
 
