@@ -501,7 +501,7 @@ def c51_step(q_net, target_net, optimizer, batch: dict | DeviceReplay, args: Arg
 
 
 def c51_update(q_net, target_net, optimizer, batches: ReplayBatches, args: Args, beta: float, noise=None) -> dict:
-    batch, index = batches.next(args.batch_size, beta)  # a CUDA learner's uniform replay: its mirror, drawn in c51_step
+    batch, index = batches.next(args.batch_size, beta)  # a host draw, uploaded; or a CUDA learner's mirror (c51_step draws)
     cross_entropy, stats = c51_step(q_net, target_net, optimizer, batch, args, noise)
     batches.ahead(args.batch_size, beta)  # async on a GPU: the next batch gathered while this trains
     if args.prioritized:  # the one copy an update makes: the sum tree lives on the host

@@ -394,7 +394,8 @@ class EnvStepper:
         episode_end = term | trunc
         episodes = self.episodes.step(reward, ~self.final_row, episode_end)  # [(return, length)] of those that ended
         self.state, self.obs = new_state, next_obs
-        self.episode_start, self.final_row = self.final_row, episode_end  # the row after a final row starts an episode
+        self.episode_start = self.final_row  # the row after a final row starts an episode
+        self.final_row = episode_end
         self.prev_action, self.prev_reward = action, reward
         if len(self.rows) < self.args.rnn_state_interval:
             return None, None, episodes

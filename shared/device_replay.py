@@ -1,6 +1,6 @@
 """A transition replay mirrored on the learner's device and sampled there: a CUDA learner's batch is neither gathered
 on the host nor copied up at each update (SAC, TD3, DDPG, and DQN and C51 with a uniform replay, whose update is one
-CUDA graph that draws it).
+CUDA graph that draws it); and ``ReplayBatches``, where each of those scripts gets its update's batch on either path.
 
 Guarantees
 - ``DeviceReplay(buffer, skip, device, obs_norm=None)`` mirrors a uniform ``shared.replay.ReplayBuffer`` of flat
@@ -21,11 +21,14 @@ Guarantees
   (one line says so).
 - ``ReplayBatches(buffer, skip, device, obs_norm=None)``: where an update's batch comes from, the two paths above
   behind one call. ``next(N, beta=None)`` is ``(batch, index)``: on a CUDA learner with a mirror (``mirror_on``), the
-  mirror brought up to date (``sync``) and no index, which the update draws from inside its graph (``sample``);
-  otherwise the buffer's ``sample(N, beta, skip=skip)`` and its index, every field but ``skip`` in one copy to
-  ``device`` (``shared.normalize.upload_batch`` with ``obs_norm``: float32, observations normalised; else
-  ``shared.device.upload``, each field its stored dtype). ``ahead(N, beta=None)``: the host path's next batch gathered
-  now (the buffer's ``sample_ahead``, with ``prefetch``), while the update just launched runs; nothing with a mirror.
+  mirror brought up to date (``sync``; ``N`` only checked against the valid samples, so it is the size the update
+  draws) and no index, which the update draws from inside its graph (``sample``); otherwise the buffer's
+  ``sample(N, beta, skip=skip)`` and its index (for ``buffer.update_priorities``: ``buffer`` is the one given), every
+  field but ``skip`` in one copy to ``device`` (``shared.normalize.upload_batch`` with ``obs_norm``: float32,
+  observations normalised; else ``shared.device.upload``, each field its stored dtype). ``ahead(N, beta=None)``: the
+  host path's next batch gathered now (the buffer's ``sample_ahead``, with ``prefetch``), while the update just
+  launched runs; nothing with a mirror. A ``buffer`` of None (evaluating or exporting) has no mirror and is never
+  drawn from.
 - ``sync(batch_size)`` brings the mirror up to the buffer: the rows written since the last sync and the ``n - 1``
   before them (whose n-step fields the new rows completed; all the buffer holds when more rows than that were
   written, or when rows were changed in place since: ``load``, ``end_episodes``), the new rows' frames (a frame never

@@ -273,8 +273,8 @@ def test_a_replay_update_uploads_one_packed_block_with_each_frame_once(monkeypat
         torch.manual_seed(1)
         q, tq = dqn_atari.QNetwork((4,), 2, True), dqn_atari.QNetwork((4,), 2, True)
         opt = torch.optim.Adam(q.parameters(), lr=1e-3)
+        batches = ReplayBatches(buf, dqn_atari.HOST_ONLY, cpu)
         for _ in range(3):
-            batches = ReplayBatches(buf, dqn_atari.HOST_ONLY, cpu)
             dqn_atari.dqn_update(q, tq, opt, batches, dqn_atari.Args(batch_size=8, prioritized=True), 0.5)
         assert uploader.copies == (3 if pack else 0)
         results.append([p.detach().clone() for p in q.parameters()])

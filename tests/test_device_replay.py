@@ -368,26 +368,31 @@ def test_the_mirror_is_announced_and_a_prioritized_replay_stays_on_the_host(caps
 
 
 def test_replay_batches_give_the_host_sample_uploaded_or_the_mirror_brought_up_to_date(monkeypatch):
-    """``ReplayBatches.next``: on a CPU learner the buffer's own draw (its index too), every field but HOST_ONLY
-    uploaded (float32 and normalised with an ObsNorm, stored dtypes without); on CUDA's host path the mirror, synced
-    with the rows appended since (no index), and ``ahead`` gathers nothing on the host there."""
+    """``ReplayBatches.next``: on a CPU learner the buffer's own draw with the caller's beta (its index too), every
+    field but HOST_ONLY uploaded (float32 and normalised with an ObsNorm, stored dtypes without); on CUDA's host path
+    the mirror, synced with the rows appended since (no index), and no batch drawn or gathered on the host there."""
     import shared.device
 
     rng = np.random.default_rng(3)
     norm = ObsNorm(OBS)
     norm.update(rng.normal(2.0, 3.0, (50, OBS)))
     monkeypatch.setattr(shared.device, "CUDA_PATH", False)
-    for obs_norm in (norm, None):
-        buffer, twin = make(80, 2, 3), make(80, 2, 3)  # the same seed: the same draws
+    skips = {"uniform": HOST_ONLY, "prioritized": tuple(k for k in HOST_ONLY if k != "is_weights")}  # DQN's: uploaded
+    for obs_norm, kind in ((norm, "uniform"), (None, "uniform"), (None, "prioritized")):
+        prioritized = dict(prioritized=True, alpha=0.6, beta=0.4) if kind == "prioritized" else {}
+        buffer, twin = make(80, 2, 3, **prioritized), make(80, 2, 3, **prioritized)  # the same seed: the same draws
         for b in (buffer, twin):
             b.append(rows(np.random.default_rng(4), 30, 2, 0.1, 0))
-        batches = device_replay.ReplayBatches(buffer, HOST_ONLY, CPU, obs_norm)
+            if prioritized:  # priorities that differ, so that beta's weights do
+                b.update_priorities(b.sample(32)[1], np.random.default_rng(5).uniform(0.1, 2.0, 32))
+        batches = device_replay.ReplayBatches(buffer, skips[kind], CPU, obs_norm)
         assert batches.mirror is None
-        batch, index = batches.next(16, beta=None)
-        want, want_index = twin.sample(16, skip=HOST_ONLY)
+        batch, index = batches.next(16, beta=0.9 if prioritized else None)
+        want, want_index = twin.sample(16, beta=0.9 if prioritized else None, skip=skips[kind])
         np.testing.assert_array_equal(index.abs_row, want_index.abs_row)
-        fields = {k: v for k, v in want.items() if k not in HOST_ONLY}
-        assert set(batch) == set(fields)
+        np.testing.assert_array_equal(index.b, want_index.b)
+        fields = {k: v for k, v in want.items() if k not in skips[kind]}
+        assert set(batch) == set(fields) and ("is_weights" in batch) == bool(prioritized)
         up = upload_batch(fields, obs_norm, CPU) if obs_norm else {k: torch.as_tensor(v) for k, v in fields.items()}
         for k in fields:
             assert batch[k].dtype == up[k].dtype and torch.equal(batch[k], up[k]), k
@@ -396,8 +401,9 @@ def test_replay_batches_give_the_host_sample_uploaded_or_the_mirror_brought_up_t
     buffer.append(rows(rng, 10, 2, 0.1, 0))
     batches = device_replay.ReplayBatches(buffer, HOST_ONLY, CPU, norm)
     buffer.sample_ahead = lambda *a, **k: pytest.fail("a host batch gathered beside the mirror")
+    buffer.sample = lambda *a, **k: pytest.fail("a host batch drawn beside the mirror")
     batches.ahead(8)
-    buffer.append(rows(rng, 20, 2, 0.1, 10, after=buffer.storage.final_row[9]))
+    buffer.append(rows(rng, 20, 2, 0.1, 10, after=buffer.storage.last_flags[0]))
     mirror, index = batches.next(8)
     assert mirror is batches.mirror and index is None
     check_sample(buffer, mirror, norm)  # the rows appended after it was made are drawn too, with the host's values

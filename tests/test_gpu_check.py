@@ -550,6 +550,7 @@ def test_the_contexts_item_times_an_act_beside_a_learner_and_leaves_neither_thre
         assert contexts.acting_us(mode, "cpu", 0.2, batch=8) > 0
         assert "contexts-learner" not in [t.name for t in threading.enumerate()]
         assert "contexts as c" not in _tree_commands(os.getpid())
+    assert contexts.acting_us("alone", "cpu", 0.0, batch=8) > 0  # a window too short for two steps: still a figure
 
 
 def test_a_contexts_learner_that_fails_is_an_error_not_a_figure_alone(monkeypatch):
