@@ -324,12 +324,16 @@ def test_a_named_call_inside_another_is_counted_once_as_its_own(monkeypatch, clo
 
 def test_two_checkouts_race_in_turns_and_a_missing_one_is_refused(tmp_path):
     """``loop_overhead_vs.py``: this checkout against itself gives one row per script, both sides timed (a ratio near 1
-    is not asserted: two runs of one loop differ by what the machine does); a folder without the benchmark exits 2."""
+    is not asserted: two runs of one loop differ by what the machine does), an on-policy and an off-policy one (whose
+    measures time the loop beside the bare one: a side that waited for a lone timing served nothing); a folder without
+    the benchmark exits 2."""
     command = [sys.executable, "benchmarks/speed/loop_overhead_vs.py"]
-    proc = subprocess.run([*command, str(ROOT), "ppo_mujoco", "--chunks", "2"], cwd=ROOT, capture_output=True, text=True)
+    scripts = ["ppo_mujoco", "sac_mujoco"]
+    proc = subprocess.run([*command, str(ROOT), *scripts, "--chunks", "2"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    (row,) = [line.split() for line in proc.stdout.splitlines() if line.startswith("ppo_mujoco")]
-    old_us, new_us, ratio = map(float, row[1:])
-    assert old_us > 0 and new_us > 0 and ratio == pytest.approx(new_us / old_us, rel=1e-2)
+    for script in scripts:
+        (row,) = [line.split() for line in proc.stdout.splitlines() if line.startswith(script)]
+        old_us, new_us, ratio = map(float, row[1:])
+        assert old_us > 0 and new_us > 0 and ratio == pytest.approx(new_us / old_us, rel=1e-2)
     bad = subprocess.run([*command, str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and "error:" in bad.stderr and "loop_overhead.py" in bad.stderr
