@@ -71,7 +71,8 @@ def learn(device, duty: bool = False, batch: int = LEARNER_BATCH, stop=None, rea
     stream = torch.cuda.Stream(device) if cuda else None
     if cuda:
         stream.wait_stream(torch.cuda.current_stream(device))  # x, made on the default stream, before its first read
-    updates, last, first, told = 0, None, 0.0, time.monotonic()
+    events = [torch.cuda.Event(), torch.cuda.Event()] if cuda else []  # busy: in turns, this update's and the last's
+    updates, first, told = 0, 0.0, time.monotonic()
 
     def update() -> None:
         with torch.cuda.stream(stream) if cuda else contextlib.nullcontext():
@@ -90,12 +91,10 @@ def learn(device, duty: bool = False, batch: int = LEARNER_BATCH, stop=None, rea
             updates += DUTY_UPDATES
         else:  # busy: the next update launched while this one runs, so that the GPU never waits for the host
             update()
-            event = torch.cuda.Event() if cuda else None
             if cuda:
-                event.record(stream)
-            if last is not None:
-                last.synchronize()
-            last = event
+                events[updates % 2].record(stream)
+                if updates:
+                    events[(updates - 1) % 2].synchronize()  # the one before: one update queued behind the running one
             updates += 1
         if updates <= (DUTY_UPDATES if duty else 1):
             first = told = time.monotonic()

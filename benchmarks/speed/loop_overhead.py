@@ -106,7 +106,7 @@ BUDGETS: dict[str, dict[str, float]] = {
         "rollout_syncs": 2.0,
         "rollout_bytes_up": 409_660,
     },
-    # 182: 179.3 since the batch comes through shared.device_replay.ReplayBatches (its next and ahead, two calls an update)
+    # 182: 179.4 since the batch comes through shared.device_replay.ReplayBatches (its next and ahead, two calls an update)
     "dqn_atari": {"python_calls": 182, "torch_calls": 43, "syncs": 1.0, "bytes_up": 141_312, "bytes_down": 32},
     "catdqn_atari": {"python_calls": 182, "torch_calls": 43, "syncs": 1.0, "bytes_up": 141_312, "bytes_down": 32},
     "r2d1_atari": {"python_calls": 176, "torch_calls": 70, "syncs": 1.04, "bytes_up": 634_868, "bytes_down": 65_872},
