@@ -63,6 +63,19 @@ def test_each_loop_keeps_to_its_budget_of_host_work(counts, script):
     assert 1 <= counts[script]["syncs"] <= 1.05
 
 
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_the_floor_acts_through_the_host_paths_three_calls_and_does_no_more_than_the_script(counts, script):
+    """The floor (``floor_loop``), the least a loop acting through ``shared.device`` and ``shared.compiling`` does: its
+    observations go up through ``upload`` (every env's, whole), its actions come back in ``to_host``'s one copy, and
+    it makes fewer calls than the script's loop, so its ratio to the bare loop is a bound on the script's."""
+    c = counts[script]
+    space = loop_overhead.CHEETAH_OBS if script.endswith("_mujoco") else loop_overhead.ATARI_OBS
+    one_env = int(np.prod(space.shape)) * space.dtype.itemsize
+    assert c["floor_bytes_up"] > 0 and c["floor_bytes_up"] % one_env == 0
+    assert c["floor_syncs"] == 1 and c["floor_bytes_down"] > 0
+    assert c["floor_python_calls"] < c["python_calls"] and c["floor_torch_calls"] <= c["torch_calls"]
+
+
 @pytest.mark.parametrize("script", ["ppo_atari", "a2c_atari", "ppo_lstm", "ppo_mujoco"])
 def test_the_async_samplers_step_is_as_cheap_as_parallels(counts, script):
     """Issue 67, item 4: the async sampler process acts on the learner's device as the parallel sampler does, so its

@@ -12,7 +12,9 @@ spaces and info keys, returns preallocated arrays and costs nothing (or ``--env-
 
 It prints, per vector step (the per-rollout work of the PPO family, per rollout), the host time (µs; the minimum over
 chunks, so a busy neighbour only adds noise upward), the ratio to a bare loop on the same stub (copy the observations
-into a static input, read the actions back, step, store the observations), and counts that do not depend on the
+into a static input, read the actions back, step, store the observations), the floor's ratio to it (``floor``: the
+bare loop through the CUDA host path's three calls, ``upload``, one ``@graphed`` call and ``to_host``, with the
+script's updates due as one-input graphs; no script's ratio can be under it), and counts that do not depend on the
 machine: Python calls, C calls (``sys.setprofile``), torch calls (``TorchFunctionMode``), host-device syncs (a read of
 a device value: ``one_copy``, ``.item()``, ``.cpu()``, ``.tolist()``, ``bool(t)``, ...), and the bytes copied up and down.
 ``tests/test_loop_overhead.py`` holds each script to its budget of those counts (``BUDGETS``), so a change that adds
@@ -368,12 +370,20 @@ def best_us_in_turns(fns: list[Callable[[], Any]], per: int, chunks: int) -> lis
     return [1e6 * b / per if chunks else float("nan") for b in best]
 
 
-def host_and_bare(loop: Callable[[], Any], bare: Callable[[], None], per: int, chunks: int) -> dict[str, float]:
-    """``host_us`` and ``bare_us``: the script's loop and the bare loop timed in turns, chunk by chunk, so that their
-    ratio does not take this machine's drift between two separate timings (timed apart, one script's ratio moved from
-    2.8 to 3.6 between runs minutes apart)."""
-    host_us, bare_us = best_us_in_turns([loop, bare], per, chunks)
-    return {"host_us": host_us, "bare_us": bare_us}
+def host_and_bare(
+    loop: Callable[[], Any], envs: StubVectorEnv, per: int, chunks: int, act_dtype: Any, every: int = 0, per_step: int = 0
+) -> dict[str, float]:
+    """``host_us``, ``bare_us`` and ``floor_us``: the script's loop, the bare loop and the floor (``floor_loop``, with
+    the script's updates due: ``per_step`` every ``every`` steps) timed in turns, chunk by chunk, so that their ratios do
+    not take this machine's drift between separate timings (timed apart, one script's ratio moved from 2.8 to 3.6
+    between runs minutes apart); and the floor's counts (``floor_``), which show it makes the protocol's calls."""
+    bare = bare_loop(envs, per, act_dtype)
+    floor = floor_loop(envs, per, act_dtype, every, per_step)
+    for _ in range(3):  # the floor's graphs' warm-up calls and "captures"
+        floor()
+    host_us, bare_us, floor_us = best_us_in_turns([loop, bare, floor], per, chunks)
+    floor_counts = {f"floor_{k}": v for k, v in count(floor, per).items()}
+    return {"host_us": host_us, "bare_us": bare_us, "floor_us": floor_us, **floor_counts}
 
 
 def bare_loop(envs: StubVectorEnv, steps: int, act_dtype: Any) -> Callable[[], None]:
@@ -388,6 +398,43 @@ def bare_loop(envs: StubVectorEnv, steps: int, act_dtype: Any) -> Callable[[], N
         for t in range(steps):
             static.copy_(torch.from_numpy(obs))
             obs = envs.step(action.numpy().copy())[0]
+            store[t] = obs
+
+    return run
+
+
+@compiling.graphed
+def _floor_act(obs: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tensor:
+    """The floor's acting step: ``width`` values an env of ``obs`` [B, ...] as actions [B] (width 1) or [B, width]."""
+    return obs.flatten(1)[:, :width].to(dtype).squeeze(1)
+
+
+@compiling.graphed
+def _floor_update(count: torch.Tensor) -> None:
+    """The floor's update: one graph of one input (a script's update takes its batch, or its mirror's draw)."""
+    count.add_(1)
+
+
+def floor_loop(envs: StubVectorEnv, steps: int, act_dtype: Any, every: int = 0, per_step: int = 0) -> Callable[[], None]:
+    """The bare loop through the CUDA host path's three calls and nothing else: the observations up by ``upload``, the
+    actions from one ``@graphed`` call, read back by ``to_host``, the step, the observations stored; and ``per_step``
+    replays of a one-input ``@graphed`` update every ``every`` steps (the replay scripts'). No loop that acts on a GPU
+    through ``shared.device`` and ``shared.compiling`` does less: its ratio to the bare loop is the least any script's
+    can be."""
+    obs = envs.reset()[0]
+    width = int(np.prod(envs.single_action_space.shape, dtype=int)) or 1
+    count = torch.zeros(())
+    store = np.empty((steps, *obs.shape), obs.dtype)
+    cpu = torch.device("cpu")
+
+    def run() -> None:
+        nonlocal obs
+        for t in range(steps):
+            action = _floor_act(device.upload(obs, cpu), width, act_dtype)
+            if every and t % every == 0:
+                for _ in range(per_step):
+                    _floor_update(count)
+            obs = envs.step(device.to_host(action))[0]
             store[t] = obs
 
     return run
@@ -428,7 +475,7 @@ def on_policy(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
         learn()
     T = args.num_steps
     out = {
-        **host_and_bare(collect, bare_loop(envs, T, torch.int64 if atari else torch.float32), T, chunks),
+        **host_and_bare(collect, envs, T, chunks, torch.int64 if atari else torch.float32),
         "rollout_ms": best_us(learn, 1000, chunks),
         **count(collect, T),
         **optional_parts(collect, T, chunks),
@@ -501,7 +548,7 @@ def value_based(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
     for _ in range(3):  # the graphs' warm-up calls and "captures"
         update()
     return {
-        **host_and_bare(loop, bare_loop(envs, steps, torch.int64), steps, chunks),
+        **host_and_bare(loop, envs, steps, chunks, torch.int64, every, per_step),
         "updates_per_step": per_step / every,
         **count(loop, steps),
         **optional_parts(loop, steps, chunks),
@@ -535,7 +582,7 @@ def off_policy_continuous(name: str, env_cost_us: float, chunks: int) -> dict[st
     for _ in range(2):  # the graphs' warm-up calls and "captures"
         loop()
     return {
-        **host_and_bare(loop, bare_loop(envs, steps, torch.float32), steps, chunks),
+        **host_and_bare(loop, envs, steps, chunks, torch.float32, 1, 1),
         **count(loop, steps),
         **optional_parts(loop, steps, chunks),
     }
@@ -606,6 +653,7 @@ def measure(name: str, env_cost_us: float = 0.0, chunks: int = 5) -> dict[str, A
     finally:
         compiling.disable()
     out["ratio"] = out["host_us"] / out["bare_us"]
+    out["floor"] = out["floor_us"] / out["bare_us"]
     return out
 
 
@@ -642,7 +690,8 @@ def main() -> None:
     # cost time here, R2D1's a minute of real updates; the steady state counted and timed is the same replays.
     compiling.WARMUP_CALLS = 0
     results = {}
-    cols = ["host_us", "bare_us", "ratio", "python_calls", "c_calls", "torch_calls", "syncs", "bytes_up", "bytes_down"]
+    cols = ["host_us", "bare_us", "ratio", "floor", "python_calls", "c_calls", "torch_calls", "syncs"]
+    cols += ["bytes_up", "bytes_down"]
     print(f"per vector step (rollout_ms, r_*: per rollout), stub env of {a.env_cost_us:g} µs, torch {torch.__version__}")
     print(f"{'script':<13}" + "".join(f"{c:>13}" for c in cols) + f"{'rollout_ms':>12}{'r_syncs':>9}{'r_torch':>9}")
     for name in a.scripts:
