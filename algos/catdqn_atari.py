@@ -313,8 +313,8 @@ class QNetwork(nn.Module):
             else:  # data-efficient: 64 * 3 * 3 features for 84x84 frames
                 convs = [nn.Conv2d(c, 32, 5, stride=5), nn.ReLU(), nn.Conv2d(32, 64, 5, stride=5), nn.ReLU()]
                 self.torso = nn.Sequential(*convs, nn.Flatten())
-            width = self.torso(torch.zeros(1, c, h, w)).shape[1]  # 64 * 7 * 7 for 84x84 frames in the Nature CNN
-            hidden = 512 if network == "nature" else 256
+            # the features (64 * 7 * 7 for 84x84 frames in the Nature CNN) and the hidden units
+            width, hidden = self.torso(torch.zeros(1, c, h, w)).shape[1], (512 if network == "nature" else 256)
         else:
             self.torso = nn.Sequential(nn.Linear(int(np.prod(obs_shape)), 120), nn.ReLU())
             width, hidden = 120, 84
@@ -412,8 +412,7 @@ class EnvStepper:
     generator); keeps per-env episode state."""
 
     def __init__(self, envs, args: Args, seed: int, noise: torch.Generator | None):
-        self.envs = envs
-        self.args = args
+        self.envs, self.args = envs, args
         self.noise = noise
         self.obs, info = envs.reset(seed=seed)
         self.final_row = np.zeros(args.num_envs, bool)  # this step only resets the env (next-step autoreset)

@@ -348,8 +348,7 @@ class EnvStepper:
     generator); keeps per-env episode state."""
 
     def __init__(self, envs, args: Args, seed: int, noise: torch.Generator | None):
-        self.envs = envs
-        self.args = args
+        self.envs, self.args = envs, args
         self.noise = noise
         self.obs, info = envs.reset(seed=seed)
         self.final_row = np.zeros(args.num_envs, bool)  # this step only resets the env (next-step autoreset)
