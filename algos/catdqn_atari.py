@@ -313,7 +313,7 @@ class QNetwork(nn.Module):
             else:  # data-efficient: 64 * 3 * 3 features for 84x84 frames
                 convs = [nn.Conv2d(c, 32, 5, stride=5), nn.ReLU(), nn.Conv2d(32, 64, 5, stride=5), nn.ReLU()]
                 self.torso = nn.Sequential(*convs, nn.Flatten())
-            # the features (64 * 7 * 7 for 84x84 frames in the Nature CNN) and the hidden units
+            # the width probed, not computed, so that another torso needs no edit here (Nature CNN: 64 * 7 * 7 at 84x84)
             width, hidden = self.torso(torch.zeros(1, c, h, w)).shape[1], (512 if network == "nature" else 256)
         else:
             self.torso = nn.Sequential(nn.Linear(int(np.prod(obs_shape)), 120), nn.ReLU())

@@ -14,7 +14,8 @@ It prints, per vector step (the per-rollout work of the PPO family, per rollout)
 chunks, so a busy neighbour only adds noise upward), the ratio to a bare loop on the same stub (copy the observations
 into a static input, read the actions back, step, store the observations), the floor's ratio to it (``floor``: the
 bare loop through the CUDA host path's three calls, ``upload``, one ``@graphed`` call and ``to_host``, with the
-script's updates due as one-input graphs; no script's ratio can be under it), and counts that do not depend on the
+script's updates due as one-input graphs; each script's loop makes those calls and more, which the tests check on
+their counts, so its ratio is not expected under the floor's), and counts that do not depend on the
 machine: Python calls, C calls (``sys.setprofile``), torch calls (``TorchFunctionMode``), host-device syncs (a read of
 a device value: ``one_copy``, ``.item()``, ``.cpu()``, ``.tolist()``, ``bool(t)``, ...), and the bytes copied up and down.
 ``tests/test_loop_overhead.py`` holds each script to its budget of those counts (``BUDGETS``), so a change that adds
@@ -235,8 +236,8 @@ class Bytes:
 
 
 def count(fn: Callable[[], Any], per: int) -> dict[str, float]:
-    """Python calls, C calls, torch calls, syncs and bytes of one ``fn()`` (the operators that read the device: of
-    another), divided by ``per``."""
+    """Python calls, C calls, torch calls, syncs, bytes and ``@graphed`` replays of one ``fn()`` (the operators that
+    read the device and the replays: of another), divided by ``per``."""
     calls: Counter = Counter()
 
     def profile(frame, event, arg):
@@ -248,9 +249,20 @@ def count(fn: Callable[[], Any], per: int) -> dict[str, float]:
             fn()
         finally:
             sys.setprofile(None)
-    with DeviceReads() as reads:  # a second run, its Python not among the calls counted
-        fn()
+    replay, replays = compiling._Graph.__call__, [0]
+
+    def counted(graph, leaves):
+        replays[0] += 1
+        return replay(graph, leaves)
+
+    compiling._Graph.__call__ = counted
+    try:
+        with DeviceReads() as reads:  # a second run, its Python not among the calls counted
+            fn()
+    finally:
+        compiling._Graph.__call__ = replay
     return {
+        "graph_calls": replays[0] / per,
         "python_calls": calls["call"] / per,
         "c_calls": calls["c_call"] / per,
         "torch_calls": torch_calls.calls / per,
@@ -370,20 +382,28 @@ def best_us_in_turns(fns: list[Callable[[], Any]], per: int, chunks: int) -> lis
     return [1e6 * b / per if chunks else float("nan") for b in best]
 
 
-def host_and_bare(
-    loop: Callable[[], Any], envs: StubVectorEnv, per: int, chunks: int, act_dtype: Any, every: int = 0, per_step: int = 0
+def timed_beside_bare_and_floor(
+    loop: Callable[[], Any], envs: StubVectorEnv, per: int, chunks: int, act_dtype: Any, obs_dtype: Any = None, updates=(0, 0)
 ) -> dict[str, float]:
     """``host_us``, ``bare_us`` and ``floor_us``: the script's loop, the bare loop and the floor (``floor_loop``, with
-    the script's updates due: ``per_step`` every ``every`` steps) timed in turns, chunk by chunk, so that their ratios do
-    not take this machine's drift between separate timings (timed apart, one script's ratio moved from 2.8 to 3.6
-    between runs minutes apart); and the floor's counts (``floor_``), which show it makes the protocol's calls."""
+    the script's observation dtype and its updates due, ``updates``: (every, per_step)) timed in turns, chunk by chunk,
+    so that their ratios do not take this machine's drift between separate timings (timed apart, one script's ratio
+    moved from 2.8 to 3.6 between runs minutes apart); and the floor's counts (``floor_``), which the tests compare."""
     bare = bare_loop(envs, per, act_dtype)
-    floor = floor_loop(envs, per, act_dtype, every, per_step)
+    floor = floor_loop(envs, per, act_dtype, obs_dtype, *updates)
     for _ in range(3):  # the floor's graphs' warm-up calls and "captures"
         floor()
     host_us, bare_us, floor_us = best_us_in_turns([loop, bare, floor], per, chunks)
+    every, per_step = updates
     floor_counts = {f"floor_{k}": v for k, v in count(floor, per).items()}
-    return {"host_us": host_us, "bare_us": bare_us, "floor_us": floor_us, **floor_counts}
+    return {
+        "host_us": host_us,
+        "bare_us": bare_us,
+        "floor_us": floor_us,
+        **floor_counts,
+        "floor_envs": envs.num_envs,
+        "floor_updates": per_step / every if every else 0.0,
+    }
 
 
 def bare_loop(envs: StubVectorEnv, steps: int, act_dtype: Any) -> Callable[[], None]:
@@ -410,31 +430,32 @@ def _floor_act(obs: torch.Tensor, width: int, dtype: torch.dtype) -> torch.Tenso
 
 
 @compiling.graphed
-def _floor_update(count: torch.Tensor) -> None:
-    """The floor's update: one graph of one input (a script's update takes its batch, or its mirror's draw)."""
-    count.add_(1)
+def _floor_update(ticks: torch.Tensor) -> torch.Tensor:
+    """The floor's update: one graph of one input, copied in at each call (a script's update takes its batch)."""
+    return ticks + 1
 
 
-def floor_loop(envs: StubVectorEnv, steps: int, act_dtype: Any, every: int = 0, per_step: int = 0) -> Callable[[], None]:
-    """The bare loop through the CUDA host path's three calls and nothing else: the observations up by ``upload``, the
-    actions from one ``@graphed`` call, read back by ``to_host``, the step, the observations stored; and ``per_step``
-    replays of a one-input ``@graphed`` update every ``every`` steps (the replay scripts'). No loop that acts on a GPU
-    through ``shared.device`` and ``shared.compiling`` does less: its ratio to the bare loop is the least any script's
-    can be."""
+def floor_loop(envs: StubVectorEnv, steps: int, act_dtype: Any, obs_dtype: Any = None, every=0, per_step=0) -> Callable:
+    """The bare loop acting through the CUDA host path's three calls only: the observations (as ``obs_dtype``) up by
+    ``upload``, the actions from one ``@graphed`` call, read back by ``to_host``; then ``per_step`` one-input
+    ``@graphed`` updates every ``every`` steps, the step, the observations stored. Each script's loop makes these calls
+    and more (tests/test_loop_overhead.py compares their counts): the floor's ratio bounds the script's."""
     obs = envs.reset()[0]
+    cast = obs_dtype is not None and obs.dtype != obs_dtype  # the scripts that upload float32 (normalised) observations
     width = int(np.prod(envs.single_action_space.shape, dtype=int)) or 1
-    count = torch.zeros(())
+    ticks = torch.zeros(())
     store = np.empty((steps, *obs.shape), obs.dtype)
     cpu = torch.device("cpu")
 
     def run() -> None:
-        nonlocal obs
+        nonlocal obs, ticks
         for t in range(steps):
-            action = _floor_act(device.upload(obs, cpu), width, act_dtype)
+            action = _floor_act(device.upload(obs.astype(obs_dtype) if cast else obs, cpu), width, act_dtype)
+            action = device.to_host(action)  # before the updates, as the scripts read theirs
             if every and t % every == 0:
                 for _ in range(per_step):
-                    _floor_update(count)
-            obs = envs.step(device.to_host(action))[0]
+                    ticks = _floor_update(ticks)
+            obs = envs.step(action)[0]
             store[t] = obs
 
     return run
@@ -454,6 +475,7 @@ def on_policy(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
 
     S = load(name)
     atari = name != "ppo_mujoco"
+    obs_dtype = None if atari else np.float32  # ppo_mujoco uploads its normalised observations as float32
     args = S.Args(num_envs=8, sampler="parallel") if atari else S.Args()
     obs_space, act_space = (ATARI_OBS, gym.spaces.Discrete(4)) if atari else (CHEETAH_OBS, CHEETAH_ACT)
     envs = StubVectorEnv(obs_space, act_space, args.num_envs, env_cost_us, lives=atari)
@@ -475,7 +497,7 @@ def on_policy(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
         learn()
     T = args.num_steps
     out = {
-        **host_and_bare(collect, envs, T, chunks, torch.int64 if atari else torch.float32),
+        **timed_beside_bare_and_floor(collect, envs, T, chunks, torch.int64 if atari else torch.float32, obs_dtype),
         "rollout_ms": best_us(learn, 1000, chunks),
         **count(collect, T),
         **optional_parts(collect, T, chunks),
@@ -548,7 +570,7 @@ def value_based(name: str, env_cost_us: float, chunks: int) -> dict[str, Any]:
     for _ in range(3):  # the graphs' warm-up calls and "captures"
         update()
     return {
-        **host_and_bare(loop, envs, steps, chunks, torch.int64, every, per_step),
+        **timed_beside_bare_and_floor(loop, envs, steps, chunks, torch.int64, updates=(every, per_step)),
         "updates_per_step": per_step / every,
         **count(loop, steps),
         **optional_parts(loop, steps, chunks),
@@ -582,7 +604,7 @@ def off_policy_continuous(name: str, env_cost_us: float, chunks: int) -> dict[st
     for _ in range(2):  # the graphs' warm-up calls and "captures"
         loop()
     return {
-        **host_and_bare(loop, envs, steps, chunks, torch.float32, 1, 1),
+        **timed_beside_bare_and_floor(loop, envs, steps, chunks, torch.float32, np.float32, updates=(1, 1)),  # one a step
         **count(loop, steps),
         **optional_parts(loop, steps, chunks),
     }
