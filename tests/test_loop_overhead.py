@@ -72,7 +72,7 @@ def test_the_floor_acts_through_the_host_paths_three_calls_and_does_no_more_than
     space = loop_overhead.CHEETAH_OBS if script.endswith("_mujoco") else loop_overhead.ATARI_OBS
     one_env = int(np.prod(space.shape)) * (4 if script.endswith("_mujoco") else 1)  # float32 (normalised) or uint8
     assert c["floor_bytes_up"] == c["floor_envs"] * one_env and c["floor_syncs"] == 1
-    assert c["floor_graph_calls"] == pytest.approx(1 + c["floor_updates"])
+    assert c["floor_graph_calls"] == pytest.approx(1 + c["updates_per_step"])
     for k in ["python_calls", "torch_calls", "graph_calls", "bytes_up", "bytes_down"]:
         assert c[f"floor_{k}"] <= c[k], k
 
